@@ -1,0 +1,1 @@
+// Carries the precompiled libtorch header that every torch-using target reuses.

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs Meshwork's Debian dependencies (idempotently) and builds the project into build/.
+# Sourced or run by scripts/demo.sh and scripts/test.sh; safe to run again at any time.
+#
+#   MESHWORK_BUILD_DIR   build folder (default: build)
+#   MESHWORK_BUILD_TYPE  CMake build type (default: Release)
+#   MESHWORK_JOBS        parallel compile jobs (default: nproc)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${MESHWORK_BUILD_DIR:-$root/build}"
+build_type="${MESHWORK_BUILD_TYPE:-Release}"
+jobs="${MESHWORK_JOBS:-$(nproc)}"
+
+# Debian 12 packages the build and the tests use.
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libgloo-dev libcpprest-dev prometheus-cpp-dev libyaml-cpp-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev
+  libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
+  curl ca-certificates
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "[setup] Debian packages present"
+fi
+
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+
+if [ ! -f "$build_dir/build.ninja" ]; then
+  echo "[setup] configuring $build_dir ($build_type)"
+  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" "${launcher[@]}" \
+    ${MESHWORK_CMAKE_ARGS:-}
+fi
+echo "[setup] building with $jobs jobs"
+cmake --build "$build_dir" -j "$jobs"

@@ -1,0 +1,233 @@
+// Byte-level encoding and PrepareTokens: documents, directory walking, the train/val split and
+// its errors.
+#include "trainer/data/prepare.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "tests/trainer/data/temp_dir.h"
+#include "trainer/data/token_source.h"
+
+namespace meshwork::data {
+namespace {
+
+using ::meshwork::data::testing::TempDir;
+using ::meshwork::data::testing::WriteBytes;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<uint32_t> ReadTokens(const std::string& path) {
+  auto file = TokenFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  if (!file.ok()) return {};
+  std::vector<uint32_t> out;
+  for (int64_t i = 0; i < (*file)->size(); ++i) out.push_back((*file)->at(i));
+  return out;
+}
+
+std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(EncodeBytesTest, AsciiRoundTripsAndSpecialsWrapTheDocument) {
+  EXPECT_THAT(EncodeBytes("hi", false, false), ElementsAre('h', 'i'));
+  EXPECT_THAT(EncodeBytes("hi", true, true), ElementsAre(kBosToken, 'h', 'i', kEosToken));
+  EXPECT_EQ(DecodeBytes(EncodeBytes("hello, world\n", false, false)), "hello, world\n");
+  EXPECT_EQ(DecodeBytes(EncodeBytes("hi", true, true)), "<|bos|>hi<|eos|>");
+}
+
+TEST(EncodeBytesTest, Utf8TextIsItsBytesAndRoundTrips) {
+  const std::string text = "h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x99\x82";  // héllo 世界 🙂
+  const std::vector<uint32_t> tokens = EncodeBytes(text, false, false);
+  ASSERT_EQ(tokens.size(), text.size());
+  EXPECT_EQ(tokens[1], 0xC3u);
+  EXPECT_EQ(tokens[2], 0xA9u);
+  for (uint32_t t : tokens) EXPECT_LT(t, 256u);
+  EXPECT_EQ(DecodeBytes(tokens), text);
+}
+
+TEST(EncodeBytesTest, EveryByteValueRoundTrips) {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
+  const std::vector<uint32_t> tokens = EncodeBytes(all, false, false);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(tokens[b], static_cast<uint32_t>(b));
+  EXPECT_EQ(DecodeBytes(tokens), all);
+}
+
+TEST(EncodeBytesTest, PadAndTokensAboveTheByteVocabularyRenderVisibly) {
+  EXPECT_EQ(DecodeBytes({'a', static_cast<uint32_t>(kPadToken), 300, 'b'}), "a<|pad|><|300|>b");
+  EXPECT_EQ(kByteVocabSize, 259);
+}
+
+// A corpus directory: two text documents, one binary file and one empty file.
+class PrepareTokensTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    corpus_ = dir_.File("corpus");
+    WriteBytes(corpus_ + "/a.txt", "hello world");                                 // 13 tokens
+    WriteBytes(corpus_ + "/sub/b.txt", "The quick brown fox jumps over the dog.");  // 41 tokens
+    WriteBytes(corpus_ + "/bin.dat", std::string("\x7f" "ELF\0\0\x01", 7));
+    WriteBytes(corpus_ + "/empty.txt", "");
+  }
+  TempDir dir_;
+  std::string corpus_;
+};
+
+TEST_F(PrepareTokensTest, SplitsTheTailOfEachDocumentIntoVal) {
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = dir_.File("train.bin");
+  options.val_out = dir_.File("val.bin");
+  options.val_fraction = 0.25;
+  auto report = PrepareTokens(options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->documents, 2);
+  EXPECT_EQ(report->skipped_binary_files, 1);
+  EXPECT_EQ(report->skipped_empty_files, 1);
+  // a: 13 tokens, floor(13 * 0.25) = 3 to val. b: 41 tokens, floor(10.25) = 10 to val.
+  EXPECT_EQ(report->train_tokens, 10 + 31);
+  EXPECT_EQ(report->val_tokens, 3 + 10);
+
+  const std::string b = "The quick brown fox jumps over the dog.";
+  const std::vector<uint32_t> a_tokens = EncodeBytes("hello world", true, true);
+  const std::vector<uint32_t> b_tokens = EncodeBytes(b, true, true);
+  // Sorted walk: a.txt before sub/b.txt.
+  EXPECT_EQ(ReadTokens(options.train_out),
+            Concat({a_tokens.begin(), a_tokens.begin() + 10}, {b_tokens.begin(), b_tokens.begin() + 31}));
+  EXPECT_EQ(ReadTokens(options.val_out),
+            Concat({a_tokens.begin() + 10, a_tokens.end()}, {b_tokens.begin() + 31, b_tokens.end()}));
+  EXPECT_EQ(DecodeBytes(ReadTokens(options.val_out)), "ld<|eos|>" + b.substr(30) + "<|eos|>");
+}
+
+TEST_F(PrepareTokensTest, WithoutValOutEverythingGoesToTrain) {
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = dir_.File("train.bin");
+  auto report = PrepareTokens(options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->train_tokens, 13 + 41);
+  EXPECT_EQ(report->val_tokens, 0);
+  EXPECT_EQ(DecodeBytes(ReadTokens(options.train_out)),
+            "<|bos|>hello world<|eos|><|bos|>The quick brown fox jumps over the dog.<|eos|>");
+}
+
+TEST_F(PrepareTokensTest, NamedFilesKeepTheirCommandLineOrder) {
+  PrepareOptions options;
+  options.inputs = {corpus_ + "/sub/b.txt", corpus_ + "/a.txt"};
+  options.train_out = dir_.File("train.bin");
+  options.format = TokenFormat::kRawU16;
+  auto report = PrepareTokens(options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(std::filesystem::file_size(options.train_out), 2u * (41 + 13));
+  EXPECT_EQ(ReadTokens(options.train_out),
+            Concat(EncodeBytes("The quick brown fox jumps over the dog.", true, true),
+                   EncodeBytes("hello world", true, true)));
+}
+
+TEST_F(PrepareTokensTest, SplitPointMovesPastUtf8ContinuationBytes) {
+  // 12 tokens: BOS a..h C3 A9 EOS. floor(12 * 0.2) = 2 would start val at A9, mid-character.
+  const std::string text = "abcdefgh\xc3\xa9";
+  WriteBytes(dir_.File("utf8.txt"), text);
+  PrepareOptions options;
+  options.inputs = {dir_.File("utf8.txt")};
+  options.train_out = dir_.File("train.bin");
+  options.val_out = dir_.File("val.bin");
+  options.val_fraction = 0.2;
+  auto report = PrepareTokens(options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(DecodeBytes(ReadTokens(options.train_out)), "<|bos|>" + text);
+  EXPECT_EQ(ReadTokens(options.val_out), std::vector<uint32_t>{static_cast<uint32_t>(kEosToken)});
+}
+
+TEST_F(PrepareTokensTest, PreparedFileFeedsAFileTokenSource) {
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = dir_.File("train.bin");
+  ASSERT_TRUE(PrepareTokens(options).ok());
+  auto source = MakeTokenSource(options.train_out, TokenFormat::kAuto, 8, 320, 1);
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto batch = (*source)->Rows(0, 0, 4);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_LT(batch->inputs.max().item<int64_t>(), kByteVocabSize);
+}
+
+TEST_F(PrepareTokensTest, MissingInputIsNotFoundNamingIt) {
+  PrepareOptions options;
+  options.inputs = {corpus_, dir_.File("missing.txt")};
+  options.train_out = dir_.File("train.bin");
+  auto report = PrepareTokens(options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(report.status().message(), HasSubstr(dir_.File("missing.txt")));
+  EXPECT_FALSE(std::filesystem::exists(options.train_out));
+}
+
+TEST_F(PrepareTokensTest, ValFractionOutsideZeroToOneIsInvalidConfig) {
+  for (double bad : {1.0, -0.1, 1.5}) {
+    PrepareOptions options;
+    options.inputs = {corpus_};
+    options.train_out = dir_.File("train.bin");
+    options.val_out = dir_.File("val.bin");
+    options.val_fraction = bad;
+    auto report = PrepareTokens(options);
+    ASSERT_FALSE(report.ok());
+    EXPECT_EQ(report.status().code(), StatusCode::kInvalidConfig);
+    std::ostringstream value;
+    value << bad;
+    EXPECT_THAT(report.status().message(), AllOf(HasSubstr("val_fraction"), HasSubstr(value.str())));
+  }
+}
+
+TEST_F(PrepareTokensTest, ZeroValFractionWithValOutIsInvalidConfig) {
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = dir_.File("train.bin");
+  options.val_out = dir_.File("val.bin");
+  options.val_fraction = 0.0;
+  EXPECT_EQ(PrepareTokens(options).status().code(), StatusCode::kInvalidConfig);
+}
+
+TEST_F(PrepareTokensTest, DocumentsTooShortForAnyValTokenAreInvalidInput) {
+  WriteBytes(dir_.File("short.txt"), "hi");  // 4 tokens: floor(4 * 0.1) = 0
+  PrepareOptions options;
+  options.inputs = {dir_.File("short.txt")};
+  options.train_out = dir_.File("train.bin");
+  options.val_out = dir_.File("val.bin");
+  auto report = PrepareTokens(options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(report.status().message(), HasSubstr("val split is empty"));
+}
+
+TEST_F(PrepareTokensTest, NoTextAtAllIsInvalidInput) {
+  const std::string only_junk = dir_.File("junk");
+  WriteBytes(only_junk + "/empty.txt", "");
+  WriteBytes(only_junk + "/blob.bin", std::string("\0\1\2", 3));
+  PrepareOptions options;
+  options.inputs = {only_junk};
+  options.train_out = dir_.File("train.bin");
+  auto report = PrepareTokens(options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(report.status().message(),
+              AllOf(HasSubstr(only_junk), HasSubstr("1 empty"), HasSubstr("1 binary")));
+}
+
+TEST_F(PrepareTokensTest, BinaryFileNamedDirectlyIsInvalidInput) {
+  PrepareOptions options;
+  options.inputs = {corpus_ + "/bin.dat"};
+  options.train_out = dir_.File("train.bin");
+  auto report = PrepareTokens(options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(report.status().message(), AllOf(HasSubstr("bin.dat"), HasSubstr("NUL")));
+}
+
+}  // namespace
+}  // namespace meshwork::data

@@ -1,0 +1,399 @@
+#include "trainer/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace meshwork::config {
+namespace {
+
+// One config key: how to read it from YAML into the struct, and how to print it back.
+struct Field {
+  std::string key;
+  std::function<Status(const YAML::Node&)> apply;
+  std::function<std::string()> show;
+};
+
+std::string Quote(const YAML::Node& n) {
+  if (n.IsNull()) return "null";
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  return n.IsMap() ? "a mapping" : "a list";
+}
+
+Status TypeError(const std::string& key, const char* expected, const YAML::Node& n) {
+  return InvalidConfig("key '" + key + "': expected " + expected + ", got " + Quote(n));
+}
+
+template <typename T>
+std::string Str(T v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+Field IntField(const std::string& key, int64_t* out, int64_t lo, int64_t hi,
+               std::function<void()> on_set = {}) {
+  return {key,
+          [=](const YAML::Node& n) -> Status {
+            int64_t v = 0;
+            if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+              return TypeError(key, "an integer", n);
+            }
+            if (v < lo || v > hi) {
+              std::string range = hi == std::numeric_limits<int64_t>::max()
+                                      ? ">= " + Str(lo)
+                                      : "in [" + Str(lo) + ", " + Str(hi) + "]";
+              return InvalidConfig("key '" + key + "': must be " + range + ", got " + Str(v));
+            }
+            *out = v;
+            if (on_set) on_set();
+            return Status::Ok();
+          },
+          [=] { return Str(*out); }};
+}
+
+// Accepts [lo, hi], or (lo, hi] when lo_open.
+Field FloatField(const std::string& key, double* out, double lo, double hi, bool lo_open,
+                 std::function<void()> on_set = {}) {
+  return {key,
+          [=](const YAML::Node& n) -> Status {
+            double v = 0;
+            if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
+              return TypeError(key, "a finite number", n);
+            }
+            if ((lo_open ? v <= lo : v < lo) || v > hi) {
+              std::ostringstream os;
+              os << "key '" << key << "': must be " << (lo_open ? "in (" : "in [") << lo << ", "
+                 << hi << "], got " << n.Scalar();
+              return InvalidConfig(os.str());
+            }
+            *out = v;
+            if (on_set) on_set();
+            return Status::Ok();
+          },
+          [=] {
+            std::ostringstream os;
+            os << *out;
+            return os.str();
+          }};
+}
+
+Field BoolField(const std::string& key, bool* out, std::function<void()> on_set = {}) {
+  return {key,
+          [=](const YAML::Node& n) -> Status {
+            bool v = false;
+            if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
+              return TypeError(key, "true or false", n);
+            }
+            *out = v;
+            if (on_set) on_set();
+            return Status::Ok();
+          },
+          [=] { return std::string(*out ? "true" : "false"); }};
+}
+
+// `choices` empty = any string.
+Field StringField(const std::string& key, std::string* out, std::vector<std::string> choices = {}) {
+  return {key,
+          [=](const YAML::Node& n) -> Status {
+            if (!n.IsNull() && !n.IsScalar()) return TypeError(key, "a string", n);
+            std::string v = n.IsNull() ? "" : n.Scalar();
+            if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
+              std::string list;
+              for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+              return InvalidConfig("key '" + key + "': must be one of " + list + ", got '" + v + "'");
+            }
+            *out = v;
+            return Status::Ok();
+          },
+          [=] { return *out; }};
+}
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+// The table of every key. `model.preset` is applied before everything else (see Build), so
+// explicit dims override the preset's.
+std::vector<Field> Fields(TrainConfig& c) {
+  auto* dims = &c.model.dims;
+  auto mark = [&c] { c.model.dims_explicit = true; };
+  return {
+      StringField("model.preset", &c.model.preset),
+      IntField("model.vocab_size", &dims->vocab_size, 1, kMaxInt, mark),
+      IntField("model.hidden_size", &dims->hidden_size, 1, kMaxInt, mark),
+      IntField("model.intermediate_size", &dims->intermediate_size, 1, kMaxInt, mark),
+      IntField("model.num_hidden_layers", &dims->num_hidden_layers, 1, kMaxInt, mark),
+      IntField("model.num_attention_heads", &dims->num_attention_heads, 1, kMaxInt, mark),
+      IntField("model.num_key_value_heads", &dims->num_key_value_heads, 1, kMaxInt, mark),
+      IntField("model.max_position_embeddings", &dims->max_position_embeddings, 1, kMaxInt, mark),
+      FloatField("model.rms_norm_eps", &dims->rms_norm_eps, 0.0, 1.0, true, mark),
+      FloatField("model.rope_theta", &dims->rope_theta, 0.0, 1e12, true, mark),
+      BoolField("model.tie_word_embeddings", &dims->tie_word_embeddings, mark),
+      StringField("model.init_from", &c.model.init_from),
+      FloatField("model.init_std", &c.model.init_std, 0.0, 1.0, true),
+
+      StringField("data.train", &c.data.train),
+      StringField("data.val", &c.data.val),
+      StringField("data.token_format", &c.data.token_format, {"auto", "llmc", "raw_u16", "raw_u32"}),
+      IntField("data.seq_len", &c.data.seq_len, 1, 1 << 20),
+      IntField("data.batch_size", &c.data.batch_size, 1, 1 << 20),
+
+      FloatField("optimizer.lr", &c.optimizer.lr, 0.0, 10.0, true),
+      FloatField("optimizer.weight_decay", &c.optimizer.weight_decay, 0.0, 10.0, false),
+      FloatField("optimizer.beta1", &c.optimizer.beta1, 0.0, 0.999999, false),
+      FloatField("optimizer.beta2", &c.optimizer.beta2, 0.0, 0.999999999, false),
+      FloatField("optimizer.eps", &c.optimizer.eps, 0.0, 1.0, true),
+      FloatField("optimizer.grad_clip", &c.optimizer.grad_clip, 0.0, 1e9, false),
+
+      IntField("schedule.steps", &c.schedule.steps, 1, kMaxInt),
+      IntField("schedule.warmup_steps", &c.schedule.warmup_steps, 0, kMaxInt),
+      StringField("schedule.decay", &c.schedule.decay, {"cosine", "linear", "constant"}),
+      FloatField("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, 0.0, 1.0, false),
+
+      StringField("training.device", &c.training.device),
+      StringField("training.dtype", &c.training.dtype, {"auto", "fp32", "bf16"}),
+      IntField("training.grad_accum", &c.training.grad_accum, 1, 1 << 20),
+      IntField("training.seed", &c.training.seed, 0, kMaxInt),
+      IntField("training.threads", &c.training.threads, 0, 4096),
+
+      StringField("eval.data", &c.eval.data),
+      IntField("eval.windows", &c.eval.windows, 1, kMaxInt),
+      IntField("eval.every", &c.eval.every, 0, kMaxInt),
+
+      IntField("logging.every", &c.logging.every, 1, kMaxInt),
+
+      IntField("metrics.port", &c.metrics.port, -1, 65535),
+      StringField("metrics.host", &c.metrics.host),
+      StringField("metrics.job", &c.metrics.job),
+      StringField("metrics.device_profile", &c.metrics.device_profile,
+                  {"auto", "cpu", "h100-sxm", "h200", "a100", "l4"}),
+      FloatField("metrics.peak_tflops", &c.metrics.peak_tflops, 0.0, 1e6, false),
+
+      StringField("checkpoint.export_hf", &c.checkpoint.export_hf),
+      StringField("checkpoint.export_dtype", &c.checkpoint.export_dtype, {"fp32", "bf16"}),
+  };
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+Status UnknownKey(const std::string& key, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = 4;  // suggest only close matches
+  for (const auto& k : known) {
+    size_t d = EditDistance(key, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  return InvalidConfig("unknown key '" + key + "'" +
+                       (best.empty() ? "" : " (did you mean '" + best + "'?)") +
+                       "; see docs/config.md for every key");
+}
+
+// Flattens the YAML tree into dotted leaf keys, rejecting unknown keys and sections.
+Status Flatten(const YAML::Node& node, const std::string& prefix, const std::set<std::string>& leaves,
+               const std::set<std::string>& sections, const std::vector<std::string>& known,
+               std::vector<std::pair<std::string, YAML::Node>>* out) {
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) return InvalidConfig("a key under '" + prefix + "' is not a string");
+    const std::string key = prefix + kv.first.Scalar();
+    if (leaves.count(key)) {
+      out->emplace_back(key, kv.second);
+    } else if (sections.count(key)) {
+      if (kv.second.IsNull()) continue;  // an empty section
+      if (!kv.second.IsMap()) {
+        return InvalidConfig("key '" + key + "': expected a mapping of keys, got " + Quote(kv.second));
+      }
+      MW_RETURN_IF_ERROR(Flatten(kv.second, key + ".", leaves, sections, known, out));
+    } else {
+      return UnknownKey(key, known);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidConfig("--set '" + assignment + "': expected key=value (for example optimizer.lr=3e-4)");
+  }
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    return InvalidConfig("--set '" + assignment + "': value is not valid YAML: " + e.msg);
+  }
+  // Walk to the parent mapping, creating sections as needed.
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (part.empty()) return InvalidConfig("--set '" + assignment + "': empty component in key '" + key + "'");
+    parts.push_back(part);
+  }
+  std::vector<YAML::Node> path{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node parent = path.back();
+    YAML::Node child = parent[parts[i]];
+    if (child.IsDefined() && !child.IsNull() && !child.IsMap()) {
+      return InvalidConfig("--set '" + assignment + "': '" + parts[i] + "' is not a section");
+    }
+    if (!child.IsDefined() || child.IsNull()) {
+      parent[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      child = parent[parts[i]];
+    }
+    path.push_back(child);
+  }
+  path.back()[parts.back()] = parsed;
+  return Status::Ok();
+}
+
+Status ValidateCrossFields(const TrainConfig& c) {
+  if (c.schedule.warmup_steps > c.schedule.steps) {
+    return InvalidConfig("key 'schedule.warmup_steps': " + Str(c.schedule.warmup_steps) +
+                         " exceeds schedule.steps " + Str(c.schedule.steps));
+  }
+  const std::string& dev = c.training.device;
+  const bool cuda_dev = dev == "cuda" || dev.rfind("cuda:", 0) == 0;
+  if (dev != "auto" && dev != "cpu" && !cuda_dev) {
+    return InvalidConfig("key 'training.device': must be auto, cpu, cuda or cuda:N, got '" + dev + "'");
+  }
+  if (dev.rfind("cuda:", 0) == 0) {
+    const std::string idx = dev.substr(5);
+    if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidConfig("key 'training.device': bad CUDA device index in '" + dev + "'");
+    }
+  }
+  if (c.training.dtype == "bf16" && dev == "cpu") {
+    return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device is 'cpu'");
+  }
+  if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");
+  if (!c.model.init_from.empty() && c.model.dims_explicit) {
+    return InvalidConfig("key 'model.init_from': the model dims come from '" + c.model.init_from +
+                         "/config.json'; remove model.preset and explicit model dims");
+  }
+  if (c.model.init_from.empty()) {
+    MW_RETURN_IF_ERROR(c.model.dims.Validate("model."));
+    if (c.data.seq_len > c.model.dims.max_position_embeddings) {
+      return InvalidConfig("key 'data.seq_len': " + Str(c.data.seq_len) +
+                           " exceeds model.max_position_embeddings " +
+                           Str(c.model.dims.max_position_embeddings));
+    }
+  }
+  if (c.metrics.host.empty()) return InvalidConfig("key 'metrics.host': must not be empty");
+  return Status::Ok();
+}
+
+Result<TrainConfig> Build(YAML::Node root, const std::vector<std::string>& overrides) {
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return InvalidConfig("config: the top level must be a mapping of sections, got " + Quote(root));
+  for (const auto& o : overrides) MW_RETURN_IF_ERROR(ApplyOverride(root, o));
+
+  TrainConfig c;
+  std::vector<Field> fields = Fields(c);
+  std::vector<std::string> known;
+  std::set<std::string> leaves, sections;
+  for (const auto& f : fields) {
+    known.push_back(f.key);
+    leaves.insert(f.key);
+    for (size_t dot = f.key.find('.'); dot != std::string::npos; dot = f.key.find('.', dot + 1)) {
+      sections.insert(f.key.substr(0, dot));
+    }
+  }
+  std::vector<std::pair<std::string, YAML::Node>> given;
+  MW_RETURN_IF_ERROR(Flatten(root, "", leaves, sections, known, &given));
+
+  std::map<std::string, const Field*> by_key;
+  for (const auto& f : fields) by_key[f.key] = &f;
+
+  // The preset first: explicit dims given alongside it override the preset's values.
+  for (const auto& [key, node] : given) {
+    if (key != "model.preset") continue;
+    MW_RETURN_IF_ERROR(by_key[key]->apply(node));
+    c.model.dims_explicit = true;
+  }
+  MW_ASSIGN_OR_RETURN(c.model.dims, model::PresetConfig(c.model.preset));
+  for (const auto& [key, node] : given) {
+    if (key == "model.preset") continue;
+    MW_RETURN_IF_ERROR(by_key[key]->apply(node));
+  }
+  MW_RETURN_IF_ERROR(ValidateCrossFields(c));
+  return c;
+}
+
+}  // namespace
+
+Result<TrainConfig> LoadConfigFromString(const std::string& yaml_text,
+                                         const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    return InvalidConfig("config: YAML syntax error at line " + Str(e.mark.line + 1) + ", column " +
+                         Str(e.mark.column + 1) + ": " + e.msg);
+  }
+  return Build(root, overrides);
+}
+
+Result<TrainConfig> LoadConfig(const std::string& yaml_path, const std::vector<std::string>& overrides) {
+  if (yaml_path.empty()) return Build(YAML::Node(YAML::NodeType::Map), overrides);
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(yaml_path);
+  } catch (const YAML::BadFile&) {
+    return NotFound("config file '" + yaml_path + "' cannot be read (missing or not readable)");
+  } catch (const YAML::ParserException& e) {
+    return InvalidConfig("config file '" + yaml_path + "': YAML syntax error at line " +
+                         Str(e.mark.line + 1) + ", column " + Str(e.mark.column + 1) + ": " + e.msg);
+  }
+  auto result = Build(root, overrides);
+  if (!result.ok() && result.status().code() == StatusCode::kInvalidConfig) {
+    return InvalidConfig(yaml_path + ": " + result.status().message());
+  }
+  return result;
+}
+
+std::string ToYaml(const TrainConfig& c) {
+  TrainConfig copy = c;
+  std::vector<Field> fields = Fields(copy);
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::string section;
+  for (const auto& f : fields) {
+    const auto dot = f.key.find('.');
+    const std::string s = f.key.substr(0, dot);
+    if (s != section) {
+      if (!section.empty()) out << YAML::EndMap;
+      out << YAML::Key << s << YAML::Value << YAML::BeginMap;
+      section = s;
+    }
+    out << YAML::Key << f.key.substr(dot + 1) << YAML::Value << f.show();
+  }
+  if (!section.empty()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return out.c_str();
+}
+
+std::vector<std::string> KnownKeys() {
+  TrainConfig c;
+  std::vector<std::string> keys;
+  for (const auto& f : Fields(c)) keys.push_back(f.key);
+  return keys;
+}
+
+}  // namespace meshwork::config

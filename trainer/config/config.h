@@ -1,0 +1,102 @@
+// The trainer's typed configuration: one YAML file plus `--set key=value` overrides, validated
+// when it is built. Every key is listed in docs/config.md; unknown keys, wrong types and
+// out-of-range values are rejected before any work, naming the key and the value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/common/status.h"
+#include "trainer/model/llama_config.h"
+
+namespace meshwork::config {
+
+struct ModelConfig {
+  std::string preset = "tiny";
+  model::LlamaConfig dims;       // resolved from the preset and explicit dims
+  bool dims_explicit = false;    // the user named a preset or a dim (conflicts with init_from)
+  std::string init_from;         // Hugging Face model directory to import weights from
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string train = "synthetic";  // token file, or "synthetic"
+  std::string val;                  // token file for evaluation (optional)
+  std::string token_format = "auto";
+  int64_t seq_len = 128;
+  int64_t batch_size = 16;  // sequences per micro-batch
+};
+
+struct OptimizerConfig {
+  double lr = 3e-3;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables clipping (the norm is still reported)
+};
+
+struct ScheduleConfig {
+  int64_t steps = 200;
+  int64_t warmup_steps = 20;
+  std::string decay = "cosine";  // cosine | linear | constant
+  double min_lr_ratio = 0.1;     // final lr = lr * min_lr_ratio
+};
+
+struct TrainingConfig {
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  std::string dtype = "auto";   // auto | fp32 | bf16 (bf16 = autocast on CUDA)
+  int64_t grad_accum = 1;
+  int64_t seed = 1234;
+  int64_t threads = 0;  // CPU intra-op threads; 0 = libtorch's default
+};
+
+struct EvalConfig {
+  std::string data;       // token file; empty = data.val
+  int64_t windows = 16;   // contiguous windows of seq_len+1 tokens
+  int64_t every = 0;      // evaluate every N steps during training; 0 = only at start and end
+};
+
+struct LoggingConfig {
+  int64_t every = 10;  // a progress line every N steps (and the last)
+};
+
+struct MetricsConfig {
+  int64_t port = 9400;  // -1 disables /metrics, 0 picks a free port
+  std::string host = "0.0.0.0";
+  std::string job = "local";           // `job` label on every series
+  std::string device_profile = "auto";  // auto | cpu | h100-sxm | h200 | a100 | l4
+  double peak_tflops = 0.0;            // overrides the profile's peak when > 0
+};
+
+struct CheckpointConfig {
+  std::string export_hf;               // write a Hugging Face model directory here at the end
+  std::string export_dtype = "fp32";   // fp32 | bf16
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainingConfig training;
+  EvalConfig eval;
+  LoggingConfig logging;
+  MetricsConfig metrics;
+  CheckpointConfig checkpoint;
+};
+
+// Builds a config from an optional YAML file (empty path = defaults only) and `key=value`
+// overrides applied on top, in order. Validates everything before returning.
+Result<TrainConfig> LoadConfig(const std::string& yaml_path, const std::vector<std::string>& overrides);
+Result<TrainConfig> LoadConfigFromString(const std::string& yaml_text,
+                                         const std::vector<std::string>& overrides);
+
+// The resolved config as YAML (every key, defaults included).
+std::string ToYaml(const TrainConfig& c);
+
+// Every key the config accepts, dotted ("optimizer.lr"), for docs and tests.
+std::vector<std::string> KnownKeys();
+
+}  // namespace meshwork::config

@@ -1,0 +1,301 @@
+// Reading (mmap) and writing (tmp + rename) of llm.c and raw token files.
+#include "trainer/data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+namespace meshwork::data {
+namespace {
+
+// Closes a file descriptor on every return path.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  ~FdGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  int get() const { return fd_; }
+  // Closes now and reports the error, for writers where close() can be the call that fails.
+  int Close() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+std::string Quote(const std::string& path) { return "'" + path + "'"; }
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Byte-wise decoding keeps the files little-endian whatever the host is; compilers turn these
+// into plain loads on x86 and ARM.
+int32_t ReadLeI32(const unsigned char* p) {
+  uint32_t u = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+               static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  int32_t v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+uint32_t ReadLeU16(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8;
+}
+
+uint32_t ReadLeU32(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+void AppendLe(std::vector<unsigned char>& out, uint32_t v, int width) {
+  for (int b = 0; b < width; ++b) out.push_back(static_cast<unsigned char>(v >> (8 * b)));
+}
+
+Status WriteAll(int fd, const std::vector<unsigned char>& bytes, const std::string& tmp) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IOError("cannot write " + Quote(tmp) + ": " + ErrnoText(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// Everything but the rename; the caller removes `tmp` if this fails.
+Status WriteTemporary(const std::string& tmp, const std::vector<uint32_t>& tokens,
+                      TokenFormat format, int width) {
+  FdGuard fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return IOError("cannot create " + Quote(tmp) + ": " + ErrnoText(errno));
+
+  std::vector<unsigned char> buffer;
+  if (format == TokenFormat::kLlmc) {
+    buffer.reserve(kLlmcHeaderBytes);
+    AppendLe(buffer, static_cast<uint32_t>(kLlmcMagic), 4);
+    AppendLe(buffer, static_cast<uint32_t>(width == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
+    AppendLe(buffer, static_cast<uint32_t>(tokens.size()), 4);
+    buffer.resize(kLlmcHeaderBytes, 0);
+  }
+  // Chunks bound the staging memory for large files.
+  constexpr size_t kChunkTokens = size_t{1} << 20;
+  for (size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
+    size_t end = std::min(tokens.size(), begin + kChunkTokens);
+    buffer.reserve(buffer.size() + (end - begin) * width);
+    for (size_t i = begin; i < end; ++i) AppendLe(buffer, tokens[i], width);
+    MW_RETURN_IF_ERROR(WriteAll(fd.get(), buffer, tmp));
+    buffer.clear();
+  }
+  // fsync before rename so a crash cannot leave the final name pointing at missing data.
+  if (::fsync(fd.get()) != 0) return IOError("cannot fsync " + Quote(tmp) + ": " + ErrnoText(errno));
+  if (fd.Close() != 0) return IOError("cannot close " + Quote(tmp) + ": " + ErrnoText(errno));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<TokenFormat> ParseTokenFormat(const std::string& name) {
+  if (name == "auto") return TokenFormat::kAuto;
+  if (name == "llmc") return TokenFormat::kLlmc;
+  if (name == "raw_u16") return TokenFormat::kRawU16;
+  if (name == "raw_u32") return TokenFormat::kRawU32;
+  return InvalidConfig("data.token_format: unknown token format '" + name +
+                       "'; expected one of auto, llmc, raw_u16, raw_u32");
+}
+
+const char* TokenFormatName(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kAuto: return "auto";
+    case TokenFormat::kLlmc: return "llmc";
+    case TokenFormat::kRawU16: return "raw_u16";
+    case TokenFormat::kRawU32: return "raw_u32";
+  }
+  return "unknown";
+}
+
+TokenFile::TokenFile(PrivateTag, std::string path) : path_(std::move(path)) {}
+
+TokenFile::~TokenFile() {
+  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
+}
+
+Result<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, TokenFormat format) {
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) {
+      return NotFound("token file " + Quote(path) + " does not exist");
+    }
+    return IOError("cannot open token file " + Quote(path) + ": " + ErrnoText(err));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return IOError("cannot stat token file " + Quote(path) + ": " + ErrnoText(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidInput("token file " + Quote(path) + " is not a regular file");
+  }
+  // mmap refuses a zero length, and an empty file is never a usable token file anyway.
+  if (st.st_size == 0) return InvalidInput("token file " + Quote(path) + " is empty (0 bytes)");
+
+  auto file = std::make_unique<TokenFile>(PrivateTag{}, path);
+  MW_RETURN_IF_ERROR(file->Map(fd.get(), static_cast<size_t>(st.st_size)));
+  MW_RETURN_IF_ERROR(file->ResolveLayout(format));
+  return Result<std::unique_ptr<TokenFile>>(std::move(file));
+}
+
+Status TokenFile::Map(int fd, size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) {
+    return IOError("cannot mmap token file " + Quote(path_) + " (" + std::to_string(bytes) +
+                   " bytes): " + ErrnoText(errno));
+  }
+  mapping_ = p;
+  mapping_bytes_ = bytes;
+  return Status::Ok();
+}
+
+Status TokenFile::ResolveLayout(TokenFormat requested) {
+  const auto* bytes = static_cast<const unsigned char*>(mapping_);
+  const int64_t file_bytes = static_cast<int64_t>(mapping_bytes_);
+  const std::string where = "token file " + Quote(path_);
+
+  if (requested == TokenFormat::kAuto) {
+    const bool has_magic = file_bytes >= 4 && ReadLeI32(bytes) == kLlmcMagic;
+    requested = has_magic ? TokenFormat::kLlmc : TokenFormat::kRawU16;
+  }
+  format_ = requested;
+
+  if (format_ == TokenFormat::kRawU16 || format_ == TokenFormat::kRawU32) {
+    bytes_per_token_ = format_ == TokenFormat::kRawU16 ? 2 : 4;
+    if (file_bytes % bytes_per_token_ != 0) {
+      return InvalidInput(where + " (" + TokenFormatName(format_) + ") is " +
+                          std::to_string(file_bytes) + " bytes, not a multiple of the " +
+                          std::to_string(bytes_per_token_) +
+                          "-byte token size; is it another format?");
+    }
+    tokens_ = bytes;
+    num_tokens_ = file_bytes / bytes_per_token_;
+    return Status::Ok();
+  }
+
+  // llm.c
+  if (file_bytes < kLlmcHeaderBytes) {
+    return InvalidInput(where + " is " + std::to_string(file_bytes) + " bytes, shorter than the " +
+                        std::to_string(kLlmcHeaderBytes) + "-byte llm.c header");
+  }
+  const int32_t magic = ReadLeI32(bytes);
+  const int32_t version = ReadLeI32(bytes + 4);
+  const int32_t count = ReadLeI32(bytes + 8);
+  if (magic != kLlmcMagic) {
+    return InvalidInput(where + " has magic " + std::to_string(magic) + ", not llm.c's " +
+                        std::to_string(kLlmcMagic) + "; is it a raw_u16 or raw_u32 file?");
+  }
+  if (version != kLlmcVersionU16 && version != kLlmcVersionU32) {
+    return InvalidInput(where + " has llm.c version " + std::to_string(version) +
+                        "; expected 1 (uint16 tokens) or 2 (uint32 tokens)");
+  }
+  bytes_per_token_ = version == kLlmcVersionU16 ? 2 : 4;
+  if (count <= 0) {
+    return InvalidInput(where + " holds no tokens: its llm.c header says " +
+                        std::to_string(count) + " tokens");
+  }
+  const int64_t expected = kLlmcHeaderBytes + int64_t{count} * bytes_per_token_;
+  if (file_bytes != expected) {
+    const std::string header_says = "its llm.c header says " + std::to_string(count) +
+                                    " tokens of " + std::to_string(bytes_per_token_) +
+                                    " bytes, i.e. " + std::to_string(expected) +
+                                    " bytes with the header";
+    if (file_bytes < expected) {
+      return InvalidInput(where + " is truncated: " + header_says + ", but the file has " +
+                          std::to_string(file_bytes) + " bytes");
+    }
+    return InvalidInput(where + " is " + std::to_string(file_bytes) + " bytes but " +
+                        header_says + " (trailing data or a wrong header count)");
+  }
+  tokens_ = bytes + kLlmcHeaderBytes;
+  num_tokens_ = count;
+  return Status::Ok();
+}
+
+uint32_t TokenFile::at(int64_t i) const {
+  assert(i >= 0 && i < num_tokens_);
+  const unsigned char* p = tokens_ + i * bytes_per_token_;
+  return bytes_per_token_ == 2 ? ReadLeU16(p) : ReadLeU32(p);
+}
+
+void TokenFile::CopyRange(int64_t begin, int64_t count, int64_t* out) const {
+  assert(begin >= 0 && count >= 0 && begin + count <= num_tokens_);
+  const unsigned char* p = tokens_ + begin * bytes_per_token_;
+  if (bytes_per_token_ == 2) {
+    for (int64_t k = 0; k < count; ++k) out[k] = ReadLeU16(p + 2 * k);
+  } else {
+    for (int64_t k = 0; k < count; ++k) out[k] = ReadLeU32(p + 4 * k);
+  }
+}
+
+Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
+                      TokenFormat format) {
+  if (tokens.empty()) {
+    return InvalidInput("refusing to write token file " + Quote(path) +
+                        ": no tokens (an empty token file cannot be read back)");
+  }
+  if (format == TokenFormat::kAuto) format = TokenFormat::kLlmc;  // the format that self-describes
+
+  const auto max_it = std::max_element(tokens.begin(), tokens.end());
+  const bool fits_u16 = *max_it < 65536u;
+  int width = 4;
+  switch (format) {
+    case TokenFormat::kLlmc:
+      if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+        return InvalidInput("cannot write " + Quote(path) + " as llmc: " +
+                            std::to_string(tokens.size()) +
+                            " tokens exceed the int32 count in its header; use raw_u16/raw_u32");
+      }
+      width = fits_u16 ? 2 : 4;
+      break;
+    case TokenFormat::kRawU16:
+      if (!fits_u16) {
+        return InvalidInput("cannot write " + Quote(path) + " as raw_u16: token " +
+                            std::to_string(*max_it) + " at position " +
+                            std::to_string(max_it - tokens.begin()) +
+                            " does not fit in 16 bits; use raw_u32 or llmc");
+      }
+      width = 2;
+      break;
+    case TokenFormat::kRawU32:
+    case TokenFormat::kAuto:
+      width = 4;
+      break;
+  }
+
+  // Same folder as the target so rename() stays on one filesystem and is atomic.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  Status written = WriteTemporary(tmp, tokens, format, width);
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());
+    return written;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return IOError("cannot rename " + Quote(tmp) + " to " + Quote(path) + ": " + ErrnoText(err));
+  }
+  return Status::Ok();
+}
+
+}  // namespace meshwork::data

@@ -1,0 +1,80 @@
+// Token files on disk: llm.c's headered format and nanoGPT's raw uint16 / uint32 arrays, read
+// through a memory mapping so a multi-gigabyte corpus costs page cache, not process memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::data {
+
+enum class TokenFormat {
+  kAuto,    // llm.c if the file starts with its magic, else raw_u16 (what nanoGPT writes)
+  kLlmc,    // llm.c: 1024-byte header of 256 little-endian int32, then uint16 or uint32 tokens
+  kRawU16,  // header-less little-endian uint16 tokens (nanoGPT's train.bin)
+  kRawU32,  // header-less little-endian uint32 tokens, for vocabularies above 65535
+};
+
+// llm.c's header (llm.c/dev/data/data_common.py): int32 [0] magic, [1] version, [2] count.
+inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcVersionU16 = 1;
+inline constexpr int32_t kLlmcVersionU32 = 2;
+inline constexpr int64_t kLlmcHeaderInts = 256;
+inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+
+// "auto", "llmc", "raw_u16", "raw_u32"; an error names the key 'data.token_format'.
+Result<TokenFormat> ParseTokenFormat(const std::string& name);
+const char* TokenFormatName(TokenFormat format);
+
+// A read-only, memory-mapped token file. Opening validates the whole layout (header, size,
+// token width) so that reads afterwards cannot run off the mapping.
+class TokenFile {
+  struct PrivateTag {
+    explicit PrivateTag() = default;
+  };
+
+ public:
+  static Result<std::unique_ptr<TokenFile>> Open(const std::string& path,
+                                                 TokenFormat format = TokenFormat::kAuto);
+
+  // Only Open can build one (PrivateTag); public so std::make_unique can reach it.
+  TokenFile(PrivateTag, std::string path);
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t size() const { return num_tokens_; }
+  // Precondition: 0 <= i < size() (asserted in debug builds only: this is the hot path).
+  uint32_t at(int64_t i) const;
+  int bytes_per_token() const { return bytes_per_token_; }
+  // The format actually read: never kAuto.
+  TokenFormat format() const { return format_; }
+  const std::string& path() const { return path_; }
+
+  // out[k] = at(begin + k) for k in [0, count). Precondition: the range lies inside the file.
+  void CopyRange(int64_t begin, int64_t count, int64_t* out) const;
+
+ private:
+  Status Map(int fd, size_t bytes);
+  Status ResolveLayout(TokenFormat requested);
+
+  std::string path_;
+  TokenFormat format_ = TokenFormat::kAuto;
+  void* mapping_ = nullptr;  // owned: munmap'd in the destructor
+  size_t mapping_bytes_ = 0;
+  const unsigned char* tokens_ = nullptr;  // first token byte, inside mapping_
+  int64_t num_tokens_ = 0;
+  int bytes_per_token_ = 2;
+};
+
+// Writes `tokens` to `path` atomically (a temporary file in the same folder, then rename), so a
+// reader never sees a half-written file. kLlmc (and kAuto) pick version 1 (uint16) when every
+// token is below 65536, else version 2 (uint32); kRawU16 refuses a token >= 65536. An empty
+// token list is refused because Open would refuse the file it makes.
+Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
+                      TokenFormat format);
+
+}  // namespace meshwork::data

@@ -1,0 +1,158 @@
+// POSIX implementation of the checkpoint file helpers (see file.h).
+#include "trainer/io/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+namespace meshwork::io {
+namespace {
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+}  // namespace
+
+// --- AtomicFileWriter --------------------------------------------------------------------------
+
+Result<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return IOError("cannot create '" + tmp + "' (writing '" + path + "'): " + ErrnoText(err));
+  }
+  return AtomicFileWriter(path, fd);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+AtomicFileWriter& AtomicFileWriter::operator=(AtomicFileWriter&& other) noexcept {
+  if (this != &other) {
+    Abandon();
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+AtomicFileWriter::~AtomicFileWriter() { Abandon(); }
+
+void AtomicFileWriter::Abandon() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(TempPath().c_str());
+  }
+}
+
+Status AtomicFileWriter::Write(const void* data, size_t size) {
+  if (fd_ < 0) return Internal("write to '" + path_ + "' after it was committed");
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return IOError("cannot write '" + TempPath() + "': " + ErrnoText(err));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status AtomicFileWriter::Commit() {
+  if (fd_ < 0) return Internal("'" + path_ + "' committed twice");
+  // fsync before rename: otherwise a power loss can leave the new name pointing at an empty file.
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    Abandon();
+    return IOError("cannot flush '" + TempPath() + "': " + ErrnoText(err));
+  }
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(TempPath().c_str());
+    return IOError("cannot close '" + TempPath() + "': " + ErrnoText(err));
+  }
+  if (std::rename(TempPath().c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(TempPath().c_str());
+    return IOError("cannot rename '" + TempPath() + "' to '" + path_ + "': " + ErrnoText(err));
+  }
+  return Status::Ok();
+}
+
+// --- ReadOnlyFile ------------------------------------------------------------------------------
+
+Result<ReadOnlyFile> ReadOnlyFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return NotFound("'" + path + "' does not exist");
+    return IOError("cannot open '" + path + "': " + ErrnoText(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return IOError("cannot stat '" + path + "': " + ErrnoText(err));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return InvalidInput("'" + path + "' is a directory, not a file");
+  }
+  return ReadOnlyFile(path, fd, static_cast<uint64_t>(st.st_size));
+}
+
+ReadOnlyFile::ReadOnlyFile(ReadOnlyFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      size_(other.size_) {}
+
+ReadOnlyFile& ReadOnlyFile::operator=(ReadOnlyFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    size_ = other.size_;
+  }
+  return *this;
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ReadOnlyFile::ReadAt(uint64_t offset, void* out, size_t size) const {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd_, p, size, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return IOError("cannot read '" + path_ + "': " + ErrnoText(err));
+    }
+    // The size was checked against fstat, so running out early means the file shrank under us.
+    if (n == 0) return InvalidInput("'" + path_ + "' ended early (truncated while reading?)");
+    p += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReadTextFile(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::Open(path));
+  std::string text(file.size(), '\0');
+  MW_RETURN_IF_ERROR(file.ReadAt(0, text.data(), text.size()));
+  return text;
+}
+
+}  // namespace meshwork::io

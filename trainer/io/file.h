@@ -1,0 +1,68 @@
+// Small POSIX file helpers shared by the checkpoint writers and readers: an all-or-nothing file
+// writer (temporary file + rename) and whole-file / ranged reads that report errno text.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::io {
+
+// Writes `path` + ".tmp" and renames it over `path` on Commit(), so a reader (or a crash
+// mid-write) never sees a half-written checkpoint. Dropping the writer without Commit()
+// removes the temporary file.
+class AtomicFileWriter {
+ public:
+  static Result<AtomicFileWriter> Create(const std::string& path);
+
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  Status Write(const void* data, size_t size);
+  // Flushes to disk (fsync), closes and renames into place.
+  Status Commit();
+
+ private:
+  AtomicFileWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string TempPath() const { return path_ + ".tmp"; }
+  void Abandon();
+
+  std::string path_;
+  int fd_ = -1;
+};
+
+// A read-only file descriptor that closes itself.
+class ReadOnlyFile {
+ public:
+  // NotFound when `path` does not exist, IOError when it cannot be opened.
+  static Result<ReadOnlyFile> Open(const std::string& path);
+
+  ReadOnlyFile(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile& operator=(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+  ~ReadOnlyFile();
+
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Reads exactly `size` bytes at `offset`; a short file is InvalidInput (it was truncated).
+  Status ReadAt(uint64_t offset, void* out, size_t size) const;
+
+ private:
+  ReadOnlyFile(std::string path, int fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// The whole file as a string (for JSON side files such as config.json).
+Result<std::string> ReadTextFile(const std::string& path);
+
+}  // namespace meshwork::io

@@ -1,0 +1,66 @@
+// Import and export of Hugging Face Llama model directories (config.json plus model.safetensors
+// or a sharded model.safetensors.index.json), so Meshwork can start from and hand back
+// checkpoints that `transformers` loads with LlamaForCausalLM.from_pretrained.
+//
+// Parameter names are copied verbatim: Meshwork's Llama registers its parameters under exactly
+// the HF names ("model.layers.0.self_attn.q_proj.weight", ...). No q/k permutation is applied:
+// Meshwork's rotary embedding uses HF's rotate_half convention (first half / second half of
+// each head), which is the layout HF checkpoints are stored in. (Meta's original consolidated
+// .pth checkpoints use interleaved pairs and would need the permutation; they are not read here.)
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "trainer/common/status.h"
+#include "trainer/io/safetensors.h"
+#include "trainer/model/llama_config.h"
+
+namespace meshwork::io {
+
+// Parses dir/config.json. Required keys: vocab_size, hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads. Optional keys take HF LlamaConfig's defaults:
+// num_key_value_heads (= num_attention_heads), max_position_embeddings (2048),
+// rms_norm_eps (1e-6), rope_theta (10000), tie_word_embeddings (false), rope_scaling (none;
+// only "llama3" is supported). A key of the wrong type, or a model that Meshwork's Llama cannot
+// express (head_dim != hidden/heads, biases, an activation other than silu), is InvalidInput
+// naming "config.json" and the key. Missing file: NotFound.
+Result<model::LlamaConfig> ReadHfConfig(const std::string& dir);
+
+// Optional config.json fields Meshwork does not model but tools read.
+struct HfConfigExtras {
+  std::string torch_dtype = "float32";
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> eos_token_id;
+};
+
+// Writes dir/config.json for LlamaForCausalLM (the directory must exist).
+Status WriteHfConfig(const std::string& dir, const model::LlamaConfig& c,
+                     const HfConfigExtras& extras = {});
+
+// Reads every weight of dir: model.safetensors, or else each shard that
+// model.safetensors.index.json lists. A shard file that is missing, or a tensor the index
+// places in a shard that does not hold it, is an error naming both.
+Result<TensorMap> ReadHfWeights(const std::string& dir);
+
+// Copies dir's weights into `module`'s parameters, matched by name, converting each to the
+// parameter's dtype and device. Checked before any weight data is read: every parameter must be
+// in the checkpoint with the same shape, and every checkpoint tensor must be a parameter
+// (except "lm_head.weight" when `tie_word_embeddings`, and "*rotary_emb.inv_freq", a buffer old
+// HF checkpoints carry). Mismatches are InvalidInput naming the tensors. Shards are read one at
+// a time, so peak host memory is about one shard.
+Status LoadHfWeightsInto(const std::string& dir, torch::nn::Module& module,
+                         bool tie_word_embeddings);
+
+// Creates dir and writes config.json and model.safetensors (metadata {"format": "pt"}, which
+// transformers requires) holding every named parameter of `module` converted to `dtype`
+// (float32, bfloat16, float16 or float64). `module`'s lm_head.weight must be present exactly
+// when the config is untied.
+Status SaveHfCheckpoint(const std::string& dir, const model::LlamaConfig& c,
+                        torch::nn::Module& module, torch::ScalarType dtype = torch::kFloat32);
+
+}  // namespace meshwork::io

@@ -1,0 +1,169 @@
+// meshwork-train: the trainer's command line. Subcommands train, eval, prepare-data and config;
+// every failure is one line on stderr and a distinct exit code (docs/config.md, "Exit codes").
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "trainer/config/config.h"
+#include "trainer/data/prepare.h"
+#include "trainer/data/token_file.h"
+#include "trainer/train/trainer.h"
+
+namespace {
+
+using meshwork::Status;
+namespace exit_code = meshwork::exit_code;
+
+constexpr const char* kUsage = R"(usage: meshwork-train <command> [options]
+
+commands:
+  train         train a model
+                  --config FILE     YAML config (docs/config.md); defaults apply without one
+                  --set KEY=VALUE   override one key, e.g. --set optimizer.lr=3e-4 (repeatable)
+  eval          mean cross-entropy of given weights over a token file
+                  --weights DIR     Hugging Face model directory (model.init_from)
+                  --data FILE       token file (eval.data)
+                  --windows N       windows of seq_len+1 tokens (eval.windows)
+                  --config FILE, --set KEY=VALUE as for train
+  prepare-data  turn text files into a token file with the byte-level vocabulary
+                  --out FILE [--val-out FILE] [--val-fraction F] [--format llmc|raw_u16|raw_u32]
+                  INPUT...          text files or directories
+  config        print the resolved config (all keys, defaults included)
+                  --config FILE, --set KEY=VALUE as for train
+
+exit codes: 0 ok, 1 runtime failure, 2 bad config or usage, 3 bad input file,
+            4 I/O error, 5 resource unavailable (device, port)
+)";
+
+int Fail(const Status& s) {
+  std::cerr << "meshwork-train: error: " << s.message() << "\n";
+  return meshwork::ExitCodeFor(s.code());
+}
+
+int Usage(const std::string& problem) {
+  std::cerr << "meshwork-train: error: " << problem << "\n\n" << kUsage;
+  return exit_code::kConfig;
+}
+
+// Options shared by train, eval and config.
+struct ConfigArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+};
+
+// Parses `--name VALUE` and `--name=VALUE`; returns false when `args[i]` is not `name`.
+bool TakeValue(const std::vector<std::string>& args, size_t& i, const std::string& name,
+               std::string* value, std::string* error) {
+  const std::string& a = args[i];
+  if (a == name) {
+    if (i + 1 >= args.size()) {
+      *error = name + " needs a value";
+      return true;
+    }
+    *value = args[++i];
+    return true;
+  }
+  if (a.rfind(name + "=", 0) == 0) {
+    *value = a.substr(name.size() + 1);
+    return true;
+  }
+  return false;
+}
+
+int RunConfigCommand(const std::string& command, const std::vector<std::string>& args) {
+  ConfigArgs c;
+  std::string error, value;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (TakeValue(args, i, "--config", &value, &error)) {
+      c.config_path = value;
+    } else if (TakeValue(args, i, "--set", &value, &error)) {
+      c.overrides.push_back(value);
+    } else if (command == "eval" && TakeValue(args, i, "--weights", &value, &error)) {
+      c.overrides.push_back("model.init_from=" + value);
+    } else if (command == "eval" && TakeValue(args, i, "--data", &value, &error)) {
+      c.overrides.push_back("eval.data=" + value);
+    } else if (command == "eval" && TakeValue(args, i, "--windows", &value, &error)) {
+      c.overrides.push_back("eval.windows=" + value);
+    } else {
+      return Usage("unknown option '" + args[i] + "' for '" + command + "'");
+    }
+    if (!error.empty()) return Usage(error);
+  }
+  // In eval, the dims come from the checkpoint, so the default preset must not count as a
+  // user choice; LoadConfig only marks dims explicit when a key names them.
+  auto cfg = meshwork::config::LoadConfig(c.config_path, c.overrides);
+  if (!cfg.ok()) return Fail(cfg.status());
+
+  if (command == "config") {
+    std::cout << meshwork::config::ToYaml(*cfg) << "\n";
+    return exit_code::kOk;
+  }
+  if (command == "eval") {
+    auto r = meshwork::train::Evaluate(*cfg, std::cerr);
+    if (!r.ok()) return Fail(r.status());
+    std::cout << "eval: loss " << meshwork::train::SixDigits(r->loss) << " over " << r->windows
+              << " windows of " << cfg->data.seq_len << " tokens (" << r->tokens << " predictions)\n";
+    return exit_code::kOk;
+  }
+  auto r = meshwork::train::Train(*cfg, std::cout);
+  if (!r.ok()) return Fail(r.status());
+  return exit_code::kOk;
+}
+
+int RunPrepareData(const std::vector<std::string>& args) {
+  meshwork::data::PrepareOptions o;
+  std::string error, value;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (TakeValue(args, i, "--out", &value, &error)) {
+      o.train_out = value;
+    } else if (TakeValue(args, i, "--val-out", &value, &error)) {
+      o.val_out = value;
+    } else if (TakeValue(args, i, "--val-fraction", &value, &error)) {
+      char* end = nullptr;
+      o.val_fraction = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0') return Usage("--val-fraction: expected a number, got '" + value + "'");
+    } else if (TakeValue(args, i, "--format", &value, &error)) {
+      auto f = meshwork::data::ParseTokenFormat(value);
+      if (!f.ok()) return Fail(f.status());
+      o.format = *f;
+    } else if (args[i].rfind("--", 0) == 0) {
+      return Usage("unknown option '" + args[i] + "' for 'prepare-data'");
+    } else {
+      o.inputs.push_back(args[i]);
+    }
+    if (!error.empty()) return Usage(error);
+  }
+  if (o.train_out.empty()) return Usage("prepare-data needs --out FILE");
+  if (o.inputs.empty()) return Usage("prepare-data needs at least one INPUT file or directory");
+  auto r = meshwork::data::PrepareTokens(o);
+  if (!r.ok()) return Fail(r.status());
+  std::cout << "prepared " << r->documents << " documents: " << r->train_tokens << " tokens -> "
+            << o.train_out;
+  if (!o.val_out.empty()) std::cout << ", " << r->val_tokens << " tokens -> " << o.val_out;
+  if (r->skipped_binary_files > 0) std::cout << " (skipped " << r->skipped_binary_files << " binary files)";
+  std::cout << "\n";
+  return exit_code::kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return Usage("missing command");
+  const std::string command = args.front();
+  args.erase(args.begin());
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::cout << kUsage;
+    return exit_code::kOk;
+  }
+  try {
+    if (command == "train" || command == "eval" || command == "config") return RunConfigCommand(command, args);
+    if (command == "prepare-data") return RunPrepareData(args);
+  } catch (const std::exception& e) {
+    // Modules return Status; anything thrown this far is a bug, reported rather than aborting.
+    std::cerr << "meshwork-train: internal error: " << e.what() << "\n";
+    return exit_code::kRuntime;
+  }
+  return Usage("unknown command '" + command + "'");
+}

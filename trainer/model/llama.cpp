@@ -1,0 +1,187 @@
+#include "trainer/model/llama.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "trainer/model/compat.h"
+
+namespace meshwork::model {
+
+namespace F = torch::nn::functional;
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // Normalise in fp32 whatever the activation dtype, as HF's LlamaRMSNorm does.
+  auto xf = x.to(torch::kFloat);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
+  const int64_t d = c.head_dim();
+  auto exponents = torch::arange(0, d, 2, torch::kDouble) / static_cast<double>(d);
+  auto inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (c.rope_scaling.enabled()) {
+    // Llama 3's frequency-dependent scaling: long wavelengths are divided by `factor`, short
+    // ones kept, and the band between is interpolated smoothly.
+    const auto& s = c.rope_scaling;
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_len / s.low_freq_factor;
+    const double high_wavelen = old_len / s.high_freq_factor;
+    auto wavelen = 2.0 * M_PI / inv_freq;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+    auto smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    auto smoothed = (1.0 - smooth) * scaled / s.factor + smooth * scaled;
+    auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv_freq = torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq.to(torch::kFloat);
+}
+
+RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::Device& device) {
+  auto inv_freq = RopeInverseFrequencies(c).to(torch::kDouble);
+  auto pos = torch::arange(seq_len, torch::kDouble);
+  auto freqs = torch::outer(pos, inv_freq);  // [seq, head_dim/2]
+  auto emb = torch::cat({freqs, freqs}, -1);  // [seq, head_dim]
+  return {emb.cos().to(torch::kFloat).to(device), emb.sin().to(torch::kFloat).to(device)};
+}
+
+namespace {
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  return torch::cat({-x2, x1}, -1);
+}
+}  // namespace
+
+torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope) {
+  const int64_t seq = x.size(-2);
+  auto cos = rope.cos.narrow(0, 0, seq).to(x.scalar_type());
+  auto sin = rope.sin.narrow(0, 0, seq).to(x.scalar_type());
+  return x * cos + RotateHalf(x) * sin;
+}
+
+AttentionImpl::AttentionImpl(const LlamaConfig& c)
+    : num_heads_(c.num_attention_heads),
+      num_kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim()) {
+  auto linear = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  q_proj = register_module("q_proj", linear(c.hidden_size, num_heads_ * head_dim_));
+  k_proj = register_module("k_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
+  v_proj = register_module("v_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
+  o_proj = register_module("o_proj", linear(num_heads_ * head_dim_, c.hidden_size));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  const int64_t b = x.size(0), t = x.size(1);
+  auto q = q_proj(x).view({b, t, num_heads_, head_dim_}).transpose(1, 2);
+  auto k = k_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  auto v = v_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  q = ApplyRope(q, rope);
+  k = ApplyRope(k, rope);
+  if (num_kv_heads_ != num_heads_) {
+    // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads
+    // (HF's repeat_kv order: query head h uses kv head h / n_rep).
+    const int64_t rep = num_heads_ / num_kv_heads_;
+    k = k.unsqueeze(2).expand({b, num_kv_heads_, rep, t, head_dim_}).reshape({b, num_heads_, t, head_dim_});
+    v = v.unsqueeze(2).expand({b, num_kv_heads_, rep, t, head_dim_}).reshape({b, num_heads_, t, head_dim_});
+  }
+  auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
+  y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
+  return o_proj(y);
+}
+
+MlpImpl::MlpImpl(const LlamaConfig& c) {
+  auto linear = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  self_attn = register_module("self_attn", Attention(c));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  mlp = register_module("mlp", Mlp(c));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  auto h = x + self_attn(input_layernorm(x), rope);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
+  model = register_module("model", LlamaModel(c));
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+  }
+}
+
+torch::Tensor LlamaForCausalLMImpl::OutputWeight() {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Device& device) {
+  // Tables are cached per (length, device): recomputing them every step costs time for nothing.
+  if (rope_len_ < seq_len || rope_.cos.device() != device) {
+    rope_ = MakeRopeTables(config_, seq_len, device);
+    rope_len_ = seq_len;
+  }
+  return rope_;
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
+  TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
+              tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
+  const auto& rope = Rope(tokens.size(1), tokens.device());
+  auto h = model->embed_tokens(tokens);
+  for (const auto& layer : *model->layers) h = layer->as<DecoderLayer>()->forward(h, rope);
+  h = model->norm(h);
+  return torch::matmul(h, OutputWeight().t());
+}
+
+void LlamaForCausalLMImpl::InitWeights(double std) {
+  torch::NoGradGuard no_grad;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.num_hidden_layers));
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    if (p.dim() == 1) {
+      p.fill_(1.0);  // RMSNorm gains
+    } else if (name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos) {
+      p.normal_(0.0, residual_std);
+    } else {
+      p.normal_(0.0, std);
+    }
+  }
+}
+
+torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const int64_t vocab = logits.size(-1);
+  return F::cross_entropy(logits.reshape({-1, vocab}).to(torch::kFloat), targets.reshape({-1}));
+}
+
+}  // namespace meshwork::model

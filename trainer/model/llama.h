@@ -1,0 +1,112 @@
+// Llama-style decoder-only transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU) for a
+// single device. Module and parameter names are exactly Hugging Face's LlamaForCausalLM names
+// ("model.layers.3.self_attn.q_proj.weight"), and rotary embeddings use HF's rotate_half layout,
+// so HF checkpoints map one to one. Model code knows nothing of process groups or sharding.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "trainer/model/llama_config.h"
+
+namespace meshwork::model {
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// Rotary position embedding tables (cos, sin) for positions [0, seq_len), [seq_len, head_dim],
+// in HF's layout: the two halves of the head dim rotate together (rotate_half).
+struct RopeTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+torch::Tensor RopeInverseFrequencies(const LlamaConfig& c);
+RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::Device& device);
+// x: [batch, heads, seq, head_dim].
+torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+
+  RMSNorm input_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  RMSNorm post_attention_layernorm{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// HF's LlamaModel: embeddings, layers, final norm.
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const LlamaConfig& c);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit LlamaForCausalLMImpl(const LlamaConfig& c);
+
+  // tokens: int64 [batch, seq] -> logits [batch, seq, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  const LlamaConfig& config() const { return config_; }
+
+  // Initialises every weight from a normal(0, std) (residual output projections scaled by
+  // 1/sqrt(2·layers), as GPT-2 does) and norms to one. Deterministic under torch::manual_seed.
+  void InitWeights(double std);
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  torch::Tensor OutputWeight();
+  const RopeTables& Rope(int64_t seq_len, const torch::Device& device);
+
+  LlamaConfig config_;
+  RopeTables rope_;
+  int64_t rope_len_ = 0;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Mean token cross-entropy of logits [batch, seq, vocab] against targets [batch, seq], in fp32.
+torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+}  // namespace meshwork::model

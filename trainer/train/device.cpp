@@ -1,0 +1,100 @@
+#include "trainer/train/device.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+
+#include "metrics/process_memory.h"
+
+#ifdef MESHWORK_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace meshwork::train {
+
+Result<torch::Device> ResolveDevice(const std::string& spec) {
+  if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (spec == "cpu") return torch::Device(torch::kCPU);
+  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
+    if (!torch::cuda::is_available()) {
+      return Status(StatusCode::kUnavailable,
+                    "key 'training.device': '" + spec + "' requested but libtorch sees no CUDA device " +
+                        "(this libtorch " + (torch::cuda::is_available() ? "has" : "may lack") +
+                        " CUDA support; use training.device=cpu)");
+    }
+    const int64_t index = spec == "cuda" ? 0 : std::stoll(spec.substr(5));
+    if (index >= static_cast<int64_t>(torch::cuda::device_count())) {
+      return Status(StatusCode::kUnavailable, "key 'training.device': '" + spec + "' but only " +
+                                                  std::to_string(torch::cuda::device_count()) +
+                                                  " CUDA device(s) are visible");
+    }
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return InvalidConfig("key 'training.device': must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
+}
+
+double MeasureCpuMatmulFlops() {
+  torch::NoGradGuard no_grad;
+  const int64_t n = 512;
+  auto a = torch::randn({n, n});
+  auto b = torch::randn({n, n});
+  auto c = torch::matmul(a, b);  // warm-up: thread pool start, page faults
+  double best = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 4; ++r) c = torch::matmul(a, b);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 4.0 * 2.0 * n * n * n / s);
+  }
+  return best;
+}
+
+Result<DeviceProfile> ResolveDeviceProfile(const std::string& name, double peak_tflops,
+                                           const torch::Device& device) {
+  // Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity).
+  static const std::map<std::string, double> kDatasheet = {
+      {"h100-sxm", 989.4e12}, {"h200", 989.4e12}, {"a100", 312e12}, {"l4", 121e12}};
+  std::string resolved = name;
+  if (resolved == "auto") resolved = device.is_cuda() ? "h100-sxm" : "cpu";
+  DeviceProfile p;
+  p.name = resolved;
+  if (peak_tflops > 0) {
+    p.peak_flops = peak_tflops * 1e12;
+    p.basis = "metrics.peak_tflops";
+    return p;
+  }
+  if (resolved == "cpu") {
+    p.peak_flops = MeasureCpuMatmulFlops();
+    p.basis = "measured fp32 matmul peak of this CPU";
+    return p;
+  }
+  auto it = kDatasheet.find(resolved);
+  if (it == kDatasheet.end()) {
+    return InvalidConfig("key 'metrics.device_profile': unknown profile '" + name + "'");
+  }
+  p.peak_flops = it->second;
+  p.basis = "datasheet dense bf16 peak of " + resolved + (name == "auto" ? " (auto: set metrics.device_profile)" : "");
+  return p;
+}
+
+MemorySample SampleMemory(const torch::Device& device) {
+  MemorySample s;
+#ifdef MESHWORK_TORCH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto& allocated = stats.allocated_bytes[0];  // StatType::AGGREGATE
+    s.current_bytes = allocated.current;
+    s.peak_bytes = allocated.peak;
+    s.device = "cuda";
+    return s;
+  }
+#endif
+  const auto rss = metrics::ReadProcessMemory();
+  s.current_bytes = rss.current_rss_bytes;
+  s.peak_bytes = rss.peak_rss_bytes;
+  s.device = "cpu";
+  return s;
+}
+
+}  // namespace meshwork::train

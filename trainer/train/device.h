@@ -1,0 +1,39 @@
+// The device the trainer runs on: parsing `training.device`, the peak-FLOPs profile MFU is
+// measured against, and memory statistics (CUDA caching allocator on GPU, RSS on CPU).
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::train {
+
+// "auto" picks CUDA when libtorch sees a GPU, else the CPU.
+Result<torch::Device> ResolveDevice(const std::string& spec);
+
+struct DeviceProfile {
+  std::string name;       // "h100-sxm", "cpu", ...
+  double peak_flops = 0;  // dense FLOP/s that MFU is relative to
+  std::string basis;      // how peak_flops was obtained, for the log
+};
+
+// `name` is metrics.device_profile; `peak_tflops` > 0 overrides the profile's figure. On the CPU
+// the peak is a short fp32 matmul measurement (there is no datasheet figure for "this VM").
+Result<DeviceProfile> ResolveDeviceProfile(const std::string& name, double peak_tflops,
+                                           const torch::Device& device);
+
+// Best fp32 GEMM throughput of a few square matmuls on this CPU, in FLOP/s.
+double MeasureCpuMatmulFlops();
+
+struct MemorySample {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::string device;  // "cpu" or "cuda"
+};
+// CUDA: bytes allocated by the caching allocator (current / peak since start); CPU: process RSS
+// (current / high-water mark).
+MemorySample SampleMemory(const torch::Device& device);
+
+}  // namespace meshwork::train

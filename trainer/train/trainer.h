@@ -1,0 +1,43 @@
+// The single-process training loop and evaluation: what `meshwork-train train` and
+// `meshwork-train eval` run. Errors come back as Status; libtorch exceptions stop here.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "trainer/common/status.h"
+#include "trainer/config/config.h"
+
+namespace meshwork::train {
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  std::vector<double> losses;       // training loss of every step
+  double initial_eval_loss = -1;    // before the first step; -1 when no eval data
+  double final_eval_loss = -1;      // after the last step
+  double seconds = 0;               // wall time of the training loop
+  double tokens_per_second = 0;     // tokens / seconds, excluding the first (warm-up) step
+  double mean_mfu = 0;
+  int64_t peak_memory_bytes = 0;
+  std::string memory_device;        // "cpu" (RSS) or "cuda" (caching allocator)
+};
+
+// Trains as `cfg` says, printing progress to `log`.
+Result<TrainSummary> Train(const config::TrainConfig& cfg, std::ostream& log);
+
+struct EvalResult {
+  double loss = 0;       // mean token cross-entropy
+  int64_t windows = 0;
+  int64_t tokens = 0;    // predicted tokens (windows · seq_len)
+};
+
+// Mean cross-entropy of the model in cfg.model.init_from over the first eval.windows windows
+// of eval.data (or data.val).
+Result<EvalResult> Evaluate(const config::TrainConfig& cfg, std::ostream& log);
+
+// "%.6g": six significant digits, as eval results are printed.
+std::string SixDigits(double v);
+
+}  // namespace meshwork::train
