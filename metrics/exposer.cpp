@@ -1,100 +1,169 @@
-// MetricsServer: wraps prometheus::Exposer, turning its constructor's exceptions into a Status.
 #include "metrics/exposer.h"
 
-#include <prometheus/exposer.h>
+#include <netdb.h>
+#include <poll.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
-#include <exception>
+#include <cerrno>
+#include <cstring>
 #include <utility>
-#include <vector>
-
-#if MESHWORK_HAVE_CIVETWEB_HEADERS
-#include <CivetServer.h>
-#endif
 
 namespace meshwork::metrics {
 namespace {
 
-#if MESHWORK_HAVE_CIVETWEB_HEADERS
-// civetweb reports why it could not bind only through its log callback, on the thread that
-// starts it; the exception CivetServer then throws says just "problem binding to port".
-thread_local std::string* civetweb_errors = nullptr;
+constexpr int kPollMs = 100;              // how quickly the destructor is noticed
+constexpr size_t kMaxRequestBytes = 8192;  // a scrape request is a few hundred bytes
+constexpr int kClientTimeoutS = 2;        // a stalled client cannot hold the server longer
 
-int CaptureCivetwebError(const mg_connection*, const char* message) {
-  if (civetweb_errors == nullptr) return 0;  // a serving thread: let civetweb log as usual
-  if (!civetweb_errors->empty()) *civetweb_errors += "; ";
-  *civetweb_errors += message;
-  return 1;
-}
-#endif
+struct HostPort {
+  std::string host;
+  std::string port;
+};
 
-std::unique_ptr<prometheus::Exposer> MakeExposer(const std::string& bind_address,
-                                                 std::string* error) {
-#if MESHWORK_HAVE_CIVETWEB_HEADERS
-  CivetCallbacks callbacks;  // copied by civetweb, so a local is enough
-  callbacks.log_message = &CaptureCivetwebError;
-  civetweb_errors = error;
-  struct Reset {
-    ~Reset() { civetweb_errors = nullptr; }
-  } reset;
-  return std::make_unique<prometheus::Exposer>(bind_address, 2, &callbacks);
-#else
-  return std::make_unique<prometheus::Exposer>(bind_address);
-#endif
-}
-
-// civetweb reads suffixes on the port ("9400s" = TLS, "9400r" = redirect) and a bare port as
-// "all interfaces"; checking the shape here keeps a typo from silently meaning something else.
-Status ValidateBindAddress(const std::string& address) {
+Result<HostPort> ParseBindAddress(const std::string& address) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) {
-    return InvalidConfig("metrics bind address '" + address +
-                         "' is not host:port (e.g. 0.0.0.0:9400)");
+    return InvalidConfig("metrics bind address '" + address + "' is not host:port (e.g. 0.0.0.0:9400)");
   }
+  std::string host = address.substr(0, colon);
   const std::string port = address.substr(colon + 1);
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) > 65535) {
     return InvalidConfig("metrics bind address '" + address + "': port '" + port +
                          "' is not a number in [0, 65535]");
   }
-  return Status::Ok();
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return HostPort{host, port};
+}
+
+Status Unavailable(const std::string& address, const std::string& why) {
+  return Status(StatusCode::kUnavailable,
+                "cannot serve metrics on '" + address + "': " + why +
+                    " (is the port taken or the host not a local address? metrics.port: -1 "
+                    "disables the metrics server)");
+}
+
+void SendAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the client went away; nothing to report
+    sent += static_cast<size_t>(n);
+  }
+}
+
+std::string Response(int status, const char* reason, const std::string& content_type,
+                     const std::string& body, bool head_only) {
+  std::string r = "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\n";
+  r += "Content-Type: " + content_type + "\r\n";
+  r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  r += "Connection: close\r\n\r\n";
+  if (!head_only) r += body;
+  return r;
 }
 
 }  // namespace
 
-MetricsServer::MetricsServer(std::string bind_address,
-                             std::shared_ptr<prometheus::Registry> registry,
-                             std::unique_ptr<prometheus::Exposer> exposer, int port)
-    : bind_address_(std::move(bind_address)),
-      registry_(std::move(registry)),
-      exposer_(std::move(exposer)),
-      port_(port) {}
-
-MetricsServer::~MetricsServer() = default;
-
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& bind_address) {
-  MW_RETURN_IF_ERROR(ValidateBindAddress(bind_address));
-  auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
-  std::string civetweb_error;
-  try {
-    // civetweb throws CivetException (a std::runtime_error) when it cannot bind.
-    exposer = MakeExposer(bind_address, &civetweb_error);
-  } catch (const std::exception& e) {
-    return Status(StatusCode::kUnavailable,
-                  "cannot serve metrics on '" + bind_address + "': " +
-                      (civetweb_error.empty() ? e.what() : civetweb_error) +
-                      " (is the port taken or the host not a local address? metrics.port: -1 "
-                      "disables the metrics server)");
+  MW_ASSIGN_OR_RETURN(HostPort hp, ParseBindAddress(bind_address));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(hp.host.c_str(), hp.port.c_str(), &hints, &found); rc != 0) {
+    return Unavailable(bind_address, std::string("cannot resolve host: ") + ::gai_strerror(rc));
   }
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty() || ports.front() <= 0) {
-    return Status(StatusCode::kUnavailable,
-                  "metrics server on '" + bind_address + "' reports no listening port");
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
+  std::string last_error = "no usable address";
+  for (addrinfo* ai = addresses.get(); ai != nullptr; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last_error = std::string("socket: ") + std::strerror(errno);
+      continue;
+    }
+    // SO_REUSEADDR lets a restarted trainer take its port back from TIME_WAIT; a port another
+    // process is listening on still fails with EADDRINUSE.
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
+      last_error = std::string("cannot bind: ") + std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
+    const int port = local.ss_family == AF_INET6
+                         ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
+                         : ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    return std::unique_ptr<MetricsServer>(new MetricsServer(bind_address, fd, port));
   }
-  exposer->RegisterCollectable(registry);
-  return std::unique_ptr<MetricsServer>(
-      new MetricsServer(bind_address, std::move(registry), std::move(exposer), ports.front()));
+  return Unavailable(bind_address, last_error);
+}
+
+MetricsServer::MetricsServer(std::string bind_address, int listen_fd, int port)
+    : bind_address_(std::move(bind_address)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      listen_fd_(listen_fd),
+      port_(port),
+      thread_([this] { Serve(); }) {}
+
+MetricsServer::~MetricsServer() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+}
+
+void MetricsServer::Serve() {
+  while (!stopping_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, kPollMs) <= 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    HandleConnection(fd);
+    ::close(fd);
+  }
+}
+
+// One request per connection, answered in full, then closed: all a Prometheus scrape needs.
+void MetricsServer::HandleConnection(int fd) {
+  timeval timeout{kClientTimeoutS, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  std::string request;
+  char buffer[1024];
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    request.append(buffer, static_cast<size_t>(n));
+  }
+  const auto line_end = request.find("\r\n");
+  const std::string line = request.substr(0, line_end);
+  const auto sp1 = line.find(' ');
+  const auto sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
+  if (line_end == std::string::npos || sp2 == std::string::npos) {
+    SendAll(fd, Response(400, "Bad Request", "text/plain", "malformed request\n", false));
+    return;
+  }
+  const std::string method = line.substr(0, sp1);
+  std::string path = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  path = path.substr(0, path.find('?'));
+  const bool head = method == "HEAD";
+  if (method != "GET" && !head) {
+    SendAll(fd, Response(405, "Method Not Allowed", "text/plain", "use GET\n", false));
+  } else if (path == "/metrics") {
+    const std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
+    SendAll(fd, Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, head));
+  } else if (path == "/") {
+    SendAll(fd, Response(200, "OK", "text/plain", "Meshwork metrics: /metrics\n", head));
+  } else {
+    SendAll(fd, Response(404, "Not Found", "text/plain", "not found; try /metrics\n", head));
+  }
 }
 
 }  // namespace meshwork::metrics

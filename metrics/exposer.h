@@ -1,14 +1,22 @@
-// The process's Prometheus endpoint: one civetweb-backed prometheus::Exposer serving one shared
-// Registry at /metrics. Components register their metrics in registry(); nothing else is global.
+// The process's Prometheus endpoint: one shared prometheus::Registry served at /metrics in the
+// text exposition format. Components register their metrics in registry(); nothing else is global.
+//
+// Why not prometheus::Exposer: prometheus-cpp's pull exposer runs civetweb, whose threads are
+// created with a fixed 100 KiB stack. glibc refuses (EINVAL) to start a thread whose stack cannot
+// hold the process's static TLS, and a process that loads libtorch with OpenBLAS already carries
+// more than that (OpenBLAS 60 KiB, glog 30 KiB, libtorch 10 KiB, ...), so civetweb cannot start
+// inside the trainer at all. This server is a single thread with a normal stack; the metric
+// types, the registry and the text serialisation are still prometheus-cpp's.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "trainer/common/status.h"
 
 namespace prometheus {
-class Exposer;
 class Registry;
 }  // namespace prometheus
 
@@ -16,12 +24,13 @@ namespace meshwork::metrics {
 
 class MetricsServer {
  public:
-  // Listens on `bind_address`, "host:port" ("0.0.0.0:9400", "127.0.0.1:0"; port 0 picks a free
-  // port, read it back with port()). A malformed address (no port, port not a number in
-  // [0, 65535]) is kInvalidConfig; one that cannot be bound (port in use, host not local) is
-  // kUnavailable. Both messages name the address.
+  // Listens on `bind_address`, "host:port" ("0.0.0.0:9400", "127.0.0.1:0", "[::1]:9400"; port 0
+  // picks a free port, read it back with port()). A malformed address (no port, port not a
+  // number in [0, 65535]) is kInvalidConfig; one that cannot be bound (port in use, host not
+  // local, name that does not resolve) is kUnavailable. Both messages name the address.
   static Result<std::unique_ptr<MetricsServer>> Start(const std::string& bind_address);
 
+  // Stops serving and closes the socket; returns within one poll interval (100 ms).
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -32,14 +41,16 @@ class MetricsServer {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
  private:
-  MetricsServer(std::string bind_address, std::shared_ptr<prometheus::Registry> registry,
-                std::unique_ptr<prometheus::Exposer> exposer, int port);
+  MetricsServer(std::string bind_address, int listen_fd, int port);
+  void Serve();
+  void HandleConnection(int fd);
 
   std::string bind_address_;
-  // Declared before exposer_ so the server stops before the registry it reads goes away.
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  int listen_fd_;
   int port_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;  // last: started after everything it reads exists
 };
 
 }  // namespace meshwork::metrics

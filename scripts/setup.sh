@@ -18,7 +18,7 @@ packages=(
   libtorch-dev libgloo-dev libcpprest-dev prometheus-cpp-dev libyaml-cpp-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
-  curl ca-certificates
+  curl ca-certificates python3
 )
 
 missing=()

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -28,6 +29,13 @@ std::string Quote(const YAML::Node& n) {
 
 Status TypeError(const std::string& key, const char* expected, const YAML::Node& n) {
   return InvalidConfig("key '" + key + "': expected " + expected + ", got " + Quote(n));
+}
+
+// The shortest text that reads back as exactly `v` (so printed configs load unchanged).
+std::string Shortest(double v) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 template <typename T>
@@ -69,19 +77,15 @@ Field FloatField(const std::string& key, double* out, double lo, double hi, bool
             }
             if ((lo_open ? v <= lo : v < lo) || v > hi) {
               std::ostringstream os;
-              os << "key '" << key << "': must be " << (lo_open ? "in (" : "in [") << lo << ", "
-                 << hi << "], got " << n.Scalar();
+              os << "key '" << key << "': must be " << (lo_open ? "in (" : "in [") << Shortest(lo)
+                 << ", " << Shortest(hi) << "], got " << n.Scalar();
               return InvalidConfig(os.str());
             }
             *out = v;
             if (on_set) on_set();
             return Status::Ok();
           },
-          [=] {
-            std::ostringstream os;
-            os << *out;
-            return os.str();
-          }};
+          [=] { return Shortest(*out); }};
 }
 
 Field BoolField(const std::string& key, bool* out, std::function<void()> on_set = {}) {
@@ -241,10 +245,14 @@ Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
   }
   // Walk to the parent mapping, creating sections as needed.
   std::vector<std::string> parts;
-  std::stringstream ss(key);
-  for (std::string part; std::getline(ss, part, '.');) {
-    if (part.empty()) return InvalidConfig("--set '" + assignment + "': empty component in key '" + key + "'");
-    parts.push_back(part);
+  for (size_t begin = 0;;) {
+    const size_t dot = key.find('.', begin);
+    parts.push_back(key.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin));
+    if (parts.back().empty()) {
+      return InvalidConfig("--set '" + assignment + "': empty component in key '" + key + "'");
+    }
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
   }
   std::vector<YAML::Node> path{root};
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -275,7 +283,7 @@ Status ValidateCrossFields(const TrainConfig& c) {
   }
   if (dev.rfind("cuda:", 0) == 0) {
     const std::string idx = dev.substr(5);
-    if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos) {
+    if (idx.empty() || idx.size() > 4 || idx.find_first_not_of("0123456789") != std::string::npos) {
       return InvalidConfig("key 'training.device': bad CUDA device index in '" + dev + "'");
     }
   }
@@ -332,6 +340,11 @@ Result<TrainConfig> Build(YAML::Node root, const std::vector<std::string>& overr
     if (key == "model.preset") continue;
     MW_RETURN_IF_ERROR(by_key[key]->apply(node));
   }
+  // The default warmup shrinks to fit a short run (a 5-step smoke test must not fail on a
+  // default the user never chose); a warmup the user set is checked as given.
+  const bool warmup_given = std::any_of(given.begin(), given.end(),
+                                        [](const auto& kv) { return kv.first == "schedule.warmup_steps"; });
+  if (!warmup_given) c.schedule.warmup_steps = std::min(c.schedule.warmup_steps, c.schedule.steps);
   MW_RETURN_IF_ERROR(ValidateCrossFields(c));
   return c;
 }
@@ -360,6 +373,8 @@ Result<TrainConfig> LoadConfig(const std::string& yaml_path, const std::vector<s
   } catch (const YAML::ParserException& e) {
     return InvalidConfig("config file '" + yaml_path + "': YAML syntax error at line " +
                          Str(e.mark.line + 1) + ", column " + Str(e.mark.column + 1) + ": " + e.msg);
+  } catch (const std::exception& e) {  // a directory, an I/O error mid-read
+    return InvalidInput("config file '" + yaml_path + "' cannot be read: " + e.what());
   }
   auto result = Build(root, overrides);
   if (!result.ok() && result.status().code() == StatusCode::kInvalidConfig) {
@@ -374,7 +389,14 @@ std::string ToYaml(const TrainConfig& c) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::string section;
+  const std::set<std::string> dim_keys = {"model.preset", "model.vocab_size", "model.hidden_size",
+      "model.intermediate_size", "model.num_hidden_layers", "model.num_attention_heads",
+      "model.num_key_value_heads", "model.max_position_embeddings", "model.rms_norm_eps",
+      "model.rope_theta", "model.tie_word_embeddings"};
   for (const auto& f : fields) {
+    // With init_from the dims come from its config.json; printing them would make the output a
+    // config that LoadConfig refuses.
+    if (!c.model.init_from.empty() && dim_keys.count(f.key)) continue;
     const auto dot = f.key.find('.');
     const std::string s = f.key.substr(0, dot);
     if (s != section) {

@@ -109,6 +109,10 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   // --- set-up -----------------------------------------------------------------------------
   if (cfg.training.threads > 0) torch::set_num_threads(static_cast<int>(cfg.training.threads));
   MW_ASSIGN_OR_RETURN(torch::Device device, ResolveDevice(cfg.training.device));
+  if (cfg.training.dtype == "bf16" && !device.is_cuda()) {
+    return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device '" +
+                         cfg.training.device + "' resolved to " + device.str());
+  }
   const bool autocast = UseAutocast(cfg, device);
   MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, device, log));
   const model::LlamaConfig& dims = net->config();
@@ -165,7 +169,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
       << Format("%.2fM", dims.NumParameters() / 1e6) << " parameters (" << dims.num_hidden_layers
       << " layers, hidden " << dims.hidden_size << ", heads " << dims.num_attention_heads << "/"
       << dims.num_key_value_heads << ", vocab " << dims.vocab_size << ")\n"
-      << "data: " << source->Describe() << ", seq_len " << cfg.data.seq_len << ", batch " << rows
+      << "data: " << source->Describe() << ", batch " << rows
       << " x accum " << accum << " = " << tokens_per_step << " tokens/step\n"
       << "device: " << device.str() << (autocast ? " (bf16 autocast)" : " (fp32)") << ", "
       << torch::get_num_threads() << " threads; mfu vs "
@@ -323,7 +327,7 @@ auto Guard(const char* what, F&& f) -> decltype(f()) {
 
 }  // namespace
 
-std::string SixDigits(double v) { return Format("%.6g", v); }
+std::string SixDigits(double v) { return Format("%#.6g", v); }
 
 Result<TrainSummary> Train(const config::TrainConfig& cfg, std::ostream& log) {
   return Guard("train", [&] { return TrainImpl(cfg, log); });

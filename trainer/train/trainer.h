@@ -37,7 +37,7 @@ struct EvalResult {
 // of eval.data (or data.val).
 Result<EvalResult> Evaluate(const config::TrainConfig& cfg, std::ostream& log);
 
-// "%.6g": six significant digits, as eval results are printed.
+// Six significant digits, trailing zeros kept ("%#.6g"), as eval results are printed.
 std::string SixDigits(double v);
 
 }  // namespace meshwork::train

@@ -1,0 +1,214 @@
+// Attention: causal masking, grouped-query attention in HF's repeat_kv order, and
+// compat::CausalAttention against a masked softmax written out by hand.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "trainer/model/compat.h"
+#include "trainer/model/llama.h"
+
+namespace meshwork::model {
+namespace {
+
+// hidden 32, 4 query heads of dim 8, 2 kv heads (2 query heads per kv head).
+LlamaConfig SmallAttentionConfig(int64_t kv_heads = 2) {
+  LlamaConfig c;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.intermediate_size = 64;
+  c.vocab_size = 64;
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+// Causal attention over [b, h, t, d] in double with explicit loops: position i attends to j <= i
+// with softmax(q_i . k_j / sqrt(d)).
+torch::Tensor ReferenceCausalAttention(const torch::Tensor& q_in, const torch::Tensor& k_in,
+                                       const torch::Tensor& v_in) {
+  auto q = q_in.to(torch::kDouble).contiguous();
+  auto k = k_in.to(torch::kDouble).contiguous();
+  auto v = v_in.to(torch::kDouble).contiguous();
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  auto out = torch::zeros({B, H, T, D}, torch::kDouble);
+  auto qa = q.accessor<double, 4>();
+  auto ka = k.accessor<double, 4>();
+  auto va = v.accessor<double, 4>();
+  auto oa = out.accessor<double, 4>();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> scores(i + 1);
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = 0.0;
+          for (int64_t d = 0; d < D; ++d) s += qa[b][h][i][d] * ka[b][h][j][d];
+          scores[j] = s * scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        double denom = 0.0;
+        for (int64_t j = 0; j <= i; ++j) denom += std::exp(scores[j] - max_score);
+        for (int64_t j = 0; j <= i; ++j) {
+          const double p = std::exp(scores[j] - max_score) / denom;
+          for (int64_t d = 0; d < D; ++d) oa[b][h][i][d] += p * va[b][h][j][d];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(CausalAttentionTest, MatchesHandWrittenMaskedSoftmax) {
+  torch::manual_seed(0);
+  for (int64_t seq : {1, 2, 7}) {
+    auto q = torch::randn({2, 3, seq, 8});
+    auto k = torch::randn({2, 3, seq, 8});
+    auto v = torch::randn({2, 3, seq, 8});
+    auto y = compat::CausalAttention(q, k, v);
+    ASSERT_EQ(y.sizes(), q.sizes()) << "seq=" << seq;
+    EXPECT_EQ(y.scalar_type(), torch::kFloat);
+    auto ref = ReferenceCausalAttention(q, k, v);
+    EXPECT_TRUE(torch::allclose(y.to(torch::kDouble), ref, 1e-5, 1e-5))
+        << "seq=" << seq << " max diff " << (y.to(torch::kDouble) - ref).abs().max().item<double>();
+  }
+}
+
+TEST(CausalAttentionTest, SingleTokenReturnsItsValue) {
+  torch::manual_seed(1);
+  auto q = torch::randn({1, 2, 1, 4});
+  auto k = torch::randn({1, 2, 1, 4});
+  auto v = torch::randn({1, 2, 1, 4});
+  EXPECT_TRUE(torch::allclose(compat::CausalAttention(q, k, v), v));
+}
+
+TEST(CausalAttentionTest, Bf16InputsGiveBf16OutputCloseToReference) {
+  torch::manual_seed(2);
+  auto q = torch::randn({1, 2, 5, 8});
+  auto k = torch::randn({1, 2, 5, 8});
+  auto v = torch::randn({1, 2, 5, 8});
+  auto y = compat::CausalAttention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
+                                   v.to(torch::kBFloat16));
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  auto ref = ReferenceCausalAttention(q, k, v);
+  EXPECT_TRUE(torch::allclose(y.to(torch::kDouble), ref, 5e-2, 5e-2));
+}
+
+TEST(AttentionTest, OutputShapeIsBatchSeqHidden) {
+  const LlamaConfig c = SmallAttentionConfig();
+  torch::manual_seed(3);
+  Attention attn(c);
+  RopeTables rope = MakeRopeTables(c, 5, torch::kCPU);
+  auto y = attn(torch::randn({3, 5, c.hidden_size}), rope);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 5, c.hidden_size}));
+}
+
+TEST(AttentionTest, LaterPositionsDoNotChangeEarlierOutputs) {
+  const LlamaConfig c = SmallAttentionConfig();
+  torch::manual_seed(4);
+  Attention attn(c);
+  torch::NoGradGuard no_grad;
+  const int64_t t = 7;
+  RopeTables rope = MakeRopeTables(c, t, torch::kCPU);
+  auto x = torch::randn({2, t, c.hidden_size});
+  auto base = attn(x, rope);
+  for (int64_t i = 0; i < t - 1; ++i) {
+    auto perturbed = x.clone();
+    perturbed.narrow(1, i + 1, t - i - 1).add_(torch::randn({2, t - i - 1, c.hidden_size}));
+    auto y = attn(perturbed, rope);
+    EXPECT_TRUE(torch::allclose(y.narrow(1, 0, i + 1), base.narrow(1, 0, i + 1), 1e-6, 1e-6))
+        << "positions <= " << i << " changed";
+    // The perturbed positions themselves do change, so the check above can fail.
+    EXPECT_FALSE(torch::allclose(y.narrow(1, i + 1, 1), base.narrow(1, i + 1, 1), 1e-3, 1e-3))
+        << "position " << i + 1;
+  }
+}
+
+// o_proj(v_0) with each kv head's value repeated for the query heads it serves.
+torch::Tensor SelfOnlyOutput(AttentionImpl& attn, const LlamaConfig& c, const torch::Tensor& x0) {
+  const int64_t b = x0.size(0), d = c.head_dim();
+  const int64_t rep = c.num_attention_heads / c.num_key_value_heads;
+  auto v0 = attn.v_proj(x0).view({b, c.num_key_value_heads, d});
+  auto per_head = v0.repeat_interleave(rep, /*dim=*/1).reshape({b, c.num_attention_heads * d});
+  return attn.o_proj(per_head);
+}
+
+TEST(AttentionTest, PositionZeroAttendsOnlyToItself) {
+  const LlamaConfig c = SmallAttentionConfig();
+  torch::manual_seed(5);
+  Attention attn(c);
+  torch::NoGradGuard no_grad;
+  RopeTables rope = MakeRopeTables(c, 6, torch::kCPU);
+  auto x = torch::randn({2, 6, c.hidden_size});
+  auto x0 = x.select(1, 0);
+  auto expected = SelfOnlyOutput(*attn, c, x0);
+
+  auto y = attn(x, rope);
+  EXPECT_TRUE(torch::allclose(y.select(1, 0), expected, 1e-5, 1e-5));
+  // A single token sees only itself too.
+  auto single = attn(x.narrow(1, 0, 1), rope);
+  EXPECT_TRUE(torch::allclose(single.select(1, 0), expected, 1e-5, 1e-5));
+  // Position 1 does mix in position 0, so it is not its own value.
+  EXPECT_FALSE(
+      torch::allclose(y.select(1, 1), SelfOnlyOutput(*attn, c, x.select(1, 1)), 1e-3, 1e-3));
+}
+
+TEST(AttentionTest, GroupedQueryEqualsMultiHeadWithKvDuplicatedInRepeatKvOrder) {
+  const LlamaConfig gqa_config = SmallAttentionConfig(/*kv_heads=*/2);
+  const LlamaConfig mha_config = SmallAttentionConfig(/*kv_heads=*/4);
+  torch::manual_seed(6);
+  Attention gqa(gqa_config);
+  Attention mha(mha_config);
+  const int64_t d = gqa_config.head_dim();
+  const int64_t rep = gqa_config.num_attention_heads / gqa_config.num_key_value_heads;
+  {
+    torch::NoGradGuard no_grad;
+    mha->q_proj->weight.copy_(gqa->q_proj->weight);
+    mha->o_proj->weight.copy_(gqa->o_proj->weight);
+    // Query head h uses kv head h / rep: kv rows [g*d, (g+1)*d) become rows of heads g*rep..
+    for (int64_t h = 0; h < mha_config.num_attention_heads; ++h) {
+      const int64_t g = h / rep;
+      mha->k_proj->weight.narrow(0, h * d, d).copy_(gqa->k_proj->weight.narrow(0, g * d, d));
+      mha->v_proj->weight.narrow(0, h * d, d).copy_(gqa->v_proj->weight.narrow(0, g * d, d));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  RopeTables rope = MakeRopeTables(gqa_config, 6, torch::kCPU);
+  auto x = torch::randn({2, 6, gqa_config.hidden_size});
+  auto y_gqa = gqa(x, rope);
+  auto y_mha = mha(x, rope);
+  EXPECT_TRUE(torch::allclose(y_gqa, y_mha, 1e-5, 1e-5))
+      << "max diff " << (y_gqa - y_mha).abs().max().item<float>();
+
+  // The other plausible order (head h uses kv head h % KV, i.e. repeat instead of
+  // repeat_interleave) gives a different result, so the test pins the order down.
+  Attention tiled(mha_config);
+  {
+    torch::NoGradGuard no_grad2;
+    tiled->q_proj->weight.copy_(gqa->q_proj->weight);
+    tiled->o_proj->weight.copy_(gqa->o_proj->weight);
+    for (int64_t h = 0; h < mha_config.num_attention_heads; ++h) {
+      const int64_t g = h % gqa_config.num_key_value_heads;
+      tiled->k_proj->weight.narrow(0, h * d, d).copy_(gqa->k_proj->weight.narrow(0, g * d, d));
+      tiled->v_proj->weight.narrow(0, h * d, d).copy_(gqa->v_proj->weight.narrow(0, g * d, d));
+    }
+  }
+  EXPECT_FALSE(torch::allclose(y_gqa, tiled(x, rope), 1e-3, 1e-3));
+}
+
+TEST(AttentionTest, ProjectionShapesFollowKvHeads) {
+  const LlamaConfig c = SmallAttentionConfig(/*kv_heads=*/1);
+  Attention attn(c);
+  EXPECT_EQ(attn->q_proj->weight.sizes(), (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(attn->k_proj->weight.sizes(), (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(attn->v_proj->weight.sizes(), (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(attn->o_proj->weight.sizes(), (std::vector<int64_t>{32, 32}));
+  EXPECT_FALSE(attn->q_proj->bias.defined());
+}
+
+}  // namespace
+}  // namespace meshwork::model
