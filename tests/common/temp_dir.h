@@ -37,6 +37,14 @@ inline void WriteBytes(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// Whether any entry of `dir` has `part` in its name (e.g. a leftover ".tmp").
+inline bool AnyNameContains(const std::string& dir, const std::string& part) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
 inline std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -291,10 +291,6 @@ Status ValidateCrossFields(const TrainConfig& c) {
     return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device is 'cpu'");
   }
   if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");
-  if (!c.model.init_from.empty() && c.model.dims_explicit) {
-    return InvalidConfig("key 'model.init_from': the model dims come from '" + c.model.init_from +
-                         "/config.json'; remove model.preset and explicit model dims");
-  }
   if (c.model.init_from.empty()) {
     MW_RETURN_IF_ERROR(c.model.dims.Validate("model."));
     if (c.data.seq_len > c.model.dims.max_position_embeddings) {

@@ -15,7 +15,7 @@ namespace meshwork::config {
 struct ModelConfig {
   std::string preset = "tiny";
   model::LlamaConfig dims;       // resolved from the preset and explicit dims
-  bool dims_explicit = false;    // the user named a preset or a dim (conflicts with init_from)
+  bool dims_explicit = false;    // the user named a preset or a dim (checked against init_from)
   std::string init_from;         // Hugging Face model directory to import weights from
   double init_std = 0.02;
 };

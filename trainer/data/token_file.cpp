@@ -13,6 +13,8 @@
 #include <cstring>
 #include <limits>
 
+#include "trainer/common/file.h"
+
 namespace meshwork::data {
 namespace {
 
@@ -26,12 +28,6 @@ class FdGuard {
   FdGuard(const FdGuard&) = delete;
   FdGuard& operator=(const FdGuard&) = delete;
   int get() const { return fd_; }
-  // Closes now and reports the error, for writers where close() can be the call that fails.
-  int Close() {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
 
  private:
   int fd_;
@@ -62,48 +58,6 @@ uint32_t ReadLeU32(const unsigned char* p) {
 
 void AppendLe(std::vector<unsigned char>& out, uint32_t v, int width) {
   for (int b = 0; b < width; ++b) out.push_back(static_cast<unsigned char>(v >> (8 * b)));
-}
-
-Status WriteAll(int fd, const std::vector<unsigned char>& bytes, const std::string& tmp) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return IOError("cannot write " + Quote(tmp) + ": " + ErrnoText(errno));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
-// Everything but the rename; the caller removes `tmp` if this fails.
-Status WriteTemporary(const std::string& tmp, const std::vector<uint32_t>& tokens,
-                      TokenFormat format, int width) {
-  FdGuard fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return IOError("cannot create " + Quote(tmp) + ": " + ErrnoText(errno));
-
-  std::vector<unsigned char> buffer;
-  if (format == TokenFormat::kLlmc) {
-    buffer.reserve(kLlmcHeaderBytes);
-    AppendLe(buffer, static_cast<uint32_t>(kLlmcMagic), 4);
-    AppendLe(buffer, static_cast<uint32_t>(width == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
-    AppendLe(buffer, static_cast<uint32_t>(tokens.size()), 4);
-    buffer.resize(kLlmcHeaderBytes, 0);
-  }
-  // Chunks bound the staging memory for large files.
-  constexpr size_t kChunkTokens = size_t{1} << 20;
-  for (size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
-    size_t end = std::min(tokens.size(), begin + kChunkTokens);
-    buffer.reserve(buffer.size() + (end - begin) * width);
-    for (size_t i = begin; i < end; ++i) AppendLe(buffer, tokens[i], width);
-    MW_RETURN_IF_ERROR(WriteAll(fd.get(), buffer, tmp));
-    buffer.clear();
-  }
-  // fsync before rename so a crash cannot leave the final name pointing at missing data.
-  if (::fsync(fd.get()) != 0) return IOError("cannot fsync " + Quote(tmp) + ": " + ErrnoText(errno));
-  if (fd.Close() != 0) return IOError("cannot close " + Quote(tmp) + ": " + ErrnoText(errno));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -283,19 +237,25 @@ Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& toke
       break;
   }
 
-  // Same folder as the target so rename() stays on one filesystem and is atomic.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Status written = WriteTemporary(tmp, tokens, format, width);
-  if (!written.ok()) {
-    ::unlink(tmp.c_str());
-    return written;
+  MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+  std::vector<unsigned char> buffer;
+  if (format == TokenFormat::kLlmc) {
+    buffer.reserve(kLlmcHeaderBytes);
+    AppendLe(buffer, static_cast<uint32_t>(kLlmcMagic), 4);
+    AppendLe(buffer, static_cast<uint32_t>(width == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
+    AppendLe(buffer, static_cast<uint32_t>(tokens.size()), 4);
+    buffer.resize(kLlmcHeaderBytes, 0);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return IOError("cannot rename " + Quote(tmp) + " to " + Quote(path) + ": " + ErrnoText(err));
+  // Chunks bound the staging memory for large files.
+  constexpr size_t kChunkTokens = size_t{1} << 20;
+  for (size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
+    const size_t end = std::min(tokens.size(), begin + kChunkTokens);
+    buffer.reserve(buffer.size() + (end - begin) * width);
+    for (size_t i = begin; i < end; ++i) AppendLe(buffer, tokens[i], width);
+    MW_RETURN_IF_ERROR(out.Write(buffer.data(), buffer.size()));
+    buffer.clear();
   }
-  return Status::Ok();
+  return out.Commit();
 }
 
 }  // namespace meshwork::data

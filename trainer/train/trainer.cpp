@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ostream>
+#include <sstream>
 
 #include "metrics/exposer.h"
 #include "metrics/trainer_metrics.h"
@@ -40,6 +41,28 @@ std::string Duration(double s) {
   return Format("%.0fh", std::floor(s / 3600)) + Format("%02.0fm", std::fmod(s / 60, 60));
 }
 
+// With model.init_from the dims are the checkpoint's. Dims the config also names (a training
+// config reused for eval, say) must agree with them: a silent mismatch would train or score a
+// different model than the user wrote down.
+Status CheckDimsMatch(const model::LlamaConfig& want, const model::LlamaConfig& ckpt, const std::string& dir) {
+  auto check = [&](const char* key, double a, double b) -> Status {
+    if (a == b) return Status::Ok();
+    std::ostringstream os;
+    os << "key 'model." << key << "': " << a << " differs from " << b << " in " << dir
+       << "/config.json (with model.init_from the dims come from the checkpoint; drop model.preset "
+          "and model dims, or make them match)";
+    return InvalidConfig(os.str());
+  };
+  MW_RETURN_IF_ERROR(check("vocab_size", want.vocab_size, ckpt.vocab_size));
+  MW_RETURN_IF_ERROR(check("hidden_size", want.hidden_size, ckpt.hidden_size));
+  MW_RETURN_IF_ERROR(check("intermediate_size", want.intermediate_size, ckpt.intermediate_size));
+  MW_RETURN_IF_ERROR(check("num_hidden_layers", want.num_hidden_layers, ckpt.num_hidden_layers));
+  MW_RETURN_IF_ERROR(check("num_attention_heads", want.num_attention_heads, ckpt.num_attention_heads));
+  MW_RETURN_IF_ERROR(check("num_key_value_heads", want.num_key_value_heads, ckpt.num_key_value_heads));
+  MW_RETURN_IF_ERROR(check("tie_word_embeddings", want.tie_word_embeddings, ckpt.tie_word_embeddings));
+  return Status::Ok();
+}
+
 // The model the config describes: dims from the preset or from the imported checkpoint,
 // deterministic initialisation, then imported weights if any, on `device`.
 Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
@@ -47,6 +70,7 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   model::LlamaConfig dims = cfg.model.dims;
   if (!cfg.model.init_from.empty()) {
     MW_ASSIGN_OR_RETURN(dims, io::ReadHfConfig(cfg.model.init_from));
+    if (cfg.model.dims_explicit) MW_RETURN_IF_ERROR(CheckDimsMatch(cfg.model.dims, dims, cfg.model.init_from));
     if (cfg.data.seq_len > dims.max_position_embeddings) {
       return InvalidConfig("key 'data.seq_len': " + std::to_string(cfg.data.seq_len) +
                            " exceeds max_position_embeddings " +

@@ -117,10 +117,6 @@ const Rejected kRejected[] = {
     {"SeqLenAboveMaxPositions", "data:\n  seq_len: 2000\n", {}, "'data.seq_len'",
      "2000 exceeds model.max_position_embeddings 1024"},
     {"UnknownPreset", "model:\n  preset: gpt2\n", {}, "'model.preset'", "'gpt2'"},
-    {"InitFromWithPreset", "model:\n  init_from: /ckpt/llama\n  preset: tiny\n", {}, "'model.init_from'",
-     "/ckpt/llama"},
-    {"InitFromWithExplicitDim", "model:\n  init_from: /ckpt/llama\n  hidden_size: 64\n", {},
-     "'model.init_from'", "/ckpt/llama"},
     {"HiddenNotDivisibleByHeads", "model:\n  hidden_size: 130\n", {}, "'model.hidden_size'",
      "130 is not divisible by num_attention_heads 4"},
     {"KvHeadsDoNotDivideHeads", "model:\n  num_key_value_heads: 3\n", {}, "'model.num_key_value_heads'",
@@ -448,6 +444,14 @@ TEST(ConfigTest, DimsExplicitOnlyWhenPresetOrDimNamed) {
   EXPECT_TRUE(LoadConfigFromString("", {"model.preset=tiny"})->model.dims_explicit);
   EXPECT_TRUE(LoadConfigFromString("", {"model.hidden_size=256"})->model.dims_explicit);
   EXPECT_TRUE(LoadConfigFromString("", {"model.tie_word_embeddings=false"})->model.dims_explicit);
+}
+
+TEST(ConfigTest, InitFromWithDimsIsAcceptedAndLeftToTheCheckpointComparison) {
+  // Whether the dims agree with the checkpoint is decided where config.json is read
+  // (trainer_test: CheckpointDimsThatDisagreeWithTheConfigNameTheKey).
+  auto c = LoadConfigFromString("model:\n  init_from: /ckpt/llama\n  preset: tiny\n", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->model.dims_explicit);
 }
 
 TEST(ConfigTest, InitFromAloneIsAcceptedAndDefersDimChecks) {

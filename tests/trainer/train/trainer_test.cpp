@@ -38,7 +38,10 @@ config::TrainConfig Config(std::vector<std::string> overrides) {
   auto base = SmallModel();
   base.insert(base.end(), overrides.begin(), overrides.end());
   auto c = config::LoadConfig("", base);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status().ToString();
+    return config::TrainConfig();
+  }
   return c.value();
 }
 
@@ -103,6 +106,26 @@ TEST(Train, ExportedWeightsReproduceTheFinalEvalLoss) {
   EXPECT_NEAR(e->loss, trained->final_eval_loss, 1e-6);
   EXPECT_EQ(e->windows, 3);
   EXPECT_EQ(e->tokens, 3 * 32);
+}
+
+TEST(Train, CheckpointDimsThatDisagreeWithTheConfigNameTheKey) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  const std::string out = dir.File("hf");
+  ASSERT_TRUE(TrainQuietly(Config({"data.train=" + tokens, "schedule.steps=2", "checkpoint.export_hf=" + out})).ok());
+
+  // The training config itself (same dims) evaluates the export...
+  auto same = Config({"model.init_from=" + out, "eval.data=" + tokens, "eval.windows=1"});
+  std::ostringstream log;
+  auto e = Evaluate(same, log);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  // ...a config naming other dims is refused, naming the key and both values.
+  auto other = Config({"model.init_from=" + out, "eval.data=" + tokens, "model.num_hidden_layers=3"});
+  auto bad = Evaluate(other, log);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(bad.status().message().find("'model.num_hidden_layers': 3 differs from 2"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(Train, TokenOutsideTheVocabularyIsAnInputError) {

@@ -1,4 +1,4 @@
-// Small POSIX file helpers shared by the checkpoint writers and readers: an all-or-nothing file
+// Small POSIX file helpers shared by the checkpoint and token-file writers and readers: an all-or-nothing file
 // writer (temporary file + rename) and whole-file / ranged reads that report errno text.
 #pragma once
 
@@ -8,11 +8,12 @@
 
 #include "trainer/common/status.h"
 
-namespace meshwork::io {
+namespace meshwork {
 
-// Writes `path` + ".tmp" and renames it over `path` on Commit(), so a reader (or a crash
-// mid-write) never sees a half-written checkpoint. Dropping the writer without Commit()
-// removes the temporary file.
+// Writes `path`.tmp.<pid> (same folder, so the rename is atomic; the pid keeps two processes
+// writing the same path apart) and renames it over `path` on Commit(), so a reader, or a crash
+// mid-write, never sees a half-written file. Dropping the writer without Commit() removes the
+// temporary file.
 class AtomicFileWriter {
  public:
   static Result<AtomicFileWriter> Create(const std::string& path);
@@ -29,7 +30,8 @@ class AtomicFileWriter {
 
  private:
   AtomicFileWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
-  std::string TempPath() const { return path_ + ".tmp"; }
+  static std::string TempPathFor(const std::string& path);
+  std::string TempPath() const { return TempPathFor(path_); }
   void Abandon();
 
   std::string path_;
@@ -65,4 +67,4 @@ class ReadOnlyFile {
 // The whole file as a string (for JSON side files such as config.json).
 Result<std::string> ReadTextFile(const std::string& path);
 
-}  // namespace meshwork::io
+}  // namespace meshwork

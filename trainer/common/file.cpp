@@ -1,5 +1,5 @@
-// POSIX implementation of the checkpoint file helpers (see file.h).
-#include "trainer/io/file.h"
+// POSIX implementation of the file helpers (see file.h).
+#include "trainer/common/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <utility>
 
-namespace meshwork::io {
+namespace meshwork {
 namespace {
 
 std::string ErrnoText(int err) { return std::strerror(err); }
@@ -19,8 +19,12 @@ std::string ErrnoText(int err) { return std::strerror(err); }
 
 // --- AtomicFileWriter --------------------------------------------------------------------------
 
+std::string AtomicFileWriter::TempPathFor(const std::string& path) {
+  return path + ".tmp." + std::to_string(::getpid());
+}
+
 Result<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = TempPathFor(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
@@ -155,4 +159,4 @@ Result<std::string> ReadTextFile(const std::string& path) {
   return text;
 }
 
-}  // namespace meshwork::io
+}  // namespace meshwork
