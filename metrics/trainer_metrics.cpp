@@ -35,6 +35,10 @@ prometheus::Family<prometheus::Gauge>& MakeDeviceGauges(prometheus::Registry& r,
 
 // 1 ms (a tiny CPU model) to 60 s (a large model's step with many micro-batches), about three
 // buckets per decade so quantiles stay within a factor of ~2.
+// Known label values, created at zero so that rate() and alerts see every series from the start.
+constexpr const char* kCollectives[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+constexpr const char* kStateKinds[] = {"parameters", "gradients", "optimizer"};
+
 prometheus::Histogram::BucketBoundaries StepDurationBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
           0.5,   1.0,    2.5,   5.0,  10.0,  20.0,  30.0, 60.0};
@@ -81,7 +85,23 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry, const Labels& con
                 .Name("meshwork_trainer_info")
                 .Help("Always 1; labels describe the run (model, preset, device, world_size).")
                 .Labels(const_labels)
-                .Register(registry)) {}
+                .Register(registry)),
+      exposed_comm_seconds_total_(MakeCounter(
+          registry, const_labels, "meshwork_trainer_exposed_comm_seconds_total",
+          "Seconds this rank was blocked waiting on collectives that computation did not hide.")),
+      comm_bytes_total_(prometheus::BuildCounter()
+                            .Name("meshwork_trainer_comm_bytes_total")
+                            .Help("Bytes this rank sent in collectives, by collective.")
+                            .Labels(const_labels)
+                            .Register(registry)),
+      state_bytes_(prometheus::BuildGauge()
+                       .Name("meshwork_trainer_state_bytes")
+                       .Help("Bytes of model state this rank holds, by kind (sharded under FSDP).")
+                       .Labels(const_labels)
+                       .Register(registry)) {
+  for (const char* c : kCollectives) comm_bytes_total_.Add({{"collective", c}});
+  for (const char* k : kStateKinds) state_bytes_.Add({{"kind", k}});
+}
 
 void TrainerMetrics::RecordStep(const StepSample& s) {
   steps_total_.Increment();
@@ -118,6 +138,18 @@ void TrainerMetrics::SetInfo(const std::string& model, const std::string& preset
                              {"device", device},
                              {"world_size", std::to_string(world_size)}});
   info_series_->Set(1.0);
+}
+
+void TrainerMetrics::RecordCommunication(double exposed_seconds,
+                                         const std::map<std::string, double>& bytes_sent) {
+  exposed_comm_seconds_total_.Increment(exposed_seconds);
+  for (const auto& [collective, bytes] : bytes_sent) {
+    if (bytes > 0) comm_bytes_total_.Add({{"collective", collective}}).Increment(bytes);
+  }
+}
+
+void TrainerMetrics::SetStateBytes(const std::string& kind, double bytes) {
+  state_bytes_.Add({{"kind", kind}}).Set(bytes);
 }
 
 }  // namespace meshwork::metrics

@@ -50,6 +50,11 @@ class TrainerMetrics {
   // meshwork_trainer_info{model,preset,device,world_size} = 1; a second call replaces the series.
   void SetInfo(const std::string& model, const std::string& preset, const std::string& device,
                int world_size);
+  // Communication of this rank since the last call: seconds blocked on collectives, and bytes
+  // sent per collective ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier").
+  void RecordCommunication(double exposed_seconds, const std::map<std::string, double>& bytes_sent);
+  // Bytes this rank holds of the model's state ("parameters", "gradients", "optimizer").
+  void SetStateBytes(const std::string& kind, double bytes);
 
  private:
   prometheus::Counter& steps_total_;
@@ -67,6 +72,9 @@ class TrainerMetrics {
   prometheus::Family<prometheus::Gauge>& memory_current_bytes_;
   prometheus::Family<prometheus::Gauge>& memory_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& info_;
+  prometheus::Counter& exposed_comm_seconds_total_;
+  prometheus::Family<prometheus::Counter>& comm_bytes_total_;
+  prometheus::Family<prometheus::Gauge>& state_bytes_;
   prometheus::Gauge* info_series_ = nullptr;
 };
 

@@ -1,5 +1,8 @@
 // meshwork-train: the trainer's command line. Subcommands train, eval, prepare-data and config;
 // every failure is one line on stderr and a distinct exit code (docs/config.md, "Exit codes").
+#include <unistd.h>
+
+#include <climits>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -8,6 +11,7 @@
 #include "trainer/config/config.h"
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
+#include "trainer/launch/launcher.h"
 #include "trainer/train/trainer.h"
 
 namespace {
@@ -31,6 +35,10 @@ commands:
                   INPUT...          text files or directories
   config        print the resolved config (all keys, defaults included)
                   --config FILE, --set KEY=VALUE as for train
+  launch        start N ranks on this machine (like torchrun --nproc-per-node)
+                  --nproc N [--nnodes N --node-rank N --master-addr A --master-port P]
+                  [--] COMMAND...   e.g. launch --nproc 4 train --config job.yaml
+                                    (train/eval/config/prepare-data run this binary)
 
 exit codes: 0 ok, 1 runtime failure, 2 bad config or usage, 3 bad input file,
             4 I/O error, 5 resource unavailable (device, port)
@@ -146,6 +154,21 @@ int RunPrepareData(const std::vector<std::string>& args) {
   return exit_code::kOk;
 }
 
+// `launch`: the ranks run COMMAND; one of this binary's own subcommands runs this binary.
+int RunLaunch(const std::vector<std::string>& args) {
+  auto options = meshwork::launch::ParseLaunchArgs(args);
+  if (!options.ok()) return Fail(options.status());
+  auto& command = options->command;
+  const std::string first = command.empty() ? "" : command.front();
+  if (first == "train" || first == "eval" || first == "config" || first == "prepare-data") {
+    char self[PATH_MAX];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return Fail(meshwork::Internal("cannot find this executable (/proc/self/exe)"));
+    command.insert(command.begin(), std::string(self, static_cast<size_t>(n)));
+  }
+  return meshwork::launch::RunLauncher(*options, std::cerr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +183,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train" || command == "eval" || command == "config") return RunConfigCommand(command, args);
     if (command == "prepare-data") return RunPrepareData(args);
+    if (command == "launch") return RunLaunch(args);
   } catch (const std::exception& e) {
     // Modules return Status; anything thrown this far is a bug, reported rather than aborting.
     std::cerr << "meshwork-train: internal error: " << e.what() << "\n";

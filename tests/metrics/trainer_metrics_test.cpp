@@ -66,8 +66,15 @@ TEST(TrainerMetricsTest, EverySeriesExistsAtZeroAfterConstruction) {
         "meshwork_trainer_tokens_per_second", "meshwork_trainer_step_seconds",
         "meshwork_trainer_step_duration_seconds_count",
         "meshwork_trainer_step_duration_seconds_sum", "meshwork_trainer_mfu_ratio",
-        "meshwork_trainer_learning_rate", "meshwork_trainer_grad_norm"}) {
+        "meshwork_trainer_learning_rate", "meshwork_trainer_grad_norm",
+        "meshwork_trainer_exposed_comm_seconds_total"}) {
     EXPECT_EQ(Sample(text, Series(name)), 0.0) << name;
+  }
+  for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"}) {
+    EXPECT_EQ(Sample(text, Series("meshwork_trainer_comm_bytes_total", std::string(",collective=\"") + c + "\"")), 0.0) << c;
+  }
+  for (const char* k : {"parameters", "gradients", "optimizer"}) {
+    EXPECT_EQ(Sample(text, Series("meshwork_trainer_state_bytes", std::string(",kind=\"") + k + "\"")), 0.0) << k;
   }
   for (const char* device : {"cpu", "cuda"}) {
     const std::string label = std::string(",device=\"") + device + "\"";
@@ -139,6 +146,19 @@ TEST(TrainerMetricsTest, RecordMemoryEvalAndTotalStepsSetTheirGauges) {
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_total_steps")), 1000.0);
 }
 
+TEST(TrainerMetricsTest, CommunicationAccumulatesAndStateBytesAreSet) {
+  prometheus::Registry registry;
+  TrainerMetrics metrics(registry, kLabels);
+  metrics.RecordCommunication(0.5, {{"all_gather", 1000}, {"reduce_scatter", 0}});
+  metrics.RecordCommunication(0.25, {{"all_gather", 24}, {"reduce_scatter", 8}});
+  metrics.SetStateBytes("parameters", 4096);
+  const std::string text = Serialize(registry);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_exposed_comm_seconds_total")), 0.75);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_comm_bytes_total", ",collective=\"all_gather\"")), 1024.0);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_comm_bytes_total", ",collective=\"reduce_scatter\"")), 8.0);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_state_bytes", ",kind=\"parameters\"")), 4096.0);
+}
+
 TEST(TrainerMetricsTest, SetInfoKeepsExactlyOneSeries) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
@@ -173,7 +193,7 @@ TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   const std::string docs = ReadDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
-  EXPECT_EQ(exposed.size(), 15u);
+  EXPECT_EQ(exposed.size(), 18u);
   for (const auto& name : exposed) {
     // A table row starts with the name in backticks.
     EXPECT_THAT(docs, HasSubstr("| `" + name + "`")) << name << " is not in docs/metrics.md";

@@ -170,6 +170,16 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("eval.every", &c.eval.every, 0, kMaxInt),
 
       IntField("logging.every", &c.logging.every, 1, kMaxInt),
+      StringField("logging.jsonl", &c.logging.jsonl),
+
+      IntField("mesh.dp_replicate", &c.mesh.dp_replicate, 0, 1 << 20),
+      IntField("mesh.dp_shard", &c.mesh.dp_shard, 0, 1 << 20),
+
+      BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
+      BoolField("fsdp.prefetch", &c.fsdp.prefetch),
+
+      IntField("dist.timeout_seconds", &c.dist.timeout_seconds, 1, 86400),
+      StringField("dist.gloo_hostname", &c.dist.gloo_hostname),
 
       IntField("metrics.port", &c.metrics.port, -1, 65535),
       StringField("metrics.host", &c.metrics.host),

@@ -60,6 +60,22 @@ struct EvalConfig {
 
 struct LoggingConfig {
   int64_t every = 10;  // a progress line every N steps (and the last)
+  std::string jsonl;   // rank 0 appends one JSON object per step here ("" = off)
+};
+
+struct MeshConfig {
+  int64_t dp_replicate = 1;  // HSDP replicas; 0 = whatever the world size leaves
+  int64_t dp_shard = 0;      // ranks a parameter is sharded over; 0 = world / dp_replicate
+};
+
+struct FsdpConfig {
+  bool reshard_after_forward = true;  // free each layer's gathered weights after its forward
+  bool prefetch = true;               // issue the next layer's all-gather before computing
+};
+
+struct DistConfig {
+  int64_t timeout_seconds = 300;  // rendezvous and every collective
+  std::string gloo_hostname;      // address Gloo binds to; "" = 127.0.0.1 for a local launch, else the host's
 };
 
 struct MetricsConfig {
@@ -83,6 +99,9 @@ struct TrainConfig {
   TrainingConfig training;
   EvalConfig eval;
   LoggingConfig logging;
+  MeshConfig mesh;
+  FsdpConfig fsdp;
+  DistConfig dist;
   MetricsConfig metrics;
   CheckpointConfig checkpoint;
 };

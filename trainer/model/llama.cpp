@@ -153,12 +153,20 @@ const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Devic
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
+  return ForwardWithLayerRunner(tokens, [](int64_t, DecoderLayerImpl& layer, const torch::Tensor& h,
+                            const RopeTables& rope) { return layer.forward(h, rope); });
+}
+
+torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& tokens,
+                                                           const LayerRunner& run_layer) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
   const auto& rope = Rope(tokens.size(1), tokens.device());
   auto h = model->embed_tokens(tokens);
-  for (const auto& layer : *model->layers) h = layer->as<DecoderLayer>()->forward(h, rope);
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
+  }
   h = model->norm(h);
   return torch::matmul(h, OutputWeight().t());
 }

@@ -11,6 +11,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <functional>
+
 #include "trainer/model/llama_config.h"
 
 namespace meshwork::model {
@@ -81,12 +83,21 @@ class LlamaModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaModel);
 
+// Runs decoder layer `index` on hidden states `h`. The default calls the layer; a parallel plan
+// (FSDP) substitutes its own to gather the layer's parameters around the call, so the model
+// itself never mentions process groups.
+using LayerRunner = std::function<torch::Tensor(int64_t index, DecoderLayerImpl& layer,
+                                                const torch::Tensor& h, const RopeTables& rope)>;
+
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLMImpl(const LlamaConfig& c);
 
   // tokens: int64 [batch, seq] -> logits [batch, seq, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
+  // The same with each decoder layer run by `run_layer` (one name, not an overload of forward:
+  // ModuleHolder's operator() needs forward to be unique).
+  torch::Tensor ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer);
   const LlamaConfig& config() const { return config_; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by

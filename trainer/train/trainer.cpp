@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <ostream>
 #include <sstream>
 
@@ -15,7 +16,9 @@
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
+#include "trainer/dist/env.h"
 #include "trainer/train/device.h"
+#include "trainer/train/engine.h"
 #include "trainer/train/schedule.h"
 
 namespace meshwork::train {
@@ -93,23 +96,34 @@ bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device) {
   return device.is_cuda() && (cfg.training.dtype == "bf16" || cfg.training.dtype == "auto");
 }
 
-// Mean loss over contiguous windows, batched by data.batch_size, in eval mode without grads.
-Result<double> EvalLoss(model::LlamaForCausalLM& net, const data::TokenFile& file, int64_t seq_len,
-                        int64_t windows, int64_t batch, const torch::Device& device, bool autocast) {
-  torch::NoGradGuard no_grad;
-  net->eval();
+// Mean loss over contiguous windows, batched by data.batch_size, without grads. Every rank
+// evaluates the same windows (the sharded forward needs all ranks), so all get the same value.
+Result<double> EvalLoss(Engine& engine, const model::LlamaConfig& dims, const data::TokenFile& file,
+                        int64_t seq_len, int64_t windows, int64_t batch, const torch::Device& device,
+                        bool autocast) {
   double total = 0;
   for (int64_t first = 0; first < windows; first += batch) {
     const int64_t n = std::min(batch, windows - first);
-    MW_ASSIGN_OR_RETURN(data::Batch b,
-                        data::EvalWindows(file, seq_len, first, n, net->config().vocab_size));
+    MW_ASSIGN_OR_RETURN(data::Batch b, data::EvalWindows(file, seq_len, first, n, dims.vocab_size));
     compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
-    auto logits = net->forward(b.inputs.to(device));
+    auto logits = engine.EvalForward(b.inputs.to(device));
     // Sum of per-window means, so every window weighs the same.
     total += model::CausalLmLoss(logits, b.targets.to(device)).item<double>() * static_cast<double>(n);
   }
-  net->train();
   return total / static_cast<double>(windows);
+}
+
+// Writes the full parameters as an HF directory from rank 0; every rank takes part in gathering.
+Status ExportHf(Engine& engine, const config::TrainConfig& cfg, const model::LlamaConfig& dims) {
+  MW_ASSIGN_OR_RETURN(auto state, engine.FullState());
+  if (engine.rank() != 0) return Status::Ok();
+  model::LlamaForCausalLM copy(dims);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : copy->named_parameters()) item.value().copy_(state.at(item.key()));
+  }
+  const auto dtype = cfg.checkpoint.export_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  return io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *copy, dtype);
 }
 
 Result<std::unique_ptr<data::TokenFile>> OpenEvalFile(const config::TrainConfig& cfg) {
@@ -139,7 +153,12 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   }
   const bool autocast = UseAutocast(cfg, device);
   MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, device, log));
-  const model::LlamaConfig& dims = net->config();
+  const model::LlamaConfig dims = net->config();
+  MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
+  // Only rank 0 talks; the others train silently (their errors still reach stderr via main).
+  std::ostringstream discard;
+  std::ostream& out = env.rank == 0 ? log : discard;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(cfg, std::move(net), device, out));
 
   MW_ASSIGN_OR_RETURN(auto format, data::ParseTokenFormat(cfg.data.token_format));
   MW_ASSIGN_OR_RETURN(auto source, data::MakeTokenSource(cfg.data.train, format, cfg.data.seq_len,
@@ -151,28 +170,29 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     MW_RETURN_IF_ERROR(CheckEvalFits(*eval_file, cfg));
   }
 
+  // Each rank serves its own /metrics; ranks on one machine take consecutive ports.
   std::unique_ptr<metrics::MetricsServer> server;
   std::shared_ptr<prometheus::Registry> registry;
   if (cfg.metrics.port >= 0) {
-    MW_ASSIGN_OR_RETURN(server, metrics::MetricsServer::Start(cfg.metrics.host + ":" +
-                                                              std::to_string(cfg.metrics.port)));
+    const int64_t port = cfg.metrics.port > 0 ? cfg.metrics.port + env.local_rank : 0;
+    MW_ASSIGN_OR_RETURN(server, metrics::MetricsServer::Start(cfg.metrics.host + ":" + std::to_string(port)));
     registry = server->registry();
-    log << "metrics: http://" << cfg.metrics.host << ":" << server->port() << "/metrics\n";
+    out << "metrics: http://" << cfg.metrics.host << ":" << server->port() << "/metrics"
+        << (env.world_size > 1 ? " (rank 0; rank r on port + local rank)" : "") << "\n";
   } else {
     registry = std::make_shared<prometheus::Registry>();
   }
-  metrics::TrainerMetrics metrics(*registry, {{"job", cfg.metrics.job}, {"rank", "0"}});
+  metrics::TrainerMetrics metrics(*registry, {{"job", cfg.metrics.job}, {"rank", std::to_string(env.rank)}});
   metrics.SetTotalSteps(cfg.schedule.steps);
   metrics.SetInfo(cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from,
-                  cfg.model.init_from.empty() ? cfg.model.preset : "hf", device.str(), 1);
+                  cfg.model.init_from.empty() ? cfg.model.preset : "hf", device.str(), env.world_size);
 
   MW_ASSIGN_OR_RETURN(DeviceProfile profile, ResolveDeviceProfile(cfg.metrics.device_profile,
                                                                   cfg.metrics.peak_tflops, device));
   const double flops_per_token = dims.TrainingFlopsPerToken(cfg.data.seq_len);
 
-  // AdamW with decoupled weight decay on matrices only; norm gains are not decayed.
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : net->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  // AdamW with decoupled weight decay on matrices only; norm gains are not decayed. Under FSDP
+  // these are the ranks' shards: the optimizer state is sharded with them.
   auto adamw = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(cfg.optimizer.lr)
@@ -181,20 +201,27 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
             .weight_decay(wd));
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, adamw(cfg.optimizer.weight_decay));
-  groups.emplace_back(no_decay, adamw(0.0));
+  groups.emplace_back(engine->DecayParams(), adamw(cfg.optimizer.weight_decay));
+  groups.emplace_back(engine->NoDecayParams(), adamw(0.0));
   torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(cfg.optimizer.lr));
-  std::vector<torch::Tensor> params = net->parameters();
 
   const int64_t rows = cfg.data.batch_size;
   const int64_t accum = cfg.training.grad_accum;
-  const int64_t tokens_per_step = rows * accum * cfg.data.seq_len;
-  log << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
+  const int64_t dp = engine->dp_size();
+  const int64_t tokens_per_step = rows * accum * dp * cfg.data.seq_len;  // global
+  std::unique_ptr<std::ofstream> jsonl;
+  if (!cfg.logging.jsonl.empty() && engine->rank() == 0) {
+    jsonl = std::make_unique<std::ofstream>(cfg.logging.jsonl, std::ios::app);
+    if (!*jsonl) return IOError("key 'logging.jsonl': cannot open '" + cfg.logging.jsonl + "' for appending");
+  }
+  out << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
       << Format("%.2fM", dims.NumParameters() / 1e6) << " parameters (" << dims.num_hidden_layers
       << " layers, hidden " << dims.hidden_size << ", heads " << dims.num_attention_heads << "/"
       << dims.num_key_value_heads << ", vocab " << dims.vocab_size << ")\n"
-      << "data: " << source->Describe() << ", batch " << rows
-      << " x accum " << accum << " = " << tokens_per_step << " tokens/step\n"
+      << "data: " << source->Describe() << ", batch " << rows << " x accum " << accum << " x ranks " << dp
+      << " = " << tokens_per_step << " tokens/step\n"
+      << "parallelism: " << engine->Describe() << "; parameters on this rank "
+      << Format("%.1f MiB", static_cast<double>(engine->ParamBytes()) / (1 << 20)) << "\n"
       << "device: " << device.str() << (autocast ? " (bf16 autocast)" : " (fp32)") << ", "
       << torch::get_num_threads() << " threads; mfu vs "
       << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)
@@ -202,15 +229,20 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
       << " (" << profile.basis << ")\n";
 
   TrainSummary summary;
+  summary.param_bytes = engine->ParamBytes();
+  metrics.SetStateBytes("parameters", static_cast<double>(summary.param_bytes));
+  metrics.SetStateBytes("gradients", static_cast<double>(summary.param_bytes));
+  metrics.SetStateBytes("optimizer", 2.0 * static_cast<double>(summary.param_bytes));
+  auto eval_loss = [&]() {
+    return EvalLoss(*engine, dims, *eval_file, cfg.data.seq_len, cfg.eval.windows, rows, device, autocast);
+  };
   if (eval_file) {
-    MW_ASSIGN_OR_RETURN(summary.initial_eval_loss,
-                        EvalLoss(net, *eval_file, cfg.data.seq_len, cfg.eval.windows, rows, device, autocast));
+    MW_ASSIGN_OR_RETURN(summary.initial_eval_loss, eval_loss());
     metrics.RecordEval(summary.initial_eval_loss);
-    log << "eval before training: loss " << SixDigits(summary.initial_eval_loss) << "\n";
+    out << "eval before training: loss " << SixDigits(summary.initial_eval_loss) << "\n";
   }
 
   // --- the loop ---------------------------------------------------------------------------
-  net->train();
   const auto start = Clock::now();
   Clock::time_point after_first;
   double mfu_sum = 0;
@@ -218,31 +250,35 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     const auto t0 = Clock::now();
     const double lr = LearningRate(cfg.schedule, cfg.optimizer.lr, step);
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-    optimizer.zero_grad();
+    engine->ZeroGrad();
 
-    // Forward and backward over the micro-batches; gradients accumulate in .grad.
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+    // Forward and backward over the micro-batches; gradients are reduced on the last one.
+    double local_loss = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
-      MW_ASSIGN_OR_RETURN(data::Batch batch, source->Rows(step, micro * rows, rows));
+      const bool sync = micro + 1 == accum;
+      // Rows of the global batch: micro-batch by micro-batch, each split across the dp ranks.
+      const int64_t first_row = (micro * dp + engine->dp_rank()) * rows;
+      MW_ASSIGN_OR_RETURN(data::Batch batch, source->Rows(step, first_row, rows));
       torch::Tensor loss;
       {
         compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
-        auto logits = net->forward(batch.inputs.to(device, /*non_blocking=*/true));
+        auto logits = engine->Forward(batch.inputs.to(device, /*non_blocking=*/true), sync);
         loss = model::CausalLmLoss(logits, batch.targets.to(device, /*non_blocking=*/true)) /
                static_cast<double>(accum);
       }
       loss.backward();
-      loss_sum += loss.detach();
+      MW_RETURN_IF_ERROR(engine->AfterBackward(sync));
+      // Host-device sync: the loss value is needed for the log, the NaN check and metrics.
+      local_loss += loss.item<double>();
     }
 
     // Clip to the global norm (an infinite limit only measures it), then step.
     const double max_norm = cfg.optimizer.grad_clip > 0 ? cfg.optimizer.grad_clip
                                                         : std::numeric_limits<double>::infinity();
-    const double grad_norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
+    MW_ASSIGN_OR_RETURN(const double grad_norm, engine->ClipGradNorm(max_norm));
     optimizer.step();
 
-    // Host-device sync: the loss value is needed for the log, the NaN check and metrics.
-    const double loss = loss_sum.item<double>();
+    MW_ASSIGN_OR_RETURN(const double loss, engine->AverageAcrossRanks(local_loss));
     if (!std::isfinite(loss)) {
       return Internal("training diverged: loss is " + Format("%g", loss) + " at step " +
                       std::to_string(step + 1) + " (lower optimizer.lr or raise schedule.warmup_steps)");
@@ -252,31 +288,49 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
 
     // Progress: metrics every step, a log line every logging.every steps.
     summary.losses.push_back(loss);
-    const double tps = static_cast<double>(tokens_per_step) / step_s;
-    const double mfu = tps * flops_per_token / profile.peak_flops;
+    const double tps = static_cast<double>(tokens_per_step) / step_s;  // global
+    const double mfu = tps / static_cast<double>(engine->world_size()) * flops_per_token / profile.peak_flops;
+    const EngineStats comm = engine->TakeStats();
+    summary.exposed_comm_seconds += comm.exposed_comm_seconds;
+    std::map<std::string, double> sent;
+    for (int i = 0; i < dist::kNumCollectives; ++i) {
+      sent[dist::CollectiveName(static_cast<dist::Collective>(i))] =
+          static_cast<double>(comm.comm.bytes_sent[i] - summary.comm.bytes_sent[i]);
+    }
+    metrics.RecordCommunication(comm.exposed_comm_seconds, sent);
+    summary.comm = comm.comm;
     if (step > 0) mfu_sum += mfu;
     const MemorySample mem = SampleMemory(device);
     summary.peak_memory_bytes = std::max(summary.peak_memory_bytes, mem.peak_bytes);
     summary.memory_device = mem.device;
-    metrics.RecordStep({step + 1, loss, step_s, static_cast<double>(tokens_per_step), tps, mfu, lr, grad_norm});
+    // Per-rank throughput in metrics (sum by job gives the job's); the log shows the global one.
+    const double rank_tokens = static_cast<double>(tokens_per_step) / static_cast<double>(engine->world_size());
+    metrics.RecordStep({step + 1, loss, step_s, rank_tokens, rank_tokens / step_s, mfu, lr, grad_norm});
+    if (jsonl) {
+      *jsonl << "{\"step\":" << step + 1 << ",\"loss\":" << Format("%.17g", loss) << ",\"lr\":"
+             << Format("%.17g", lr) << ",\"grad_norm\":" << Format("%.17g", grad_norm)
+             << ",\"tokens_per_second\":" << Format("%.1f", tps) << ",\"step_seconds\":"
+             << Format("%.6f", step_s) << ",\"exposed_comm_seconds\":"
+             << Format("%.6f", comm.exposed_comm_seconds) << "}\n";
+      jsonl->flush();
+    }
     metrics.RecordMemory(mem.current_bytes, mem.peak_bytes, mem.device);
 
     const bool last = step + 1 == cfg.schedule.steps;
     if ((step + 1) % cfg.logging.every == 0 || last || step == 0) {
       const double eta = Seconds(start) / static_cast<double>(step + 1) *
                          static_cast<double>(cfg.schedule.steps - step - 1);
-      log << "step " << step + 1 << "/" << cfg.schedule.steps << " | loss " << Format("%.4f", loss)
+      out << "step " << step + 1 << "/" << cfg.schedule.steps << " | loss " << Format("%.4f", loss)
           << " | lr " << Format("%.2e", lr) << " | grad_norm " << Format("%.3f", grad_norm) << " | "
           << Format("%.0f", tps) << " tok/s | step " << Format("%.1f", step_s * 1e3) << " ms | mfu "
           << Format("%.2f", mfu * 100) << "% | mem " << Mib(mem.current_bytes) << " (peak "
           << Mib(mem.peak_bytes) << ", " << mem.device << ") | eta " << Duration(eta) << "\n";
-      log.flush();
+      out.flush();
     }
     if (eval_file && cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0 && !last) {
-      MW_ASSIGN_OR_RETURN(double el, EvalLoss(net, *eval_file, cfg.data.seq_len, cfg.eval.windows,
-                                              rows, device, autocast));
+      MW_ASSIGN_OR_RETURN(double el, eval_loss());
       metrics.RecordEval(el);
-      log << "eval at step " << step + 1 << ": loss " << SixDigits(el) << "\n";
+      out << "eval at step " << step + 1 << ": loss " << SixDigits(el) << "\n";
     }
   }
 
@@ -289,28 +343,37 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   const int64_t timed_steps = cfg.schedule.steps > 1 ? cfg.schedule.steps - 1 : 1;
   const double timed_s = cfg.schedule.steps > 1 ? Seconds(after_first) : summary.seconds;
   summary.tokens_per_second = static_cast<double>(tokens_per_step * timed_steps) / timed_s;
-  summary.mean_mfu = summary.tokens_per_second * flops_per_token / profile.peak_flops;
+  summary.mean_mfu = summary.tokens_per_second / static_cast<double>(engine->world_size()) *
+                     flops_per_token / profile.peak_flops;
   if (eval_file) {
-    MW_ASSIGN_OR_RETURN(summary.final_eval_loss,
-                        EvalLoss(net, *eval_file, cfg.data.seq_len, cfg.eval.windows, rows, device, autocast));
+    MW_ASSIGN_OR_RETURN(summary.final_eval_loss, eval_loss());
     metrics.RecordEval(summary.final_eval_loss);
-    log << "eval after training: loss " << SixDigits(summary.final_eval_loss) << "\n";
+    out << "eval after training: loss " << SixDigits(summary.final_eval_loss) << "\n";
   }
   if (!cfg.checkpoint.export_hf.empty()) {
-    const auto dtype = cfg.checkpoint.export_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    MW_RETURN_IF_ERROR(io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *net, dtype));
-    log << "exported Hugging Face model to " << cfg.checkpoint.export_hf << "\n";
+    MW_RETURN_IF_ERROR(ExportHf(*engine, cfg, dims));
+    out << "exported Hugging Face model to " << cfg.checkpoint.export_hf << "\n";
   }
-  log << "done: " << summary.steps << " steps, " << summary.tokens << " tokens in "
+  if (engine->world_size() > 1) {
+    out << "communication (rank 0):";
+    for (int i = 0; i < dist::kNumCollectives; ++i) {
+      if (summary.comm.calls[i] == 0) continue;
+      out << " " << dist::CollectiveName(static_cast<dist::Collective>(i)) << " " << summary.comm.calls[i]
+          << " calls " << Mib(summary.comm.bytes_sent[i]) << " sent;";
+    }
+    out << " exposed " << Format("%.2f", summary.exposed_comm_seconds) << " s ("
+        << Format("%.1f", 100 * summary.exposed_comm_seconds / summary.seconds) << "% of the run)\n";
+  }
+  out << "done: " << summary.steps << " steps, " << summary.tokens << " tokens in "
       << Format("%.1f", summary.seconds) << " s | final loss " << Format("%.4f", summary.losses.back())
       << " | " << Format("%.0f", summary.tokens_per_second) << " tok/s | mfu "
       << Format("%.2f", summary.mean_mfu * 100) << "% | peak mem " << Mib(summary.peak_memory_bytes)
       << " (" << summary.memory_device << ")";
   if (eval_file) {
-    log << " | eval loss " << SixDigits(summary.initial_eval_loss) << " -> "
+    out << " | eval loss " << SixDigits(summary.initial_eval_loss) << " -> "
         << SixDigits(summary.final_eval_loss);
   }
-  log << "\n";
+  out << "\n";
   return summary;
 }
 
@@ -324,10 +387,12 @@ Result<EvalResult> EvaluateImpl(const config::TrainConfig& cfg, std::ostream& lo
   if (cfg.training.threads > 0) torch::set_num_threads(static_cast<int>(cfg.training.threads));
   MW_ASSIGN_OR_RETURN(torch::Device device, ResolveDevice(cfg.training.device));
   MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, device, log));
+  const model::LlamaConfig dims = net->config();
   MW_ASSIGN_OR_RETURN(auto file, OpenEvalFile(cfg));
   MW_RETURN_IF_ERROR(CheckEvalFits(*file, cfg));
+  std::unique_ptr<Engine> engine = MakeLocalEngine(std::move(net));
   EvalResult r;
-  MW_ASSIGN_OR_RETURN(r.loss, EvalLoss(net, *file, cfg.data.seq_len, cfg.eval.windows,
+  MW_ASSIGN_OR_RETURN(r.loss, EvalLoss(*engine, dims, *file, cfg.data.seq_len, cfg.eval.windows,
                                        cfg.data.batch_size, device, UseAutocast(cfg, device)));
   r.windows = cfg.eval.windows;
   r.tokens = cfg.eval.windows * cfg.data.seq_len;

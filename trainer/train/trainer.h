@@ -8,6 +8,7 @@
 
 #include "trainer/common/status.h"
 #include "trainer/config/config.h"
+#include "trainer/dist/communicator.h"
 
 namespace meshwork::train {
 
@@ -22,6 +23,9 @@ struct TrainSummary {
   double mean_mfu = 0;
   int64_t peak_memory_bytes = 0;
   std::string memory_device;        // "cpu" (RSS) or "cuda" (caching allocator)
+  int64_t param_bytes = 0;          // this rank's parameters (FSDP: its shards)
+  double exposed_comm_seconds = 0;  // blocked on collectives, whole run
+  dist::CommStats comm;             // this rank's collectives, whole run
 };
 
 // Trains as `cfg` says, printing progress to `log`.

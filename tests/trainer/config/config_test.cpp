@@ -537,8 +537,9 @@ TEST(ConfigTest, KnownKeysAreDottedAndUnique) {
   for (const auto& k : keys) {
     EXPECT_EQ(std::count(k.begin(), k.end(), '.'), 1) << k;
   }
-  EXPECT_EQ(KnownSections(), (std::set<std::string>{"checkpoint", "data", "eval", "logging", "metrics",
-                                                    "model", "optimizer", "schedule", "training"}));
+  EXPECT_EQ(KnownSections(), (std::set<std::string>{"checkpoint", "data", "dist", "eval", "fsdp", "logging",
+                                                    "mesh", "metrics", "model", "optimizer", "schedule",
+                                                    "training"}));
 }
 
 // --- docs/config.md -------------------------------------------------------------------------

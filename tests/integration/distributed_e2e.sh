@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Sharded training as a user runs it: `meshwork-train launch --nproc N train ...` on Gloo gives
+# the same loss at every step as one process on the same global batch (world 1, 2, 4 and HSDP
+# 2x2, with parameter shapes that do not divide by the world size), and a rank killed mid-run
+# stops the job with the launcher naming it, without a hang.
+# usage: distributed_e2e.sh path/to/meshwork-train
+set -uo pipefail
+
+bin="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+
+"$bin" prepare-data --out "$work/train.bin" /usr/share/common-licenses/GPL-3 >/dev/null || { echo "prepare-data failed"; exit 1; }
+
+# intermediate_size 90 and 2 kv heads x 10 = 20 rows do not divide by 4: shards carry padding.
+common=(--set model.hidden_size=40 --set model.intermediate_size=90 --set model.num_hidden_layers=2
+        --set model.num_attention_heads=4 --set model.num_key_value_heads=2
+        --set data.train="$work/train.bin" --set data.seq_len=32 --set schedule.steps=20
+        --set metrics.port=-1 --set logging.every=100 --set optimizer.eps=1e-4 --set dist.timeout_seconds=60)
+global_batch=8
+
+# run NAME NPROC EXTRA...: trains with batch_size = global / nproc, losses to NAME.jsonl
+port=29700
+run() {
+  local name="$1" nproc="$2"
+  shift 2
+  port=$((port + 1))
+  local cmd=("$bin")
+  [ "$nproc" -gt 1 ] && cmd+=(launch --nproc "$nproc" --master-port "$port")
+  cmd+=(train "${common[@]}" --set data.batch_size=$((global_batch / nproc)) --set logging.jsonl="$work/$name.jsonl" "$@")
+  timeout 300 "${cmd[@]}" >"$work/$name.log" 2>&1
+}
+
+compare() {  # compare NAME: every step's loss within 1e-5 relative of the single process
+  python3 - "$work/single.jsonl" "$work/$1.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 20, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"max relative loss difference {worst:.2e} over {len(a)} steps")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+}
+
+if run single 1; then pass "single process"; else fail "single process: $(tail -3 "$work/single.log")"; fi
+for spec in "fsdp2 2" "fsdp4 4" "hsdp2x2 4 --set mesh.dp_replicate=2" \
+    "fsdp2-noreshard-noprefetch 2 --set fsdp.reshard_after_forward=false --set fsdp.prefetch=false" \
+    "fsdp2-accum2 2 --set training.grad_accum=2 --set data.batch_size=2"; do
+  read -r name nproc extra <<<"$spec"
+  # shellcheck disable=SC2086
+  if ! run "$name" "$nproc" $extra; then
+    fail "$name: launch failed: $(tail -5 "$work/$name.log")"
+  elif msg="$(compare "$name" 2>&1)"; then
+    pass "$name equals single process: $msg"
+  else
+    fail "$name differs from single process: $msg"
+  fi
+done
+grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass "HSDP mesh 2x2 in use" ||
+  fail "HSDP mesh not reported: $(grep parallelism "$work/hsdp2x2.log")"
+
+# A rank killed mid-run: the launcher stops the job, names the rank and the signal, exits 137.
+port=$((port + 1))
+"$bin" launch --nproc 2 --master-port "$port" train "${common[@]}" --set data.batch_size=4 \
+  --set schedule.steps=100000 --set logging.every=5 >"$work/kill.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do grep -q "^step 10/" "$work/kill.log" && break; sleep 0.1; done
+victim="$(pgrep -P "$launcher" | sort -n | tail -1)"
+start=$(date +%s)
+if [ -n "$victim" ]; then kill -9 "$victim"; fi
+wait "$launcher"
+rc=$?
+took=$(($(date +%s) - start))
+if [ -n "$victim" ] && [ "$rc" -eq 137 ] && grep -q "was killed by signal 9" "$work/kill.log" && [ "$took" -lt 60 ]; then
+  pass "killed rank: launcher exit 137 after ${took}s: $(grep -m1 'killed by signal' "$work/kill.log")"
+else
+  fail "killed rank: victim '$victim', exit $rc after ${took}s; $(tail -5 "$work/kill.log")"
+fi
+if pgrep -f "$work/train.bin" >/dev/null; then fail "ranks left running after the launcher exited"; else pass "no rank left running"; fi
+
+echo "distributed_e2e: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,300 @@
+// Communicators: N ranks as threads of one process meet through a c10d::HashStore, each with a
+// Gloo communicator on 127.0.0.1; values, stats, validation, timeouts, and the NCCL factory's
+// failure on a machine without a GPU.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainer/dist/communicator.h"
+#include "trainer/dist/gloo_communicator.h"
+#ifdef MESHWORK_HAVE_NCCL
+#include "trainer/dist/nccl_communicator.h"
+#endif
+
+namespace meshwork::dist {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Runs `body` on a thread; a test that has not finished within `bound` aborts the binary
+// rather than hang ctest.
+void RunBounded(std::function<void()> body, seconds bound) {
+  std::packaged_task<void()> task(std::move(body));
+  std::future<void> done = task.get_future();
+  std::thread thread(std::move(task));
+  if (done.wait_for(bound) != std::future_status::ready) {
+    std::fprintf(stderr, "test did not finish within %lld s; aborting\n",
+                 static_cast<long long>(bound.count()));
+    std::abort();
+  }
+  thread.join();
+  done.get();
+}
+
+// Runs `per_rank(rank, communicator)` on `n` ranks, each its own thread and Gloo communicator.
+void RunRanks(int n, const std::function<void(int, Communicator&)>& per_rank,
+              CommunicatorOptions options = {}) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RunBounded(
+      [&]() {
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r) {
+          threads.emplace_back([&, r]() {
+            auto comm = MakeGlooCommunicator(store, r, n, options, "127.0.0.1");
+            ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+            per_rank(r, **comm);
+          });
+        }
+        for (auto& t : threads) t.join();
+      },
+      seconds(120));
+}
+
+void WaitOk(Result<std::unique_ptr<Work>> work) {
+  ASSERT_TRUE(work.ok()) << work.status().ToString();
+  const Status s = (*work)->Wait();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+torch::Tensor RankValues(int rank, int64_t n, torch::ScalarType dtype) {
+  return (torch::arange(n, torch::kInt64) + 100 * rank).to(dtype);
+}
+
+constexpr int64_t kShard = 6;
+
+TEST(CollectiveName, NamesEveryCollective) {
+  EXPECT_STREQ(CollectiveName(Collective::kAllGather), "all_gather");
+  EXPECT_STREQ(CollectiveName(Collective::kReduceScatter), "reduce_scatter");
+  EXPECT_STREQ(CollectiveName(Collective::kAllReduce), "all_reduce");
+  EXPECT_STREQ(CollectiveName(Collective::kBroadcast), "broadcast");
+  EXPECT_STREQ(CollectiveName(Collective::kBarrier), "barrier");
+}
+
+class GlooCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectives, AllGatherPutsShardsInRankOrder) {
+  const int n = GetParam();
+  for (auto dtype : {torch::kFloat32, torch::kInt64, torch::kBFloat16}) {
+    RunRanks(n, [&](int rank, Communicator& comm) {
+      EXPECT_STREQ(comm.backend(), "gloo");
+      EXPECT_EQ(comm.rank(), rank);
+      EXPECT_EQ(comm.size(), n);
+      torch::Tensor input = RankValues(rank, kShard, dtype);
+      torch::Tensor output = torch::full({n * kShard}, -1, dtype);
+      WaitOk(comm.AllGatherInto(output, input));
+      std::vector<torch::Tensor> expected;
+      for (int r = 0; r < n; ++r) expected.push_back(RankValues(r, kShard, dtype));
+      EXPECT_TRUE(torch::equal(output, torch::cat(expected)))
+          << c10::toString(dtype) << " rank " << rank << ": " << output;
+    });
+  }
+}
+
+TEST_P(GlooCollectives, ReduceScatterSumAndAvgGiveThisRanksSlice) {
+  const int n = GetParam();
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      RunRanks(n, [&](int rank, Communicator& comm) {
+        // Rank r contributes arange(n·k) + 100·r: the sum over ranks is n·arange + 100·n(n−1)/2.
+        torch::Tensor input = RankValues(rank, n * kShard, dtype);
+        torch::Tensor output = torch::full({kShard}, -1, dtype);
+        WaitOk(comm.ReduceScatter(output, input, op));
+        torch::Tensor sum =
+            n * torch::arange(rank * kShard, (rank + 1) * kShard, torch::kFloat32) +
+            100.0f * n * (n - 1) / 2;
+        // bfloat16 is reduced in fp32 and rounded once, like this expectation.
+        torch::Tensor expected = (op == ReduceOp::kSum ? sum : sum / n).to(dtype);
+        EXPECT_TRUE(torch::equal(output, expected))
+            << c10::toString(dtype) << " rank " << rank << ": " << output;
+      });
+    }
+  }
+}
+
+TEST_P(GlooCollectives, AllReduceSumAndAvg) {
+  const int n = GetParam();
+  RunRanks(n, [&](int rank, Communicator& comm) {
+    torch::Tensor sum_f = RankValues(rank, kShard, torch::kFloat32);
+    WaitOk(comm.AllReduce(sum_f, ReduceOp::kSum));
+    torch::Tensor expected_sum = n * torch::arange(kShard, torch::kFloat32) + 100.0f * n * (n - 1) / 2;
+    EXPECT_TRUE(torch::allclose(sum_f, expected_sum)) << sum_f;
+
+    torch::Tensor avg_f = RankValues(rank, kShard, torch::kFloat32);
+    WaitOk(comm.AllReduce(avg_f, ReduceOp::kAvg));
+    EXPECT_TRUE(torch::allclose(avg_f, expected_sum / n)) << avg_f;
+
+    torch::Tensor sum_i = RankValues(rank, kShard, torch::kInt64);
+    WaitOk(comm.AllReduce(sum_i, ReduceOp::kSum));
+    EXPECT_TRUE(torch::equal(sum_i, expected_sum.to(torch::kInt64))) << sum_i;
+
+    torch::Tensor sum_bf = RankValues(rank, kShard, torch::kBFloat16);
+    WaitOk(comm.AllReduce(sum_bf, ReduceOp::kSum));
+    EXPECT_TRUE(torch::equal(sum_bf, expected_sum.to(torch::kBFloat16))) << sum_bf;
+  });
+}
+
+TEST_P(GlooCollectives, BroadcastCopiesTheRootsTensor) {
+  const int n = GetParam();
+  const int root = n > 1 ? 1 : 0;
+  RunRanks(n, [&](int rank, Communicator& comm) {
+    torch::Tensor t = RankValues(rank, kShard, torch::kFloat32);
+    WaitOk(comm.Broadcast(t, root));
+    EXPECT_TRUE(torch::equal(t, RankValues(root, kShard, torch::kFloat32))) << t;
+  });
+}
+
+TEST_P(GlooCollectives, BarrierCompletes) {
+  RunRanks(GetParam(), [&](int, Communicator& comm) {
+    WaitOk(comm.Barrier());
+    WaitOk(comm.Barrier());
+  });
+}
+
+TEST_P(GlooCollectives, StatsCountCallsAndBytesSent) {
+  const int n = GetParam();
+  const int root = n > 1 ? 1 : 0;
+  RunRanks(n, [&](int rank, Communicator& comm) {
+    const int64_t shard_bytes = kShard * 4;  // fp32
+    WaitOk(comm.AllGatherInto(torch::zeros({n * kShard}), torch::zeros({kShard})));
+    WaitOk(comm.AllGatherInto(torch::zeros({n * kShard}), torch::zeros({kShard})));
+    WaitOk(comm.ReduceScatter(torch::zeros({kShard}), torch::zeros({n * kShard}), ReduceOp::kSum));
+    WaitOk(comm.AllReduce(torch::zeros({kShard}), ReduceOp::kAvg));
+    WaitOk(comm.Broadcast(torch::zeros({kShard}), root));
+    WaitOk(comm.Barrier());
+    const CommStats stats = comm.stats();
+    auto calls = [&](Collective c) { return stats.calls[static_cast<int>(c)]; };
+    auto bytes = [&](Collective c) { return stats.bytes_sent[static_cast<int>(c)]; };
+    EXPECT_EQ(calls(Collective::kAllGather), 2);
+    EXPECT_EQ(calls(Collective::kReduceScatter), 1);
+    EXPECT_EQ(calls(Collective::kAllReduce), 1);
+    EXPECT_EQ(calls(Collective::kBroadcast), 1);
+    EXPECT_EQ(calls(Collective::kBarrier), 1);
+    // all-gather: (n−1)·shard per call.
+    EXPECT_EQ(bytes(Collective::kAllGather), 2 * (n - 1) * shard_bytes);
+    // reduce-scatter is emulated by an all-reduce of the whole input: 2·(n−1)/n · n·shard.
+    EXPECT_EQ(bytes(Collective::kReduceScatter), 2 * (n - 1) * shard_bytes);
+    EXPECT_EQ(bytes(Collective::kAllReduce), 2 * (n - 1) * shard_bytes / n);
+    // broadcast: the root counts one copy per other rank; the others count nothing.
+    EXPECT_EQ(bytes(Collective::kBroadcast), rank == root ? (n - 1) * shard_bytes : 0);
+    EXPECT_EQ(bytes(Collective::kBarrier), 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectives, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "N" + std::to_string(info.param);
+                         });
+
+TEST(GlooCommunicator, RejectsBadInputsWithClearMessages) {
+  RunRanks(2, [&](int rank, Communicator& comm) {
+    auto expect_invalid = [](Result<std::unique_ptr<Work>> r, const std::string& needle) {
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidInput) << r.status().ToString();
+      EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().ToString();
+    };
+    const torch::Tensor non_contiguous = torch::zeros({4, 4}).t();
+    expect_invalid(comm.AllReduce(non_contiguous, ReduceOp::kSum), "not contiguous");
+    expect_invalid(comm.AllReduce(torch::Tensor(), ReduceOp::kSum), "undefined");
+    expect_invalid(comm.AllReduce(torch::zeros({3}, torch::kInt64), ReduceOp::kAvg),
+                   "floating-point");
+    expect_invalid(comm.AllReduce(torch::zeros({3}, torch::kBool), ReduceOp::kSum), "dtype");
+    expect_invalid(comm.AllGatherInto(torch::zeros({4}, torch::kFloat64), torch::zeros({2})),
+                   "differs from input dtype");
+    expect_invalid(comm.AllGatherInto(torch::zeros({5}), torch::zeros({2})),
+                   "expected size · input");
+    expect_invalid(comm.ReduceScatter(torch::zeros({2}), torch::zeros({3}), ReduceOp::kSum),
+                   "expected size · output");
+    expect_invalid(comm.Broadcast(torch::zeros({2}), 2), "root 2");
+    expect_invalid(comm.Broadcast(torch::zeros({2}), -1), "root -1");
+    // Rejected calls are not counted, and the group still works afterwards.
+    EXPECT_EQ(comm.stats().calls[static_cast<int>(Collective::kAllReduce)], 0);
+    WaitOk(comm.Barrier());
+  });
+}
+
+TEST(GlooCommunicator, FactoryRejectsBadArguments) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto bad_rank = MakeGlooCommunicator(store, 2, 2, {}, "127.0.0.1");
+  ASSERT_FALSE(bad_rank.ok());
+  EXPECT_EQ(bad_rank.status().code(), StatusCode::kInvalidConfig);
+  auto null_store = MakeGlooCommunicator(c10::intrusive_ptr<c10d::Store>(), 0, 1, {}, "127.0.0.1");
+  ASSERT_FALSE(null_store.ok());
+  EXPECT_EQ(null_store.status().code(), StatusCode::kInvalidConfig);
+}
+
+TEST(GlooCommunicator, SetupTimesOutWhenAPeerNeverComes) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  CommunicatorOptions options;
+  options.timeout = milliseconds(1000);
+  RunBounded(
+      [&]() {
+        const auto start = std::chrono::steady_clock::now();
+        auto comm = MakeGlooCommunicator(store, 0, 2, options, "127.0.0.1");
+        ASSERT_FALSE(comm.ok());
+        EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable) << comm.status().ToString();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(10));
+      },
+      seconds(60));
+}
+
+TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
+  CommunicatorOptions options;
+  options.timeout = milliseconds(1000);
+  options.group_name = "dp_shard";
+  std::promise<void> rank0_done;
+  std::shared_future<void> rank0_done_future = rank0_done.get_future().share();
+  // Rank 1 stays in the group until rank 0 has its answer, even if rank 0 fails an ASSERT.
+  struct SetOnExit {
+    std::promise<void>& p;
+    ~SetOnExit() { p.set_value(); }
+  };
+  RunRanks(
+      2,
+      [&](int rank, Communicator& comm) {
+        if (rank == 1) {  // joins the group, never the collective
+          rank0_done_future.wait();
+          return;
+        }
+        SetOnExit release_rank1{rank0_done};
+        const auto start = std::chrono::steady_clock::now();
+        auto work = comm.AllReduce(torch::ones({16}), ReduceOp::kSum);
+        ASSERT_TRUE(work.ok()) << work.status().ToString();
+        const Status s = (*work)->Wait();
+        const auto waited = std::chrono::steady_clock::now() - start;
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+        for (const char* needle : {"all_reduce", "dp_shard", "rank 0", "1000 ms"}) {
+          EXPECT_NE(s.message().find(needle), std::string::npos) << needle << " in " << s.ToString();
+        }
+        EXPECT_LT(waited, seconds(10));
+        EXPECT_EQ((*work)->Wait().code(), StatusCode::kUnavailable);  // the same answer again
+      },
+      options);
+}
+
+TEST(NcclCommunicator, FactoryFailsCleanlyWithoutAGpu) {
+#ifndef MESHWORK_HAVE_NCCL
+  GTEST_SKIP() << "built without CUDA/NCCL: MakeNcclCommunicator is not compiled";
+#else
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  CommunicatorOptions options;
+  options.timeout = milliseconds(2000);
+  auto comm = MakeNcclCommunicator(store, 0, 1, 0, options);
+  if (comm.ok()) GTEST_SKIP() << "a GPU is present; this test checks the GPU-less path";
+  EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable) << comm.status().ToString();
+  EXPECT_FALSE(comm.status().message().empty());
+  std::printf("MakeNcclCommunicator without a GPU: %s\n", comm.status().ToString().c_str());
+#endif
+}
+
+}  // namespace
+}  // namespace meshwork::dist

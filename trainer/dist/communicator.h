@@ -1,0 +1,65 @@
+// Collectives on one process group behind one interface (c10d's Backend/Work shape): every
+// collective is a virtual call returning a waitable handle. Backends: Gloo on CPU through
+// libtorch's c10d ProcessGroupGloo, NCCL on GPU through the NCCL C API.
+#pragma once
+
+#include <torch/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::dist {
+
+enum class ReduceOp { kSum, kAvg };
+
+enum class Collective { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+inline constexpr int kNumCollectives = 5;
+const char* CollectiveName(Collective c);  // "all_gather", "reduce_scatter", ...
+
+// What a communicator has moved, per collective type: calls issued and the bytes this rank
+// actually sent over the wire (an emulated collective counts what its emulation sends).
+struct CommStats {
+  std::array<int64_t, kNumCollectives> calls{};
+  std::array<int64_t, kNumCollectives> bytes_sent{};
+};
+
+// A collective in flight. Wait() blocks until it completes; a peer that died or a timeout is
+// kUnavailable naming the collective, the group and how long it waited.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual Status Wait() = 0;
+};
+
+struct CommunicatorOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // per collective
+  std::string group_name = "world";                           // for messages and metrics
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "gloo" or "nccl"
+  virtual const std::string& group_name() const = 0;
+
+  // output [size · n] <- every rank's input [n], in rank order. Contiguous, same dtype/device.
+  virtual Result<std::unique_ptr<Work>> AllGatherInto(torch::Tensor output, torch::Tensor input) = 0;
+  // output [n] <- op over ranks of input[rank · n, (rank + 1) · n).
+  virtual Result<std::unique_ptr<Work>> ReduceScatter(torch::Tensor output, torch::Tensor input,
+                                                      ReduceOp op) = 0;
+  virtual Result<std::unique_ptr<Work>> AllReduce(torch::Tensor tensor, ReduceOp op) = 0;
+  virtual Result<std::unique_ptr<Work>> Broadcast(torch::Tensor tensor, int root) = 0;
+  virtual Result<std::unique_ptr<Work>> Barrier() = 0;
+
+  virtual CommStats stats() const = 0;
+};
+
+}  // namespace meshwork::dist

@@ -1,0 +1,70 @@
+// The device mesh: named data-parallel dims over the world, this rank's coordinate in each, and
+// the communicator for each group this rank belongs to.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/common/status.h"
+#include "trainer/dist/communicator.h"
+
+namespace meshwork::dist {
+
+// world = dp_replicate · dp_shard · tp. FSDP shards over dp_shard and all-reduces over
+// dp_replicate (HSDP). tp is reserved and must be 1.
+struct MeshShape {
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+};
+
+// dp_replicate or dp_shard 0 means "whatever makes the product the world size" (both 0: all
+// ranks shard). tp != 1, a dim that does not divide the world, or a product other than the
+// world size is kInvalidConfig naming the dims, their product and the world size.
+Result<MeshShape> ResolveMeshShape(int world_size, int dp_replicate, int dp_shard, int tp);
+
+// Builds the communicator of one group: (store scoped to the group, rank in group, group size,
+// options with group_name set to the dim).
+using CommunicatorFactory = std::function<Result<std::unique_ptr<Communicator>>(
+    c10::intrusive_ptr<c10d::Store>, int rank, int size, const CommunicatorOptions&)>;
+
+// Rank layout: rank = replicate_index · dp_shard + shard_index (shard innermost, so a dp_shard
+// group is a run of consecutive ranks, e.g. the GPUs of one node).
+class DeviceMesh {
+ public:
+  // Names accepted by coordinate() and group(), in the order groups are created.
+  static const std::vector<std::string>& DimNames();  // {"world", "dp_replicate", "dp_shard"}
+
+  // Creates this rank's groups in DimNames() order (the same on every rank, so group set-up
+  // cannot deadlock), each over PrefixStore("mesh/<dim>/<group index>", store): groups never
+  // share keys. The group index is the coordinate in the other dim (0 for world).
+  static Result<std::unique_ptr<DeviceMesh>> Create(c10::intrusive_ptr<c10d::Store> store,
+                                                    int rank, MeshShape shape,
+                                                    const CommunicatorFactory& factory,
+                                                    const CommunicatorOptions& options);
+
+  int rank() const { return rank_; }
+  MeshShape shape() const { return shape_; }
+  int size(const std::string& dim) const;  // ranks in the group of `dim`
+
+  // Index of this rank along `dim` ("world": the rank itself). An unknown name is a bug in the
+  // caller: both throw std::invalid_argument listing the known names. find_group is the
+  // non-throwing form for names that come from a config.
+  int coordinate(const std::string& dim) const;
+  Communicator& group(const std::string& dim);
+  Result<Communicator*> find_group(const std::string& dim);
+
+ private:
+  DeviceMesh(int rank, MeshShape shape) : rank_(rank), shape_(shape) {}
+  int DimIndex(const std::string& dim) const;  // -1 when unknown
+
+  int rank_;
+  MeshShape shape_;
+  std::vector<std::unique_ptr<Communicator>> groups_;  // indexed like DimNames()
+};
+
+}  // namespace meshwork::dist

@@ -1,0 +1,25 @@
+// Rendezvous: every rank joins one c10d key-value store hosted by rank 0 and learns that all
+// the others have joined. The store then carries the communicators' own bootstrapping.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+
+#include "trainer/common/status.h"
+#include "trainer/dist/env.h"
+
+namespace meshwork::dist {
+
+// Rank 0 hosts a c10d::TCPStore server on env.master_port (all interfaces); every rank,
+// rank 0 included, connects to env.master_addr:env.master_port as a client. A master address
+// that does not resolve yet (a pod's DNS name appears after the pod starts) or refuses
+// connections is retried with backoff (100 ms doubling to 2 s) until `timeout`. Then a barrier
+// on "rendezvous/<restart_generation>/joined" makes sure all world_size ranks are in.
+// Failure to join or an incomplete barrier is kUnavailable naming address:port and the wait.
+// world_size 1 gets an in-process HashStore and opens no port. Rank 0's store hosts the
+// server: keep it alive until every rank is done with the store.
+Result<c10::intrusive_ptr<c10d::Store>> Rendezvous(const DistEnv& env,
+                                                   std::chrono::milliseconds timeout);
+
+}  // namespace meshwork::dist

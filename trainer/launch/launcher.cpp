@@ -1,0 +1,339 @@
+// RunLauncher and ParseLaunchArgs: fork/exec one process per local rank and supervise them.
+#include "trainer/launch/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+
+extern char** environ;
+
+namespace meshwork::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The last SIGINT/SIGTERM received, for forwarding. A signal handler can only reach state
+// through a global; this one lives only while RunLauncher has its handlers installed.
+volatile sig_atomic_t g_pending_signal = 0;
+
+void RecordSignal(int sig) { g_pending_signal = sig; }
+
+// Installs the forwarding handlers for SIGINT and SIGTERM; restores the old ones on scope exit.
+class ScopedSignalForwarding {
+ public:
+  ScopedSignalForwarding() {
+    g_pending_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = RecordSignal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~ScopedSignalForwarding() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  ScopedSignalForwarding(const ScopedSignalForwarding&) = delete;
+  ScopedSignalForwarding& operator=(const ScopedSignalForwarding&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+  }
+  return "unknown signal";
+}
+
+struct Child {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+};
+
+// This process's environment with the rank variables replaced.
+std::vector<std::string> ChildEnvironment(const std::map<std::string, std::string>& vars) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    std::string key = entry.substr(0, entry.find('='));
+    if (vars.count(key) == 0) env.push_back(entry);
+  }
+  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Forks and execs one rank. Returns the pid, or -1 with the reason in *error. An exec failure
+// comes back through a close-on-exec pipe: nothing read means the exec succeeded.
+pid_t SpawnRank(const LaunchOptions& o, int local_rank, std::string* error) {
+  const int rank = o.node_rank * o.nproc + local_rank;
+  const std::string world = std::to_string(o.nnodes * o.nproc);
+  std::map<std::string, std::string> vars;
+  for (const char* prefix : {"", "MESHWORK_"}) {
+    const std::string p = prefix;
+    vars[p + "RANK"] = std::to_string(rank);
+    vars[p + "WORLD_SIZE"] = world;
+    vars[p + "LOCAL_RANK"] = std::to_string(local_rank);
+    vars[p + "LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+    vars[p + "MASTER_ADDR"] = o.master_addr;
+    vars[p + "MASTER_PORT"] = std::to_string(o.master_port);
+  }
+  std::vector<std::string> env_strings = ChildEnvironment(vars);
+  std::vector<std::string> argv_strings = o.command;
+  std::vector<char*> envp = CStrings(env_strings);
+  std::vector<char*> argv = CStrings(argv_strings);
+
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    *error = std::string("pipe2: ") + std::strerror(errno);
+    return -1;
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    *error = std::string("fork: ") + std::strerror(errno);
+    ::close(exec_pipe[0]);
+    ::close(exec_pipe[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    ::close(exec_pipe[0]);
+    ::setpgid(0, 0);  // own group, so a rank's helpers are stopped with it
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    ssize_t ignored = ::write(exec_pipe[1], &err, sizeof(err));
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so signalling the group cannot race the child's setpgid
+  ::close(exec_pipe[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(exec_pipe[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  ::close(exec_pipe[0]);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    *error = "cannot execute '" + o.command[0] + "': " + std::strerror(child_errno);
+  }
+  return pid;
+}
+
+void SignalGroups(const std::vector<Child>& children, int sig) {
+  // Exited ranks too: their group may still hold helpers they started.
+  for (const Child& c : children) {
+    if (c.pid > 0) ::kill(-c.pid, sig);
+  }
+}
+
+Status ParseInt(const std::string& flag, const std::string& value, int min, int max, int* out) {
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  bool starts_like_number =
+      !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
+  if (!starts_like_number || *end != '\0' || errno == ERANGE) {
+    return InvalidConfig(flag + " '" + value + "' is not an integer");
+  }
+  if (v < min || v > max) {
+    return InvalidConfig(flag + " " + value + " is out of range [" + std::to_string(min) + ", " +
+                         std::to_string(max) + "]");
+  }
+  *out = static_cast<int>(v);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.rfind("--", 0) != 0) break;  // the command starts here
+    std::string flag = arg;
+    std::optional<std::string> value;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    static const char* kFlags[] = {"--nproc", "--nproc-per-node", "--nnodes", "--node-rank",
+                                   "--master-addr", "--master-port", "--grace-period-s"};
+    bool known = false;
+    for (const char* f : kFlags) known = known || flag == f;
+    if (!known) {
+      return InvalidConfig("unknown flag '" + flag +
+                           "'; known: --nproc (--nproc-per-node), --nnodes, --node-rank, "
+                           "--master-addr, --master-port, --grace-period-s");
+    }
+    if (!value) {
+      if (i + 1 >= args.size()) return InvalidConfig(flag + " needs a value");
+      value = args[++i];
+    }
+    if (flag == "--nproc" || flag == "--nproc-per-node") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, *value, 1, 4096, &o.nproc));
+    } else if (flag == "--nnodes") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, *value, 1, 1 << 20, &o.nnodes));
+    } else if (flag == "--node-rank") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, *value, 0, INT_MAX, &o.node_rank));
+    } else if (flag == "--master-addr") {
+      if (value->empty()) return InvalidConfig("--master-addr must not be empty");
+      o.master_addr = *value;
+    } else if (flag == "--master-port") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, *value, 1, 65535, &o.master_port));
+    } else if (flag == "--grace-period-s") {
+      int s = 0;
+      MW_RETURN_IF_ERROR(ParseInt(flag, *value, 0, 3600, &s));
+      o.grace_period = std::chrono::seconds(s);
+    }
+  }
+  o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (o.command.empty()) {
+    return InvalidConfig("no command to launch: usage: meshwork-launch [--nproc N] [--nnodes N] "
+                         "[--node-rank N] [--master-addr A] [--master-port P] [--] COMMAND...");
+  }
+  if (o.node_rank >= o.nnodes) {
+    return InvalidConfig("--node-rank " + std::to_string(o.node_rank) +
+                         " must be less than --nnodes " + std::to_string(o.nnodes));
+  }
+  return o;
+}
+
+int RunLauncher(const LaunchOptions& o, std::ostream& log) {
+  if (o.command.empty() || o.nproc < 1) {
+    log << "meshwork-launch: nothing to run (nproc " << o.nproc << ", empty command)\n";
+    return 2;
+  }
+  ScopedSignalForwarding forwarding;
+  std::vector<Child> children(static_cast<size_t>(o.nproc));
+  std::optional<int> exit_code;  // set by the first failure
+  std::optional<Clock::time_point> kill_at;  // SIGKILL deadline once shutting down
+  bool killed = false;
+
+  auto shut_down = [&](int sig) {
+    SignalGroups(children, sig);
+    if (!kill_at) kill_at = Clock::now() + o.grace_period;
+  };
+
+  for (int i = 0; i < o.nproc; ++i) {
+    Child& c = children[i];
+    c.local_rank = i;
+    c.rank = o.node_rank * o.nproc + i;
+    std::string error;
+    c.pid = SpawnRank(o, i, &error);
+    if (c.pid < 0) {
+      log << "meshwork-launch: rank " << c.rank << " could not be started: " << error << "\n";
+      exit_code = 1;
+      shut_down(SIGTERM);
+      break;
+    }
+    c.running = true;
+    if (!error.empty()) log << "meshwork-launch: rank " << c.rank << ": " << error << "\n";
+  }
+
+  while (true) {
+    bool any_running = false;
+    for (Child& c : children) {
+      if (!c.running) continue;
+      int status = 0;
+      pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r == 0) {
+        any_running = true;
+        continue;
+      }
+      c.running = false;
+      if (r < 0) {
+        log << "meshwork-launch: lost track of rank " << c.rank << " (pid " << c.pid
+            << "): " << std::strerror(errno) << "\n";
+        if (!exit_code) exit_code = 1;
+        shut_down(SIGTERM);
+        continue;
+      }
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      int code;
+      if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        code = 128 + sig;
+        log << "meshwork-launch: rank " << c.rank << " (pid " << c.pid
+            << ") was killed by signal " << sig << " (" << SignalName(sig) << ")\n";
+      } else {
+        code = WEXITSTATUS(status);
+        log << "meshwork-launch: rank " << c.rank << " (pid " << c.pid << ") exited with code "
+            << code << "\n";
+      }
+      if (!exit_code) {
+        exit_code = code;
+        log << "meshwork-launch: stopping the other ranks (SIGTERM, SIGKILL after "
+            << std::chrono::duration_cast<std::chrono::seconds>(o.grace_period).count()
+            << " s)\n";
+        shut_down(SIGTERM);
+      }
+    }
+    if (!any_running) break;
+
+    if (int sig = g_pending_signal; sig != 0) {
+      g_pending_signal = 0;
+      log << "meshwork-launch: received " << SignalName(sig) << ", forwarding to all ranks\n";
+      shut_down(sig);
+    }
+    if (kill_at && !killed && Clock::now() >= *kill_at) {
+      log << "meshwork-launch: grace period over, sending SIGKILL to the remaining ranks\n";
+      SignalGroups(children, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  log.flush();
+  return exit_code.value_or(0);
+}
+
+}  // namespace meshwork::launch

@@ -1,0 +1,182 @@
+#include "trainer/train/engine.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <ostream>
+
+#include "trainer/dist/device_mesh.h"
+#include "trainer/dist/env.h"
+#include "trainer/dist/gloo_communicator.h"
+#include "trainer/dist/rendezvous.h"
+#include "trainer/fsdp/fully_shard.h"
+#ifdef MESHWORK_HAVE_NCCL
+#include "trainer/dist/nccl_communicator.h"
+#endif
+
+namespace meshwork::train {
+namespace {
+
+class LocalEngine : public Engine {
+ public:
+  explicit LocalEngine(model::LlamaForCausalLM model) : model_(std::move(model)) {
+    for (auto& p : model_->parameters()) (p.dim() >= 2 ? decay_ : no_decay_).push_back(p);
+  }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  int dp_rank() const override { return 0; }
+  int dp_size() const override { return 1; }
+  std::string Describe() const override { return "1 process"; }
+
+  torch::Tensor Forward(const torch::Tensor& tokens, bool) override { return model_->forward(tokens); }
+  Status AfterBackward(bool) override { return Status::Ok(); }
+  Result<double> ClipGradNorm(double max_norm) override {
+    return torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+  }
+  void ZeroGrad() override {
+    for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
+  }
+  std::vector<torch::Tensor> DecayParams() const override { return decay_; }
+  std::vector<torch::Tensor> NoDecayParams() const override { return no_decay_; }
+  int64_t ParamBytes() const override {
+    int64_t b = 0;
+    for (const auto& p : model_->parameters()) b += p.numel() * static_cast<int64_t>(p.element_size());
+    return b;
+  }
+  torch::Tensor EvalForward(const torch::Tensor& tokens) override {
+    torch::NoGradGuard no_grad;
+    return model_->forward(tokens);
+  }
+  Result<double> AverageAcrossRanks(double local) override { return local; }
+  Result<std::map<std::string, torch::Tensor>> FullState() override {
+    std::map<std::string, torch::Tensor> state;
+    for (auto& item : model_->named_parameters()) state[item.key()] = item.value().detach();
+    return state;
+  }
+  EngineStats TakeStats() override { return {}; }
+
+ private:
+  model::LlamaForCausalLM model_;
+  std::vector<torch::Tensor> decay_, no_decay_;
+};
+
+class FsdpEngine : public Engine {
+ public:
+  FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp)
+      : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)) {}
+
+  int rank() const override { return env_.rank; }
+  int world_size() const override { return env_.world_size; }
+  // Every rank of the mesh is data parallel (tp = 1): the data index is the global rank.
+  int dp_rank() const override { return env_.rank; }
+  int dp_size() const override { return env_.world_size; }
+  std::string Describe() const override {
+    const auto s = mesh_->shape();
+    return std::to_string(env_.world_size) + " ranks, FSDP over mesh dp_replicate " +
+           std::to_string(s.dp_replicate) + " x dp_shard " + std::to_string(s.dp_shard) + " (" +
+           mesh_->group("dp_shard").backend() + ")";
+  }
+
+  torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
+    fsdp_->SetGradientSync(sync);
+    return fsdp_->Forward(tokens);
+  }
+  Status AfterBackward(bool) override { return fsdp_->FinishBackward(); }
+  Result<double> ClipGradNorm(double max_norm) override {
+    MW_ASSIGN_OR_RETURN(double norm2, fsdp_->GradNormSquared());
+    const double norm = std::sqrt(norm2);
+    // The same rule as torch::nn::utils::clip_grad_norm_, so sharded and local runs agree.
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) fsdp_->ScaleGrads(coef);
+    return norm;
+  }
+  void ZeroGrad() override { fsdp_->ZeroGrad(); }
+  std::vector<torch::Tensor> DecayParams() const override { return fsdp_->DecayShards(); }
+  std::vector<torch::Tensor> NoDecayParams() const override { return fsdp_->NoDecayShards(); }
+  int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
+  torch::Tensor EvalForward(const torch::Tensor& tokens) override { return fsdp_->ForwardNoGrad(tokens); }
+  Result<double> AverageAcrossRanks(double local) override {
+    torch::Tensor t = torch::full({1}, local, torch::kDouble);
+    MW_ASSIGN_OR_RETURN(auto work, mesh_->group("world").AllReduce(t, dist::ReduceOp::kAvg));
+    MW_RETURN_IF_ERROR(work->Wait());
+    return t.item<double>();
+  }
+  Result<std::map<std::string, torch::Tensor>> FullState() override { return fsdp_->GatherFullState(); }
+  EngineStats TakeStats() override {
+    EngineStats s;
+    s.exposed_comm_seconds = fsdp_->TakeStats().exposed_comm_seconds;
+    for (const char* dim : {"world", "dp_replicate", "dp_shard"}) {
+      const dist::CommStats c = mesh_->group(dim).stats();
+      for (int i = 0; i < dist::kNumCollectives; ++i) {
+        s.comm.calls[i] += c.calls[i];
+        s.comm.bytes_sent[i] += c.bytes_sent[i];
+      }
+    }
+    return s;
+  }
+
+ private:
+  dist::DistEnv env_;
+  std::unique_ptr<dist::DeviceMesh> mesh_;
+  std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
+};
+
+bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+
+}  // namespace
+
+std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model) {
+  return std::make_unique<LocalEngine>(std::move(model));
+}
+
+Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
+                                           const torch::Device& device, std::ostream& log) {
+  MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
+  if (env.world_size == 1) return MakeLocalEngine(std::move(model));
+
+  MW_ASSIGN_OR_RETURN(dist::MeshShape shape,
+                      dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
+                                             static_cast<int>(cfg.mesh.dp_shard), 1));
+  const std::chrono::milliseconds timeout(cfg.dist.timeout_seconds * 1000);
+  MW_ASSIGN_OR_RETURN(auto store, dist::Rendezvous(env, timeout));
+
+  dist::CommunicatorOptions options;
+  options.timeout = timeout;
+  dist::CommunicatorFactory factory;
+  if (device.is_cuda()) {
+#ifdef MESHWORK_HAVE_NCCL
+    const int cuda_device = device.index();
+    factory = [cuda_device](c10::intrusive_ptr<c10d::Store> s, int r, int n, const dist::CommunicatorOptions& o) {
+      return dist::MakeNcclCommunicator(s, r, n, cuda_device, o);
+    };
+#else
+    return Status(StatusCode::kUnavailable, "distributed training on CUDA needs the NCCL backend, "
+                                            "which this build does not have (CUDA/NCCL not found at configure time)");
+#endif
+  } else {
+    // Gloo binds to the address peers reach this rank at: loopback for a local launch, the
+    // host's own name (a pod's IP on Kubernetes) otherwise, unless dist.gloo_hostname says.
+    const std::string host = !cfg.dist.gloo_hostname.empty() ? cfg.dist.gloo_hostname
+                             : IsLoopback(env.master_addr)   ? "127.0.0.1"
+                                                             : "";
+    factory = [host](c10::intrusive_ptr<c10d::Store> s, int r, int n, const dist::CommunicatorOptions& o) {
+      return dist::MakeGlooCommunicator(s, r, n, o, host);
+    };
+  }
+  MW_ASSIGN_OR_RETURN(auto mesh, dist::DeviceMesh::Create(store, env.rank, shape, factory, options));
+
+  fsdp::FsdpOptions fo;
+  fo.reshard_after_forward = cfg.fsdp.reshard_after_forward;
+  fo.prefetch = cfg.fsdp.prefetch;
+  if (device.is_cuda() && cfg.training.dtype != "fp32") fo.param_dtype = torch::kBFloat16;
+  dist::Communicator* replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
+  MW_ASSIGN_OR_RETURN(auto sharded,
+                      fsdp::FullyShardedLlama::Create(std::move(model), &mesh->group("dp_shard"), replicate, fo));
+  if (env.rank == 0) {
+    log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
+        << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
+  }
+  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded)));
+}
+
+}  // namespace meshwork::train

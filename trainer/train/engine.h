@@ -1,0 +1,62 @@
+// How the training loop runs the model: on one process (LocalEngine) or sharded with FSDP over
+// a device mesh (FsdpEngine). The loop in trainer.cpp only sees this interface, so the step
+// reads the same top to bottom whatever the parallelism.
+#pragma once
+
+#include <torch/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/common/status.h"
+#include "trainer/config/config.h"
+#include "trainer/dist/communicator.h"
+#include "trainer/model/llama.h"
+
+namespace meshwork::train {
+
+struct EngineStats {
+  double exposed_comm_seconds = 0;  // blocked waiting on collectives since the last call
+  dist::CommStats comm;             // cumulative, all of this rank's groups
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual int rank() const = 0;           // global rank (0 logs, evaluates output and exports)
+  virtual int world_size() const = 0;
+  virtual int dp_rank() const = 0;        // which slice of the global batch this rank reads
+  virtual int dp_size() const = 0;
+  virtual std::string Describe() const = 0;
+
+  // Training forward of one micro-batch; `sync` = last micro-batch (gradients are reduced).
+  virtual torch::Tensor Forward(const torch::Tensor& tokens, bool sync) = 0;
+  virtual Status AfterBackward(bool sync) = 0;
+  // Clips to the global gradient norm (computed across shards); returns the norm before.
+  virtual Result<double> ClipGradNorm(double max_norm) = 0;
+  virtual void ZeroGrad() = 0;
+  virtual std::vector<torch::Tensor> DecayParams() const = 0;
+  virtual std::vector<torch::Tensor> NoDecayParams() const = 0;
+  // Bytes of this rank's parameters (gradients are the same, AdamW state twice that).
+  virtual int64_t ParamBytes() const = 0;
+
+  virtual torch::Tensor EvalForward(const torch::Tensor& tokens) = 0;
+  // Mean of a per-rank value over the data-parallel ranks.
+  virtual Result<double> AverageAcrossRanks(double local) = 0;
+  // Full parameters by HF name (collective: every rank calls; only rank 0's result is used).
+  virtual Result<std::map<std::string, torch::Tensor>> FullState() = 0;
+  virtual EngineStats TakeStats() = 0;
+};
+
+// One process, the plain model.
+std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model);
+
+// Reads the rendezvous environment (RANK, WORLD_SIZE, ...); when WORLD_SIZE > 1, joins the
+// rendezvous, builds the mesh (mesh.*) and shards `model` (fsdp.*); else a LocalEngine.
+Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
+                                           const torch::Device& device, std::ostream& log);
+
+}  // namespace meshwork::train
