@@ -1,4 +1,4 @@
-// Names of the collectives, shared by every backend's messages and metrics labels.
+// Names of the collectives and the argument checks shared by every backend.
 #include "trainer/dist/communicator.h"
 
 namespace meshwork::dist {
@@ -12,6 +12,22 @@ const char* CollectiveName(Collective c) {
     case Collective::kBarrier: return "barrier";
   }
   return "unknown_collective";
+}
+
+std::string CheckCollectivePair(Collective c, const torch::Tensor& output, const torch::Tensor& input, int size) {
+  if (output.scalar_type() != input.scalar_type()) {
+    return std::string("output dtype ") + c10::toString(output.scalar_type()) + " differs from input dtype " +
+           c10::toString(input.scalar_type());
+  }
+  const bool gather = c == Collective::kAllGather;
+  const torch::Tensor& big = gather ? output : input;
+  const torch::Tensor& small = gather ? input : output;
+  if (big.numel() != size * small.numel()) {
+    return std::string(gather ? "output" : "input") + " has " + std::to_string(big.numel()) +
+           " elements, expected size · " + (gather ? "input" : "output") + " = " + std::to_string(size) + " · " +
+           std::to_string(small.numel());
+  }
+  return "";
 }
 
 }  // namespace meshwork::dist

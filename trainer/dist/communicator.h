@@ -21,6 +21,11 @@ enum class Collective { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, 
 inline constexpr int kNumCollectives = 5;
 const char* CollectiveName(Collective c);  // "all_gather", "reduce_scatter", ...
 
+// The checks every backend makes on an all-gather / reduce-scatter pair, whatever its device:
+// same dtype, and the gathered (scattered) side holding `size` times the other. Returns the
+// reason, or "" when the pair is fine.
+std::string CheckCollectivePair(Collective c, const torch::Tensor& output, const torch::Tensor& input, int size);
+
 // What a communicator has moved, per collective type: calls issued and the bytes this rank
 // actually sent over the wire (an emulated collective counts what its emulation sends).
 struct CommStats {

@@ -128,12 +128,7 @@ class GlooCommunicator final : public Communicator {
     const Collective c = Collective::kAllGather;
     MW_RETURN_IF_ERROR(CheckTensor(c, "input", input));
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
-    MW_RETURN_IF_ERROR(CheckSameDtype(c, output, input));
-    if (output.numel() != size_ * input.numel()) {
-      return Invalid(c, "output has " + std::to_string(output.numel()) +
-                            " elements, expected size · input = " + std::to_string(size_) + " · " +
-                            std::to_string(input.numel()));
-    }
+    if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     return Issue(c, (size_ - 1) * Bytes(input), [&]() {
       std::vector<std::vector<at::Tensor>> outputs(1);
       torch::Tensor flat = AsMovable(output).view({-1});
@@ -151,13 +146,8 @@ class GlooCommunicator final : public Communicator {
     const Collective c = Collective::kReduceScatter;
     MW_RETURN_IF_ERROR(CheckTensor(c, "input", input));
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
-    MW_RETURN_IF_ERROR(CheckSameDtype(c, output, input));
+    if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     MW_RETURN_IF_ERROR(CheckOp(c, op, input));
-    if (input.numel() != size_ * output.numel()) {
-      return Invalid(c, "input has " + std::to_string(input.numel()) +
-                            " elements, expected size · output = " + std::to_string(size_) + " · " +
-                            std::to_string(output.numel()));
-    }
     // Emulated (see the top of the file): all-reduce a copy, keep this rank's slice.
     return Issue(c, AllReduceBytes(ReductionBytes(input), size_), [&]() {
       torch::Tensor reduced = ReductionCopy(input);
@@ -257,14 +247,6 @@ class GlooCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  Status CheckSameDtype(Collective c, const torch::Tensor& output,
-                        const torch::Tensor& input) const {
-    if (output.scalar_type() != input.scalar_type()) {
-      return Invalid(c, std::string("output dtype ") + c10::toString(output.scalar_type()) +
-                            " differs from input dtype " + c10::toString(input.scalar_type()));
-    }
-    return Status::Ok();
-  }
 
   Status CheckOp(Collective c, ReduceOp op, const torch::Tensor& t) const {
     if (op == ReduceOp::kAvg && !t.is_floating_point()) {

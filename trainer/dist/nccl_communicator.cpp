@@ -335,12 +335,7 @@ class NcclCommunicator final : public Communicator {
     const Collective c = Collective::kAllGather;
     MW_RETURN_IF_ERROR(CheckTensor(c, "input", input));
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
-    MW_RETURN_IF_ERROR(CheckSameDtype(c, output, input));
-    if (output.numel() != size_ * input.numel()) {
-      return Invalid(c, "output has " + std::to_string(output.numel()) +
-                            " elements, expected size · input = " + std::to_string(size_) + " · " +
-                            std::to_string(input.numel()));
-    }
+    if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     const ncclDataType_t dtype = *NcclDtype(input.scalar_type());
     return Enqueue(c, (size_ - 1) * Bytes(input), {output, input}, /*host_wait=*/false,
                    [&](ncclComm_t comm, cudaStream_t stream) -> Status {
@@ -357,13 +352,8 @@ class NcclCommunicator final : public Communicator {
     const Collective c = Collective::kReduceScatter;
     MW_RETURN_IF_ERROR(CheckTensor(c, "input", input));
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
-    MW_RETURN_IF_ERROR(CheckSameDtype(c, output, input));
+    if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     MW_ASSIGN_OR_RETURN(const ncclRedOp_t nccl_op, NcclOp(c, op, input));
-    if (input.numel() != size_ * output.numel()) {
-      return Invalid(c, "input has " + std::to_string(input.numel()) +
-                            " elements, expected size · output = " + std::to_string(size_) + " · " +
-                            std::to_string(output.numel()));
-    }
     const ncclDataType_t dtype = *NcclDtype(input.scalar_type());
     // Ring reduce-scatter: each rank sends (n−1) chunks of the output's size.
     return Enqueue(c, (size_ - 1) * Bytes(output), {output, input}, /*host_wait=*/false,
@@ -456,14 +446,6 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  Status CheckSameDtype(Collective c, const torch::Tensor& output,
-                        const torch::Tensor& input) const {
-    if (output.scalar_type() != input.scalar_type()) {
-      return Invalid(c, std::string("output dtype ") + c10::toString(output.scalar_type()) +
-                            " differs from input dtype " + c10::toString(input.scalar_type()));
-    }
-    return Status::Ok();
-  }
 
   Result<ncclRedOp_t> NcclOp(Collective c, ReduceOp op, const torch::Tensor& t) const {
     if (op == ReduceOp::kSum) return ncclSum;
