@@ -79,6 +79,7 @@ inline Status InvalidConfig(std::string m) { return {StatusCode::kInvalidConfig,
 inline Status InvalidInput(std::string m) { return {StatusCode::kInvalidInput, std::move(m)}; }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // A value or the Status saying why there is none.

@@ -21,6 +21,9 @@ enum class Collective { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, 
 inline constexpr int kNumCollectives = 5;
 const char* CollectiveName(Collective c);  // "all_gather", "reduce_scatter", ...
 
+// Bytes a tensor's elements occupy (what a collective moves for it).
+inline int64_t TensorBytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
 // The checks every backend makes on an all-gather / reduce-scatter pair, whatever its device:
 // same dtype, and the gathered (scattered) side holding `size` times the other. Returns the
 // reason, or "" when the pair is fine.

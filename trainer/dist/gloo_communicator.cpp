@@ -28,7 +28,6 @@
 namespace meshwork::dist {
 namespace {
 
-Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 
 std::string ExceptionText(const std::exception& e) {
   // c10::Error::what() carries a C++ backtrace; the message without it is enough here.
@@ -38,7 +37,6 @@ std::string ExceptionText(const std::exception& e) {
   return e.what();
 }
 
-int64_t Bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // Bytes one rank sends in a ring all-reduce of `bytes`: 2·(n−1)/n · bytes.
 int64_t AllReduceBytes(int64_t bytes, int n) { return 2 * (n - 1) * bytes / n; }
@@ -71,7 +69,7 @@ torch::Tensor ReductionCopy(const torch::Tensor& t) {
 
 // Bytes of the tensor Gloo reduces: fp32 for bfloat16.
 int64_t ReductionBytes(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.numel() * 4 : Bytes(t);
+  return t.scalar_type() == torch::kBFloat16 ? t.numel() * 4 : TensorBytes(t);
 }
 
 // A collective issued to Gloo. `finish` runs once, after Gloo completes: the copy-out of an
@@ -129,7 +127,7 @@ class GlooCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(CheckTensor(c, "input", input));
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
     if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
-    return Issue(c, (size_ - 1) * Bytes(input), [&]() {
+    return Issue(c, (size_ - 1) * TensorBytes(input), [&]() {
       std::vector<std::vector<at::Tensor>> outputs(1);
       torch::Tensor flat = AsMovable(output).view({-1});
       const int64_t n = input.numel();
@@ -195,7 +193,7 @@ class GlooCommunicator final : public Communicator {
     }
     // Counted on the root as if it sent the buffer to each of the n−1 others: the total over
     // all ranks is exact for any broadcast tree; Gloo's tree spreads the sends differently.
-    const int64_t bytes = rank_ == root ? (size_ - 1) * Bytes(tensor) : 0;
+    const int64_t bytes = rank_ == root ? (size_ - 1) * TensorBytes(tensor) : 0;
     return Issue(c, bytes, [&]() {
       std::vector<at::Tensor> tensors{AsMovable(tensor)};
       c10d::BroadcastOptions opts;

@@ -23,7 +23,6 @@
 namespace meshwork::dist {
 namespace {
 
-Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 
 // ---- check macros: file, line, the call, the library's error string and a hint -------------
 
@@ -221,7 +220,6 @@ std::optional<ncclDataType_t> NcclDtype(torch::ScalarType t) {
   }
 }
 
-int64_t Bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // ---- work ----------------------------------------------------------------------------------
 
@@ -337,7 +335,7 @@ class NcclCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
     if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     const ncclDataType_t dtype = *NcclDtype(input.scalar_type());
-    return Enqueue(c, (size_ - 1) * Bytes(input), {output, input}, /*host_wait=*/false,
+    return Enqueue(c, (size_ - 1) * TensorBytes(input), {output, input}, /*host_wait=*/false,
                    [&](ncclComm_t comm, cudaStream_t stream) -> Status {
                      MW_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(),
                                                  static_cast<size_t>(input.numel()), dtype, comm,
@@ -356,7 +354,7 @@ class NcclCommunicator final : public Communicator {
     MW_ASSIGN_OR_RETURN(const ncclRedOp_t nccl_op, NcclOp(c, op, input));
     const ncclDataType_t dtype = *NcclDtype(input.scalar_type());
     // Ring reduce-scatter: each rank sends (n−1) chunks of the output's size.
-    return Enqueue(c, (size_ - 1) * Bytes(output), {output, input}, /*host_wait=*/false,
+    return Enqueue(c, (size_ - 1) * TensorBytes(output), {output, input}, /*host_wait=*/false,
                    [&](ncclComm_t comm, cudaStream_t stream) -> Status {
                      MW_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(),
                                                      static_cast<size_t>(output.numel()), dtype,
@@ -371,7 +369,7 @@ class NcclCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(CheckTensor(c, "tensor", tensor));
     MW_ASSIGN_OR_RETURN(const ncclRedOp_t nccl_op, NcclOp(c, op, tensor));
     const ncclDataType_t dtype = *NcclDtype(tensor.scalar_type());
-    return Enqueue(c, 2 * (size_ - 1) * Bytes(tensor) / size_, {tensor}, /*host_wait=*/false,
+    return Enqueue(c, 2 * (size_ - 1) * TensorBytes(tensor) / size_, {tensor}, /*host_wait=*/false,
                    [&](ncclComm_t comm, cudaStream_t stream) -> Status {
                      MW_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                                                  static_cast<size_t>(tensor.numel()), dtype,
@@ -390,7 +388,7 @@ class NcclCommunicator final : public Communicator {
     }
     const ncclDataType_t dtype = *NcclDtype(tensor.scalar_type());
     // Same estimate as the Gloo backend: the root counts the buffer once per other rank.
-    const int64_t bytes = rank_ == root ? (size_ - 1) * Bytes(tensor) : 0;
+    const int64_t bytes = rank_ == root ? (size_ - 1) * TensorBytes(tensor) : 0;
     return Enqueue(c, bytes, {tensor}, /*host_wait=*/false,
                    [&](ncclComm_t comm, cudaStream_t stream) -> Status {
                      MW_NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),

@@ -106,8 +106,7 @@ Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, millise
     // An attempt with (almost) no time left could only replace the last error with a timeout.
     if (Remaining(deadline) < milliseconds(10)) break;
   }
-  return Status(StatusCode::kUnavailable,
-                "rank " + std::to_string(env.rank) + " could not join the rendezvous at " + where +
+  return Unavailable("rank " + std::to_string(env.rank) + " could not join the rendezvous at " + where +
                     (env.rank == 0 ? " (hosting it)" : "") + " after waiting " +
                     Seconds(Clock::now() - start) + " (" + std::to_string(attempts) +
                     " attempts): " + last_error);
@@ -137,8 +136,7 @@ Result<c10::intrusive_ptr<c10d::Store>> Rendezvous(const DistEnv& env, milliseco
       // The server itself is gone; "?" says so.
     }
     std::string what = e.what();
-    return Status(StatusCode::kUnavailable,
-                  "rendezvous at " + where + ": only " + joined + " of " +
+    return Unavailable("rendezvous at " + where + ": only " + joined + " of " +
                       std::to_string(env.world_size) + " ranks joined generation " +
                       std::to_string(env.restart_generation) + " after waiting " +
                       Seconds(Clock::now() - start) + " (rank " + std::to_string(env.rank) +

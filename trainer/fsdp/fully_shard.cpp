@@ -305,7 +305,7 @@ Status FullyShardedLlama::FinishBackward() {
     }
     return Status::Ok();
   } catch (const c10::Error& e) {
-    return Status(StatusCode::kUnavailable, std::string("fsdp backward: ") + e.what_without_backtrace());
+    return Unavailable(std::string("fsdp backward: ") + e.what_without_backtrace());
   }
 }
 
@@ -358,7 +358,7 @@ Result<std::map<std::string, torch::Tensor>> FullyShardedLlama::GatherFullState(
       unit->Free();
     }
   } catch (const c10::Error& e) {
-    return Status(StatusCode::kUnavailable, std::string("fsdp gather: ") + e.what_without_backtrace());
+    return Unavailable(std::string("fsdp gather: ") + e.what_without_backtrace());
   }
   return state;
 }
@@ -372,7 +372,7 @@ FsdpStats FullyShardedLlama::TakeStats() {
 int64_t FullyShardedLlama::ShardBytes() const {
   int64_t bytes = 0;
   for (const auto& unit : units_)
-    for (const auto& p : unit->params) bytes += p.shard.numel() * static_cast<int64_t>(p.shard.element_size());
+    for (const auto& p : unit->params) bytes += dist::TensorBytes(p.shard);
   return bytes;
 }
 

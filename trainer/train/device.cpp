@@ -18,14 +18,13 @@ Result<torch::Device> ResolveDevice(const std::string& spec) {
   if (spec == "cpu") return torch::Device(torch::kCPU);
   if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
     if (!torch::cuda::is_available()) {
-      return Status(StatusCode::kUnavailable,
-                    "key 'training.device': '" + spec + "' requested but libtorch sees no CUDA device " +
+      return Unavailable("key 'training.device': '" + spec + "' requested but libtorch sees no CUDA device " +
                         "(this libtorch " + (torch::cuda::is_available() ? "has" : "may lack") +
                         " CUDA support; use training.device=cpu)");
     }
     const int64_t index = spec == "cuda" ? 0 : std::stoll(spec.substr(5));
     if (index >= static_cast<int64_t>(torch::cuda::device_count())) {
-      return Status(StatusCode::kUnavailable, "key 'training.device': '" + spec + "' but only " +
+      return Unavailable("key 'training.device': '" + spec + "' but only " +
                                                   std::to_string(torch::cuda::device_count()) +
                                                   " CUDA device(s) are visible");
     }

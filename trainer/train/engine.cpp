@@ -40,7 +40,7 @@ class LocalEngine : public Engine {
   std::vector<torch::Tensor> NoDecayParams() const override { return no_decay_; }
   int64_t ParamBytes() const override {
     int64_t b = 0;
-    for (const auto& p : model_->parameters()) b += p.numel() * static_cast<int64_t>(p.element_size());
+    for (const auto& p : model_->parameters()) b += dist::TensorBytes(p);
     return b;
   }
   torch::Tensor EvalForward(const torch::Tensor& tokens) override {
@@ -150,7 +150,7 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       return dist::MakeNcclCommunicator(s, r, n, cuda_device, o);
     };
 #else
-    return Status(StatusCode::kUnavailable, "distributed training on CUDA needs the NCCL backend, "
+    return Unavailable("distributed training on CUDA needs the NCCL backend, "
                                             "which this build does not have (CUDA/NCCL not found at configure time)");
 #endif
   } else {

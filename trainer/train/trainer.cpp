@@ -408,7 +408,7 @@ auto Guard(const char* what, F&& f) -> decltype(f()) {
   } catch (const c10::Error& e) {
     return Internal(std::string(what) + ": libtorch error: " + e.what_without_backtrace());
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kUnavailable, std::string(what) + ": out of memory");
+    return Unavailable(std::string(what) + ": out of memory");
   } catch (const std::exception& e) {
     return Internal(std::string(what) + ": " + e.what());
   }
