@@ -24,8 +24,8 @@ runs=(
   echo "Command: \`bench/dist_throughput.sh\` ($(date -u +%Y-%m-%d), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown))"
   echo
   echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs). All ranks share"
-  echo "these cores, so world > 1 measures the cost of sharding (communication, copies, the"
-  echo "per-layer recompute), not a speed-up: there is no extra hardware to spread over."
+  echo "these cores, so world > 1 measures the cost of sharding (communication, copies), not a"
+  echo "speed-up: there is no extra hardware to spread over."
   echo "Synthetic tokens, fp32; the same global batch at every world size. tok/s is global and"
   echo "excludes the first step; exposed comm is rank 0's time blocked on collectives over the"
   echo "run; bytes are what rank 0 sent; peak RSS is rank 0's process; param bytes are rank 0's"

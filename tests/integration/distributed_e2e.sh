@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sharded training as a user runs it: `meshwork-train launch --nproc N train ...` on Gloo gives
 # the same loss at every step as one process on the same global batch (world 1, 2, 4 and HSDP
-# 2x2, with parameter shapes that do not divide by the world size), and a rank killed mid-run
-# stops the job with the launcher naming it, without a hang.
+# 2x2, with parameter shapes that do not divide by the world size); a rank killed mid-run stops
+# the job with the launcher naming it, and without the launcher the survivor exits on its own.
 # usage: distributed_e2e.sh path/to/meshwork-train
 set -uo pipefail
 
@@ -82,6 +82,33 @@ else
   fail "killed rank: victim '$victim', exit $rc after ${took}s; $(tail -5 "$work/kill.log")"
 fi
 if pgrep -f "$work/train.bin" >/dev/null; then fail "ranks left running after the launcher exited"; else pass "no rank left running"; fi
+
+# Without the launcher (ranks started as a scheduler would, from torchrun's variables): when a
+# peer is killed, every surviving rank notices on its own, within the collective timeout, and
+# exits with the "unavailable" code (5) and a message naming the failed collective.
+for victim_rank in 1 0; do
+  port=$((port + 1))
+  pids=()
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$bin" train "${common[@]}" --set data.batch_size=4 --set schedule.steps=100000 --set logging.every=5 \
+      --set dist.timeout_seconds=30 >"$work/direct$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 1 300); do grep -q "^step 10/" "$work/direct0.log" && break; sleep 0.1; done
+  survivor=$((1 - victim_rank))
+  start=$(date +%s)
+  kill -9 "${pids[$victim_rank]}"
+  wait "${pids[$survivor]}"
+  rc=$?
+  took=$(($(date +%s) - start))
+  wait "${pids[$victim_rank]}" 2>/dev/null
+  if [ "$rc" -eq 5 ] && [ "$took" -le 35 ] && grep -q "error:.*\(gloo\|Gloo\|collective\|connection\|Connection\)" "$work/direct$survivor.log"; then
+    pass "rank $victim_rank killed: rank $survivor exits 5 after ${took}s: $(grep -m1 'error' "$work/direct$survivor.log" | cut -c1-200)"
+  else
+    fail "rank $victim_rank killed: rank $survivor exit $rc after ${took}s; $(tail -3 "$work/direct$survivor.log")"
+  fi
+done
 
 echo "distributed_e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

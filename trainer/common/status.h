@@ -5,6 +5,7 @@
 
 #include <cassert>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -81,6 +82,22 @@ inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+
+// Carries a Status through code that can only fail by throwing (autograd hooks and functions);
+// the boundary that catches it (train's Guard, FSDP's FinishBackward) returns status() as is,
+// so a lost peer inside backward still exits "unavailable", not "internal".
+class StatusError : public std::runtime_error {
+ public:
+  explicit StatusError(Status status) : std::runtime_error(status.message()), status_(std::move(status)) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+inline void ThrowIfError(Status s) {
+  if (!s.ok()) throw StatusError(std::move(s));
+}
 
 // A value or the Status saying why there is none.
 template <typename T>

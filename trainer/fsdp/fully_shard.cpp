@@ -10,14 +10,36 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Inside autograd a failure can only travel as an exception; Train() turns it back into a Status.
-void ThrowIfError(const Status& s) { TORCH_CHECK(s.ok(), s.message()); }
+// A gathered parameter keeps one TensorImpl and one StorageImpl for the whole run; freeing and
+// re-gathering swap the memory under the storage (what FSDP2 does with storage resize). Tensors
+// that autograd saved in forward (the weight, views of it) hold that storage, so after the
+// re-gather in backward they read the right values without recomputing the layer.
+void ReleaseStorage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void AllocateStorage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() == bytes && s->data() != nullptr) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+// Writes through a second TensorImpl on the same storage: an in-place write to the parameter
+// itself would bump its version counter and autograd would reject the tensors it saved.
+torch::Tensor WriteAlias(const torch::Tensor& t) {
+  return torch::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
 
 }  // namespace
 
 struct FullyShardedLlama::Unit {
   std::string name;
-  std::vector<ShardedParam> params;
+  std::vector<ShardedParam*> params;  // owned by FullyShardedLlama
+  std::vector<int64_t> offsets;       // of each parameter's shard in the unit's flat shard
   int64_t shard_numel = 0;  // this rank's flat shard length (the same on every rank)
   dist::Communicator* group = nullptr;
   torch::Device device = torch::kCPU;
@@ -45,8 +67,9 @@ struct FullyShardedLlama::Unit {
     const int world = group->size();
     auto opts = torch::TensorOptions().dtype(options->param_dtype).device(device);
     torch::Tensor flat = torch::empty({shard_numel}, opts);
-    for (const auto& p : params) {
-      flat.narrow(0, p.offset, p.shard_numel()).copy_(p.shard.detach().reshape({-1}));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ShardedParam& p = *params[i];
+      flat.narrow(0, offsets[i], p.shard_numel()).copy_(p.shard.detach().reshape({-1}));
     }
     gather_out = torch::empty({world * shard_numel}, opts);
     auto work = group->AllGatherInto(gather_out, flat);
@@ -54,7 +77,8 @@ struct FullyShardedLlama::Unit {
     gather_work = std::move(work).value();
   }
 
-  // Waits for the all-gather and points every module parameter at its full value.
+  // Waits for the all-gather and copies every rank's rows into the parameters' own storage
+  // (re-allocated if freed), so tensors autograd saved from an earlier forward see them again.
   void WaitGather() {
     if (gathered) return;
     StartGather();
@@ -62,16 +86,16 @@ struct FullyShardedLlama::Unit {
     gather_work.reset();
     torch::NoGradGuard no_grad;
     const int world = group->size();
-    for (auto& p : params) {
-      std::vector<torch::Tensor> pieces;
-      pieces.reserve(world);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ShardedParam& p = *params[i];
+      AllocateStorage(p.full);
+      torch::Tensor dst = WriteAlias(p.full).view({-1});
       for (int r = 0; r < world; ++r) {
-        pieces.push_back(gather_out.narrow(0, r * shard_numel + p.offset, p.shard_numel()));
+        const int64_t rows = std::min(p.rows_per_rank, p.full_shape[0] - r * p.rows_per_rank);
+        if (rows <= 0) continue;  // only padding on this rank
+        dst.narrow(0, r * p.rows_per_rank * p.row_numel, rows * p.row_numel)
+            .copy_(gather_out.narrow(0, r * shard_numel + offsets[i], rows * p.row_numel));
       }
-      std::vector<int64_t> padded = p.full_shape;
-      padded[0] = p.rows_per_rank * world;
-      torch::Tensor full = torch::cat(pieces).view(padded).narrow(0, 0, p.full_shape[0]);
-      p.full.set_data(full);
     }
     gather_out = torch::Tensor();
     gathered = true;
@@ -79,18 +103,29 @@ struct FullyShardedLlama::Unit {
 
   void Free() {
     if (!gathered) return;
-    for (auto& p : params) {
-      p.full.set_data(torch::empty({0}, torch::TensorOptions().dtype(options->param_dtype).device(device)));
-    }
+    for (ShardedParam* p : params) ReleaseStorage(p->full);
     gathered = false;
   }
 
-  // Full gradients (one per param, full shape) of this unit for one micro-batch: held back
+  // After this unit's backward: its parameters' full gradients (accumulated by autograd) go to
+  // the reduce-scatter, or are held back while sync is off; then the unit is freed.
+  void PostBackward(bool sync) {
+    ReduceGrads(sync);
+    Free();
+  }
+
+  // Takes this unit's full gradients (accumulated by autograd) for one micro-batch: held back
   // without sync, else laid out rank-major and reduce-scattered (async).
-  void ReduceGrads(std::vector<torch::Tensor> grads, bool sync) {
+  void ReduceGrads(bool sync) {
     torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> grads;
+    grads.reserve(params.size());
+    for (ShardedParam* p : params) {
+      grads.push_back(p->full.grad());
+      p->full.mutable_grad() = torch::Tensor();
+    }
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!grads[i].defined()) grads[i] = torch::zeros(params[i].full_shape, torch::TensorOptions().device(device));
+      if (!grads[i].defined()) grads[i] = torch::zeros(params[i]->full_shape, torch::TensorOptions().device(device));
       grads[i] = grads[i].to(options->reduce_dtype);
       if (grad_accum.size() == params.size()) grads[i] = grads[i] + grad_accum[i];
     }
@@ -103,13 +138,13 @@ struct FullyShardedLlama::Unit {
     torch::Tensor input =
         torch::zeros({world * shard_numel}, torch::TensorOptions().dtype(options->reduce_dtype).device(device));
     for (size_t i = 0; i < params.size(); ++i) {
-      const auto& p = params[i];
+      const ShardedParam& p = *params[i];
       const int64_t rows = p.full_shape[0];
       for (int r = 0; r < world; ++r) {
         const int64_t begin = r * p.rows_per_rank;
         const int64_t n = std::min(p.rows_per_rank, rows - begin);
         if (n <= 0) continue;  // only padding on this rank
-        input.narrow(0, r * shard_numel + p.offset, n * p.row_numel)
+        input.narrow(0, r * shard_numel + offsets[i], n * p.row_numel)
             .copy_(grads[i].narrow(0, begin, n).reshape({-1}));
       }
     }
@@ -119,74 +154,45 @@ struct FullyShardedLlama::Unit {
     reduce_work = std::move(work).value();
   }
 
-  // Waits for the reduce-scatter and adds the result to the shards' gradients.
-  void FinishReduce() {
+  bool PendingGrads() const {
+    for (const ShardedParam* p : params)
+      if (p->full.grad().defined()) return true;
+    return false;
+  }
+
+  // Waits for the reduce-scatter; with HSDP, starts averaging the reduced shard across replicas
+  // (one all-reduce per unit), else adds it to the shards' gradients.
+  void FinishReduce(dist::Communicator* replicate) {
     if (!reduce_work) return;
     Timed([&] { return reduce_work->Wait(); });
     reduce_work.reset();
+    if (replicate != nullptr && replicate->size() > 1) {
+      auto work = replicate->AllReduce(reduce_out, dist::ReduceOp::kAvg);
+      ThrowIfError(work.status());
+      reduce_work = std::move(work).value();
+      return;
+    }
+    AddReducedGrads();
+  }
+
+  void FinishReplicaReduce() {
+    if (!reduce_work) return;
+    Timed([&] { return reduce_work->Wait(); });
+    reduce_work.reset();
+    AddReducedGrads();
+  }
+
+  void AddReducedGrads() {
     torch::NoGradGuard no_grad;
-    for (auto& p : params) {
-      torch::Tensor g = reduce_out.narrow(0, p.offset, p.shard_numel()).view(p.shard.sizes()).to(torch::kFloat);
+    for (size_t i = 0; i < params.size(); ++i) {
+      ShardedParam& p = *params[i];
+      torch::Tensor g = reduce_out.narrow(0, offsets[i], p.shard_numel()).view(p.shard.sizes()).to(torch::kFloat);
       auto& grad = p.shard.mutable_grad();
       grad = grad.defined() ? grad + g : g.clone();
     }
     reduce_out = torch::Tensor();
   }
 };
-
-namespace {
-
-// One decoder layer under FSDP. Forward gathers the layer (prefetching the next), computes
-// without recording a graph, and frees; backward gathers again (prefetching the previous),
-// recomputes the layer with gradients and hands the weight gradients to the reduce-scatter.
-struct ShardedLayerFunction : public torch::autograd::Function<ShardedLayerFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor h, torch::Tensor cos,
-                               torch::Tensor sin, int64_t layer_ptr, int64_t unit_ptr, int64_t next_ptr,
-                               int64_t prev_ptr, bool reshard, bool sync) {
-    auto* unit = reinterpret_cast<FullyShardedLlama::Unit*>(unit_ptr);
-    auto* layer = reinterpret_cast<model::DecoderLayerImpl*>(layer_ptr);
-    unit->WaitGather();
-    if (next_ptr != 0) reinterpret_cast<FullyShardedLlama::Unit*>(next_ptr)->StartGather();
-    torch::Tensor out = layer->forward(h, model::RopeTables{cos, sin});
-    if (reshard) unit->Free();
-    ctx->save_for_backward({h, cos, sin});
-    ctx->saved_data["layer"] = layer_ptr;
-    ctx->saved_data["unit"] = unit_ptr;
-    ctx->saved_data["prev"] = prev_ptr;
-    ctx->saved_data["sync"] = sync;
-    return out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_out) {
-    auto saved = ctx->get_saved_variables();
-    auto* unit = reinterpret_cast<FullyShardedLlama::Unit*>(ctx->saved_data["unit"].toInt());
-    auto* layer = reinterpret_cast<model::DecoderLayerImpl*>(ctx->saved_data["layer"].toInt());
-    const int64_t prev_ptr = ctx->saved_data["prev"].toInt();
-    unit->WaitGather();
-    if (prev_ptr != 0) reinterpret_cast<FullyShardedLlama::Unit*>(prev_ptr)->StartGather();
-
-    torch::autograd::variable_list inputs;
-    torch::Tensor h = saved[0].detach().requires_grad_(true);
-    inputs.push_back(h);
-    for (auto& p : unit->params) inputs.push_back(p.full);
-    torch::autograd::variable_list grads;
-    {
-      torch::AutoGradMode enable(true);
-      torch::Tensor out = layer->forward(h, model::RopeTables{saved[1], saved[2]});
-      grads = torch::autograd::grad({out}, inputs, {grad_out[0]}, /*retain_graph=*/false,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-    }
-    std::vector<torch::Tensor> weight_grads(grads.begin() + 1, grads.end());
-    unit->ReduceGrads(std::move(weight_grads), ctx->saved_data["sync"].toBool());
-    unit->Free();
-    torch::autograd::variable_list result(9);  // one per forward argument; only h has a gradient
-    result[0] = grads[0];
-    return result;
-  }
-};
-
-}  // namespace
 
 FullyShardedLlama::FullyShardedLlama(model::LlamaForCausalLM model, dist::Communicator* shard_group,
                                      dist::Communicator* replicate_group, const FsdpOptions& options)
@@ -226,7 +232,6 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
     const int64_t rows = p.full_shape[0];
     p.rows_per_rank = (rows + world - 1) / world;
     p.row_numel = p.full.numel() / rows;
-    p.offset = unit.shard_numel;
     // This rank's rows, zero-padded: Shard(0) with the last ranks holding padding.
     auto shard_shape = p.full_shape;
     shard_shape[0] = p.rows_per_rank;
@@ -235,31 +240,56 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
     const int64_t n = std::min(p.rows_per_rank, rows - begin);
     if (n > 0) shard.narrow(0, 0, n).copy_(p.full.narrow(0, begin, n));
     p.shard = shard.requires_grad_(true);
-    unit.shard_numel += p.shard_numel();
-    unit.params.push_back(std::move(p));
-  }
-  for (auto& unit : f->units_) {
-    unit->gathered = true;  // the module holds the full initial values: release them
-    unit->Free();
+    // From here on the parameter's storage is FSDP's: param_dtype, allocated only while gathered.
+    p.full.set_data(torch::empty(p.full_shape, p.full.options().dtype(options.param_dtype)));
+    ReleaseStorage(p.full);
+    f->params_.push_back(std::move(p));
+    unit.params.push_back(&f->params_.back());
+    unit.offsets.push_back(unit.shard_numel);
+    unit.shard_numel += f->params_.back().shard_numel();
   }
   return f;
 }
 
 torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
   units_[0]->WaitGather();
-  if (options_.prefetch && units_.size() > 1) units_[1]->StartGather();
-  const bool sync = sync_;
-  const bool reshard = options_.reshard_after_forward;
   const bool prefetch = options_.prefetch;
-  return model_->ForwardWithLayerRunner(tokens, [this, sync, reshard, prefetch](int64_t i, model::DecoderLayerImpl& layer,
-                                                                const torch::Tensor& h, const model::RopeTables& rope) {
-    Unit* unit = units_[i + 1].get();
-    Unit* next = prefetch && i + 2 < static_cast<int64_t>(units_.size()) ? units_[i + 2].get() : nullptr;
-    Unit* prev = prefetch && i > 0 ? units_[i].get() : nullptr;
-    return ShardedLayerFunction::apply(h, rope.cos.narrow(0, 0, h.size(1)), rope.sin.narrow(0, 0, h.size(1)),
-                                       reinterpret_cast<int64_t>(&layer), reinterpret_cast<int64_t>(unit),
-                                       reinterpret_cast<int64_t>(next), reinterpret_cast<int64_t>(prev), reshard, sync);
-  });
+  if (prefetch && units_.size() > 1) units_[1]->StartGather();
+  const bool sync = sync_;
+  const int64_t layers = static_cast<int64_t>(units_.size()) - 1;
+  torch::Tensor logits = model_->ForwardWithLayerRunner(
+      tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
+        Unit* unit = units_[i + 1].get();
+        unit->WaitGather();
+        if (prefetch && i + 1 < layers) units_[i + 2]->StartGather();
+        // Backward reaches the layer's input once the whole layer is done (its weights'
+        // gradients are accumulated first: autograd runs AccumulateGrad nodes as soon as they
+        // are ready). That is the layer's post-backward (reduce-scatter, free) and the previous
+        // layer's pre-backward (wait for its gather, prefetch the one before it).
+        if (h.requires_grad()) {
+          Unit* prev = i > 0 ? units_[i].get() : nullptr;
+          Unit* before_prev = prefetch && i > 1 ? units_[i - 1].get() : nullptr;
+          h.register_hook([unit, prev, before_prev, sync](const torch::Tensor&) {
+            unit->PostBackward(sync);
+            if (prev != nullptr) prev->WaitGather();
+            if (before_prev != nullptr) before_prev->StartGather();
+          });
+        }
+        torch::Tensor out = layer.forward(h, rope);
+        if (options_.reshard_after_forward) unit->Free();
+        if (i + 1 == layers && out.requires_grad()) {
+          // Pre-backward of the last layer (the others get theirs from the next layer's hook).
+          Unit* before = prefetch && i > 0 ? units_[i].get() : nullptr;
+          out.register_hook([unit, before](const torch::Tensor&) {
+            unit->WaitGather();
+            if (before != nullptr) before->StartGather();
+          });
+        }
+        return out;
+      });
+  // The last layer is the first one backward needs: gather it while the loss is computed.
+  if (prefetch && layers > 0) units_.back()->StartGather();
+  return logits;
 }
 
 torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens) {
@@ -280,57 +310,41 @@ torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens) {
 
 Status FullyShardedLlama::FinishBackward() {
   try {
-    Unit& root = *units_[0];
-    // The root's parameters were ordinary leaves: autograd accumulated their full gradients.
-    std::vector<torch::Tensor> grads;
-    for (auto& p : root.params) grads.push_back(p.full.grad());
-    if (sync_) {
-      root.ReduceGrads(grads, true);
-      for (auto& p : root.params) p.full.mutable_grad() = torch::Tensor();
+    // The root's post-backward (its parameters were used at both ends of the model). A layer
+    // whose hook did not run (its output did not reach the loss) is reduced here too, so every
+    // rank issues the same collectives.
+    for (size_t u = 1; u < units_.size(); ++u) {
+      if (units_[u]->PendingGrads()) units_[u]->PostBackward(sync_);
     }
-    root.Free();
+    units_[0]->PostBackward(sync_);
     if (!sync_) return Status::Ok();
-    for (auto& unit : units_) unit->FinishReduce();
-    if (replicate_group_ != nullptr && replicate_group_->size() > 1) {
-      // HSDP: shards are replicated across dp_replicate; average their gradients there.
-      for (auto& unit : units_) {
-        for (auto& p : unit->params) {
-          auto work = replicate_group_->AllReduce(p.shard.mutable_grad(), dist::ReduceOp::kAvg);
-          MW_RETURN_IF_ERROR(work.status());
-          const auto t0 = Clock::now();
-          MW_RETURN_IF_ERROR((*work)->Wait());
-          stats_.exposed_comm_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-        }
-      }
-    }
+    for (auto& unit : units_) unit->FinishReduce(replicate_group_);
+    for (auto& unit : units_) unit->FinishReplicaReduce();
     return Status::Ok();
-  } catch (const c10::Error& e) {
-    return Unavailable(std::string("fsdp backward: ") + e.what_without_backtrace());
+  } catch (const StatusError& e) {
+    return e.status();
   }
 }
 
 std::vector<torch::Tensor> FullyShardedLlama::DecayShards() const {
   std::vector<torch::Tensor> out;
-  for (const auto& unit : units_)
-    for (const auto& p : unit->params)
-      if (p.full_shape.size() >= 2) out.push_back(p.shard);
+  for (const auto& p : params_)
+    if (p.full_shape.size() >= 2) out.push_back(p.shard);
   return out;
 }
 
 std::vector<torch::Tensor> FullyShardedLlama::NoDecayShards() const {
   std::vector<torch::Tensor> out;
-  for (const auto& unit : units_)
-    for (const auto& p : unit->params)
-      if (p.full_shape.size() < 2) out.push_back(p.shard);
+  for (const auto& p : params_)
+    if (p.full_shape.size() < 2) out.push_back(p.shard);
   return out;
 }
 
 Result<double> FullyShardedLlama::GradNormSquared() {
   torch::NoGradGuard no_grad;
   torch::Tensor sum = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(units_[0]->device));
-  for (const auto& unit : units_)
-    for (const auto& p : unit->params)
-      if (p.shard.grad().defined()) sum += p.shard.grad().to(torch::kDouble).pow(2).sum();
+  for (const auto& p : params_)
+    if (p.shard.grad().defined()) sum += p.shard.grad().to(torch::kDouble).pow(2).sum();
   // Shards are disjoint within dp_shard (padding is zero); replicas hold the same values.
   MW_ASSIGN_OR_RETURN(auto work, shard_group_->AllReduce(sum, dist::ReduceOp::kSum));
   MW_RETURN_IF_ERROR(work->Wait());
@@ -339,14 +353,12 @@ Result<double> FullyShardedLlama::GradNormSquared() {
 
 void FullyShardedLlama::ScaleGrads(double factor) {
   torch::NoGradGuard no_grad;
-  for (auto& unit : units_)
-    for (auto& p : unit->params)
-      if (p.shard.grad().defined()) p.shard.mutable_grad().mul_(factor);
+  for (auto& p : params_)
+    if (p.shard.grad().defined()) p.shard.mutable_grad().mul_(factor);
 }
 
 void FullyShardedLlama::ZeroGrad() {
-  for (auto& unit : units_)
-    for (auto& p : unit->params) p.shard.mutable_grad() = torch::Tensor();
+  for (auto& p : params_) p.shard.mutable_grad() = torch::Tensor();
 }
 
 Result<std::map<std::string, torch::Tensor>> FullyShardedLlama::GatherFullState() {
@@ -354,11 +366,11 @@ Result<std::map<std::string, torch::Tensor>> FullyShardedLlama::GatherFullState(
   try {
     for (auto& unit : units_) {
       unit->WaitGather();
-      for (auto& p : unit->params) state[p.name] = p.full.detach().to(torch::kFloat).clone();
+      for (ShardedParam* p : unit->params) state[p->name] = p->full.detach().to(torch::kFloat).clone();
       unit->Free();
     }
-  } catch (const c10::Error& e) {
-    return Unavailable(std::string("fsdp gather: ") + e.what_without_backtrace());
+  } catch (const StatusError& e) {
+    return e.status();
   }
   return state;
 }
@@ -371,8 +383,7 @@ FsdpStats FullyShardedLlama::TakeStats() {
 
 int64_t FullyShardedLlama::ShardBytes() const {
   int64_t bytes = 0;
-  for (const auto& unit : units_)
-    for (const auto& p : unit->params) bytes += dist::TensorBytes(p.shard);
+  for (const auto& p : params_) bytes += dist::TensorBytes(p.shard);
   return bytes;
 }
 

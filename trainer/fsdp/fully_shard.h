@@ -4,14 +4,18 @@
 // all-gathered before use and freed after; gradients are reduce-scattered per unit and
 // all-reduced over dp_replicate (HSDP). The optimizer only ever sees the shards.
 //
-// Decoder layers are wrapped in an autograd function that gathers, computes without saving
-// activations of the layer, and frees; its backward gathers again, recomputes the layer and
-// reduce-scatters the gradients. The root unit stays gathered for the whole step (its weights
-// are used at both ends of the model, like FSDP2's root with reshard_after_forward off).
+// The model runs with ordinary autograd, as in FSDP2: a layer's gathered weights live in one
+// storage per parameter that is freed after the layer's forward (reshard_after_forward) and
+// refilled before its backward, so autograd's saved tensors stay valid and nothing is
+// recomputed. Hooks on each layer's input and output tensors drive backward: the pre-backward
+// waits for the layer's all-gather and prefetches the previous layer's; the post-backward
+// reduce-scatters the layer's gradients (async) and frees it. The root unit stays gathered for
+// the whole step (its weights are used at both ends of the model, as FSDP2 keeps the root).
 #pragma once
 
 #include <torch/types.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,8 +33,8 @@ struct FsdpOptions {
   bool prefetch = true;  // issue the next unit's all-gather before computing the current one
 };
 
-// One sharded parameter: the master shard the optimizer updates and where it lives in the
-// unit's flat buffers.
+// One sharded parameter: the master shard the optimizer updates and the module parameter whose
+// storage holds the gathered value.
 struct ShardedParam {
   std::string name;          // HF name, e.g. "model.layers.0.mlp.up_proj.weight"
   torch::Tensor full;        // the module's parameter; data swapped in when gathered
@@ -38,7 +42,6 @@ struct ShardedParam {
   std::vector<int64_t> full_shape;
   int64_t rows_per_rank = 0;
   int64_t row_numel = 0;
-  int64_t offset = 0;        // in the unit's per-rank flat shard
   int64_t shard_numel() const { return rows_per_rank * row_numel; }
 };
 
@@ -96,6 +99,7 @@ class FullyShardedLlama {
   dist::Communicator* replicate_group_;
   FsdpOptions options_;
   bool sync_ = true;
+  std::deque<ShardedParam> params_;            // every parameter, in the module's order
   std::vector<std::unique_ptr<Unit>> units_;  // [0] = root, then layer i at [i + 1]
   FsdpStats stats_;
 };

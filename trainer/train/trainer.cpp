@@ -405,6 +405,8 @@ template <typename F>
 auto Guard(const char* what, F&& f) -> decltype(f()) {
   try {
     return f();
+  } catch (const StatusError& e) {
+    return Status(e.status().code(), std::string(what) + ": " + e.status().message());
   } catch (const c10::Error& e) {
     return Internal(std::string(what) + ": libtorch error: " + e.what_without_backtrace());
   } catch (const std::bad_alloc&) {

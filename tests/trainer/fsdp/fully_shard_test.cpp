@@ -196,5 +196,91 @@ TEST(FullyShard, ShardBytesFallAsOneOverTheWorld) {
   }
 }
 
+// Bytes currently allocated under a parameter's storage (0 while FSDP has it freed).
+size_t StorageBytes(FullyShardedLlama& f, const std::string& name) {
+  for (auto& item : f.module()->named_parameters())
+    if (item.key() == name) return item.value().storage().nbytes();
+  ADD_FAILURE() << "no parameter " << name;
+  return 0;
+}
+
+// Two ranks (threads); rank 0 records, after each phase of one step, whether layer weights are
+// allocated and which collectives were issued.
+struct Lifecycle {
+  size_t layer0_after_forward = 0, last_after_forward = 0, layer0_after_backward = 0, root_after_backward = 0;
+  int64_t reduce_scatters_without_sync = 0, reduce_scatters_with_sync = 0, all_gathers_per_step = 0;
+};
+
+Lifecycle Observe(const FsdpOptions& options) {
+  std::vector<model::LlamaForCausalLM> models{MakeModel(false), MakeModel(false)};
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  Lifecycle seen;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto fail = [&](const Status& s) { errors[rank] = s.ToString(); };
+      dist::CommunicatorOptions copts;
+      copts.timeout = std::chrono::seconds(60);
+      auto group = dist::MakeGlooCommunicator(store, rank, 2, copts, "127.0.0.1");
+      if (!group.ok()) return fail(group.status());
+      auto fsdp = FullyShardedLlama::Create(models[rank], group->get(), nullptr, options);
+      if (!fsdp.ok()) return fail(fsdp.status());
+      auto& f = **fsdp;
+      const std::string layer0 = "model.layers.0.mlp.up_proj.weight", last = "model.layers.1.mlp.up_proj.weight";
+      auto count = [&](dist::Collective c) { return (*group)->stats().calls[static_cast<int>(c)]; };
+      auto b = Tokens(0).narrow(0, rank * 4, 4);
+      auto micro = [&](bool sync) {
+        f.SetGradientSync(sync);
+        auto loss = model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq));
+        if (rank == 0 && sync) {
+          seen.layer0_after_forward = StorageBytes(f, layer0);
+          seen.last_after_forward = StorageBytes(f, last);
+        }
+        loss.backward();
+        if (Status s = f.FinishBackward(); !s.ok()) fail(s);
+      };
+      const int64_t rs0 = count(dist::Collective::kReduceScatter), ag0 = count(dist::Collective::kAllGather);
+      micro(false);
+      const int64_t rs1 = count(dist::Collective::kReduceScatter);
+      micro(true);
+      if (rank != 0) return;
+      seen.reduce_scatters_without_sync = rs1 - rs0;
+      seen.reduce_scatters_with_sync = count(dist::Collective::kReduceScatter) - rs1;
+      seen.all_gathers_per_step = (count(dist::Collective::kAllGather) - ag0) / 2;
+      seen.layer0_after_backward = StorageBytes(f, layer0);
+      seen.root_after_backward = StorageBytes(f, "model.embed_tokens.weight");
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return seen;
+}
+
+TEST(FullyShard, ReshardAfterForwardFreesLayersUntilTheirBackward) {
+  const Lifecycle seen = Observe(FsdpOptions());
+  EXPECT_EQ(seen.layer0_after_forward, 0u) << "layer 0 stays gathered after its forward";
+  // The last layer's all-gather is started at the end of forward (backward needs it first), but
+  // its weights are only materialised when its backward begins.
+  EXPECT_EQ(seen.last_after_forward, 0u);
+  EXPECT_EQ(seen.layer0_after_backward, 0u);
+  EXPECT_EQ(seen.root_after_backward, 0u);
+  // Forward gathers root + 2 layers; backward gathers the 2 layers again.
+  EXPECT_EQ(seen.all_gathers_per_step, 5);
+  // Gradient accumulation: no reduce-scatter until the last micro-batch, then one per unit.
+  EXPECT_EQ(seen.reduce_scatters_without_sync, 0);
+  EXPECT_EQ(seen.reduce_scatters_with_sync, 3);
+}
+
+TEST(FullyShard, WithoutReshardLayersStayGatheredUntilTheirBackward) {
+  FsdpOptions options;
+  options.reshard_after_forward = false;
+  const Lifecycle seen = Observe(options);
+  EXPECT_EQ(seen.layer0_after_forward, 50u * 40 * 4);  // intermediate x hidden, fp32
+  EXPECT_EQ(seen.last_after_forward, 50u * 40 * 4);
+  EXPECT_EQ(seen.layer0_after_backward, 0u) << "freed after backward";
+  EXPECT_EQ(seen.all_gathers_per_step, 3) << "one gather per unit, none again in backward";
+}
+
 }  // namespace
 }  // namespace meshwork::fsdp
