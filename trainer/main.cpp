@@ -25,6 +25,8 @@ commands:
   train         train a model
                   --config FILE     YAML config (docs/config.md); defaults apply without one
                   --set KEY=VALUE   override one key, e.g. --set optimizer.lr=3e-4 (repeatable)
+                  --dump-plan       fsdp.mode compiled: print the schedule IR before and after
+                                    each compiler pass and the plan's summary (rank 0)
   eval          mean cross-entropy of given weights over a token file
                   --weights DIR     Hugging Face model directory (model.init_from)
                   --data FILE       token file (eval.data)
@@ -87,6 +89,8 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
       c.config_path = value;
     } else if (TakeValue(args, i, "--set", &value, &error)) {
       c.overrides.push_back(value);
+    } else if (command == "train" && args[i] == "--dump-plan") {
+      c.overrides.push_back("fsdp.dump_plan=true");
     } else if (command == "eval" && TakeValue(args, i, "--weights", &value, &error)) {
       c.overrides.push_back("model.init_from=" + value);
     } else if (command == "eval" && TakeValue(args, i, "--data", &value, &error)) {

@@ -50,7 +50,12 @@ PY
 if run single 1; then pass "single process"; else fail "single process: $(tail -3 "$work/single.log")"; fi
 for spec in "fsdp2 2" "fsdp4 4" "hsdp2x2 4 --set mesh.dp_replicate=2" \
     "fsdp2-noreshard-noprefetch 2 --set fsdp.reshard_after_forward=false --set fsdp.prefetch=false" \
-    "fsdp2-accum2 2 --set training.grad_accum=2 --set data.batch_size=2"; do
+    "fsdp2-accum2 2 --set training.grad_accum=2 --set data.batch_size=2" \
+    "compiled2-auto 2 --set fsdp.mode=compiled --dump-plan" \
+    "compiled4-block 4 --set fsdp.mode=compiled --set fsdp.bucketing=block" \
+    "compiled-hsdp2x2 4 --set fsdp.mode=compiled --set mesh.dp_replicate=2" \
+    "compiled2-none-inorder 2 --set fsdp.mode=compiled --set fsdp.bucketing=none --set fsdp.reorder=false" \
+    "compiled2-budget-noreshard 2 --set fsdp.mode=compiled --set fsdp.memory_budget=1 --set fsdp.reshard_after_forward=false"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -63,6 +68,15 @@ for spec in "fsdp2 2" "fsdp4 4" "hsdp2x2 4 --set mesh.dp_replicate=2" \
 done
 grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass "HSDP mesh 2x2 in use" ||
   fail "HSDP mesh not reported: $(grep parallelism "$work/hsdp2x2.log")"
+# Compiled runs really ran a plan; --dump-plan printed the IR after every pass.
+for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard; do
+  if line="$(grep -m1 '^compiled plan:' "$work/$name.log")"; then pass "$name: ${line:0:160}"; else fail "$name: no compiled plan in the log"; fi
+done
+if grep -q "^== reorder ==" "$work/compiled2-auto.log" && grep -q "^== insert_frees ==" "$work/compiled2-auto.log"; then
+  pass "--dump-plan prints the IR after each pass"
+else
+  fail "--dump-plan output missing"
+fi
 
 # A rank killed mid-run: the launcher stops the job, names the rank and the signal, exits 137.
 port=$((port + 1))

@@ -177,6 +177,11 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
       BoolField("fsdp.prefetch", &c.fsdp.prefetch),
+      StringField("fsdp.mode", &c.fsdp.mode, {"eager", "compiled"}),
+      StringField("fsdp.bucketing", &c.fsdp.bucketing, {"none", "block", "auto"}),
+      BoolField("fsdp.reorder", &c.fsdp.reorder),
+      IntField("fsdp.memory_budget", &c.fsdp.memory_budget, 0, int64_t{1} << 30),
+      BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),
 
       IntField("dist.timeout_seconds", &c.dist.timeout_seconds, 1, 86400),
       StringField("dist.gloo_hostname", &c.dist.gloo_hostname),

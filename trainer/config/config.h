@@ -71,6 +71,11 @@ struct MeshConfig {
 struct FsdpConfig {
   bool reshard_after_forward = true;  // free each layer's gathered weights after its forward
   bool prefetch = true;               // issue the next layer's all-gather before computing
+  std::string mode = "eager";         // eager | compiled (schedule compiler after step 1)
+  std::string bucketing = "auto";     // compiled: none | block | auto
+  bool reorder = true;                // compiled: run the reorder pass
+  int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = none
+  bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
 };
 
 struct DistConfig {

@@ -3,12 +3,18 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
 #include <map>
+#include <set>
+
+#include "trainer/compiler/frontend.h"
 
 namespace meshwork::fsdp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 // A gathered parameter keeps one TensorImpl and one StorageImpl for the whole run; freeing and
 // re-gathering swap the memory under the storage (what FSDP2 does with storage resize). Tensors
@@ -175,6 +181,21 @@ struct FullyShardedLlama::Unit {
     AddReducedGrads();
   }
 
+  // Plan mode: wait for the reduce-scatter; add the result now unless an all-reduce follows.
+  void WaitReduce(bool all_reduce_follows) {
+    if (!reduce_work) return;  // gradient sync off: nothing was sent
+    Timed([&] { return reduce_work->Wait(); });
+    reduce_work.reset();
+    if (!all_reduce_follows) AddReducedGrads();
+  }
+
+  void StartReplicaReduce(dist::Communicator* replicate) {
+    if (!reduce_out.defined()) return;  // gradient sync off
+    auto work = replicate->AllReduce(reduce_out, dist::ReduceOp::kAvg);
+    ThrowIfError(work.status());
+    reduce_work = std::move(work).value();
+  }
+
   void FinishReplicaReduce() {
     if (!reduce_work) return;
     Timed([&] { return reduce_work->Wait(); });
@@ -192,6 +213,16 @@ struct FullyShardedLlama::Unit {
     }
     reduce_out = torch::Tensor();
   }
+};
+
+// A compiled plan bound to this model: one Unit per all-gather and per reduce-scatter value.
+struct FullyShardedLlama::Plan {
+  compiler::Graph graph;
+  std::map<std::string, std::unique_ptr<Unit>> buckets;  // %ag / %rs id -> its parameters
+  std::map<std::string, std::string> all_reduce_source;  // %ar id -> %rs id
+  std::set<std::string> reduced_again;                   // %rs ids that an all_reduce follows
+  std::vector<std::vector<ShardedParam*>> module_params;
+  size_t pc = 0;
 };
 
 FullyShardedLlama::FullyShardedLlama(model::LlamaForCausalLM model, dist::Communicator* shard_group,
@@ -217,6 +248,8 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
   }
   const int world = shard_group->size();
   const int rank = shard_group->rank();
+  f->trace_.fwd.assign(layers + 2, 0.0);
+  f->trace_.bwd.assign(layers + 2, 0.0);
   torch::NoGradGuard no_grad;
   for (auto& item : f->model_->named_parameters()) {
     const std::string& name = item.key();
@@ -252,7 +285,12 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
 }
 
 torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
+  trace_.batch = tokens.size(0);
+  trace_.seq = tokens.size(1);
+  if (plan_) return CompiledForward(tokens);
   units_[0]->WaitGather();
+  Trace* trace = &trace_;
+  trace->mark = Now();
   const bool prefetch = options_.prefetch;
   if (prefetch && units_.size() > 1) units_[1]->StartGather();
   const bool sync = sync_;
@@ -260,8 +298,10 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
   torch::Tensor logits = model_->ForwardWithLayerRunner(
       tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
         Unit* unit = units_[i + 1].get();
+        if (i == 0) trace->fwd[0] = Now() - trace->mark;  // the embedding ran since
         unit->WaitGather();
         if (prefetch && i + 1 < layers) units_[i + 2]->StartGather();
+        const double start = Now();
         // Backward reaches the layer's input once the whole layer is done (its weights'
         // gradients are accumulated first: autograd runs AccumulateGrad nodes as soon as they
         // are ready). That is the layer's post-backward (reduce-scatter, free) and the previous
@@ -269,26 +309,35 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
         if (h.requires_grad()) {
           Unit* prev = i > 0 ? units_[i].get() : nullptr;
           Unit* before_prev = prefetch && i > 1 ? units_[i - 1].get() : nullptr;
-          h.register_hook([unit, prev, before_prev, sync](const torch::Tensor&) {
+          h.register_hook([unit, prev, before_prev, sync, trace, i](const torch::Tensor&) {
+            trace->bwd[i + 1] = Now() - trace->mark;
             unit->PostBackward(sync);
             if (prev != nullptr) prev->WaitGather();
             if (before_prev != nullptr) before_prev->StartGather();
+            trace->mark = Now();
           });
         }
         torch::Tensor out = layer.forward(h, rope);
+        trace->fwd[i + 1] = Now() - start;
         if (options_.reshard_after_forward) unit->Free();
         if (i + 1 == layers && out.requires_grad()) {
           // Pre-backward of the last layer (the others get theirs from the next layer's hook).
           Unit* before = prefetch && i > 0 ? units_[i].get() : nullptr;
-          out.register_hook([unit, before](const torch::Tensor&) {
+          out.register_hook([unit, before, trace, layers](const torch::Tensor&) {
+            // Head forward (with the loss) and head backward ran since the end of Forward.
+            const double head = Now() - trace->mark;
+            trace->fwd[layers + 1] = head / 3;
+            trace->bwd[layers + 1] = head * 2 / 3;
             unit->WaitGather();
             if (before != nullptr) before->StartGather();
+            trace->mark = Now();
           });
         }
         return out;
       });
   // The last layer is the first one backward needs: gather it while the loss is computed.
   if (prefetch && layers > 0) units_.back()->StartGather();
+  trace->mark = Now();
   return logits;
 }
 
@@ -310,6 +359,11 @@ torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens) {
 
 Status FullyShardedLlama::FinishBackward() {
   try {
+    if (plan_) {
+      RunPlanUntil(compiler::Phase::kBackward, "");
+      return Status::Ok();
+    }
+    trace_.bwd[0] = Now() - trace_.mark;  // the embedding's backward
     // The root's post-backward (its parameters were used at both ends of the model). A layer
     // whose hook did not run (its output did not reach the loss) is reduced here too, so every
     // rank issues the same collectives.
@@ -385,6 +439,201 @@ int64_t FullyShardedLlama::ShardBytes() const {
   int64_t bytes = 0;
   for (const auto& p : params_) bytes += dist::TensorBytes(p.shard);
   return bytes;
+}
+
+compiler::Graph FullyShardedLlama::Skeleton() const {
+  compiler::Graph g;
+  g.dp_shard = shard_group_->size();
+  g.dp_replicate = replicate_group_ != nullptr ? replicate_group_->size() : 1;
+  const int64_t param_bytes = c10::elementSize(options_.param_dtype);
+  const int64_t reduce_bytes = c10::elementSize(options_.reduce_dtype);
+  std::map<std::string, int> index;
+  for (const auto& p : params_) {
+    compiler::ParamInfo info;
+    info.name = p.name;
+    int64_t numel = 1;
+    for (int64_t d : p.full_shape) numel *= d;
+    info.gathered_bytes = numel * param_bytes;
+    info.grad_bytes = numel * reduce_bytes;
+    info.shard_bytes = p.shard_numel() * 4;
+    index[p.name] = static_cast<int>(g.params.size());
+    g.params.push_back(info);
+  }
+  const auto& c = model_->config();
+  // Activation estimate (the compiler's Llama model), at the traced batch and length.
+  compiler::LlamaShape shape;
+  shape.config = c;
+  shape.batch = std::max<int64_t>(trace_.batch, 1);
+  shape.seq_len = std::max<int64_t>(trace_.seq, 1);
+  shape.activation_bytes = static_cast<int>(param_bytes);
+  const compiler::Graph estimate = compiler::LlamaSkeleton(shape);
+  auto add_module = [&](const std::string& name, std::vector<int> params, size_t t) {
+    compiler::ModuleInfo m;
+    m.name = name;
+    m.params = std::move(params);
+    m.fwd_seconds = trace_.fwd[t];
+    m.bwd_seconds = trace_.bwd[t];
+    const int e = estimate.FindModule(name);
+    if (e >= 0) m.activation_bytes = estimate.modules[e].activation_bytes;
+    g.modules.push_back(std::move(m));
+  };
+  const int embed = index.at("model.embed_tokens.weight");
+  add_module("embed", {embed}, 0);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    std::vector<int> ps;
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    for (size_t k = 0; k < g.params.size(); ++k)
+      if (g.params[k].name.rfind(prefix, 0) == 0) ps.push_back(static_cast<int>(k));
+    add_module("layers." + std::to_string(i), ps, static_cast<size_t>(i + 1));
+  }
+  std::vector<int> head{index.at("model.norm.weight")};
+  head.push_back(index.count("lm_head.weight") ? index.at("lm_head.weight") : embed);
+  add_module("head", head, static_cast<size_t>(c.num_hidden_layers + 1));
+  return g;
+}
+
+Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
+  const compiler::Graph mine = Skeleton();
+  if (plan.params.size() != mine.params.size())
+    return Internal("plan has " + std::to_string(plan.params.size()) + " parameters, the model " +
+                    std::to_string(mine.params.size()));
+  for (size_t i = 0; i < mine.params.size(); ++i)
+    if (plan.params[i].name != mine.params[i].name)
+      return Internal("plan parameter " + std::to_string(i) + " is '" + plan.params[i].name + "', the model's '" +
+                      mine.params[i].name + "'");
+  if (plan.modules.size() != mine.modules.size()) return Internal("plan modules do not match the model");
+  for (size_t m = 0; m < mine.modules.size(); ++m)
+    if (plan.modules[m].name != mine.modules[m].name || plan.modules[m].params != mine.modules[m].params)
+      return Internal("plan module '" + plan.modules[m].name + "' does not match the model's '" +
+                      mine.modules[m].name + "'");
+  if (plan.dp_shard != mine.dp_shard || plan.dp_replicate != mine.dp_replicate)
+    return Internal("plan mesh does not match this run's");
+  MW_RETURN_IF_ERROR(compiler::Validate(plan));
+  auto p = std::make_unique<Plan>();
+  p->graph = plan;
+  std::vector<ShardedParam*> by_index;
+  for (auto& sp : params_) by_index.push_back(&sp);
+  for (const auto& m : plan.modules) {
+    std::vector<ShardedParam*> ps;
+    for (int i : m.params) ps.push_back(by_index[i]);
+    p->module_params.push_back(std::move(ps));
+  }
+  for (const auto& op : plan.ops) {
+    if (op.kind == compiler::OpKind::kAllReduce) {
+      p->all_reduce_source[op.id] = op.source;
+      p->reduced_again.insert(op.source);
+    }
+    if (op.kind != compiler::OpKind::kAllGather && op.kind != compiler::OpKind::kReduceScatter) continue;
+    auto unit = std::make_unique<Unit>();
+    unit->name = op.id;
+    unit->group = shard_group_;
+    unit->options = &options_;
+    unit->stats = &stats_;
+    unit->device = units_[0]->device;
+    for (int i : op.params) {
+      unit->params.push_back(by_index[i]);
+      unit->offsets.push_back(unit->shard_numel);
+      unit->shard_numel += by_index[i]->shard_numel();
+    }
+    p->buckets[op.id] = std::move(unit);
+  }
+  plan_ = std::move(p);
+  return Status::Ok();
+}
+
+void FullyShardedLlama::RunPlanUntil(compiler::Phase phase, const std::string& module) {
+  using compiler::OpKind;
+  Plan& plan = *plan_;
+  const auto& ops = plan.graph.ops;
+  while (plan.pc < ops.size()) {
+    const size_t at = plan.pc++;
+    const compiler::Op& op = ops[at];
+    switch (op.kind) {
+      case OpKind::kCompute: {
+        const std::string& name = plan.graph.modules[op.module].name;
+        if (op.phase != phase || name != module) {
+          ThrowIfError(Internal("compiled plan op " + std::to_string(at) + " is compute " +
+                                (op.phase == compiler::Phase::kForward ? "fwd " : "bwd ") + name +
+                                " but the model is at " + (phase == compiler::Phase::kForward ? "fwd " : "bwd ") +
+                                (module.empty() ? "the end of the step" : module)));
+        }
+        for (ShardedParam* p : plan.module_params[op.module])
+          if (p->full.storage().nbytes() == 0)
+            ThrowIfError(Internal("compiled plan runs " + name + " with " + p->name + " not gathered"));
+        return;
+      }
+      case OpKind::kAllGather: plan.buckets.at(op.id)->StartGather(); break;
+      case OpKind::kReduceScatter: plan.buckets.at(op.id)->ReduceGrads(sync_); break;
+      case OpKind::kAllReduce:
+        if (replicate_group_ != nullptr) plan.buckets.at(op.source)->StartReplicaReduce(replicate_group_);
+        break;
+      case OpKind::kFree: plan.buckets.at(op.id)->Free(); break;
+      case OpKind::kWait: {
+        auto ar = plan.all_reduce_source.find(op.id);
+        if (ar != plan.all_reduce_source.end()) {
+          plan.buckets.at(ar->second)->FinishReplicaReduce();
+          break;
+        }
+        Unit& unit = *plan.buckets.at(op.id);
+        bool is_gather = false;
+        for (const auto& o : ops)
+          if (o.id == op.id) {
+            is_gather = o.kind == OpKind::kAllGather;
+            break;
+          }
+        if (is_gather) {
+          unit.WaitGather();
+        } else {
+          unit.WaitReduce(plan.reduced_again.count(op.id) > 0);
+        }
+        break;
+      }
+      case OpKind::kOptimizerStep: break;
+    }
+  }
+  if (!module.empty()) ThrowIfError(Internal("compiled plan ended before compute of " + module));
+  plan.pc = 0;
+}
+
+torch::Tensor FullyShardedLlama::CompiledForward(const torch::Tensor& tokens) {
+  using compiler::Phase;
+  plan_->pc = 0;
+  RunPlanUntil(Phase::kForward, "embed");
+  const int64_t layers = model_->config().num_hidden_layers;
+  torch::Tensor logits = model_->ForwardWithLayerRunner(
+      tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
+        RunPlanUntil(Phase::kForward, "layers." + std::to_string(i));
+        if (h.requires_grad()) {
+          const std::string before = i > 0 ? "layers." + std::to_string(i - 1) : "embed";
+          h.register_hook([this, before](const torch::Tensor&) { RunPlanUntil(Phase::kBackward, before); });
+        }
+        torch::Tensor out = layer.forward(h, rope);
+        if (i + 1 == layers) {
+          if (out.requires_grad()) {
+            const std::string me = "layers." + std::to_string(i);
+            out.register_hook([this, me](const torch::Tensor&) { RunPlanUntil(Phase::kBackward, me); });
+          }
+          RunPlanUntil(Phase::kForward, "head");  // the model runs the head next
+        }
+        return out;
+      });
+  // The head's backward runs before control comes back (at the last layer's backward hook):
+  // what the plan schedules between the head's forward and backward is issued now.
+  RunPlanUntil(Phase::kBackward, "head");
+  return logits;
+}
+
+Result<compiler::Graph> AgreeOnPlan(dist::Communicator& group, const compiler::Graph& plan) {
+  const std::string text = group.rank() == 0 ? compiler::Print(plan) : std::string();
+  torch::Tensor size = torch::full({1}, static_cast<int64_t>(text.size()), torch::kLong);
+  MW_ASSIGN_OR_RETURN(auto w1, group.Broadcast(size, 0));
+  MW_RETURN_IF_ERROR(w1->Wait());
+  torch::Tensor bytes = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
+  if (group.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  MW_ASSIGN_OR_RETURN(auto w2, group.Broadcast(bytes, 0));
+  MW_RETURN_IF_ERROR(w2->Wait());
+  const std::string agreed(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  return compiler::Parse(agreed);
 }
 
 }  // namespace meshwork::fsdp

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "trainer/common/status.h"
+#include "trainer/compiler/ir.h"
 #include "trainer/dist/communicator.h"
 #include "trainer/model/llama.h"
 
@@ -88,7 +89,18 @@ class FullyShardedLlama {
   // Per-rank bytes of parameter shards, gradient shards (same) — optimizer state is 2x.
   int64_t ShardBytes() const;
 
+  // --- Compiled mode (fsdp.mode: compiled) ---
+  // The compiler's view of this model: parameters (HF order, bytes in param/reduce dtype, the
+  // padded fp32 shard) and modules "embed", "layers.<i>", "head", with the compute seconds
+  // traced in the last eager step (zero before one ran) and estimated activation bytes.
+  compiler::Graph Skeleton() const;
+  // From the next Forward on, every collective, wait and free follows `plan` (validated here
+  // against this model); the eager hooks no longer schedule anything.
+  Status UsePlan(const compiler::Graph& plan);
+  bool compiled() const { return plan_ != nullptr; }
+
   struct Unit;  // defined in the .cpp
+  struct Plan;
 
  private:
   FullyShardedLlama(model::LlamaForCausalLM model, dist::Communicator* shard_group,
@@ -102,6 +114,24 @@ class FullyShardedLlama {
   std::deque<ShardedParam> params_;            // every parameter, in the module's order
   std::vector<std::unique_ptr<Unit>> units_;  // [0] = root, then layer i at [i + 1]
   FsdpStats stats_;
+
+  // Runs the plan's ops up to the compute of `module` in `phase` (an empty module: to the end)
+  // and checks that compute's parameters are gathered. Throws StatusError on a mismatch.
+  void RunPlanUntil(compiler::Phase phase, const std::string& module);
+  torch::Tensor CompiledForward(const torch::Tensor& tokens);
+  std::unique_ptr<Plan> plan_;
+
+  // Trace of the last eager step: per-module compute seconds, by module (embed, layers, head).
+  struct Trace {
+    std::vector<double> fwd, bwd;
+    double mark = 0;  // steady-clock seconds at the last hook
+    int64_t batch = 0, seq = 0;
+  };
+  Trace trace_;
 };
+
+// Every rank must run the same plan: rank 0 of `group` sends its plan's text, the others parse
+// it (their own timings, and so their own plans, may differ). `plan` is read on rank 0 only.
+Result<compiler::Graph> AgreeOnPlan(dist::Communicator& group, const compiler::Graph& plan);
 
 }  // namespace meshwork::fsdp

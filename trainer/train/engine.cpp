@@ -3,12 +3,17 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <iomanip>
+#include <sstream>
 #include <ostream>
 
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/env.h"
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/dist/rendezvous.h"
+#include "trainer/compiler/frontend.h"
+#include "trainer/compiler/passes.h"
+#include "trainer/compiler/simulator.h"
 #include "trainer/fsdp/fully_shard.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
@@ -60,10 +65,73 @@ class LocalEngine : public Engine {
   std::vector<torch::Tensor> decay_, no_decay_;
 };
 
+// Latency and bus bandwidth of one collective kind on `group`, from timing a few sizes (the
+// first round of each size is a warm-up). Every rank of the group must call it.
+Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind) {
+  std::vector<std::pair<int64_t, double>> samples;
+  const int n = group.size();
+  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 22}) {
+    const int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n);
+    torch::Tensor in = torch::ones({per_rank});
+    torch::Tensor out = torch::empty({per_rank * n});
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto work = kind == dist::Collective::kAllGather ? group.AllGatherInto(out, in)
+                                                        : group.AllReduce(out, dist::ReduceOp::kSum);
+      MW_RETURN_IF_ERROR(work.status());
+      MW_RETURN_IF_ERROR((*work)->Wait());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) samples.push_back({per_rank * n * 4, s});
+    }
+  }
+  return compiler::FitLink(samples, n);
+}
+
+std::string Mib(int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+
 class FsdpEngine : public Engine {
  public:
-  FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp)
-      : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)) {}
+  FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp,
+             config::FsdpConfig fsdp_config, std::ostream& log)
+      : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)), cfg_(std::move(fsdp_config)), log_(log) {}
+
+  // Traces are taken from the first (eager) step; from the second on, the compiled plan runs.
+  Status Compile() {
+    compiler::Graph skeleton = fsdp_->Skeleton();
+    compiler::PassContext ctx;
+    ctx.cost.dp_shard = skeleton.dp_shard;
+    ctx.cost.dp_replicate = skeleton.dp_replicate;
+    if (skeleton.dp_shard > 1) {
+      MW_ASSIGN_OR_RETURN(ctx.cost.shard_link, CalibrateLink(mesh_->group("dp_shard"), dist::Collective::kAllGather));
+    }
+    if (skeleton.dp_replicate > 1) {
+      MW_ASSIGN_OR_RETURN(ctx.cost.replicate_link,
+                          CalibrateLink(mesh_->group("dp_replicate"), dist::Collective::kAllReduce));
+    }
+    MW_ASSIGN_OR_RETURN(ctx.bucketing, compiler::ParseBucketing(cfg_.bucketing));
+    ctx.memory_budget_bytes = cfg_.memory_budget << 20;
+    compiler::Graph plan;
+    if (env_.rank == 0) {
+      // Rank 0 plans from its own trace and calibration; AgreeOnPlan hands the plan to all.
+      compiler::Pipeline pipeline = compiler::Pipeline::Default();
+      if (!cfg_.reorder) MW_RETURN_IF_ERROR(pipeline.Disable("reorder"));
+      const compiler::Graph naive = compiler::BuildNaiveProgram(skeleton, {cfg_.reshard_after_forward});
+      MW_ASSIGN_OR_RETURN(plan, pipeline.Run(naive, ctx, cfg_.dump_plan ? &log_ : nullptr));
+      MW_ASSIGN_OR_RETURN(compiler::Graph eager, compiler::EagerPlan(naive, ctx));
+      const compiler::SimResult p = compiler::Simulate(plan, ctx.cost), e = compiler::Simulate(eager, ctx.cost);
+      std::ostringstream line;
+      line << std::fixed << std::setprecision(4) << "compiled plan: passes " << pipeline.Describe() << "; bucketing "
+           << cfg_.bucketing << ", budget " << (cfg_.memory_budget > 0 ? Mib(ctx.memory_budget_bytes) : "none") << "; "
+           << p.collectives << " collectives/step (eager " << e.collectives << "); predicted step " << p.step_seconds
+           << " s (eager " << e.step_seconds << "), exposed comm " << p.exposed_comm_seconds << " s (eager "
+           << e.exposed_comm_seconds << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes)
+           << "); dp_shard link " << std::setprecision(0) << ctx.cost.shard_link.latency_seconds * 1e6 << " us + "
+           << std::setprecision(2) << ctx.cost.shard_link.bus_bytes_per_second / 1e9 << " GB/s\n";
+      log_ << line.str();
+    }
+    MW_ASSIGN_OR_RETURN(compiler::Graph agreed, fsdp::AgreeOnPlan(mesh_->group("world"), plan));
+    return fsdp_->UsePlan(agreed);
+  }
 
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
@@ -78,10 +146,15 @@ class FsdpEngine : public Engine {
   }
 
   torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
+    if (cfg_.mode == "compiled" && !fsdp_->compiled() && steps_done_ >= 1) ThrowIfError(Compile());
     fsdp_->SetGradientSync(sync);
     return fsdp_->Forward(tokens);
   }
-  Status AfterBackward(bool) override { return fsdp_->FinishBackward(); }
+  Status AfterBackward(bool sync) override {
+    MW_RETURN_IF_ERROR(fsdp_->FinishBackward());
+    if (sync) ++steps_done_;
+    return Status::Ok();
+  }
   Result<double> ClipGradNorm(double max_norm) override {
     MW_ASSIGN_OR_RETURN(double norm2, fsdp_->GradNormSquared());
     const double norm = std::sqrt(norm2);
@@ -119,6 +192,9 @@ class FsdpEngine : public Engine {
   dist::DistEnv env_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
+  config::FsdpConfig cfg_;
+  std::ostream& log_;
+  int64_t steps_done_ = 0;
 };
 
 bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
@@ -176,7 +252,7 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
         << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
   }
-  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded)));
+  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, log));
 }
 
 }  // namespace meshwork::train

@@ -8,6 +8,8 @@
 
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/gloo_communicator.h"
+#include "trainer/compiler/frontend.h"
+#include "trainer/compiler/passes.h"
 #include "trainer/fsdp/fully_shard.h"
 
 namespace meshwork::fsdp {
@@ -55,7 +57,17 @@ torch::optim::AdamW MakeOptimizer(std::vector<torch::Tensor> decay, std::vector<
   return torch::optim::AdamW(groups, torch::optim::AdamWOptions(1e-2));
 }
 
+// Compiled mode for Sharded(): after the first (eager, traced) step, rank 0 plans with these
+// settings and every rank switches to the agreed plan.
+struct Compile {
+  bool on = false;
+  compiler::Bucketing bucketing = compiler::Bucketing::kBlock;
+  bool reorder = true;
+  bool reshard = true;
+};
+
 struct TrainRun {
+  std::vector<std::string> plans;  // the plan each rank ran (compiled mode)
   int64_t shard_bytes = 0;  // rank 0's parameter shards
   std::vector<double> losses;
   std::map<std::string, torch::Tensor> params;
@@ -87,7 +99,7 @@ TrainRun SingleProcess(bool tied, int accum) {
 }
 
 // `world` ranks as threads; mesh dp_replicate x dp_shard.
-TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum) {
+TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile compile = {}) {
   const int world = dp_replicate * dp_shard;
   std::vector<model::LlamaForCausalLM> models;
   for (int r = 0; r < world; ++r) models.push_back(MakeModel(tied));  // same seed: same init
@@ -97,6 +109,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<TrainRun> runs(world);
   std::vector<std::string> errors(world);
+  std::vector<std::string> plans(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
@@ -116,6 +129,25 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum) {
       runs[rank].shard_bytes = f.ShardBytes();
       const int rows = kRowsPerStep / world / accum;
       for (int step = 0; step < kSteps; ++step) {
+        if (compile.on && step == 1) {
+          compiler::Graph skeleton = f.Skeleton();
+          // Each rank's own timings, made to differ: the agreed plan must still be rank 0's.
+          for (auto& m : skeleton.modules) m.fwd_seconds = m.bwd_seconds = 0.001 * (1 + rank * (&m - &skeleton.modules[0]));
+          compiler::PassContext ctx;
+          ctx.cost.dp_shard = dp_shard;
+          ctx.cost.dp_replicate = dp_replicate;
+          ctx.cost.shard_link = {0.002, 1e8};
+          ctx.cost.replicate_link = {0.002, 1e8};
+          ctx.bucketing = compile.bucketing;
+          compiler::Pipeline pipeline = compiler::Pipeline::Default();
+          if (!compile.reorder) (void)pipeline.Disable("reorder");
+          auto plan = pipeline.Run(compiler::BuildNaiveProgram(skeleton, {compile.reshard}), ctx);
+          if (!plan.ok()) return fail(plan.status());
+          auto agreed = AgreeOnPlan((*mesh)->group("world"), *plan);
+          if (!agreed.ok()) return fail(agreed.status());
+          plans[rank] = compiler::Print(*agreed);
+          if (Status s = f.UsePlan(*agreed); !s.ok()) return fail(s);
+        }
         f.ZeroGrad();
         double local = 0;
         for (int micro = 0; micro < accum; ++micro) {
@@ -147,6 +179,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  runs[0].plans = plans;
   return runs[0];
 }
 
@@ -171,6 +204,30 @@ TEST(FullyShard, ShardedLossesAndParamsEqualSingleProcess) {
   ExpectSame(want, Sharded(false, 1, 2, 1), "dp_shard 2");
   ExpectSame(want, Sharded(false, 1, 4, 1), "dp_shard 4");
   ExpectSame(want, Sharded(false, 2, 2, 1), "HSDP 2x2");
+}
+
+TEST(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
+  const TrainRun want = SingleProcess(/*tied=*/false, 1);
+  for (auto b : {compiler::Bucketing::kNone, compiler::Bucketing::kBlock, compiler::Bucketing::kAuto})
+    for (bool reorder : {true, false}) {
+      const std::string what = std::string("compiled ") + compiler::BucketingName(b) + (reorder ? " reorder" : " in order");
+      ExpectSame(want, Sharded(false, 1, 2, 1, {true, b, reorder}), what + ", dp_shard 2");
+    }
+  ExpectSame(want, Sharded(false, 1, 4, 1, {true, compiler::Bucketing::kAuto, true}), "compiled auto, dp_shard 4");
+  ExpectSame(want, Sharded(false, 2, 2, 1, {true, compiler::Bucketing::kAuto, true}), "compiled auto, HSDP 2x2");
+  ExpectSame(want, Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kBlock, true, false}), "compiled, no reshard");
+}
+
+TEST(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {
+  ExpectSame(SingleProcess(true, 1), Sharded(true, 1, 2, 1, {true, compiler::Bucketing::kAuto, true}), "tied");
+  ExpectSame(SingleProcess(false, 2), Sharded(false, 1, 2, 2, {true, compiler::Bucketing::kAuto, true}), "accum 2");
+}
+
+TEST(FullyShard, RanksWithDifferentTimingsRunRankZerosPlan) {
+  const TrainRun run = Sharded(false, 1, 4, 1, {true, compiler::Bucketing::kAuto, true});
+  ASSERT_EQ(run.plans.size(), 4u);
+  ASSERT_NE(run.plans[0], "");
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(run.plans[r], run.plans[0]) << "rank " << r;
 }
 
 TEST(FullyShard, TiedEmbeddingsShardAsOneParameter) {

@@ -1,0 +1,143 @@
+// The schedule IR's text form and its validity rules.
+#include "trainer/compiler/ir.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/trainer/compiler/small_graph.h"
+#include "trainer/compiler/frontend.h"
+
+namespace meshwork::compiler {
+namespace {
+
+const std::string kOps = R"(%ag0 = all_gather [0]
+wait %ag0
+compute fwd embed
+%ag1 = all_gather [1,2]
+wait %ag1
+compute fwd layers.0
+free %ag1
+%ag2 = all_gather [3,4]
+wait %ag2
+compute fwd layers.1
+free %ag2
+%ag3 = all_gather [5]
+wait %ag3
+compute fwd head
+compute bwd head
+%rs0 = reduce_scatter [5]
+%ag4 = all_gather [3,4]
+wait %ag4
+compute bwd layers.1
+free %ag4
+%rs1 = reduce_scatter [3,4]
+%ag5 = all_gather [1,2]
+wait %ag5
+compute bwd layers.0
+free %ag5
+%rs2 = reduce_scatter [1,2]
+compute bwd embed
+free %ag0
+free %ag3
+%rs3 = reduce_scatter [0]
+wait %rs0
+wait %rs1
+wait %rs2
+wait %rs3
+optimizer_step
+)";
+
+TEST(ScheduleIr, PrintParsePrintIsTheIdentity) {
+  const std::string text = kSmallModel + kOps;
+  auto g = Parse(text);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Print(*g), text);
+  EXPECT_TRUE(Validate(*g).ok()) << Validate(*g).ToString();
+  auto again = Parse(Print(*g));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(Print(*again), text);
+}
+
+TEST(ScheduleIr, SecondsRoundTripExactly) {
+  auto g = Parse(kSmallModel);
+  ASSERT_TRUE(g.ok());
+  g->modules[1].fwd_seconds = 0.1 + 0.2;  // not representable in few digits
+  g->modules[1].bwd_seconds = 1.0 / 3.0;
+  auto back = Parse(Print(*g));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->modules[1].fwd_seconds, g->modules[1].fwd_seconds);
+  EXPECT_EQ(back->modules[1].bwd_seconds, g->modules[1].bwd_seconds);
+}
+
+TEST(ScheduleIr, HsdpAllReduceRoundTrips) {
+  std::string text = kSmallModel;
+  text.replace(text.find("dp_replicate=1"), 14, "dp_replicate=2");
+  text += "%ag0 = all_gather [0,1,2,3,4,5]\nwait %ag0\ncompute fwd embed\ncompute fwd layers.0\n"
+          "compute fwd layers.1\ncompute fwd head\ncompute bwd head\ncompute bwd layers.1\n"
+          "compute bwd layers.0\ncompute bwd embed\nfree %ag0\n%rs0 = reduce_scatter [0,1,2,3,4,5]\n"
+          "wait %rs0\n%ar0 = all_reduce %rs0\nwait %ar0\noptimizer_step\n";
+  auto g = Parse(text);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Print(*g), text);
+  EXPECT_TRUE(Validate(*g).ok()) << Validate(*g).ToString();
+}
+
+void ExpectParseError(const std::string& ops, const std::string& want) {
+  auto g = Parse(kSmallModel + ops);
+  ASSERT_FALSE(g.ok()) << ops;
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidInput);
+  EXPECT_NE(g.status().message().find(want), std::string::npos) << g.status().message();
+}
+
+TEST(ScheduleIr, ParseErrorsNameTheLineAndText) {
+  ExpectParseError("compute fwd nosuch\n", "IR line 13: unknown module 'nosuch': 'compute fwd nosuch'");
+  ExpectParseError("%ag0 = all_gather [0,9]\n", "unknown param 9");
+  ExpectParseError("%ag0 = broadcast [0]\n", "unknown collective 'broadcast'");
+  ExpectParseError("wait ag0\n", "expected 'wait <%id>'");
+  ExpectParseError("jump 3\n", "unknown statement 'jump'");
+  EXPECT_FALSE(Parse("").ok());
+  EXPECT_FALSE(Parse("meshwork-ir 2\n").ok());
+}
+
+void ExpectInvalid(const std::string& ops, const std::string& want) {
+  auto g = Parse(kSmallModel + ops);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Status s = Validate(*g);
+  ASSERT_FALSE(s.ok()) << ops;
+  EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+}
+
+TEST(ScheduleIr, ValidateRejectsBrokenPrograms) {
+  ExpectInvalid("%ag0 = all_gather [0]\ncompute fwd embed\n", "(compute fwd embed): param 0 (model.embed_tokens.weight) is not gathered (%ag0 not waited for)");
+  ExpectInvalid("%ag0 = all_gather [0]\n%ag1 = all_gather [0]\n", "already gathered by %ag0");
+  ExpectInvalid("%ag0 = all_gather [0]\nwait %ag0\nwait %ag0\n", "waited for twice");
+  ExpectInvalid("%ag0 = all_gather [0]\nfree %ag0\n", "frees before the all_gather was waited for");
+  ExpectInvalid("%ag0 = all_gather [0]\nwait %ag0\n%rs0 = reduce_scatter [0]\ncompute bwd embed\n",
+                "is still used by a later backward");
+  ExpectInvalid("%ag0 = all_gather [0]\nwait %ag0\ncompute bwd embed\nfree %ag0\noptimizer_step\n",
+                "param 0 (model.embed_tokens.weight) is never reduce-scattered");
+  ExpectInvalid("%ag0 = all_gather [0]\nwait %ag0\noptimizer_step\ncompute fwd embed\n", "after optimizer_step");
+  ExpectInvalid("%ag0 = all_gather [0]\noptimizer_step\n", "%ag0 is never waited for");
+}
+
+TEST(ScheduleIr, NaiveProgramIsValidAndDeclaresOneCollectivePerParameterUse) {
+  auto g = Parse(kSmallModel);
+  ASSERT_TRUE(g.ok());
+  for (bool reshard : {true, false}) {
+    Graph naive = BuildNaiveProgram(*g, {reshard});
+    EXPECT_TRUE(Validate(naive).ok()) << Validate(naive).ToString();
+    int ag = 0, rs = 0;
+    for (const auto& op : naive.ops) {
+      if (op.kind == OpKind::kAllGather) {
+        EXPECT_EQ(op.params.size(), 1u);
+        ++ag;
+      }
+      if (op.kind == OpKind::kReduceScatter) ++rs;
+    }
+    // Forward gathers all 6; with reshard, everything but the head is gathered again.
+    EXPECT_EQ(ag, reshard ? 11 : 6);
+    EXPECT_EQ(rs, 6);
+  }
+}
+
+}  // namespace
+}  // namespace meshwork::compiler

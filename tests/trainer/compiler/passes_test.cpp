@@ -1,0 +1,300 @@
+// Each pass on golden text: the small model's naive program through bucketing, reordering and
+// free insertion, the memory budget, and the pipeline's controls.
+#include "trainer/compiler/passes.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "tests/trainer/compiler/small_graph.h"
+#include "trainer/compiler/frontend.h"
+#include "trainer/compiler/simulator.h"
+
+namespace meshwork::compiler {
+namespace {
+
+Graph Naive(bool reshard = true) {
+  auto g = Parse(kSmallModel);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return BuildNaiveProgram(*g, {reshard});
+}
+
+PassContext Context(Bucketing b, double latency = 0.001, double bandwidth = 1e6, int64_t budget = 0) {
+  PassContext ctx;
+  ctx.cost.dp_shard = 2;
+  ctx.cost.shard_link = {latency, bandwidth};
+  ctx.bucketing = b;
+  ctx.memory_budget_bytes = budget;
+  return ctx;
+}
+
+// The op lines only (the param and module table is unchanged by passes).
+std::string Ops(const Graph& g) {
+  std::string text = Print(g);
+  std::istringstream in(text);
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("meshwork-ir", 0) == 0 || line.rfind("mesh ", 0) == 0 || line.rfind("param ", 0) == 0 ||
+        line.rfind("module ", 0) == 0)
+      continue;
+    out += line + "\n";
+  }
+  return out;
+}
+
+Graph Ok(Result<Graph> r) {
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return Graph();
+  EXPECT_TRUE(Validate(*r).ok()) << Validate(*r).ToString();
+  return std::move(r).value();
+}
+
+TEST(Passes, BlockBucketingMakesOneCollectivePerModule) {
+  const PassContext ctx = Context(Bucketing::kBlock);
+  Graph g = Ok(BucketAllGathers(Naive(), ctx));
+  g = Ok(BucketReduceScatters(g, ctx));
+  EXPECT_EQ(Ops(g), R"(%ag0 = all_gather [0]
+wait %ag0
+compute fwd embed
+free %ag0
+%ag1 = all_gather [1,2]
+wait %ag1
+compute fwd layers.0
+free %ag1
+%ag3 = all_gather [3,4]
+wait %ag3
+compute fwd layers.1
+free %ag3
+%ag5 = all_gather [5]
+wait %ag5
+compute fwd head
+compute bwd head
+free %ag5
+%rs0 = reduce_scatter [5]
+wait %rs0
+%ag6 = all_gather [3,4]
+wait %ag6
+compute bwd layers.1
+free %ag6
+%rs1 = reduce_scatter [3,4]
+wait %rs1
+%ag8 = all_gather [1,2]
+wait %ag8
+compute bwd layers.0
+free %ag8
+%rs3 = reduce_scatter [1,2]
+wait %rs3
+%ag10 = all_gather [0]
+wait %ag10
+compute bwd embed
+free %ag10
+%rs5 = reduce_scatter [0]
+wait %rs5
+optimizer_step
+)");
+}
+
+TEST(Passes, NoBucketingKeepsTheDeclaredCollectives) {
+  const Graph naive = Naive();
+  EXPECT_EQ(Print(Ok(BucketAllGathers(naive, Context(Bucketing::kNone)))), Print(naive));
+  EXPECT_EQ(Print(Ok(BucketReduceScatters(naive, Context(Bucketing::kNone)))), Print(naive));
+}
+
+const char* kReordered = R"(%ag0 = all_gather [0]
+wait %ag0
+%ag1 = all_gather [1,2]
+compute fwd embed
+free %ag0
+wait %ag1
+%ag3 = all_gather [3,4]
+compute fwd layers.0
+free %ag1
+wait %ag3
+%ag5 = all_gather [5]
+compute fwd layers.1
+free %ag3
+wait %ag5
+compute fwd head
+%ag6 = all_gather [3,4]
+compute bwd head
+free %ag5
+%rs0 = reduce_scatter [5]
+wait %ag6
+%ag8 = all_gather [1,2]
+compute bwd layers.1
+free %ag6
+%rs1 = reduce_scatter [3,4]
+wait %rs0
+wait %ag8
+%ag10 = all_gather [0]
+compute bwd layers.0
+free %ag8
+%rs3 = reduce_scatter [1,2]
+wait %rs1
+wait %ag10
+compute bwd embed
+free %ag10
+%rs5 = reduce_scatter [0]
+wait %rs3
+wait %rs5
+optimizer_step
+)";
+
+TEST(Passes, ReorderPrefetchesAllGathersAndDelaysReduceScatterWaits) {
+  const PassContext ctx = Context(Bucketing::kBlock);
+  Graph g = Ok(BucketReduceScatters(Ok(BucketAllGathers(Naive(), ctx)), ctx));
+  Graph r = Ok(Reorder(g, ctx));
+  EXPECT_EQ(Ops(r), kReordered);
+  const SimResult before = Simulate(g, ctx.cost), after = Simulate(r, ctx.cost);
+  EXPECT_LT(after.exposed_comm_seconds, before.exposed_comm_seconds);
+  EXPECT_LT(after.step_seconds, before.step_seconds);
+}
+
+TEST(Passes, ReorderPrefetchesFurtherWhenOneAheadIsNotEnough) {
+  // Slow links: one compute ahead does not hide a layer's all-gather any more.
+  const PassContext ctx = Context(Bucketing::kBlock, 0.001, 2e5);
+  Graph g = Ok(BucketReduceScatters(Ok(BucketAllGathers(Naive(), ctx)), ctx));
+  Graph eager = Ok(EagerPlan(Naive(), ctx));
+  Graph r = Ok(Reorder(g, ctx));
+  EXPECT_LT(Simulate(r, ctx.cost).step_seconds, Simulate(eager, ctx.cost).step_seconds);
+  // The last layer's backward all-gather now goes out before the head's forward, two computes
+  // ahead, where FSDP2's order issues it one ahead (before the head's backward).
+  const std::string ops = Ops(r);
+  EXPECT_LT(ops.find("%ag6 = all_gather [3,4]"), ops.find("compute fwd head")) << ops;
+  const std::string eager_ops = Ops(eager);
+  EXPECT_GT(eager_ops.find("%ag6 = all_gather [3,4]"), eager_ops.find("compute fwd head")) << eager_ops;
+}
+
+TEST(Passes, ABudgetTooSmallForAnyPrefetchKeepsTheNaiveOrder) {
+  const PassContext blocks = Context(Bucketing::kBlock);
+  Graph g = Ok(BucketReduceScatters(Ok(BucketAllGathers(Naive(), blocks)), blocks));
+  // Below even the unprefetched program's peak: nothing can move, and the pass still succeeds.
+  const PassContext tight = Context(Bucketing::kBlock, 0.001, 1e6, PeakBytes(g) - 1);
+  EXPECT_EQ(Ops(Ok(Reorder(g, tight))), Ops(g));
+  EXPECT_TRUE(Pipeline::Default().Run(Naive(), tight).ok());
+  // With room for it, the same pass prefetches.
+  EXPECT_EQ(Ops(Ok(Reorder(g, Context(Bucketing::kBlock)))), kReordered);
+}
+
+TEST(Passes, BudgetBoundsPeakMemory) {
+  const PassContext blocks = Context(Bucketing::kBlock);
+  Graph g = Ok(BucketReduceScatters(Ok(BucketAllGathers(Naive(), blocks)), blocks));
+  const int64_t unbounded = PeakBytes(Ok(Reorder(g, blocks)));
+  const int64_t naive = PeakBytes(g);
+  ASSERT_GT(unbounded, naive);
+  for (int64_t budget = naive; budget <= unbounded; budget += 1000) {
+    Graph r = Ok(Reorder(g, Context(Bucketing::kBlock, 0.001, 1e6, budget)));
+    EXPECT_LE(PeakBytes(r), budget) << "budget " << budget;
+  }
+}
+
+TEST(Passes, InsertFreesReleasesRightAfterTheLastUse) {
+  // A hand-written program with frees at the very end: the pass moves each up to its last use.
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [0,5]
+wait %ag0
+compute fwd embed
+%ag1 = all_gather [1,2,3,4]
+wait %ag1
+compute fwd layers.0
+compute fwd layers.1
+compute fwd head
+compute bwd head
+compute bwd layers.1
+compute bwd layers.0
+compute bwd embed
+%rs0 = reduce_scatter [0,1,2,3,4,5]
+wait %rs0
+free %ag1
+free %ag0
+optimizer_step
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Graph f = Ok(InsertFrees(*g, Context(Bucketing::kNone)));
+  EXPECT_EQ(Ops(f), R"(%ag0 = all_gather [0,5]
+wait %ag0
+compute fwd embed
+%ag1 = all_gather [1,2,3,4]
+wait %ag1
+compute fwd layers.0
+compute fwd layers.1
+compute fwd head
+compute bwd head
+compute bwd layers.1
+compute bwd layers.0
+free %ag1
+compute bwd embed
+free %ag0
+%rs0 = reduce_scatter [0,1,2,3,4,5]
+wait %rs0
+optimizer_step
+)");
+  EXPECT_LT(PeakBytes(f), PeakBytes(*g));
+}
+
+TEST(Passes, AutoBucketingMergesWhenLatencyDominates) {
+  // 20 ms per collective: fewer, larger buckets win.
+  const PassContext slow = Context(Bucketing::kAuto, 0.02, 1e9);
+  const PassContext block = Context(Bucketing::kBlock, 0.02, 1e9);
+  auto count = [](const Graph& g, OpKind k) {
+    int n = 0;
+    for (const auto& op : g.ops) n += op.kind == k;
+    return n;
+  };
+  Graph blocks = Ok(Pipeline::Default().Run(Naive(), block));
+  Graph merged = Ok(Pipeline::Default().Run(Naive(), slow));
+  EXPECT_LT(count(merged, OpKind::kAllGather) + count(merged, OpKind::kReduceScatter),
+            count(blocks, OpKind::kAllGather) + count(blocks, OpKind::kReduceScatter));
+  EXPECT_LT(Simulate(merged, slow.cost).step_seconds, Simulate(blocks, slow.cost).step_seconds);
+  // When communication is free, merging gains nothing and auto keeps the blocks.
+  const PassContext fast = Context(Bucketing::kAuto, 0, 1e15);
+  EXPECT_EQ(Ops(Ok(Pipeline::Default().Run(Naive(), fast))), Ops(Ok(Pipeline::Default().Run(Naive(), Context(Bucketing::kBlock, 0, 1e15)))));
+}
+
+TEST(Passes, AutoBucketingRespectsTheBudget) {
+  const PassContext slow = Context(Bucketing::kAuto, 0.02, 1e9);
+  const int64_t free_peak = PeakBytes(Ok(Pipeline::Default().Run(Naive(), slow)));
+  Graph blocks = Ok(EagerPlan(Naive(), slow));
+  const int64_t budget = PeakBytes(blocks);
+  if (free_peak > budget) {
+    Graph bounded = Ok(Pipeline::Default().Run(Naive(), Context(Bucketing::kAuto, 0.02, 1e9, budget)));
+    EXPECT_LE(PeakBytes(bounded), budget);
+  }
+}
+
+TEST(Passes, EveryCombinationYieldsAValidProgram) {
+  for (bool reshard : {true, false})
+    for (Bucketing b : {Bucketing::kNone, Bucketing::kBlock, Bucketing::kAuto})
+      for (bool reorder : {true, false}) {
+        Pipeline p = Pipeline::Default();
+        if (!reorder) ASSERT_TRUE(p.Disable("reorder").ok());
+        auto out = p.Run(Naive(reshard), Context(b));
+        EXPECT_TRUE(out.ok()) << BucketingName(b) << " reorder " << reorder << ": " << out.status().ToString();
+      }
+}
+
+TEST(Passes, PipelineDisablesOptionalPassesByName) {
+  Pipeline p = Pipeline::Default();
+  EXPECT_EQ(p.Describe(), "bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees");
+  ASSERT_TRUE(p.Disable("reorder").ok());
+  EXPECT_EQ(p.Describe(), "bucket_all_gathers, bucket_reduce_scatters, reorder (disabled), insert_frees");
+  Status unknown = p.Disable("fuse");
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(unknown.message().find("unknown pass 'fuse'"), std::string::npos);
+  EXPECT_EQ(p.Disable("insert_frees").code(), StatusCode::kInvalidConfig);
+  std::ostringstream dump;
+  auto out = p.Run(Naive(), Context(Bucketing::kBlock), &dump);
+  ASSERT_TRUE(out.ok());
+  EXPECT_NE(dump.str().find("== input =="), std::string::npos);
+  EXPECT_NE(dump.str().find("== reorder (disabled) =="), std::string::npos);
+  EXPECT_NE(dump.str().find("== insert_frees ==\nmeshwork-ir 1"), std::string::npos);
+}
+
+TEST(Passes, BucketingNamesParse) {
+  EXPECT_EQ(*ParseBucketing("auto"), Bucketing::kAuto);
+  auto bad = ParseBucketing("blocks");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "fsdp.bucketing: 'blocks' is not one of none, block, auto");
+}
+
+}  // namespace
+}  // namespace meshwork::compiler

@@ -1,0 +1,84 @@
+// The simulator and cost model on programs small enough to work out by hand.
+#include "trainer/compiler/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/trainer/compiler/small_graph.h"
+
+namespace meshwork::compiler {
+namespace {
+
+CostModel Cost() {
+  CostModel c;
+  c.dp_shard = 2;
+  c.shard_link = {0.001, 1e6};  // 1 ms + (1/2) bytes / 1 MB/s
+  return c;
+}
+
+TEST(CostModel, RingFormula) {
+  const CostModel c = Cost();
+  EXPECT_DOUBLE_EQ(c.CollectiveSeconds(OpKind::kAllGather, 4000), 0.001 + 0.5 * 4000 / 1e6);
+  CostModel one = c;
+  one.dp_shard = 1;
+  EXPECT_EQ(one.CollectiveSeconds(OpKind::kAllGather, 4000), 0);
+  CostModel hsdp = c;
+  hsdp.dp_replicate = 4;
+  hsdp.replicate_link = {0.0, 1e6};
+  EXPECT_DOUBLE_EQ(hsdp.CollectiveSeconds(OpKind::kAllReduce, 1000), 2.0 * 3 / 4 * 1000 / 1e6);
+}
+
+TEST(CostModel, FitRecoversLatencyAndBandwidth) {
+  std::vector<std::pair<int64_t, double>> samples;
+  for (int64_t bytes : {1 << 16, 1 << 20, 1 << 23})
+    for (int rep = 0; rep < 3; ++rep) samples.push_back({bytes, 50e-6 + 0.75 * bytes / 2e9});
+  auto link = FitLink(samples, 4);
+  ASSERT_TRUE(link.ok());
+  EXPECT_NEAR(link->latency_seconds, 50e-6, 1e-9);
+  EXPECT_NEAR(link->bus_bytes_per_second, 2e9, 1e3);
+  EXPECT_FALSE(FitLink({{100, 1.0}, {100, 2.0}}, 2).ok());
+}
+
+TEST(Simulator, HiddenAndExposedCommunication) {
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [0]
+wait %ag0
+%ag1 = all_gather [1,2]
+compute fwd embed
+wait %ag1
+compute fwd layers.0
+%ag2 = all_gather [3,4]
+%ag3 = all_gather [5]
+wait %ag2
+wait %ag3
+compute fwd layers.1
+compute fwd head
+compute bwd head
+compute bwd layers.1
+compute bwd layers.0
+compute bwd embed
+%rs0 = reduce_scatter [0,1,2,3,4,5]
+wait %rs0
+free %ag0
+free %ag1
+free %ag2
+free %ag3
+optimizer_step
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(Validate(*g).ok()) << Validate(*g).ToString();
+  const SimResult r = Simulate(*g, Cost());
+  // ag0: 0 -> 3 ms (exposed 3). ag1 (4000 B): 3 -> 6 ms, embed computes 3 -> 4, exposed 2.
+  // layers.0: 6 -> 16. ag2 (4000 B) 16 -> 19 then ag3 19 -> 22: exposed 6.
+  // compute 22 -> 22 + 2 + 4 + 20 + 20 + 2 + 10 = 80 ms. rs0 (32000 B): 80 -> 97, exposed 17.
+  EXPECT_NEAR(r.exposed_comm_seconds, 0.003 + 0.002 + 0.006 + 0.017, 1e-12);
+  EXPECT_NEAR(r.step_seconds, 0.097, 1e-12);
+  EXPECT_NEAR(r.compute_seconds, 0.001 + 0.01 + 0.058, 1e-12);
+  EXPECT_NEAR(r.comm_seconds, 0.003 * 4 + 0.017, 1e-12);
+  EXPECT_EQ(r.collectives, 5);
+  // Peak: all 16000 gathered bytes stay; backward trades each module's activations for its
+  // full gradients (larger here), held until the one reduce-scatter: 16000 + 32000 after embed.
+  EXPECT_EQ(r.peak_bytes, 16000 + 32000);
+  EXPECT_EQ(r.static_bytes, 4 * 16000);
+}
+
+}  // namespace
+}  // namespace meshwork::compiler

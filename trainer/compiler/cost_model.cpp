@@ -1,0 +1,76 @@
+#include "trainer/compiler/cost_model.h"
+
+#include <algorithm>
+#include <set>
+
+namespace meshwork::compiler {
+
+double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes) const {
+  const bool replicate = kind == OpKind::kAllReduce;
+  const int n = replicate ? dp_replicate : dp_shard;
+  if (n <= 1) return 0;
+  const LinkCost& link = replicate ? replicate_link : shard_link;
+  const double factor = (replicate ? 2.0 : 1.0) * (n - 1) / n;
+  return link.latency_seconds + factor * static_cast<double>(bytes) / link.bus_bytes_per_second;
+}
+
+int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op) const {
+  int64_t bytes = 0;
+  switch (op.kind) {
+    case OpKind::kAllGather:
+      for (int p : op.params) bytes += g.params[p].gathered_bytes;
+      break;
+    case OpKind::kReduceScatter:
+      for (int p : op.params) bytes += g.params[p].grad_bytes;
+      break;
+    case OpKind::kAllReduce:
+      // The reduce-scatter's output: this rank's slice of the gradients.
+      for (const auto& src : g.ops)
+        if (src.kind == OpKind::kReduceScatter && src.id == op.source)
+          for (int p : src.params) bytes += g.params[p].grad_bytes / std::max(1, dp_shard);
+      break;
+    default:
+      break;
+  }
+  return bytes;
+}
+
+Result<LinkCost> FitLink(const std::vector<std::pair<int64_t, double>>& samples, int group_size) {
+  std::set<int64_t> sizes;
+  for (const auto& s : samples) sizes.insert(s.first);
+  if (sizes.size() < 2) return InvalidInput("collective calibration needs at least two message sizes");
+  const double f = group_size > 1 ? static_cast<double>(group_size - 1) / group_size : 1.0;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(samples.size());
+  for (const auto& [bytes, seconds] : samples) {
+    const double x = f * static_cast<double>(bytes);
+    sx += x;
+    sy += seconds;
+    sxx += x * x;
+    sxy += x * seconds;
+  }
+  const double denom = n * sxx - sx * sx;
+  double slope = denom > 0 ? (n * sxy - sx * sy) / denom : 0;
+  double intercept = (sy - slope * sx) / n;
+  if (slope <= 0) {
+    // Noise swamped the size dependence: take the largest message's mean rate.
+    int64_t big = *sizes.rbegin();
+    double t = 0;
+    int k = 0;
+    for (const auto& [bytes, seconds] : samples)
+      if (bytes == big) t += seconds, ++k;
+    slope = (t / k) / (f * static_cast<double>(big));
+    intercept = 0;
+  }
+  if (intercept < 0) {
+    // Through the origin instead.
+    intercept = 0;
+    slope = sxy / sxx;
+  }
+  LinkCost link;
+  link.latency_seconds = intercept;
+  link.bus_bytes_per_second = 1.0 / slope;
+  return link;
+}
+
+}  // namespace meshwork::compiler

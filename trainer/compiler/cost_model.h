@@ -1,0 +1,36 @@
+// What the compiler's passes and the simulator believe things cost: collectives as
+// latency + (n-1)/n · bytes / bus bandwidth (all-reduce twice the bandwidth term), per mesh
+// group; compute from the module table in the IR (traced, or modelled from FLOPs).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/compiler/ir.h"
+
+namespace meshwork::compiler {
+
+struct LinkCost {
+  double latency_seconds = 0;
+  double bus_bytes_per_second = 1e9;
+};
+
+struct CostModel {
+  LinkCost shard_link;      // the dp_shard group's collectives
+  LinkCost replicate_link;  // the dp_replicate group's (HSDP all-reduce)
+  int dp_shard = 1;
+  int dp_replicate = 1;
+
+  // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the
+  // reduced shard. A group of one moves nothing and costs nothing.
+  double CollectiveSeconds(OpKind kind, int64_t bytes) const;
+  // Bytes a collective of `op` moves, from the IR's parameter table.
+  int64_t CollectiveBytes(const Graph& g, const Op& op) const;
+};
+
+// Fits latency and bus bandwidth to measured (bytes, seconds) pairs of one collective kind on
+// a group of `group_size` (least squares on t = a + b · (n-1)/n · bytes; a clamped at >= 0,
+// bandwidth positive). Needs at least two distinct sizes.
+Result<LinkCost> FitLink(const std::vector<std::pair<int64_t, double>>& samples, int group_size);
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,39 @@
+// The FSDP front end of the compiler: declares what is communicated and nothing about when.
+// From the module table (which parameters each module uses, in forward order) it emits the
+// naive program: before every compute that needs parameters not yet gathered, one all-gather
+// per parameter and its wait; after the last backward use of a parameter, one reduce-scatter
+// and its wait (and with HSDP one all-reduce and its wait); optimizer_step last. With
+// reshard_after_forward, every module but the last (the head, whose backward follows its
+// forward directly) gathers again for backward; frees are left to the insert_frees pass.
+#pragma once
+
+#include "trainer/compiler/ir.h"
+#include "trainer/model/llama_config.h"
+
+namespace meshwork::compiler {
+
+struct FrontEndOptions {
+  bool reshard_after_forward = true;
+};
+
+// `skeleton` carries params, modules and mesh; its ops are replaced.
+Graph BuildNaiveProgram(Graph skeleton, const FrontEndOptions& options);
+
+// The module table of a Llama model under FSDP, with compute modelled from FLOPs: modules
+// "embed", "layers.<i>", "head"; parameters in HF order with their byte sizes for the given
+// dtypes and dp_shard; per-module forward time = forward FLOPs / flops_per_second and
+// backward twice that; activations per layer from the standard estimate (bf16 or fp32).
+struct LlamaShape {
+  model::LlamaConfig config;
+  int64_t batch = 1;      // per rank
+  int64_t seq_len = 2048;
+  int param_bytes = 2;    // per element, gathered (bf16 = 2)
+  int reduce_bytes = 4;   // per element, gradient reduction (fp32 = 4)
+  int activation_bytes = 2;
+  int dp_shard = 1;
+  int dp_replicate = 1;
+  double flops_per_second = 1e12;  // achieved, not peak
+};
+Graph LlamaSkeleton(const LlamaShape& shape);
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,50 @@
+// A hardware profile: what one device computes and holds, and what its links move, read from a
+// YAML file (bench/profiles/*.yaml). The simulator turns it into a CostModel for a mesh and
+// into the achieved FLOP rate that models compute from FLOPs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/common/status.h"
+#include "trainer/compiler/cost_model.h"
+
+namespace meshwork::compiler {
+
+struct HardwareProfile {
+  std::string name;
+  double peak_flops_per_second = 0;  // per device; dense bf16 on GPUs
+  double achieved_mfu = 0;           // fraction of peak the model's matmuls reach, in (0, 1]
+  int64_t memory_bytes = 0;          // per device
+  int gpus_per_node = 1;             // devices that share the intra-node link
+  LinkCost intra_node;
+  // Absent in single-node profiles; a mesh whose groups cross nodes then fails to build.
+  bool has_inter_node = false;
+  LinkCost inter_node;
+
+  double AchievedFlopsPerSecond() const { return peak_flops_per_second * achieved_mfu; }
+};
+
+// Keys (all required unless marked):
+//   name: "..."                    peak_flops_per_second: 989e12     achieved_mfu: 0.4
+//   memory_bytes: 80e9             gpus_per_node: 8
+//   intra_node: {latency_seconds: 25e-6, bus_bytes_per_second: 360e9}
+//   inter_node: {latency_seconds: ..., bus_bytes_per_second: ...}   (optional)
+// A missing file is kNotFound; bad YAML, an unknown or missing key or a bad value is
+// kInvalidInput naming the file, the key and the value.
+Result<HardwareProfile> LoadHardwareProfile(const std::string& path);
+// The same from text; `source` names it in errors (a path, or "<string>").
+Result<HardwareProfile> ParseHardwareProfile(const std::string& yaml_text, const std::string& source);
+
+// Whether every group of a mesh dimension stays inside one node. Ranks are numbered with
+// dp_shard innermost (a shard group is `group_size` consecutive ranks, a replicate group takes
+// every `stride`-th rank) and fill nodes of `gpus_per_node` in order.
+bool GroupsWithinNode(int group_size, int stride, int world, int gpus_per_node);
+
+// The cost model of a dp_replicate x dp_shard mesh: each dimension's collectives run at the
+// intra-node link when all its groups fit within a node, else at the inter-node link (a ring
+// that crosses nodes runs at its slowest hop). kInvalidConfig when a dimension is < 1 or a
+// group crosses nodes in a profile without an inter-node link.
+Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate, int dp_shard);
+
+}  // namespace meshwork::compiler

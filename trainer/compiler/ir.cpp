@@ -1,0 +1,352 @@
+#include "trainer/compiler/ir.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace meshwork::compiler {
+namespace {
+
+// Shortest text that parses back to the same double.
+std::string Num(double v) {
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string IntList(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::vector<std::string> Words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> w;
+  for (std::string t; in >> t;) w.push_back(t);
+  return w;
+}
+
+class LineError {
+ public:
+  LineError(int line, std::string text) : line_(line), text_(std::move(text)) {}
+  Status operator()(const std::string& what) const {
+    return InvalidInput("IR line " + std::to_string(line_) + ": " + what + ": '" + text_ + "'");
+  }
+
+ private:
+  int line_;
+  std::string text_;
+};
+
+bool ParseInt64(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (*end != '\0' || v < 0) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return *end == '\0' && *out >= 0;
+}
+
+bool ParseList(const std::string& s, std::vector<int>* out) {
+  if (s.size() < 2 || s.front() != '[' || s.back() != ']') return false;
+  out->clear();
+  std::string body = s.substr(1, s.size() - 2);
+  if (body.empty()) return true;
+  std::istringstream in(body);
+  for (std::string item; std::getline(in, item, ',');) {
+    int64_t v = 0;
+    if (!ParseInt64(item, &v)) return false;
+    out->push_back(static_cast<int>(v));
+  }
+  return true;
+}
+
+// "key=value" -> value, when the key matches.
+bool KeyValue(const std::string& word, const std::string& key, std::string* value) {
+  if (word.rfind(key + "=", 0) != 0) return false;
+  *value = word.substr(key.size() + 1);
+  return true;
+}
+
+bool IsId(const std::string& s) { return s.size() > 1 && s[0] == '%'; }
+
+}  // namespace
+
+const char* OpKindName(OpKind k) {
+  switch (k) {
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kWait: return "wait";
+    case OpKind::kFree: return "free";
+    case OpKind::kCompute: return "compute";
+    case OpKind::kOptimizerStep: return "optimizer_step";
+  }
+  return "?";
+}
+
+int Graph::FindModule(std::string_view name) const {
+  for (size_t i = 0; i < modules.size(); ++i)
+    if (modules[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+std::string Print(const Graph& g) {
+  std::ostringstream out;
+  out << "meshwork-ir 1\n";
+  out << "mesh dp_shard=" << g.dp_shard << " dp_replicate=" << g.dp_replicate << "\n";
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const auto& p = g.params[i];
+    out << "param " << i << " " << p.name << " gathered=" << p.gathered_bytes << " grad=" << p.grad_bytes
+        << " shard=" << p.shard_bytes << "\n";
+  }
+  for (const auto& m : g.modules) {
+    out << "module " << m.name << " fwd=" << Num(m.fwd_seconds) << " bwd=" << Num(m.bwd_seconds)
+        << " act=" << m.activation_bytes << " params=" << IntList(m.params) << "\n";
+  }
+  for (const auto& op : g.ops) {
+    switch (op.kind) {
+      case OpKind::kAllGather:
+      case OpKind::kReduceScatter:
+        out << op.id << " = " << OpKindName(op.kind) << " " << IntList(op.params) << "\n";
+        break;
+      case OpKind::kAllReduce:
+        out << op.id << " = all_reduce " << op.source << "\n";
+        break;
+      case OpKind::kWait:
+      case OpKind::kFree:
+        out << OpKindName(op.kind) << " " << op.id << "\n";
+        break;
+      case OpKind::kCompute:
+        out << "compute " << (op.phase == Phase::kForward ? "fwd " : "bwd ")
+            << (op.module >= 0 && op.module < static_cast<int>(g.modules.size()) ? g.modules[op.module].name : "?")
+            << "\n";
+        break;
+      case OpKind::kOptimizerStep:
+        out << "optimizer_step\n";
+        break;
+    }
+  }
+  return out.str();
+}
+
+Result<Graph> Parse(std::string_view text) {
+  Graph g;
+  std::istringstream in{std::string(text)};
+  std::string line;
+  int n = 0;
+  bool header = false, mesh = false;
+  while (std::getline(in, line)) {
+    ++n;
+    const LineError err(n, line);
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line = line.substr(0, hash);
+    const auto w = Words(line);
+    if (w.empty()) continue;
+    if (!header) {
+      if (w.size() != 2 || w[0] != "meshwork-ir" || w[1] != "1") return err("expected 'meshwork-ir 1' first");
+      header = true;
+      continue;
+    }
+    std::string v;
+    if (w[0] == "mesh") {
+      int64_t s = 0, r = 0;
+      if (w.size() != 3 || !KeyValue(w[1], "dp_shard", &v) || !ParseInt64(v, &s) || s < 1 ||
+          !KeyValue(w[2], "dp_replicate", &v) || !ParseInt64(v, &r) || r < 1)
+        return err("expected 'mesh dp_shard=<n> dp_replicate=<n>'");
+      g.dp_shard = static_cast<int>(s);
+      g.dp_replicate = static_cast<int>(r);
+      mesh = true;
+    } else if (w[0] == "param") {
+      int64_t index = 0;
+      ParamInfo p;
+      if (w.size() != 6 || !ParseInt64(w[1], &index) || index != static_cast<int64_t>(g.params.size()))
+        return err("expected 'param " + std::to_string(g.params.size()) +
+                   " <name> gathered=<bytes> grad=<bytes> shard=<bytes>'");
+      p.name = w[2];
+      if (!KeyValue(w[3], "gathered", &v) || !ParseInt64(v, &p.gathered_bytes)) return err("bad gathered=");
+      if (!KeyValue(w[4], "grad", &v) || !ParseInt64(v, &p.grad_bytes)) return err("bad grad=");
+      if (!KeyValue(w[5], "shard", &v) || !ParseInt64(v, &p.shard_bytes)) return err("bad shard=");
+      g.params.push_back(std::move(p));
+    } else if (w[0] == "module") {
+      ModuleInfo m;
+      if (w.size() != 6) return err("expected 'module <name> fwd=<s> bwd=<s> act=<bytes> params=[..]'");
+      m.name = w[1];
+      if (g.FindModule(m.name) >= 0) return err("module defined twice");
+      if (!KeyValue(w[2], "fwd", &v) || !ParseDouble(v, &m.fwd_seconds)) return err("bad fwd=");
+      if (!KeyValue(w[3], "bwd", &v) || !ParseDouble(v, &m.bwd_seconds)) return err("bad bwd=");
+      if (!KeyValue(w[4], "act", &v) || !ParseInt64(v, &m.activation_bytes)) return err("bad act=");
+      if (!KeyValue(w[5], "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
+      for (int p : m.params)
+        if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
+      g.modules.push_back(std::move(m));
+    } else if (IsId(w[0])) {
+      Op op;
+      op.id = w[0];
+      if (w.size() != 4 || w[1] != "=") return err("expected '<%id> = <collective> <operand>'");
+      if (w[2] == "all_gather" || w[2] == "reduce_scatter") {
+        op.kind = w[2] == "all_gather" ? OpKind::kAllGather : OpKind::kReduceScatter;
+        if (!ParseList(w[3], &op.params) || op.params.empty()) return err("expected a parameter list like [0,1]");
+        for (int p : op.params)
+          if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
+      } else if (w[2] == "all_reduce") {
+        op.kind = OpKind::kAllReduce;
+        if (!IsId(w[3])) return err("all_reduce takes a reduce_scatter's %id");
+        op.source = w[3];
+      } else {
+        return err("unknown collective '" + w[2] + "'");
+      }
+      g.ops.push_back(std::move(op));
+    } else if (w[0] == "wait" || w[0] == "free") {
+      Op op;
+      op.kind = w[0] == "wait" ? OpKind::kWait : OpKind::kFree;
+      if (w.size() != 2 || !IsId(w[1])) return err("expected '" + w[0] + " <%id>'");
+      op.id = w[1];
+      g.ops.push_back(std::move(op));
+    } else if (w[0] == "compute") {
+      Op op;
+      op.kind = OpKind::kCompute;
+      if (w.size() != 3 || (w[1] != "fwd" && w[1] != "bwd")) return err("expected 'compute fwd|bwd <module>'");
+      op.phase = w[1] == "fwd" ? Phase::kForward : Phase::kBackward;
+      op.module = g.FindModule(w[2]);
+      if (op.module < 0) return err("unknown module '" + w[2] + "'");
+      g.ops.push_back(std::move(op));
+    } else if (w[0] == "optimizer_step") {
+      if (w.size() != 1) return err("optimizer_step takes no operand");
+      Op op;
+      op.kind = OpKind::kOptimizerStep;
+      g.ops.push_back(std::move(op));
+    } else {
+      return err("unknown statement '" + w[0] + "'");
+    }
+  }
+  if (!header) return InvalidInput("IR: empty text (expected 'meshwork-ir 1')");
+  if (!mesh) return InvalidInput("IR: no 'mesh' line");
+  return g;
+}
+
+Status Validate(const Graph& g) {
+  auto fail = [&](size_t i, const std::string& what) {
+    const Op& op = g.ops[i];
+    std::string text = OpKindName(op.kind);
+    if (!op.id.empty()) text += " " + op.id;
+    if (op.kind == OpKind::kCompute && op.module >= 0 && op.module < static_cast<int>(g.modules.size()))
+      text += std::string(op.phase == Phase::kForward ? " fwd " : " bwd ") + g.modules[op.module].name;
+    return Internal("schedule op " + std::to_string(i) + " (" + text + "): " + what);
+  };
+  const int np = static_cast<int>(g.params.size());
+  // Last backward use of each parameter, and which modules use it.
+  std::vector<int> last_bwd(np, -1);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (op.kind == OpKind::kCompute) {
+      if (op.module < 0 || op.module >= static_cast<int>(g.modules.size())) return fail(i, "unknown module");
+      if (op.phase == Phase::kBackward)
+        for (int p : g.modules[op.module].params) last_bwd[p] = static_cast<int>(i);
+    }
+  }
+  struct Value {
+    OpKind kind;
+    std::vector<int> params;
+    bool waited = false;
+    bool freed = false;
+    std::string source;
+  };
+  std::map<std::string, Value> values;
+  std::vector<std::string> gathered_by(np);  // the live, waited all-gather holding each param
+  std::vector<std::string> pending_by(np);   // an all-gather in flight for each param
+  std::vector<int> reduced(np, 0);
+  bool stepped = false;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (stepped) return fail(i, "after optimizer_step");
+    switch (op.kind) {
+      case OpKind::kAllGather:
+      case OpKind::kReduceScatter: {
+        if (values.count(op.id)) return fail(i, "id defined twice");
+        std::set<int> seen;
+        for (int p : op.params) {
+          if (p < 0 || p >= np) return fail(i, "unknown param " + std::to_string(p));
+          if (!seen.insert(p).second) return fail(i, "param " + std::to_string(p) + " listed twice");
+          if (op.kind == OpKind::kAllGather) {
+            if (!gathered_by[p].empty() || !pending_by[p].empty())
+              return fail(i, "param " + std::to_string(p) + " is already gathered by " +
+                                 (gathered_by[p].empty() ? pending_by[p] : gathered_by[p]));
+            pending_by[p] = op.id;
+          } else {
+            if (reduced[p]++) return fail(i, "param " + std::to_string(p) + " reduce-scattered twice");
+            if (static_cast<int>(i) < last_bwd[p])
+              return fail(i, "param " + std::to_string(p) + " is still used by a later backward (op " +
+                                 std::to_string(last_bwd[p]) + ")");
+          }
+        }
+        values[op.id] = Value{op.kind, op.params, false, false, ""};
+        break;
+      }
+      case OpKind::kAllReduce: {
+        if (values.count(op.id)) return fail(i, "id defined twice");
+        auto it = values.find(op.source);
+        if (it == values.end() || it->second.kind != OpKind::kReduceScatter)
+          return fail(i, "source " + op.source + " is not an earlier reduce_scatter");
+        if (!it->second.waited) return fail(i, "source " + op.source + " not waited for yet");
+        values[op.id] = Value{op.kind, it->second.params, false, false, op.source};
+        break;
+      }
+      case OpKind::kWait: {
+        auto it = values.find(op.id);
+        if (it == values.end()) return fail(i, "waits for an undefined id");
+        if (it->second.waited) return fail(i, "waited for twice");
+        it->second.waited = true;
+        if (it->second.kind == OpKind::kAllGather)
+          for (int p : it->second.params) {
+            pending_by[p].clear();
+            gathered_by[p] = op.id;
+          }
+        break;
+      }
+      case OpKind::kFree: {
+        auto it = values.find(op.id);
+        if (it == values.end() || it->second.kind != OpKind::kAllGather)
+          return fail(i, "frees something that is not an all_gather");
+        if (!it->second.waited) return fail(i, "frees before the all_gather was waited for");
+        if (it->second.freed) return fail(i, "freed twice");
+        it->second.freed = true;
+        for (int p : it->second.params) gathered_by[p].clear();
+        break;
+      }
+      case OpKind::kCompute:
+        for (int p : g.modules[op.module].params) {
+          if (gathered_by[p].empty())
+            return fail(i, "param " + std::to_string(p) + " (" + g.params[p].name + ") is not gathered" +
+                               (pending_by[p].empty() ? "" : " (" + pending_by[p] + " not waited for)"));
+        }
+        break;
+      case OpKind::kOptimizerStep:
+        stepped = true;
+        break;
+    }
+  }
+  for (const auto& [id, v] : values) {
+    if (!v.waited) return Internal("schedule: " + id + " is never waited for");
+  }
+  for (int p = 0; p < np; ++p) {
+    if (last_bwd[p] >= 0 && !reduced[p])
+      return Internal("schedule: param " + std::to_string(p) + " (" + g.params[p].name + ") is never reduce-scattered");
+  }
+  if (!g.ops.empty() && !stepped) return Internal("schedule: no optimizer_step at the end");
+  return Status::Ok();
+}
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,95 @@
+// The schedule IR of compiled FSDP: one training step as a linear program of collectives,
+// waits, frees and compute, in the order the host issues them. Collectives are asynchronous
+// (issue, then `wait`); compute is a sync point where the model runs one module's forward or
+// backward. The FSDP front end declares what is communicated (one all-gather and one
+// reduce-scatter per parameter, in the naive order); passes decide grouping and order.
+//
+// Text form (print -> parse -> print is the identity; tests keep passes on golden text):
+//
+//   meshwork-ir 1
+//   mesh dp_shard=2 dp_replicate=1
+//   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]
+//   ...
+//   %ag0 = all_gather [0]
+//   wait %ag0
+//   compute fwd embed
+//   free %ag0
+//   %rs0 = reduce_scatter [1,2]
+//   %ar0 = all_reduce %rs0
+//   wait %ar0
+//   optimizer_step
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::compiler {
+
+struct ParamInfo {
+  std::string name;            // HF name
+  int64_t gathered_bytes = 0;  // the full tensor in param dtype (all-gather output)
+  int64_t grad_bytes = 0;      // the full gradient in reduce dtype (reduce-scatter input)
+  int64_t shard_bytes = 0;     // this rank's fp32 master shard, padded
+};
+
+// A module the runtime can stop at: "embed", "layers.<i>", "head" (final norm + output head).
+struct ModuleInfo {
+  std::string name;
+  std::vector<int> params;       // indices into Graph::params
+  double fwd_seconds = 0;        // traced or modelled compute time
+  double bwd_seconds = 0;
+  int64_t activation_bytes = 0;  // kept from forward until this module's backward
+};
+
+enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kWait, kFree, kCompute, kOptimizerStep };
+const char* OpKindName(OpKind k);  // "all_gather", ...
+
+enum class Phase { kForward, kBackward };
+
+struct Op {
+  OpKind kind = OpKind::kCompute;
+  // all_gather / reduce_scatter / all_reduce: the value it defines ("%ag3");
+  // wait / free: the value it refers to; all_reduce also refers to `source` (its reduce-scatter).
+  std::string id;
+  std::string source;
+  std::vector<int> params;  // all_gather, reduce_scatter
+  Phase phase = Phase::kForward;  // compute
+  int module = -1;                // compute
+
+  bool is_collective() const {
+    return kind == OpKind::kAllGather || kind == OpKind::kReduceScatter || kind == OpKind::kAllReduce;
+  }
+  bool operator==(const Op& o) const {
+    return kind == o.kind && id == o.id && source == o.source && params == o.params && phase == o.phase &&
+           module == o.module;
+  }
+};
+
+struct Graph {
+  int dp_shard = 1;
+  int dp_replicate = 1;
+  std::vector<ParamInfo> params;
+  std::vector<ModuleInfo> modules;  // forward order
+  std::vector<Op> ops;              // program order
+
+  int FindModule(std::string_view name) const;  // -1 when absent
+};
+
+std::string Print(const Graph& g);
+// Errors are kInvalidInput naming the line number and the offending text.
+Result<Graph> Parse(std::string_view text);
+
+// The rules every program must keep (checked after every pass, and by the executor before it
+// runs a plan): ids defined once; a wait after its collective and at most once per issue; a
+// compute's parameters gathered and waited for, not freed, before it; every parameter
+// reduce-scattered once, after the last backward that uses it, and waited for; frees after
+// the wait of the all-gather they free; an all-reduce after its reduce-scatter's wait; every
+// collective waited for before optimizer_step, which comes last. kInternal naming the op.
+Status Validate(const Graph& g);
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,111 @@
+// LlamaSkeleton: the module table of a Llama decoder under FSDP with compute and activation
+// memory modelled from the dimensions, for the simulator and for planning before a trace.
+#include <string>
+#include <vector>
+
+#include "trainer/compiler/frontend.h"
+
+namespace meshwork::compiler {
+namespace {
+
+// One FSDP parameter: a [rows, row_numel] tensor (norm weights are [hidden], row_numel 1).
+struct ParamShape {
+  std::string name;
+  int64_t rows = 0;
+  int64_t row_numel = 1;
+};
+
+ParamInfo Describe(const ParamShape& s, const LlamaShape& shape) {
+  const int64_t numel = s.rows * s.row_numel;
+  const int64_t shard = static_cast<int64_t>(shape.dp_shard);
+  ParamInfo p;
+  p.name = s.name;
+  p.gathered_bytes = numel * shape.param_bytes;
+  p.grad_bytes = numel * shape.reduce_bytes;
+  // The fp32 master shard: dim 0 padded to a multiple of dp_shard, as the runtime shards.
+  p.shard_bytes = (s.rows + shard - 1) / shard * s.row_numel * 4;
+  return p;
+}
+
+}  // namespace
+
+Graph LlamaSkeleton(const LlamaShape& shape) {
+  const model::LlamaConfig& c = shape.config;
+  const int64_t h = c.hidden_size;
+  const int64_t kv = c.num_key_value_heads * c.head_dim();
+  const int64_t inter = c.intermediate_size;
+  const int64_t vocab = c.vocab_size;
+  const double tokens = static_cast<double>(shape.batch) * static_cast<double>(shape.seq_len);
+  const double seq = static_cast<double>(shape.seq_len);
+
+  Graph g;
+  g.dp_shard = shape.dp_shard;
+  g.dp_replicate = shape.dp_replicate;
+  auto add_param = [&](const ParamShape& s) {
+    g.params.push_back(Describe(s, shape));
+    return static_cast<int>(g.params.size()) - 1;
+  };
+  auto add_module = [&](std::string name, std::vector<int> params, double fwd_flops, double activation_bytes) {
+    ModuleInfo m;
+    m.name = std::move(name);
+    m.params = std::move(params);
+    m.fwd_seconds = fwd_flops / shape.flops_per_second;
+    m.bwd_seconds = 2 * m.fwd_seconds;  // gradients for inputs and for weights: two matmuls per forward one
+    m.activation_bytes = static_cast<int64_t>(activation_bytes);
+    g.modules.push_back(std::move(m));
+  };
+
+  // Embedding: a gather, no FLOPs worth counting. What it keeps is its output, the residual
+  // stream entering layer 0.
+  const int embed = add_param({"model.embed_tokens.weight", vocab, h});
+  add_module("embed", {embed}, 0.0, tokens * h * shape.activation_bytes);
+
+  // Decoder layers. Forward FLOPs are 2 per multiply-add of each matmul: the seven projections
+  // (2 · tokens · in · out each), plus attention scores (Q·Kᵀ) and values (P·V), 2 · batch ·
+  // seq² · hidden each. The causal mask is not halved here (as PaLM's 6N + 12·L·h·s count
+  // and LlamaConfig::TrainingFlopsPerToken do), so MFU figures stay comparable.
+  const double linear_flops = 2.0 * tokens * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * inter);
+  const double attention_flops = 4.0 * tokens * seq * h;
+  // Activations kept for backward, counted tensor by tensor as Korthikanti et al. ("Reducing
+  // Activation Recomputation in Large Transformer Models", 2022, section 4.1) do for GPT,
+  // without any recompute, but for this model's layer as the GPU build runs it: no dropout
+  // (so no masks), RMSNorm, SwiGLU MLP, and attention through scaled_dot_product_attention,
+  // whose fused (flash) kernel keeps no seq² score or probability tensor — the paper's 5·a·s²·b
+  // term is absent. Per token, in activation dtype:
+  //   2h  inputs of the two RMSNorms
+  //   h   input of q/k/v projections (one tensor, shared)
+  //   4h  SDPA's saved q, k, v and output (k and v at full width: the model expands the kv
+  //       heads to all query heads before SDPA, see trainer/model/llama.cpp)
+  //   h   input of o_proj (the output made contiguous: a second copy)
+  //   h   input of gate/up projections (shared)
+  //   4i  gate output (SiLU input), SiLU output, up output, down_proj input
+  // plus SDPA's logsumexp, fp32 per head. RMSNorm's internal fp32 tensors, rotary tables and
+  // residual adds (which keep nothing) are not counted.
+  const double layer_activation =
+      tokens * ((9.0 * h + 4.0 * inter) * shape.activation_bytes + 4.0 * c.num_attention_heads);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    std::vector<int> params = {
+        add_param({p + "input_layernorm.weight", h, 1}),
+        add_param({p + "self_attn.q_proj.weight", h, h}),
+        add_param({p + "self_attn.k_proj.weight", kv, h}),
+        add_param({p + "self_attn.v_proj.weight", kv, h}),
+        add_param({p + "self_attn.o_proj.weight", h, h}),
+        add_param({p + "post_attention_layernorm.weight", h, 1}),
+        add_param({p + "mlp.gate_proj.weight", inter, h}),
+        add_param({p + "mlp.up_proj.weight", inter, h}),
+        add_param({p + "mlp.down_proj.weight", h, inter}),
+    };
+    add_module("layers." + std::to_string(i), std::move(params), linear_flops + attention_flops, layer_activation);
+  }
+
+  // Head: final norm and output projection (the embedding itself when tied). Keeps the inputs
+  // of the norm and of the projection, and the logits in fp32 for the loss's backward.
+  const int norm = add_param({"model.norm.weight", h, 1});
+  const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
+  add_module("head", {norm, output}, 2.0 * tokens * h * vocab,
+             tokens * (2.0 * h * shape.activation_bytes + 4.0 * vocab));
+  return g;
+}
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,406 @@
+#include "trainer/compiler/passes.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "trainer/compiler/simulator.h"
+
+namespace meshwork::compiler {
+namespace {
+
+bool UsesAny(const Graph& g, const Op& compute, const std::vector<int>& params) {
+  if (compute.kind != OpKind::kCompute) return false;
+  for (int p : g.modules[compute.module].params)
+    if (std::find(params.begin(), params.end(), p) != params.end()) return true;
+  return false;
+}
+
+int IndexOf(const Graph& g, OpKind kind, const std::string& id, size_t from = 0) {
+  for (size_t i = from; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == kind && g.ops[i].id == id) return static_cast<int>(i);
+  return -1;
+}
+
+void Erase(Graph& g, const std::set<size_t>& indices) {
+  std::vector<Op> kept;
+  kept.reserve(g.ops.size());
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (!indices.count(i)) kept.push_back(std::move(g.ops[i]));
+  g.ops = std::move(kept);
+}
+
+void StripFrees(Graph& g) {
+  std::set<size_t> frees;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == OpKind::kFree) frees.insert(i);
+  Erase(g, frees);
+}
+
+// Moves op `from` to just before index `to` (to < from).
+void MoveBefore(Graph& g, size_t from, size_t to) {
+  Op op = std::move(g.ops[from]);
+  g.ops.erase(g.ops.begin() + static_cast<std::ptrdiff_t>(from));
+  g.ops.insert(g.ops.begin() + static_cast<std::ptrdiff_t>(to), std::move(op));
+}
+
+// Frees every all-gathered bucket right after its last use before any of its parameters is
+// gathered again (or the end of the step); a bucket nobody uses is freed after its wait.
+// One linear scan: a bucket stops collecting uses once one of its parameters is re-gathered.
+Graph PlaceFrees(Graph g) {
+  StripFrees(g);
+  std::map<std::string, int> last_use;  // all-gather id -> op index its free follows
+  std::map<std::string, bool> closed;
+  std::vector<std::string> holder(g.params.size());
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& o = g.ops[i];
+    if (o.kind == OpKind::kAllGather) {
+      for (int p : o.params) {
+        if (!holder[p].empty()) closed[holder[p]] = true;
+        holder[p] = o.id;
+      }
+      closed[o.id] = false;
+    } else if (o.kind == OpKind::kWait && closed.count(o.id) && !last_use.count(o.id)) {
+      last_use[o.id] = static_cast<int>(i);
+    } else if (o.kind == OpKind::kCompute) {
+      for (int p : g.modules[o.module].params) {
+        const std::string& h = holder[p];
+        if (!h.empty() && !closed[h] && last_use.count(h)) last_use[h] = std::max(last_use[h], static_cast<int>(i));
+      }
+    }
+  }
+  std::map<int, std::vector<std::string>> after;  // op index -> ids to free after it
+  for (size_t i = 0; i < g.ops.size(); ++i)  // in issue order
+    if (g.ops[i].kind == OpKind::kAllGather && last_use.count(g.ops[i].id))
+      after[last_use[g.ops[i].id]].push_back(g.ops[i].id);
+  std::vector<Op> out;
+  out.reserve(g.ops.size() + last_use.size());
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    out.push_back(g.ops[i]);
+    auto it = after.find(static_cast<int>(i));
+    if (it == after.end()) continue;
+    for (const auto& id : it->second) {
+      Op f;
+      f.kind = OpKind::kFree;
+      f.id = id;
+      out.push_back(f);
+    }
+  }
+  g.ops = std::move(out);
+  return g;
+}
+
+bool WithinBudget(const Graph& g, const PassContext& ctx) {
+  return ctx.memory_budget_bytes <= 0 || PeakBytes(g) <= ctx.memory_budget_bytes;
+}
+
+// Merges the collective `victim` (an all_gather or reduce_scatter) into `keeper`: keeper takes
+// its parameters; victim, its wait and (HSDP) its all_reduce and that one's wait are removed.
+void MergeInto(Graph& g, size_t keeper, size_t victim) {
+  const std::string vid = g.ops[victim].id;
+  auto& kp = g.ops[keeper].params;
+  kp.insert(kp.end(), g.ops[victim].params.begin(), g.ops[victim].params.end());
+  std::set<size_t> drop{victim};
+  std::string ar_id;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& o = g.ops[i];
+    if (o.kind == OpKind::kWait && o.id == vid) drop.insert(i);
+    if (o.kind == OpKind::kAllReduce && o.source == vid) {
+      drop.insert(i);
+      ar_id = o.id;
+    }
+  }
+  if (!ar_id.empty())
+    for (size_t i = 0; i < g.ops.size(); ++i)
+      if (g.ops[i].kind == OpKind::kWait && g.ops[i].id == ar_id) drop.insert(i);
+  Erase(g, drop);
+}
+
+// Indices of collectives of `kind`, program order.
+std::vector<size_t> Collectives(const Graph& g, OpKind kind) {
+  std::vector<size_t> v;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].kind == kind) v.push_back(i);
+  return v;
+}
+
+// Block bucketing: collectives of `kind` with no compute between them become one.
+Graph BlockBuckets(Graph g, OpKind kind) {
+  StripFrees(g);
+  bool merged = true;
+  while (merged) {
+    merged = false;
+    const auto idx = Collectives(g, kind);
+    for (size_t k = 0; k + 1 < idx.size() && !merged; ++k) {
+      bool compute_between = false;
+      for (size_t j = idx[k] + 1; j < idx[k + 1]; ++j)
+        if (g.ops[j].kind == OpKind::kCompute) compute_between = true;
+      if (compute_between) continue;
+      MergeInto(g, idx[k], idx[k + 1]);
+      merged = true;
+    }
+  }
+  return PlaceFrees(std::move(g));
+}
+
+// The nearest compute before index `i`, or -1.
+int PrevCompute(const Graph& g, size_t i) {
+  for (size_t j = i; j-- > 0;)
+    if (g.ops[j].kind == OpKind::kCompute) return static_cast<int>(j);
+  return -1;
+}
+
+// Moves all-gather `a` to before the compute preceding it, when none of the computes it
+// passes uses its parameters (they still hold the previous gathering). Returns the new index,
+// or -1 when it cannot move.
+int PrefetchOneMore(Graph& g, size_t a) {
+  const int c = PrevCompute(g, a);
+  if (c < 0) return -1;
+  for (size_t j = static_cast<size_t>(c); j < a; ++j) {
+    const Op& o = g.ops[j];
+    if (UsesAny(g, o, g.ops[a].params)) return -1;
+    if (o.kind == OpKind::kOptimizerStep) return -1;
+  }
+  MoveBefore(g, a, static_cast<size_t>(c));
+  return c;
+}
+
+// Delays each reduce-scatter's wait (with its all-reduce) until just after the next
+// reduce-scatter is issued; the last ones go before optimizer_step. All-reduce waits go last.
+Graph DelayReduceScatterWaits(Graph g, const PassContext& ctx) {
+  StripFrees(g);
+  const auto rs = Collectives(g, OpKind::kReduceScatter);
+  std::vector<std::string> ids;
+  for (size_t i : rs) ids.push_back(g.ops[i].id);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    Graph trial = g;
+    // Pull out wait rs_k, all_reduce rs_k and its wait.
+    std::vector<Op> chain;
+    std::set<size_t> drop;
+    const int w = IndexOf(trial, OpKind::kWait, ids[k]);
+    if (w < 0) continue;
+    chain.push_back(trial.ops[w]);
+    drop.insert(w);
+    for (size_t i = 0; i < trial.ops.size(); ++i) {
+      if (trial.ops[i].kind == OpKind::kAllReduce && trial.ops[i].source == ids[k]) {
+        chain.push_back(trial.ops[i]);
+        drop.insert(i);
+        const int wa = IndexOf(trial, OpKind::kWait, trial.ops[i].id);
+        if (wa >= 0) drop.insert(wa);
+      }
+    }
+    Erase(trial, drop);
+    int at;
+    if (k + 1 < ids.size()) {
+      at = IndexOf(trial, OpKind::kReduceScatter, ids[k + 1]) + 1;
+    } else {
+      at = IndexOf(trial, OpKind::kOptimizerStep, "");
+      if (at < 0) at = static_cast<int>(trial.ops.size());
+    }
+    trial.ops.insert(trial.ops.begin() + at, chain.begin(), chain.end());
+    // All-reduce waits right before the optimizer step.
+    if (chain.size() > 1) {
+      Op wa;
+      wa.kind = OpKind::kWait;
+      wa.id = chain[1].id;
+      int step = IndexOf(trial, OpKind::kOptimizerStep, "");
+      if (step < 0) step = static_cast<int>(trial.ops.size());
+      trial.ops.insert(trial.ops.begin() + step, wa);
+    }
+    Graph placed = PlaceFrees(trial);
+    if (WithinBudget(placed, ctx) && Validate(placed).ok()) g = std::move(trial);
+  }
+  return PlaceFrees(std::move(g));
+}
+
+// FSDP2's prefetch: every all-gather issued one compute ahead of its use, budget permitting.
+Graph PrefetchOne(Graph g, const PassContext& ctx) {
+  StripFrees(g);
+  for (size_t k = 0;; ++k) {
+    const auto ags = Collectives(g, OpKind::kAllGather);
+    if (k >= ags.size()) break;
+    Graph trial = g;
+    if (PrefetchOneMore(trial, ags[k]) < 0) continue;
+    Graph placed = PlaceFrees(trial);
+    if (WithinBudget(placed, ctx) && Validate(placed).ok()) g = std::move(trial);
+  }
+  return PlaceFrees(std::move(g));
+}
+
+double StepSeconds(const Graph& g, const PassContext& ctx) { return Simulate(g, ctx.cost).step_seconds; }
+
+// Auto bucketing: greedy in program order; merge the next collective of `kind` into the
+// current bucket while the predicted step (with FSDP2-style prefetch and delayed
+// reduce-scatter waits) gets faster and the peak stays within the budget.
+Graph AutoBuckets(Graph g, OpKind kind, const PassContext& ctx) {
+  g = BlockBuckets(std::move(g), kind);
+  auto evaluate = [&](const Graph& candidate) {
+    return PrefetchOne(DelayReduceScatterWaits(candidate, ctx), ctx);
+  };
+  double best = StepSeconds(evaluate(g), ctx);
+  size_t k = 0;
+  while (true) {
+    Graph stripped = g;
+    StripFrees(stripped);
+    const auto idx = Collectives(stripped, kind);
+    if (k + 1 >= idx.size()) break;
+    Graph trial = stripped;
+    bool ok = true;
+    if (kind == OpKind::kAllGather) {
+      // The next bucket is gathered together with this one: its parameters must not be held
+      // by an earlier gathering that is still in use between the two issues.
+      for (size_t j = idx[k]; j < idx[k + 1]; ++j)
+        if (UsesAny(trial, trial.ops[j], trial.ops[idx[k + 1]].params)) ok = false;
+      if (ok) MergeInto(trial, idx[k], idx[k + 1]);
+    } else {
+      // Gradients of this bucket wait for the next one's to be ready.
+      MergeInto(trial, idx[k + 1], idx[k]);
+    }
+    if (ok) {
+      Graph placed = PlaceFrees(trial);
+      if (Validate(placed).ok()) {
+        Graph planned = evaluate(placed);
+        const double t = StepSeconds(planned, ctx);
+        if (t < best * (1 - 1e-4) && WithinBudget(planned, ctx)) {
+          g = std::move(placed);
+          best = t;
+          continue;  // keep growing the same bucket
+        }
+      }
+    }
+    ++k;
+  }
+  return PlaceFrees(std::move(g));
+}
+
+Result<Graph> Checked(Graph g, const char* pass) {
+  if (Status s = Validate(g); !s.ok()) return Internal(std::string(pass) + " produced an invalid program: " + s.message());
+  return g;
+}
+
+}  // namespace
+
+const char* BucketingName(Bucketing b) {
+  switch (b) {
+    case Bucketing::kNone: return "none";
+    case Bucketing::kBlock: return "block";
+    case Bucketing::kAuto: return "auto";
+  }
+  return "?";
+}
+
+Result<Bucketing> ParseBucketing(const std::string& s) {
+  if (s == "none") return Bucketing::kNone;
+  if (s == "block") return Bucketing::kBlock;
+  if (s == "auto") return Bucketing::kAuto;
+  return InvalidConfig("fsdp.bucketing: '" + s + "' is not one of none, block, auto");
+}
+
+Result<Graph> BucketAllGathers(const Graph& g, const PassContext& ctx) {
+  switch (ctx.bucketing) {
+    case Bucketing::kNone: return g;
+    case Bucketing::kBlock: return BlockBuckets(g, OpKind::kAllGather);
+    case Bucketing::kAuto: return AutoBuckets(g, OpKind::kAllGather, ctx);
+  }
+  return g;
+}
+
+Result<Graph> BucketReduceScatters(const Graph& g, const PassContext& ctx) {
+  switch (ctx.bucketing) {
+    case Bucketing::kNone: return g;
+    case Bucketing::kBlock: return BlockBuckets(g, OpKind::kReduceScatter);
+    case Bucketing::kAuto: return AutoBuckets(g, OpKind::kReduceScatter, ctx);
+  }
+  return g;
+}
+
+Result<Graph> Reorder(const Graph& input, const PassContext& ctx) {
+  // FSDP2's order first (one ahead, waits delayed), then each all-gather whose wait is still
+  // exposed moves further ahead while that makes the step faster within the budget.
+  Graph g = PrefetchOne(DelayReduceScatterWaits(input, ctx), ctx);
+  double best = StepSeconds(g, ctx);
+  for (int round = 0; round < 8; ++round) {
+    bool changed = false;
+    StripFrees(g);
+    const auto ags = Collectives(g, OpKind::kAllGather);
+    for (size_t k = 0; k < ags.size(); ++k) {
+      Graph trial = g;
+      const size_t a = Collectives(trial, OpKind::kAllGather)[k];
+      if (PrefetchOneMore(trial, a) < 0) continue;
+      Graph placed = PlaceFrees(trial);
+      if (!Validate(placed).ok() || !WithinBudget(placed, ctx)) continue;
+      const double t = StepSeconds(placed, ctx);
+      if (t < best * (1 - 1e-4)) {
+        best = t;
+        g = std::move(trial);
+        changed = true;
+      }
+    }
+    g = PlaceFrees(std::move(g));
+    if (!changed) break;
+  }
+  return g;
+}
+
+Result<Graph> InsertFrees(const Graph& g, const PassContext&) { return PlaceFrees(g); }
+
+Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx) {
+  Graph g = BlockBuckets(naive, OpKind::kAllGather);
+  g = BlockBuckets(std::move(g), OpKind::kReduceScatter);
+  PassContext unlimited = ctx;
+  unlimited.memory_budget_bytes = 0;  // FSDP2's eager prefetch does not look at memory
+  g = PrefetchOne(DelayReduceScatterWaits(std::move(g), unlimited), unlimited);
+  return Checked(std::move(g), "eager_plan");
+}
+
+Pipeline Pipeline::Default() {
+  Pipeline p;
+  p.passes_ = {
+      {"bucket_all_gathers", true, BucketAllGathers},
+      {"bucket_reduce_scatters", true, BucketReduceScatters},
+      {"reorder", true, Reorder},
+      {"insert_frees", false, InsertFrees},
+  };
+  p.enabled_.assign(p.passes_.size(), true);
+  return p;
+}
+
+Status Pipeline::Disable(const std::string& name) {
+  std::string known;
+  for (size_t i = 0; i < passes_.size(); ++i) {
+    if (passes_[i].name == name) {
+      if (!passes_[i].optional) return InvalidConfig("pass '" + name + "' is required and cannot be disabled");
+      enabled_[i] = false;
+      return Status::Ok();
+    }
+    known += (i ? ", " : "") + passes_[i].name;
+  }
+  return InvalidConfig("unknown pass '" + name + "' (passes: " + known + ")");
+}
+
+std::string Pipeline::Describe() const {
+  std::string s;
+  for (size_t i = 0; i < passes_.size(); ++i) {
+    s += (i ? ", " : "") + passes_[i].name;
+    if (!enabled_[i]) s += " (disabled)";
+  }
+  return s;
+}
+
+Result<Graph> Pipeline::Run(Graph g, const PassContext& ctx, std::ostream* dump) const {
+  if (Status s = Validate(g); !s.ok()) return Internal("input program: " + s.message());
+  if (dump) *dump << "== input ==\n" << Print(g);
+  for (size_t i = 0; i < passes_.size(); ++i) {
+    if (!enabled_[i]) {
+      if (dump) *dump << "== " << passes_[i].name << " (disabled) ==\n";
+      continue;
+    }
+    auto out = passes_[i].run(g, ctx);
+    if (!out.ok()) return out.status();
+    MW_ASSIGN_OR_RETURN(g, Checked(std::move(out).value(), passes_[i].name.c_str()));
+    if (dump) *dump << "== " << passes_[i].name << " ==\n" << Print(g);
+  }
+  return g;
+}
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,76 @@
+// The compiler's passes: each a named `Graph -> Graph` function, tested on golden IR text, run
+// in a pipeline that validates the program after every pass and can print it (--dump-plan).
+//
+//   bucket_all_gathers / bucket_reduce_scatters
+//       none: one collective per parameter (as declared). block: one per module (FSDP2's
+//       grouping). auto: greedy, in program order: grow a bucket by the next module's
+//       collective while the bucket's communication still hides under the compute next to it
+//       (the compute it would overlap once reordered) and the predicted peak memory stays
+//       within the budget.
+//   reorder
+//       prefetch: move each all-gather's issue before the compute that precedes its wait (one
+//       bucket ahead, as FSDP2's prefetch), then keep moving it earlier while its
+//       communication is not hidden yet and the memory budget holds; delay each
+//       reduce-scatter's wait until just before the next reduce-scatter's wait (or the
+//       optimizer step), so it overlaps the next module's backward. A budget too small for
+//       any prefetch leaves the naive order.
+//   insert_frees
+//       frees each gathered bucket right after its last use before it is gathered again (or
+//       the end of the step): gathered memory lives exactly as long as needed.
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "trainer/compiler/cost_model.h"
+#include "trainer/compiler/ir.h"
+
+namespace meshwork::compiler {
+
+enum class Bucketing { kNone, kBlock, kAuto };
+const char* BucketingName(Bucketing b);
+Result<Bucketing> ParseBucketing(const std::string& s);  // "none" | "block" | "auto"
+
+struct PassContext {
+  CostModel cost;
+  Bucketing bucketing = Bucketing::kBlock;
+  int64_t memory_budget_bytes = 0;  // dynamic bytes (gathered + activations + grads); 0 = none
+};
+
+Result<Graph> BucketAllGathers(const Graph& g, const PassContext& ctx);
+Result<Graph> BucketReduceScatters(const Graph& g, const PassContext& ctx);
+Result<Graph> Reorder(const Graph& g, const PassContext& ctx);
+Result<Graph> InsertFrees(const Graph& g, const PassContext& ctx);
+
+// The eager baseline as a plan (what FSDP2 does without a compiler): one all-gather and one
+// reduce-scatter per module, each all-gather issued one compute ahead, each reduce-scatter
+// waited for once the next is issued; no memory budget. The simulator compares plans with it.
+Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx);
+
+struct Pass {
+  std::string name;
+  bool optional = true;  // can be disabled by name; required passes cannot
+  std::function<Result<Graph>(const Graph&, const PassContext&)> run;
+};
+
+class Pipeline {
+ public:
+  // bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees (required).
+  static Pipeline Default();
+
+  // kInvalidConfig naming the pass when it is unknown or required.
+  Status Disable(const std::string& name);
+  // Names in order, disabled ones marked: "bucket_all_gathers, reorder (disabled), ...".
+  std::string Describe() const;
+  // Runs every enabled pass, validating after each; `dump` (optional) gets the IR before the
+  // first pass and after each one, under "== <pass> ==" headers.
+  Result<Graph> Run(Graph g, const PassContext& ctx, std::ostream* dump = nullptr) const;
+
+ private:
+  std::vector<Pass> passes_;
+  std::vector<bool> enabled_;
+};
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,312 @@
+// meshwork-simulate: predicts one training step of a Llama model under FSDP on a cluster
+// described by a hardware profile, for the eager plan (FSDP2's schedule) and the compiled one,
+// side by side. Nothing runs on a device; see docs/simulator.md for what is modelled.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trainer/compiler/frontend.h"
+#include "trainer/compiler/hardware_profile.h"
+#include "trainer/compiler/passes.h"
+#include "trainer/compiler/simulator.h"
+#include "trainer/model/llama_config.h"
+
+namespace {
+
+using meshwork::Result;
+using meshwork::Status;
+namespace compiler = meshwork::compiler;
+namespace exit_code = meshwork::exit_code;
+
+constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --model NAME --gpus N [options]
+
+  --profile FILE          hardware profile (bench/profiles/*.yaml)
+  --model NAME            llama3-70b, or a preset: tiny, llama-100m, llama3-1b, llama3-8b
+  --gpus N                devices in the mesh
+  --dp-shard N            size of each shard group (default: N, fully sharded);
+                          dp_replicate = gpus / dp-shard (HSDP when > 1)
+  --seq-len N             tokens per sequence (default 8192)
+  --batch N               sequences per device per step (default 1)
+  --bucketing MODE        the compiled plan's bucketing: none, block or auto (default auto)
+  --memory-budget-gib X   the compiled plan's budget for dynamic memory (gathered weights,
+                          activations, full gradients); default: device memory minus the
+                          static state, and never less than the eager plan's peak
+  --dump-plan             print the eager plan, and the IR before and after each pass
+
+Prints one line per plan: step time, exposed and total communication, peak memory, collectives
+per step, tokens/s per device and MFU. Exit codes: 0 ok, 2 bad command line, 3 bad profile file.
+)";
+
+int Usage(const std::string& problem) {
+  std::cerr << "meshwork-simulate: error: " << problem << "\n\n" << kUsage;
+  return exit_code::kConfig;
+}
+
+int Fail(const Status& s) {
+  std::cerr << "meshwork-simulate: error: " << s.message() << "\n";
+  return meshwork::ExitCodeFor(s.code());
+}
+
+struct Options {
+  std::string profile;
+  std::string model;
+  int gpus = 0;
+  int dp_shard = 0;  // 0: all GPUs
+  int64_t seq_len = 8192;
+  int64_t batch = 1;
+  compiler::Bucketing bucketing = compiler::Bucketing::kAuto;
+  double memory_budget_gib = 0;  // 0: derived from the profile
+  bool dump_plan = false;
+};
+
+// A whole-string integer in [lo, hi]; `flag` names it in the error.
+Status ParseInt(const std::string& flag, const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto r = std::from_chars(text.data(), end, v);
+  if (text.empty() || r.ec != std::errc() || r.ptr != end) {
+    return meshwork::InvalidConfig(flag + ": expected an integer, got '" + text + "'");
+  }
+  if (v < lo || v > hi) {
+    return meshwork::InvalidConfig(flag + ": must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                   "], got " + text);
+  }
+  *out = v;
+  return Status::Ok();
+}
+
+Result<Options> ParseArgs(const std::vector<std::string>& args) {
+  const std::vector<std::string> valued = {"--profile", "--model", "--gpus", "--dp-shard", "--seq-len",
+                                           "--batch", "--bucketing", "--memory-budget-gib"};
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    // `--flag VALUE` or `--flag=VALUE`.
+    const size_t eq = args[i].rfind("--", 0) == 0 ? args[i].find('=') : std::string::npos;
+    const std::string flag = args[i].substr(0, eq);
+    if (flag == "--dump-plan" && eq == std::string::npos) {
+      o.dump_plan = true;
+      continue;
+    }
+    if (std::find(valued.begin(), valued.end(), flag) == valued.end()) {
+      return meshwork::InvalidConfig("unknown option '" + args[i] + "'");
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = args[i].substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return meshwork::InvalidConfig(flag + " needs a value");
+    }
+    int64_t n = 0;
+    if (flag == "--profile") {
+      o.profile = value;
+    } else if (flag == "--model") {
+      o.model = value;
+    } else if (flag == "--gpus") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &n));
+      o.gpus = static_cast<int>(n);
+    } else if (flag == "--dp-shard") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &n));
+      o.dp_shard = static_cast<int>(n);
+    } else if (flag == "--seq-len") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 24, &o.seq_len));
+    } else if (flag == "--batch") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &o.batch));
+    } else if (flag == "--bucketing") {
+      auto b = compiler::ParseBucketing(value);
+      if (!b.ok()) return meshwork::InvalidConfig("--bucketing: expected none, block or auto, got '" + value + "'");
+      o.bucketing = *b;
+    } else {  // --memory-budget-gib
+      char* end = nullptr;
+      o.memory_budget_gib = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !std::isfinite(o.memory_budget_gib) || o.memory_budget_gib <= 0) {
+        return meshwork::InvalidConfig("--memory-budget-gib: expected a positive number of GiB, got '" + value + "'");
+      }
+    }
+  }
+  if (o.profile.empty()) return meshwork::InvalidConfig("--profile FILE is required");
+  if (o.model.empty()) return meshwork::InvalidConfig("--model NAME is required");
+  if (o.gpus == 0) return meshwork::InvalidConfig("--gpus N is required");
+  if (o.dp_shard == 0) o.dp_shard = o.gpus;
+  if (o.gpus % o.dp_shard != 0) {
+    return meshwork::InvalidConfig("--dp-shard: " + std::to_string(o.dp_shard) + " does not divide --gpus " +
+                                   std::to_string(o.gpus));
+  }
+  return o;
+}
+
+Result<meshwork::model::LlamaConfig> ModelConfig(const std::string& name) {
+  meshwork::model::LlamaConfig c;
+  if (name == "llama3-70b") {  // Llama 3 70B (no trainer preset: too large to train here)
+    c.vocab_size = 128256;
+    c.hidden_size = 8192;
+    c.intermediate_size = 28672;
+    c.num_hidden_layers = 80;
+    c.num_attention_heads = 64;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 500000.0;
+    c.tie_word_embeddings = false;
+    return c;
+  }
+  auto preset = meshwork::model::PresetConfig(name);
+  if (!preset.ok()) {
+    std::string names = "llama3-70b";
+    for (const auto& n : meshwork::model::PresetNames()) names += ", " + n;
+    return meshwork::InvalidConfig("--model: unknown model '" + name + "' (known: " + names + ")");
+  }
+  return preset;
+}
+
+std::string Fixed(double v, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << v;
+  return os.str();
+}
+
+// 8.03B, 100.09M.
+std::string Count(double n) { return n >= 1e9 ? Fixed(n / 1e9, 2) + "B" : Fixed(n / 1e6, 2) + "M"; }
+
+double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+struct PlanSummary {
+  compiler::SimResult sim;
+  double tokens_per_second = 0;  // per device
+  double mfu = 0;
+  bool fits = true;
+};
+
+PlanSummary Summarize(const compiler::SimResult& sim, const Options& o, const meshwork::model::LlamaConfig& config,
+                      const compiler::HardwareProfile& profile) {
+  PlanSummary s;
+  s.sim = sim;
+  const double tokens = static_cast<double>(o.batch) * static_cast<double>(o.seq_len);
+  s.tokens_per_second = sim.step_seconds > 0 ? tokens / sim.step_seconds : 0;
+  s.mfu = s.tokens_per_second * config.TrainingFlopsPerToken(o.seq_len) / profile.peak_flops_per_second;
+  s.fits = sim.peak_bytes + sim.static_bytes <= profile.memory_bytes;
+  return s;
+}
+
+// One line a script can parse: `<label>: step ... s | exposed comm ... s | ...`.
+void PrintSummary(std::ostream& out, const std::string& label, const PlanSummary& s,
+                  const compiler::HardwareProfile& profile) {
+  const auto& r = s.sim;
+  out << std::left << std::setw(10) << (label + ":") << "step " << Fixed(r.step_seconds, 4) << " s | exposed comm "
+      << Fixed(r.exposed_comm_seconds, 4) << " s | comm " << Fixed(r.comm_seconds, 4) << " s | peak "
+      << Fixed(GiB(r.peak_bytes + r.static_bytes), 2) << " GiB (dynamic " << Fixed(GiB(r.peak_bytes), 2)
+      << " + static " << Fixed(GiB(r.static_bytes), 2) << ") | " << r.collectives << " collectives | "
+      << Fixed(s.tokens_per_second, 0) << " tok/s/GPU | MFU " << Fixed(100 * s.mfu, 1) << "%";
+  if (!s.fits) out << " | exceeds " << Fixed(GiB(profile.memory_bytes), 1) << " GiB device memory";
+  out << "\n";
+}
+
+int Run(const Options& o) {
+  auto profile = compiler::LoadHardwareProfile(o.profile);
+  if (!profile.ok()) return Fail(profile.status());
+  auto config = ModelConfig(o.model);
+  if (!config.ok()) return Fail(config.status());
+  const int dp_replicate = o.gpus / o.dp_shard;
+  auto cost = compiler::MakeCostModel(*profile, dp_replicate, o.dp_shard);
+  if (!cost.ok()) return Fail(cost.status());
+
+  // Mixed precision as the trainer runs it on GPUs: bf16 parameters and activations, gradients
+  // reduced in fp32 (the FSDP default), fp32 master shards and AdamW state.
+  compiler::LlamaShape shape;
+  shape.config = *config;
+  shape.batch = o.batch;
+  shape.seq_len = o.seq_len;
+  shape.param_bytes = 2;
+  shape.reduce_bytes = 4;
+  shape.activation_bytes = 2;
+  shape.dp_shard = o.dp_shard;
+  shape.dp_replicate = dp_replicate;
+  shape.flops_per_second = profile->AchievedFlopsPerSecond();
+  const compiler::Graph naive =
+      compiler::BuildNaiveProgram(compiler::LlamaSkeleton(shape), compiler::FrontEndOptions{});
+
+  compiler::PassContext ctx;
+  ctx.cost = *cost;
+  ctx.bucketing = o.bucketing;
+
+  auto eager = compiler::EagerPlan(naive, ctx);
+  if (!eager.ok()) return Fail(eager.status());
+  const compiler::SimResult eager_sim = compiler::Simulate(*eager, ctx.cost);
+
+  // The compiled plan's budget: what the device holds beyond the static shards. A model whose
+  // eager plan already exceeds that gets the eager plan's peak, so the two still compare like
+  // with like (and the summary says it does not fit).
+  std::string budget_source;
+  if (o.memory_budget_gib > 0) {
+    ctx.memory_budget_bytes = static_cast<int64_t>(o.memory_budget_gib * 1024.0 * 1024.0 * 1024.0);
+    budget_source = "--memory-budget-gib";
+  } else {
+    ctx.memory_budget_bytes = profile->memory_bytes - eager_sim.static_bytes;
+    budget_source = "device memory - static state";
+    if (ctx.memory_budget_bytes < eager_sim.peak_bytes) {
+      ctx.memory_budget_bytes = eager_sim.peak_bytes;
+      budget_source = "the eager plan's peak: the device cannot hold it";
+    }
+  }
+
+  std::cout << "meshwork-simulate (simulated, not measured): " << o.model << ", "
+            << Count(static_cast<double>(config->NumParameters())) << " parameters, on " << o.gpus
+            << " x " << profile->name << "\n"
+            << "  mesh dp_replicate=" << dp_replicate << " dp_shard=" << o.dp_shard << "; seq " << o.seq_len
+            << ", batch " << o.batch << " per GPU; bf16 params and activations, fp32 gradient reduction\n"
+            << "  compute at " << Fixed(profile->peak_flops_per_second / 1e12, 0) << " TFLOP/s x "
+            << Fixed(profile->achieved_mfu, 2) << " achieved MFU; shard link "
+            << Fixed(ctx.cost.shard_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
+            << Fixed(ctx.cost.shard_link.latency_seconds * 1e6, 1) << " us";
+  if (dp_replicate > 1) {
+    std::cout << ", replicate link " << Fixed(ctx.cost.replicate_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
+              << Fixed(ctx.cost.replicate_link.latency_seconds * 1e6, 1) << " us";
+  }
+  std::cout << "\n  eager: block buckets, prefetch one; compiled: bucketing "
+            << compiler::BucketingName(o.bucketing) << ", memory budget " << Fixed(GiB(ctx.memory_budget_bytes), 2)
+            << " GiB (" << budget_source << ")\n";
+
+  const compiler::Pipeline pipeline = compiler::Pipeline::Default();
+  if (o.dump_plan) std::cout << "== eager_plan ==\n" << compiler::Print(*eager);
+  auto compiled = pipeline.Run(naive, ctx, o.dump_plan ? &std::cout : nullptr);
+  if (!compiled.ok()) return Fail(compiled.status());
+  const compiler::SimResult compiled_sim = compiler::Simulate(*compiled, ctx.cost);
+
+  const PlanSummary e = Summarize(eager_sim, o, *config, *profile);
+  const PlanSummary c = Summarize(compiled_sim, o, *config, *profile);
+  PrintSummary(std::cout, "eager", e, *profile);
+  PrintSummary(std::cout, "compiled", c, *profile);
+  const double e_peak = static_cast<double>(e.sim.peak_bytes + e.sim.static_bytes);
+  const double c_peak = static_cast<double>(c.sim.peak_bytes + c.sim.static_bytes);
+  std::cout << "compiled vs eager: step x" << Fixed(c.sim.step_seconds / e.sim.step_seconds, 3) << ", peak memory x"
+            << Fixed(c_peak / e_peak, 3) << ", tokens/s x" << Fixed(c.tokens_per_second / e.tokens_per_second, 3)
+            << "\n";
+  return exit_code::kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const auto& a : args) {
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return exit_code::kOk;
+    }
+  }
+  auto options = ParseArgs(args);
+  if (!options.ok()) return Usage(options.status().message());
+  try {
+    return Run(*options);
+  } catch (const std::exception& e) {
+    // Modules return Status; anything thrown this far is a bug, reported rather than aborting.
+    std::cerr << "meshwork-simulate: internal error: " << e.what() << "\n";
+    return exit_code::kRuntime;
+  }
+}

@@ -1,0 +1,39 @@
+// A discrete-event model of one step of a plan: the host issues ops in program order; compute
+// runs on the host's lane (the host waits for it, as a CPU does, and a GPU does at its sync
+// points); collectives queue FIFO on one communication lane and start when issued and the lane
+// is free; `wait` blocks the host until its collective ends, and that blocking is the exposed
+// communication. Memory follows program order: an all-gather allocates its output at issue and
+// `free` releases it; forward compute adds the module's activations and its backward releases
+// them; backward adds full gradients, released when their reduce-scatter has been waited for.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/compiler/cost_model.h"
+#include "trainer/compiler/ir.h"
+
+namespace meshwork::compiler {
+
+struct OpTiming {
+  double start = 0;
+  double end = 0;
+};
+
+struct SimResult {
+  double step_seconds = 0;
+  double compute_seconds = 0;
+  double comm_seconds = 0;          // busy time of the communication lane
+  double exposed_comm_seconds = 0;  // host blocked in waits
+  int64_t peak_bytes = 0;           // gathered weights + activations + full gradients, at peak
+  int64_t static_bytes = 0;         // shards: parameters, gradients, AdamW state (4 x shard)
+  int collectives = 0;
+  std::vector<OpTiming> ops;        // one per op, program order
+};
+
+SimResult Simulate(const Graph& g, const CostModel& cost);
+
+// Peak dynamic bytes only (the memory half of Simulate; what the passes check budgets with).
+int64_t PeakBytes(const Graph& g);
+
+}  // namespace meshwork::compiler
