@@ -34,7 +34,7 @@ done
   echo "compute efficiency, 80 GB; NVLink assumed 360 GB/s bus bandwidth; 400 Gb/s InfiniBand"
   echo "assumed 45 GB/s per ring that leaves a node)."
   echo
-  echo "Command: \`bench/simulate_llama.sh\` ($(date -u +%Y-%m-%d), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD -- trainer/compiler bench/profiles 2>/dev/null || echo ", with uncommitted changes to the compiler or profiles"))"
+  echo "Command: \`bench/simulate_llama.sh\` ($(date -u +%Y-%m-%d), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$([ -z "$(git -C "$root" status --porcelain -- trainer/compiler bench/profiles 2>/dev/null)" ] || echo ", with uncommitted changes to the compiler or profiles"))"
   echo
   echo "Sequence length $seq, local batch $batch per GPU; bf16 parameters and activations, fp32"
   echo "gradient reduction, fp32 master shards and AdamW state; no activation checkpointing."
