@@ -12,6 +12,8 @@ bin="${1:-$root/build}/trainer/meshwork-train"
 out="$root/bench/results/cpu_compiled_vs_eager.md"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 
 # name | preset | seq_len | global batch | steps
 runs=(
@@ -22,9 +24,9 @@ runs=(
 {
   echo "# FSDP eager vs compiled on CPU (Gloo)"
   echo
-  echo "Command: \`bench/compiled_vs_eager.sh\` ($(date -u +%Y-%m-%d), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown))"
+  bench_command_line bench/compiled_vs_eager.sh "$root"
   echo
-  echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); all ranks share them."
+  echo "Machine: $(bench_machine); all ranks share them."
   echo "Synthetic tokens, fp32, same global batch. tok/s is global, excluding step 1 (compiled runs"
   echo "step 1 eager to trace it, and compile before step 2, which is inside the measured time)."
   echo "Collectives/step and predicted step time come from rank 0's plan summary; exposed comm is"
@@ -46,11 +48,7 @@ for spec in "${runs[@]}"; do
         --set data.train=synthetic --set data.seq_len="$seq" --set data.batch_size=$((batch / world)) \
         --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set metrics.port=-1 \
         --set metrics.device_profile=cpu --set logging.every=1000 --set fsdp.mode="$mode" >"$log" 2>&1
-      done_line="$(grep '^done:' "$log")"
-      tps="$(sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' <<<"$done_line")"
-      peak="$(sed -E 's/.*peak mem ([0-9]+ MiB).*/\1/' <<<"$done_line")"
-      comm="$(grep '^communication' "$log" || true)"
-      exposed="$(sed -nE 's/.*exposed ([0-9.]+ s \([0-9.]+% of the run\)).*/\1/p' <<<"$comm")"
+      parse_run "$log"
       plan="$(grep -m1 '^compiled plan:' "$log" || true)"
       if [ -n "$plan" ]; then
         colls="$(sed -nE 's/.* ([0-9]+) collectives\/step \(eager ([0-9]+)\).*/\1 (eager plan \2)/p' <<<"$plan")"

@@ -11,6 +11,8 @@ bin="${1:-$root/build}/trainer/meshwork-train"
 out="$root/bench/results/cpu_fsdp_world_sizes.md"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 
 # name | preset | seq_len | global batch | steps
 runs=(
@@ -21,9 +23,9 @@ runs=(
 {
   echo "# FSDP on CPU (Gloo): world size 1, 2, 4"
   echo
-  echo "Command: \`bench/dist_throughput.sh\` ($(date -u +%Y-%m-%d), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown))"
+  bench_command_line bench/dist_throughput.sh "$root"
   echo
-  echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs). All ranks share"
+  echo "Machine: $(bench_machine). All ranks share"
   echo "these cores, so world > 1 measures the cost of sharding (communication, copies), not a"
   echo "speed-up: there is no extra hardware to spread over."
   echo "Synthetic tokens, fp32; the same global batch at every world size. tok/s is global and"
@@ -48,12 +50,8 @@ for spec in "${runs[@]}"; do
           --set data.batch_size=$((batch / world)) --set schedule.steps="$steps" --set schedule.warmup_steps=1
           --set metrics.port=-1 --set metrics.device_profile=cpu --set logging.every=1000)
     "${cmd[@]}" >"$log" 2>&1
-    done_line="$(grep '^done:' "$log")"
-    tps="$(sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' <<<"$done_line")"
-    peak="$(sed -E 's/.*peak mem ([0-9]+ MiB).*/\1/' <<<"$done_line")"
+    parse_run "$log"
     pbytes="$(sed -nE 's/.*parameters on this rank ([0-9.]+ MiB).*/\1/p' "$log")"
-    comm="$(grep '^communication' "$log" || true)"
-    exposed="$(sed -nE 's/.*exposed ([0-9.]+ s \([0-9.]+% of the run\)).*/\1/p' <<<"$comm")"
     ag="$(sed -nE 's/.*all_gather [0-9]+ calls ([0-9]+ MiB) sent.*/\1/p' <<<"$comm")"
     rs="$(sed -nE 's/.*reduce_scatter [0-9]+ calls ([0-9]+ MiB) sent.*/\1/p' <<<"$comm")"
     echo "| $name | $world | $tps | ${exposed:-0} | ${ag:--} | ${rs:--} | $pbytes | $peak |" >>"$tmp/table.md"

@@ -14,7 +14,7 @@ double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes) const {
   return link.latency_seconds + factor * static_cast<double>(bytes) / link.bus_bytes_per_second;
 }
 
-int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op) const {
+int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op, const Op* source) const {
   int64_t bytes = 0;
   switch (op.kind) {
     case OpKind::kAllGather:
@@ -24,10 +24,7 @@ int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op) const {
       for (int p : op.params) bytes += g.params[p].grad_bytes;
       break;
     case OpKind::kAllReduce:
-      // The reduce-scatter's output: this rank's slice of the gradients.
-      for (const auto& src : g.ops)
-        if (src.kind == OpKind::kReduceScatter && src.id == op.source)
-          for (int p : src.params) bytes += g.params[p].grad_bytes / std::max(1, dp_shard);
+      if (source != nullptr) bytes = CollectiveBytes(g, *source) / std::max(1, dp_shard);
       break;
     default:
       break;

@@ -24,8 +24,9 @@ struct CostModel {
   // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the
   // reduced shard. A group of one moves nothing and costs nothing.
   double CollectiveSeconds(OpKind kind, int64_t bytes) const;
-  // Bytes a collective of `op` moves, from the IR's parameter table.
-  int64_t CollectiveBytes(const Graph& g, const Op& op) const;
+  // Bytes a collective moves, from the IR's parameter table: an all_gather's output, a
+  // reduce_scatter's full input; an all_reduce moves its `source` reduce_scatter's output shard.
+  int64_t CollectiveBytes(const Graph& g, const Op& op, const Op* source = nullptr) const;
 };
 
 // Fits latency and bus bandwidth to measured (bytes, seconds) pairs of one collective kind on

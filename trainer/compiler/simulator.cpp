@@ -81,7 +81,7 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
   r.ops.resize(g.ops.size());
   double host = 0, comm_free = 0;
   std::map<std::string, double> done;  // collective id -> end time
-  std::map<std::string, int64_t> shard_bytes;  // reduce-scatter id -> its output bytes
+  std::map<std::string, const Op*> issued;  // collective id -> its op (an all_reduce's source)
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
     OpTiming& t = r.ops[i];
@@ -90,13 +90,9 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
     if (op.is_collective()) {
       double ready = host;
       if (op.kind == OpKind::kAllReduce && done.count(op.source)) ready = std::max(ready, done[op.source]);
-      int64_t bytes = 0;
-      if (op.kind == OpKind::kAllReduce) {
-        bytes = shard_bytes[op.source];
-      } else {
-        bytes = cost.CollectiveBytes(g, op);
-        if (op.kind == OpKind::kReduceScatter) shard_bytes[op.id] = bytes / std::max(1, g.dp_shard);
-      }
+      issued[op.id] = &op;
+      const Op* source = op.kind == OpKind::kAllReduce && issued.count(op.source) ? issued[op.source] : nullptr;
+      const int64_t bytes = cost.CollectiveBytes(g, op, source);
       const double d = cost.CollectiveSeconds(op.kind, bytes);
       t.start = std::max(ready, comm_free);
       t.end = t.start + d;

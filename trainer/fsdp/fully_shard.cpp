@@ -219,8 +219,11 @@ struct FullyShardedLlama::Unit {
 struct FullyShardedLlama::Plan {
   compiler::Graph graph;
   std::map<std::string, std::unique_ptr<Unit>> buckets;  // %ag / %rs id -> its parameters
-  std::map<std::string, std::string> all_reduce_source;  // %ar id -> %rs id
-  std::set<std::string> reduced_again;                   // %rs ids that an all_reduce follows
+  // Per op, resolved once in UsePlan so the per-step replay does no lookups: the unit it acts
+  // on (an all_reduce and its wait: the source reduce-scatter's), and what a wait waits for.
+  enum class WaitFor { kNone, kGather, kReduce, kReduceThenAllReduce, kAllReduce };
+  std::vector<Unit*> unit;
+  std::vector<WaitFor> wait_for;
   std::vector<std::vector<ShardedParam*>> module_params;
   size_t pc = 0;
 };
@@ -518,11 +521,9 @@ Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
     for (int i : m.params) ps.push_back(by_index[i]);
     p->module_params.push_back(std::move(ps));
   }
+  std::map<std::string, std::string> all_reduce_source;  // %ar id -> %rs id
   for (const auto& op : plan.ops) {
-    if (op.kind == compiler::OpKind::kAllReduce) {
-      p->all_reduce_source[op.id] = op.source;
-      p->reduced_again.insert(op.source);
-    }
+    if (op.kind == compiler::OpKind::kAllReduce) all_reduce_source[op.id] = op.source;
     if (op.kind != compiler::OpKind::kAllGather && op.kind != compiler::OpKind::kReduceScatter) continue;
     auto unit = std::make_unique<Unit>();
     unit->name = op.id;
@@ -536,6 +537,30 @@ Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
       unit->shard_numel += by_index[i]->shard_numel();
     }
     p->buckets[op.id] = std::move(unit);
+  }
+  using Wait = Plan::WaitFor;
+  std::map<std::string, compiler::OpKind> kind_of;
+  for (const auto& op : plan.ops)
+    if (op.is_collective()) kind_of[op.id] = op.kind;
+  std::set<std::string> reduced_again;
+  for (const auto& [ar, rs] : all_reduce_source) reduced_again.insert(rs);
+  for (const auto& op : plan.ops) {
+    const auto ar = all_reduce_source.find(op.id);
+    const std::string& bucket =
+        op.kind == compiler::OpKind::kAllReduce ? op.source : ar != all_reduce_source.end() ? ar->second : op.id;
+    auto it = p->buckets.find(bucket);
+    p->unit.push_back(it != p->buckets.end() ? it->second.get() : nullptr);
+    Wait w = Wait::kNone;
+    if (op.kind == compiler::OpKind::kWait) {
+      if (ar != all_reduce_source.end()) {
+        w = Wait::kAllReduce;
+      } else if (kind_of[op.id] == compiler::OpKind::kAllGather) {
+        w = Wait::kGather;
+      } else {
+        w = reduced_again.count(op.id) ? Wait::kReduceThenAllReduce : Wait::kReduce;
+      }
+    }
+    p->wait_for.push_back(w);
   }
   plan_ = std::move(p);
   return Status::Ok();
@@ -562,32 +587,21 @@ void FullyShardedLlama::RunPlanUntil(compiler::Phase phase, const std::string& m
             ThrowIfError(Internal("compiled plan runs " + name + " with " + p->name + " not gathered"));
         return;
       }
-      case OpKind::kAllGather: plan.buckets.at(op.id)->StartGather(); break;
-      case OpKind::kReduceScatter: plan.buckets.at(op.id)->ReduceGrads(sync_); break;
+      case OpKind::kAllGather: plan.unit[at]->StartGather(); break;
+      case OpKind::kReduceScatter: plan.unit[at]->ReduceGrads(sync_); break;
       case OpKind::kAllReduce:
-        if (replicate_group_ != nullptr) plan.buckets.at(op.source)->StartReplicaReduce(replicate_group_);
+        if (replicate_group_ != nullptr) plan.unit[at]->StartReplicaReduce(replicate_group_);
         break;
-      case OpKind::kFree: plan.buckets.at(op.id)->Free(); break;
-      case OpKind::kWait: {
-        auto ar = plan.all_reduce_source.find(op.id);
-        if (ar != plan.all_reduce_source.end()) {
-          plan.buckets.at(ar->second)->FinishReplicaReduce();
-          break;
-        }
-        Unit& unit = *plan.buckets.at(op.id);
-        bool is_gather = false;
-        for (const auto& o : ops)
-          if (o.id == op.id) {
-            is_gather = o.kind == OpKind::kAllGather;
-            break;
-          }
-        if (is_gather) {
-          unit.WaitGather();
-        } else {
-          unit.WaitReduce(plan.reduced_again.count(op.id) > 0);
+      case OpKind::kFree: plan.unit[at]->Free(); break;
+      case OpKind::kWait:
+        switch (plan.wait_for[at]) {
+          case Plan::WaitFor::kGather: plan.unit[at]->WaitGather(); break;
+          case Plan::WaitFor::kReduce: plan.unit[at]->WaitReduce(false); break;
+          case Plan::WaitFor::kReduceThenAllReduce: plan.unit[at]->WaitReduce(true); break;
+          case Plan::WaitFor::kAllReduce: plan.unit[at]->FinishReplicaReduce(); break;
+          case Plan::WaitFor::kNone: break;
         }
         break;
-      }
       case OpKind::kOptimizerStep: break;
     }
   }

@@ -11,6 +11,7 @@
 #include "trainer/dist/env.h"
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/dist/rendezvous.h"
+#include "trainer/common/units.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/passes.h"
 #include "trainer/compiler/simulator.h"
@@ -86,8 +87,6 @@ Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collec
   }
   return compiler::FitLink(samples, n);
 }
-
-std::string Mib(int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
 
 class FsdpEngine : public Engine {
  public:

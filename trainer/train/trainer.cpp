@@ -12,6 +12,7 @@
 
 #include "metrics/exposer.h"
 #include "metrics/trainer_metrics.h"
+#include "trainer/common/units.h"
 #include "trainer/data/token_source.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
@@ -35,8 +36,6 @@ std::string Format(const char* fmt, double v) {
   std::snprintf(buf, sizeof buf, fmt, v);
   return buf;
 }
-
-std::string Mib(int64_t bytes) { return Format("%.0f MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 std::string Duration(double s) {
   if (s < 60) return Format("%.0fs", s);

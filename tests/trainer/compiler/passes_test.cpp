@@ -266,7 +266,9 @@ TEST(Passes, EveryCombinationYieldsAValidProgram) {
     for (Bucketing b : {Bucketing::kNone, Bucketing::kBlock, Bucketing::kAuto})
       for (bool reorder : {true, false}) {
         Pipeline p = Pipeline::Default();
-        if (!reorder) ASSERT_TRUE(p.Disable("reorder").ok());
+        if (!reorder) {
+          ASSERT_TRUE(p.Disable("reorder").ok());
+        }
         auto out = p.Run(Naive(reshard), Context(b));
         EXPECT_TRUE(out.ok()) << BucketingName(b) << " reorder " << reorder << ": " << out.status().ToString();
       }

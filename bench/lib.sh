@@ -1,0 +1,21 @@
+# Shared by the bench scripts (source it): provenance lines and the parsing of a trainer log.
+
+# bench_command_line SCRIPT ROOT: "Command: `SCRIPT` (date, commit ...)"
+bench_command_line() {
+  echo "Command: \`$1\` ($(date -u +%Y-%m-%d), commit $(git -C "$2" rev-parse --short HEAD 2>/dev/null || echo unknown))"
+}
+
+# bench_machine: "N cores, <CPU model>"
+bench_machine() {
+  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+}
+
+# parse_run LOG: sets done_line, tps, peak (rank 0's peak memory), comm (the communication
+# summary line, may be empty) and exposed (rank 0's exposed communication, may be empty).
+parse_run() {
+  done_line="$(grep '^done:' "$1")"
+  tps="$(sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' <<<"$done_line")"
+  peak="$(sed -E 's/.*peak mem ([0-9]+ MiB).*/\1/' <<<"$done_line")"
+  comm="$(grep '^communication' "$1" || true)"
+  exposed="$(sed -nE 's/.*exposed ([0-9.]+ s \([0-9.]+% of the run\)).*/\1/p' <<<"$comm")"
+}
