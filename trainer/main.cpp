@@ -27,6 +27,8 @@ commands:
                   --set KEY=VALUE   override one key, e.g. --set optimizer.lr=3e-4 (repeatable)
                   --dump-plan       fsdp.mode compiled: print the schedule IR before and after
                                     each compiler pass and the plan's summary (rank 0)
+                  --trace-out FILE  write a Chrome trace (Perfetto) of step 2: compute and
+                                    communication lanes of every rank (fsdp.trace_out)
   eval          mean cross-entropy of given weights over a token file
                   --weights DIR     Hugging Face model directory (model.init_from)
                   --data FILE       token file (eval.data)
@@ -91,6 +93,8 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
       c.overrides.push_back(value);
     } else if (command == "train" && args[i] == "--dump-plan") {
       c.overrides.push_back("fsdp.dump_plan=true");
+    } else if (command == "train" && TakeValue(args, i, "--trace-out", &value, &error)) {
+      c.overrides.push_back("fsdp.trace_out=" + value);
     } else if (command == "eval" && TakeValue(args, i, "--weights", &value, &error)) {
       c.overrides.push_back("model.init_from=" + value);
     } else if (command == "eval" && TakeValue(args, i, "--data", &value, &error)) {

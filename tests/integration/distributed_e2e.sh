@@ -48,10 +48,10 @@ PY
 }
 
 if run single 1; then pass "single process"; else fail "single process: $(tail -3 "$work/single.log")"; fi
-for spec in "fsdp2 2" "fsdp4 4" "hsdp2x2 4 --set mesh.dp_replicate=2" \
+for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --set mesh.dp_replicate=2" \
     "fsdp2-noreshard-noprefetch 2 --set fsdp.reshard_after_forward=false --set fsdp.prefetch=false" \
     "fsdp2-accum2 2 --set training.grad_accum=2 --set data.batch_size=2" \
-    "compiled2-auto 2 --set fsdp.mode=compiled --dump-plan" \
+    "compiled2-auto 2 --set fsdp.mode=compiled --dump-plan --trace-out $work/compiled2.trace.json" \
     "compiled4-block 4 --set fsdp.mode=compiled --set fsdp.bucketing=block" \
     "compiled-hsdp2x2 4 --set fsdp.mode=compiled --set mesh.dp_replicate=2" \
     "compiled2-none-inorder 2 --set fsdp.mode=compiled --set fsdp.bucketing=none --set fsdp.reorder=false" \
@@ -76,6 +76,44 @@ if grep -q "^== reorder ==" "$work/compiled2-auto.log" && grep -q "^== insert_fr
   pass "--dump-plan prints the IR after each pass"
 else
   fail "--dump-plan output missing"
+fi
+
+# --trace-out: one Chrome trace of step 2 with both ranks' compute and communication lanes; every
+# module's forward and backward on the compute lane, one communication span per collective of
+# the step (eager: 5 all-gathers + 3 reduce-scatters; compiled: the plan's count).
+check_trace() {  # check_trace FILE COLLECTIVES_PER_RANK
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+want_comm = int(sys.argv[2])
+events = doc["traceEvents"]
+lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+assert names == {"rank 0", "rank 1"}, names
+for pid in (0, 1):
+    spans = [e for e in events if e["ph"] == "X" and e["pid"] == pid]
+    by_lane = {}
+    for e in spans:
+        assert e["ts"] >= 0 and e["dur"] >= 0, e
+        by_lane.setdefault(lanes[(pid, e["tid"])], []).append(e)
+    compute = {e["name"].split(" (")[0] for e in by_lane["compute"]}
+    for need in ["fwd embed", "fwd layers.0", "fwd layers.1", "bwd layers.0", "bwd layers.1", "bwd embed"]:
+        assert need in compute, (pid, need, compute)
+    comm = by_lane["communication"]
+    assert len(comm) == want_comm, (pid, len(comm), want_comm, [e["name"] for e in comm])
+    assert all(int(e["args"]["bytes"]) > 0 for e in comm)
+    step = by_lane["step"][0]
+    end = max(e["ts"] + e["dur"] for e in spans)
+    assert end <= step["ts"] + step["dur"] + 1, (end, step)
+print(f"{len(events)} events, 2 ranks, {want_comm} collectives per rank")
+PY
+}
+if msg="$(check_trace "$work/fsdp2.trace.json" 8 2>&1)"; then pass "eager --trace-out: $msg"; else fail "eager --trace-out: $msg"; fi
+planned="$(sed -n 's/^compiled plan:.*; \([0-9]*\) collectives\/step.*/\1/p' "$work/compiled2-auto.log" | head -1)"
+if msg="$(check_trace "$work/compiled2.trace.json" "${planned:-0}" 2>&1)"; then
+  pass "compiled --trace-out: $msg"
+else
+  fail "compiled --trace-out: $msg"
 fi
 
 # A rank killed mid-run: the launcher stops the job, names the rank and the signal, exits 137.

@@ -165,64 +165,81 @@ int PrefetchOneMore(Graph& g, size_t a) {
   return c;
 }
 
+// Moves reduce-scatter `ids[k]`'s wait (with its all-reduce) to just after reduce-scatter
+// ids[k + 1] is issued (the last one: before optimizer_step); its all-reduce's wait goes right
+// before optimizer_step. False if the wait is not there.
+bool DelayOneWait(Graph& g, const std::vector<std::string>& ids, size_t k) {
+  std::vector<Op> chain;
+  std::set<size_t> drop;
+  const int w = IndexOf(g, OpKind::kWait, ids[k]);
+  if (w < 0) return false;
+  chain.push_back(g.ops[w]);
+  drop.insert(w);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (g.ops[i].kind == OpKind::kAllReduce && g.ops[i].source == ids[k]) {
+      chain.push_back(g.ops[i]);
+      drop.insert(i);
+      const int wa = IndexOf(g, OpKind::kWait, g.ops[i].id);
+      if (wa >= 0) drop.insert(wa);
+    }
+  }
+  Erase(g, drop);
+  int at;
+  if (k + 1 < ids.size()) {
+    at = IndexOf(g, OpKind::kReduceScatter, ids[k + 1]) + 1;
+  } else {
+    at = IndexOf(g, OpKind::kOptimizerStep, "");
+    if (at < 0) at = static_cast<int>(g.ops.size());
+  }
+  g.ops.insert(g.ops.begin() + at, chain.begin(), chain.end());
+  if (chain.size() > 1) {
+    Op wa;
+    wa.kind = OpKind::kWait;
+    wa.id = chain[1].id;
+    int step = IndexOf(g, OpKind::kOptimizerStep, "");
+    if (step < 0) step = static_cast<int>(g.ops.size());
+    g.ops.insert(g.ops.begin() + step, wa);
+  }
+  return true;
+}
+
+bool Acceptable(const Graph& placed, const PassContext& ctx) {
+  return WithinBudget(placed, ctx) && Validate(placed).ok();
+}
+
 // Delays each reduce-scatter's wait (with its all-reduce) until just after the next
 // reduce-scatter is issued; the last ones go before optimizer_step. All-reduce waits go last.
+// Each move is kept only if the program stays valid and within the budget. When every move
+// together is fine (no budget, or a loose one: the common case), one check suffices.
 Graph DelayReduceScatterWaits(Graph g, const PassContext& ctx) {
   StripFrees(g);
-  const auto rs = Collectives(g, OpKind::kReduceScatter);
   std::vector<std::string> ids;
-  for (size_t i : rs) ids.push_back(g.ops[i].id);
+  for (size_t i : Collectives(g, OpKind::kReduceScatter)) ids.push_back(g.ops[i].id);
+  Graph all = g;
+  for (size_t k = 0; k < ids.size(); ++k) DelayOneWait(all, ids, k);
+  Graph placed_all = PlaceFrees(std::move(all));
+  if (Acceptable(placed_all, ctx)) return placed_all;
   for (size_t k = 0; k < ids.size(); ++k) {
     Graph trial = g;
-    // Pull out wait rs_k, all_reduce rs_k and its wait.
-    std::vector<Op> chain;
-    std::set<size_t> drop;
-    const int w = IndexOf(trial, OpKind::kWait, ids[k]);
-    if (w < 0) continue;
-    chain.push_back(trial.ops[w]);
-    drop.insert(w);
-    for (size_t i = 0; i < trial.ops.size(); ++i) {
-      if (trial.ops[i].kind == OpKind::kAllReduce && trial.ops[i].source == ids[k]) {
-        chain.push_back(trial.ops[i]);
-        drop.insert(i);
-        const int wa = IndexOf(trial, OpKind::kWait, trial.ops[i].id);
-        if (wa >= 0) drop.insert(wa);
-      }
-    }
-    Erase(trial, drop);
-    int at;
-    if (k + 1 < ids.size()) {
-      at = IndexOf(trial, OpKind::kReduceScatter, ids[k + 1]) + 1;
-    } else {
-      at = IndexOf(trial, OpKind::kOptimizerStep, "");
-      if (at < 0) at = static_cast<int>(trial.ops.size());
-    }
-    trial.ops.insert(trial.ops.begin() + at, chain.begin(), chain.end());
-    // All-reduce waits right before the optimizer step.
-    if (chain.size() > 1) {
-      Op wa;
-      wa.kind = OpKind::kWait;
-      wa.id = chain[1].id;
-      int step = IndexOf(trial, OpKind::kOptimizerStep, "");
-      if (step < 0) step = static_cast<int>(trial.ops.size());
-      trial.ops.insert(trial.ops.begin() + step, wa);
-    }
-    Graph placed = PlaceFrees(trial);
-    if (WithinBudget(placed, ctx) && Validate(placed).ok()) g = std::move(trial);
+    if (!DelayOneWait(trial, ids, k)) continue;
+    if (Acceptable(PlaceFrees(trial), ctx)) g = std::move(trial);
   }
   return PlaceFrees(std::move(g));
 }
 
-// FSDP2's prefetch: every all-gather issued one compute ahead of its use, budget permitting.
+// FSDP2's prefetch: every all-gather issued one compute ahead of its use, budget permitting
+// (one check when all of them together fit, as in DelayReduceScatterWaits).
 Graph PrefetchOne(Graph g, const PassContext& ctx) {
   StripFrees(g);
-  for (size_t k = 0;; ++k) {
-    const auto ags = Collectives(g, OpKind::kAllGather);
-    if (k >= ags.size()) break;
+  const size_t gathers = Collectives(g, OpKind::kAllGather).size();
+  Graph all = g;
+  for (size_t k = 0; k < gathers; ++k) PrefetchOneMore(all, Collectives(all, OpKind::kAllGather)[k]);
+  Graph placed_all = PlaceFrees(std::move(all));
+  if (Acceptable(placed_all, ctx)) return placed_all;
+  for (size_t k = 0; k < gathers; ++k) {
     Graph trial = g;
-    if (PrefetchOneMore(trial, ags[k]) < 0) continue;
-    Graph placed = PlaceFrees(trial);
-    if (WithinBudget(placed, ctx) && Validate(placed).ok()) g = std::move(trial);
+    if (PrefetchOneMore(trial, Collectives(trial, OpKind::kAllGather)[k]) < 0) continue;
+    if (Acceptable(PlaceFrees(trial), ctx)) g = std::move(trial);
   }
   return PlaceFrees(std::move(g));
 }

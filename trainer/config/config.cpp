@@ -182,6 +182,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       BoolField("fsdp.reorder", &c.fsdp.reorder),
       IntField("fsdp.memory_budget", &c.fsdp.memory_budget, 0, int64_t{1} << 30),
       BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),
+      StringField("fsdp.trace_out", &c.fsdp.trace_out),
 
       IntField("dist.timeout_seconds", &c.dist.timeout_seconds, 1, 86400),
       StringField("dist.gloo_hostname", &c.dist.gloo_hostname),
@@ -315,6 +316,9 @@ Status ValidateCrossFields(const TrainConfig& c) {
     }
   }
   if (c.metrics.host.empty()) return InvalidConfig("key 'metrics.host': must not be empty");
+  if (!c.fsdp.trace_out.empty() && c.schedule.steps < 2) {
+    return InvalidConfig("key 'fsdp.trace_out': traces step 2, but schedule.steps is " + Str(c.schedule.steps));
+  }
   return Status::Ok();
 }
 

@@ -76,6 +76,7 @@ struct FsdpConfig {
   bool reorder = true;                // compiled: run the reorder pass
   int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = none
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
+  std::string trace_out;              // Chrome trace of step 2 (every rank's lanes) written here by rank 0
 };
 
 struct DistConfig {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "trainer/common/status.h"
@@ -42,6 +43,9 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual Status Wait() = 0;
+  // Steady-clock seconds at which the collective finished, where the backend reports it (Gloo,
+  // from its completion callback); nullopt where it does not (NCCL: the wait's return bounds it).
+  virtual std::optional<double> CompletedAt() const { return std::nullopt; }
 };
 
 struct CommunicatorOptions {

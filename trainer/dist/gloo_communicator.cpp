@@ -18,6 +18,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -77,7 +79,23 @@ int64_t ReductionBytes(const torch::Tensor& t) {
 class GlooWork final : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what)
-      : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)) {}
+      : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)) {
+    // Gloo completes the work on its own thread: note when, for traces (--trace-out).
+    try {
+      auto done = done_at_;
+      work_->getFuture()->addCallback([done](c10::ivalue::Future&) {
+        done->store(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+      });
+    } catch (const std::exception&) {
+      // This work has no future: CompletedAt() stays unknown.
+    }
+  }
+
+  std::optional<double> CompletedAt() const override {
+    const double t = done_at_->load();
+    if (t > 0) return t;
+    return std::nullopt;
+  }
 
   Status Wait() override {
     if (waited_) return status_;
@@ -109,6 +127,7 @@ class GlooWork final : public Work {
   std::string what_;
   bool waited_ = false;
   Status status_;
+  std::shared_ptr<std::atomic<double>> done_at_ = std::make_shared<std::atomic<double>>(0.0);
 };
 
 class GlooCommunicator final : public Communicator {

@@ -51,19 +51,49 @@ struct FullyShardedLlama::Unit {
   torch::Device device = torch::kCPU;
   const FsdpOptions* options = nullptr;
   FsdpStats* stats = nullptr;
+  ChromeTrace* const* tracer = nullptr;  // the model's tracer_: null unless tracing a step
+  int64_t* gathered_bytes = nullptr;     // the model's count of allocated parameter storage
 
   bool gathered = false;
   torch::Tensor gather_out;
   std::unique_ptr<dist::Work> gather_work;
+  double gather_issued = 0;
 
   std::vector<torch::Tensor> grad_accum;  // full gradients held back while sync is off
   torch::Tensor reduce_out;
   std::unique_ptr<dist::Work> reduce_work;
+  const char* reduce_kind = "";  // what reduce_work is: "reduce_scatter" or "all_reduce"
+  double reduce_issued = 0;
+  int64_t reduce_bytes = 0;      // its logical size (a reduce-scatter's input)
+  const dist::Communicator* reduce_group = nullptr;  // the group it runs on
 
-  void Timed(const std::function<Status()>& wait) {
-    const auto t0 = Clock::now();
-    ThrowIfError(wait());
-    stats->exposed_comm_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  // Waits for `work` (issued at `issued`), counting the time blocked as exposed communication.
+  // When tracing: the collective from issue to completion, and the time blocked.
+  void Await(std::unique_ptr<dist::Work>& work, const char* collective, double issued, int64_t bytes,
+             const dist::Communicator& on) {
+    const double t0 = Now();
+    ThrowIfError(work->Wait());
+    const double t1 = Now();
+    stats->exposed_comm_seconds += t1 - t0;
+    if (ChromeTrace* trace = *tracer) {
+      const double done = std::min(t1, work->CompletedAt().value_or(t1));
+      const std::string what = std::string(collective) + " " + name;
+      trace->Span("communication", what, issued, std::max(issued, done),
+                  {{"bytes", std::to_string(bytes)}, {"group", on.group_name()}});
+      if (t1 - t0 > 1e-6) trace->Span("blocked on communication", "wait " + what, t0, t1);
+    }
+    work.reset();
+  }
+
+  void CountGathered(int64_t delta) {
+    *gathered_bytes += delta;
+    if (ChromeTrace* trace = *tracer) trace->Counter("gathered parameters (MiB)", Now(), *gathered_bytes / 1048576.0);
+  }
+
+  int64_t GatheredBytes() const {
+    int64_t bytes = 0;
+    for (const ShardedParam* p : params) bytes += dist::TensorBytes(p->full);
+    return bytes;
   }
 
   // Copy-in of the shards and an async all-gather into one flat buffer.
@@ -78,6 +108,7 @@ struct FullyShardedLlama::Unit {
       flat.narrow(0, offsets[i], p.shard_numel()).copy_(p.shard.detach().reshape({-1}));
     }
     gather_out = torch::empty({world * shard_numel}, opts);
+    gather_issued = Now();
     auto work = group->AllGatherInto(gather_out, flat);
     ThrowIfError(work.status());
     gather_work = std::move(work).value();
@@ -88,8 +119,7 @@ struct FullyShardedLlama::Unit {
   void WaitGather() {
     if (gathered) return;
     StartGather();
-    Timed([&] { return gather_work->Wait(); });
-    gather_work.reset();
+    Await(gather_work, "all_gather", gather_issued, dist::TensorBytes(gather_out), *group);
     torch::NoGradGuard no_grad;
     const int world = group->size();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -105,12 +135,14 @@ struct FullyShardedLlama::Unit {
     }
     gather_out = torch::Tensor();
     gathered = true;
+    CountGathered(GatheredBytes());
   }
 
   void Free() {
     if (!gathered) return;
     for (ShardedParam* p : params) ReleaseStorage(p->full);
     gathered = false;
+    CountGathered(-GatheredBytes());
   }
 
   // After this unit's backward: its parameters' full gradients (accumulated by autograd) go to
@@ -155,9 +187,13 @@ struct FullyShardedLlama::Unit {
       }
     }
     reduce_out = torch::empty({shard_numel}, input.options());
+    reduce_issued = Now();
     auto work = group->ReduceScatter(reduce_out, input, dist::ReduceOp::kAvg);
     ThrowIfError(work.status());
     reduce_work = std::move(work).value();
+    reduce_kind = "reduce_scatter";
+    reduce_group = group;
+    reduce_bytes = dist::TensorBytes(input);
   }
 
   bool PendingGrads() const {
@@ -170,12 +206,9 @@ struct FullyShardedLlama::Unit {
   // (one all-reduce per unit), else adds it to the shards' gradients.
   void FinishReduce(dist::Communicator* replicate) {
     if (!reduce_work) return;
-    Timed([&] { return reduce_work->Wait(); });
-    reduce_work.reset();
+    Await(reduce_work, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
     if (replicate != nullptr && replicate->size() > 1) {
-      auto work = replicate->AllReduce(reduce_out, dist::ReduceOp::kAvg);
-      ThrowIfError(work.status());
-      reduce_work = std::move(work).value();
+      StartReplicaReduce(replicate);
       return;
     }
     AddReducedGrads();
@@ -184,22 +217,24 @@ struct FullyShardedLlama::Unit {
   // Plan mode: wait for the reduce-scatter; add the result now unless an all-reduce follows.
   void WaitReduce(bool all_reduce_follows) {
     if (!reduce_work) return;  // gradient sync off: nothing was sent
-    Timed([&] { return reduce_work->Wait(); });
-    reduce_work.reset();
+    Await(reduce_work, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
     if (!all_reduce_follows) AddReducedGrads();
   }
 
   void StartReplicaReduce(dist::Communicator* replicate) {
     if (!reduce_out.defined()) return;  // gradient sync off
+    reduce_issued = Now();
     auto work = replicate->AllReduce(reduce_out, dist::ReduceOp::kAvg);
     ThrowIfError(work.status());
     reduce_work = std::move(work).value();
+    reduce_kind = "all_reduce";
+    reduce_group = replicate;
+    reduce_bytes = dist::TensorBytes(reduce_out);
   }
 
   void FinishReplicaReduce() {
     if (!reduce_work) return;
-    Timed([&] { return reduce_work->Wait(); });
-    reduce_work.reset();
+    Await(reduce_work, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
     AddReducedGrads();
   }
 
@@ -247,6 +282,8 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
     unit->group = shard_group;
     unit->options = &f->options_;
     unit->stats = &f->stats_;
+    unit->tracer = &f->tracer_;
+    unit->gathered_bytes = &f->gathered_bytes_;
     f->units_.push_back(std::move(unit));
   }
   const int world = shard_group->size();
@@ -301,7 +338,10 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
   torch::Tensor logits = model_->ForwardWithLayerRunner(
       tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
         Unit* unit = units_[i + 1].get();
-        if (i == 0) trace->fwd[0] = Now() - trace->mark;  // the embedding ran since
+        if (i == 0) {
+          trace->fwd[0] = Now() - trace->mark;  // the embedding ran since
+          TraceCompute("fwd embed", trace->mark, trace->mark + trace->fwd[0]);
+        }
         unit->WaitGather();
         if (prefetch && i + 1 < layers) units_[i + 2]->StartGather();
         const double start = Now();
@@ -312,8 +352,9 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
         if (h.requires_grad()) {
           Unit* prev = i > 0 ? units_[i].get() : nullptr;
           Unit* before_prev = prefetch && i > 1 ? units_[i - 1].get() : nullptr;
-          h.register_hook([unit, prev, before_prev, sync, trace, i](const torch::Tensor&) {
+          h.register_hook([this, unit, prev, before_prev, sync, trace, i](const torch::Tensor&) {
             trace->bwd[i + 1] = Now() - trace->mark;
+            TraceCompute("bwd layers." + std::to_string(i), trace->mark, trace->mark + trace->bwd[i + 1]);
             unit->PostBackward(sync);
             if (prev != nullptr) prev->WaitGather();
             if (before_prev != nullptr) before_prev->StartGather();
@@ -322,13 +363,15 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
         }
         torch::Tensor out = layer.forward(h, rope);
         trace->fwd[i + 1] = Now() - start;
+        TraceCompute("fwd layers." + std::to_string(i), start, start + trace->fwd[i + 1]);
         if (options_.reshard_after_forward) unit->Free();
         if (i + 1 == layers && out.requires_grad()) {
           // Pre-backward of the last layer (the others get theirs from the next layer's hook).
           Unit* before = prefetch && i > 0 ? units_[i].get() : nullptr;
-          out.register_hook([unit, before, trace, layers](const torch::Tensor&) {
+          out.register_hook([this, unit, before, trace, layers](const torch::Tensor&) {
             // Head forward (with the loss) and head backward ran since the end of Forward.
             const double head = Now() - trace->mark;
+            TraceCompute("fwd+bwd head (with the loss)", trace->mark, trace->mark + head);
             trace->fwd[layers + 1] = head / 3;
             trace->bwd[layers + 1] = head * 2 / 3;
             unit->WaitGather();
@@ -367,6 +410,7 @@ Status FullyShardedLlama::FinishBackward() {
       return Status::Ok();
     }
     trace_.bwd[0] = Now() - trace_.mark;  // the embedding's backward
+    TraceCompute("bwd embed", trace_.mark, trace_.mark + trace_.bwd[0]);
     // The root's post-backward (its parameters were used at both ends of the model). A layer
     // whose hook did not run (its output did not reach the loss) is reduced here too, so every
     // rank issues the same collectives.
@@ -430,6 +474,10 @@ Result<std::map<std::string, torch::Tensor>> FullyShardedLlama::GatherFullState(
     return e.status();
   }
   return state;
+}
+
+void FullyShardedLlama::TraceCompute(const std::string& label, double start, double end) {
+  if (tracer_ != nullptr) tracer_->Span("compute", label, start, end);
 }
 
 FsdpStats FullyShardedLlama::TakeStats() {
@@ -530,6 +578,8 @@ Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
     unit->group = shard_group_;
     unit->options = &options_;
     unit->stats = &stats_;
+    unit->tracer = &tracer_;
+    unit->gathered_bytes = &gathered_bytes_;
     unit->device = units_[0]->device;
     for (int i : op.params) {
       unit->params.push_back(by_index[i]);
@@ -570,6 +620,10 @@ void FullyShardedLlama::RunPlanUntil(compiler::Phase phase, const std::string& m
   using compiler::OpKind;
   Plan& plan = *plan_;
   const auto& ops = plan.graph.ops;
+  if (!open_compute_.empty()) {
+    TraceCompute(open_compute_, open_compute_start_, Now());
+    open_compute_.clear();
+  }
   while (plan.pc < ops.size()) {
     const size_t at = plan.pc++;
     const compiler::Op& op = ops[at];
@@ -585,6 +639,10 @@ void FullyShardedLlama::RunPlanUntil(compiler::Phase phase, const std::string& m
         for (ShardedParam* p : plan.module_params[op.module])
           if (p->full.storage().nbytes() == 0)
             ThrowIfError(Internal("compiled plan runs " + name + " with " + p->name + " not gathered"));
+        if (tracer_ != nullptr) {
+          open_compute_ = (phase == compiler::Phase::kForward ? "fwd " : "bwd ") + name;
+          open_compute_start_ = Now();
+        }
         return;
       }
       case OpKind::kAllGather: plan.unit[at]->StartGather(); break;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/common/chrome_trace.h"
 #include "trainer/common/status.h"
 #include "trainer/compiler/ir.h"
 #include "trainer/dist/communicator.h"
@@ -86,6 +87,9 @@ class FullyShardedLlama {
   const model::LlamaConfig& config() const { return model_->config(); }
   model::LlamaForCausalLM& module() { return model_; }
   FsdpStats TakeStats();
+  // Records into `trace` (null: stops) until told otherwise: compute per module, each collective
+  // from issue to completion, the time blocked waiting for one, and the gathered bytes.
+  void TraceInto(ChromeTrace* trace) { tracer_ = trace; }
   // Per-rank bytes of parameter shards, gradient shards (same) — optimizer state is 2x.
   int64_t ShardBytes() const;
 
@@ -114,6 +118,12 @@ class FullyShardedLlama {
   std::deque<ShardedParam> params_;            // every parameter, in the module's order
   std::vector<std::unique_ptr<Unit>> units_;  // [0] = root, then layer i at [i + 1]
   FsdpStats stats_;
+  ChromeTrace* tracer_ = nullptr;
+  int64_t gathered_bytes_ = 0;  // parameter storage allocated now, over every unit
+  // The compute the plan last let run (for the trace): its label and start time.
+  std::string open_compute_;
+  double open_compute_start_ = 0;
+  void TraceCompute(const std::string& label, double start, double end);
 
   // Runs the plan's ops up to the compute of `module` in `phase` (an empty module: to the end)
   // and checks that compute's parameters are gathered. Throws StatusError on a mismatch.

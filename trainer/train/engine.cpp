@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
 #include <iomanip>
 #include <sstream>
 #include <ostream>
@@ -11,6 +12,8 @@
 #include "trainer/dist/env.h"
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/dist/rendezvous.h"
+#include "trainer/common/chrome_trace.h"
+#include "trainer/common/file.h"
 #include "trainer/common/units.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/passes.h"
@@ -88,6 +91,25 @@ Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collec
   return compiler::FitLink(samples, n);
 }
 
+// Every rank's `text`, in rank order, on every rank of `group` (collective).
+Result<std::vector<std::string>> GatherText(dist::Communicator& group, const std::string& text) {
+  const int n = group.size();
+  torch::Tensor size = torch::full({1}, static_cast<int64_t>(text.size()), torch::kLong);
+  torch::Tensor sizes = torch::empty({n}, torch::kLong);
+  MW_ASSIGN_OR_RETURN(auto w1, group.AllGatherInto(sizes, size));
+  MW_RETURN_IF_ERROR(w1->Wait());
+  const int64_t longest = sizes.max().item<int64_t>();
+  torch::Tensor mine = torch::zeros({longest}, torch::kUInt8);
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  torch::Tensor all = torch::empty({n * longest}, torch::kUInt8);
+  MW_ASSIGN_OR_RETURN(auto w2, group.AllGatherInto(all, mine));
+  MW_RETURN_IF_ERROR(w2->Wait());
+  std::vector<std::string> out;
+  const char* bytes = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, static_cast<size_t>(sizes[r].item<int64_t>()));
+  return out;
+}
+
 class FsdpEngine : public Engine {
  public:
   FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp,
@@ -146,12 +168,18 @@ class FsdpEngine : public Engine {
 
   torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
     if (cfg_.mode == "compiled" && !fsdp_->compiled() && steps_done_ >= 1) ThrowIfError(Compile());
+    if (!cfg_.trace_out.empty() && steps_done_ == kTracedStep - 1 && !trace_) {
+      trace_origin_ = NowSeconds();
+      trace_ = std::make_unique<ChromeTrace>(env_.rank, "rank " + std::to_string(env_.rank), trace_origin_);
+      fsdp_->TraceInto(trace_.get());
+    }
     fsdp_->SetGradientSync(sync);
     return fsdp_->Forward(tokens);
   }
   Status AfterBackward(bool sync) override {
     MW_RETURN_IF_ERROR(fsdp_->FinishBackward());
     if (sync) ++steps_done_;
+    if (sync && trace_ && steps_done_ == kTracedStep) MW_RETURN_IF_ERROR(WriteTrace());
     return Status::Ok();
   }
   Result<double> ClipGradNorm(double max_norm) override {
@@ -188,12 +216,36 @@ class FsdpEngine : public Engine {
   }
 
  private:
+  static double NowSeconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  // Ends the trace of step kTracedStep: rank 0 collects every rank's events and writes one file
+  // (each rank a process; times from each rank's own start of the step).
+  Status WriteTrace() {
+    fsdp_->TraceInto(nullptr);
+    trace_->Span("step", "step " + std::to_string(kTracedStep) + " (" + cfg_.mode + "): forward, backward, reduction",
+                 trace_origin_, NowSeconds());
+    MW_ASSIGN_OR_RETURN(std::vector<std::string> ranks, GatherText(mesh_->group("world"), trace_->EventsJson()));
+    if (env_.rank != 0) return Status::Ok();
+    const std::string doc = ChromeTrace::Document(ranks);
+    MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(cfg_.trace_out));
+    MW_RETURN_IF_ERROR(out.Write(doc.data(), doc.size()));
+    MW_RETURN_IF_ERROR(out.Commit());
+    log_ << "trace: step " << kTracedStep << " (" << cfg_.mode << ", " << ranks.size() << " ranks) written to "
+         << cfg_.trace_out << "\n";
+    return Status::Ok();
+  }
+
+  static constexpr int64_t kTracedStep = 2;  // step 1 warms up (and, compiled, is traced to plan)
   dist::DistEnv env_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
   config::FsdpConfig cfg_;
   std::ostream& log_;
   int64_t steps_done_ = 0;
+  std::unique_ptr<ChromeTrace> trace_;
+  double trace_origin_ = 0;
 };
 
 bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
@@ -207,7 +259,10 @@ std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model) {
 Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
                                            const torch::Device& device, std::ostream& log) {
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
-  if (env.world_size == 1) return MakeLocalEngine(std::move(model));
+  if (env.world_size == 1) {
+    if (!cfg.fsdp.trace_out.empty()) log << "trace: fsdp.trace_out ignored: one process runs no FSDP\n";
+    return MakeLocalEngine(std::move(model));
+  }
 
   MW_ASSIGN_OR_RETURN(dist::MeshShape shape,
                       dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),

@@ -114,6 +114,8 @@ const Rejected kRejected[] = {
     {"Bf16OnCpu", "training:\n  device: cpu\n  dtype: bf16\n", {}, "'training.dtype'", "'cpu'"},
     {"WarmupAboveSteps", "schedule:\n  steps: 10\n  warmup_steps: 11\n", {}, "'schedule.warmup_steps'",
      "11 exceeds schedule.steps 10"},
+    {"TraceOfOneStepRun", "schedule:\n  steps: 1\n  warmup_steps: 0\nfsdp:\n  trace_out: t.json\n", {},
+     "'fsdp.trace_out'", "schedule.steps is 1"},
     {"SeqLenAboveMaxPositions", "data:\n  seq_len: 2000\n", {}, "'data.seq_len'",
      "2000 exceeds model.max_position_embeddings 1024"},
     {"UnknownPreset", "model:\n  preset: gpt2\n", {}, "'model.preset'", "'gpt2'"},
