@@ -28,7 +28,8 @@ runs=(
   echo
   echo "Machine: $(bench_machine); all ranks share them."
   echo "Synthetic tokens, fp32, same global batch. tok/s is global, excluding step 1 (compiled runs"
-  echo "step 1 eager to trace it, and compile before step 2, which is inside the measured time)."
+  echo "step 1 eager to trace it, and compile before step 2, which is inside the tok/s). Measured step"
+  echo "is the median step time from step 3 on (steady state: no compile), from rank 0's step log."
   echo "Collectives/step and predicted step time come from rank 0's plan summary; exposed comm is"
   echo "rank 0's time blocked in waits over the run; peak RSS is rank 0's process."
   echo
@@ -47,7 +48,8 @@ for spec in "${runs[@]}"; do
       "$bin" launch --nproc "$world" --master-port "$port" train --set model.preset="$preset" \
         --set data.train=synthetic --set data.seq_len="$seq" --set data.batch_size=$((batch / world)) \
         --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set metrics.port=-1 \
-        --set metrics.device_profile=cpu --set logging.every=1000 --set fsdp.mode="$mode" >"$log" 2>&1
+        --set metrics.device_profile=cpu --set logging.every=1000 --set fsdp.mode="$mode" \
+        --set logging.jsonl="$tmp/$name-$world-$mode.jsonl" >"$log" 2>&1
       parse_run "$log"
       plan="$(grep -m1 '^compiled plan:' "$log" || true)"
       if [ -n "$plan" ]; then
@@ -57,7 +59,11 @@ for spec in "${runs[@]}"; do
         colls="per layer + root"
         predicted="-"
       fi
-      measured="$(awk -v t="$tps" -v b="$batch" -v s="$seq" 'BEGIN { if (t > 0) printf "%.4f s", b * s / t; else print "-" }')"
+      measured="$(python3 -c '
+import json, statistics, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+late = [s["step_seconds"] for s in steps if s["step"] >= 3]
+print(f"{statistics.median(late):.4f} s" if late else "-")' "$tmp/$name-$world-$mode.jsonl")"
       echo "| $name | $world | $mode | $tps | ${exposed:-0} | $colls | $peak | $predicted | $measured |" >>"$tmp/table.md"
       echo "    $done_line" >&2
     done

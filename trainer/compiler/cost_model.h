@@ -20,6 +20,14 @@ struct CostModel {
   LinkCost replicate_link;  // the dp_replicate group's (HSDP all-reduce)
   int dp_shard = 1;
   int dp_replicate = 1;
+  // CPU ranks (Gloo): communication runs on the cores that compute, so while both are busy
+  // each goes at 1 / (1 + interference) of its own speed; 0 (GPUs, NCCL) = they do not slow
+  // each other. Measured at start-up by timing matmuls with and without collectives in flight.
+  double interference = 0;
+  // Host copies FSDP makes around its collectives (shards into a flat buffer before an
+  // all-gather, the gathered rows into parameters after its wait, gradients into rank-major
+  // order before a reduce-scatter), at this rate on the compute lane; 0 = free (GPU kernels).
+  double host_copy_bytes_per_second = 0;
 
   // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the
   // reduced shard. A group of one moves nothing and costs nothing.
@@ -27,6 +35,10 @@ struct CostModel {
   // Bytes a collective moves, from the IR's parameter table: an all_gather's output, a
   // reduce_scatter's full input; an all_reduce moves its `source` reduce_scatter's output shard.
   int64_t CollectiveBytes(const Graph& g, const Op& op, const Op* source = nullptr) const;
+  // Seconds of host copying for `bytes` (0 when copies are free).
+  double CopySeconds(int64_t bytes) const {
+    return host_copy_bytes_per_second > 0 ? static_cast<double>(bytes) / host_copy_bytes_per_second : 0;
+  }
 };
 
 // Fits latency and bus bandwidth to measured (bytes, seconds) pairs of one collective kind on

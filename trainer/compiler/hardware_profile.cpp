@@ -152,6 +152,9 @@ Result<HardwareProfile> ParseHardwareProfile(const std::string& yaml_text, const
                                 {"gpus_per_node", true, r.Count("gpus_per_node", &gpus_per_node, 1 << 16)},
                                 {"intra_node", true, ReadLink(source, "intra_node", &p.intra_node)},
                                 {"inter_node", false, ReadLink(source, "inter_node", &p.inter_node)},
+                                {"interference", false, r.Number("interference", &p.interference, 0.0, 100.0, false)},
+                                {"host_copy_bytes_per_second", false,
+                                 r.Number("host_copy_bytes_per_second", &p.host_copy_bytes_per_second, 0.0, 1e15, false)},
                             },
                             &present));
   p.gpus_per_node = static_cast<int>(gpus_per_node);
@@ -190,6 +193,8 @@ Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate
   CostModel cost;
   cost.dp_shard = dp_shard;
   cost.dp_replicate = dp_replicate;
+  cost.interference = profile.interference;
+  cost.host_copy_bytes_per_second = profile.host_copy_bytes_per_second;
   auto pick = [&](const char* dim, int size, int stride, LinkCost* out) -> Status {
     if (GroupsWithinNode(size, stride, world, profile.gpus_per_node)) {
       *out = profile.intra_node;

@@ -21,6 +21,9 @@ struct HardwareProfile {
   // Absent in single-node profiles; a mesh whose groups cross nodes then fails to build.
   bool has_inter_node = false;
   LinkCost inter_node;
+  // CPU ranks: CostModel::interference and host_copy_bytes_per_second (0 for GPUs).
+  double interference = 0;
+  double host_copy_bytes_per_second = 0;
 
   double AchievedFlopsPerSecond() const { return peak_flops_per_second * achieved_mfu; }
 };
@@ -30,6 +33,7 @@ struct HardwareProfile {
 //   memory_bytes: 80e9             gpus_per_node: 8
 //   intra_node: {latency_seconds: 25e-6, bus_bytes_per_second: 360e9}
 //   inter_node: {latency_seconds: ..., bus_bytes_per_second: ...}   (optional)
+//   interference: 0.3   host_copy_bytes_per_second: 5e9               (optional, CPU ranks)
 // A missing file is kNotFound; bad YAML, an unknown or missing key or a bad value is
 // kInvalidInput naming the file, the key and the value.
 Result<HardwareProfile> LoadHardwareProfile(const std::string& path);

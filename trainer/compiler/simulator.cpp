@@ -1,7 +1,10 @@
 #include "trainer/compiler/simulator.h"
 
 #include <algorithm>
+#include <deque>
+#include <limits>
 #include <map>
+#include <string>
 
 namespace meshwork::compiler {
 namespace {
@@ -79,43 +82,121 @@ int64_t PeakBytes(const Graph& g) {
 SimResult Simulate(const Graph& g, const CostModel& cost) {
   SimResult r;
   r.ops.resize(g.ops.size());
-  double host = 0, comm_free = 0;
-  std::map<std::string, double> done;  // collective id -> end time
+  const double slow = 1.0 / (1.0 + std::max(0.0, cost.interference));
+  std::map<std::string, double> done;       // collective id -> end time
   std::map<std::string, const Op*> issued;  // collective id -> its op (an all_reduce's source)
-  for (size_t i = 0; i < g.ops.size(); ++i) {
-    const Op& op = g.ops[i];
-    OpTiming& t = r.ops[i];
-    t.start = host;
-    t.end = host;
-    if (op.is_collective()) {
-      double ready = host;
-      if (op.kind == OpKind::kAllReduce && done.count(op.source)) ready = std::max(ready, done[op.source]);
-      issued[op.id] = &op;
-      const Op* source = op.kind == OpKind::kAllReduce && issued.count(op.source) ? issued[op.source] : nullptr;
-      const int64_t bytes = cost.CollectiveBytes(g, op, source);
-      const double d = cost.CollectiveSeconds(op.kind, bytes);
-      t.start = std::max(ready, comm_free);
-      t.end = t.start + d;
-      comm_free = t.end;
-      done[op.id] = t.end;
-      r.comm_seconds += d;
-      ++r.collectives;
-    } else if (op.kind == OpKind::kWait) {
-      const double end = done.count(op.id) ? done[op.id] : host;
-      if (end > host) {
-        r.exposed_comm_seconds += end - host;
-        host = end;
+  struct Queued {
+    size_t op;
+    double work;  // seconds left at full speed
+  };
+  std::deque<Queued> comm;  // FIFO: the front is running
+  double now = 0;
+  double host_work = 0;     // seconds of host work left at full speed (compute, copies)
+  size_t host_op = 0;       // the op whose host work is running (its end is set when it ends)
+  bool host_busy = false;
+  std::string blocked_on;   // a wait's collective id while the host is blocked
+  double blocked_since = 0;
+  size_t pc = 0;
+  auto bytes_of = [&](const Op& op) { return cost.CollectiveBytes(g, op, nullptr); };
+  constexpr size_t kNoOp = static_cast<size_t>(-1);
+  // Host work of `seconds` for op `i` (kNoOp: a collective's copy-in, which is not its timing).
+  auto start_host = [&](size_t i, double seconds) {
+    if (i != kNoOp) r.ops[i].start = r.ops[i].end = now;
+    if (seconds <= 0) return;
+    host_work = seconds;
+    host_op = i;
+    host_busy = true;
+  };
+  auto start_front = [&] {
+    if (!comm.empty()) r.ops[comm.front().op].start = now;
+  };
+  while (true) {
+    // The host runs instantaneous ops until it has work, is blocked, or the program ends.
+    while (!host_busy && blocked_on.empty() && pc < g.ops.size()) {
+      const size_t i = pc++;
+      const Op& op = g.ops[i];
+      if (op.is_collective()) {
+        issued[op.id] = &op;
+        const Op* source = op.kind == OpKind::kAllReduce && issued.count(op.source) ? issued[op.source] : nullptr;
+        const double d = cost.CollectiveSeconds(op.kind, cost.CollectiveBytes(g, op, source));
+        r.comm_seconds += d;
+        ++r.collectives;
+        comm.push_back({i, d});
+        if (comm.size() == 1) start_front();
+        // Copy-in of the shards (all-gather), the rank-major gradient layout (reduce-scatter).
+        double copy = 0;
+        if (op.kind == OpKind::kAllGather) copy = cost.CopySeconds(bytes_of(op) / std::max(1, cost.dp_shard));
+        if (op.kind == OpKind::kReduceScatter) copy = cost.CopySeconds(bytes_of(op));
+        r.copy_seconds += copy;
+        start_host(kNoOp, copy);
+      } else if (op.kind == OpKind::kWait) {
+        r.ops[i].start = now;
+        r.ops[i].end = now;
+        if (!done.count(op.id) && issued.count(op.id)) {
+          blocked_on = op.id;
+          blocked_since = now;
+          host_op = i;
+        } else {
+          const Op* c = issued.count(op.id) ? issued[op.id] : nullptr;
+          // Copy-out of the gathered rows (all-gather), the reduced shard into the gradients.
+          double copy = 0;
+          if (c != nullptr && c->kind == OpKind::kAllGather) copy = cost.CopySeconds(bytes_of(*c));
+          if (c != nullptr && c->kind == OpKind::kReduceScatter) copy = cost.CopySeconds(bytes_of(*c) / std::max(1, cost.dp_shard));
+          r.copy_seconds += copy;
+          start_host(i, copy);
+        }
+      } else if (op.kind == OpKind::kCompute) {
+        const ModuleInfo& m = g.modules[op.module];
+        const double d = op.phase == Phase::kForward ? m.fwd_seconds : m.bwd_seconds;
+        r.compute_seconds += d;
+        start_host(i, d);
+      } else {
+        r.ops[i].start = now;
+        r.ops[i].end = now;
       }
-      t.end = host;
-    } else if (op.kind == OpKind::kCompute) {
-      const ModuleInfo& m = g.modules[op.module];
-      const double d = op.phase == Phase::kForward ? m.fwd_seconds : m.bwd_seconds;
-      host += d;
-      r.compute_seconds += d;
-      t.end = host;
+    }
+    const bool comm_busy = !comm.empty();
+    if (!host_busy && !comm_busy) break;  // blocked with nothing in flight cannot happen
+    const double host_rate = host_busy ? (comm_busy ? slow : 1.0) : 0.0;
+    const double comm_rate = comm_busy ? (host_busy ? slow : 1.0) : 0.0;
+    double dt = std::numeric_limits<double>::infinity();
+    if (host_busy) dt = std::min(dt, host_work / host_rate);
+    if (comm_busy) dt = std::min(dt, comm.front().work / comm_rate);
+    now += dt;
+    if (host_busy) {
+      host_work -= dt * host_rate;
+      if (host_work <= 1e-15) {
+        host_busy = false;
+        if (host_op != kNoOp) r.ops[host_op].end = now;
+      }
+    }
+    if (comm_busy) {
+      Queued& q = comm.front();
+      q.work -= dt * comm_rate;
+      if (q.work <= 1e-15) {
+        const Op& op = g.ops[q.op];
+        done[op.id] = now;
+        r.ops[q.op].end = now;
+        comm.pop_front();
+        start_front();
+        if (blocked_on == op.id) {
+          r.exposed_comm_seconds += now - blocked_since;
+          r.ops[host_op].end = now;
+          blocked_on.clear();
+          // The wait's copy-out, now that the collective is done.
+          double copy = 0;
+          if (op.kind == OpKind::kAllGather) copy = cost.CopySeconds(bytes_of(op));
+          if (op.kind == OpKind::kReduceScatter) copy = cost.CopySeconds(bytes_of(op) / std::max(1, cost.dp_shard));
+          r.copy_seconds += copy;
+          if (copy > 0) {
+            host_work = copy;
+            host_busy = true;
+          }
+        }
+      }
     }
   }
-  r.step_seconds = std::max(host, comm_free);
+  r.step_seconds = now;
   r.peak_bytes = PeakBytes(g);
   for (const auto& p : g.params) r.static_bytes += 4 * p.shard_bytes;
   return r;

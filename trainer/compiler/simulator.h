@@ -2,7 +2,9 @@
 // runs on the host's lane (the host waits for it, as a CPU does, and a GPU does at its sync
 // points); collectives queue FIFO on one communication lane and start when issued and the lane
 // is free; `wait` blocks the host until its collective ends, and that blocking is the exposed
-// communication. Memory follows program order: an all-gather allocates its output at issue and
+// communication. FSDP's copies around collectives are host work (CostModel::CopySeconds), and
+// on CPU ranks host work and communication share the cores: while both run, each progresses at
+// 1 / (1 + CostModel::interference) of its speed. Memory follows program order: an all-gather allocates its output at issue and
 // `free` releases it; forward compute adds the module's activations and its backward releases
 // them; backward adds full gradients, released when their reduce-scatter has been waited for.
 #pragma once
@@ -22,7 +24,8 @@ struct OpTiming {
 
 struct SimResult {
   double step_seconds = 0;
-  double compute_seconds = 0;
+  double compute_seconds = 0;       // the modules' compute alone (no copies, no slowdown)
+  double copy_seconds = 0;          // host copies around collectives, alone
   double comm_seconds = 0;          // busy time of the communication lane
   double exposed_comm_seconds = 0;  // host blocked in waits
   int64_t peak_bytes = 0;           // gathered weights + activations + full gradients, at peak

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iomanip>
@@ -91,6 +92,76 @@ Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collec
   return compiler::FitLink(samples, n);
 }
 
+// Bytes per second of this process copying a 16 MiB fp32 tensor (FSDP's copy-in/copy-out),
+// the median of five.
+double MeasureCopyRate() {
+  torch::Tensor src = torch::ones({int64_t{4} << 20});
+  torch::Tensor dst = torch::empty_like(src);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) rates.push_back(static_cast<double>(dist::TensorBytes(src)) / std::max(s, 1e-9));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+// How much collectives in flight slow compute on this rank, as CostModel::interference: CPU
+// ranks share their cores with Gloo's threads. Times 32 matmuls alone, then with 16 all-gathers
+// of 8 MiB in flight on `group`, three times, and solves the cost model's sharing rule for it
+// (the median). Every rank of the group must call it (the same collectives on each).
+Result<double> MeasureInterference(dist::Communicator& group) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randn({384, 384});
+  auto matmuls = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor c;
+    for (int i = 0; i < 32; ++i) c = a.mm(a);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const int n = group.size();
+  const int64_t per_rank = (int64_t{8} << 20) / 4 / n;
+  std::vector<double> ks;
+  matmuls();  // warm-up
+  for (int rep = 0; rep < 3; ++rep) {
+    MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
+    MW_RETURN_IF_ERROR(barrier->Wait());
+    const double alone = matmuls();
+    MW_ASSIGN_OR_RETURN(auto barrier2, group.Barrier());
+    MW_RETURN_IF_ERROR(barrier2->Wait());
+    std::vector<torch::Tensor> ins, outs;
+    std::vector<std::unique_ptr<dist::Work>> works;
+    const double t0 = now();
+    for (int i = 0; i < 16; ++i) {
+      ins.push_back(torch::ones({per_rank}));
+      outs.push_back(torch::empty({per_rank * n}));
+      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs.back(), ins.back()));
+      works.push_back(std::move(w));
+    }
+    const double shared = matmuls();
+    double comm_end = t0;
+    for (auto& w : works) {
+      MW_RETURN_IF_ERROR(w->Wait());
+      comm_end = std::max(comm_end, w->CompletedAt().value_or(now()));
+    }
+    const double comm = comm_end - t0;
+    double k;
+    if (comm >= shared) {
+      k = shared / alone - 1;  // the matmuls ran under communication the whole time
+    } else {
+      // For `comm` seconds both ran at 1 / (1 + k): shared - alone = comm * k / (1 + k).
+      const double x = std::clamp((shared - alone) / std::max(comm, 1e-9), 0.0, 0.9);
+      k = x / (1 - x);
+    }
+    ks.push_back(std::clamp(k, 0.0, 9.0));
+  }
+  std::sort(ks.begin(), ks.end());
+  return ks[ks.size() / 2];
+}
+
 // Every rank's `text`, in rank order, on every rank of `group` (collective).
 Result<std::vector<std::string>> GatherText(dist::Communicator& group, const std::string& text) {
   const int n = group.size();
@@ -113,8 +184,9 @@ Result<std::vector<std::string>> GatherText(dist::Communicator& group, const std
 class FsdpEngine : public Engine {
  public:
   FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp,
-             config::FsdpConfig fsdp_config, std::ostream& log)
-      : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)), cfg_(std::move(fsdp_config)), log_(log) {}
+             config::FsdpConfig fsdp_config, bool cpu, std::ostream& log)
+      : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)), cfg_(std::move(fsdp_config)), cpu_(cpu),
+        log_(log) {}
 
   // Traces are taken from the first (eager) step; from the second on, the compiled plan runs.
   Status Compile() {
@@ -128,6 +200,13 @@ class FsdpEngine : public Engine {
     if (skeleton.dp_replicate > 1) {
       MW_ASSIGN_OR_RETURN(ctx.cost.replicate_link,
                           CalibrateLink(mesh_->group("dp_replicate"), dist::Collective::kAllReduce));
+    }
+    if (cpu_) {
+      // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
+      ctx.cost.host_copy_bytes_per_second = MeasureCopyRate();
+      if (skeleton.dp_shard > 1) {
+        MW_ASSIGN_OR_RETURN(ctx.cost.interference, MeasureInterference(mesh_->group("dp_shard")));
+      }
     }
     MW_ASSIGN_OR_RETURN(ctx.bucketing, compiler::ParseBucketing(cfg_.bucketing));
     ctx.memory_budget_bytes = cfg_.memory_budget << 20;
@@ -147,7 +226,12 @@ class FsdpEngine : public Engine {
            << " s (eager " << e.step_seconds << "), exposed comm " << p.exposed_comm_seconds << " s (eager "
            << e.exposed_comm_seconds << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes)
            << "); dp_shard link " << std::setprecision(0) << ctx.cost.shard_link.latency_seconds * 1e6 << " us + "
-           << std::setprecision(2) << ctx.cost.shard_link.bus_bytes_per_second / 1e9 << " GB/s\n";
+           << std::setprecision(2) << ctx.cost.shard_link.bus_bytes_per_second / 1e9 << " GB/s";
+      if (cpu_) {
+        line << ", host copies " << ctx.cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
+             << ctx.cost.interference;
+      }
+      line << "\n";
       log_ << line.str();
     }
     MW_ASSIGN_OR_RETURN(compiler::Graph agreed, fsdp::AgreeOnPlan(mesh_->group("world"), plan));
@@ -242,6 +326,7 @@ class FsdpEngine : public Engine {
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
   config::FsdpConfig cfg_;
+  bool cpu_;  // CPU ranks (Gloo): the cost model charges copies and core sharing
   std::ostream& log_;
   int64_t steps_done_ = 0;
   std::unique_ptr<ChromeTrace> trace_;
@@ -306,7 +391,7 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
         << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
   }
-  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, log));
+  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, !device.is_cuda(), log));
 }
 
 }  // namespace meshwork::train

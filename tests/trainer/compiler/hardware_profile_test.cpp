@@ -85,6 +85,22 @@ TEST(HardwareProfileTest, InterNodeLinkIsOptional) {
   EXPECT_FALSE(p->has_inter_node);
 }
 
+TEST(HardwareProfileTest, CpuSharingKeysAreOptionalAndReachTheCostModel) {
+  auto gpu = ParseHardwareProfile(kValid, "test.yaml");
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  EXPECT_EQ(gpu->interference, 0);
+  EXPECT_EQ(gpu->host_copy_bytes_per_second, 0);
+  auto cpu = ParseHardwareProfile(kValid + "interference: 0.5\nhost_copy_bytes_per_second: 4e9\n", "test.yaml");
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  auto cost = MakeCostModel(*cpu, 1, 2);
+  ASSERT_TRUE(cost.ok()) << cost.status().ToString();
+  EXPECT_DOUBLE_EQ(cost->interference, 0.5);
+  EXPECT_DOUBLE_EQ(cost->CopySeconds(int64_t{4} << 30), (int64_t{4} << 30) / 4e9);
+  auto bad = ParseHardwareProfile(kValid + "interference: -1\n", "test.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("interference"), std::string::npos) << bad.status().message();
+}
+
 TEST(HardwareProfileTest, UnknownTopLevelKeyIsNamed) {
   auto p = ParseHardwareProfile(kValid + "peak_tflops: 989\n", "my.yaml");
   ASSERT_FALSE(p.ok());

@@ -80,5 +80,53 @@ optimizer_step
   EXPECT_EQ(r.static_bytes, 4 * 16000);
 }
 
+
+// CPU ranks: communication and compute share the cores. With interference 1 each runs at half
+// speed while the other is busy.
+TEST(Simulator, InterferenceSlowsOverlappingComputeAndCommunication) {
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [3,4]
+wait %ag0
+%ag1 = all_gather [1,2]
+compute fwd layers.1
+wait %ag1
+free %ag0
+free %ag1
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  CostModel c = Cost();
+  // Without interference: ag0 0 -> 3 ms (exposed), ag1 3 -> 6 ms hidden under layers.1 3 -> 13.
+  EXPECT_NEAR(Simulate(*g, c).step_seconds, 0.013, 1e-12);
+  c.interference = 1.0;
+  // ag0 alone 0 -> 3. Then ag1 (3 ms of work) and layers.1 (10 ms) share: both at half speed
+  // until ag1 ends at 9 ms, when layers.1 has done 3 ms; its last 7 ms alone end at 16 ms.
+  const SimResult r = Simulate(*g, c);
+  EXPECT_NEAR(r.step_seconds, 0.016, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_seconds, 0.003, 1e-12);
+  EXPECT_NEAR(r.compute_seconds, 0.010, 1e-12);  // the work, not its stretched duration
+  EXPECT_NEAR(r.ops[2].start, 0.003, 1e-12);      // ag1 on the lane
+  EXPECT_NEAR(r.ops[2].end, 0.009, 1e-12);
+  EXPECT_NEAR(r.ops[3].end, 0.016, 1e-12);        // layers.1
+}
+
+// FSDP's copies around collectives are host work: copy-in of the shard before the all-gather,
+// copy-out of the gathered rows after its wait.
+TEST(Simulator, HostCopiesAroundCollectives) {
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [3,4]
+wait %ag0
+compute fwd layers.1
+free %ag0
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  CostModel c = Cost();
+  c.host_copy_bytes_per_second = 1e6;
+  // Copy-in 2000 B (this rank's shard) 0 -> 2 ms while ag0 runs 0 -> 3; blocked 2 -> 3;
+  // copy-out 4000 B 3 -> 7; layers.1 7 -> 17.
+  const SimResult r = Simulate(*g, c);
+  EXPECT_NEAR(r.step_seconds, 0.017, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_seconds, 0.001, 1e-12);
+  EXPECT_NEAR(r.copy_seconds, 0.006, 1e-12);
+  EXPECT_NEAR(r.ops[1].end, 0.007, 1e-12);  // the wait includes its copy-out
+}
+
 }  // namespace
 }  // namespace meshwork::compiler
