@@ -16,13 +16,19 @@ trap 'rm -rf "$tmp"' EXIT
 seq=8192
 batch=1
 
-# model | gpus | dp_shard | profile
+# model | gpus | dp_shard | profile | activation checkpointing (ac) or not (-)
 runs=()
 for model in llama3-8b llama3-70b; do
-  runs+=("$model|8|8|h100-nvlink-node")
+  runs+=("$model|8|8|h100-nvlink-node|-")
   for gpus in 64 512; do
-    runs+=("$model|$gpus|$gpus|h100-ib-400g" "$model|$gpus|8|h100-ib-400g")
+    runs+=("$model|$gpus|$gpus|h100-ib-400g|-" "$model|$gpus|8|h100-ib-400g|-")
   done
+done
+# 70B does not fit 80 GB without activation checkpointing at this sequence length: the same
+# meshes again with per-layer checkpointing modelled (the trainer itself has no such option yet).
+runs+=("llama3-70b|8|8|h100-nvlink-node|ac")
+for gpus in 64 512; do
+  runs+=("llama3-70b|$gpus|$gpus|h100-ib-400g|ac" "llama3-70b|$gpus|8|h100-ib-400g|ac")
 done
 
 {
@@ -37,7 +43,9 @@ done
   echo "Command: \`bench/simulate_llama.sh\` ($(date -u +%Y-%m-%d), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$([ -z "$(git -C "$root" status --porcelain -- trainer/compiler bench/profiles 2>/dev/null)" ] || echo ", with uncommitted changes to the compiler or profiles"))"
   echo
   echo "Sequence length $seq, local batch $batch per GPU; bf16 parameters and activations, fp32"
-  echo "gradient reduction, fp32 master shards and AdamW state; no activation checkpointing."
+  echo "gradient reduction, fp32 master shards and AdamW state; no activation checkpointing, except"
+  echo "rows marked \"+AC\": per-layer activation checkpointing modelled (a layer keeps its input,"
+  echo "its backward recomputes the forward and holds the layer's activations while it runs)."
   echo "Mesh is dp_replicate x dp_shard. Peak memory is dynamic (gathered weights, activations,"
   echo "full gradients) plus static (4 x the fp32 shard: parameters, gradients, AdamW moments);"
   echo "rows marked OOM exceed the 80 GB of an H100. MFU is model FLOPs (6N + attention, causal"
@@ -50,10 +58,15 @@ done
 } >"$tmp/table.md"
 
 for spec in "${runs[@]}"; do
-  IFS='|' read -r model gpus shard profile <<<"$spec"
-  log="$tmp/$model-$gpus-$shard.log"
+  IFS='|' read -r model gpus shard profile ac <<<"$spec"
+  log="$tmp/$model-$gpus-$shard-$ac.log"
   cmd=("$bin" --profile "$root/bench/profiles/$profile.yaml" --model "$model" --gpus "$gpus" --dp-shard "$shard"
        --seq-len "$seq" --batch "$batch" --bucketing auto)
+  label="$model"
+  if [ "$ac" = ac ]; then
+    cmd+=(--activation-checkpointing)
+    label="$model +AC"
+  fi
   echo "[bench] ${cmd[*]#$root/}" >&2
   "${cmd[@]}" >"$log"
   ratio="$(sed -nE 's/.*tokens\/s x([0-9.]+).*/\1/p' "$log")"
@@ -65,7 +78,7 @@ for spec in "${runs[@]}"; do
     grep -q 'exceeds' <<<"$line" && peak="$peak (OOM)"
     tps="$(sed -E 's/.*\| ([0-9]+) tok\/s\/GPU.*/\1/' <<<"$line")"
     mfu="$(sed -E 's/.*MFU ([0-9.]+%).*/\1/' <<<"$line")"
-    echo "| $model | $gpus | $((gpus / shard)) x $shard | $plan | $step | $exposed | $peak | $tps | $mfu | $([ "$plan" = compiled ] && echo "$ratio" || echo) |" >>"$tmp/table.md"
+    echo "| $label | $gpus | $((gpus / shard)) x $shard | $plan | $step | $exposed | $peak | $tps | $mfu | $([ "$plan" = compiled ] && echo "$ratio" || echo) |" >>"$tmp/table.md"
     echo "    $line" >&2
   done
 done

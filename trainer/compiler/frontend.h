@@ -33,6 +33,10 @@ struct LlamaShape {
   int dp_shard = 1;
   int dp_replicate = 1;
   double flops_per_second = 1e12;  // achieved, not peak
+  // Per-layer activation checkpointing (what FSDP2 users apply to each block): a layer keeps
+  // only its input; its backward recomputes the forward first (one more forward of compute)
+  // and holds the layer's full activations while it runs.
+  bool activation_checkpointing = false;
 };
 Graph LlamaSkeleton(const LlamaShape& shape);
 

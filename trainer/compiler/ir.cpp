@@ -114,7 +114,9 @@ std::string Print(const Graph& g) {
   }
   for (const auto& m : g.modules) {
     out << "module " << m.name << " fwd=" << Num(m.fwd_seconds) << " bwd=" << Num(m.bwd_seconds)
-        << " act=" << m.activation_bytes << " params=" << IntList(m.params) << "\n";
+        << " act=" << m.activation_bytes;
+    if (m.backward_workspace_bytes != 0) out << " ws=" << m.backward_workspace_bytes;
+    out << " params=" << IntList(m.params) << "\n";
   }
   for (const auto& op : g.ops) {
     switch (op.kind) {
@@ -182,13 +184,18 @@ Result<Graph> Parse(std::string_view text) {
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() != 6) return err("expected 'module <name> fwd=<s> bwd=<s> act=<bytes> params=[..]'");
+      if (w.size() != 6 && w.size() != 7) {
+        return err("expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] params=[..]'");
+      }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
       if (!KeyValue(w[2], "fwd", &v) || !ParseDouble(v, &m.fwd_seconds)) return err("bad fwd=");
       if (!KeyValue(w[3], "bwd", &v) || !ParseDouble(v, &m.bwd_seconds)) return err("bad bwd=");
       if (!KeyValue(w[4], "act", &v) || !ParseInt64(v, &m.activation_bytes)) return err("bad act=");
-      if (!KeyValue(w[5], "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
+      if (w.size() == 7 && (!KeyValue(w[5], "ws", &v) || !ParseInt64(v, &m.backward_workspace_bytes))) {
+        return err("bad ws=");
+      }
+      if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
       for (int p : m.params)
         if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
       g.modules.push_back(std::move(m));

@@ -9,7 +9,7 @@
 //   meshwork-ir 1
 //   mesh dp_shard=2 dp_replicate=1
 //   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768
-//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]          (ws=<bytes> before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
 //   wait %ag0
@@ -44,6 +44,9 @@ struct ModuleInfo {
   double fwd_seconds = 0;        // traced or modelled compute time
   double bwd_seconds = 0;
   int64_t activation_bytes = 0;  // kept from forward until this module's backward
+  // Held only while its backward runs: with activation checkpointing, the activations the
+  // backward recomputes (printed as ws=, only when non-zero).
+  int64_t backward_workspace_bytes = 0;
 };
 
 enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kWait, kFree, kCompute, kOptimizerStep };

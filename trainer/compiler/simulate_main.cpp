@@ -38,6 +38,9 @@ constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --mode
                           activations, full gradients); default: device memory minus the
                           static state, and never less than the eager plan's peak
   --dump-plan             print the eager plan, and the IR before and after each pass
+  --activation-checkpointing
+                          model per-layer activation checkpointing (keep each layer's input,
+                          recompute its forward in backward); the trainer has no such option yet
 
 Prints one line per plan: step time, exposed and total communication, peak memory, collectives
 per step, tokens/s per device and MFU. Exit codes: 0 ok, 2 bad command line, 3 bad profile file.
@@ -63,6 +66,7 @@ struct Options {
   compiler::Bucketing bucketing = compiler::Bucketing::kAuto;
   double memory_budget_gib = 0;  // 0: derived from the profile
   bool dump_plan = false;
+  bool activation_checkpointing = false;
 };
 
 // A whole-string integer in [lo, hi]; `flag` names it in the error.
@@ -91,6 +95,10 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     const std::string flag = args[i].substr(0, eq);
     if (flag == "--dump-plan" && eq == std::string::npos) {
       o.dump_plan = true;
+      continue;
+    }
+    if (flag == "--activation-checkpointing" && eq == std::string::npos) {
+      o.activation_checkpointing = true;
       continue;
     }
     if (std::find(valued.begin(), valued.end(), flag) == valued.end()) {
@@ -228,6 +236,7 @@ int Run(const Options& o) {
   shape.dp_shard = o.dp_shard;
   shape.dp_replicate = dp_replicate;
   shape.flops_per_second = profile->AchievedFlopsPerSecond();
+  shape.activation_checkpointing = o.activation_checkpointing;
   const compiler::Graph naive =
       compiler::BuildNaiveProgram(compiler::LlamaSkeleton(shape), compiler::FrontEndOptions{});
 

@@ -39,13 +39,17 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
         if (op.phase == Phase::kForward) {
           live += m.activation_bytes;
         } else {
-          live -= m.activation_bytes;
+          int64_t grads = 0;
           for (int p : m.params) {
             if (grad_live[p] == 0) {  // the first backward use allocates the full gradient
               grad_live[p] = g.params[p].grad_bytes;
-              live += grad_live[p];
+              grads += grad_live[p];
             }
           }
+          // At the end of the backward its activations, any recomputed ones (checkpointing)
+          // and the new gradients are all held; then the activations go.
+          peak = std::max(peak, live + m.backward_workspace_bytes + grads);
+          live += grads - m.activation_bytes;
         }
         break;
       }

@@ -168,3 +168,39 @@ TEST(LlamaSkeletonTest, ActivationsScaleWithTokensAndDtype) {
 
 }  // namespace
 }  // namespace meshwork::compiler
+
+namespace meshwork::compiler {
+namespace {
+
+// Per-layer activation checkpointing: a layer keeps only its input, recomputes its forward in
+// backward and holds its full activations while that backward runs; embed and head unchanged.
+TEST(LlamaSkeletonTest, ActivationCheckpointingKeepsLayerInputsAndRecomputes) {
+  LlamaShape shape = ShapeOf(Preset("llama3-8b"));
+  const Graph plain = LlamaSkeleton(shape);
+  shape.activation_checkpointing = true;
+  const Graph ac = LlamaSkeleton(shape);
+  ASSERT_EQ(plain.modules.size(), ac.modules.size());
+  const int64_t input_bytes = shape.batch * shape.seq_len * shape.config.hidden_size * shape.activation_bytes;
+  for (size_t m = 0; m < ac.modules.size(); ++m) {
+    const ModuleInfo& a = ac.modules[m];
+    const ModuleInfo& p = plain.modules[m];
+    if (a.name.rfind("layers.", 0) != 0) {
+      EXPECT_EQ(a.activation_bytes, p.activation_bytes) << a.name;
+      EXPECT_EQ(a.backward_workspace_bytes, 0) << a.name;
+      EXPECT_DOUBLE_EQ(a.bwd_seconds, p.bwd_seconds) << a.name;
+      continue;
+    }
+    EXPECT_EQ(a.activation_bytes, input_bytes) << a.name;
+    EXPECT_EQ(a.backward_workspace_bytes, p.activation_bytes) << a.name;
+    EXPECT_DOUBLE_EQ(a.bwd_seconds, p.bwd_seconds + p.fwd_seconds) << a.name;
+    EXPECT_DOUBLE_EQ(a.fwd_seconds, p.fwd_seconds) << a.name;
+  }
+  // The text form carries the workspace (ws=) and round-trips.
+  auto back = Parse(Print(ac));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(Print(*back), Print(ac));
+  EXPECT_EQ(back->modules[1].backward_workspace_bytes, ac.modules[1].backward_workspace_bytes);
+}
+
+}  // namespace
+}  // namespace meshwork::compiler

@@ -75,8 +75,9 @@ optimizer_step
   EXPECT_NEAR(r.comm_seconds, 0.003 * 4 + 0.017, 1e-12);
   EXPECT_EQ(r.collectives, 5);
   // Peak: all 16000 gathered bytes stay; backward trades each module's activations for its
-  // full gradients (larger here), held until the one reduce-scatter: 16000 + 32000 after embed.
-  EXPECT_EQ(r.peak_bytes, 16000 + 32000);
+  // full gradients (larger here), held until the one reduce-scatter. The last backward, embed's,
+  // ends holding all 32000 gradient bytes and still its own 100 activation bytes.
+  EXPECT_EQ(r.peak_bytes, 16000 + 32000 + 100);
   EXPECT_EQ(r.static_bytes, 4 * 16000);
 }
 
@@ -126,6 +127,27 @@ free %ag0
   EXPECT_NEAR(r.exposed_comm_seconds, 0.001, 1e-12);
   EXPECT_NEAR(r.copy_seconds, 0.006, 1e-12);
   EXPECT_NEAR(r.ops[1].end, 0.007, 1e-12);  // the wait includes its copy-out
+}
+
+// A module's backward workspace (recomputed activations) counts toward the peak only while
+// that backward runs.
+TEST(Simulator, BackwardWorkspaceCountsOnlyDuringItsBackward) {
+  std::string model = kSmallModel;
+  const std::string from = "module layers.1 fwd=0.01 bwd=0.02 act=5000 params=[3,4]";
+  model.replace(model.find(from), from.size(), "module layers.1 fwd=0.01 bwd=0.02 act=5000 ws=100000 params=[3,4]");
+  auto g = Parse(model + R"(%ag0 = all_gather [3,4]
+wait %ag0
+compute fwd layers.1
+compute bwd layers.1
+%rs0 = reduce_scatter [3,4]
+wait %rs0
+free %ag0
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  // At the end of the backward: gathered 4000, activations 5000, the 100000 workspace and the
+  // new gradients 6000 + 2000.
+  EXPECT_EQ(PeakBytes(*g), 4000 + 5000 + 100000 + 8000);
+  EXPECT_EQ(Print(*g).find("ws=100000") != std::string::npos, true);
 }
 
 }  // namespace
