@@ -16,10 +16,14 @@ jobs="${MESHWORK_JOBS:-$(nproc)}"
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libcpprest-dev prometheus-cpp-dev libyaml-cpp-dev
-  nlohmann-json3-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
   curl ca-certificates python3
 )
+
+# Real kubectl drives the local control plane in the e2e tests. A kubectl already on the machine
+# (e.g. Google Cloud SDK's 1.32) is used; otherwise Debian's kubernetes-client.
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,170 @@
+// The local control plane's node agent (docs/controlplane-agent.md): nodes and resource
+// quantities, a scheduler, and a runtime that runs each Pod's containers as local processes with
+// their own loopback address and per-pod name resolution. JSON Pod objects in, status JSON out:
+// nothing here knows about the store or HTTP.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::controlplane::agent {
+
+// ---- nodes and quantities ------------------------------------------------------------------
+
+// Kubernetes resource quantities ("250m", "2", "1.5", "8Gi", "512M", "1e3"). Errors name the
+// value. ParseBytes rounds a fractional byte count up, as Kubernetes does.
+Result<double> ParseCpu(const std::string& quantity);
+Result<int64_t> ParseBytes(const std::string& quantity);
+// The same for a JSON value that may be a string ("500m") or a number (2).
+Result<double> ParseCpu(const nlohmann::json& quantity);
+Result<int64_t> ParseBytes(const nlohmann::json& quantity);
+
+struct NodeConfig {
+  std::string name;
+  double cpu = 0;            // cores
+  int64_t memory_bytes = 0;
+  int64_t gpus = 0;          // nvidia.com/gpu
+  std::map<std::string, std::string> labels;  // plus kubernetes.io/hostname=<name>, always
+};
+
+// Parses a nodes config, YAML or JSON: a list of nodes, or a map with a "nodes" list. Each node:
+//   name: gpu-0          (required, a DNS-1123 label, unique)
+//   cpu: "4" | 4 | 500m  (default: this machine's cores)
+//   memory: 8Gi          (default: this machine's memory)
+//   nvidia.com/gpu: 2    (default 0)
+//   labels: {k: v}       (optional, for spec.nodeSelector)
+// Errors name the node, the field and the value. An empty list is an error.
+Result<std::vector<NodeConfig>> ParseNodes(const std::string& text);
+// One node "local" with this machine's online cores and physical memory, and 0 GPUs.
+NodeConfig DefaultNode();
+// The Node object the API serves for a config (capacity = allocatable, Ready, 127.0.0.1).
+nlohmann::json NodeObject(const NodeConfig& node);
+
+// ---- scheduling ----------------------------------------------------------------------------
+
+// What a pod asks for: the sum of its containers' requests (a limit stands in for an absent
+// request, as in Kubernetes), at least the largest init container's.
+struct PodRequests {
+  double cpu = 0;
+  int64_t memory_bytes = 0;
+  std::map<std::string, int64_t> extended;  // "nvidia.com/gpu" and any other extended resource
+};
+Result<PodRequests> RequestsOf(const nlohmann::json& pod);
+
+struct Schedule {
+  std::optional<std::string> node;  // set when a node fits
+  std::string reason;               // otherwise: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+};
+// Picks a node for `pod` against what `bound_pods` (pods with spec.nodeName; those in phase
+// Succeeded or Failed are ignored) already request. Honours spec.nodeSelector. Among the nodes
+// that fit, picks the least allocated (Kubernetes' default scoring); ties go to the earlier node.
+Schedule PickNode(const nlohmann::json& pod, const std::vector<NodeConfig>& nodes,
+                  const std::vector<nlohmann::json>& bound_pods);
+
+// ---- names ---------------------------------------------------------------------------------
+
+// The names a headless Service gives the pods it governs: for every Service with
+// spec.clusterIP "None" and every pod in its namespace whose spec.subdomain is the Service's name
+// and which has status.podIP: "<hostname>.<service>.<namespace>.svc" -> podIP (hostname:
+// spec.hostname, else metadata.name). Pass the result to PodRuntime::SetHosts.
+std::map<std::string, std::string> HeadlessServiceHosts(const std::vector<nlohmann::json>& pods,
+                                                        const std::vector<nlohmann::json>& services);
+
+// ---- the runtime ---------------------------------------------------------------------------
+
+// How pods' processes resolve the names given to SetHosts (docs/controlplane-agent.md).
+enum class Resolution {
+  kAuto,            // kMountNamespace when this process may create one, else kPreload
+  kMountNamespace,  // a private mount + UTS namespace per container, a per-pod /etc/hosts bind-mounted
+  kPreload,         // LD_PRELOAD of meshwork_cp_hosts_preload.so reading MESHWORK_HOSTS_FILE
+  kNone,            // nothing: pods only get their IP and a hosts file path in the env
+};
+const char* ResolutionName(Resolution r);
+
+// Looks up configMapKeyRef / secretKeyRef env sources: (kind "ConfigMap" or "Secret", namespace,
+// name, key) -> value (a Secret's value decoded), or an error that becomes the container's
+// CreateContainerConfigError message.
+using EnvSourceResolver = std::function<Result<std::string>(
+    const std::string& kind, const std::string& ns, const std::string& name, const std::string& key)>;
+
+struct RuntimeOptions {
+  std::string state_dir;            // per-pod logs and hosts files live under <state_dir>/pods/<uid>/
+  int grace_seconds_default = 30;   // when neither Stop nor spec.terminationGracePeriodSeconds says
+  std::chrono::milliseconds restart_backoff_initial{10000};  // 0, 10s, 20s, 40s, ... as kubelet
+  std::chrono::milliseconds restart_backoff_max{300000};
+  Resolution resolution = Resolution::kAuto;
+  std::string preload_library;      // kPreload: the shim; empty = $MESHWORK_HOSTS_PRELOAD or the built one
+  std::string first_pod_ip;         // e.g. "127.1.0.2"; empty = a random start (pods get 127.1-254.x.1-254)
+  std::string host_ip = "127.0.0.1";  // status.hostIP
+  std::string cluster_domain = "cluster.local";
+  bool inherit_environment = true;  // start containers from this process' environment (PATH, HOME, ...)
+  std::map<std::string, std::string> extra_env;  // added to every container (e.g. KUBERNETES_SERVICE_HOST)
+  EnvSourceResolver env_source;     // unset: configMapKeyRef/secretKeyRef are a config error
+  std::chrono::milliseconds monitor_interval{50};  // how often exits and deadlines are checked
+};
+
+class PodRuntime {
+ public:
+  // Validates the options (state_dir is created), settles the name resolution mechanism (a probe
+  // for kAuto) and starts the monitor thread, which forks every container process.
+  static Result<std::unique_ptr<PodRuntime>> Create(RuntimeOptions options);
+  ~PodRuntime();  // stops every pod (SIGTERM, grace, SIGKILL) and waits for them, bounded by the grace
+
+  PodRuntime(const PodRuntime&) = delete;
+  PodRuntime& operator=(const PodRuntime&) = delete;
+
+  // Starts every container of the pod as a local process group (command+args with $(VAR)
+  // expansion, env incl. valueFrom.fieldRef, workingDir), stdout+stderr to its log file, and
+  // assigns the pod its own loopback address (127.a.b.c, never 127.0.x.x), which status.podIP
+  // reports. Returns at once; the processes start on the monitor thread and Poll reports them.
+  // Needs metadata.uid, metadata.name and spec.containers[].name; errors name the field.
+  // Starting a uid that is already known does nothing and returns Ok.
+  Status Start(const nlohmann::json& pod);
+  // SIGTERM to every container's process group, SIGKILL after the grace period (grace_seconds,
+  // else spec.terminationGracePeriodSeconds, else the default; 0 = SIGKILL now). No restarts
+  // after this. Does not block. Unknown uids are ignored.
+  void Stop(const std::string& uid, std::optional<int> grace_seconds);
+  // True when every process of the pod has exited (also true for unknown uids).
+  bool Stopped(const std::string& uid) const;
+  // Forgets a stopped pod: frees its IP and deletes its files (logs included). Stops it first
+  // with grace 0 if it is still running.
+  void Remove(const std::string& uid);
+
+  // Status changes since the last call: (uid, the Pod's whole "status" object: phase,
+  // conditions, hostIP, podIP, podIPs, startTime, qosClass, containerStatuses).
+  std::vector<std::pair<std::string, nlohmann::json>> Poll();
+  // The current status of one pod (null when unknown).
+  nlohmann::json StatusOf(const std::string& uid) const;
+
+  // The current log of a container (kubectl logs), and the previous run's (kubectl logs -p);
+  // empty when the pod or container is unknown, or there is no previous run.
+  std::string LogPath(const std::string& uid, const std::string& container) const;
+  std::string PreviousLogPath(const std::string& uid, const std::string& container) const;
+  std::string PodIP(const std::string& uid) const;  // empty when unknown
+
+  // The names pods must resolve (e.g. from HeadlessServiceHosts): "h.s.ns.svc" or
+  // "h.s.ns.svc.cluster.local" -> IP. Each pod's hosts file gets the .svc, .svc.<domain> and
+  // "<h>.<s>.<ns>" forms, and "<h>.<s>" for names in its own namespace (its DNS search path).
+  // Running processes see the change at their next lookup.
+  void SetHosts(const std::map<std::string, std::string>& name_to_ip);
+
+  Resolution resolution() const;  // the mechanism in use (kAuto resolved)
+
+ private:
+  explicit PodRuntime(RuntimeOptions options);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshwork::controlplane::agent

@@ -1,0 +1,83 @@
+// The Kubernetes REST client: typed calls over cpprestsdk, with timeouts, a bounded retry for
+// connection errors and 429 (respecting Retry-After), and streaming watch. Objects travel as
+// nlohmann::json; errors come back as k8s::Error (see error.h). Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/k8s/config.h"
+#include "operator/k8s/error.h"
+#include "operator/k8s/resource.h"
+#include "operator/k8s/watch.h"
+
+namespace meshwork::k8s {
+
+struct ClientOptions {
+  std::chrono::milliseconds request_timeout{30000};  // per attempt, every non-watch request
+  int max_retries = 3;                               // extra attempts after connection errors / 429
+  std::chrono::milliseconds retry_backoff{100};      // first wait after a connection error; doubles
+  std::chrono::seconds max_retry_after{10};          // cap on an honoured Retry-After
+  std::string user_agent = "meshwork-operator/0.1";
+};
+
+// Called for every watch event; return false to end the watch (Watch then returns OK).
+using WatchHandler = std::function<bool(const WatchEvent&)>;
+
+class Client {
+ public:
+  // Checks the config (server URL, PEMs) and builds the client; no request is made.
+  static Result<std::unique_ptr<Client>> FromConfig(Config config, ClientOptions options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Config& config() const;
+
+  Result<nlohmann::json> Get(const ResourceRef& ref, const std::string& ns, const std::string& name);
+  // One page. metadata.continue of the answer names the next page ("" at the end).
+  Result<nlohmann::json> ListPage(const ResourceRef& ref, const std::string& ns, const ListOptions& opts = {});
+  // Every page (opts.limit is the page size; 0 = one request), items concatenated into one List
+  // whose metadata.resourceVersion is the last page's. Items get apiVersion/kind filled in. If a
+  // continue token expires (410), lists again without pagination, as client-go's pager does.
+  Result<nlohmann::json> List(const ResourceRef& ref, const std::string& ns, const ListOptions& opts = {});
+  // POST. The namespace is `ns`, or the object's metadata.namespace when `ns` is "".
+  Result<nlohmann::json> Create(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj);
+  // PUT to metadata.name. Carries metadata.resourceVersion: a stale one answers Conflict.
+  Result<nlohmann::json> Update(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj);
+  // PUT .../status: only the status is written.
+  Result<nlohmann::json> UpdateStatus(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj);
+  // PATCH with application/merge-patch+json (RFC 7386); `subresource` e.g. "status".
+  Result<nlohmann::json> MergePatch(const ResourceRef& ref, const std::string& ns, const std::string& name,
+                                    const nlohmann::json& patch, const std::string& subresource = "");
+  // DELETE; the answer is the object (still there with a deletionTimestamp, e.g. finalizers) or a
+  // Status. Deleting what is not there answers NotFound.
+  Result<nlohmann::json> Delete(const ResourceRef& ref, const std::string& ns, const std::string& name,
+                                const DeleteOptions& opts = {});
+  // GET pods/{name}/log as text.
+  Result<std::string> GetLog(const std::string& ns, const std::string& pod, const LogOptions& opts = {});
+
+  // Streams events of `ref` in `ns` ("" = all namespaces for namespaced kinds) from
+  // `resource_version` ("" = the server's choice: synthetic ADDED events for what exists),
+  // calling `handler` for each as soon as its line arrives, until one of:
+  //  - the server ends the stream (timeoutSeconds): returns OK; the caller re-watches from the
+  //    last resourceVersion it saw;
+  //  - the handler returns false: OK;
+  //  - `cancel` is cancelled (from any thread): kCancelled, promptly;
+  //  - an ERROR event (delivered to the handler first): its error, e.g. kGone for 410;
+  //  - an HTTP error (410 -> kGone) or a broken connection (kUnavailable).
+  // The watch is not retried here; Informer does that.
+  Error Watch(const ResourceRef& ref, const std::string& ns, const std::string& resource_version,
+              const WatchOptions& opts, const WatchHandler& handler, const CancelToken& cancel = CancelToken());
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshwork::k8s

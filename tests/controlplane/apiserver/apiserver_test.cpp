@@ -1,0 +1,683 @@
+// The API layer through its handler, without sockets: routing, discovery, metadata semantics,
+// optimistic concurrency, the status subresource, CRDs and validation, list/watch, deletion and
+// garbage collection, and bad input answered with a Kubernetes Status (never a crash).
+#include "controlplane/apiserver/api_server.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "controlplane/apiserver/controllers.h"
+
+namespace meshwork::controlplane {
+namespace {
+
+using nlohmann::json;
+
+const char* kCrd = R"({
+  "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+  "metadata": {"name": "trainingjobs.meshwork.dev"},
+  "spec": {"group": "meshwork.dev", "scope": "Namespaced",
+    "names": {"plural": "trainingjobs", "singular": "trainingjob", "kind": "TrainingJob", "shortNames": ["tj"]},
+    "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+      "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}},
+      "additionalPrinterColumns": [{"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"}],
+      "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+        "spec": {"type": "object", "required": ["replicas"], "properties": {
+          "replicas": {"type": "integer", "minimum": 1},
+          "image": {"type": "string"},
+          "policy": {"type": "string", "enum": ["Never", "Gang"], "default": "Gang"}}},
+        "status": {"type": "object", "properties": {"phase": {"type": "string"}, "replicas": {"type": "integer"}}}}}}}]}})";
+
+const char* kJobs = "/apis/meshwork.dev/v1alpha1/namespaces/default/trainingjobs";
+
+// A ResponseStream that records what a watch writes; Close() makes the stream return.
+class RecordingStream : public ResponseStream {
+ public:
+  bool Write(std::string_view chunk) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    data_ += chunk;
+    cv_.notify_all();
+    return true;
+  }
+  bool Open() const override { return !closed_; }
+  void Close() { closed_ = true; }
+  // The JSON lines written so far.
+  std::vector<json> Lines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<json> out;
+    size_t start = 0;
+    while (true) {
+      size_t nl = data_.find('\n', start);
+      if (nl == std::string::npos) break;
+      out.push_back(json::parse(data_.substr(start, nl - start)));
+      start = nl + 1;
+    }
+    return out;
+  }
+  // Waits (bounded) until at least n lines were written.
+  bool WaitLines(size_t n) {
+    for (int i = 0; i < 500; ++i) {
+      if (Lines().size() >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string data_;
+  std::atomic<bool> closed_{false};
+};
+
+class ApiServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(StoreOptions{}); }
+  void TearDown() override {
+    api_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Open(StoreOptions options, std::string token = "") {
+    api_.reset();
+    store_.reset();
+    if (dir_.empty()) {
+      char tmpl[] = "/tmp/apiserver_test.XXXXXX";
+      dir_ = mkdtemp(tmpl);
+    }
+    options.fsync = false;
+    auto s = Store::Open(dir_ + "/store", options);
+    ASSERT_TRUE(s.ok()) << s.error().ToString();
+    store_ = std::move(s).value();
+    ApiServerOptions o;
+    o.token = std::move(token);
+    o.bookmark_interval = std::chrono::milliseconds(100);
+    o.log = [](const std::string&) {};
+    api_ = std::make_unique<ApiServer>(store_.get(), o);
+    ASSERT_TRUE(api_->Bootstrap().ok());
+  }
+
+  HttpResponse Call(const std::string& method, const std::string& target, const std::string& body = "",
+                    const std::string& content_type = "application/json", const std::string& accept = "") {
+    HttpRequest r;
+    r.method = method;
+    r.raw_target = target;
+    auto q = target.find('?');
+    r.path = target.substr(0, q);
+    if (q != std::string::npos) {
+      std::string query = target.substr(q + 1);
+      size_t start = 0;
+      while (start <= query.size()) {
+        size_t amp = query.find('&', start);
+        std::string kv = query.substr(start, amp == std::string::npos ? std::string::npos : amp - start);
+        auto eq = kv.find('=');
+        std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : kv.substr(eq + 1);
+        std::string dk, dv;
+        PercentDecode(k, &dk, true);
+        PercentDecode(v, &dv, true);
+        r.query.push_back({dk, dv});
+        if (amp == std::string::npos) break;
+        start = amp + 1;
+      }
+    }
+    if (!body.empty()) r.headers["content-type"] = content_type;
+    if (!accept.empty()) r.headers["accept"] = accept;
+    r.body = body;
+    r.version = "HTTP/1.1";
+    return api_->Handle(r);
+  }
+
+  json CallJson(const std::string& method, const std::string& target, const json& body, int want,
+                const std::string& content_type = "application/json") {
+    HttpResponse r = Call(method, target, body.is_null() ? "" : body.dump(), content_type);
+    EXPECT_EQ(r.status, want) << method << " " << target << ": " << r.body;
+    return json::parse(r.body);
+  }
+
+  void CreateCrd() { CallJson("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json::parse(kCrd), 201); }
+
+  json Job(const std::string& name, int replicas) {
+    return {{"apiVersion", "meshwork.dev/v1alpha1"},
+            {"kind", "TrainingJob"},
+            {"metadata", {{"name", name}}},
+            {"spec", {{"replicas", replicas}, {"image", "img"}}}};
+  }
+
+  std::string dir_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<ApiServer> api_;
+};
+
+TEST_F(ApiServerTest, BadInputGetsAStatusWithTheRightCode) {
+  CreateCrd();
+  std::string deep(5000, '[');
+  deep += std::string(5000, ']');
+  // 1M levels inside an object: refused before anything recursive sees it.
+  std::string deep_object = R"({"metadata":{"name":"d"},"data":{"x":)" + std::string(1000000, '[') +
+                            std::string(1000000, ']') + "}}";
+  std::string huge = R"({"metadata":{"name":"huge"},"data":{"x":")" + std::string(2 << 20, 'a') + "\"}}";
+  struct Case {
+    std::string name, method, target, body, content_type;
+    int code;
+    std::string reason;
+  };
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  const std::vector<Case> cases = {
+      {"unknown root path", "GET", "/nope", "", "", 404, "NotFound"},
+      {"unknown resource", "GET", "/api/v1/widgets", "", "", 404, "NotFound"},
+      {"unknown group", "GET", "/apis/nope.dev/v1/things", "", "", 404, "NotFound"},
+      {"too many segments", "GET", cms + "/a/b/c", "", "", 404, "NotFound"},
+      {"unknown subresource", "GET", cms + "/a/status", "", "", 404, "NotFound"},
+      {"malformed JSON", "POST", cms, "{\"metadata\": ", "application/json", 400, "BadRequest"},
+      {"not an object", "POST", cms, "[1,2]", "application/json", 400, "BadRequest"},
+      {"deeply nested", "POST", cms, deep, "application/json", 400, "BadRequest"},
+      {"deeply nested object", "POST", cms, deep_object, "application/json", 400, "BadRequest"},
+      {"deeply nested patch", "PATCH", cms + "/a", deep_object, "application/merge-patch+json", 400, "BadRequest"},
+      {"wrong kind", "POST", cms, R"({"kind":"Pod","apiVersion":"v1","metadata":{"name":"a"}})", "application/json", 400, "BadRequest"},
+      {"wrong apiVersion", "POST", cms, R"({"kind":"ConfigMap","apiVersion":"v2","metadata":{"name":"a"}})", "application/json", 400, "BadRequest"},
+      {"metadata not an object", "POST", cms, R"({"metadata":"x"})", "application/json", 400, "BadRequest"},
+      {"name not a string", "POST", cms, R"({"metadata":{"name":7}})", "application/json", 400, "BadRequest"},
+      {"bad name", "POST", cms, R"({"metadata":{"name":"Bad_Name"}})", "application/json", 422, "Invalid"},
+      {"no name", "POST", cms, R"({"metadata":{}})", "application/json", 422, "Invalid"},
+      {"namespace mismatch", "POST", cms, R"({"metadata":{"name":"a","namespace":"other"}})", "application/json", 400, "BadRequest"},
+      {"missing namespace", "POST", "/api/v1/namespaces/missing/configmaps", R"({"metadata":{"name":"a"}})", "application/json", 404, "NotFound"},
+      {"protobuf body", "POST", cms, "k8s\x00", "application/vnd.kubernetes.protobuf", 415, "UnsupportedMediaType"},
+      {"yaml body", "POST", cms, "metadata: {}", "application/yaml", 415, "UnsupportedMediaType"},
+      {"create without namespace", "POST", "/api/v1/configmaps", R"({"metadata":{"name":"a"}})", "application/json", 404, "NotFound"},
+      {"get missing", "GET", cms + "/missing", "", "", 404, "NotFound"},
+      {"delete missing", "DELETE", cms + "/missing", "", "", 404, "NotFound"},
+      {"put missing", "PUT", cms + "/missing", R"({"metadata":{"name":"missing"}})", "application/json", 404, "NotFound"},
+      {"put name mismatch", "PUT", cms + "/a", R"({"metadata":{"name":"b"}})", "application/json", 400, "BadRequest"},
+      {"put malformed", "PUT", cms + "/a", "{", "application/json", 400, "BadRequest"},
+      {"patch unknown type", "PATCH", cms + "/a", "{}", "text/plain", 415, "UnsupportedMediaType"},
+      {"server-side apply", "PATCH", cms + "/a", "{}", "application/apply-patch+yaml", 415, "UnsupportedMediaType"},
+      {"patch malformed", "PATCH", cms + "/a", "{", "application/merge-patch+json", 400, "BadRequest"},
+      {"json patch not a list", "PATCH", cms + "/a", "{}", "application/json-patch+json", 400, "BadRequest"},
+      {"bad label selector", "GET", cms + "?labelSelector=a+in+(b", "", "", 400, "BadRequest"},
+      {"bad field selector", "GET", cms + "?fieldSelector=metadata.name", "", "", 400, "BadRequest"},
+      {"bad limit", "GET", cms + "?limit=x", "", "", 400, "BadRequest"},
+      {"bad continue", "GET", cms + "?limit=1&continue=%21%21", "", "", 400, "BadRequest"},
+      {"bad watch rv", "GET", cms + "?watch=1&resourceVersion=abc", "", "", 400, "BadRequest"},
+      {"bad timeoutSeconds", "GET", cms + "?watch=1&timeoutSeconds=-1", "", "", 400, "BadRequest"},
+      {"bad delete options", "DELETE", cms + "/a", "{", "application/json", 400, "BadRequest"},
+      {"bad grace period", "DELETE", cms + "/a?gracePeriodSeconds=soon", "", "", 400, "BadRequest"},
+      {"bad includeObject", "GET", cms + "?includeObject=All", "", "", 400, "BadRequest"},
+      {"method on discovery", "POST", "/api/v1", "{}", "application/json", 405, "MethodNotAllowed"},
+      {"invalid custom resource", "POST", kJobs, R"({"metadata":{"name":"j"},"spec":{"replicas":"many"}})", "application/json", 422, "Invalid"},
+      {"cluster-scoped under a namespace", "GET", "/api/v1/namespaces/default/namespaces/x", "", "", 404, "NotFound"},
+      {"protected namespace", "DELETE", "/api/v1/namespaces/default", "", "", 403, "Forbidden"},
+  };
+  CallJson("POST", cms, json{{"metadata", {{"name", "a"}}}}, 201);
+  // A large but well-formed body is fine here (the HTTP layer caps bodies at 3 MiB with a 413).
+  EXPECT_EQ(Call("POST", cms, huge).status, 201);
+  for (const Case& c : cases) {
+    HttpResponse r = Call(c.method, c.target, c.body, c.content_type);
+    EXPECT_EQ(r.status, c.code) << c.name << ": " << r.body.substr(0, 300);
+    json body;
+    ASSERT_NO_THROW(body = json::parse(r.body)) << c.name;
+    EXPECT_EQ(body.value("kind", ""), "Status") << c.name;
+    EXPECT_EQ(body.value("code", 0), c.code) << c.name;
+    EXPECT_EQ(body.value("reason", ""), c.reason) << c.name << ": " << body.value("message", "");
+    EXPECT_FALSE(body.value("message", "").empty()) << c.name;
+  }
+}
+
+TEST_F(ApiServerTest, AuthenticationNeedsTheBearerTokenExceptForHealth) {
+  Open(StoreOptions{}, "s3cret");
+  EXPECT_EQ(Call("GET", "/api").status, 401);
+  EXPECT_EQ(Call("GET", "/healthz").status, 200);
+  EXPECT_EQ(Call("GET", "/version").status, 200);
+  HttpRequest r;
+  r.method = "GET";
+  r.path = "/api";
+  r.headers["authorization"] = "Bearer s3cret";
+  EXPECT_EQ(api_->Handle(r).status, 200);
+  r.headers["authorization"] = "Bearer wrong";
+  EXPECT_EQ(api_->Handle(r).status, 401);
+}
+
+TEST_F(ApiServerTest, DiscoveryServesBuiltinsAndCustomResourcesAtOnce) {
+  json api = json::parse(Call("GET", "/api").body);
+  EXPECT_EQ(api["versions"], json({"v1"}));
+  json core = json::parse(Call("GET", "/api/v1").body);
+  std::set<std::string> names;
+  for (const json& r : core["resources"]) names.insert(r["name"].get<std::string>());
+  for (const char* n : {"pods", "pods/log", "pods/status", "services", "configmaps", "events", "namespaces"}) {
+    EXPECT_TRUE(names.count(n)) << n;
+  }
+  EXPECT_EQ(Call("GET", "/apis/meshwork.dev/v1alpha1").status, 404);
+  CreateCrd();
+  json groups = json::parse(Call("GET", "/apis").body);
+  bool found = false;
+  for (const json& g : groups["groups"]) found = found || g["name"] == "meshwork.dev";
+  EXPECT_TRUE(found);
+  json list = json::parse(Call("GET", "/apis/meshwork.dev/v1alpha1").body);
+  ASSERT_EQ(list["resources"].size(), 3u);
+  EXPECT_EQ(list["resources"][0]["name"], "trainingjobs");
+  EXPECT_EQ(list["resources"][0]["kind"], "TrainingJob");
+  EXPECT_EQ(list["resources"][0]["shortNames"], json({"tj"}));
+  EXPECT_EQ(list["resources"][1]["name"], "trainingjobs/status");
+  EXPECT_EQ(list["resources"][2]["name"], "trainingjobs/scale");
+  EXPECT_EQ(list["resources"][2]["group"], "autoscaling");
+  // kubectl learns from /openapi/v3 that the server validates fields itself.
+  json index = json::parse(Call("GET", "/openapi/v3").body);
+  ASSERT_TRUE(index["paths"].contains("apis/meshwork.dev/v1alpha1"));
+  json doc = json::parse(Call("GET", "/openapi/v3/apis/meshwork.dev/v1alpha1").body);
+  const json& path = doc["paths"]["/apis/meshwork.dev/v1alpha1/namespaces/{namespace}/trainingjobs/{name}"];
+  EXPECT_EQ(path["patch"]["x-kubernetes-group-version-kind"]["kind"], "TrainingJob");
+  EXPECT_EQ(path["patch"]["parameters"][0]["name"], "fieldValidation");
+  // The CRD reports itself established.
+  json crd = json::parse(Call("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.meshwork.dev").body);
+  std::set<std::string> conditions;
+  for (const json& c : crd["status"]["conditions"]) {
+    if (c["status"] == "True") conditions.insert(c["type"].get<std::string>());
+  }
+  EXPECT_TRUE(conditions.count("Established"));
+  EXPECT_TRUE(conditions.count("NamesAccepted"));
+  EXPECT_EQ(crd["status"]["acceptedNames"]["kind"], "TrainingJob");
+}
+
+TEST_F(ApiServerTest, CreateSetsMetadataAndDefaults) {
+  CreateCrd();
+  json j = CallJson("POST", kJobs, Job("a", 2), 201);
+  EXPECT_EQ(j["metadata"]["generation"], 1);
+  EXPECT_EQ(j["metadata"]["namespace"], "default");
+  EXPECT_EQ(j["metadata"]["uid"].get<std::string>().size(), 36u);
+  EXPECT_EQ(j["metadata"]["creationTimestamp"].get<std::string>().back(), 'Z');
+  EXPECT_FALSE(j["metadata"]["resourceVersion"].get<std::string>().empty());
+  EXPECT_EQ(j["spec"]["policy"], "Gang");  // schema default
+  CallJson("POST", kJobs, Job("a", 2), 409);  // AlreadyExists
+  // generateName
+  json g = CallJson("POST", "/api/v1/namespaces/default/configmaps",
+                    json{{"metadata", {{"generateName", "cfg-"}}}}, 201);
+  std::string name = g["metadata"]["name"];
+  EXPECT_EQ(name.rfind("cfg-", 0), 0u);
+  EXPECT_EQ(name.size(), 9u);
+  // Unknown fields are pruned; a CR's status is dropped on create (status subresource).
+  json withstatus = Job("b", 1);
+  withstatus["spec"]["unknown"] = 1;
+  withstatus["status"] = {{"phase", "Done"}};
+  json b = CallJson("POST", kJobs, withstatus, 201);
+  EXPECT_FALSE(b["spec"].contains("unknown"));
+  EXPECT_FALSE(b.contains("status"));
+}
+
+TEST_F(ApiServerTest, InvalidCustomResourceNamesEachField) {
+  CreateCrd();
+  json bad = Job("bad", 0);
+  bad["spec"]["policy"] = "Sometimes";
+  json s = CallJson("POST", kJobs, bad, 422);
+  EXPECT_EQ(s["reason"], "Invalid");
+  EXPECT_EQ(s["details"]["name"], "bad");
+  EXPECT_EQ(s["details"]["group"], "meshwork.dev");
+  EXPECT_EQ(s["details"]["kind"], "TrainingJob");
+  std::set<std::string> fields;
+  for (const json& c : s["details"]["causes"]) fields.insert(c["field"].get<std::string>());
+  EXPECT_TRUE(fields.count("spec.replicas"));
+  EXPECT_TRUE(fields.count("spec.policy"));
+  EXPECT_NE(s["message"].get<std::string>().find("TrainingJob.meshwork.dev \"bad\" is invalid"), std::string::npos);
+  EXPECT_EQ(Call("GET", std::string(kJobs) + "/bad").status, 404);
+  // fieldValidation=Strict (kubectl's default) refuses unknown fields instead of pruning them.
+  json typo = Job("typo", 1);
+  typo["spec"]["replicaz"] = 3;
+  json strict = CallJson("POST", std::string(kJobs) + "?fieldValidation=Strict", typo, 400);
+  EXPECT_NE(strict["message"].get<std::string>().find("unknown field \"spec.replicaz\""), std::string::npos)
+      << strict["message"];
+  CallJson("POST", std::string(kJobs) + "?fieldValidation=Ignore", typo, 201);
+}
+
+TEST_F(ApiServerTest, InvalidCrdIsRefused) {
+  json crd = json::parse(kCrd);
+  crd["spec"]["versions"][0]["storage"] = false;
+  crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["replicas"]["type"] = "integr";
+  json s = CallJson("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, 422);
+  std::string msg = s["message"];
+  EXPECT_NE(msg.find("spec.versions"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("openAPIV3Schema"), std::string::npos) << msg;
+  crd = json::parse(kCrd);
+  crd["metadata"]["name"] = "wrong.meshwork.dev";
+  CallJson("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, 422);
+}
+
+TEST_F(ApiServerTest, UpdateChecksResourceVersionAndBumpsGenerationOnSpecOnly) {
+  CreateCrd();
+  json j = CallJson("POST", kJobs, Job("a", 2), 201);
+  std::string rv1 = j["metadata"]["resourceVersion"];
+  j["spec"]["replicas"] = 3;
+  json j2 = CallJson("PUT", std::string(kJobs) + "/a", j, 200);
+  EXPECT_EQ(j2["metadata"]["generation"], 2);
+  EXPECT_NE(j2["metadata"]["resourceVersion"], rv1);
+  // Stale resourceVersion: 409 Conflict.
+  j["spec"]["replicas"] = 4;
+  json s = CallJson("PUT", std::string(kJobs) + "/a", j, 409);
+  EXPECT_EQ(s["reason"], "Conflict");
+  // Metadata-only change: no generation bump. Empty resourceVersion: unconditional.
+  j2["metadata"]["labels"] = {{"x", "y"}};
+  j2["metadata"].erase("resourceVersion");
+  json j3 = CallJson("PUT", std::string(kJobs) + "/a", j2, 200);
+  EXPECT_EQ(j3["metadata"]["generation"], 2);
+  EXPECT_EQ(j3["metadata"]["labels"]["x"], "y");
+  // A no-op update writes nothing.
+  json j4 = CallJson("PUT", std::string(kJobs) + "/a", j3, 200);
+  EXPECT_EQ(j4["metadata"]["resourceVersion"], j3["metadata"]["resourceVersion"]);
+  // uid and creationTimestamp cannot be changed.
+  json j5 = j4;
+  j5["metadata"]["uid"] = "other";
+  json j6 = CallJson("PUT", std::string(kJobs) + "/a", j5, 200);
+  EXPECT_EQ(j6["metadata"]["uid"], j["metadata"]["uid"]);
+}
+
+TEST_F(ApiServerTest, StatusSubresourceSplitsSpecAndStatus) {
+  CreateCrd();
+  json j = CallJson("POST", kJobs, Job("a", 2), 201);
+  // Main resource: status changes are ignored.
+  j["status"] = {{"phase", "Hacked"}};
+  j["spec"]["replicas"] = 5;
+  json j2 = CallJson("PUT", std::string(kJobs) + "/a", j, 200);
+  EXPECT_FALSE(j2.contains("status"));
+  EXPECT_EQ(j2["spec"]["replicas"], 5);
+  EXPECT_EQ(j2["metadata"]["generation"], 2);
+  // Status: only status changes; generation stays.
+  j2["status"] = {{"phase", "Running"}};
+  j2["spec"]["replicas"] = 9;
+  json j3 = CallJson("PUT", std::string(kJobs) + "/a/status", j2, 200);
+  EXPECT_EQ(j3["status"]["phase"], "Running");
+  EXPECT_EQ(j3["spec"]["replicas"], 5);
+  EXPECT_EQ(j3["metadata"]["generation"], 2);
+  // Merge patch on /status.
+  json j4 = CallJson("PATCH", std::string(kJobs) + "/a/status", json{{"status", {{"phase", "Done"}}}}, 200,
+                     "application/merge-patch+json");
+  EXPECT_EQ(j4["status"]["phase"], "Done");
+  // Status is validated against the schema too.
+  CallJson("PATCH", std::string(kJobs) + "/a/status", json{{"status", {{"phase", 7}}}}, 422,
+           "application/merge-patch+json");
+}
+
+TEST_F(ApiServerTest, ScaleSubresourceReadsAndWritesTheReplicasPaths) {
+  CreateCrd();
+  json j = CallJson("POST", kJobs, Job("a", 2), 201);
+  CallJson("PATCH", std::string(kJobs) + "/a/status", json{{"status", {{"replicas", 1}}}}, 200,
+           "application/merge-patch+json");
+  json scale = CallJson("GET", std::string(kJobs) + "/a/scale", nullptr, 200);
+  EXPECT_EQ(scale["kind"], "Scale");
+  EXPECT_EQ(scale["spec"]["replicas"], 2);
+  EXPECT_EQ(scale["status"]["replicas"], 1);
+  json scaled = CallJson("PATCH", std::string(kJobs) + "/a/scale", json{{"spec", {{"replicas", 5}}}}, 200,
+                         "application/merge-patch+json");
+  EXPECT_EQ(scaled["spec"]["replicas"], 5);
+  json after = CallJson("GET", std::string(kJobs) + "/a", nullptr, 200);
+  EXPECT_EQ(after["spec"]["replicas"], 5);
+  EXPECT_EQ(after["metadata"]["generation"], 2);
+  // The CR's schema still applies (minimum 1), and a stale resourceVersion conflicts.
+  CallJson("PATCH", std::string(kJobs) + "/a/scale", json{{"spec", {{"replicas", 0}}}}, 422, "application/merge-patch+json");
+  json stale = scale;
+  stale["spec"]["replicas"] = 3;
+  CallJson("PUT", std::string(kJobs) + "/a/scale", stale, 409);
+  CallJson("PUT", std::string(kJobs) + "/a/scale", json{{"spec", {{"replicas", "x"}}}}, 422);
+}
+
+TEST_F(ApiServerTest, PatchTypes) {
+  const std::string cm = "/api/v1/namespaces/default/configmaps/c";
+  CallJson("POST", "/api/v1/namespaces/default/configmaps",
+           json{{"metadata", {{"name", "c"}}}, {"data", {{"a", "1"}, {"b", "2"}}}}, 201);
+  json m = CallJson("PATCH", cm, json{{"data", {{"a", nullptr}, {"c", "3"}}}}, 200, "application/merge-patch+json");
+  EXPECT_EQ(m["data"], json({{"b", "2"}, {"c", "3"}}));
+  json s = CallJson("PATCH", cm, json{{"data", {{"d", "4"}}}, {"$setElementOrder/x", json::array()}}, 200,
+                    "application/strategic-merge-patch+json");
+  EXPECT_EQ(s["data"]["d"], "4");
+  json p = CallJson("PATCH", cm, json::parse(R"([{"op":"replace","path":"/data/b","value":"20"}])"), 200,
+                    "application/json-patch+json");
+  EXPECT_EQ(p["data"]["b"], "20");
+  json failed = CallJson("PATCH", cm, json::parse(R"([{"op":"test","path":"/data/b","value":"nope"}])"), 422,
+                         "application/json-patch+json");
+  EXPECT_EQ(failed["kind"], "Status");
+  // A resourceVersion in the patch is a precondition.
+  CallJson("PATCH", cm, json{{"metadata", {{"resourceVersion", "1"}}}, {"data", {{"e", "5"}}}}, 409,
+           "application/merge-patch+json");
+  // Strategic merge on a keyed list merges by name.
+  CallJson("POST", "/api/v1/namespaces/default/pods",
+           json::parse(R"({"metadata":{"name":"p"},"spec":{"containers":[
+             {"name":"a","image":"x","command":["true"]},{"name":"b","image":"y","command":["true"]}]}})"), 201);
+  json pod = CallJson("PATCH", "/api/v1/namespaces/default/pods/p",
+                      json::parse(R"({"spec":{"containers":[{"name":"b","image":"z"}]}})"), 200,
+                      "application/strategic-merge-patch+json");
+  ASSERT_EQ(pod["spec"]["containers"].size(), 2u);
+  EXPECT_EQ(pod["spec"]["containers"][0]["image"], "x");
+  EXPECT_EQ(pod["spec"]["containers"][1]["image"], "z");
+}
+
+TEST_F(ApiServerTest, ListSelectorsPaginationAndTable) {
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  for (int i = 0; i < 5; ++i) {
+    CallJson("POST", cms,
+             json{{"metadata", {{"name", "c" + std::to_string(i)}, {"labels", {{"parity", i % 2 ? "odd" : "even"}}}}}}, 201);
+  }
+  json odd = json::parse(Call("GET", cms + "?labelSelector=parity%3Dodd").body);
+  EXPECT_EQ(odd["items"].size(), 2u);
+  json notodd = json::parse(Call("GET", cms + "?labelSelector=parity+notin+(odd)").body);
+  EXPECT_EQ(notodd["items"].size(), 3u);
+  json named = json::parse(Call("GET", cms + "?fieldSelector=metadata.name%3Dc3").body);
+  ASSERT_EQ(named["items"].size(), 1u);
+  EXPECT_EQ(named["items"][0]["metadata"]["name"], "c3");
+  EXPECT_EQ(named["kind"], "ConfigMapList");
+  // limit + continue visits every object once.
+  std::vector<std::string> seen;
+  std::string token;
+  for (int page = 0; page < 10; ++page) {
+    std::string target = cms + "?limit=2" + (token.empty() ? "" : "&continue=" + token);
+    json l = json::parse(Call("GET", target).body);
+    for (const json& it : l["items"]) seen.push_back(it["metadata"]["name"]);
+    token = l["metadata"].value("continue", "");
+    if (token.empty()) break;
+    EXPECT_EQ(l["items"].size(), 2u);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"c0", "c1", "c2", "c3", "c4"}));
+  // All namespaces.
+  json all = json::parse(Call("GET", "/api/v1/configmaps").body);
+  EXPECT_EQ(all["items"].size(), 5u);
+  // as=Table
+  HttpResponse t = Call("GET", cms, "", "", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json");
+  json table = json::parse(t.body);
+  EXPECT_EQ(table["kind"], "Table");
+  EXPECT_EQ(table["rows"].size(), 5u);
+  EXPECT_FALSE(table["metadata"]["resourceVersion"].get<std::string>().empty());
+}
+
+TEST_F(ApiServerTest, WatchSendsCurrentObjectsThenChangesAndHonoursSelectors) {
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  CallJson("POST", cms, json{{"metadata", {{"name", "a"}, {"labels", {{"app", "x"}}}}}}, 201);
+  HttpResponse w = Call("GET", cms + "?watch=true&labelSelector=app%3Dx&allowWatchBookmarks=true");
+  ASSERT_TRUE(w.stream);
+  RecordingStream out;
+  std::thread t([&] { w.stream(out); });
+  ASSERT_TRUE(out.WaitLines(1));
+  CallJson("POST", cms, json{{"metadata", {{"name", "b"}, {"labels", {{"app", "x"}}}}}}, 201);
+  CallJson("POST", cms, json{{"metadata", {{"name", "other"}}}}, 201);  // not selected
+  // b leaves the selection: its watcher sees DELETED.
+  CallJson("PATCH", cms + "/b", json{{"metadata", {{"labels", {{"app", "y"}}}}}}, 200, "application/merge-patch+json");
+  ASSERT_TRUE(out.WaitLines(3));
+  std::vector<std::pair<std::string, std::string>> events;
+  bool saw_bookmark = false;
+  for (int i = 0; i < 300 && !saw_bookmark; ++i) {
+    events.clear();
+    for (const json& l : out.Lines()) {
+      if (l["type"] == "BOOKMARK") {
+        saw_bookmark = true;
+        EXPECT_FALSE(l["object"]["metadata"]["resourceVersion"].get<std::string>().empty());
+        continue;
+      }
+      events.push_back({l["type"], l["object"]["metadata"]["name"]});
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  out.Close();
+  t.join();
+  std::vector<std::pair<std::string, std::string>> want = {{"ADDED", "a"}, {"ADDED", "b"}, {"DELETED", "b"}};
+  EXPECT_EQ(events, want);
+  EXPECT_TRUE(saw_bookmark);
+}
+
+TEST_F(ApiServerTest, WatchFromAResourceVersionAndTooOldIsGone) {
+  StoreOptions small;
+  small.history_events = 3;
+  Open(small);
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  json first = CallJson("POST", cms, json{{"metadata", {{"name", "c0"}}}}, 201);
+  std::string rv = first["metadata"]["resourceVersion"];
+  for (int i = 1; i < 8; ++i) CallJson("POST", cms, json{{"metadata", {{"name", "c" + std::to_string(i)}}}}, 201);
+  HttpResponse gone = Call("GET", cms + "?watch=1&resourceVersion=" + rv);
+  ASSERT_TRUE(gone.stream);
+  RecordingStream out;
+  gone.stream(out);  // writes the ERROR event and returns
+  auto lines = out.Lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["type"], "ERROR");
+  EXPECT_EQ(lines[0]["object"]["code"], 410);
+  EXPECT_EQ(lines[0]["object"]["reason"], "Expired");
+  // From a recent revision: only what came after it.
+  json last = json::parse(Call("GET", cms).body);
+  std::string now = last["metadata"]["resourceVersion"];
+  HttpResponse w = Call("GET", cms + "?watch=1&resourceVersion=" + now + "&fieldSelector=metadata.name%3Dc2");
+  RecordingStream out2;
+  std::thread t([&] { w.stream(out2); });
+  CallJson("PATCH", cms + "/c1", json{{"data", {{"k", "v"}}}}, 200, "application/merge-patch+json");
+  CallJson("PATCH", cms + "/c2", json{{"data", {{"k", "v"}}}}, 200, "application/merge-patch+json");
+  ASSERT_TRUE(out2.WaitLines(1));
+  out2.Close();
+  t.join();
+  auto l2 = out2.Lines();
+  ASSERT_EQ(l2.size(), 1u);
+  EXPECT_EQ(l2[0]["type"], "MODIFIED");
+  EXPECT_EQ(l2[0]["object"]["metadata"]["name"], "c2");
+}
+
+TEST_F(ApiServerTest, FinalizersHoldDeletionUntilRemoved) {
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  json c = CallJson("POST", cms, json{{"metadata", {{"name", "f"}, {"finalizers", {"example.com/hold"}}}}}, 201);
+  json d = CallJson("DELETE", cms + "/f", nullptr, 200);
+  EXPECT_TRUE(d["metadata"].contains("deletionTimestamp"));
+  EXPECT_EQ(d["metadata"]["deletionGracePeriodSeconds"], 0);
+  json still = CallJson("GET", cms + "/f", nullptr, 200);
+  EXPECT_TRUE(still["metadata"].contains("deletionTimestamp"));
+  // Adding a finalizer while deleting is refused.
+  CallJson("PATCH", cms + "/f", json{{"metadata", {{"finalizers", {"example.com/hold", "more"}}}}}, 422,
+           "application/merge-patch+json");
+  CallJson("PATCH", cms + "/f", json{{"metadata", {{"finalizers", nullptr}}}}, 200, "application/merge-patch+json");
+  EXPECT_EQ(Call("GET", cms + "/f").status, 404);
+}
+
+TEST_F(ApiServerTest, DeletePreconditions) {
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  json c = CallJson("POST", cms, json{{"metadata", {{"name", "p"}}}}, 201);
+  CallJson("DELETE", cms + "/p", json{{"preconditions", {{"uid", "not-it"}}}}, 409);
+  CallJson("DELETE", cms + "/p", json{{"preconditions", {{"resourceVersion", "1"}}}}, 409);
+  CallJson("DELETE", cms + "/p", json{{"preconditions", {{"uid", c["metadata"]["uid"]}}}}, 200);
+  EXPECT_EQ(Call("GET", cms + "/p").status, 404);
+}
+
+TEST_F(ApiServerTest, GarbageCollectorFollowsOwnerReferences) {
+  CreateCrd();
+  json owner = CallJson("POST", kJobs, Job("owner", 1), 201);
+  json ref = {{"apiVersion", "meshwork.dev/v1alpha1"}, {"kind", "TrainingJob"}, {"name", "owner"},
+              {"uid", owner["metadata"]["uid"]}, {"blockOwnerDeletion", true}};
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  CallJson("POST", cms, json{{"metadata", {{"name", "dep"}, {"ownerReferences", {ref}}}}}, 201);
+  CallJson("POST", cms, json{{"metadata", {{"name", "free"}}}}, 201);
+  GarbageCollector gc(api_.get());
+  gc.Sweep();
+  EXPECT_EQ(Call("GET", cms + "/dep").status, 200);
+  // Foreground: the owner waits for its blocking dependent.
+  json d = CallJson("DELETE", std::string(kJobs) + "/owner", json{{"propagationPolicy", "Foreground"}}, 200);
+  EXPECT_NE(d["metadata"]["finalizers"].dump().find("foregroundDeletion"), std::string::npos);
+  EXPECT_EQ(Call("GET", std::string(kJobs) + "/owner").status, 200);
+  gc.Sweep();  // puts the dependent into foreground deletion too (it has no dependents)
+  gc.Sweep();  // removes the dependent
+  gc.Sweep();  // then releases the owner
+  EXPECT_EQ(Call("GET", cms + "/dep").status, 404);
+  EXPECT_EQ(Call("GET", std::string(kJobs) + "/owner").status, 404);
+  EXPECT_EQ(Call("GET", cms + "/free").status, 200);
+  // Orphan: the dependent stays without its reference.
+  json owner2 = CallJson("POST", kJobs, Job("owner2", 1), 201);
+  ref["uid"] = owner2["metadata"]["uid"];
+  CallJson("POST", cms, json{{"metadata", {{"name", "dep2"}, {"ownerReferences", {ref}}}}}, 201);
+  CallJson("DELETE", std::string(kJobs) + "/owner2", json{{"propagationPolicy", "Orphan"}}, 200);
+  gc.Sweep();
+  json dep2 = CallJson("GET", cms + "/dep2", nullptr, 200);
+  EXPECT_FALSE(dep2["metadata"].contains("ownerReferences"));
+}
+
+TEST_F(ApiServerTest, DeletingACrdDeletesItsObjectsAndRoutes) {
+  CreateCrd();
+  CallJson("POST", kJobs, Job("a", 1), 201);
+  CallJson("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.meshwork.dev", nullptr, 200);
+  EXPECT_EQ(Call("GET", kJobs).status, 404);
+  CreateCrd();
+  json list = json::parse(Call("GET", kJobs).body);
+  EXPECT_TRUE(list["items"].empty());
+}
+
+TEST_F(ApiServerTest, NamespacesScopeObjects) {
+  CallJson("POST", "/api/v1/namespaces", json{{"metadata", {{"name", "team"}}}}, 201);
+  CallJson("POST", "/api/v1/namespaces/team/configmaps", json{{"metadata", {{"name", "c"}}}}, 201);
+  json d = CallJson("DELETE", "/api/v1/namespaces/team", nullptr, 200);
+  EXPECT_EQ(d["status"]["phase"], "Terminating");
+  json s = CallJson("POST", "/api/v1/namespaces/team/configmaps", json{{"metadata", {{"name", "c2"}}}}, 403);
+  EXPECT_EQ(s["reason"], "Forbidden");
+  GarbageCollector gc(api_.get());
+  gc.Sweep();
+  gc.Sweep();
+  EXPECT_EQ(Call("GET", "/api/v1/namespaces/team/configmaps/c").status, 404);
+  EXPECT_EQ(Call("GET", "/api/v1/namespaces/team").status, 404);
+}
+
+// Protobuf length-delimited field (what kubectl's typed clients send for create).
+std::string PbField(int field, const std::string& bytes) {
+  std::string out(1, static_cast<char>((field << 3) | 2));
+  size_t n = bytes.size();
+  while (n >= 0x80) {
+    out += static_cast<char>((n & 0x7F) | 0x80);
+    n >>= 7;
+  }
+  out += static_cast<char>(n);
+  return out + bytes;
+}
+
+TEST_F(ApiServerTest, ProtobufConfigMapFromKubectlCreateIsDecoded) {
+  std::string meta = PbField(1, "pb") + PbField(2, "") + PbField(11, PbField(1, "app") + PbField(2, "x"));
+  std::string raw = PbField(1, meta) + PbField(2, PbField(1, "k") + PbField(2, "v"));
+  std::string body = std::string("k8s\0", 4) + PbField(1, PbField(1, "v1") + PbField(2, "ConfigMap")) + PbField(2, raw);
+  HttpResponse r = Call("POST", "/api/v1/namespaces/default/configmaps", body, "application/vnd.kubernetes.protobuf");
+  ASSERT_EQ(r.status, 201) << r.body;
+  json cm = json::parse(r.body);
+  EXPECT_EQ(cm["metadata"]["name"], "pb");
+  EXPECT_FALSE(cm["metadata"].contains("generateName"));
+  EXPECT_EQ(cm["metadata"]["labels"]["app"], "x");
+  EXPECT_EQ(cm["data"]["k"], "v");
+  // Other kinds, and truncated bodies, are refused with a Status.
+  std::string pod = std::string("k8s\0", 4) + PbField(1, PbField(1, "v1") + PbField(2, "Pod")) + PbField(2, "");
+  EXPECT_EQ(Call("POST", "/api/v1/namespaces/default/pods", pod, "application/vnd.kubernetes.protobuf").status, 415);
+  EXPECT_EQ(Call("POST", "/api/v1/namespaces/default/configmaps", body.substr(0, body.size() - 3),
+                 "application/vnd.kubernetes.protobuf").status, 415);
+}
+
+TEST_F(ApiServerTest, ServicesGetAClusterIp) {
+  json s = CallJson("POST", "/api/v1/namespaces/default/services",
+                    json{{"metadata", {{"name", "web"}}}, {"spec", {{"ports", {{{"port", 80}}}}}}}, 201);
+  std::string ip = s["spec"]["clusterIP"];
+  EXPECT_EQ(ip.rfind("10.", 0), 0u);
+  EXPECT_EQ(s["spec"]["ports"][0]["targetPort"], 80);
+  json h = CallJson("POST", "/api/v1/namespaces/default/services",
+                    json{{"metadata", {{"name", "hl"}}}, {"spec", {{"clusterIP", "None"}}}}, 201);
+  EXPECT_EQ(h["spec"]["clusterIP"], "None");
+}
+
+}  // namespace
+}  // namespace meshwork::controlplane
