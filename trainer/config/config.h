@@ -74,7 +74,7 @@ struct FsdpConfig {
   std::string mode = "eager";         // eager | compiled (schedule compiler after step 1)
   std::string bucketing = "auto";     // compiled: none | block | auto
   bool reorder = true;                // compiled: run the reorder pass
-  int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = none
+  int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = eager's peak
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
   std::string trace_out;              // Chrome trace of step 2 (every rank's lanes) written here by rank 0
 };

@@ -110,8 +110,9 @@ double MeasureCopyRate() {
 
 // How much collectives in flight slow compute on this rank, as CostModel::interference: CPU
 // ranks share their cores with Gloo's threads. Times 32 matmuls alone, then with 16 all-gathers
-// of 8 MiB in flight on `group`, three times, and solves the cost model's sharing rule for it
-// (the median). Every rank of the group must call it (the same collectives on each).
+// of 2 MiB in flight on `group`, three times, and solves the cost model's sharing rule for it
+// (the median). The all-gathers cycle through 4 scratch buffers (their contents are thrown
+// away), so the calibration adds little to the process's peak memory. Every rank of the group must call it (the same collectives on each).
 Result<double> MeasureInterference(dist::Communicator& group) {
   torch::NoGradGuard no_grad;
   torch::Tensor a = torch::randn({384, 384});
@@ -123,7 +124,12 @@ Result<double> MeasureInterference(dist::Communicator& group) {
   };
   auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const int n = group.size();
-  const int64_t per_rank = (int64_t{8} << 20) / 4 / n;
+  const int64_t per_rank = (int64_t{2} << 20) / 4 / n;
+  std::vector<torch::Tensor> ins, outs;  // scratch, reused round-robin
+  for (int b = 0; b < 4; ++b) {
+    ins.push_back(torch::ones({per_rank}));
+    outs.push_back(torch::empty({per_rank * n}));
+  }
   std::vector<double> ks;
   matmuls();  // warm-up
   for (int rep = 0; rep < 3; ++rep) {
@@ -132,13 +138,10 @@ Result<double> MeasureInterference(dist::Communicator& group) {
     const double alone = matmuls();
     MW_ASSIGN_OR_RETURN(auto barrier2, group.Barrier());
     MW_RETURN_IF_ERROR(barrier2->Wait());
-    std::vector<torch::Tensor> ins, outs;
     std::vector<std::unique_ptr<dist::Work>> works;
     const double t0 = now();
     for (int i = 0; i < 16; ++i) {
-      ins.push_back(torch::ones({per_rank}));
-      outs.push_back(torch::empty({per_rank * n}));
-      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs.back(), ins.back()));
+      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs[i % 4], ins[i % 4]));
       works.push_back(std::move(w));
     }
     const double shared = matmuls();
@@ -216,12 +219,16 @@ class FsdpEngine : public Engine {
       compiler::Pipeline pipeline = compiler::Pipeline::Default();
       if (!cfg_.reorder) MW_RETURN_IF_ERROR(pipeline.Disable("reorder"));
       const compiler::Graph naive = compiler::BuildNaiveProgram(skeleton, {cfg_.reshard_after_forward});
-      MW_ASSIGN_OR_RETURN(plan, pipeline.Run(naive, ctx, cfg_.dump_plan ? &log_ : nullptr));
       MW_ASSIGN_OR_RETURN(compiler::Graph eager, compiler::EagerPlan(naive, ctx));
+      // Without a configured budget, the compiled plan may not hold more than the eager plan
+      // would: it is there to be lighter than eager, and faster only within that.
+      if (cfg_.memory_budget == 0) ctx.memory_budget_bytes = compiler::PeakBytes(eager);
+      MW_ASSIGN_OR_RETURN(plan, pipeline.Run(naive, ctx, cfg_.dump_plan ? &log_ : nullptr));
       const compiler::SimResult p = compiler::Simulate(plan, ctx.cost), e = compiler::Simulate(eager, ctx.cost);
       std::ostringstream line;
       line << std::fixed << std::setprecision(4) << "compiled plan: passes " << pipeline.Describe() << "; bucketing "
-           << cfg_.bucketing << ", budget " << (cfg_.memory_budget > 0 ? Mib(ctx.memory_budget_bytes) : "none") << "; "
+           << cfg_.bucketing << ", budget " << Mib(ctx.memory_budget_bytes)
+           << (cfg_.memory_budget > 0 ? "" : " (the eager plan's peak)") << "; "
            << p.collectives << " collectives/step (eager " << e.collectives << "); predicted step " << p.step_seconds
            << " s (eager " << e.step_seconds << "), exposed comm " << p.exposed_comm_seconds << " s (eager "
            << e.exposed_comm_seconds << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes)
