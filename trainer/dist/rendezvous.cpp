@@ -136,6 +136,9 @@ Result<c10::intrusive_ptr<c10d::Store>> Rendezvous(const DistEnv& env, milliseco
       // The server itself is gone; "?" says so.
     }
     std::string what = e.what();
+    // Rank 0 hosts the store: it stays a moment past the deadline, so that ranks timing out
+    // at the same instant can still read how many joined instead of finding the server gone.
+    if (env.rank == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
     return Unavailable("rendezvous at " + where + ": only " + joined + " of " +
                       std::to_string(env.world_size) + " ranks joined generation " +
                       std::to_string(env.restart_generation) + " after waiting " +
