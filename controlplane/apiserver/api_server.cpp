@@ -392,6 +392,25 @@ std::string Rfc3339(Clock::time_point t) {
   return buf;
 }
 
+// What a list, watch or delete-collection request selects: its label and field selectors and
+// the store prefix of its resource (and namespace). A bad selector is the BadRequest to answer.
+struct Selection {
+  LabelSelector labels;
+  FieldSelector fields;
+  std::string prefix;
+};
+
+std::optional<ApiError> ParseSelection(const HttpRequest& http, const ResourceInfo& info, const std::string& ns,
+                                       std::optional<Selection>* out) {
+  auto labels = LabelSelector::Parse(http.Query("labelSelector"));
+  if (!labels.ok()) return BadRequest(labels.status().message());
+  auto fields = FieldSelector::Parse(http.Query("fieldSelector"));
+  if (!fields.ok()) return BadRequest(fields.status().message());
+  std::string prefix = info.StoreResource() + (!info.namespaced ? "//" : ns.empty() ? "/" : "/" + ns + "/");
+  out->emplace(Selection{std::move(labels).value(), std::move(fields).value(), std::move(prefix)});
+  return std::nullopt;
+}
+
 // A create or update body must be an object of this URL's apiVersion and kind (either may be
 // left out) with an object as metadata; else the BadRequest kube-apiserver answers.
 std::optional<ApiError> CheckBodyShape(const json& body, const ResourceInfo& info) {
@@ -771,12 +790,11 @@ HttpResponse ApiServer::Get(Request& req) {
 }
 
 HttpResponse ApiServer::List(Request& req) {
-  auto labels = LabelSelector::Parse(req.http->Query("labelSelector"));
-  if (!labels.ok()) return ErrorResponse(BadRequest(labels.status().message()));
-  auto fields = FieldSelector::Parse(req.http->Query("fieldSelector"));
-  if (!fields.ok()) return ErrorResponse(BadRequest(fields.status().message()));
-  std::string prefix = req.info.StoreResource() + "/" + (req.ns.empty() ? "" : req.ns + "/");
-  if (!req.info.namespaced) prefix = req.info.StoreResource() + "//";
+  std::optional<Selection> sel;
+  if (auto err = ParseSelection(*req.http, req.info, req.ns, &sel)) return ErrorResponse(*err);
+  const LabelSelector& labels = sel->labels;
+  const FieldSelector& fields = sel->fields;
+  const std::string& prefix = sel->prefix;
   uint64_t limit = 0;
   if (req.http->HasQuery("limit") && !req.http->Query("limit").empty() &&
       !ParseUint(req.http->Query("limit"), &limit)) {
@@ -815,7 +833,7 @@ HttpResponse ApiServer::List(Request& req) {
     if (revision == 0) revision = r.revision;
     for (size_t i = 0; i < r.items.size(); ++i) {
       last_key = r.keys[i];
-      if (labels->Matches(r.items[i]) && fields->Matches(r.items[i])) {
+      if (labels.Matches(r.items[i]) && fields.Matches(r.items[i])) {
         items.push_back(ToVersion(req.info, r.items[i]));
       }
       if (limit != 0 && items.size() >= limit) {
@@ -844,12 +862,11 @@ HttpResponse ApiServer::List(Request& req) {
 // ---- watch --------------------------------------------------------------------------------
 
 HttpResponse ApiServer::Watch(Request& req) {
-  auto labels = LabelSelector::Parse(req.http->Query("labelSelector"));
-  if (!labels.ok()) return ErrorResponse(BadRequest(labels.status().message()));
-  auto fields = FieldSelector::Parse(req.http->Query("fieldSelector"));
-  if (!fields.ok()) return ErrorResponse(BadRequest(fields.status().message()));
-  std::string prefix = req.info.StoreResource() + "/" + (req.ns.empty() ? "" : req.ns + "/");
-  if (!req.info.namespaced) prefix = req.info.StoreResource() + "//";
+  std::optional<Selection> sel;
+  if (auto err = ParseSelection(*req.http, req.info, req.ns, &sel)) return ErrorResponse(*err);
+  const LabelSelector& labels = sel->labels;
+  const FieldSelector& fields = sel->fields;
+  const std::string& prefix = sel->prefix;
   int64_t timeout_seconds = 0;
   if (req.http->HasQuery("timeoutSeconds") &&
       (!ParseInt(req.http->Query("timeoutSeconds"), &timeout_seconds) || timeout_seconds < 0)) {
@@ -861,12 +878,12 @@ HttpResponse ApiServer::Watch(Request& req) {
   uint64_t from = 0;
   auto initial = std::make_shared<std::vector<std::pair<std::string, json>>>();
   auto in_selection = std::make_shared<std::set<std::string>>();
-  bool selective = !labels->Empty() || !fields->Empty();
+  bool selective = !labels.Empty() || !fields.Empty();
   if (rv_text.empty() || rv_text == "0") {
     Store::ListResult r = store_->List(prefix);
     from = r.revision;
     for (size_t i = 0; i < r.items.size(); ++i) {
-      if (labels->Matches(r.items[i]) && fields->Matches(r.items[i])) {
+      if (labels.Matches(r.items[i]) && fields.Matches(r.items[i])) {
         initial->push_back({r.keys[i], r.items[i]});
         in_selection->insert(r.keys[i]);
       }
@@ -880,7 +897,7 @@ HttpResponse ApiServer::Watch(Request& req) {
       // guess (exact when the watch starts at the list's own revision, the usual case).
       Store::ListResult r = store_->List(prefix);
       for (size_t i = 0; i < r.items.size(); ++i) {
-        if (labels->Matches(r.items[i]) && fields->Matches(r.items[i])) in_selection->insert(r.keys[i]);
+        if (labels.Matches(r.items[i]) && fields.Matches(r.items[i])) in_selection->insert(r.keys[i]);
       }
     }
   }
@@ -902,8 +919,8 @@ HttpResponse ApiServer::Watch(Request& req) {
   ResourceInfo info = req.info;
   bool table = req.table;
   std::string include = req.include_object;
-  LabelSelector label_sel = *labels;
-  FieldSelector field_sel = *fields;
+  LabelSelector label_sel = labels;
+  FieldSelector field_sel = fields;
   auto interval = options_.bookmark_interval;
   resp.stream = [this, stream, info, table, include, label_sel, field_sel, selective, initial,
                  in_selection, bookmarks, interval, timeout_seconds](ResponseStream& out) {
@@ -1654,16 +1671,15 @@ HttpResponse ApiServer::Delete(Request& req) {
 HttpResponse ApiServer::DeleteCollection(Request& req) {
   DeleteOptions opts;
   if (auto err = ParseDeleteOptions(*req.http, &opts)) return ErrorResponse(*err);
-  auto labels = LabelSelector::Parse(req.http->Query("labelSelector"));
-  if (!labels.ok()) return ErrorResponse(BadRequest(labels.status().message()));
-  auto fields = FieldSelector::Parse(req.http->Query("fieldSelector"));
-  if (!fields.ok()) return ErrorResponse(BadRequest(fields.status().message()));
-  std::string prefix = req.info.StoreResource() + "/" + (req.ns.empty() ? "" : req.ns + "/");
-  if (!req.info.namespaced) prefix = req.info.StoreResource() + "//";
+  std::optional<Selection> sel;
+  if (auto err = ParseSelection(*req.http, req.info, req.ns, &sel)) return ErrorResponse(*err);
+  const LabelSelector& labels = sel->labels;
+  const FieldSelector& fields = sel->fields;
+  const std::string& prefix = sel->prefix;
   json items = json::array();
   Store::ListResult all = store_->List(prefix);
   for (const json& obj : all.items) {
-    if (!labels->Matches(obj) || !fields->Matches(obj)) continue;
+    if (!labels.Matches(obj) || !fields.Matches(obj)) continue;
     auto r = DeleteObject(req.info, MetaString(obj, "namespace"), MetaString(obj, "name"), opts);
     if (r.ok()) items.push_back(*r.value);
   }

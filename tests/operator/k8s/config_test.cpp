@@ -1,4 +1,5 @@
 // kubeconfig and in-cluster config loading.
+#include "trainer/common/base64.h"
 #include "operator/k8s/config.h"
 
 #include <gmock/gmock.h>
@@ -11,7 +12,7 @@ namespace meshwork::k8s {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::Base64;
+using ::meshwork::Base64Encode;
 using testing::ReadTestdata;
 using testing::ScopedEnv;
 using testing::TempDir;
@@ -76,10 +77,10 @@ TEST(KubeconfigTest, MissingTokenFileIsAnErrorNamingTheKey) {
 TEST(KubeconfigTest, ClientCertificatesFromData) {
   TempDir dir;
   std::string yaml = "current-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://10.0.0.1\n"
-                     "    certificate-authority-data: " + Base64("CA") + "\n"
+                     "    certificate-authority-data: " + Base64Encode("CA") + "\n"
                      "contexts:\n- name: c\n  context: {cluster: k, user: u}\n"
-                     "users:\n- name: u\n  user:\n    client-certificate-data: " + Base64("CERT") +
-                     "\n    client-key-data: " + Base64("KEY") + "\n";
+                     "users:\n- name: u\n  user:\n    client-certificate-data: " + Base64Encode("CERT") +
+                     "\n    client-key-data: " + Base64Encode("KEY") + "\n";
   auto cfg = LoadKubeconfig(dir.Write("kc", yaml));
   ASSERT_TRUE(cfg.ok()) << cfg.error().ToString();
   EXPECT_EQ(cfg->ca_pem, "CA");
@@ -106,7 +107,7 @@ TEST(KubeconfigTest, CertificateWithoutKeyIsRefused) {
   TempDir dir;
   std::string yaml = "current-context: c\nclusters:\n- name: k\n  cluster: {server: 'https://h:1'}\n"
                      "contexts:\n- name: c\n  context: {cluster: k, user: u}\n"
-                     "users:\n- name: u\n  user: {client-certificate-data: " + Base64("C") + "}\n";
+                     "users:\n- name: u\n  user: {client-certificate-data: " + Base64Encode("C") + "}\n";
   auto cfg = LoadKubeconfig(dir.Write("kc", yaml));
   ASSERT_FALSE(cfg.ok());
   EXPECT_THAT(cfg.error().message(), HasSubstr("users[u].user"));

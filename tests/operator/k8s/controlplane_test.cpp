@@ -18,6 +18,7 @@
 #include <future>
 #include <thread>
 
+#include "tests/common/free_port.h"
 #include "operator/k8s/client.h"
 #include "operator/k8s/informer.h"
 #include "tests/operator/k8s/test_util.h"
@@ -37,17 +38,7 @@ std::string ControlPlaneBinary() {
   return std::string(MESHWORK_BINARY_DIR) + "/controlplane/apiserver/meshwork-controlplane";
 }
 
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using ::meshwork::testing::FreePort;
 
 template <typename F>
 bool Eventually(F cond, std::chrono::milliseconds limit = kEventually) {

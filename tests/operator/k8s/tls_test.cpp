@@ -13,6 +13,7 @@
 
 #include <boost/asio/ssl.hpp>
 
+#include "tests/common/free_port.h"
 #include "operator/k8s/client.h"
 #include "tests/operator/k8s/test_util.h"
 
@@ -22,17 +23,7 @@ namespace {
 using testing::ReadTestdata;
 namespace listener = web::http::experimental::listener;
 
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using ::meshwork::testing::FreePort;
 
 // An HTTPS server on 127.0.0.1 answering every GET with a ConfigMap.
 class TlsServer {

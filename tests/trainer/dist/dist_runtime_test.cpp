@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/common/free_port.h"
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/env.h"
 #include "trainer/dist/rendezvous.h"
@@ -163,22 +164,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- Rendezvous --------------------------------------------------------------------------
 
-// A port that was free a moment ago: bind port 0 and read back what the kernel picked.
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using meshwork::testing::FreePort;
 
 TEST(RendezvousTest, SingleProcessUsesAnInProcessStore) {
   DistEnv env;
