@@ -66,7 +66,35 @@ std::string Response(int status, const char* reason, const std::string& content_
   return r;
 }
 
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return status < 400 ? "OK" : "Error";
+  }
+}
+
 }  // namespace
+
+Status MetricsServer::AddHandler(const std::string& path, Handler handler) {
+  if (path.empty() || path.front() != '/') {
+    return InvalidConfig("metrics server: handler path '" + path + "' does not start with '/'");
+  }
+  if (path == "/metrics" || path == "/") {
+    return InvalidConfig("metrics server: path '" + path + "' is served by the server itself");
+  }
+  if (!handler) return InvalidConfig("metrics server: no handler for path '" + path + "'");
+  std::lock_guard<std::mutex> lock(handlers_mu_);
+  handlers_[path] = std::move(handler);
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& bind_address) {
   MW_ASSIGN_OR_RETURN(HostPort hp, ParseBindAddress(bind_address));
@@ -156,11 +184,33 @@ void MetricsServer::HandleConnection(int fd) {
   const bool head = method == "HEAD";
   if (method != "GET" && !head) {
     SendAll(fd, Response(405, "Method Not Allowed", "text/plain", "use GET\n", false));
-  } else if (path == "/metrics") {
+    return;
+  }
+  if (path == "/metrics") {
     const std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
     SendAll(fd, Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, head));
+    return;
+  }
+  Handler handler;
+  std::string paths;
+  {
+    std::lock_guard<std::mutex> lock(handlers_mu_);
+    auto it = handlers_.find(path);
+    if (it != handlers_.end()) handler = it->second;
+    for (const auto& entry : handlers_) paths += ", " + entry.first;
+  }
+  if (handler) {
+    std::pair<int, std::string> answer;
+    try {
+      answer = handler();
+    } catch (const std::exception& e) {
+      answer = {500, std::string("handler failed: ") + e.what() + "\n"};
+    } catch (...) {
+      answer = {500, "handler failed\n"};
+    }
+    SendAll(fd, Response(answer.first, ReasonPhrase(answer.first), "text/plain; charset=utf-8", answer.second, head));
   } else if (path == "/") {
-    SendAll(fd, Response(200, "OK", "text/plain", "Meshwork metrics: /metrics\n", head));
+    SendAll(fd, Response(200, "OK", "text/plain", "Meshwork metrics: /metrics" + paths + "\n", head));
   } else {
     SendAll(fd, Response(404, "Not Found", "text/plain", "not found; try /metrics\n", head));
   }

@@ -7,12 +7,19 @@
 // more than that (OpenBLAS 60 KiB, glog 30 KiB, libtorch 10 KiB, ...), so civetweb cannot start
 // inside the trainer at all. This server is a single thread with a normal stack; the metric
 // types, the registry and the text serialisation are still prometheus-cpp's.
+//
+// Other paths can be added (AddHandler): the operator serves /healthz and /readyz on the same
+// port. The trainer adds none, and its server answers as it always has.
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "trainer/common/status.h"
 
@@ -40,6 +47,15 @@ class MetricsServer {
   const std::string& bind_address() const { return bind_address_; }
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
+  // Answers a GET (or HEAD) of a path: HTTP status code and a text/plain body.
+  using Handler = std::function<std::pair<int, std::string>()>;
+  // Serves `path` (matched exactly; the query string is ignored) with `handler`, from now on.
+  // Handlers run on the server's single thread, one request at a time: keep them quick, since a
+  // slow one delays scrapes. A handler that throws answers 500. Adding a path again replaces
+  // its handler. InvalidConfig for a path that does not start with '/', and for "/metrics" and
+  // "/", which the server keeps.
+  Status AddHandler(const std::string& path, Handler handler);
+
  private:
   MetricsServer(std::string bind_address, int listen_fd, int port);
   void Serve();
@@ -50,6 +66,8 @@ class MetricsServer {
   int listen_fd_;
   int port_;
   std::atomic<bool> stopping_{false};
+  std::mutex handlers_mu_;
+  std::map<std::string, Handler> handlers_;
   std::thread thread_;  // last: started after everything it reads exists
 };
 

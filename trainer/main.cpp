@@ -24,6 +24,8 @@ constexpr const char* kUsage = R"(usage: meshwork-train <command> [options]
 commands:
   train         train a model
                   --config FILE     YAML config (docs/config.md); defaults apply without one
+                  --config-env VAR  read the YAML config from environment variable VAR instead
+                                    (e.g. a Kubernetes ConfigMap key); not with --config
                   --set KEY=VALUE   override one key, e.g. --set optimizer.lr=3e-4 (repeatable)
                   --dump-plan       fsdp.mode compiled: print the schedule IR before and after
                                     each compiler pass and the plan's summary (rank 0)
@@ -33,12 +35,12 @@ commands:
                   --weights DIR     Hugging Face model directory (model.init_from)
                   --data FILE       token file (eval.data)
                   --windows N       windows of seq_len+1 tokens (eval.windows)
-                  --config FILE, --set KEY=VALUE as for train
+                  --config FILE, --config-env VAR, --set KEY=VALUE as for train
   prepare-data  turn text files into a token file with the byte-level vocabulary
                   --out FILE [--val-out FILE] [--val-fraction F] [--format llmc|raw_u16|raw_u32]
                   INPUT...          text files or directories
   config        print the resolved config (all keys, defaults included)
-                  --config FILE, --set KEY=VALUE as for train
+                  --config FILE, --config-env VAR, --set KEY=VALUE as for train
   launch        start N ranks on this machine (like torchrun --nproc-per-node)
                   --nproc N [--nnodes N --node-rank N --master-addr A --master-port P]
                   [--] COMMAND...   e.g. launch --nproc 4 train --config job.yaml
@@ -61,6 +63,8 @@ int Usage(const std::string& problem) {
 // Options shared by train, eval and config.
 struct ConfigArgs {
   std::string config_path;
+  std::string config_env;  // --config-env: the name of the variable holding the YAML
+  bool config_env_given = false;
   std::vector<std::string> overrides;
 };
 
@@ -89,6 +93,9 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
   for (size_t i = 0; i < args.size(); ++i) {
     if (TakeValue(args, i, "--config", &value, &error)) {
       c.config_path = value;
+    } else if (TakeValue(args, i, "--config-env", &value, &error)) {
+      c.config_env = value;
+      c.config_env_given = true;
     } else if (TakeValue(args, i, "--set", &value, &error)) {
       c.overrides.push_back(value);
     } else if (command == "train" && args[i] == "--dump-plan") {
@@ -108,7 +115,13 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
   }
   // In eval, the dims come from the checkpoint, so the default preset must not count as a
   // user choice; LoadConfig only marks dims explicit when a key names them.
-  auto cfg = meshwork::config::LoadConfig(c.config_path, c.overrides);
+  if (c.config_env_given && !c.config_path.empty()) {
+    return Usage("--config " + c.config_path + " and --config-env " + c.config_env +
+                 " both name the config; give one");
+  }
+  if (c.config_env_given && c.config_env.empty()) return Usage("--config-env needs the name of a variable");
+  auto cfg = c.config_env_given ? meshwork::config::LoadConfigFromEnv(c.config_env, c.overrides)
+                                : meshwork::config::LoadConfig(c.config_path, c.overrides);
   if (!cfg.ok()) return Fail(cfg.status());
 
   if (command == "config") {

@@ -986,9 +986,9 @@ HttpResponse ApiServer::Watch(Request& req) {
 
 // ---- create -------------------------------------------------------------------------------
 
-std::optional<ApiError> ApiServer::ValidateCustom(const ResourceInfo& info, json& obj) {
+std::optional<ApiError> ApiServer::ValidateCustom(const ResourceInfo& info, json& obj, const json* old) {
   if (!info.custom || info.schema.is_null()) return std::nullopt;
-  auto causes = schema::DefaultPruneAndValidate(info.schema, obj);
+  auto causes = schema::DefaultPruneAndValidate(info.schema, obj, old);
   if (causes.empty()) return std::nullopt;
   return InvalidErr(info, MetaString(obj, "name"), causes);
 }
@@ -1338,7 +1338,7 @@ ApiResult<json> ApiServer::UpdateObject(Request& req, json incoming) {
       }
     }
     if (auto err = StrictFieldCheck(info, req.http, next)) return Fail<json>(*err);
-    if (auto err = ValidateCustom(info, next)) return Fail<json>(*err);
+    if (auto err = ValidateCustom(info, next, &cur)) return Fail<json>(*err);
     // generation: bumps when the spec (all but metadata, and status when split off) changes.
     if (cur["metadata"].contains("generation")) {
       bool split = info.status_subresource;

@@ -108,7 +108,9 @@ class ApiServer {
 
   ApiResult<nlohmann::json> UpdateObject(Request& req, nlohmann::json incoming);
   std::optional<ApiError> PrepareCreate(const ResourceInfo& info, nlohmann::json& obj);
-  std::optional<ApiError> ValidateCustom(const ResourceInfo& info, nlohmann::json& obj);
+  // `old` is the stored object on an update (x-kubernetes-validations transition rules).
+  std::optional<ApiError> ValidateCustom(const ResourceInfo& info, nlohmann::json& obj,
+                                         const nlohmann::json* old = nullptr);
   void AfterWrite(const ResourceInfo& info, const nlohmann::json& stored, bool removed);
   ApiResult<nlohmann::json> RemoveFromStore(const ResourceInfo& info, const std::string& key,
                                             uint64_t expected_revision);

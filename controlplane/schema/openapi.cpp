@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "controlplane/schema/go_format.h"
+#include "controlplane/schema/validation_rules.h"
 
 namespace meshwork::controlplane::schema {
 namespace {
@@ -1050,15 +1051,17 @@ struct SchemaChecker {
     CheckExtensions(node, path, t);
 
     if (const json* v = Get(node, "x-kubernetes-validations")) {
-      // Accepted and stored; not evaluated (docs/controlplane-validation.md).
+      // Shape only here; CheckValidationRules compiles the rules once the schema is sound.
       if (!v->is_array()) {
         out.push_back(Invalid(Child(path, "x-kubernetes-validations"), gofmt::BadValue(*v), "must be an array"));
       } else {
         for (size_t i = 0; i < v->size(); ++i) {
           const json& rule = (*v)[i];
           const json* r = Get(rule, "rule");
-          if (!r || !r->is_string() || r->get<std::string>().empty()) {
-            out.push_back(Required(Child(Index(Child(path, "x-kubernetes-validations"), i), "rule"), ""));
+          if (!r || !r->is_string() ||
+              r->get<std::string>().find_first_not_of(" \t\n\r\f\v") == std::string::npos) {
+            out.push_back(Required(Child(Index(Child(path, "x-kubernetes-validations"), i), "rule"),
+                                   "rule is not specified"));
           }
         }
       }
@@ -1231,6 +1234,9 @@ std::vector<FieldCause> CheckSchema(const json& schema, const std::string& field
   std::vector<FieldCause> out;
   SchemaChecker checker{out};
   checker.Check(schema, field_prefix, "root", "", false);
+  // As kube-apiserver: rules are compiled only against an otherwise valid schema, whose errors
+  // would only make the compiler's messages confusing.
+  if (out.empty()) out = CheckValidationRules(schema, field_prefix);
   return out;
 }
 
@@ -1241,20 +1247,33 @@ void ApplyDefaults(const json& schema, json& object) {
   DropNonNullableNulls(schema, object, true);
 }
 
-std::vector<FieldCause> Validate(const json& schema, const json& object) {
+std::vector<FieldCause> Validate(const json& schema, const json& object, const json* old_object) {
   std::vector<FieldCause> out;
   ValidateNode(schema, object, "", true, out);
+  if (!HasValidationRules(schema)) return out;
+  // kube-apiserver's hasBlockingErr: the rules were written for objects of the schema's shape.
+  for (const auto& c : out) {
+    if (c.reason == "FieldValueNotSupported" || c.reason == "FieldValueRequired" || c.reason == "FieldValueTooLong" ||
+        c.reason == "FieldValueTooMany" || c.reason == "FieldValueTypeInvalid") {
+      out.push_back({"FieldValueInvalid", "<nil>",
+                     "Invalid value: \"null\": some validation rules were not checked because the object was "
+                     "invalid; correct the existing errors to complete validation"});
+      return out;
+    }
+  }
+  auto rules = EvaluateValidationRules(schema, object, old_object);
+  out.insert(out.end(), rules.begin(), rules.end());
   return out;
 }
 
-std::vector<FieldCause> DefaultPruneAndValidate(const json& schema, json& object) {
+std::vector<FieldCause> DefaultPruneAndValidate(const json& schema, json& object, const json* old_object) {
   if (!object.is_object()) {
     return {TypeInvalid("", gofmt::Quote(DataType(object)),
                         "must be of type object: " + gofmt::Quote(DataType(object)))};
   }
   Prune(schema, object);
   ApplyDefaults(schema, object);
-  return Validate(schema, object);
+  return Validate(schema, object, old_object);
 }
 
 std::string InvalidMessage(const std::string& kind_dot_group, const std::string& name,

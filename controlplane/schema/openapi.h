@@ -29,21 +29,28 @@ struct FieldCause {
 // node has a type unless x-kubernetes-int-or-string / x-kubernetes-preserve-unknown-fields),
 // known keywords only, valid patterns, defaults that validate against their node. Field paths
 // start with `field_prefix`, e.g. "spec.versions[0].schema.openAPIV3Schema". Empty = acceptable.
-// x-kubernetes-validations (CEL) rules are accepted but never evaluated.
+// When the schema is otherwise acceptable, its x-kubernetes-validations rules are compiled (a CEL
+// subset, see cel.h and validation_rules.h): one that does not compile makes the schema invalid.
 std::vector<FieldCause> CheckSchema(const nlohmann::json& schema, const std::string& field_prefix);
 
 // Validates `object` (a whole custom resource: apiVersion/kind/metadata/spec/status) against the
 // version's schema after pruning unknown fields and applying defaults in place, in
-// kube-apiserver's order: prune, default, validate. metadata is not pruned; apiVersion, kind and
-// metadata are always allowed. Empty result = valid.
+// kube-apiserver's order: prune, default, validate (schema keywords, then the
+// x-kubernetes-validations rules on the defaulted object). metadata is not pruned; apiVersion,
+// kind and metadata are always allowed. `old_object` is the stored object on an update (for
+// transition rules, which use oldSelf), null on create. Empty result = valid.
 std::vector<FieldCause> DefaultPruneAndValidate(const nlohmann::json& schema,
-                                                nlohmann::json& object);
+                                                nlohmann::json& object,
+                                                const nlohmann::json* old_object = nullptr);
 
 // The parts of DefaultPruneAndValidate, for callers that need them separately (e.g. validating a
 // status-subresource update). Each works on the whole object, rooted at "".
 void Prune(const nlohmann::json& schema, nlohmann::json& object);
 void ApplyDefaults(const nlohmann::json& schema, nlohmann::json& object);
-std::vector<FieldCause> Validate(const nlohmann::json& schema, const nlohmann::json& object);
+// Schema keywords first; the x-kubernetes-validations rules only when those found nothing that
+// blocks them (a type, required, enum or size error), as kube-apiserver orders it.
+std::vector<FieldCause> Validate(const nlohmann::json& schema, const nlohmann::json& object,
+                                 const nlohmann::json* old_object = nullptr);
 
 // The Status message kube-apiserver builds from causes:
 // `<Kind>.<group> "<name>" is invalid: [<field>: <message>, ...]` (no brackets for one cause).

@@ -50,12 +50,14 @@ WorkQueue::~WorkQueue() {
 void WorkQueue::PushLocked(const std::string& key) {
   queue_.push_back(key);
   queued_at_[key] = Clock::now();
+  if (options_.on_depth) options_.on_depth(queue_.size());
   cv_.notify_one();
 }
 
 std::string WorkQueue::PopLocked(double* waited_seconds) {
   std::string key = std::move(queue_.front());
   queue_.pop_front();
+  if (options_.on_depth) options_.on_depth(queue_.size());
   Clock::time_point now = Clock::now();
   auto it = queued_at_.find(key);
   *waited_seconds = it == queued_at_.end() ? 0.0 : std::chrono::duration<double>(now - it->second).count();
@@ -68,6 +70,7 @@ std::string WorkQueue::PopLocked(double* waited_seconds) {
 void WorkQueue::AddLocked(const std::string& key) {
   if (shutting_down_ || dirty_.count(key)) return;
   dirty_.insert(key);
+  if (options_.on_add) options_.on_add();
   if (processing_.count(key)) return;  // Done() queues it
   PushLocked(key);
 }
@@ -98,6 +101,7 @@ void WorkQueue::AddRateLimited(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
     delay = std::max(backoff_.Next(key), bucket_.Reserve());
   }
+  if (options_.on_retry) options_.on_retry();
   AddAfter(key, delay);
 }
 

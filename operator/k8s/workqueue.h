@@ -58,6 +58,13 @@ struct WorkQueueOptions {
   // waited in the queue before a Get took it, and how long a worker held it (Get to Done).
   std::function<void(double)> on_queue_latency;
   std::function<void(double)> on_work_duration;
+  // Optional counting hooks. on_depth (the number of keys waiting, Len()) after every change and
+  // on_add (a key was accepted: not already queued) are called with the queue's lock held, so
+  // that depth readings arrive in order: they must be quick and must not call into the queue.
+  // on_retry (an AddRateLimited call) is called without the lock.
+  std::function<void(size_t depth)> on_depth;
+  std::function<void()> on_add;
+  std::function<void()> on_retry;
 };
 
 class WorkQueue {

@@ -9,7 +9,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "metrics/trainer_metrics.h"
 
@@ -127,6 +129,61 @@ TEST(MetricsServerTest, StoppingFreesThePort) {
   }
   auto again = MetricsServer::Start("127.0.0.1:" + std::to_string(port));
   EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST(MetricsServerTest, AddedHandlerAnswersWithItsCodeAndBody) {
+  auto server = MetricsServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  int code = 503;
+  ASSERT_TRUE((*server)->AddHandler("/readyz", [&] { return std::make_pair(code, std::string("not ready: x\n")); }).ok());
+  HttpResponse r = HttpGet((*server)->port(), "/readyz");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.body, "not ready: x\n");
+  code = 200;
+  EXPECT_EQ(HttpGet((*server)->port(), "/readyz?verbose=1").status, 200);  // the query is ignored
+  // Replacing a handler.
+  ASSERT_TRUE((*server)->AddHandler("/readyz", [] { return std::make_pair(200, std::string("ok\n")); }).ok());
+  EXPECT_EQ(HttpGet((*server)->port(), "/readyz").body, "ok\n");
+  // /metrics and the index still answer; unknown paths are 404.
+  EXPECT_EQ(HttpGet((*server)->port(), "/metrics").status, 200);
+  HttpResponse index = HttpGet((*server)->port(), "/");
+  EXPECT_EQ(index.status, 200);
+  EXPECT_NE(index.body.find("/readyz"), std::string::npos) << index.body;
+  EXPECT_EQ(HttpGet((*server)->port(), "/healthz").status, 404);
+  EXPECT_EQ(HttpGet((*server)->port(), "/readyz/x").status, 404);
+}
+
+TEST(MetricsServerTest, HandlerThatThrowsAnswers500AndTheServerGoesOn) {
+  auto server = MetricsServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_TRUE((*server)
+                  ->AddHandler("/boom", []() -> std::pair<int, std::string> { throw std::runtime_error("bad"); })
+                  .ok());
+  HttpResponse r = HttpGet((*server)->port(), "/boom");
+  EXPECT_EQ(r.status, 500);
+  EXPECT_NE(r.body.find("bad"), std::string::npos) << r.body;
+  EXPECT_EQ(HttpGet((*server)->port(), "/metrics").status, 200);
+}
+
+TEST(MetricsServerTest, AddHandlerRefusesReservedAndRelativePaths) {
+  auto server = MetricsServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto ok = [] { return std::make_pair(200, std::string("ok\n")); };
+  for (const std::string path : {"/metrics", "/", "healthz", ""}) {
+    Status s = (*server)->AddHandler(path, ok);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidConfig) << path;
+    EXPECT_NE(s.message().find("'" + path + "'"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ((*server)->AddHandler("/x", nullptr).code(), StatusCode::kInvalidConfig);
+}
+
+TEST(MetricsServerTest, WithoutHandlersOnlyMetricsAndIndexAnswer) {
+  auto server = MetricsServer::Start("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  EXPECT_EQ(HttpGet((*server)->port(), "/healthz").status, 404);
+  HttpResponse index = HttpGet((*server)->port(), "/");
+  EXPECT_EQ(index.status, 200);
+  EXPECT_EQ(index.body, "Meshwork metrics: /metrics\n");  // the trainer's index, unchanged
 }
 
 }  // namespace

@@ -93,6 +93,22 @@ Status AtomicFileWriter::Commit() {
   return Status::Ok();
 }
 
+Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return IOError("cannot open directory '" + dir + "': " + ErrnoText(err));
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some file systems (and FUSE mounts) cannot fsync a directory; the rename itself happened.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP) {
+    return IOError("cannot flush directory '" + dir + "': " + ErrnoText(err));
+  }
+  return Status::Ok();
+}
+
 // --- ReadOnlyFile ------------------------------------------------------------------------------
 
 Result<ReadOnlyFile> ReadOnlyFile::Open(const std::string& path) {

@@ -64,6 +64,9 @@ class ReadOnlyFile {
   uint64_t size_ = 0;
 };
 
+// fsyncs directory `dir`, so that the renames and creations in it survive a power loss.
+Status SyncDirectory(const std::string& dir);
+
 // The whole file as a string (for JSON side files such as config.json).
 Result<std::string> ReadTextFile(const std::string& path);
 

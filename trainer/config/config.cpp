@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
@@ -196,6 +197,10 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       StringField("checkpoint.export_hf", &c.checkpoint.export_hf),
       StringField("checkpoint.export_dtype", &c.checkpoint.export_dtype, {"fp32", "bf16"}),
+      StringField("checkpoint.dir", &c.checkpoint.dir),
+      IntField("checkpoint.every", &c.checkpoint.every, 0, kMaxInt),
+      IntField("checkpoint.keep", &c.checkpoint.keep, 1, 1 << 20),
+      StringField("checkpoint.resume", &c.checkpoint.resume, {"auto", "never"}),
   };
 }
 
@@ -394,6 +399,19 @@ Result<TrainConfig> LoadConfig(const std::string& yaml_path, const std::vector<s
   auto result = Build(root, overrides);
   if (!result.ok() && result.status().code() == StatusCode::kInvalidConfig) {
     return InvalidConfig(yaml_path + ": " + result.status().message());
+  }
+  return result;
+}
+
+Result<TrainConfig> LoadConfigFromEnv(const std::string& var, const std::vector<std::string>& overrides) {
+  const char* text = var.empty() ? nullptr : std::getenv(var.c_str());
+  if (text == nullptr || *text == '\0') {
+    return InvalidConfig("--config-env " + var + ": environment variable '" + var + "' is " +
+                         (text == nullptr ? "not set" : "empty") + " (it should hold the YAML config)");
+  }
+  auto result = LoadConfigFromString(text, overrides);
+  if (!result.ok() && result.status().code() == StatusCode::kInvalidConfig) {
+    return InvalidConfig("env " + var + ": " + result.status().message());
   }
   return result;
 }

@@ -95,6 +95,10 @@ struct MetricsConfig {
 struct CheckpointConfig {
   std::string export_hf;               // write a Hugging Face model directory here at the end
   std::string export_dtype = "fp32";   // fp32 | bf16
+  std::string dir;                     // training checkpoints (every rank's shards) here; "" = none
+  int64_t every = 0;                   // save every N steps; 0 = only after the last step
+  int64_t keep = 2;                    // complete checkpoints kept; older ones are deleted
+  std::string resume = "auto";         // auto: resume from dir/latest when it exists | never
 };
 
 struct TrainConfig {
@@ -117,6 +121,9 @@ struct TrainConfig {
 Result<TrainConfig> LoadConfig(const std::string& yaml_path, const std::vector<std::string>& overrides);
 Result<TrainConfig> LoadConfigFromString(const std::string& yaml_text,
                                          const std::vector<std::string>& overrides);
+// The YAML text comes from environment variable `var` (`train --config-env VAR`: a Kubernetes
+// ConfigMap passed through the pod's environment). Unset or empty is InvalidConfig naming it.
+Result<TrainConfig> LoadConfigFromEnv(const std::string& var, const std::vector<std::string>& overrides);
 
 // The resolved config as YAML (every key, defaults included).
 std::string ToYaml(const TrainConfig& c);

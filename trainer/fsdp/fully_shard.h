@@ -84,6 +84,9 @@ class FullyShardedLlama {
   // Full parameters by HF name, on every rank (collective: all ranks must call).
   Result<std::map<std::string, torch::Tensor>> GatherFullState();
 
+  // Every parameter with its master shard, in the module's order (checkpoints read and write
+  // the shards in place, so the optimizer keeps holding the same tensors).
+  const std::deque<ShardedParam>& sharded_params() const { return params_; }
   const model::LlamaConfig& config() const { return model_->config(); }
   model::LlamaForCausalLM& module() { return model_; }
   FsdpStats TakeStats();

@@ -37,6 +37,7 @@ class LocalEngine : public Engine {
   int dp_rank() const override { return 0; }
   int dp_size() const override { return 1; }
   std::string Describe() const override { return "1 process"; }
+  dist::MeshShape mesh_shape() const override { return {}; }
 
   torch::Tensor Forward(const torch::Tensor& tokens, bool) override { return model_->forward(tokens); }
   Status AfterBackward(bool) override { return Status::Ok(); }
@@ -48,6 +49,11 @@ class LocalEngine : public Engine {
   }
   std::vector<torch::Tensor> DecayParams() const override { return decay_; }
   std::vector<torch::Tensor> NoDecayParams() const override { return no_decay_; }
+  std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : model_->named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
   int64_t ParamBytes() const override {
     int64_t b = 0;
     for (const auto& p : model_->parameters()) b += dist::TensorBytes(p);
@@ -250,6 +256,7 @@ class FsdpEngine : public Engine {
   // Every rank of the mesh is data parallel (tp = 1): the data index is the global rank.
   int dp_rank() const override { return env_.rank; }
   int dp_size() const override { return env_.world_size; }
+  dist::MeshShape mesh_shape() const override { return mesh_->shape(); }
   std::string Describe() const override {
     const auto s = mesh_->shape();
     return std::to_string(env_.world_size) + " ranks, FSDP over mesh dp_replicate " +
@@ -284,6 +291,11 @@ class FsdpEngine : public Engine {
   void ZeroGrad() override { fsdp_->ZeroGrad(); }
   std::vector<torch::Tensor> DecayParams() const override { return fsdp_->DecayShards(); }
   std::vector<torch::Tensor> NoDecayParams() const override { return fsdp_->NoDecayShards(); }
+  std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& p : fsdp_->sharded_params()) out.emplace_back(p.name, p.shard);
+    return out;
+  }
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
   torch::Tensor EvalForward(const torch::Tensor& tokens) override { return fsdp_->ForwardNoGrad(tokens); }
   Result<double> AverageAcrossRanks(double local) override {

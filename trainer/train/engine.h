@@ -13,6 +13,7 @@
 #include "trainer/common/status.h"
 #include "trainer/config/config.h"
 #include "trainer/dist/communicator.h"
+#include "trainer/dist/device_mesh.h"
 #include "trainer/model/llama.h"
 
 namespace meshwork::train {
@@ -31,6 +32,7 @@ class Engine {
   virtual int dp_rank() const = 0;        // which slice of the global batch this rank reads
   virtual int dp_size() const = 0;
   virtual std::string Describe() const = 0;
+  virtual dist::MeshShape mesh_shape() const = 0;  // one process: 1 x 1
 
   // Training forward of one micro-batch; `sync` = last micro-batch (gradients are reduced).
   virtual torch::Tensor Forward(const torch::Tensor& tokens, bool sync) = 0;
@@ -40,6 +42,9 @@ class Engine {
   virtual void ZeroGrad() = 0;
   virtual std::vector<torch::Tensor> DecayParams() const = 0;
   virtual std::vector<torch::Tensor> NoDecayParams() const = 0;
+  // This rank's parameters by HF name, the very tensors the optimizer updates (FSDP: the fp32
+  // master shards, zero-padded to rows_per_rank). A training checkpoint saves and restores these.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const = 0;
   // Bytes of this rank's parameters (gradients are the same, AdamW state twice that).
   virtual int64_t ParamBytes() const = 0;
 

@@ -18,6 +18,7 @@
 #include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
 #include "trainer/dist/env.h"
+#include "trainer/train/checkpoint.h"
 #include "trainer/train/device.h"
 #include "trainer/train/engine.h"
 #include "trainer/train/schedule.h"
@@ -204,6 +205,13 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   groups.emplace_back(engine->NoDecayParams(), adamw(0.0));
   torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(cfg.optimizer.lr));
 
+  // Resume: every rank loads its shards and AdamW state from checkpoint.dir/latest, if any; the
+  // loop then continues at the next step (the data order and the learning rate are functions of
+  // the step, so nothing else needs restoring).
+  Checkpointer checkpointer(cfg.checkpoint, *engine, optimizer, RunMeta(cfg, dims, *engine), device);
+  MW_ASSIGN_OR_RETURN(const ResumePoint resumed, checkpointer.Resume());
+  const int64_t first_step = resumed.step;
+
   const int64_t rows = cfg.data.batch_size;
   const int64_t accum = cfg.training.grad_accum;
   const int64_t dp = engine->dp_size();
@@ -227,7 +235,16 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
                                      : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))
       << " (" << profile.basis << ")\n";
 
+  if (first_step > 0) {
+    out << "resumed from " << resumed.step_dir << " (step " << first_step << " of " << cfg.schedule.steps << ")\n";
+    for (const auto& note : resumed.notes) out << "resume: note: " << note << "\n";
+  } else if (checkpointer.enabled()) {
+    out << "checkpoint: none in " << cfg.checkpoint.dir
+        << (cfg.checkpoint.resume == "never" ? " read (checkpoint.resume: never)" : " yet") << "; starting at step 0\n";
+  }
+
   TrainSummary summary;
+  summary.resumed_from = first_step;
   summary.param_bytes = engine->ParamBytes();
   metrics.SetStateBytes("parameters", static_cast<double>(summary.param_bytes));
   metrics.SetStateBytes("gradients", static_cast<double>(summary.param_bytes));
@@ -235,7 +252,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   auto eval_loss = [&]() {
     return EvalLoss(*engine, dims, *eval_file, cfg.data.seq_len, cfg.eval.windows, rows, device, autocast);
   };
-  if (eval_file) {
+  if (eval_file && first_step == 0) {
     MW_ASSIGN_OR_RETURN(summary.initial_eval_loss, eval_loss());
     metrics.RecordEval(summary.initial_eval_loss);
     out << "eval before training: loss " << SixDigits(summary.initial_eval_loss) << "\n";
@@ -245,7 +262,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   const auto start = Clock::now();
   Clock::time_point after_first;
   double mfu_sum = 0;
-  for (int64_t step = 0; step < cfg.schedule.steps; ++step) {
+  for (int64_t step = first_step; step < cfg.schedule.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = LearningRate(cfg.schedule, cfg.optimizer.lr, step);
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
@@ -283,7 +300,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
                       std::to_string(step + 1) + " (lower optimizer.lr or raise schedule.warmup_steps)");
     }
     const double step_s = Seconds(t0);
-    if (step == 0) after_first = Clock::now();
+    if (step == first_step) after_first = Clock::now();
 
     // Progress: metrics every step, a log line every logging.every steps.
     summary.losses.push_back(loss);
@@ -298,7 +315,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     }
     metrics.RecordCommunication(comm.exposed_comm_seconds, sent);
     summary.comm = comm.comm;
-    if (step > 0) mfu_sum += mfu;
+    if (step > first_step) mfu_sum += mfu;
     const MemorySample mem = SampleMemory(device);
     summary.peak_memory_bytes = std::max(summary.peak_memory_bytes, mem.peak_bytes);
     summary.memory_device = mem.device;
@@ -316,8 +333,8 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     metrics.RecordMemory(mem.current_bytes, mem.peak_bytes, mem.device);
 
     const bool last = step + 1 == cfg.schedule.steps;
-    if ((step + 1) % cfg.logging.every == 0 || last || step == 0) {
-      const double eta = Seconds(start) / static_cast<double>(step + 1) *
+    if ((step + 1) % cfg.logging.every == 0 || last || step == first_step) {
+      const double eta = Seconds(start) / static_cast<double>(step + 1 - first_step) *
                          static_cast<double>(cfg.schedule.steps - step - 1);
       out << "step " << step + 1 << "/" << cfg.schedule.steps << " | loss " << Format("%.4f", loss)
           << " | lr " << Format("%.2e", lr) << " | grad_norm " << Format("%.3f", grad_norm) << " | "
@@ -331,17 +348,24 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
       metrics.RecordEval(el);
       out << "eval at step " << step + 1 << ": loss " << SixDigits(el) << "\n";
     }
+    if (checkpointer.Due(step + 1, cfg.schedule.steps)) {
+      const auto t_save = Clock::now();
+      MW_RETURN_IF_ERROR(checkpointer.Save(step + 1));
+      out << "checkpoint: saved " << cfg.checkpoint.dir << "/" << StepDirName(step + 1) << " in "
+          << Format("%.2f", Seconds(t_save)) << " s\n";
+      out.flush();
+    }
   }
 
   // --- wrap-up ----------------------------------------------------------------------------
-  summary.steps = cfg.schedule.steps;
-  summary.tokens = tokens_per_step * cfg.schedule.steps;
+  summary.steps = std::max<int64_t>(0, cfg.schedule.steps - first_step);
+  summary.tokens = tokens_per_step * summary.steps;
   summary.seconds = Seconds(start);
   // The first step pays one-off costs (allocator growth, thread pools); leave it out of the
   // throughput figure when there is anything else to measure.
-  const int64_t timed_steps = cfg.schedule.steps > 1 ? cfg.schedule.steps - 1 : 1;
-  const double timed_s = cfg.schedule.steps > 1 ? Seconds(after_first) : summary.seconds;
-  summary.tokens_per_second = static_cast<double>(tokens_per_step * timed_steps) / timed_s;
+  const int64_t timed_steps = summary.steps > 1 ? summary.steps - 1 : summary.steps;
+  const double timed_s = summary.steps > 1 ? Seconds(after_first) : summary.seconds;
+  summary.tokens_per_second = timed_steps > 0 ? static_cast<double>(tokens_per_step * timed_steps) / timed_s : 0;
   summary.mean_mfu = summary.tokens_per_second / static_cast<double>(engine->world_size()) *
                      flops_per_token / profile.peak_flops;
   if (eval_file) {
@@ -363,14 +387,18 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     out << " exposed " << Format("%.2f", summary.exposed_comm_seconds) << " s ("
         << Format("%.1f", 100 * summary.exposed_comm_seconds / summary.seconds) << "% of the run)\n";
   }
-  out << "done: " << summary.steps << " steps, " << summary.tokens << " tokens in "
-      << Format("%.1f", summary.seconds) << " s | final loss " << Format("%.4f", summary.losses.back())
-      << " | " << Format("%.0f", summary.tokens_per_second) << " tok/s | mfu "
+  out << "done: " << summary.steps << " steps";
+  if (first_step > 0) out << " (resumed at step " << first_step << ")";
+  out << ", " << summary.tokens << " tokens in " << Format("%.1f", summary.seconds) << " s | final loss "
+      << (summary.losses.empty() ? std::string("n/a") : Format("%.4f", summary.losses.back())) << " | "
+      << Format("%.0f", summary.tokens_per_second) << " tok/s | mfu "
       << Format("%.2f", summary.mean_mfu * 100) << "% | peak mem " << Mib(summary.peak_memory_bytes)
       << " (" << summary.memory_device << ")";
-  if (eval_file) {
+  if (eval_file && summary.initial_eval_loss >= 0) {
     out << " | eval loss " << SixDigits(summary.initial_eval_loss) << " -> "
         << SixDigits(summary.final_eval_loss);
+  } else if (eval_file) {
+    out << " | eval loss " << SixDigits(summary.final_eval_loss);
   }
   out << "\n";
   return summary;

@@ -13,10 +13,11 @@
 namespace meshwork::train {
 
 struct TrainSummary {
-  int64_t steps = 0;
+  int64_t resumed_from = 0;         // the checkpoint's step this run continued from (0: none)
+  int64_t steps = 0;                // steps this run trained (after resumed_from)
   int64_t tokens = 0;
-  std::vector<double> losses;       // training loss of every step
-  double initial_eval_loss = -1;    // before the first step; -1 when no eval data
+  std::vector<double> losses;       // training loss of every step this run trained
+  double initial_eval_loss = -1;    // before the first step; -1 when no eval data or resumed
   double final_eval_loss = -1;      // after the last step
   double seconds = 0;               // wall time of the training loop
   double tokens_per_second = 0;     // tokens / seconds, excluding the first (warm-up) step

@@ -347,6 +347,55 @@ TEST_F(ApiServerTest, InvalidCrdIsRefused) {
   CallJson("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, 422);
 }
 
+// x-kubernetes-validations (CEL) rules: a CR breaking one is refused as on a real cluster, a
+// transition rule sees the stored object, and a rule that does not compile refuses the CRD.
+TEST_F(ApiServerTest, ValidationRulesAreEvaluated) {
+  json crd = json::parse(kCrd);
+  json& spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+  spec["properties"]["processesPerReplica"] = {{"type", "integer"}, {"default", 1}};
+  spec["properties"]["mesh"] = json::parse(R"({"type": "object", "properties": {
+      "dpReplicate": {"type": "integer"}, "dpShard": {"type": "integer"}, "tp": {"type": "integer"}}})");
+  spec["x-kubernetes-validations"] = json::parse(R"([{
+      "rule": "!has(self.mesh) || self.mesh.dpReplicate * self.mesh.dpShard * self.mesh.tp == self.replicas * self.processesPerReplica",
+      "message": "mesh: dpReplicate x dpShard x tp must equal replicas x processesPerReplica"}])");
+  spec["properties"]["image"]["x-kubernetes-validations"] = json::parse(R"([{"rule": "self == oldSelf", "message": "is immutable"}])");
+
+  json bad_crd = crd;
+  bad_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"][0]["rule"] =
+      "self.mesh.pp == 1";
+  json refused = CallJson("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", bad_crd, 422);
+  EXPECT_NE(refused["message"].get<std::string>().find(
+                "spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: Invalid value: "
+                "apiextensions.ValidationRule{Rule:\"self.mesh.pp == 1\""),
+            std::string::npos)
+      << refused["message"];
+  EXPECT_NE(refused["message"].get<std::string>().find("compilation failed: ERROR: <input>:1:10: undefined field 'pp'"),
+            std::string::npos)
+      << refused["message"];
+
+  CallJson("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, 201);
+  json job = Job("mesh", 4);
+  job["spec"]["mesh"] = {{"dpReplicate", 2}, {"dpShard", 2}, {"tp", 2}};
+  json s = CallJson("POST", kJobs, job, 422);
+  EXPECT_EQ(s["message"], "TrainingJob.meshwork.dev \"mesh\" is invalid: spec: Invalid value: \"object\": mesh: "
+                          "dpReplicate x dpShard x tp must equal replicas x processesPerReplica");
+  EXPECT_EQ(s["details"]["causes"],
+            json::parse(R"([{"reason": "FieldValueInvalid", "field": "spec",
+              "message": "Invalid value: \"object\": mesh: dpReplicate x dpShard x tp must equal replicas x processesPerReplica"}])"));
+  job["spec"]["mesh"]["dpShard"] = 1;
+  json created = CallJson("POST", kJobs, job, 201);
+  EXPECT_EQ(created["spec"]["processesPerReplica"], 1);  // the rule saw the defaulted object
+
+  // Transition rule: image may not change on update.
+  created["spec"]["image"] = "other";
+  json immutable = CallJson("PUT", std::string(kJobs) + "/mesh", created, 422);
+  EXPECT_EQ(immutable["message"], "TrainingJob.meshwork.dev \"mesh\" is invalid: spec.image: Invalid value: \"string\": is immutable");
+  CallJson("PATCH", std::string(kJobs) + "/mesh", json{{"spec", {{"image", "other"}}}}, 422, "application/merge-patch+json");
+  json scaled = CallJson("PATCH", std::string(kJobs) + "/mesh", json{{"spec", {{"replicas", 2}, {"processesPerReplica", 2}}}},
+                         200, "application/merge-patch+json");
+  EXPECT_EQ(scaled["spec"]["replicas"], 2);
+}
+
 TEST_F(ApiServerTest, UpdateChecksResourceVersionAndBumpsGenerationOnSpecOnly) {
   CreateCrd();
   json j = CallJson("POST", kJobs, Job("a", 2), 201);

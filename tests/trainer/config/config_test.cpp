@@ -7,7 +7,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -106,6 +108,10 @@ const Rejected kRejected[] = {
     {"TrainingDtype", "training:\n  dtype: fp16\n", {}, "'training.dtype'", "'fp16'"},
     {"DeviceProfile", "metrics:\n  device_profile: v100\n", {}, "'metrics.device_profile'", "'v100'"},
     {"ExportDtype", "checkpoint:\n  export_dtype: fp16\n", {}, "'checkpoint.export_dtype'", "'fp16'"},
+    {"CheckpointEveryNegative", "checkpoint:\n  every: -5\n", {}, "'checkpoint.every'", "got -5"},
+    {"CheckpointKeepZero", "checkpoint:\n  keep: 0\n", {}, "'checkpoint.keep'", "got 0"},
+    {"CheckpointKeepNotAnInteger", "", {"checkpoint.keep=two"}, "'checkpoint.keep'", "'two'"},
+    {"CheckpointResume", "checkpoint:\n  resume: always\n", {}, "'checkpoint.resume'", "'always'"},
     // Bad device strings.
     {"DeviceGpu", "training:\n  device: gpu\n", {}, "'training.device'", "'gpu'"},
     {"DeviceCudaLetterIndex", "training:\n  device: cuda:x\n", {}, "'training.device'", "'cuda:x'"},
@@ -207,6 +213,77 @@ TEST(ConfigTest, InvalidValueInFileIsPrefixedWithThePath) {
 }
 
 // --- accepted inputs ------------------------------------------------------------------------
+
+// --- --config-env ---------------------------------------------------------------------------
+
+// Sets an environment variable for one test and restores the previous state after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const char* value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name_.c_str(), value, 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+TEST(ConfigEnvTest, ReadsTheYamlFromTheVariableAndAppliesSetOnTop) {
+  ScopedEnv env("MESHWORK_TEST_CONFIG", "schedule:\n  steps: 42\ncheckpoint:\n  dir: /ckpt\n  every: 10\n");
+  auto c = LoadConfigFromEnv("MESHWORK_TEST_CONFIG", {"checkpoint.keep=3", "schedule.steps=50"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->schedule.steps, 50);
+  EXPECT_EQ(c->checkpoint.dir, "/ckpt");
+  EXPECT_EQ(c->checkpoint.every, 10);
+  EXPECT_EQ(c->checkpoint.keep, 3);
+  EXPECT_EQ(c->checkpoint.resume, "auto");
+}
+
+TEST(ConfigEnvTest, UnsetVariableIsAConfigErrorNamingFlagAndVariable) {
+  ScopedEnv env("MESHWORK_TEST_CONFIG", nullptr);
+  auto c = LoadConfigFromEnv("MESHWORK_TEST_CONFIG", {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(c.status().message(), HasSubstr("--config-env MESHWORK_TEST_CONFIG"));
+  EXPECT_THAT(c.status().message(), HasSubstr("not set"));
+}
+
+TEST(ConfigEnvTest, EmptyVariableIsAConfigError) {
+  ScopedEnv env("MESHWORK_TEST_CONFIG", "");
+  auto c = LoadConfigFromEnv("MESHWORK_TEST_CONFIG", {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(c.status().message(), HasSubstr("'MESHWORK_TEST_CONFIG' is empty"));
+}
+
+TEST(ConfigEnvTest, ErrorsInTheTextArePrefixedWithTheVariable) {
+  ScopedEnv env("MESHWORK_TEST_CONFIG", "checkpoint:\n  every: -1\n");
+  auto c = LoadConfigFromEnv("MESHWORK_TEST_CONFIG", {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(c.status().message(), HasSubstr("env MESHWORK_TEST_CONFIG: key 'checkpoint.every'"));
+}
+
+TEST(ConfigTest, CheckpointDefaults) {
+  auto c = LoadConfig("", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->checkpoint.dir, "");
+  EXPECT_EQ(c->checkpoint.every, 0);
+  EXPECT_EQ(c->checkpoint.keep, 2);
+  EXPECT_EQ(c->checkpoint.resume, "auto");
+}
 
 TEST(ConfigTest, DefaultsWithoutAFile) {
   auto c = LoadConfig("", {});

@@ -1,0 +1,81 @@
+// The TrainingJob controller: informers on TrainingJobs and on the Pods and Services labelled
+// meshwork.dev/job, a de-duplicating rate-limited work queue of job keys, and worker threads
+// that run the Reconciler. Informers start at once (a standby replica keeps a warm cache and
+// is ready); workers start only when this replica leads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "operator/controller/reconciler.h"
+#include "operator/k8s/informer.h"
+#include "operator/k8s/workqueue.h"
+
+namespace meshwork::op {
+
+struct ControllerOptions {
+  std::string ns;  // "" = every namespace
+  int workers = 4;
+  ReconcilerOptions reconciler;
+  k8s::WorkQueueOptions queue;
+};
+
+struct ControllerHooks {
+  ReconcilerHooks reconciler;
+  // After every reconcile: its outcome and how long it took.
+  std::function<void(const ReconcileOutcome& outcome, double seconds)> observe_reconcile;
+  // Jobs per phase, after every change.
+  std::function<void(const std::map<std::string, int>& jobs_by_phase)> jobs_by_phase;
+};
+
+class Controller {
+ public:
+  Controller(k8s::Client* client, ControllerOptions options, ControllerHooks hooks);
+  ~Controller();  // Stop()
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  void StartInformers();
+  // All three caches have their first list.
+  bool HasSynced() const;
+  bool WaitForSync(std::chrono::milliseconds timeout) const;
+  // Why the caches are not synced (for /readyz), "" when they are.
+  std::string NotSyncedReason() const;
+
+  // Starts the workers (idempotent). Every job is queued once, so a new leader reconciles all.
+  void StartWorkers();
+  // Shuts the queue down, joins the workers, stops the informers. Idempotent.
+  void Stop();
+
+  size_t QueueDepth() const { return queue_.Len(); }
+
+ private:
+  void Worker();
+  void Enqueue(const std::string& key) { queue_.Add(key); }
+  void SetPhase(const std::string& key, const std::string& phase);
+
+  k8s::Client* client_;
+  ControllerOptions options_;
+  ControllerHooks hooks_;
+  k8s::Informer jobs_;
+  k8s::Informer pods_;
+  k8s::Informer services_;
+  PodIndex index_;
+  k8s::WorkQueue queue_;
+  std::unique_ptr<Reconciler> reconciler_;
+
+  std::mutex mu_;
+  std::map<std::string, std::string> phases_;
+  std::vector<std::thread> workers_;
+  bool workers_started_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace meshwork::op

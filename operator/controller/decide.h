@@ -1,0 +1,89 @@
+// The reconciler's decisions as a pure function: from what the cache shows (the job, its Pods,
+// its Service) and the time, compute what to create, what to delete, the status to write and
+// the Events to record. No I/O happens here, so every rule of docs/trainingjob.md ("Lifecycle")
+// is unit-tested on plain JSON, and the executor (reconciler.h) stays thin.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/controller/spec.h"
+
+namespace meshwork::op {
+
+using SystemTime = std::chrono::system_clock::time_point;
+
+// RFC 3339 in UTC with whole seconds ("2026-11-21T07:30:00Z"), as metav1.Time.
+std::string FormatTime(SystemTime t);
+std::optional<SystemTime> ParseTime(const std::string& s);
+
+// What rank 0 last reported on its /metrics (trainer_report.h scrapes it).
+struct TrainerReport {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double tokens_per_second = 0;  // rank 0's; the job's is about world_size times this
+};
+
+// One Pod as the decisions see it.
+struct PodView {
+  std::string name;
+  std::string uid;
+  int index = -1;           // meshwork.dev/replica-index, -1 when missing or malformed
+  int64_t generation = -1;  // meshwork.dev/restart-generation, -1 when missing or malformed
+  int64_t world_size = -1;  // meshwork.dev/world-size, -1 when missing or malformed
+  std::string phase;        // Pending, Running, Succeeded, Failed, Unknown
+  bool ready = false;
+  bool terminating = false;              // has a deletionTimestamp
+  std::optional<int> exit_code;          // the trainer container's, once terminated
+  std::string reason;                    // why it ended or waits (OOMKilled, StartError, ...)
+  std::string message;
+};
+PodView ViewPod(const nlohmann::json& pod);
+
+struct Observed {
+  nlohmann::json job;
+  std::vector<nlohmann::json> pods;   // Pods labelled with the job's name, any generation
+  bool service_exists = false;
+  // The trainer config problem found by ValidateTrainerConfig (or a missing ConfigMap key),
+  // when there is one. Permanent: the job fails with InvalidSpec.
+  std::optional<std::string> config_error;
+  std::optional<TrainerReport> report;
+  SystemTime now;
+  std::chrono::seconds report_interval{10};  // requeue period while Pods run
+};
+
+struct EventToRecord {
+  std::string type;  // Normal or Warning
+  std::string reason;
+  std::string message;
+};
+
+struct Plan {
+  nlohmann::json status;                 // what status should be; written when it differs
+  bool status_first = false;             // write status before deleting (a gang restart)
+  bool ensure_service = false;
+  bool ensure_config_map = false;
+  std::vector<nlohmann::json> create;    // Pods to create
+  std::vector<PodView> remove;           // Pods to delete (by name, with their uid as precondition)
+  std::vector<EventToRecord> events;
+  std::optional<std::chrono::seconds> requeue_after;
+  bool delete_job = false;               // ttlSecondsAfterFinished has passed
+  std::string phase;                     // status.phase after this plan
+};
+
+// Everything the reconciler does for one job, decided. The job must not be being deleted.
+Plan Decide(const Observed& in);
+
+// The job's status conditions helper: sets `type` to `status` with reason and message;
+// lastTransitionTime changes only when the status value does. Returns true if anything changed.
+bool SetCondition(nlohmann::json& status, const std::string& type, const std::string& value,
+                  const std::string& reason, const std::string& message, SystemTime now);
+// True when condition `type` has status "True".
+bool ConditionTrue(const nlohmann::json& status, const std::string& type);
+
+}  // namespace meshwork::op

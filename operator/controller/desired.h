@@ -1,0 +1,37 @@
+// The children a TrainingJob should have, as API objects: a headless Service for stable DNS,
+// a ConfigMap for an inline trainer config, and one Pod per replica. Pure functions of the job
+// and its parsed spec, so every reconcile computes the same names and contents.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/controller/spec.h"
+
+namespace meshwork::op {
+
+// "<job>-<index>": also the Pod's hostname, so rank 0 is <job>-0.<job>.<ns>.svc.
+std::string PodName(const std::string& job, int index);
+// The ConfigMap the operator writes for spec.config.inline.
+std::string ConfigMapName(const std::string& job);
+// Rank 0's stable DNS name, MASTER_ADDR for every rank.
+std::string MasterAddr(const std::string& job, const std::string& ns);
+
+// The controller owner reference to `job` (blockOwnerDeletion: deleting the job cascades).
+nlohmann::json OwnerReference(const nlohmann::json& job);
+
+// Headless (clusterIP None), publishNotReadyAddresses so ranks resolve rank 0 before any Pod is
+// Ready, selecting the job's Pods, with the rendezvous and metrics ports.
+nlohmann::json DesiredService(const nlohmann::json& job, const JobSpec& spec);
+
+// Holds spec.config.inline under key config.yaml.
+nlohmann::json DesiredConfigMap(const nlohmann::json& job, const JobSpec& spec);
+
+// Replica `index` of restart generation `generation`: the launcher with --nproc
+// processesPerReplica running `meshwork-train train --config-env MESHWORK_CONFIG_YAML` and the
+// operator's overrides (or spec.command), the rank environment (Meshwork's and torchrun's),
+// restartPolicy Never (the operator restarts whole gangs), and spec.template merged in.
+nlohmann::json DesiredPod(const nlohmann::json& job, const JobSpec& spec, int index, int64_t generation);
+
+}  // namespace meshwork::op

@@ -1,0 +1,276 @@
+#include "operator/controller/reconciler.h"
+
+#include "operator/controller/desired.h"
+#include "operator/controller/trainer_report.h"
+
+namespace meshwork::op {
+namespace {
+
+using nlohmann::json;
+
+k8s::ResourceRef Jobs() { return k8s::resources::Custom(kGroup, kVersion, kPlural); }
+
+std::string ReasonOf(const k8s::Error& e) { return k8s::IsConflict(e) ? "conflict" : "api"; }
+
+ReconcileOutcome Failed(const k8s::Error& e, const std::string& what) {
+  ReconcileOutcome o;
+  o.ok = false;
+  o.error_reason = ReasonOf(e);
+  o.message = what + ": " + e.ToString();
+  return o;
+}
+
+}  // namespace
+
+void PodIndex::Set(const std::string& job_key, const std::string& pod_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_job_[job_key].insert(pod_key);
+}
+
+void PodIndex::Remove(const std::string& job_key, const std::string& pod_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_job_.find(job_key);
+  if (it == by_job_.end()) return;
+  it->second.erase(pod_key);
+  if (it->second.empty()) by_job_.erase(it);
+}
+
+std::set<std::string> PodIndex::Get(const std::string& job_key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_job_.find(job_key);
+  return it == by_job_.end() ? std::set<std::string>{} : it->second;
+}
+
+std::string PodIndex::JobKeyOf(const json& pod) {
+  const json& meta = pod.contains("metadata") ? pod["metadata"] : json::object();
+  const json labels = meta.value("labels", json::object());
+  if (!labels.is_object() || !labels.contains(kJobLabel) || !labels[kJobLabel].is_string()) return "";
+  return meta.value("namespace", "default") + "/" + labels[kJobLabel].get<std::string>();
+}
+
+Reconciler::Reconciler(k8s::Client* client, const k8s::Store* jobs, const k8s::Store* pods,
+                       const k8s::Store* services, const PodIndex* index, ReconcilerOptions options,
+                       ReconcilerHooks hooks)
+    : client_(client),
+      jobs_(jobs),
+      pods_(pods),
+      services_(services),
+      index_(index),
+      options_(options),
+      hooks_(std::move(hooks)) {}
+
+void Reconciler::Log(const std::string& line) const {
+  if (hooks_.log) hooks_.log(line);
+}
+
+void Reconciler::Forget(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_scrape_.erase(key);
+}
+
+// The trainer config problem that makes the job InvalidSpec, if any. A ConfigMap that does not
+// exist (yet) is not a spec error: `retry_later` is set and the job waits for it.
+std::optional<std::string> Reconciler::ConfigProblem(const json& job, bool* retry_later, std::string* wait_msg) {
+  auto spec = ParseSpec(job);
+  if (!spec.ok()) return std::nullopt;  // Decide reports it
+  const std::string ns = job["metadata"].value("namespace", "default");
+  const std::string name = job["metadata"].value("name", "");
+  if (spec->config_map_name.empty()) {
+    Status s = ValidateTrainerConfig(spec->config_inline, *spec, ns, name, "spec.config.inline");
+    if (!s.ok()) return s.message();
+    return std::nullopt;
+  }
+  auto cm = client_->Get(k8s::resources::ConfigMaps(), ns, spec->config_map_name);
+  const std::string field = "spec.config.configMapRef";
+  if (!cm.ok()) {
+    *retry_later = true;
+    *wait_msg = k8s::IsNotFound(cm.error())
+                    ? "waiting for ConfigMap " + ns + "/" + spec->config_map_name + " (" + field + ".name)"
+                    : "reading ConfigMap " + spec->config_map_name + ": " + cm.error().ToString();
+    return std::nullopt;
+  }
+  const json data = cm->value("data", json::object());
+  if (!data.contains(spec->config_map_key) || !data[spec->config_map_key].is_string()) {
+    return field + ".key: ConfigMap " + spec->config_map_name + " has no key \"" + spec->config_map_key + "\"";
+  }
+  Status s = ValidateTrainerConfig(data[spec->config_map_key].get<std::string>(), *spec, ns, name,
+                                   field + " (ConfigMap " + spec->config_map_name + ", key " +
+                                       spec->config_map_key + ")");
+  if (!s.ok()) return s.message();
+  return std::nullopt;
+}
+
+std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const json& job,
+                                                const std::vector<json>& pods) {
+  auto spec = ParseSpec(job);
+  if (!spec.ok() || spec->metrics_port <= 0) return std::nullopt;
+  const int64_t gen = job.value("status", json::object()).value("restartGeneration", int64_t{0});
+  for (const auto& pod : pods) {
+    const PodView v = ViewPod(pod);
+    if (v.index != 0 || v.generation != gen || v.phase != "Running" || v.terminating) continue;
+    const std::string ip = pod.value("status", json::object()).value("podIP", "");
+    if (ip.empty()) return std::nullopt;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = last_scrape_.find(key);
+      if (it != last_scrape_.end() && now - it->second < options_.report_interval - std::chrono::milliseconds(500)) {
+        return std::nullopt;
+      }
+      last_scrape_[key] = now;
+    }
+    auto body = HttpGet(ip, spec->metrics_port, "/metrics", options_.scrape_timeout);
+    if (!body.ok()) return std::nullopt;  // not listening yet, or just finished
+    return ParseTrainerMetrics(*body);
+  }
+  return std::nullopt;
+}
+
+k8s::Error Reconciler::EnsureService(const json& job, const JobSpec& spec) {
+  auto created = client_->Create(k8s::resources::Services(), "", DesiredService(job, spec));
+  if (created.ok() || k8s::IsAlreadyExists(created.error())) return k8s::Error::Ok();
+  return created.error();
+}
+
+k8s::Error Reconciler::EnsureConfigMap(const json& job, const JobSpec& spec) {
+  const json want = DesiredConfigMap(job, spec);
+  auto created = client_->Create(k8s::resources::ConfigMaps(), "", want);
+  if (created.ok()) return k8s::Error::Ok();
+  if (!k8s::IsAlreadyExists(created.error())) return created.error();
+  const std::string ns = want["metadata"]["namespace"];
+  auto have = client_->Get(k8s::resources::ConfigMaps(), ns, want["metadata"]["name"]);
+  if (!have.ok()) return have.error();
+  if (have->value("data", json::object()) == want["data"]) return k8s::Error::Ok();
+  json updated = *have;
+  updated["data"] = want["data"];
+  auto put = client_->Update(k8s::resources::ConfigMaps(), ns, updated);
+  return put.ok() ? k8s::Error::Ok() : put.error();
+}
+
+ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
+  ReconcileOutcome out;
+  auto cached = jobs_->Get(key);
+  if (!cached) {
+    Forget(key);
+    return out;  // deleted: owner references take the children with it
+  }
+  const json& job = *cached;
+  const json& meta = job["metadata"];
+  if (meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null()) return out;
+  const std::string ns = meta.value("namespace", "default");
+  const std::string name = meta.value("name", "");
+
+  Observed in;
+  in.job = job;
+  in.now = std::chrono::system_clock::now();
+  in.report_interval = options_.report_interval;
+  for (const auto& pod_key : index_->Get(key)) {
+    if (auto pod = pods_->Get(pod_key)) in.pods.push_back(std::move(*pod));
+  }
+  in.service_exists = services_->Get(key).has_value();
+  const json status = job.value("status", json::object());
+  const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
+  if (!finished) {
+    bool retry_later = false;
+    std::string wait_msg;
+    in.config_error = ConfigProblem(job, &retry_later, &wait_msg);
+    if (retry_later) {
+      if (hooks_.record_event) hooks_.record_event(job, {"Warning", "ConfigMapNotReady", wait_msg});
+      out.phase = status.value("phase", "Created");
+      out.requeue_after = std::chrono::seconds(10);
+      return out;
+    }
+    in.report = Scrape(key, job, in.pods);
+  }
+
+  Plan plan = Decide(in);
+  out.phase = plan.phase;
+  out.requeue_after = plan.requeue_after;
+  const auto jobs_ref = Jobs();
+
+  if (plan.delete_job) {
+    k8s::DeleteOptions opts;
+    opts.precondition_uid = meta.value("uid", "");
+    opts.propagation_policy = "Background";
+    auto deleted = client_->Delete(jobs_ref, ns, name, opts);
+    if (!deleted.ok() && !k8s::IsNotFound(deleted.error()) && !k8s::IsConflict(deleted.error())) {
+      return Failed(deleted.error(), "deleting " + key + " after ttlSecondsAfterFinished");
+    }
+    Log(key + ": deleted (ttlSecondsAfterFinished)");
+    out.phase = "";
+    return out;
+  }
+
+  const bool status_changed = plan.status != status;
+  auto write_status = [&]() -> k8s::Error {
+    if (!status_changed) return k8s::Error::Ok();
+    json updated = job;
+    updated["status"] = plan.status;
+    auto put = client_->UpdateStatus(jobs_ref, ns, updated);
+    return put.ok() ? k8s::Error::Ok() : put.error();
+  };
+
+  // A gang restart first records the new generation: if the operator dies after this write,
+  // the old gang is stale by its label and goes on the next reconcile; if it dies before, the
+  // failed Pod is still there and the same decision is made again.
+  if (plan.status_first) {
+    if (auto e = write_status(); !e.ok()) return Failed(e, "writing the status of " + key);
+  }
+
+  auto parsed = ParseSpec(job);
+  if (parsed.ok()) {
+    if (plan.ensure_service) {
+      if (auto e = EnsureService(job, *parsed); !e.ok()) return Failed(e, "creating Service " + key);
+    }
+    if (plan.ensure_config_map) {
+      if (auto e = EnsureConfigMap(job, *parsed); !e.ok()) return Failed(e, "writing ConfigMap " + ConfigMapName(name));
+    }
+  }
+  bool all_created = !plan.create.empty();
+  for (const auto& pod : plan.create) {
+    auto created = client_->Create(k8s::resources::Pods(), ns, pod);
+    if (created.ok()) {
+      if (hooks_.pod_created) hooks_.pod_created();
+      continue;
+    }
+    all_created = false;
+    // The name is taken: by this gang's Pod the cache has not shown yet, or by an old one
+    // still terminating. The next reconcile sees which.
+    if (k8s::IsAlreadyExists(created.error())) {
+      out.requeue_after = std::chrono::seconds(1);
+      continue;
+    }
+    return Failed(created.error(), "creating Pod " + pod["metadata"].value("name", ""));
+  }
+  if (all_created) plan.status["launchedGeneration"] = plan.status.value("restartGeneration", int64_t{0});
+
+  for (const auto& pod : plan.remove) {
+    k8s::DeleteOptions opts;
+    opts.precondition_uid = pod.uid;
+    opts.grace_period_seconds = options_.pod_delete_grace_seconds;
+    auto deleted = client_->Delete(k8s::resources::Pods(), ns, pod.name, opts);
+    if (deleted.ok()) {
+      if (hooks_.pod_deleted) hooks_.pod_deleted();
+    } else if (!k8s::IsNotFound(deleted.error()) && !k8s::IsConflict(deleted.error())) {
+      return Failed(deleted.error(), "deleting Pod " + pod.name);
+    }
+  }
+
+  if (!plan.status_first) {
+    const bool changed = plan.status != status;
+    if (changed) {
+      json updated = job;
+      updated["status"] = plan.status;
+      auto put = client_->UpdateStatus(jobs_ref, ns, updated);
+      if (!put.ok()) return Failed(put.error(), "writing the status of " + key);
+    }
+  }
+  for (const auto& ev : plan.events) {
+    if (ev.reason == "InvalidSpec") out.invalid_spec = true;
+    Log(key + ": " + ev.reason + ": " + ev.message);
+    if (hooks_.record_event) hooks_.record_event(job, ev);
+  }
+  return out;
+}
+
+}  // namespace meshwork::op

@@ -1,0 +1,330 @@
+#include "operator/controller/spec.h"
+
+#include <cctype>
+#include <limits>
+#include <sstream>
+
+#include "trainer/config/config.h"
+
+namespace meshwork::op {
+namespace {
+
+using nlohmann::json;
+
+Status Bad(const std::string& field, const std::string& why) { return InvalidConfig(field + ": " + why); }
+
+std::string Quote(const json& v) { return v.dump(); }
+
+// The value at `key` of `obj` when present and not null.
+const json* Field(const json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+Status ReadInt(const json& obj, const char* key, const std::string& path, int64_t lo, int64_t hi,
+               int64_t* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_number_integer() && !v->is_number_unsigned()) {
+    return Bad(path, "must be an integer, got " + Quote(*v));
+  }
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) {
+    return Bad(path, Quote(*v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+template <typename T>
+Status ReadIntAs(const json& obj, const char* key, const std::string& path, int64_t lo, int64_t hi, T* out) {
+  int64_t x = static_cast<int64_t>(*out);
+  MW_RETURN_IF_ERROR(ReadInt(obj, key, path, lo, hi, &x));
+  *out = static_cast<T>(x);
+  return Status::Ok();
+}
+
+Status ReadOptionalInt(const json& obj, const char* key, const std::string& path, int64_t lo, int64_t hi,
+                       std::optional<int64_t>* out) {
+  if (!Field(obj, key)) return Status::Ok();
+  int64_t x = 0;
+  MW_RETURN_IF_ERROR(ReadInt(obj, key, path, lo, hi, &x));
+  *out = x;
+  return Status::Ok();
+}
+
+Status ReadString(const json& obj, const char* key, const std::string& path, std::string* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_string()) return Bad(path, "must be a string, got " + Quote(*v));
+  *out = v->get<std::string>();
+  return Status::Ok();
+}
+
+Status ReadBool(const json& obj, const char* key, const std::string& path, bool* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_boolean()) return Bad(path, "must be a boolean, got " + Quote(*v));
+  *out = v->get<bool>();
+  return Status::Ok();
+}
+
+Status ReadStrings(const json& obj, const char* key, const std::string& path, std::vector<std::string>* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_array()) return Bad(path, "must be a list of strings, got " + Quote(*v));
+  for (size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string()) {
+      return Bad(path + "[" + std::to_string(i) + "]", "must be a string, got " + Quote((*v)[i]));
+    }
+    out->push_back((*v)[i].get<std::string>());
+  }
+  return Status::Ok();
+}
+
+Status ReadObject(const json& obj, const char* key, const std::string& path, json* out) {
+  const json* v = Field(obj, key);
+  if (!v) return Status::Ok();
+  if (!v->is_object()) return Bad(path, "must be an object, got " + Quote(*v));
+  *out = *v;
+  return Status::Ok();
+}
+
+template <typename E>
+Status ReadEnum(const json& obj, const char* key, const std::string& path,
+                const std::vector<std::pair<const char*, E>>& values, E* out) {
+  std::string s;
+  MW_RETURN_IF_ERROR(ReadString(obj, key, path, &s));
+  if (s.empty() && !Field(obj, key)) return Status::Ok();
+  std::string known;
+  for (const auto& [name, value] : values) {
+    if (s == name) {
+      *out = value;
+      return Status::Ok();
+    }
+    known += std::string(known.empty() ? "" : ", ") + name;
+  }
+  return Bad(path, "unsupported value " + Quote(s) + " (supported: " + known + ")");
+}
+
+// Pod names are <job>-<index> and double as hostnames (DNS-1123 labels, 63 at most), and the
+// headless Service is named after the job (a DNS-1035 label: starts with a letter).
+Status CheckJobName(const std::string& name) {
+  const std::string path = "metadata.name";
+  if (name.empty()) return Bad(path, "must not be empty");
+  if (name.size() > 52) {
+    return Bad(path, Quote(name) + " is " + std::to_string(name.size()) +
+                         " characters; at most 52, so that Pod hostnames <name>-<index> stay within 63");
+  }
+  if (!std::islower(static_cast<unsigned char>(name[0]))) {
+    return Bad(path, Quote(name) + " must start with a lower-case letter (it names the job's headless Service)");
+  }
+  for (char c : name) {
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-')) {
+      return Bad(path, Quote(name) + " may contain only lower-case letters, digits and '-'");
+    }
+  }
+  if (name.back() == '-') return Bad(path, Quote(name) + " must not end with '-'");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string Mesh::ToString() const {
+  return std::to_string(dp_replicate) + "x" + std::to_string(dp_shard) + "x" + std::to_string(tp);
+}
+
+std::set<int> DefaultPermanentExitCodes() { return {exit_code::kConfig, exit_code::kInput}; }
+
+Mesh AutoMesh(int replicas, int processes_per_replica) {
+  Mesh m;
+  if (replicas > 1 && processes_per_replica > 1) {
+    m.dp_replicate = replicas;
+    m.dp_shard = processes_per_replica;
+  } else {
+    m.dp_replicate = 1;
+    m.dp_shard = replicas * processes_per_replica;
+  }
+  return m;
+}
+
+Result<JobSpec> ParseSpec(const json& job) {
+  JobSpec s;
+  const json& meta = job.contains("metadata") ? job["metadata"] : json::object();
+  MW_RETURN_IF_ERROR(CheckJobName(meta.value("name", "")));
+
+  const json* spec_ptr = Field(job, "spec");
+  if (!spec_ptr || !spec_ptr->is_object()) return Bad("spec", "is required");
+  const json& spec = *spec_ptr;
+
+  MW_RETURN_IF_ERROR(ReadString(spec, "image", "spec.image", &s.image));
+  if (s.image.empty()) {
+    return Bad("spec.image", "is required: the container image that has meshwork-train on its PATH");
+  }
+  MW_RETURN_IF_ERROR(ReadString(spec, "imagePullPolicy", "spec.imagePullPolicy", &s.image_pull_policy));
+  MW_RETURN_IF_ERROR(ReadStrings(spec, "command", "spec.command", &s.command));
+  MW_RETURN_IF_ERROR(ReadStrings(spec, "args", "spec.args", &s.args));
+  MW_RETURN_IF_ERROR(ReadIntAs(spec, "replicas", "spec.replicas", 1, 4096, &s.replicas));
+  MW_RETURN_IF_ERROR(ReadIntAs(spec, "processesPerReplica", "spec.processesPerReplica", 1, 64,
+                               &s.processes_per_replica));
+  std::string device = "gpu";
+  MW_RETURN_IF_ERROR(ReadString(spec, "device", "spec.device", &device));
+  if (device != "gpu" && device != "cpu") {
+    return Bad("spec.device", "unsupported value " + Quote(device) + " (supported: gpu, cpu)");
+  }
+  s.gpu = device == "gpu";
+  MW_RETURN_IF_ERROR(ReadObject(spec, "resources", "spec.resources", &s.resources));
+  MW_RETURN_IF_ERROR(ReadObject(spec, "template", "spec.template", &s.pod_template));
+  if (s.pod_template.contains("spec") && !s.pod_template["spec"].is_object()) {
+    return Bad("spec.template.spec", "must be an object, got " + Quote(s.pod_template["spec"]));
+  }
+
+  // Config: exactly one of inline and configMapRef.
+  const json* config = Field(spec, "config");
+  if (!config) return Bad("spec.config", "is required: set config.inline or config.configMapRef");
+  const bool has_inline = Field(*config, "inline") != nullptr;
+  const bool has_ref = Field(*config, "configMapRef") != nullptr;
+  if (has_inline == has_ref) {
+    return Bad("spec.config", "set exactly one of inline and configMapRef");
+  }
+  if (has_inline) {
+    MW_RETURN_IF_ERROR(ReadString(*config, "inline", "spec.config.inline", &s.config_inline));
+    if (s.config_inline.empty()) return Bad("spec.config.inline", "must not be empty");
+  } else {
+    const json& ref = (*config)["configMapRef"];
+    MW_RETURN_IF_ERROR(ReadString(ref, "name", "spec.config.configMapRef.name", &s.config_map_name));
+    if (s.config_map_name.empty()) return Bad("spec.config.configMapRef.name", "must not be empty");
+    MW_RETURN_IF_ERROR(ReadString(ref, "key", "spec.config.configMapRef.key", &s.config_map_key));
+  }
+
+  // Mesh: explicit, or auto from the gang's shape.
+  if (const json* mesh = Field(spec, "mesh")) {
+    Mesh m;
+    m.dp_shard = 0;
+    MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "dpReplicate", "spec.mesh.dpReplicate", 1, 1 << 20, &m.dp_replicate));
+    MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "dpShard", "spec.mesh.dpShard", 1, 1 << 20, &m.dp_shard));
+    MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "tp", "spec.mesh.tp", 1, 1 << 20, &m.tp));
+    if (m.dp_shard == 0) return Bad("spec.mesh.dpShard", "is required when spec.mesh is set");
+    if (m.tp != 1) return Bad("spec.mesh.tp", Quote(m.tp) + " is not supported yet (only 1)");
+    const int64_t product = int64_t{m.dp_replicate} * m.dp_shard * m.tp;
+    if (product != s.WorldSize()) {
+      return Bad("spec.mesh", "dpReplicate x dpShard x tp = " + m.ToString() + " = " + std::to_string(product) +
+                                  " does not equal replicas x processesPerReplica = " +
+                                  std::to_string(s.replicas) + "x" + std::to_string(s.processes_per_replica) +
+                                  " = " + std::to_string(s.WorldSize()));
+    }
+    s.explicit_mesh = m;
+    s.mesh = m;
+  } else {
+    s.mesh = AutoMesh(s.replicas, s.processes_per_replica);
+  }
+
+  if (const json* ckpt = Field(spec, "checkpoint")) {
+    std::string path = "/checkpoints";
+    MW_RETURN_IF_ERROR(ReadString(*ckpt, "path", "spec.checkpoint.path", &path));
+    if (path.empty() || path[0] != '/') return Bad("spec.checkpoint.path", Quote(path) + " must be absolute");
+    s.checkpoint_path = path;
+    MW_RETURN_IF_ERROR(ReadOptionalInt(*ckpt, "every", "spec.checkpoint.every", 0,
+                                       std::numeric_limits<int32_t>::max(), &s.checkpoint_every));
+    if (const json* vol = Field(*ckpt, "volume")) {
+      if (!vol->is_object() || vol->empty()) {
+        return Bad("spec.checkpoint.volume", "must be a volume source object, got " + Quote(*vol));
+      }
+      s.checkpoint_volume = *vol;
+    }
+  }
+
+  const json empty = json::object();
+  const json* run = Field(spec, "runPolicy");
+  const json& rp = run ? *run : empty;
+  if (run && !run->is_object()) return Bad("spec.runPolicy", "must be an object, got " + Quote(*run));
+  MW_RETURN_IF_ERROR(ReadEnum<RestartPolicy>(rp, "restartPolicy", "spec.runPolicy.restartPolicy",
+                                             {{"OnFailure", RestartPolicy::kOnFailure},
+                                              {"ExitCode", RestartPolicy::kExitCode},
+                                              {"Never", RestartPolicy::kNever}},
+                                             &s.restart_policy));
+  if (const json* codes = Field(rp, "permanentExitCodes")) {
+    if (!codes->is_array()) return Bad("spec.runPolicy.permanentExitCodes", "must be a list, got " + Quote(*codes));
+    if (!codes->empty() && s.restart_policy != RestartPolicy::kExitCode) {
+      return Bad("spec.runPolicy.permanentExitCodes", "needs restartPolicy ExitCode");
+    }
+    for (size_t i = 0; i < codes->size(); ++i) {
+      const json& c = (*codes)[i];
+      const std::string path = "spec.runPolicy.permanentExitCodes[" + std::to_string(i) + "]";
+      if (!c.is_number_integer() || c.get<int64_t>() < 1 || c.get<int64_t>() > 255) {
+        return Bad(path, Quote(c) + " must be an exit code in [1, 255]");
+      }
+      s.permanent_exit_codes.insert(c.get<int>());
+    }
+  }
+  if (s.restart_policy == RestartPolicy::kExitCode && s.permanent_exit_codes.empty()) {
+    s.permanent_exit_codes = DefaultPermanentExitCodes();
+  }
+  MW_RETURN_IF_ERROR(ReadIntAs(rp, "backoffLimit", "spec.runPolicy.backoffLimit", 0, 1 << 20, &s.backoff_limit));
+  MW_RETURN_IF_ERROR(ReadOptionalInt(rp, "activeDeadlineSeconds", "spec.runPolicy.activeDeadlineSeconds", 1,
+                                     std::numeric_limits<int32_t>::max(), &s.active_deadline_seconds));
+  MW_RETURN_IF_ERROR(ReadOptionalInt(rp, "ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished", 0,
+                                     std::numeric_limits<int32_t>::max(), &s.ttl_seconds_after_finished));
+  MW_RETURN_IF_ERROR(ReadBool(rp, "suspend", "spec.runPolicy.suspend", &s.suspend));
+  MW_RETURN_IF_ERROR(ReadEnum<CleanPodPolicy>(rp, "cleanPodPolicy", "spec.runPolicy.cleanPodPolicy",
+                                              {{"None", CleanPodPolicy::kNone},
+                                               {"Running", CleanPodPolicy::kRunning},
+                                               {"All", CleanPodPolicy::kAll}},
+                                              &s.clean_pod_policy));
+
+  MW_RETURN_IF_ERROR(ReadIntAs(spec, "masterPort", "spec.masterPort", 1, 65535, &s.master_port));
+  MW_RETURN_IF_ERROR(ReadIntAs(spec, "metricsPort", "spec.metricsPort", 0, 65535, &s.metrics_port));
+  if (s.metrics_port > 0 && s.metrics_port + s.processes_per_replica - 1 > 65535) {
+    return Bad("spec.metricsPort", std::to_string(s.metrics_port) + " + processesPerReplica - 1 exceeds 65535");
+  }
+  if (s.metrics_port > 0 && s.master_port >= s.metrics_port &&
+      s.master_port < s.metrics_port + s.processes_per_replica) {
+    return Bad("spec.masterPort", std::to_string(s.master_port) +
+                                      " collides with the metrics ports starting at spec.metricsPort " +
+                                      std::to_string(s.metrics_port));
+  }
+  return s;
+}
+
+std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string& ns, const std::string& name,
+                                          const std::string& uid) {
+  std::vector<std::string> out = {
+      "mesh.dp_replicate=" + std::to_string(spec.mesh.dp_replicate),
+      "mesh.dp_shard=" + std::to_string(spec.mesh.dp_shard),
+      "metrics.job=" + name,
+  };
+  if (spec.metrics_port > 0) {
+    // Bind the Pod's own address: on the local control plane every Pod shares the host's
+    // network, and its loopback address is its own.
+    out.push_back("metrics.host=$(POD_IP)");
+    out.push_back("metrics.port=" + std::to_string(spec.metrics_port));
+  } else {
+    out.push_back("metrics.port=-1");
+  }
+  if (spec.checkpoint_path) {
+    out.push_back("checkpoint.dir=" + *spec.checkpoint_path + "/" + ns + "/" + name + "/" + uid);
+    if (spec.checkpoint_every) out.push_back("checkpoint.every=" + std::to_string(*spec.checkpoint_every));
+  }
+  if (!spec.gpu) out.push_back("training.device=cpu");
+  return out;
+}
+
+Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
+                             const std::string& name, const std::string& field) {
+  std::vector<std::string> overrides = TrainerOverrides(spec, ns, name, "uid");
+  for (auto& o : overrides) {
+    // The Pod's address is only known once it runs; any local address validates the same.
+    if (o == "metrics.host=$(POD_IP)") o = "metrics.host=127.0.0.1";
+  }
+  // spec.args may carry `--set KEY=VALUE` pairs; check those keys too.
+  for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
+    if (spec.args[i] == "--set") overrides.push_back(spec.args[i + 1]);
+  }
+  auto loaded = config::LoadConfigFromString(config_yaml, overrides);
+  if (!loaded.ok()) return Bad(field, "the trainer refuses this config: " + loaded.status().message());
+  return Status::Ok();
+}
+
+}  // namespace meshwork::op

@@ -1,0 +1,110 @@
+// A TrainingJob's spec, read from its JSON and checked for what the CRD schema cannot say
+// (docs/trainingjob.md). The schema (and its CEL rules, where the API server evaluates them)
+// refuses most bad input at apply time; ParseSpec repeats the cross-field rules, because not
+// every cluster evaluates CEL, and adds what only the operator knows: the trainer config must
+// load with the settings the operator will add to it, and names must make valid Pod hostnames.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/common/status.h"
+
+namespace meshwork::op {
+
+inline constexpr const char* kGroup = "meshwork.dev";
+inline constexpr const char* kVersion = "v1alpha1";
+inline constexpr const char* kApiVersion = "meshwork.dev/v1alpha1";
+inline constexpr const char* kKind = "TrainingJob";
+inline constexpr const char* kPlural = "trainingjobs";
+
+// Labels on every child; the Pods' also say which replica and which gang generation.
+inline constexpr const char* kJobLabel = "meshwork.dev/job";
+inline constexpr const char* kIndexLabel = "meshwork.dev/replica-index";
+inline constexpr const char* kGenerationLabel = "meshwork.dev/restart-generation";
+inline constexpr const char* kWorldSizeLabel = "meshwork.dev/world-size";
+
+// The trainer container's name, and the env var its config arrives in.
+inline constexpr const char* kTrainerContainer = "trainer";
+inline constexpr const char* kConfigEnv = "MESHWORK_CONFIG_YAML";
+inline constexpr const char* kDefaultConfigKey = "config.yaml";
+
+enum class RestartPolicy { kOnFailure, kExitCode, kNever };
+enum class CleanPodPolicy { kNone, kRunning, kAll };
+
+struct Mesh {
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+  std::string ToString() const;  // "1x2x1"
+};
+
+struct JobSpec {
+  std::string image;
+  std::string image_pull_policy;
+  std::vector<std::string> command;  // replaces the launcher + trainer when not empty
+  std::vector<std::string> args;
+  int replicas = 1;
+  int processes_per_replica = 1;
+  bool gpu = true;
+  nlohmann::json resources = nlohmann::json::object();
+  nlohmann::json pod_template = nlohmann::json::object();
+
+  std::string config_inline;          // set when the config is inline ...
+  std::string config_map_name;        // ... or from this ConfigMap's key
+  std::string config_map_key = kDefaultConfigKey;
+
+  std::optional<Mesh> explicit_mesh;  // nullopt = auto
+  Mesh mesh;                          // the one in use (explicit or auto)
+
+  std::optional<std::string> checkpoint_path;  // the container path, when checkpoints are on
+  std::optional<int64_t> checkpoint_every;
+  nlohmann::json checkpoint_volume;            // null when none
+
+  RestartPolicy restart_policy = RestartPolicy::kExitCode;
+  std::set<int> permanent_exit_codes;
+  int backoff_limit = 3;
+  std::optional<int64_t> active_deadline_seconds;
+  std::optional<int64_t> ttl_seconds_after_finished;
+  bool suspend = false;
+  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
+
+  int master_port = 29500;
+  int metrics_port = 9400;
+
+  int WorldSize() const { return replicas * processes_per_replica; }
+};
+
+// Permanent exit codes when restartPolicy is ExitCode and none are listed: meshwork-train's
+// "bad config" (2) and "bad or missing input file" (3), which no restart can fix.
+std::set<int> DefaultPermanentExitCodes();
+
+// The auto mesh: FSDP over every rank with one process per Pod (or one Pod); otherwise HSDP,
+// sharded over the processes of a Pod and replicated across Pods.
+Mesh AutoMesh(int replicas, int processes_per_replica);
+
+// Reads `job` (the whole object: metadata.name is checked too). An error is kInvalidConfig with
+// a message that starts with the field path and quotes the value, e.g.
+//   spec.mesh: dpReplicate x dpShard x tp = 1x3x1 = 3 does not equal replicas x processesPerReplica = 2
+// Defaults are applied for absent fields, as the schema would.
+Result<JobSpec> ParseSpec(const nlohmann::json& job);
+
+// The `--set KEY=VALUE` overrides the operator adds after `meshwork-train train --config-env VAR`:
+// mesh, metrics address and job label, and the checkpoint directory PATH/<ns>/<name>/<uid> (the
+// uid makes a re-created job with the same name start afresh, while a gang restart of this
+// one resumes).
+std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string& ns, const std::string& name,
+                                          const std::string& uid);
+
+// Loads `config_yaml` with the trainer's own config code and the operator's overrides, so a
+// job the trainer would refuse (unknown preset, bad key) fails here with InvalidSpec instead of
+// crash-looping its Pods. `field` names where the text came from ("spec.config.inline").
+Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
+                             const std::string& name, const std::string& field);
+
+}  // namespace meshwork::op

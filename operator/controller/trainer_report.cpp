@@ -1,0 +1,120 @@
+#include "operator/controller/trainer_report.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+namespace meshwork::op {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "name value" or "name{labels} value"; the value of the first sample named `name`.
+std::optional<double> Sample(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.compare(0, name.size(), name) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != ' ' && next != '{') continue;
+    size_t pos = name.size();
+    if (next == '{') {
+      pos = line.find('}', pos);
+      if (pos == std::string::npos) continue;
+      ++pos;
+    }
+    try {
+      return std::stod(line.substr(pos));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+int RemainingMs(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left > 0 ? static_cast<int>(left) : 0;
+}
+
+}  // namespace
+
+std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text) {
+  const auto step = Sample(text, "meshwork_trainer_step");
+  if (!step) return std::nullopt;
+  TrainerReport r;
+  r.step = static_cast<int64_t>(*step);
+  r.total_steps = static_cast<int64_t>(Sample(text, "meshwork_trainer_total_steps").value_or(0));
+  r.loss = Sample(text, "meshwork_trainer_loss").value_or(0);
+  r.tokens_per_second = Sample(text, "meshwork_trainer_tokens_per_second").value_or(0);
+  return r;
+}
+
+Result<std::string> HttpGet(const std::string& ip, int port, const std::string& path,
+                            std::chrono::milliseconds timeout) {
+  const std::string where = "http://" + ip + ":" + std::to_string(port) + path;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (port <= 0 || port > 65535 || ::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
+    return InvalidConfig(where + ": not an IPv4 address and port");
+  }
+  const auto deadline = Clock::now() + timeout;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable(where + ": socket: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno != EINPROGRESS) {
+    return Unavailable(where + ": connect: " + std::strerror(errno));
+  }
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, RemainingMs(deadline)) <= 0) return Unavailable(where + ": connect timed out");
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err != 0) return Unavailable(where + ": connect: " + std::strerror(err));
+
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + ip + "\r\nConnection: close\r\n\r\n";
+  size_t sent = 0;
+  while (sent < request.size()) {
+    p = {fd, POLLOUT, 0};
+    if (::poll(&p, 1, RemainingMs(deadline)) <= 0) return Unavailable(where + ": send timed out");
+    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return Unavailable(where + ": send: " + std::strerror(errno));
+    if (n > 0) sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buf[16384];
+  while (true) {
+    p = {fd, POLLIN, 0};
+    if (::poll(&p, 1, RemainingMs(deadline)) <= 0) return Unavailable(where + ": no complete answer in time");
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return Unavailable(where + ": recv: " + std::strerror(errno));
+    }
+    response.append(buf, static_cast<size_t>(n));
+    if (response.size() > (16u << 20)) return Unavailable(where + ": answer larger than 16 MiB");
+  }
+  const size_t head_end = response.find("\r\n\r\n");
+  if (response.compare(0, 5, "HTTP/") != 0 || head_end == std::string::npos) {
+    return Unavailable(where + ": not an HTTP answer");
+  }
+  const size_t sp = response.find(' ');
+  const std::string code = response.substr(sp + 1, 3);
+  if (code != "200") return Unavailable(where + ": HTTP " + code);
+  return response.substr(head_end + 4);
+}
+
+}  // namespace meshwork::op

@@ -1,0 +1,282 @@
+// Resume as the operator does it: a training job is killed (SIGKILL) after it wrote a
+// checkpoint, then the same command runs again. The restarted run must continue from the
+// checkpoint and end with exactly the losses of a run that was never interrupted: on one
+// process, and on ranks started by `meshwork-train launch` (FSDP eager, compiled, HSDP).
+// Also `train --config-env VAR` as the operator passes a ConfigMap.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/temp_dir.h"
+
+namespace meshwork {
+namespace {
+
+namespace fs = std::filesystem;
+using meshwork::testing::ReadBytes;
+using meshwork::testing::TempDir;
+using ::testing::HasSubstr;
+
+const std::string kTrainer = std::string(MESHWORK_BINARY_DIR) + "/trainer/meshwork-train";
+
+// A child process running `argv` with stdout and stderr to `log`, and `env` added.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const std::string& log,
+          const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~Process() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Exit code, or 128 + signal.
+  int Wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  bool Running() {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      reaped_ = true;
+      exit_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    return true;
+  }
+  int exit_code() const { return exit_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int exit_ = -1;
+};
+
+// Processes whose parent is `parent` (the launcher's ranks).
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// step -> loss text (17 significant digits) from a jsonl log; a later line for a step wins
+// (a resumed run appends the steps after its checkpoint again).
+std::map<int, std::string> Losses(const std::string& jsonl) {
+  std::map<int, std::string> out;
+  std::ifstream in(jsonl);
+  const std::regex re("\\{\"step\":([0-9]+),\"loss\":([^,]+),");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) out[std::stoi(m[1])] = m[2];
+  }
+  return out;
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(kTrainer)) << kTrainer << " is not built";
+    tokens_ = tmp_.File("train.bin");
+    Process prep({kTrainer, "prepare-data", "--out", tokens_, "/usr/share/common-licenses/GPL-3"},
+                 tmp_.File("prep.log"));
+    ASSERT_EQ(prep.Wait(), 0) << ReadBytes(tmp_.File("prep.log"));
+  }
+
+  // The train command of `nproc` ranks (1: no launcher) writing losses to NAME.jsonl.
+  std::vector<std::string> Command(const std::string& name, int nproc, const std::vector<std::string>& extra,
+                                   const std::string& checkpoint_dir) {
+    std::vector<std::string> cmd{kTrainer};
+    if (nproc > 1) {
+      cmd.insert(cmd.end(), {"launch", "--nproc", std::to_string(nproc), "--master-port", std::to_string(NextPort())});
+    }
+    cmd.push_back("train");
+    for (const std::string& s : std::vector<std::string>{
+             "model.hidden_size=40", "model.intermediate_size=90", "model.num_hidden_layers=2",
+          "model.num_attention_heads=4", "model.num_key_value_heads=2", "data.seq_len=32",
+          "data.batch_size=" + std::to_string(8 / nproc), "schedule.steps=" + std::to_string(kSteps),
+          "schedule.warmup_steps=5", "metrics.port=-1", "logging.every=1000", "optimizer.eps=1e-4",
+          "dist.timeout_seconds=60", "training.threads=1", "data.train=" + tokens_,
+          "logging.jsonl=" + tmp_.File(name + ".jsonl")}) {
+      cmd.insert(cmd.end(), {"--set", s});
+    }
+    if (!checkpoint_dir.empty()) {
+      cmd.insert(cmd.end(), {"--set", "checkpoint.dir=" + checkpoint_dir, "--set", "checkpoint.every=5"});
+    }
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return cmd;
+  }
+
+  static int NextPort() {
+    static int port = 29800 + static_cast<int>(::getpid() % 100) * 10;
+    return ++port;
+  }
+
+  // Trains without interruption, then kills a checkpointing run of the same config once it
+  // committed a checkpoint, runs that command again, and compares every step's loss.
+  void KillAndResume(int nproc, const std::vector<std::string>& extra) {
+    const std::string whole_log = tmp_.File("whole.log");
+    Process whole(Command("whole", nproc, extra, ""), whole_log);
+    ASSERT_EQ(whole.Wait(), 0) << ReadBytes(whole_log);
+    const auto want = Losses(tmp_.File("whole.jsonl"));
+    ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+
+    const std::string ckpt = tmp_.File("ckpt");
+    const auto cmd = Command("resumed", nproc, extra, ckpt);
+    const std::string first_log = tmp_.File("first.log");
+    {
+      Process first(cmd, first_log);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (!fs::exists(ckpt + "/latest") && first.Running() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_TRUE(first.Running()) << "the run ended (exit " << first.exit_code()
+                                   << ") before it could be killed after its first checkpoint:\n"
+                                   << ReadBytes(first_log);
+      ASSERT_TRUE(fs::exists(ckpt + "/latest")) << ReadBytes(first_log);
+      // One process: kill it. Launched: kill one rank, as a failed pod; the launcher stops the rest.
+      const std::vector<pid_t> ranks = nproc > 1 ? ChildrenOf(first.pid()) : std::vector<pid_t>{first.pid()};
+      ASSERT_FALSE(ranks.empty());
+      ::kill(ranks.back(), SIGKILL);
+      const int rc = first.Wait();
+      EXPECT_EQ(rc, 128 + SIGKILL) << ReadBytes(first_log);
+    }
+    const std::string latest = ReadBytes(ckpt + "/latest");
+
+    const std::string second_log = tmp_.File("second.log");
+    Process second(cmd, second_log);
+    ASSERT_EQ(second.Wait(), 0) << ReadBytes(second_log);
+    const std::string log = ReadBytes(second_log);
+    std::smatch m;
+    const std::regex resumed_line("resumed from (\\S+)/step-0*([0-9]+) \\(step ([0-9]+) of ([0-9]+)\\)");
+    ASSERT_TRUE(std::regex_search(log, m, resumed_line)) << log;
+    const int from = std::stoi(m[3]);
+    std::cout << "killed after checkpoint " << latest.substr(0, latest.size() - 1) << "; " << m[0] << "\n";
+    EXPECT_EQ(m[1].str(), ckpt);
+    EXPECT_EQ(m[4].str(), std::to_string(kSteps));
+    EXPECT_GT(from, 0);
+    EXPECT_LT(from, kSteps) << "the run was not interrupted before its end";
+    EXPECT_EQ(from % 5, 0);
+
+    const auto got = Losses(tmp_.File("resumed.jsonl"));
+    ASSERT_EQ(got.size(), static_cast<size_t>(kSteps)) << ReadBytes(tmp_.File("resumed.jsonl"));
+    for (int step = 1; step <= kSteps; ++step) {
+      EXPECT_EQ(got.at(step), want.at(step)) << "step " << step << " (resumed from " << from << ")";
+    }
+    std::cout << "final loss: uninterrupted " << want.at(kSteps) << ", resumed " << got.at(kSteps) << "\n";
+  }
+
+  static constexpr int kSteps = 30;
+  TempDir tmp_;
+  std::string tokens_;
+};
+
+TEST_F(ResumeTest, OneProcessKilledAfterACheckpointEndsWithTheUninterruptedLosses) { KillAndResume(1, {}); }
+
+TEST_F(ResumeTest, FsdpTwoRanksKilledAfterACheckpointEndsWithTheUninterruptedLosses) { KillAndResume(2, {}); }
+
+TEST_F(ResumeTest, CompiledFsdpTwoRanksKilledAfterACheckpointEndsWithTheUninterruptedLosses) {
+  KillAndResume(2, {"--set", "fsdp.mode=compiled"});
+}
+
+TEST_F(ResumeTest, HsdpTwoByTwoKilledAfterACheckpointEndsWithTheUninterruptedLosses) {
+  KillAndResume(4, {"--set", "mesh.dp_replicate=2"});
+}
+
+TEST_F(ResumeTest, ACheckpointOfAnotherWorldSizeIsExitCode3NamingTheDifference) {
+  const std::string ckpt = tmp_.File("ckpt");
+  Process one(Command("one", 1, {"--set", "schedule.steps=5", "--set", "schedule.warmup_steps=1"}, ckpt),
+              tmp_.File("one.log"));
+  ASSERT_EQ(one.Wait(), 0) << ReadBytes(tmp_.File("one.log"));
+  Process two(Command("two", 2, {}, ckpt), tmp_.File("two.log"));
+  EXPECT_EQ(two.Wait(), 3) << ReadBytes(tmp_.File("two.log"));
+  const std::string log = ReadBytes(tmp_.File("two.log"));
+  EXPECT_THAT(log, HasSubstr("world size 1 in the checkpoint, 2 in this run"));
+  EXPECT_THAT(log, HasSubstr(ckpt + "/step-00000005"));
+}
+
+// --- train --config-env -----------------------------------------------------------------------
+
+TEST(ConfigEnvFlag, ReadsTheConfigFromTheVariableWithSetOnTop) {
+  TempDir tmp;
+  Process p({kTrainer, "config", "--config-env", "MW_CFG", "--set", "schedule.steps=7"}, tmp.File("log"),
+            {{"MW_CFG", "schedule:\n  steps: 3\ncheckpoint:\n  dir: /ckpt\n  every: 2\n"}});
+  ASSERT_EQ(p.Wait(), 0) << ReadBytes(tmp.File("log"));
+  const std::string out = ReadBytes(tmp.File("log"));
+  EXPECT_THAT(out, HasSubstr("steps: 7"));
+  EXPECT_THAT(out, HasSubstr("dir: /ckpt"));
+  EXPECT_THAT(out, HasSubstr("every: 2"));
+}
+
+TEST(ConfigEnvFlag, WithConfigTooIsAUsageError) {
+  TempDir tmp;
+  Process p({kTrainer, "train", "--config", "run.yaml", "--config-env", "MW_CFG"}, tmp.File("log"),
+            {{"MW_CFG", "schedule:\n  steps: 3\n"}});
+  EXPECT_EQ(p.Wait(), 2);
+  EXPECT_THAT(ReadBytes(tmp.File("log")), HasSubstr("--config run.yaml and --config-env MW_CFG both name the config"));
+}
+
+TEST(ConfigEnvFlag, UnsetOrEmptyVariableIsExitCode2NamingIt) {
+  TempDir tmp;
+  ::unsetenv("MW_CFG_UNSET");
+  Process unset({kTrainer, "train", "--config-env", "MW_CFG_UNSET"}, tmp.File("unset.log"));
+  EXPECT_EQ(unset.Wait(), 2);
+  EXPECT_THAT(ReadBytes(tmp.File("unset.log")),
+              HasSubstr("--config-env MW_CFG_UNSET: environment variable 'MW_CFG_UNSET' is not set"));
+  Process empty({kTrainer, "train", "--config-env", "MW_CFG"}, tmp.File("empty.log"), {{"MW_CFG", ""}});
+  EXPECT_EQ(empty.Wait(), 2);
+  EXPECT_THAT(ReadBytes(tmp.File("empty.log")), HasSubstr("'MW_CFG' is empty"));
+}
+
+TEST(ConfigEnvFlag, AnErrorInTheTextNamesTheVariableAndKey) {
+  TempDir tmp;
+  Process p({kTrainer, "train", "--config-env", "MW_CFG"}, tmp.File("log"), {{"MW_CFG", "checkpoint:\n  keep: 0\n"}});
+  EXPECT_EQ(p.Wait(), 2);
+  EXPECT_THAT(ReadBytes(tmp.File("log")), HasSubstr("env MW_CFG: key 'checkpoint.keep': must be"));
+}
+
+}  // namespace
+}  // namespace meshwork

@@ -1,0 +1,371 @@
+// The reconciler's decisions, scenario by scenario, on plain JSON: each lifecycle rule of
+// docs/trainingjob.md, and the Kubeflow failures we must not repeat.
+#include "operator/controller/decide.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "operator/controller/desired.h"
+
+namespace meshwork::op {
+namespace {
+
+using nlohmann::json;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+const SystemTime kT0 = std::chrono::system_clock::from_time_t(1800000000);
+
+json Job(json spec = json::object(), json status = json()) {
+  json base = {{"image", "meshwork/trainer:test"},
+               {"replicas", 2},
+               {"device", "cpu"},
+               {"config", {{"inline", "model:\n  preset: tiny\n"}}}};
+  base.merge_patch(spec);
+  json job = {{"apiVersion", kApiVersion},
+              {"kind", kKind},
+              {"metadata", {{"name", "tiny"}, {"namespace", "ml"}, {"uid", "uid-1"}, {"generation", 1}}},
+              {"spec", base}};
+  if (!status.is_null()) job["status"] = status;
+  return job;
+}
+
+json Pod(int index, int64_t gen, const std::string& phase, std::optional<int> exit_code = std::nullopt) {
+  json pod = {{"metadata",
+               {{"name", "tiny-" + std::to_string(index)},
+                {"namespace", "ml"},
+                {"uid", "pod-uid-" + std::to_string(index) + "-" + std::to_string(gen)},
+                {"labels",
+                 {{kJobLabel, "tiny"},
+                  {kIndexLabel, std::to_string(index)},
+                  {kGenerationLabel, std::to_string(gen)},
+                  {kWorldSizeLabel, "2"}}}}},
+              {"status", {{"phase", phase}}}};
+  if (phase == "Running") {
+    pod["status"]["conditions"] = json::array({{{"type", "Ready"}, {"status", "True"}}});
+    pod["status"]["podIP"] = "127.1.0." + std::to_string(index + 1);
+  }
+  if (exit_code) {
+    pod["status"]["containerStatuses"] = json::array(
+        {{{"name", "trainer"}, {"state", {{"terminated", {{"exitCode", *exit_code}, {"reason", "Error"}}}}}}});
+  }
+  return pod;
+}
+
+Observed In(json job, std::vector<json> pods = {}, SystemTime now = kT0) {
+  Observed in;
+  in.job = std::move(job);
+  in.pods = std::move(pods);
+  in.service_exists = true;
+  in.now = now;
+  return in;
+}
+
+// Applies a plan's status to the job, as the executor's status write would.
+json After(const json& job, const Plan& plan) {
+  json next = job;
+  next["status"] = plan.status;
+  return next;
+}
+
+std::vector<std::string> Names(const std::vector<PodView>& pods) {
+  std::vector<std::string> out;
+  for (const auto& p : pods) out.push_back(p.name);
+  return out;
+}
+
+std::string ConditionReason(const json& status, const std::string& type) {
+  for (const auto& c : status["conditions"]) {
+    if (c["type"] == type) return c.value("reason", "");
+  }
+  return "";
+}
+
+// A job whose gang (generation 0) was fully created and is running.
+json RunningJob(json spec = json::object()) {
+  Plan first = Decide(In(Job(spec)));
+  json job = After(Job(spec), first);
+  job["status"]["launchedGeneration"] = 0;
+  return job;
+}
+
+TEST(DecideTest, NewJobCreatesTheGangServiceAndConfigOnce) {
+  Plan p = Decide(In(Job(), {}, kT0));
+  ASSERT_EQ(p.create.size(), 2u);
+  EXPECT_EQ(p.create[0]["metadata"]["name"], "tiny-0");
+  EXPECT_EQ(p.create[1]["metadata"]["name"], "tiny-1");
+  EXPECT_TRUE(p.ensure_service);
+  EXPECT_TRUE(p.ensure_config_map);
+  EXPECT_TRUE(p.remove.empty());
+  EXPECT_EQ(p.phase, "Created");
+  EXPECT_EQ(p.status["phase"], "Created");
+  EXPECT_EQ(p.status["worldSize"], 2);
+  EXPECT_EQ(p.status["meshShape"], "1x2x1");
+  EXPECT_EQ(p.status["startTime"], FormatTime(kT0));
+  EXPECT_EQ(p.status["observedGeneration"], 1);
+  EXPECT_EQ(p.status["selector"], "meshwork.dev/job=tiny");
+  EXPECT_TRUE(ConditionTrue(p.status, "Created"));
+  ASSERT_EQ(p.events.size(), 1u);
+  EXPECT_EQ(p.events[0].reason, "Created");
+}
+
+TEST(DecideTest, RunningGangIsRunningAndIdempotent) {
+  json job = After(Job(), Decide(In(Job())));
+  std::vector<json> pods = {Pod(0, 0, "Running"), Pod(1, 0, "Running")};
+  Plan p = Decide(In(job, pods, kT0 + seconds(5)));
+  EXPECT_TRUE(p.create.empty());
+  EXPECT_TRUE(p.remove.empty());
+  EXPECT_EQ(p.phase, "Running");
+  EXPECT_EQ(p.status["ready"], "2/2");
+  EXPECT_EQ(p.status["launchedGeneration"], 0);
+  EXPECT_TRUE(ConditionTrue(p.status, "Running"));
+  ASSERT_EQ(p.events.size(), 1u);
+  EXPECT_EQ(p.events[0].reason, "Running");
+  ASSERT_TRUE(p.requeue_after.has_value());  // to scrape progress
+
+  // The same observation again: nothing to do, nothing to write, nothing to record.
+  json again = After(job, p);
+  Plan q = Decide(In(again, pods, kT0 + seconds(6)));
+  EXPECT_EQ(q.status, again["status"]);
+  EXPECT_TRUE(q.events.empty());
+  EXPECT_TRUE(q.create.empty());
+}
+
+TEST(DecideTest, RetryableFailureRestartsTheWholeGangWithTheNextGeneration) {
+  json job = RunningJob({{"runPolicy", {{"backoffLimit", 3}}}});
+  Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Failed", 137)}));
+  EXPECT_TRUE(p.status_first);
+  EXPECT_EQ(p.status["restarts"], 1);
+  EXPECT_EQ(p.status["restartGeneration"], 1);
+  EXPECT_EQ(p.phase, "Restarting");
+  EXPECT_THAT(Names(p.remove), ::testing::UnorderedElementsAre("tiny-0", "tiny-1"));
+  EXPECT_TRUE(p.create.empty());
+  EXPECT_TRUE(ConditionTrue(p.status, "Restarting"));
+  ASSERT_EQ(p.events.size(), 1u);
+  EXPECT_EQ(p.events[0].type, "Warning");
+  EXPECT_THAT(p.events[0].message, HasSubstr("pod tiny-1 exited with code 137 (signal 9)"));
+  EXPECT_THAT(p.events[0].message, HasSubstr("restart 1 of 3"));
+
+  // While the old gang terminates, nothing new starts (kubeflow/training-operator#1478: a new
+  // rank must never meet old ones at the rendezvous).
+  json restarting = After(job, p);
+  json terminating = Pod(0, 0, "Running");
+  terminating["metadata"]["deletionTimestamp"] = FormatTime(kT0);
+  Plan q = Decide(In(restarting, {terminating}));
+  EXPECT_TRUE(q.create.empty());
+  EXPECT_TRUE(q.remove.empty());  // already being deleted
+  EXPECT_EQ(q.phase, "Restarting");
+
+  // Once it is gone, the next gang starts with generation 1 in its labels and env.
+  Plan r = Decide(In(After(restarting, q), {}));
+  ASSERT_EQ(r.create.size(), 2u);
+  EXPECT_EQ(r.create[0]["metadata"]["labels"][kGenerationLabel], "1");
+  bool env_found = false;
+  for (const auto& e : r.create[0]["spec"]["containers"][0]["env"]) {
+    if (e["name"] == "MESHWORK_RESTART_GENERATION") env_found = e["value"] == "1";
+  }
+  EXPECT_TRUE(env_found);
+  EXPECT_EQ(r.phase, "Restarting");
+
+  // Running again: Restarting goes False, restarts stays 1.
+  Plan s = Decide(In(After(After(restarting, q), r), {Pod(0, 1, "Running"), Pod(1, 1, "Running")}));
+  EXPECT_EQ(s.phase, "Running");
+  EXPECT_FALSE(ConditionTrue(s.status, "Restarting"));
+  EXPECT_EQ(s.status["restarts"], 1);
+}
+
+TEST(DecideTest, PermanentExitCodeFailsWithoutARestart) {
+  json job = RunningJob();
+  Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Failed", 2)}));
+  EXPECT_EQ(p.phase, "Failed");
+  EXPECT_EQ(ConditionReason(p.status, "Failed"), "PermanentExitCode");
+  EXPECT_EQ(p.status["restarts"], 0);
+  EXPECT_FALSE(p.status_first);
+  EXPECT_THAT(Names(p.remove), ::testing::ElementsAre("tiny-0"));  // cleanPodPolicy Running
+  EXPECT_EQ(p.status["completionTime"], FormatTime(kT0));
+}
+
+TEST(DecideTest, ExitCodePolicyStillHonoursBackoffLimit) {
+  // kubeflow/training-operator#2045: the ExitCode policy ignored backoffLimit.
+  json job = RunningJob({{"runPolicy", {{"restartPolicy", "ExitCode"}, {"backoffLimit", 1}}}});
+  job["status"]["restarts"] = 1;
+  job["status"]["restartGeneration"] = 1;
+  job["status"]["launchedGeneration"] = 1;
+  Plan p = Decide(In(job, {Pod(0, 1, "Failed", 137), Pod(1, 1, "Running")}));
+  EXPECT_EQ(p.phase, "Failed");
+  EXPECT_EQ(ConditionReason(p.status, "Failed"), "BackoffLimitExceeded");
+  EXPECT_THAT(p.status["conditions"].dump(), HasSubstr("backoffLimit is 1"));
+}
+
+TEST(DecideTest, CleanPodPolicyAppliesWhenTheBackoffLimitTrips) {
+  // kubeflow/trainer#3419: cleanPodPolicy was ignored when the backoff limit tripped.
+  for (const auto& [policy, expected] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"All", {"tiny-0", "tiny-1"}}, {"Running", {"tiny-1"}}, {"None", {}}}) {
+    json job = RunningJob({{"runPolicy", {{"backoffLimit", 0}, {"cleanPodPolicy", policy}}}});
+    Plan p = Decide(In(job, {Pod(0, 0, "Failed", 1), Pod(1, 0, "Running")}));
+    EXPECT_EQ(ConditionReason(p.status, "Failed"), "BackoffLimitExceeded") << policy;
+    EXPECT_THAT(Names(p.remove), ::testing::UnorderedElementsAreArray(expected)) << policy;
+    // And on every later reconcile of the finished job.
+    Plan q = Decide(In(After(job, p), {Pod(0, 0, "Failed", 1), Pod(1, 0, "Running")}));
+    EXPECT_THAT(Names(q.remove), ::testing::UnorderedElementsAreArray(expected)) << policy;
+    EXPECT_TRUE(q.create.empty());
+  }
+}
+
+TEST(DecideTest, NeverPolicyFailsOnTheFirstFailure) {
+  json job = RunningJob({{"runPolicy", {{"restartPolicy", "Never"}}}});
+  Plan p = Decide(In(job, {Pod(0, 0, "Failed", 137), Pod(1, 0, "Running")}));
+  EXPECT_EQ(ConditionReason(p.status, "Failed"), "RestartPolicyNever");
+}
+
+TEST(DecideTest, OnFailureRetriesEvenConfigExitCodes) {
+  json job = RunningJob({{"runPolicy", {{"restartPolicy", "OnFailure"}}}});
+  Plan p = Decide(In(job, {Pod(0, 0, "Failed", 2), Pod(1, 0, "Running")}));
+  EXPECT_EQ(p.phase, "Restarting");
+}
+
+TEST(DecideTest, APodDeletedAfterLaunchRestartsTheGang) {
+  json job = RunningJob();
+  Plan p = Decide(In(job, {Pod(0, 0, "Running")}));
+  EXPECT_EQ(p.phase, "Restarting");
+  EXPECT_TRUE(p.create.empty());
+  EXPECT_THAT(p.events[0].message, HasSubstr("pod tiny-1 was deleted"));
+}
+
+TEST(DecideTest, APodNotYetCreatedIsCreatedNotMournedBeforeLaunch) {
+  json job = After(Job(), Decide(In(Job())));  // launchedGeneration not recorded yet
+  Plan p = Decide(In(job, {Pod(0, 0, "Running")}));
+  ASSERT_EQ(p.create.size(), 1u);
+  EXPECT_EQ(p.create[0]["metadata"]["name"], "tiny-1");
+  EXPECT_EQ(p.phase, "Created");
+}
+
+TEST(DecideTest, SuccessThenTtlDeletesTheJobAndNeverRecreatesPods) {
+  json job = RunningJob({{"runPolicy", {{"ttlSecondsAfterFinished", 30}}}});
+  Plan p = Decide(In(job, {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)}, kT0 + seconds(10)));
+  EXPECT_EQ(p.phase, "Succeeded");
+  EXPECT_EQ(ConditionReason(p.status, "Succeeded"), "AllRanksSucceeded");
+  EXPECT_EQ(p.status["completionTime"], FormatTime(kT0 + seconds(10)));
+  EXPECT_TRUE(p.remove.empty());  // finished Pods stay for their logs (cleanPodPolicy Running)
+  ASSERT_TRUE(p.requeue_after.has_value());
+  json done = After(job, p);
+
+  // kubeflow/trainer#2981: after the TTL deleted the Pods, the job was recreated in a loop.
+  // A finished job with no Pods creates nothing.
+  Plan early = Decide(In(done, {}, kT0 + seconds(20)));
+  EXPECT_TRUE(early.create.empty());
+  EXPECT_FALSE(early.ensure_service);
+  EXPECT_FALSE(early.delete_job);
+  ASSERT_TRUE(early.requeue_after.has_value());
+  EXPECT_LE(*early.requeue_after, seconds(21));
+  Plan late = Decide(In(done, {}, kT0 + seconds(41)));
+  EXPECT_TRUE(late.delete_job);
+  EXPECT_TRUE(late.create.empty());
+}
+
+TEST(DecideTest, SuspendDeletesThePodsAndResumeStartsANewGeneration) {
+  json job = RunningJob();
+  job["spec"]["runPolicy"] = {{"suspend", true}};
+  Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(30)));
+  EXPECT_EQ(p.phase, "Suspended");
+  EXPECT_EQ(p.remove.size(), 2u);
+  EXPECT_TRUE(p.create.empty());
+  EXPECT_EQ(p.status["activeSeconds"], 30);
+  EXPECT_FALSE(p.status.contains("startTime"));
+  json suspended = After(job, p);
+
+  suspended["spec"]["runPolicy"]["suspend"] = false;
+  Plan r = Decide(In(suspended, {}, kT0 + seconds(100)));
+  EXPECT_EQ(r.status["restartGeneration"], 1);
+  EXPECT_EQ(r.status["restarts"], 0);  // a resume is not a failure
+  EXPECT_FALSE(ConditionTrue(r.status, "Suspended"));
+  ASSERT_EQ(r.create.size(), 2u);
+  EXPECT_EQ(r.create[0]["metadata"]["labels"][kGenerationLabel], "1");
+  EXPECT_EQ(r.status["startTime"], FormatTime(kT0 + seconds(100)));
+}
+
+TEST(DecideTest, DeadlineCountsActiveTimeOnlyAndStopsRunningPods) {
+  json job = RunningJob({{"runPolicy", {{"activeDeadlineSeconds", 60}, {"cleanPodPolicy", "None"}}}});
+  job["status"]["activeSeconds"] = 50;  // 50 s before a suspension
+  Plan early = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(5)));
+  EXPECT_EQ(early.phase, "Running");
+  ASSERT_TRUE(early.requeue_after.has_value());
+  EXPECT_LE(*early.requeue_after, seconds(5));
+  Plan late = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Succeeded", 0)}, kT0 + seconds(10)));
+  EXPECT_EQ(ConditionReason(late.status, "Failed"), "DeadlineExceeded");
+  EXPECT_THAT(Names(late.remove), ::testing::ElementsAre("tiny-0"));  // running, despite None
+}
+
+TEST(DecideTest, InvalidSpecFailsOnceNamingTheFieldAndDoesNotLoop) {
+  struct Case {
+    json spec;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{"image", ""}}, "spec.image: is required"},
+      {{{"mesh", {{"dpShard", 3}}}}, "spec.mesh: dpReplicate x dpShard x tp = 1x3x1 = 3 does not equal"},
+      {{{"config", {{"inline", nullptr}, {"configMapRef", {{"name", "x"}}}}}, {"replicas", 1}}, ""},
+      {{{"runPolicy", {{"restartPolicy", "Never"}, {"permanentExitCodes", {2}}}}},
+       "spec.runPolicy.permanentExitCodes: needs restartPolicy ExitCode"},
+  };
+  for (const auto& c : cases) {
+    if (c.message.empty()) continue;
+    json job = Job(c.spec);
+    Plan p = Decide(In(job));
+    EXPECT_EQ(p.phase, "Failed") << c.message;
+    EXPECT_EQ(ConditionReason(p.status, "Failed"), "InvalidSpec") << c.message;
+    EXPECT_THAT(p.status["conditions"].dump(), HasSubstr(c.message));
+    EXPECT_TRUE(p.create.empty());
+    ASSERT_FALSE(p.events.empty());
+    EXPECT_EQ(p.events.back().reason, "InvalidSpec");
+    Plan again = Decide(In(After(job, p), {}, kT0 + seconds(1)));
+    EXPECT_EQ(again.status, After(job, p)["status"]) << c.message;
+    EXPECT_TRUE(again.events.empty());
+    EXPECT_FALSE(again.requeue_after.has_value());
+  }
+}
+
+TEST(DecideTest, ConfigErrorIsInvalidSpec) {
+  Observed in = In(Job());
+  in.config_error = "spec.config.inline: the trainer refuses this config: key 'model.preset': ...";
+  Plan p = Decide(in);
+  EXPECT_EQ(ConditionReason(p.status, "Failed"), "InvalidSpec");
+  EXPECT_TRUE(p.create.empty());
+}
+
+TEST(DecideTest, ScaleRestartsTheGangAtTheNewSize) {
+  json job = RunningJob();
+  job["spec"]["replicas"] = 1;
+  Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}));
+  // Every rank was started with world size 2: the whole gang goes, a new generation follows.
+  EXPECT_TRUE(p.status_first);
+  EXPECT_THAT(Names(p.remove), ::testing::UnorderedElementsAre("tiny-0", "tiny-1"));
+  EXPECT_TRUE(p.create.empty());
+  EXPECT_EQ(p.status["restartGeneration"], 1);
+  EXPECT_EQ(p.status["restarts"], 0);  // not a failure
+  EXPECT_EQ(ConditionReason(p.status, "Restarting"), "Resized");
+  Plan q = Decide(In(After(job, p), {}));
+  ASSERT_EQ(q.create.size(), 1u);
+  EXPECT_EQ(q.create[0]["metadata"]["labels"][kWorldSizeLabel], "1");
+}
+
+TEST(DecideTest, ReportGoesIntoStatus) {
+  Observed in = In(RunningJob(), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  in.report = TrainerReport{120, 300, 2.5, 4000};
+  Plan p = Decide(in);
+  EXPECT_EQ(p.status["trainer"]["step"], 120);
+  EXPECT_EQ(p.status["trainer"]["totalSteps"], 300);
+  EXPECT_DOUBLE_EQ(p.status["trainer"]["loss"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(p.status["trainer"]["tokensPerSecond"].get<double>(), 4000);
+}
+
+TEST(DecideTest, TimesRoundTrip) {
+  EXPECT_EQ(FormatTime(kT0), "2027-01-15T08:00:00Z");
+  EXPECT_EQ(ParseTime("2027-01-15T08:00:00Z"), kT0);
+  EXPECT_EQ(ParseTime("2027-01-15T08:00:00.123456Z"), kT0);
+  EXPECT_FALSE(ParseTime("2027-01-15 08:00:00").has_value());
+  EXPECT_FALSE(ParseTime("").has_value());
+}
+
+}  // namespace
+}  // namespace meshwork::op

@@ -1,0 +1,184 @@
+// ParseSpec: defaults, the auto mesh, and an error naming the field and value for each rule.
+#include "operator/controller/spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "operator/controller/desired.h"
+#include "operator/controller/trainer_report.h"
+
+namespace meshwork::op {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+json Job(json spec) {
+  json base = {{"image", "img"}, {"config", {{"inline", "model:\n  preset: tiny\n"}}}};
+  if (spec.is_object()) base.merge_patch(spec);
+  return {{"metadata", {{"name", "job"}, {"namespace", "ns"}, {"uid", "u"}}}, {"spec", base}};
+}
+
+TEST(SpecTest, DefaultsMatchTheCrd) {
+  auto s = ParseSpec(Job({}));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->replicas, 1);
+  EXPECT_EQ(s->processes_per_replica, 1);
+  EXPECT_TRUE(s->gpu);
+  EXPECT_EQ(s->restart_policy, RestartPolicy::kExitCode);
+  EXPECT_EQ(s->permanent_exit_codes, (std::set<int>{2, 3}));
+  EXPECT_EQ(s->backoff_limit, 3);
+  EXPECT_EQ(s->clean_pod_policy, CleanPodPolicy::kRunning);
+  EXPECT_FALSE(s->suspend);
+  EXPECT_EQ(s->master_port, 29500);
+  EXPECT_EQ(s->metrics_port, 9400);
+  EXPECT_FALSE(s->checkpoint_path.has_value());
+}
+
+TEST(SpecTest, AutoMeshIsFsdpForOneProcessPerPodAndHsdpOtherwise) {
+  EXPECT_EQ(AutoMesh(4, 1).ToString(), "1x4x1");
+  EXPECT_EQ(AutoMesh(1, 8).ToString(), "1x8x1");
+  EXPECT_EQ(AutoMesh(4, 8).ToString(), "4x8x1");
+  auto s = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 4}}));
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->mesh.ToString(), "2x4x1");
+  EXPECT_EQ(s->WorldSize(), 8);
+  auto e = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 4}, {"mesh", {{"dpShard", 8}}}}));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->mesh.ToString(), "1x8x1");
+}
+
+TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"image", nullptr}}, "spec.image: is required"},
+      {{{"replicas", 0}}, "spec.replicas: 0 is outside [1, 4096]"},
+      {{{"replicas", "two"}}, "spec.replicas: must be an integer, got \"two\""},
+      {{{"device", "tpu"}}, "spec.device: unsupported value \"tpu\" (supported: gpu, cpu)"},
+      {{{"config", nullptr}}, "spec.config: is required"},
+      {{{"config", {{"configMapRef", {{"name", "c"}}}}}}, "spec.config: set exactly one of inline and configMapRef"},
+      {{{"mesh", {{"dpShard", 2}, {"dpReplicate", 2}}}},
+       "spec.mesh: dpReplicate x dpShard x tp = 2x2x1 = 4 does not equal replicas x processesPerReplica = 1x1 = 1"},
+      {{{"mesh", {{"dpShard", 1}, {"tp", 2}}}}, "spec.mesh.tp: 2 is not supported yet"},
+      {{{"checkpoint", {{"path", "ckpt"}}}}, "spec.checkpoint.path: \"ckpt\" must be absolute"},
+      {{{"runPolicy", {{"restartPolicy", "Always"}}}}, "spec.runPolicy.restartPolicy: unsupported value \"Always\""},
+      {{{"runPolicy", {{"permanentExitCodes", {0}}}}}, "spec.runPolicy.permanentExitCodes[0]: 0 must be an exit code"},
+      {{{"runPolicy", {{"backoffLimit", -1}}}}, "spec.runPolicy.backoffLimit: -1 is outside"},
+      {{{"masterPort", 9400}}, "spec.masterPort: 9400 collides with the metrics ports"},
+  };
+  for (const auto& [spec, message] : cases) {
+    auto s = ParseSpec(Job(spec));
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidConfig);
+    EXPECT_THAT(s.status().message(), HasSubstr(message));
+  }
+}
+
+TEST(SpecTest, JobNamesMustMakeHostnames) {
+  json j = Job({});
+  j["metadata"]["name"] = "9lives";
+  EXPECT_THAT(ParseSpec(j).status().message(), HasSubstr("metadata.name: \"9lives\" must start with a lower-case letter"));
+  j["metadata"]["name"] = std::string(53, 'a');
+  EXPECT_THAT(ParseSpec(j).status().message(), HasSubstr("at most 52"));
+}
+
+TEST(SpecTest, TrainerConfigIsCheckedWithTheTrainersOwnRules) {
+  auto s = ParseSpec(Job({{"device", "cpu"}}));
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *s, "ns", "job", "spec.config.inline").ok());
+  Status bad = ValidateTrainerConfig("model:\n  preset: huge\n", *s, "ns", "job", "spec.config.inline");
+  EXPECT_THAT(bad.message(), HasSubstr("spec.config.inline: the trainer refuses this config"));
+  EXPECT_THAT(bad.message(), HasSubstr("huge"));
+  Status typo = ValidateTrainerConfig("optimizr:\n  lr: 1\n", *s, "ns", "job", "spec.config.inline");
+  EXPECT_THAT(typo.message(), HasSubstr("optimizr"));
+  s->args = {"--set", "optimizer.lr=-1"};
+  EXPECT_FALSE(ValidateTrainerConfig("model:\n  preset: tiny\n", *s, "ns", "job", "f").ok());
+}
+
+TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
+  json job = Job({{"replicas", 2}, {"processesPerReplica", 2}, {"checkpoint", {{"every", 50}}}});
+  auto s = ParseSpec(job);
+  ASSERT_TRUE(s.ok());
+  json pod = DesiredPod(job, *s, 1, 3);
+  EXPECT_EQ(pod["metadata"]["name"], "job-1");
+  EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
+  EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(pod["spec"]["hostname"], "job-1");
+  EXPECT_EQ(pod["spec"]["subdomain"], "job");
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  const json& c = pod["spec"]["containers"][0];
+  const std::string cmd = c["command"].dump();
+  EXPECT_THAT(cmd, HasSubstr(R"("meshwork-train","launch","--nproc","2","--nnodes","2","--node-rank","1")"));
+  EXPECT_THAT(cmd, HasSubstr(R"("--master-addr","job-0.job.ns.svc","--master-port","29500")"));
+  EXPECT_THAT(cmd, HasSubstr(R"("train","--config-env","MESHWORK_CONFIG_YAML")"));
+  EXPECT_THAT(cmd, HasSubstr("mesh.dp_replicate=2"));
+  EXPECT_THAT(cmd, HasSubstr("checkpoint.dir=/checkpoints/ns/job/u"));
+  EXPECT_THAT(cmd, HasSubstr("checkpoint.every=50"));
+  std::map<std::string, json> env;
+  for (const auto& e : c["env"]) env[e["name"]] = e;
+  EXPECT_EQ(env["WORLD_SIZE"]["value"], "4");
+  EXPECT_EQ(env["RANK"]["value"], "2");
+  EXPECT_EQ(env["MASTER_ADDR"]["value"], "job-0.job.ns.svc");
+  EXPECT_EQ(env["PET_NPROC_PER_NODE"]["value"], "2");
+  EXPECT_EQ(env["MESHWORK_RESTART_GENERATION"]["value"], "3");
+  EXPECT_EQ(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  EXPECT_EQ(env["MESHWORK_CONFIG_YAML"]["valueFrom"]["configMapKeyRef"]["name"], "job-config");
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], 2);
+}
+
+TEST(DesiredTest, CommandOverrideTemplateAndService) {
+  json job = Job({{"device", "cpu"},
+                  {"command", {"sh", "-c", "exit 0"}},
+                  {"template",
+                   {{"metadata", {{"labels", {{"team", "a"}, {kJobLabel, "evil"}}}}},
+                    {"spec",
+                     {{"nodeSelector", {{"pool", "gpu"}}},
+                      {"restartPolicy", "Always"},
+                      {"containers",
+                       {{{"name", "trainer"}, {"env", {{{"name", "X"}, {"value", "1"}}}}},
+                        {{"name", "sidecar"}, {"image", "s"}}}}}}}}});
+  auto s = ParseSpec(job);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  json pod = DesiredPod(job, *s, 0, 0);
+  EXPECT_EQ(pod["spec"]["containers"][0]["command"], json({"sh", "-c", "exit 0"}));
+  EXPECT_FALSE(pod["spec"]["containers"][0].contains("resources"));  // cpu: no GPU asked for
+  EXPECT_EQ(pod["metadata"]["labels"]["team"], "a");
+  EXPECT_EQ(pod["metadata"]["labels"][kJobLabel], "job");  // ours win
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");       // ours win
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["pool"], "gpu");
+  EXPECT_EQ(pod["spec"]["containers"].size(), 2u);
+  EXPECT_EQ(pod["spec"]["containers"][0]["env"].back()["name"], "X");
+
+  json svc = DesiredService(job, *s);
+  EXPECT_EQ(svc["metadata"]["name"], "job");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  EXPECT_EQ(svc["spec"]["publishNotReadyAddresses"], true);
+  EXPECT_EQ(svc["spec"]["selector"][kJobLabel], "job");
+}
+
+TEST(TrainerReportTest, ParsesTheTrainersSeries) {
+  const std::string text =
+      "# HELP meshwork_trainer_step Last step\n# TYPE meshwork_trainer_step gauge\n"
+      "meshwork_trainer_step{job=\"tiny\"} 120\n"
+      "meshwork_trainer_steps_total{job=\"tiny\"} 999\n"
+      "meshwork_trainer_total_steps{job=\"tiny\"} 300\n"
+      "meshwork_trainer_loss{job=\"tiny\"} 2.5\n"
+      "meshwork_trainer_tokens_per_second{job=\"tiny\"} 4096.5\n";
+  auto r = ParseTrainerMetrics(text);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step, 120);
+  EXPECT_EQ(r->total_steps, 300);
+  EXPECT_DOUBLE_EQ(r->loss, 2.5);
+  EXPECT_DOUBLE_EQ(r->tokens_per_second, 4096.5);
+  EXPECT_FALSE(ParseTrainerMetrics("other_metric 1\n").has_value());
+}
+
+TEST(TrainerReportTest, HttpGetFailsCleanlyWhenNothingListens) {
+  auto r = HttpGet("127.0.0.1", 1, "/metrics", std::chrono::milliseconds(500));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("http://127.0.0.1:1/metrics"));
+  EXPECT_EQ(HttpGet("not-an-ip", 80, "/", std::chrono::milliseconds(100)).status().code(), StatusCode::kInvalidConfig);
+}
+
+}  // namespace
+}  // namespace meshwork::op

@@ -1,0 +1,396 @@
+// Training checkpoints on one process: save and resume restore parameters and AdamW state
+// exactly, `latest` moves only once a checkpoint is complete, keep-N pruning, and every
+// mismatched or damaged checkpoint is an error naming what differs and where.
+#include "trainer/train/checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "tests/common/temp_dir.h"
+#include "trainer/model/llama.h"
+#include "trainer/train/engine.h"
+#include "trainer/train/trainer.h"
+
+namespace meshwork::train {
+namespace {
+
+namespace fs = std::filesystem;
+using meshwork::testing::ReadBytes;
+using meshwork::testing::TempDir;
+using meshwork::testing::WriteBytes;
+using ::testing::HasSubstr;
+
+model::LlamaConfig SmallDims() {
+  model::LlamaConfig d;
+  d.vocab_size = 64;
+  d.hidden_size = 32;
+  d.intermediate_size = 48;
+  d.num_hidden_layers = 2;
+  d.num_attention_heads = 4;
+  d.num_key_value_heads = 2;
+  d.max_position_embeddings = 64;
+  return d;
+}
+
+// One process's training state, built as the trainer builds it.
+struct TrainingState {
+  config::TrainConfig cfg;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<Checkpointer> checkpointer;
+};
+
+TrainingState MakeRun(const std::string& dir, uint64_t seed, model::LlamaConfig dims = SmallDims(), int64_t keep = 2,
+            const std::string& resume = "auto") {
+  TrainingState r;
+  r.cfg.model.dims = dims;
+  r.cfg.checkpoint.dir = dir;
+  r.cfg.checkpoint.keep = keep;
+  r.cfg.checkpoint.resume = resume;
+  torch::manual_seed(seed);
+  model::LlamaForCausalLM net(dims);
+  net->InitWeights(0.02);
+  r.engine = MakeLocalEngine(std::move(net));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(r.engine->DecayParams(),
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+  groups.emplace_back(r.engine->NoDecayParams(),
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
+  r.optimizer = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2));
+  r.checkpointer = std::make_unique<Checkpointer>(r.cfg.checkpoint, *r.engine, *r.optimizer,
+                                                  RunMeta(r.cfg, dims, *r.engine), torch::Device(torch::kCPU));
+  return r;
+}
+
+// One optimizer step on tokens that depend only on `step`.
+void Step(TrainingState& r, int64_t step) {
+  torch::manual_seed(static_cast<uint64_t>(1000 + step));
+  torch::Tensor tokens = torch::randint(0, r.cfg.model.dims.vocab_size, {2, 9}, torch::kLong);
+  r.engine->ZeroGrad();
+  auto logits = r.engine->Forward(tokens.narrow(1, 0, 8), true);
+  model::CausalLmLoss(logits, tokens.narrow(1, 1, 8)).backward();
+  r.optimizer->step();
+}
+
+void ExpectSameParams(const TrainingState& a, const TrainingState& b) {
+  const auto pa = a.engine->LocalParams(), pb = b.engine->LocalParams();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+}
+
+std::string LatestText(const std::string& dir) { return ReadBytes(dir + "/latest"); }
+
+TEST(Checkpoint, ResumeRestoresParametersAndAdamWStateBitForBit) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1);
+  for (int64_t s = 0; s < 3; ++s) Step(a, s);
+  ASSERT_TRUE(a.checkpointer->Save(3).ok());
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003/rank-00000.pt"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003/meta.json"));
+  EXPECT_EQ(LatestText(dir), "step-00000003\n");
+  EXPECT_FALSE(meshwork::testing::AnyNameContains(dir + "/step-00000003", ".tmp"));
+
+  TrainingState b = MakeRun(dir, 2);  // other initial weights, no optimizer state
+  auto point = b.checkpointer->Resume();
+  ASSERT_TRUE(point.ok()) << point.status().ToString();
+  EXPECT_EQ(point->step, 3);
+  EXPECT_EQ(point->step_dir, dir + "/step-00000003");
+  ExpectSameParams(a, b);
+  // The next steps agree exactly only if the moments and step counts came back too (AdamW's
+  // bias correction depends on the step count).
+  for (int64_t s = 3; s < 5; ++s) {
+    Step(a, s);
+    Step(b, s);
+  }
+  ExpectSameParams(a, b);
+}
+
+TEST(Checkpoint, LatestMovesOnlyAfterACheckpointIsComplete) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1);
+  Step(a, 0);
+  ASSERT_TRUE(a.checkpointer->Save(1).ok());
+  Step(a, 1);
+  // Files of step 2 written (as by ranks that got that far before a crash), never committed.
+  ASSERT_TRUE(a.checkpointer->WriteFiles(2).ok());
+  EXPECT_TRUE(fs::exists(dir + "/step-00000002/rank-00000.pt"));
+  EXPECT_EQ(LatestText(dir), "step-00000001\n");
+
+  TrainingState b = MakeRun(dir, 2);
+  auto point = b.checkpointer->Resume();
+  ASSERT_TRUE(point.ok()) << point.status().ToString();
+  EXPECT_EQ(point->step, 1);
+
+  ASSERT_TRUE(a.checkpointer->Commit(2).ok());
+  EXPECT_EQ(LatestText(dir), "step-00000002\n");
+}
+
+TEST(Checkpoint, KeepsTheNewestCompleteCheckpointsAndDeletesOlderOnes) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1, SmallDims(), /*keep=*/2);
+  Step(a, 0);
+  ASSERT_TRUE(a.checkpointer->Save(1).ok());
+  ASSERT_TRUE(a.checkpointer->Save(2).ok());
+  EXPECT_TRUE(fs::exists(dir + "/step-00000001"));
+  // Debris of a crashed save older than the next checkpoint, and an unfinished later one.
+  WriteBytes(dir + "/step-00000003/rank-00000.pt.tmp.123", "partial");
+  WriteBytes(dir + "/step-00000009/rank-00000.pt.tmp.123", "partial");
+  ASSERT_TRUE(a.checkpointer->Save(4).ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-00000001"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000002"));
+  EXPECT_FALSE(fs::exists(dir + "/step-00000003"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000004"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000009"));  // later than `latest`: rewritten when reached
+  ASSERT_TRUE(a.checkpointer->Save(5).ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-00000002"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000004"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000005"));
+}
+
+TEST(Checkpoint, KeepOneLeavesOnlyTheLatest) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1, SmallDims(), /*keep=*/1);
+  Step(a, 0);
+  for (int64_t s = 1; s <= 3; ++s) ASSERT_TRUE(a.checkpointer->Save(s).ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000003"}));
+}
+
+TEST(Checkpoint, NoLatestMeansAFreshStartAndResumeNeverIgnoresOne) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState fresh = MakeRun(dir, 1);
+  auto none = fresh.checkpointer->Resume();
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->step, 0);
+  Step(fresh, 0);
+  ASSERT_TRUE(fresh.checkpointer->Save(1).ok());
+  TrainingState never = MakeRun(dir, 1, SmallDims(), 2, "never");
+  auto ignored = never.checkpointer->Resume();
+  ASSERT_TRUE(ignored.ok()) << ignored.status().ToString();
+  EXPECT_EQ(ignored->step, 0);
+}
+
+TEST(Checkpoint, DueEveryNStepsAndAtTheLastStep) {
+  TempDir tmp;
+  TrainingState r = MakeRun(tmp.File("ckpt"), 1);
+  config::CheckpointConfig every3 = r.cfg.checkpoint;
+  every3.every = 3;
+  Checkpointer c(every3, *r.engine, *r.optimizer, CheckpointMeta(), torch::Device(torch::kCPU));
+  EXPECT_FALSE(c.Due(1, 10));
+  EXPECT_TRUE(c.Due(3, 10));
+  EXPECT_TRUE(c.Due(9, 10));
+  EXPECT_TRUE(c.Due(10, 10));
+  config::CheckpointConfig at_end = r.cfg.checkpoint;
+  Checkpointer end(at_end, *r.engine, *r.optimizer, CheckpointMeta(), torch::Device(torch::kCPU));
+  EXPECT_FALSE(end.Due(3, 10));
+  EXPECT_TRUE(end.Due(10, 10));
+  config::CheckpointConfig off;
+  off.every = 1;
+  Checkpointer none(off, *r.engine, *r.optimizer, CheckpointMeta(), torch::Device(torch::kCPU));
+  EXPECT_FALSE(none.Due(10, 10));
+}
+
+// --- mismatches and damage ------------------------------------------------------------------
+
+class DamagedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tmp_.File("ckpt");
+    TrainingState a = MakeRun(dir_, 1);
+    Step(a, 0);
+    ASSERT_TRUE(a.checkpointer->Save(1).ok());
+  }
+  Status ResumeWith(model::LlamaConfig dims = SmallDims()) {
+    TrainingState b = MakeRun(dir_, 2, dims);
+    auto r = b.checkpointer->Resume();
+    return r.ok() ? Status::Ok() : r.status();
+  }
+  std::string StepDir() const { return dir_ + "/step-00000001"; }
+  std::string RankFile() const { return StepDir() + "/rank-00000.pt"; }
+
+  TempDir tmp_;
+  std::string dir_;
+};
+
+TEST_F(DamagedCheckpoint, OtherModelDimsNameEveryDifferenceAndTheDirectory) {
+  model::LlamaConfig other = SmallDims();
+  other.hidden_size = 64;
+  other.num_hidden_layers = 3;
+  const Status s = ResumeWith(other);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_EQ(ExitCodeFor(s.code()), 3);
+  EXPECT_THAT(s.message(), HasSubstr(StepDir()));
+  EXPECT_THAT(s.message(), HasSubstr("model.hidden_size 32 in the checkpoint, 64 in this run"));
+  EXPECT_THAT(s.message(), HasSubstr("model.num_hidden_layers 2 in the checkpoint, 3 in this run"));
+}
+
+TEST_F(DamagedCheckpoint, OtherWorldSizeAndMeshAreNamed) {
+  std::string meta = ReadBytes(StepDir() + "/meta.json");
+  auto set = [&](const std::string& from, const std::string& to) {
+    const auto at = meta.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    meta.replace(at, from.size(), to);
+  };
+  set("\"world_size\": 1", "\"world_size\": 4");
+  set("\"dp_shard\": 1", "\"dp_shard\": 2");
+  set("\"dp_replicate\": 1", "\"dp_replicate\": 2");
+  WriteBytes(StepDir() + "/meta.json", meta);
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr("world size 4 in the checkpoint, 1 in this run"));
+  EXPECT_THAT(s.message(), HasSubstr("mesh dp_shard 2 in the checkpoint, 1 in this run"));
+  EXPECT_THAT(s.message(), HasSubstr("mesh dp_replicate 2 in the checkpoint, 1 in this run"));
+  EXPECT_THAT(s.message(), HasSubstr(StepDir()));
+}
+
+TEST_F(DamagedCheckpoint, TruncatedRankFileNamesTheFile) {
+  const std::string bytes = ReadBytes(RankFile());
+  WriteBytes(RankFile(), bytes.substr(0, bytes.size() / 2));
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr("checkpoint file '" + RankFile() + "' is corrupt or truncated"));
+}
+
+TEST_F(DamagedCheckpoint, GarbageRankFileNamesTheFile) {
+  WriteBytes(RankFile(), std::string(4096, 'x'));
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr(RankFile()));
+}
+
+TEST_F(DamagedCheckpoint, FlippedBytesInsideATensorAreCaughtByTheChecksum) {
+  // libtorch's zip reader does not check CRCs: without the .sum file this would load silently.
+  std::string bytes = ReadBytes(RankFile());
+  for (size_t i = bytes.size() / 2; i < bytes.size() / 2 + 16; ++i) bytes[i] = static_cast<char>(bytes[i] ^ 0x5a);
+  WriteBytes(RankFile(), bytes);
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr("checkpoint file '" + RankFile() + "' is corrupt: its checksum"));
+}
+
+TEST_F(DamagedCheckpoint, MissingChecksumFileIsNamed) {
+  fs::remove(RankFile() + ".sum");
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(ExitCodeFor(s.code()), 3);
+  EXPECT_THAT(s.message(), HasSubstr(RankFile() + ".sum"));
+}
+
+TEST_F(DamagedCheckpoint, MissingRankFileIsNotFoundNamingIt) {
+  fs::remove(RankFile());
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_EQ(ExitCodeFor(s.code()), 3);
+  EXPECT_THAT(s.message(), HasSubstr(RankFile()));
+}
+
+TEST_F(DamagedCheckpoint, CorruptMetaNamesTheFile) {
+  WriteBytes(StepDir() + "/meta.json", "{\"format\": \"meshwork-training-checkpoint\", \"vers");
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr(StepDir() + "/meta.json"));
+}
+
+TEST_F(DamagedCheckpoint, LatestThatNamesNoStepDirectoryIsNamed) {
+  WriteBytes(dir_ + "/latest", "hello\n");
+  Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr(dir_ + "/latest"));
+  WriteBytes(dir_ + "/latest", "step-00000007\n");
+  s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("step-00000007"));
+}
+
+// --- through Train() ------------------------------------------------------------------------
+
+config::TrainConfig TrainCfg(std::vector<std::string> extra) {
+  std::vector<std::string> o = {"model.hidden_size=32",    "model.intermediate_size=48", "model.num_hidden_layers=2",
+                                "model.num_attention_heads=4", "model.num_key_value_heads=2", "data.seq_len=16",
+                                "data.batch_size=4",        "schedule.steps=8",           "schedule.warmup_steps=2",
+                                "metrics.port=-1",          "metrics.device_profile=cpu", "metrics.peak_tflops=1",
+                                "logging.every=100"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  auto c = config::LoadConfig("", o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : config::TrainConfig();
+}
+
+TEST(CheckpointTrain, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  std::ostringstream log;
+  auto whole = Train(TrainCfg({}), log);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  auto saving = Train(TrainCfg({"checkpoint.dir=" + dir, "checkpoint.every=3", "checkpoint.keep=3"}), log);
+  ASSERT_TRUE(saving.ok()) << saving.status().ToString();
+  EXPECT_EQ(saving->losses, whole->losses);  // saving does not change training
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000006"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000008"));  // the last step is always saved
+
+  // As if the job had died after step 6: `latest` names step 6, and the same command runs again.
+  WriteBytes(dir + "/latest", "step-00000006\n");
+  std::ostringstream resumed_log;
+  auto resumed = Train(TrainCfg({"checkpoint.dir=" + dir, "checkpoint.every=3", "checkpoint.keep=3"}), resumed_log);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_THAT(resumed_log.str(), HasSubstr("resumed from " + dir + "/step-00000006 (step 6 of 8)\n"));
+  EXPECT_EQ(resumed->resumed_from, 6);
+  EXPECT_EQ(resumed->steps, 2);
+  ASSERT_EQ(resumed->losses.size(), 2u);
+  EXPECT_EQ(resumed->losses[0], whole->losses[6]);
+  EXPECT_EQ(resumed->losses[1], whole->losses[7]);
+}
+
+TEST(CheckpointTrain, ResumeAfterTheLastStepFinishesAtOnceAndStillExports) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  std::ostringstream log;
+  ASSERT_TRUE(Train(TrainCfg({"checkpoint.dir=" + dir}), log).ok());
+  EXPECT_EQ(LatestText(dir), "step-00000008\n");
+  std::ostringstream again_log;
+  auto again = Train(TrainCfg({"checkpoint.dir=" + dir, "checkpoint.export_hf=" + tmp.File("hf")}), again_log);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->resumed_from, 8);
+  EXPECT_EQ(again->steps, 0);
+  EXPECT_TRUE(again->losses.empty());
+  EXPECT_THAT(again_log.str(), HasSubstr("(step 8 of 8)"));
+  EXPECT_TRUE(fs::exists(tmp.File("hf") + "/model.safetensors"));
+}
+
+TEST(CheckpointTrain, ACheckpointOfAnotherModelStopsTheRunWithExitCode3) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  std::ostringstream log;
+  ASSERT_TRUE(Train(TrainCfg({"checkpoint.dir=" + dir, "schedule.steps=2"}), log).ok());
+  auto other = Train(TrainCfg({"checkpoint.dir=" + dir, "model.num_hidden_layers=3"}), log);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(ExitCodeFor(other.status().code()), 3);
+  EXPECT_THAT(other.status().message(), HasSubstr("model.num_hidden_layers 2 in the checkpoint, 3 in this run"));
+}
+
+}  // namespace
+}  // namespace meshwork::train

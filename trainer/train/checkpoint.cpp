@@ -1,0 +1,507 @@
+// Training checkpoints (see checkpoint.h): rank files through libtorch's serialize archives
+// (the same API in 1.13 and 2.x), meta.json through nlohmann::json, `latest` as one line.
+#include "trainer/train/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "trainer/common/file.h"
+#include "trainer/train/engine.h"
+
+namespace meshwork::train {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int64_t kFormatVersion = 1;
+constexpr const char* kFormatName = "meshwork-training-checkpoint";
+constexpr const char* kStepPrefix = "step-";
+
+std::string Join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+// libtorch's messages can run to several lines; the first says what went wrong.
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// The step of a directory named step-NNNNNNNN, or -1.
+int64_t ParseStepDirName(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0) return -1;
+  const std::string digits = name.substr(std::char_traits<char>::length(kStepPrefix));
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+// Every rank learns whether all succeeded (one all-reduce, which also waits for the slowest): a
+// rank that failed returns its own error, the others `code` saying that a peer failed.
+Status AgreeAcrossRanks(Engine& engine, const Status& local, StatusCode code, const std::string& what) {
+  MW_ASSIGN_OR_RETURN(const double failed, engine.AverageAcrossRanks(local.ok() ? 0.0 : 1.0));
+  if (!local.ok()) return local;
+  if (failed > 0) return Status(code, what + " failed on another rank (see that rank's error)");
+  return Status::Ok();
+}
+
+// A 64-bit checksum of a byte stream, fed in pieces of any size (FNV-1a's multiply on 8-byte
+// words, with a shift to mix high bits down). libtorch's zip reader does not check CRCs, so a
+// flipped bit in a tensor would otherwise load silently.
+class Checksum {
+ public:
+  void Update(const void* data, size_t size) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    while (size > 0 && (pending_ > 0 || size < 8)) {
+      buf_[pending_++] = *p++;
+      --size;
+      if (pending_ == 8) Mix(Word(buf_)), pending_ = 0;
+    }
+    for (; size >= 8; p += 8, size -= 8) Mix(Word(p));
+    while (size > 0) buf_[pending_++] = *p++, --size;
+  }
+  uint64_t Final() const {
+    uint64_t h = h_;
+    for (size_t i = 0; i < pending_; ++i) h = (h ^ buf_[i]) * kPrime;
+    return h;
+  }
+
+ private:
+  static constexpr uint64_t kPrime = 0x100000001b3ULL;
+  static uint64_t Word(const unsigned char* p) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    return w;
+  }
+  void Mix(uint64_t w) {
+    h_ = (h_ ^ w) * kPrime;
+    h_ ^= h_ >> 29;
+  }
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+  unsigned char buf_[8] = {};
+  size_t pending_ = 0;
+};
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The checksum file next to a rank file: "<bytes> <checksum>\n".
+std::string SumPath(const std::string& rank_file) { return rank_file + ".sum"; }
+
+// Checks `path` against its .sum file: same size, same checksum.
+Status VerifyChecksum(const std::string& path) {
+  auto recorded = ReadTextFile(SumPath(path));
+  if (!recorded.ok()) {
+    if (recorded.status().code() == StatusCode::kNotFound) {
+      return NotFound("checkpoint file '" + path + "' has no checksum file '" + SumPath(path) + "'");
+    }
+    return recorded.status();
+  }
+  std::istringstream in(*recorded);
+  uint64_t want_bytes = 0;
+  std::string want_sum;
+  if (!(in >> want_bytes >> want_sum)) {
+    return InvalidInput("checksum file '" + SumPath(path) + "' is corrupt: expected '<bytes> <checksum>'");
+  }
+  MW_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::Open(path));
+  if (file.size() != want_bytes) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + std::to_string(file.size()) +
+                        " bytes, " + std::to_string(want_bytes) + " were written");
+  }
+  Checksum sum;
+  std::vector<char> chunk(size_t{4} << 20);
+  for (uint64_t at = 0; at < file.size(); at += chunk.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), file.size() - at));
+    MW_RETURN_IF_ERROR(file.ReadAt(at, chunk.data(), n));
+    sum.Update(chunk.data(), n);
+  }
+  if (Hex(sum.Final()) != want_sum) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt: its checksum " + Hex(sum.Final()) +
+                        " differs from " + want_sum + " recorded in '" + SumPath(path) + "'");
+  }
+  return Status::Ok();
+}
+
+Status WriteTextAtomically(const std::string& path, const std::string& text) {
+  MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+  MW_RETURN_IF_ERROR(out.Write(text.data(), text.size()));
+  return out.Commit();
+}
+
+// A checkpoint directory is complete when its meta.json and every rank's file are there.
+bool IsComplete(const std::string& step_dir) {
+  auto meta = ReadMeta(step_dir);
+  if (!meta.ok()) return false;
+  for (int r = 0; r < meta->world_size; ++r) {
+    const std::string file = Join(step_dir, RankFileName(r));
+    if (!fs::exists(file) || !fs::exists(SumPath(file))) return false;
+  }
+  return true;
+}
+
+// Deletes checkpoints older than `current` beyond the newest `keep` complete ones (current
+// included), and incomplete ones older than `current` (left by a crash mid-save). Directories
+// of later steps belong to a save that never completed; they are rewritten when reached.
+Status Prune(const std::string& dir, int64_t current, int64_t keep) {
+  std::vector<std::pair<int64_t, std::string>> dirs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t step = ParseStepDirName(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory()) dirs.emplace_back(step, entry.path().string());
+  }
+  if (ec) return IOError("cannot list checkpoint directory '" + dir + "': " + ec.message());
+  std::sort(dirs.rbegin(), dirs.rend());
+  int64_t kept = 0;
+  for (const auto& [step, path] : dirs) {
+    if (step > current) continue;
+    if (step == current || (kept < keep && IsComplete(path))) {
+      ++kept;
+      continue;
+    }
+    fs::remove_all(path, ec);
+    if (ec) return IOError("cannot delete old checkpoint '" + path + "': " + ec.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+CheckpointMeta RunMeta(const config::TrainConfig& cfg, const model::LlamaConfig& dims, const Engine& engine) {
+  CheckpointMeta m;
+  m.total_steps = cfg.schedule.steps;
+  m.world_size = engine.world_size();
+  const dist::MeshShape shape = engine.mesh_shape();
+  m.dp_replicate = shape.dp_replicate;
+  m.dp_shard = shape.dp_shard;
+  m.fsdp_mode = engine.world_size() > 1 ? cfg.fsdp.mode : "none";
+  m.dims = dims;
+  m.data_train = cfg.data.train;
+  m.seed = cfg.training.seed;
+  m.seq_len = cfg.data.seq_len;
+  m.batch_size = cfg.data.batch_size;
+  m.grad_accum = cfg.training.grad_accum;
+  return m;
+}
+
+std::string StepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s%08lld", kStepPrefix, static_cast<long long>(step));
+  return buf;
+}
+
+std::string RankFileName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.pt", rank);
+  return buf;
+}
+
+std::string MetaToJson(const CheckpointMeta& m) {
+  json files = json::array();
+  for (int r = 0; r < m.world_size; ++r) files.push_back(RankFileName(r));
+  const json doc = {
+      {"format", kFormatName},
+      {"version", kFormatVersion},
+      {"step", m.step},
+      {"total_steps", m.total_steps},
+      {"world_size", m.world_size},
+      {"mesh", {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}}},
+      {"fsdp_mode", m.fsdp_mode},
+      {"model",
+       {{"vocab_size", m.dims.vocab_size},
+        {"hidden_size", m.dims.hidden_size},
+        {"intermediate_size", m.dims.intermediate_size},
+        {"num_hidden_layers", m.dims.num_hidden_layers},
+        {"num_attention_heads", m.dims.num_attention_heads},
+        {"num_key_value_heads", m.dims.num_key_value_heads},
+        {"tie_word_embeddings", m.dims.tie_word_embeddings}}},
+      {"data",
+       {{"train", m.data_train},
+        {"seed", m.seed},
+        {"seq_len", m.seq_len},
+        {"batch_size", m.batch_size},
+        {"grad_accum", m.grad_accum}}},
+      {"files", files},
+  };
+  return doc.dump(2) + "\n";
+}
+
+Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
+  const std::string path = Join(step_dir, "meta.json");
+  MW_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
+  CheckpointMeta m;
+  try {
+    const json doc = json::parse(text);
+    if (doc.at("format").get<std::string>() != kFormatName) {
+      return InvalidInput("checkpoint metadata '" + path + "' is not a Meshwork training checkpoint");
+    }
+    if (doc.at("version").get<int64_t>() != kFormatVersion) {
+      return InvalidInput("checkpoint metadata '" + path + "' has format version " +
+                          std::to_string(doc.at("version").get<int64_t>()) + "; this trainer reads version " +
+                          std::to_string(kFormatVersion));
+    }
+    m.step = doc.at("step").get<int64_t>();
+    m.total_steps = doc.at("total_steps").get<int64_t>();
+    m.world_size = doc.at("world_size").get<int>();
+    m.dp_replicate = doc.at("mesh").at("dp_replicate").get<int>();
+    m.dp_shard = doc.at("mesh").at("dp_shard").get<int>();
+    m.fsdp_mode = doc.at("fsdp_mode").get<std::string>();
+    const json& d = doc.at("model");
+    m.dims.vocab_size = d.at("vocab_size").get<int64_t>();
+    m.dims.hidden_size = d.at("hidden_size").get<int64_t>();
+    m.dims.intermediate_size = d.at("intermediate_size").get<int64_t>();
+    m.dims.num_hidden_layers = d.at("num_hidden_layers").get<int64_t>();
+    m.dims.num_attention_heads = d.at("num_attention_heads").get<int64_t>();
+    m.dims.num_key_value_heads = d.at("num_key_value_heads").get<int64_t>();
+    m.dims.tie_word_embeddings = d.at("tie_word_embeddings").get<bool>();
+    const json& data = doc.at("data");
+    m.data_train = data.at("train").get<std::string>();
+    m.seed = data.at("seed").get<int64_t>();
+    m.seq_len = data.at("seq_len").get<int64_t>();
+    m.batch_size = data.at("batch_size").get<int64_t>();
+    m.grad_accum = data.at("grad_accum").get<int64_t>();
+  } catch (const json::exception& e) {
+    return InvalidInput("checkpoint metadata '" + path + "' is corrupt: " + e.what());
+  }
+  if (m.world_size < 1) return InvalidInput("checkpoint metadata '" + path + "': world_size must be >= 1");
+  return m;
+}
+
+Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, const std::string& step_dir) {
+  std::vector<std::string> diffs;
+  auto check = [&](const std::string& what, auto a, auto b) {
+    if (a == b) return;
+    std::ostringstream os;
+    os << std::boolalpha << what << " " << a << " in the checkpoint, " << b << " in this run";
+    diffs.push_back(os.str());
+  };
+  check("world size", saved.world_size, now.world_size);
+  check("mesh dp_replicate", saved.dp_replicate, now.dp_replicate);
+  check("mesh dp_shard", saved.dp_shard, now.dp_shard);
+  check("model.vocab_size", saved.dims.vocab_size, now.dims.vocab_size);
+  check("model.hidden_size", saved.dims.hidden_size, now.dims.hidden_size);
+  check("model.intermediate_size", saved.dims.intermediate_size, now.dims.intermediate_size);
+  check("model.num_hidden_layers", saved.dims.num_hidden_layers, now.dims.num_hidden_layers);
+  check("model.num_attention_heads", saved.dims.num_attention_heads, now.dims.num_attention_heads);
+  check("model.num_key_value_heads", saved.dims.num_key_value_heads, now.dims.num_key_value_heads);
+  check("model.tie_word_embeddings", saved.dims.tie_word_embeddings, now.dims.tie_word_embeddings);
+  if (diffs.empty()) return Status::Ok();
+  std::string msg = "checkpoint '" + step_dir + "' does not match this run: ";
+  for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+  msg += " (every rank's shards depend on these: resume with the same world size, mesh and model, or "
+         "point checkpoint.dir at a new directory)";
+  return InvalidInput(msg);
+}
+
+std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, const CheckpointMeta& now) {
+  std::vector<std::string> notes;
+  auto note = [&](const std::string& key, const auto& a, const auto& b) {
+    if (a == b) return;
+    std::ostringstream os;
+    os << std::boolalpha << key << " was " << a << " when the checkpoint was written, now " << b;
+    notes.push_back(os.str());
+  };
+  note("data.train", saved.data_train, now.data_train);
+  note("training.seed", saved.seed, now.seed);
+  note("data.seq_len", saved.seq_len, now.seq_len);
+  note("data.batch_size", saved.batch_size, now.batch_size);
+  note("training.grad_accum", saved.grad_accum, now.grad_accum);
+  note("schedule.steps", saved.total_steps, now.total_steps);
+  note("fsdp.mode", saved.fsdp_mode, now.fsdp_mode);
+  return notes;
+}
+
+Result<std::optional<std::string>> FindLatest(const std::string& dir) {
+  const std::string path = Join(dir, "latest");
+  auto text = ReadTextFile(path);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) return std::optional<std::string>();
+    return text.status();
+  }
+  std::string name = *text;
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (ParseStepDirName(name) < 0) {
+    return InvalidInput("'" + path + "' should name a step directory such as " + StepDirName(100) + ", got '" +
+                        FirstLine(name).substr(0, 80) + "'");
+  }
+  const std::string step_dir = Join(dir, name);
+  if (!fs::is_directory(step_dir)) {
+    return NotFound("'" + path + "' names '" + step_dir + "', which does not exist");
+  }
+  return std::optional<std::string>(step_dir);
+}
+
+Status SaveRankFile(const std::string& path, int64_t step,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                    const torch::optim::Optimizer& optimizer) {
+  MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+  Status written;
+  Checksum sum;
+  uint64_t bytes = 0;
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("format_version", torch::tensor(kFormatVersion));
+    archive.write("step", torch::tensor(step));
+    std::string names;
+    for (const auto& [name, tensor] : params) names += name + "\n";
+    archive.write("param_names", c10::IValue(names));
+    // Keys by position: HF names hold dots, which archive keys must not.
+    for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + std::to_string(i), params[i].second.detach());
+    torch::serialize::OutputArchive optimizer_archive(archive.compilation_unit());
+    optimizer.save(optimizer_archive);
+    archive.write("optimizer", optimizer_archive);
+    archive.save_to([&](const void* data, size_t size) -> size_t {
+      if (written.ok()) written = out.Write(data, size);
+      sum.Update(data, size);
+      bytes += size;
+      return written.ok() ? size : 0;
+    });
+  } catch (const c10::Error& e) {
+    if (!written.ok()) return written;
+    return IOError("cannot write checkpoint file '" + path + "': " + FirstLine(e.what_without_backtrace()));
+  }
+  MW_RETURN_IF_ERROR(written);
+  MW_RETURN_IF_ERROR(out.Commit());
+  return WriteTextAtomically(SumPath(path), std::to_string(bytes) + " " + Hex(sum.Final()) + "\n");
+}
+
+Status LoadRankFile(const std::string& path, int64_t step,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                    torch::optim::Optimizer& optimizer, const torch::Device& device) {
+  if (!fs::exists(path)) return NotFound("checkpoint file '" + path + "' does not exist");
+  MW_RETURN_IF_ERROR(VerifyChecksum(path));
+  auto corrupt = [&](const std::string& why) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + why);
+  };
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path, device);
+  } catch (const c10::Error& e) {
+    return corrupt(FirstLine(e.what_without_backtrace()));
+  }
+  try {
+    torch::Tensor version, saved_step;
+    archive.read("format_version", version);
+    if (version.item<int64_t>() != kFormatVersion) {
+      return InvalidInput("checkpoint file '" + path + "' has format version " +
+                          std::to_string(version.item<int64_t>()) + "; this trainer reads version " +
+                          std::to_string(kFormatVersion));
+    }
+    archive.read("step", saved_step);
+    if (saved_step.item<int64_t>() != step) {
+      return InvalidInput("checkpoint file '" + path + "' holds step " + std::to_string(saved_step.item<int64_t>()) +
+                          ", but its directory is step " + std::to_string(step));
+    }
+    c10::IValue names;
+    archive.read("param_names", names);
+    std::string want;
+    for (const auto& [name, tensor] : params) want += name + "\n";
+    if (!names.isString() || names.toStringRef() != want) {
+      return InvalidInput("checkpoint file '" + path + "' holds other parameters than this model has");
+    }
+    std::vector<torch::Tensor> loaded(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      archive.read("param/" + std::to_string(i), loaded[i]);
+      if (!loaded[i].sizes().equals(params[i].second.sizes())) {
+        std::ostringstream os;
+        os << "checkpoint file '" << path << "': parameter " << params[i].first << " has shape " << loaded[i].sizes()
+           << ", this rank's is " << params[i].second.sizes() << " (a different model or shard layout)";
+        return InvalidInput(os.str());
+      }
+    }
+    torch::serialize::InputArchive optimizer_archive;
+    archive.read("optimizer", optimizer_archive);
+    optimizer.load(optimizer_archive);
+    // Only now that everything was read: copy in place, so the optimizer keeps its tensors.
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(loaded[i]);
+  } catch (const c10::Error& e) {
+    return corrupt(FirstLine(e.what_without_backtrace()));
+  }
+  return Status::Ok();
+}
+
+Checkpointer::Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::Optimizer& optimizer,
+                           CheckpointMeta run, torch::Device device)
+    : cfg_(std::move(cfg)), engine_(engine), optimizer_(optimizer), run_(std::move(run)), device_(device) {}
+
+bool Checkpointer::Due(int64_t step, int64_t total_steps) const {
+  return enabled() && ((cfg_.every > 0 && step % cfg_.every == 0) || step == total_steps);
+}
+
+Status Checkpointer::WriteFiles(int64_t step) {
+  const std::string step_dir = Join(cfg_.dir, StepDirName(step));
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec && !fs::is_directory(step_dir)) {
+    return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
+  }
+  MW_RETURN_IF_ERROR(
+      SaveRankFile(Join(step_dir, RankFileName(engine_.rank())), step, engine_.LocalParams(), optimizer_));
+  if (engine_.rank() == 0) {
+    CheckpointMeta meta = run_;
+    meta.step = step;
+    MW_RETURN_IF_ERROR(WriteTextAtomically(Join(step_dir, "meta.json"), MetaToJson(meta)));
+  }
+  return SyncDirectory(step_dir);
+}
+
+Status Checkpointer::Commit(int64_t step) {
+  if (engine_.rank() != 0) return Status::Ok();
+  MW_RETURN_IF_ERROR(WriteTextAtomically(Join(cfg_.dir, "latest"), StepDirName(step) + "\n"));
+  MW_RETURN_IF_ERROR(SyncDirectory(cfg_.dir));
+  return Prune(cfg_.dir, step, cfg_.keep);
+}
+
+Status Checkpointer::Save(int64_t step) {
+  const std::string step_dir = Join(cfg_.dir, StepDirName(step));
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, WriteFiles(step), StatusCode::kIOError, "writing " + step_dir));
+  // Every rank's files are on disk: the checkpoint is complete once `latest` names it.
+  return AgreeAcrossRanks(engine_, Commit(step), StatusCode::kIOError, "committing " + step_dir);
+}
+
+Result<ResumePoint> Checkpointer::Resume() {
+  ResumePoint point;
+  if (!enabled() || cfg_.resume == "never") return point;
+
+  // Every rank reads `latest` itself (checkpoint.dir is storage all ranks share); they must agree.
+  std::optional<std::string> latest;
+  Status found = Status::Ok();
+  if (auto r = FindLatest(cfg_.dir); r.ok()) {
+    latest = *r;
+  } else {
+    found = r.status();
+  }
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, found, StatusCode::kInvalidInput, "reading " + cfg_.dir + "/latest"));
+  const double mine = latest ? static_cast<double>(ParseStepDirName(fs::path(*latest).filename().string())) : -1.0;
+  MW_ASSIGN_OR_RETURN(const double mean, engine_.AverageAcrossRanks(mine));
+  MW_ASSIGN_OR_RETURN(const double mean_square, engine_.AverageAcrossRanks(mine * mine));
+  if (mean * mean != mean_square) {
+    return InvalidInput("ranks see different checkpoints in '" + Join(cfg_.dir, "latest") +
+                        "' (checkpoint.dir must be storage that every rank shares)");
+  }
+  if (!latest) return point;
+
+  point.step = static_cast<int64_t>(mine);
+  point.step_dir = *latest;
+  Status loaded = [&]() -> Status {
+    MW_ASSIGN_OR_RETURN(CheckpointMeta saved, ReadMeta(point.step_dir));
+    if (saved.step != point.step) {
+      return InvalidInput("checkpoint metadata '" + Join(point.step_dir, "meta.json") + "' says step " +
+                          std::to_string(saved.step) + ", but its directory is step " + std::to_string(point.step));
+    }
+    MW_RETURN_IF_ERROR(CheckCompatible(saved, run_, point.step_dir));
+    point.notes = DescribeSoftDifferences(saved, run_);
+    return LoadRankFile(Join(point.step_dir, RankFileName(engine_.rank())), point.step, engine_.LocalParams(),
+                        optimizer_, device_);
+  }();
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, loaded, StatusCode::kInvalidInput, "loading " + point.step_dir));
+  return point;
+}
+
+}  // namespace meshwork::train

@@ -1,0 +1,115 @@
+// Training checkpoints: every rank's parameters (FSDP: its shards) and AdamW state, saved every
+// checkpoint.every steps and loaded at start, so a restarted job continues where it stopped.
+//
+//   DIR/step-00000100/rank-00000.pt   one per rank: its parameters and optimizer state
+//   DIR/step-00000100/rank-00000.pt.sum   its size and checksum (checked before loading)
+//   DIR/step-00000100/meta.json       rank 0: step, world size, mesh, model dims, fsdp mode, data
+//   DIR/latest                        "step-00000100": the newest complete checkpoint
+//
+// Every file is written under a temporary name, fsynced and renamed. `latest` moves only after
+// every rank reported its files written, so a crash in the middle of a save leaves it naming the
+// previous complete checkpoint; older ones beyond checkpoint.keep are deleted after that.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "trainer/common/status.h"
+#include "trainer/config/config.h"
+#include "trainer/model/llama_config.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace meshwork::train {
+
+class Engine;
+
+// What a checkpoint records about the run that wrote it. World size, mesh and model dims must
+// match to resume (they fix every rank's shard layout); the rest is reported when it differs.
+struct CheckpointMeta {
+  int64_t step = 0;         // optimizer steps completed
+  int64_t total_steps = 0;  // schedule.steps of the run that saved it
+  int world_size = 1;
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  std::string fsdp_mode = "none";  // "none" (one process), "eager" or "compiled"
+  model::LlamaConfig dims;
+  std::string data_train;
+  int64_t seed = 0;
+  int64_t seq_len = 0;
+  int64_t batch_size = 0;
+  int64_t grad_accum = 0;
+};
+
+// This run's meta (step 0) from its config and engine.
+CheckpointMeta RunMeta(const config::TrainConfig& cfg, const model::LlamaConfig& dims, const Engine& engine);
+
+std::string StepDirName(int64_t step);  // "step-00000100"
+std::string RankFileName(int rank);     // "rank-00000.pt"
+
+std::string MetaToJson(const CheckpointMeta& meta);
+// InvalidInput naming the file when it is not a checkpoint's meta.json.
+Result<CheckpointMeta> ReadMeta(const std::string& step_dir);
+// InvalidInput listing every difference that changes the shard layout (world size, mesh, model
+// dims), naming `step_dir`.
+Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, const std::string& step_dir);
+// Differences that do not stop a resume but make it differ from an uninterrupted run.
+std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, const CheckpointMeta& now);
+
+// The step directory DIR/latest names, or nullopt when DIR/latest does not exist.
+Result<std::optional<std::string>> FindLatest(const std::string& dir);
+
+// One rank's file (and its .sum): parameters by name and the optimizer's state. Load copies into `params` in
+// place (the optimizer keeps its tensors) and onto `device`; a missing, truncated or corrupt
+// file, or one whose parameters differ in name or shape, is an error naming the file.
+Status SaveRankFile(const std::string& path, int64_t step,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                    const torch::optim::Optimizer& optimizer);
+Status LoadRankFile(const std::string& path, int64_t step,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                    torch::optim::Optimizer& optimizer, const torch::Device& device);
+
+struct ResumePoint {
+  int64_t step = 0;  // 0: nothing to resume, training starts from scratch
+  std::string step_dir;
+  std::vector<std::string> notes;  // soft differences (DescribeSoftDifferences)
+};
+
+// Saves and resumes one run's checkpoints. Save and Resume are collective: every rank calls
+// them at the same step, and all ranks fail together when one does.
+class Checkpointer {
+ public:
+  Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::Optimizer& optimizer,
+               CheckpointMeta run, torch::Device device);
+
+  bool enabled() const { return !cfg_.dir.empty(); }
+  // Whether to save after completing step `step` (1-based) of `total_steps`.
+  bool Due(int64_t step, int64_t total_steps) const;
+
+  // WriteFiles, wait until every rank wrote its files, then rank 0 Commits.
+  Status Save(int64_t step);
+  // This rank's file (and rank 0's meta.json) under DIR/step-N; `latest` is not touched.
+  Status WriteFiles(int64_t step);
+  // Rank 0: point DIR/latest at step-N, then delete complete checkpoints beyond `keep` and
+  // any incomplete one older than step N.
+  Status Commit(int64_t step);
+
+  // Loads DIR/latest when it exists and checkpoint.resume is auto.
+  Result<ResumePoint> Resume();
+
+ private:
+  config::CheckpointConfig cfg_;
+  Engine& engine_;
+  torch::optim::Optimizer& optimizer_;
+  CheckpointMeta run_;
+  torch::Device device_;
+};
+
+}  // namespace meshwork::train
