@@ -15,6 +15,7 @@
 
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -223,12 +224,22 @@ int Run(const Flags& flags) {
       (flags.ns.empty() ? std::string("(all)") : flags.ns) + ", metrics http://" + flags.metrics_bind +
       "/metrics (port " + std::to_string((*server)->port()) + ")");
   controller.StartInformers();
-  // Workers must never act on a partial cache: a Pod not listed yet would look deleted.
-  while (!controller.WaitForSync(std::chrono::seconds(5))) {
-    Log("operator: waiting for caches: " + controller.NotSyncedReason());
+  // Workers must never act on a partial cache: a Pod not listed yet would look deleted. While
+  // waiting, stay live and answer signals.
+  for (int waited = 0; !controller.HasSynced(); ++waited) {
+    heartbeat.Beat();
+    timespec wait{1, 0};
+    const int sig = sigtimedwait(&signals, nullptr, &wait);
+    if (sig == SIGTERM || sig == SIGINT) {
+      Log("operator: signal while waiting for caches: shutting down");
+      controller.Stop();
+      return 0;
+    }
+    if (waited % 10 == 9) Log("operator: waiting for caches: " + controller.NotSyncedReason());
   }
 
   std::atomic<bool> lost{false};
+  std::unique_ptr<k8s::Client> elector_client;
   std::unique_ptr<runtime::LeaderElector> elector;
   if (flags.leader_elect) {
     runtime::LeaderElectionOptions le;
@@ -247,12 +258,25 @@ int Run(const Flags& flags) {
     };
     cb.on_stopped_leading = [&lost] { lost = true; };
     cb.on_new_leader = [](const std::string& id) { Log("leader election: the leader is " + id); };
-    auto created = runtime::LeaderElector::Create(client->get(), le, cb);
+    // Its own client, with a request timeout well under the renew deadline: a renewal stuck
+    // in a slow request must fail in time for the next try, not hold leadership hostage.
+    k8s::ClientOptions lease_client_options;
+    lease_client_options.request_timeout = std::max(std::chrono::milliseconds(500), le.renew_deadline / 3);
+    lease_client_options.max_retries = 0;
+    auto lease_client = k8s::Client::FromConfig(*config, lease_client_options);
+    if (!lease_client.ok()) {
+      Log("operator: " + lease_client.error().ToString());
+      return 2;
+    }
+    elector_client = std::move(*lease_client);
+    auto created = runtime::LeaderElector::Create(elector_client.get(), le, cb);
     if (!created.ok()) {
       Log("operator: " + created.status().message());
       return 2;
     }
     elector = std::move(*created);
+    // A replica that has just lost the lease must not write while main notices.
+    controller.SetMayReconcile([e = elector.get()] { return e->IsLeader(); });
     elector->Start();
   } else {
     metrics.SetLeader(true);

@@ -1,41 +1,106 @@
 #!/usr/bin/env bash
-# The main job: install and build (scripts/setup.sh), turn English text that ships with Debian
-# and with Meshwork into byte-level tokens, train the `tiny` Llama on the CPU with live
-# /metrics, evaluate it, and export it as a Hugging Face model directory.
-# Extra arguments go to `meshwork-train train`, e.g. scripts/demo.sh --set schedule.steps=50
+# The main job: install and build (scripts/setup.sh), start a local Kubernetes control plane
+# (meshwork-controlplane) and the operator (meshwork-operator), `kubectl apply` the CPU example
+# TrainingJob (examples/trainingjob-tiny-cpu.yaml: the tiny Llama, FSDP over 2 Pods), and follow
+# it to Succeeded. The control plane and the operator keep running afterwards so that kubectl
+# works; `scripts/demo.sh --stop` stops them (a new run also replaces them).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-"$root/scripts/setup.sh"
+state="$root/.meshwork/local"
 
-bin="${MESHWORK_BUILD_DIR:-$root/build}/trainer/meshwork-train"
+stop() {
+  for name in operator controlplane; do
+    local pidfile="$state/$name.pid"
+    [ -f "$pidfile" ] || continue
+    local pid
+    pid="$(cat "$pidfile")"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+  done
+}
+if [ "${1:-}" = "--stop" ]; then
+  stop
+  echo "stopped the local control plane and the operator"
+  exit 0
+fi
+
+"$root/scripts/setup.sh"
+build="${MESHWORK_BUILD_DIR:-$root/build}"
+train="$build/trainer/meshwork-train"
+export PATH="$build/trainer:$PATH"   # the Pods run meshwork-train from PATH
+export KUBECONFIG="$state/controlplane/kubeconfig"
+
+echo
+echo "== preparing data"
 mkdir -p .meshwork/data
 corpus=()
 for f in GPL-3 GPL-2 LGPL-2.1 LGPL-3 Apache-2.0 GFDL-1.3 MPL-2.0 Artistic; do
   [ -f "/usr/share/common-licenses/$f" ] && corpus+=("/usr/share/common-licenses/$f")
 done
 corpus+=(README.md docs)
+"$train" prepare-data --out .meshwork/data/train.bin --val-out .meshwork/data/val.bin "${corpus[@]}"
 
 echo
-echo "== preparing data"
-"$bin" prepare-data --out .meshwork/data/train.bin --val-out .meshwork/data/val.bin "${corpus[@]}"
+echo "== starting the local control plane and the operator (a fresh cluster in $state)"
+stop
+rm -rf "$state" /tmp/meshwork-checkpoints/default/tiny
+mkdir -p "$state"
+setsid "$build/controlplane/apiserver/meshwork-controlplane" --data-dir "$state/controlplane" \
+  >"$state/controlplane.log" 2>&1 </dev/null &
+echo $! >"$state/controlplane.pid"
+for _ in $(seq 300); do grep -q "serving on" "$state/controlplane.log" 2>/dev/null && break; sleep 0.1; done
+grep -q "serving on" "$state/controlplane.log" || { cat "$state/controlplane.log"; exit 1; }
+kubectl apply -f crds/trainingjob.yaml
+kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
+setsid "$build/operator/meshwork-operator" --metrics-bind-address 127.0.0.1:8080 --report-interval-s 2 \
+  >"$state/operator.log" 2>&1 </dev/null &
+echo $! >"$state/operator.pid"
+for _ in $(seq 300); do curl -sf http://127.0.0.1:8080/readyz >/dev/null 2>&1 && break; sleep 0.1; done
 
 echo
-echo "== training examples/tiny.yaml (metrics on http://localhost:9400/metrics while it runs)"
-"$bin" train --config examples/tiny.yaml "$@"
+echo "== kubectl apply -f examples/trainingjob-tiny-cpu.yaml"
+kubectl apply -f examples/trainingjob-tiny-cpu.yaml
+start=$SECONDS
+last=""
+phase=""
+while ((SECONDS - start < 900)); do
+  line="$(kubectl get tj tiny -o jsonpath='{.status.phase} {.status.ready} {.status.trainer.step} {.status.trainer.totalSteps} {.status.trainer.loss} {.status.trainer.tokensPerSecond} {.status.restarts}' 2>/dev/null || true)"
+  read -r phase ready step total loss tps restarts <<<"$line" || true
+  if [ -n "$line" ] && [ "$line" != "$last" ]; then
+    printf '%4ds  %-10s pods %-4s step %4s/%-4s loss %-7s %8s tok/s (rank 0)  restarts %s\n' \
+      $((SECONDS - start)) "${phase:-Created}" "${ready:--}" "${step:--}" "${total:--}" "${loss:--}" "${tps:--}" "${restarts:-0}"
+    last="$line"
+  fi
+  if [ "$phase" = Succeeded ] || [ "$phase" = Failed ]; then break; fi
+  sleep 2
+done
 
 echo
-echo "== evaluating the exported model"
-"$bin" eval --weights .meshwork/tiny-hf --data .meshwork/data/val.bin --config examples/tiny.yaml
+kubectl get tj tiny -o wide
+if [ "$phase" != Succeeded ]; then
+  echo "the job did not succeed (phase '${phase:-none}'); see: kubectl describe tj tiny, kubectl logs tiny-0, $state/operator.log" >&2
+  exit 1
+fi
+echo
+echo "== the last lines of rank 0 (kubectl logs tiny-0)"
+kubectl logs tiny-0 | tail -n 3
 
 cat <<MSG
 
-Done. What you have now:
-  .meshwork/tiny-hf/          the trained model as a Hugging Face directory (config.json + model.safetensors)
-  .meshwork/data/*.bin        the token files (llm.c layout, byte-level vocabulary; docs/data.md)
-Next:
-  $bin train --config examples/tiny.yaml --set schedule.steps=1000   # train longer
-  $bin config --config examples/tiny.yaml                            # every key, resolved
-  docs/config.md, docs/metrics.md, docs/data.md                      # what the keys and metrics mean
+Done: the TrainingJob 'tiny' Succeeded. The control plane and the operator are still running:
+  export KUBECONFIG=$KUBECONFIG
+  kubectl get tj,pods,svc                   # the job, its 2 Pods and its headless Service
+  kubectl describe tj tiny                  # status, conditions and events
+  kubectl logs tiny-0                       # rank 0's log (tiny-1 for rank 1)
+  curl -s http://127.0.0.1:8080/metrics     # the operator's metrics (docs/metrics.md)
+  less $state/operator.log                  # the operator's log ($state/controlplane.log: the control plane's)
+  kubectl delete tj tiny && kubectl apply -f examples/trainingjob-tiny-cpu.yaml   # again
+  scripts/demo.sh --stop                    # stop the control plane and the operator
+While a job trains, each trainer serves /metrics on its Pod's address, port 9400 (kubectl get pod tiny-0 -o wide).
 MSG

@@ -28,8 +28,12 @@ enum class Op {
   kNot, kNeg, kBinary, kAnd, kOr, kCond
 };
 
+// Binary operators, resolved at parse time so evaluation does not compare operator strings.
+enum class BinOp { kEq, kNe, kLt, kLe, kGt, kGe, kIn, kAdd, kSub, kMul, kDiv, kMod };
+
 struct Node {
   Op op = Op::kLiteral;
+  BinOp bin = BinOp::kEq;  // kBinary
   size_t pos = 0;      // byte offset in the expression, for error carets
   json literal;        // kLiteral
   std::string name;    // identifier, field, function, operator or macro name
@@ -40,6 +44,7 @@ struct Node {
 struct Program {
   std::string text;
   std::unique_ptr<Node> root;
+  bool never_bool = false;  // the checker found a result type other than bool
 };
 
 namespace {
@@ -405,8 +410,15 @@ class Parser {
 
   std::unique_ptr<Node> Binary(std::unique_ptr<Node> l, const std::string& op, size_t pos,
                                std::unique_ptr<Node> r) {
+    static const std::pair<const char*, BinOp> kOps[] = {
+        {"==", BinOp::kEq}, {"!=", BinOp::kNe}, {"<", BinOp::kLt},   {"<=", BinOp::kLe},
+        {">", BinOp::kGt},  {">=", BinOp::kGe}, {"in", BinOp::kIn},  {"+", BinOp::kAdd},
+        {"-", BinOp::kSub}, {"*", BinOp::kMul}, {"/", BinOp::kDiv}, {"%", BinOp::kMod}};
     auto n = MakeNode(Op::kBinary, pos);
     n->name = op;
+    for (const auto& [text, code] : kOps) {
+      if (op == text) n->bin = code;
+    }
     n->kids.push_back(std::move(l));
     n->kids.push_back(std::move(r));
     return n;
@@ -722,6 +734,57 @@ const json* SchemaGet(const json* node, const char* key) {
   return it == node->end() ? nullptr : &*it;
 }
 
+// Static types, where known: from literals and from the schema. kDyn (unknown: int-or-string,
+// preserve-unknown-fields, map keys of dyn maps, ...) never produces an error.
+enum class Ty { kDyn, kInt, kUint, kDouble, kString, kBool, kNull, kList, kMap };
+
+const char* TyName(Ty t) {
+  switch (t) {
+    case Ty::kInt: return "int";
+    case Ty::kUint: return "uint";
+    case Ty::kDouble: return "double";
+    case Ty::kString: return "string";
+    case Ty::kBool: return "bool";
+    case Ty::kNull: return "null_type";
+    case Ty::kList: return "list";
+    case Ty::kMap: return "map";
+    default: return "dyn";
+  }
+}
+
+bool Numeric(Ty t) { return t == Ty::kInt || t == Ty::kUint || t == Ty::kDouble; }
+
+Ty TyOfSchema(const json* s) {
+  if (!s) return Ty::kDyn;
+  const json* t = SchemaGet(s, "type");
+  if (!t || !t->is_string()) return Ty::kDyn;
+  if (*t == "integer") return Ty::kInt;
+  if (*t == "number") return Ty::kDouble;
+  if (*t == "string") return Ty::kString;
+  if (*t == "boolean") return Ty::kBool;
+  if (*t == "array") return Ty::kList;
+  if (*t == "object") return Ty::kMap;
+  return Ty::kDyn;
+}
+
+Ty TyOfValue(const json& j) {
+  if (j.is_null()) return Ty::kNull;
+  if (j.is_boolean()) return Ty::kBool;
+  if (j.is_number_unsigned()) return Ty::kUint;
+  if (j.is_number_integer()) return Ty::kInt;
+  if (j.is_number_float()) return Ty::kDouble;
+  if (j.is_string()) return Ty::kString;
+  return j.is_array() ? Ty::kList : Ty::kMap;
+}
+
+// What the checker knows about an expression: the schema node describing it and its type.
+struct Info {
+  const json* schema = nullptr;
+  Ty type = Ty::kDyn;
+};
+
+Info FromSchema(const json* s) { return {s, TyOfSchema(s)}; }
+
 class Checker {
  public:
   Checker(const json* self_schema, bool is_root) : self_schema_(self_schema), is_root_(is_root) {}
@@ -729,90 +792,219 @@ class Checker {
   std::vector<CompileError> errors;
   bool uses_old_self = false;
 
-  // Returns the schema node the expression's value is described by, or null (dynamic).
-  const json* Check(const Node& n) {
+  Info Check(const Node& n) {
     switch (n.op) {
       case Op::kLiteral:
-        return nullptr;
+        return {nullptr, TyOfValue(n.literal)};
       case Op::kIdent: {
         for (auto it = scope_.rbegin(); it != scope_.rend(); ++it) {
           if (it->first == n.name) return it->second;
         }
-        if (n.name == "self") return self_schema_;
+        if (n.name == "self") return FromSchema(self_schema_);
         if (n.name == "oldSelf") {
           uses_old_self = true;
-          return self_schema_;
+          return FromSchema(self_schema_);
         }
         errors.push_back({n.pos, "undeclared reference to '" + n.name + "' (in container '')"});
-        return nullptr;
+        return {};
       }
       case Op::kSelect:
-        return Field(Check(*n.kids[0]), n.name, n.pos, Root(*n.kids[0]));
+        return FromSchema(Field(Check(*n.kids[0]).schema, n.name, n.pos, Root(*n.kids[0])));
       case Op::kHas: {
         // cel-go places has() errors at the macro's '(' rather than at the field.
         const Node& sel = *n.kids[0];
-        Field(Check(*sel.kids[0]), sel.name, n.pos, Root(*sel.kids[0]));
-        return nullptr;
+        Field(Check(*sel.kids[0]).schema, sel.name, n.pos, Root(*sel.kids[0]));
+        return {nullptr, Ty::kBool};
       }
       case Op::kIndex: {
-        const json* s = Check(*n.kids[0]);
+        const json* s = Check(*n.kids[0]).schema;
         Check(*n.kids[1]);
-        if (!s) return nullptr;
-        if (const json* items = SchemaGet(s, "items")) return items;
+        if (!s) return {};
+        if (const json* items = SchemaGet(s, "items")) return FromSchema(items);
         if (n.kids[1]->op == Op::kLiteral && n.kids[1]->literal.is_string()) {
-          return Field(s, n.kids[1]->literal.get<std::string>(), n.kids[1]->pos, Root(*n.kids[0]));
+          return FromSchema(Field(s, n.kids[1]->literal.get<std::string>(), n.kids[1]->pos, Root(*n.kids[0])));
         }
         const json* ap = SchemaGet(s, "additionalProperties");
-        return ap && ap->is_object() ? ap : nullptr;
+        return FromSchema(ap && ap->is_object() ? ap : nullptr);
       }
       case Op::kMacro: {
-        const json* range = Check(*n.kids[0]);
-        const json* elem = nullptr;
-        if (const json* items = SchemaGet(range, "items")) elem = items;  // maps iterate keys: strings
+        Info range = Check(*n.kids[0]);
+        Info elem;
+        if (const json* items = SchemaGet(range.schema, "items")) {
+          elem = FromSchema(items);
+        } else if (range.type == Ty::kMap) {
+          elem.type = Ty::kString;  // maps iterate their keys
+        }
         scope_.emplace_back(n.var, elem);
-        for (size_t i = 1; i < n.kids.size(); ++i) Check(*n.kids[i]);
+        for (size_t i = 1; i < n.kids.size(); ++i) {
+          Info body = Check(*n.kids[i]);
+          bool is_predicate = n.name != "map" || (n.kids.size() == 3 && i == 1);
+          if (is_predicate) Want(body, Ty::kBool, n.name, n.pos);
+        }
         scope_.pop_back();
-        return nullptr;
+        return {nullptr, n.name == "map" || n.name == "filter" ? Ty::kList : Ty::kBool};
       }
       case Op::kCall:
-      case Op::kMemberCall: {
-        bool member = n.op == Op::kMemberCall;
-        size_t arity = n.kids.size() - (member ? 1 : 0);
-        bool known = false, arity_ok = false;
-        const GlobalFn* begin = member ? std::begin(kMembers) : std::begin(kGlobals);
-        const GlobalFn* end = member ? std::end(kMembers) : std::end(kGlobals);
-        for (const GlobalFn* f = begin; f != end; ++f) {
-          if (n.name == f->name) {
-            known = true;
-            arity_ok = arity_ok || f->arity == arity;
-          }
-        }
-        for (const auto& k : n.kids) Check(*k);
-        if (!known) {
-          errors.push_back({n.pos, "undeclared reference to '" + n.name + "' (in container '')"});
-        } else if (!arity_ok) {
-          errors.push_back({n.pos, "found no matching overload for '" + n.name + "' applied to " +
-                                       std::to_string(arity) + " argument(s)"});
-        }
-        // A constant pattern must compile, as kube-apiserver checks it when the CRD is written.
-        const Node* pattern = nullptr;
-        if (n.name == "matches" && arity_ok) pattern = n.kids[1].get();
-        if (pattern && pattern->op == Op::kLiteral && pattern->literal.is_string()) {
-          try {
-            Regexes().Get(pattern->literal.get<std::string>());
-          } catch (const EvalError& e) {
-            errors.push_back({pattern->pos, "invalid matches argument: " + e.message});
-          }
-        }
-        return nullptr;
+      case Op::kMemberCall:
+        return Call(n);
+      case Op::kNot: {
+        Info v = Check(*n.kids[0]);
+        Operands("!_", n.pos, {v.type}, v.type != Ty::kDyn && v.type != Ty::kBool);
+        return {nullptr, Ty::kBool};
       }
-      default:
+      case Op::kNeg: {
+        Info v = Check(*n.kids[0]);
+        Operands("-_", n.pos, {v.type}, v.type != Ty::kDyn && v.type != Ty::kInt && v.type != Ty::kDouble);
+        return {nullptr, v.type == Ty::kInt || v.type == Ty::kDouble ? v.type : Ty::kDyn};
+      }
+      case Op::kAnd:
+      case Op::kOr: {
+        Info a = Check(*n.kids[0]);
+        Info b = Check(*n.kids[1]);
+        auto bad = [](Ty t) { return t != Ty::kDyn && t != Ty::kBool; };
+        Operands(n.op == Op::kAnd ? "_&&_" : "_||_", n.pos, {a.type, b.type}, bad(a.type) || bad(b.type));
+        return {nullptr, Ty::kBool};
+      }
+      case Op::kCond: {
+        Info c = Check(*n.kids[0]);
+        Info a = Check(*n.kids[1]);
+        Info b = Check(*n.kids[2]);
+        Operands("_?_:_", n.pos, {c.type, a.type, b.type}, c.type != Ty::kDyn && c.type != Ty::kBool);
+        return a.type == b.type ? a : Info{};
+      }
+      case Op::kBinary:
+        return Binary(n);
+      case Op::kList:
+      case Op::kMap:
         for (const auto& k : n.kids) Check(*k);
-        return nullptr;
+        return {nullptr, n.op == Op::kList ? Ty::kList : Ty::kMap};
     }
+    return {};
   }
 
  private:
+  void Operands(const std::string& op, size_t pos, std::initializer_list<Ty> types, bool bad) {
+    if (!bad) return;
+    std::string list;
+    for (Ty t : types) list += (list.empty() ? "" : ", ") + std::string(TyName(t));
+    errors.push_back({pos, "found no matching overload for '" + op + "' applied to '(" + list + ")'"});
+  }
+
+  void Want(const Info& got, Ty want, const std::string& what, size_t pos) {
+    if (got.type != Ty::kDyn && got.type != want) {
+      errors.push_back({pos, "found no matching overload for '" + what + "' applied to '(" + TyName(got.type) + ")'"});
+    }
+  }
+
+  Info Binary(const Node& n) {
+    Info a = Check(*n.kids[0]);
+    Info b = Check(*n.kids[1]);
+    const Ty x = a.type, y = b.type;
+    const bool known = x != Ty::kDyn && y != Ty::kDyn;
+    const std::string op = n.name == "in" ? "@in" : "_" + n.name + "_";
+    switch (n.bin) {
+      case BinOp::kEq:
+      case BinOp::kNe:
+        // Numbers compare across types and null with anything; other pairs must match.
+        Operands(op, n.pos, {x, y},
+                 known && x != y && !(Numeric(x) && Numeric(y)) && x != Ty::kNull && y != Ty::kNull);
+        return {nullptr, Ty::kBool};
+      case BinOp::kLt:
+      case BinOp::kLe:
+      case BinOp::kGt:
+      case BinOp::kGe: {
+        auto orderable = [](Ty t) { return Numeric(t) || t == Ty::kString || t == Ty::kBool || t == Ty::kDyn; };
+        Operands(op, n.pos, {x, y},
+                 !orderable(x) || !orderable(y) || (known && x != y && !(Numeric(x) && Numeric(y))));
+        return {nullptr, Ty::kBool};
+      }
+      case BinOp::kIn:
+        Operands(op, n.pos, {x, y}, y != Ty::kDyn && y != Ty::kList && y != Ty::kMap);
+        return {nullptr, Ty::kBool};
+      case BinOp::kAdd:
+        if (known && x == y && (x == Ty::kString || x == Ty::kList)) return {nullptr, x};
+        [[fallthrough]];
+      default: {
+        bool arithmetic = Numeric(x) || x == Ty::kDyn;
+        bool ok_pair = !known ? (x == Ty::kDyn || Numeric(x) || (n.bin == BinOp::kAdd && (x == Ty::kString || x == Ty::kList))) &&
+                                    (y == Ty::kDyn || Numeric(y) || (n.bin == BinOp::kAdd && (y == Ty::kString || y == Ty::kList)))
+                              : x == y && arithmetic && !(n.bin == BinOp::kMod && x == Ty::kDouble);
+        Operands(op, n.pos, {x, y}, !ok_pair);
+        return {nullptr, known && ok_pair ? x : Ty::kDyn};
+      }
+    }
+    return {};
+  }
+
+  Info Call(const Node& n) {
+    const bool member = n.op == Op::kMemberCall;
+    const size_t arity = n.kids.size() - (member ? 1 : 0);
+    bool known = false, arity_ok = false;
+    const GlobalFn* begin = member ? std::begin(kMembers) : std::begin(kGlobals);
+    const GlobalFn* end = member ? std::end(kMembers) : std::end(kGlobals);
+    for (const GlobalFn* f = begin; f != end; ++f) {
+      if (n.name == f->name) {
+        known = true;
+        arity_ok = arity_ok || f->arity == arity;
+      }
+    }
+    std::vector<Info> args;
+    for (const auto& k : n.kids) args.push_back(Check(*k));
+    if (!known) {
+      errors.push_back({n.pos, "undeclared reference to '" + n.name + "' (in container '')"});
+      return {};
+    }
+    if (!arity_ok) {
+      errors.push_back({n.pos, "found no matching overload for '" + n.name + "' applied to " +
+                                   std::to_string(arity) + " argument(s)"});
+      return {};
+    }
+    const std::string& f = n.name;
+    auto types = [&] {
+      std::string list;
+      for (size_t i = member ? 1 : 0; i < args.size(); ++i) list += (list.empty() ? "" : ", ") + std::string(TyName(args[i].type));
+      return member ? std::string(TyName(args[0].type)) + ".(" + list + ")" : "(" + list + ")";
+    };
+    auto mismatch = [&] { errors.push_back({n.pos, "found no matching overload for '" + f + "' applied to '" + types() + "'"}); };
+    auto is = [&](size_t i, std::initializer_list<Ty> ok) {
+      if (args[i].type == Ty::kDyn) return true;
+      for (Ty t : ok) {
+        if (args[i].type == t) return true;
+      }
+      return false;
+    };
+    if (f == "size") {
+      if (!is(0, {Ty::kString, Ty::kList, Ty::kMap})) mismatch();
+      return {nullptr, Ty::kInt};
+    }
+    if (f == "startsWith" || f == "endsWith" || f == "contains" || f == "matches") {
+      if (!is(0, {Ty::kString}) || !is(1, {Ty::kString})) mismatch();
+      // A constant pattern must compile, as kube-apiserver checks it when the CRD is written.
+      const Node& pattern = *n.kids[1];
+      if (f == "matches" && pattern.op == Op::kLiteral && pattern.literal.is_string()) {
+        try {
+          Regexes().Get(pattern.literal.get<std::string>());
+        } catch (const EvalError& e) {
+          errors.push_back({pattern.pos, "invalid matches argument: " + e.message});
+        }
+      }
+      return {nullptr, Ty::kBool};
+    }
+    if (f == "int" || f == "uint" || f == "double") {
+      if (!is(0, {Ty::kInt, Ty::kUint, Ty::kDouble, Ty::kString})) mismatch();
+      return {nullptr, f == "int" ? Ty::kInt : f == "uint" ? Ty::kUint : Ty::kDouble};
+    }
+    if (f == "string") {
+      if (!is(0, {Ty::kInt, Ty::kUint, Ty::kDouble, Ty::kString, Ty::kBool})) mismatch();
+      return {nullptr, Ty::kString};
+    }
+    if (f == "bool") {
+      if (!is(0, {Ty::kBool, Ty::kString})) mismatch();
+      return {nullptr, Ty::kBool};
+    }
+    return {};  // dyn()
+  }
+
   // Whether the node is self/oldSelf itself (the resource root has apiVersion/kind/metadata).
   bool Root(const Node& n) const {
     if (n.op != Op::kIdent || (n.name != "self" && n.name != "oldSelf")) return false;
@@ -854,7 +1046,7 @@ class Checker {
 
   const json* self_schema_;
   bool is_root_;
-  std::vector<std::pair<std::string, const json*>> scope_;
+  std::vector<std::pair<std::string, Info>> scope_;
 };
 
 // ---- values ------------------------------------------------------------------------------
@@ -966,8 +1158,11 @@ class Evaluator {
         if (!c.get().is_boolean()) NoOverload();
         return Eval(*n.kids[c.get().get<bool>() ? 1 : 2]);
       }
-      case Op::kBinary:
-        return Binary(n.name, Eval(*n.kids[0]), Eval(*n.kids[1]));
+      case Op::kBinary: {
+        Value l = Eval(*n.kids[0]);  // left first: its error is the one reported
+        Value r = Eval(*n.kids[1]);
+        return Binary(n.bin, std::move(l), std::move(r));
+      }
       case Op::kCall:
       case Op::kMemberCall:
         return Call(n);
@@ -1095,23 +1290,23 @@ class Evaluator {
     NoOverload();
   }
 
-  Value Arith(const std::string& op, const json& a, const json& b) {
+  Value Arith(BinOp op, const json& a, const json& b) {
     if (IsInt(a) && IsInt(b)) {
       int64_t x = a.get<int64_t>(), y = b.get<int64_t>(), r = 0;
       bool overflow = false;
-      if (op == "+") {
+      if (op == BinOp::kAdd) {
         overflow = __builtin_add_overflow(x, y, &r);
-      } else if (op == "-") {
+      } else if (op == BinOp::kSub) {
         overflow = __builtin_sub_overflow(x, y, &r);
-      } else if (op == "*") {
+      } else if (op == BinOp::kMul) {
         overflow = __builtin_mul_overflow(x, y, &r);
-      } else if (op == "/" || op == "%") {
-        if (y == 0) throw EvalError{op == "/" ? "division by zero" : "modulus by zero"};
+      } else if (op == BinOp::kDiv || op == BinOp::kMod) {
+        if (y == 0) throw EvalError{op == BinOp::kDiv ? "division by zero" : "modulus by zero"};
         if (x == std::numeric_limits<int64_t>::min() && y == -1) {
-          if (op == "/") throw EvalError{"integer overflow"};
+          if (op == BinOp::kDiv) throw EvalError{"integer overflow"};
           return Value(json(int64_t{0}));
         }
-        r = op == "/" ? x / y : x % y;
+        r = op == BinOp::kDiv ? x / y : x % y;
       }
       if (overflow) throw EvalError{"integer overflow"};
       return Value(json(r));
@@ -1119,57 +1314,61 @@ class Evaluator {
     if (IsUint(a) && IsUint(b)) {
       uint64_t x = a.get<uint64_t>(), y = b.get<uint64_t>(), r = 0;
       bool overflow = false;
-      if (op == "+") {
+      if (op == BinOp::kAdd) {
         overflow = __builtin_add_overflow(x, y, &r);
-      } else if (op == "-") {
+      } else if (op == BinOp::kSub) {
         overflow = __builtin_sub_overflow(x, y, &r);
-      } else if (op == "*") {
+      } else if (op == BinOp::kMul) {
         overflow = __builtin_mul_overflow(x, y, &r);
       } else {
-        if (y == 0) throw EvalError{op == "/" ? "division by zero" : "modulus by zero"};
-        r = op == "/" ? x / y : x % y;
+        if (y == 0) throw EvalError{op == BinOp::kDiv ? "division by zero" : "modulus by zero"};
+        r = op == BinOp::kDiv ? x / y : x % y;
       }
       if (overflow) throw EvalError{"unsigned integer overflow"};
       return Value(json(r));
     }
-    if (IsDouble(a) && IsDouble(b) && op != "%") {
+    if (IsDouble(a) && IsDouble(b) && op != BinOp::kMod) {
       double x = a.get<double>(), y = b.get<double>();
-      double r = op == "+" ? x + y : op == "-" ? x - y : op == "*" ? x * y : x / y;
+      double r = op == BinOp::kAdd ? x + y : op == BinOp::kSub ? x - y : op == BinOp::kMul ? x * y : x / y;
       return Value(json(r));
     }
     NoOverload();
   }
 
-  Value Binary(const std::string& op, Value l, Value r) {
+  Value Binary(BinOp op, Value l, Value r) {
     const json& a = l.get();
     const json& b = r.get();
-    if (op == "==") return Value(json(Equal(a, b)));
-    if (op == "!=") return Value(json(!Equal(a, b)));
-    if (op == "<") return Value(json(Less(a, b, false)));
-    if (op == "<=") return Value(json(Less(a, b, true)));
-    if (op == ">") return Value(json(Less(b, a, false)));
-    if (op == ">=") return Value(json(Less(b, a, true)));
-    if (op == "in") {
-      if (b.is_array()) {
-        for (const auto& e : b) {
-          if (Equal(a, e)) return Value(json(true));
+    switch (op) {
+      case BinOp::kEq: return Value(json(Equal(a, b)));
+      case BinOp::kNe: return Value(json(!Equal(a, b)));
+      case BinOp::kLt: return Value(json(Less(a, b, false)));
+      case BinOp::kLe: return Value(json(Less(a, b, true)));
+      case BinOp::kGt: return Value(json(Less(b, a, false)));
+      case BinOp::kGe: return Value(json(Less(b, a, true)));
+      case BinOp::kIn:
+        if (b.is_array()) {
+          for (const auto& e : b) {
+            if (Equal(a, e)) return Value(json(true));
+          }
+          return Value(json(false));
         }
-        return Value(json(false));
-      }
-      if (b.is_object()) return Value(json(a.is_string() && b.contains(a.get<std::string>())));
-      NoOverload();
+        if (b.is_object()) return Value(json(a.is_string() && b.contains(a.get<std::string>())));
+        NoOverload();
+      case BinOp::kAdd:
+        if (a.is_string() && b.is_string()) {
+          Charge(static_cast<int64_t>((a.get_ref<const std::string&>().size() + b.get_ref<const std::string&>().size()) / 8));
+          return Value(json(a.get<std::string>() + b.get<std::string>()));
+        }
+        if (a.is_array() && b.is_array()) {
+          Charge(static_cast<int64_t>(a.size() + b.size()));
+          json out = l.Take();
+          for (const auto& e : b) out.push_back(e);
+          return Value(std::move(out));
+        }
+        return Arith(op, a, b);
+      default:
+        return Arith(op, a, b);
     }
-    if (op == "+" && a.is_string() && b.is_string()) {
-      Charge(static_cast<int64_t>((a.get_ref<const std::string&>().size() + b.get_ref<const std::string&>().size()) / 8));
-      return Value(json(a.get<std::string>() + b.get<std::string>()));
-    }
-    if (op == "+" && a.is_array() && b.is_array()) {
-      Charge(static_cast<int64_t>(a.size() + b.size()));
-      json out = l.Take();
-      for (const auto& e : b) out.push_back(e);
-      return Value(std::move(out));
-    }
-    return Arith(op, a, b);
   }
 
   const std::string& Str(const json& j) {
@@ -1401,26 +1600,6 @@ std::string TypeName(const json& j) {
   return "map";
 }
 
-namespace {
-
-// A result type that can never be a bool (for the "must evaluate to a bool" check at compile).
-bool NeverBool(const Node& n) {
-  switch (n.op) {
-    case Op::kLiteral:
-      return !n.literal.is_boolean();
-    case Op::kList:
-    case Op::kMap:
-    case Op::kNeg:
-      return true;
-    case Op::kBinary:
-      return n.name == "+" || n.name == "-" || n.name == "*" || n.name == "/" || n.name == "%";
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 CompileResult Compile(const std::string& expr, const json* self_schema, bool is_resource_root,
                       const Limits& limits) {
   CompileResult out;
@@ -1432,7 +1611,8 @@ CompileResult Compile(const std::string& expr, const json* self_schema, bool is_
     program->text = expr;
     program->root = Parser(Lexer(expr).Run(), limits.max_depth).Run();
     Checker checker(self_schema, is_resource_root);
-    checker.Check(*program->root);
+    Info result = checker.Check(*program->root);
+    program->never_bool = result.type != Ty::kDyn && result.type != Ty::kBool;
     if (!checker.errors.empty()) {
       std::string all;
       for (const auto& e : checker.errors) all += (all.empty() ? "" : "\n") + FormatCompileError(expr, e);
@@ -1521,6 +1701,6 @@ json ToCelValue(const json& node, const json& data) {
   return data;
 }
 
-bool NeverBool(const Program& program) { return NeverBool(*program.root); }
+bool NeverBool(const Program& program) { return program.never_bool; }
 
 }  // namespace meshwork::controlplane::schema::cel

@@ -32,9 +32,11 @@ struct CompileResult {
   bool uses_old_self = false;  // a transition rule
 };
 
-// Parses `expr`. When `self_schema` is given (the openAPIV3Schema node the rule sits on), field
-// selections on self/oldSelf and on macro variables bound to their elements are checked against
-// the schema's properties ("undefined field 'x'"). `is_resource_root` adds apiVersion, kind and
+// Parses and checks `expr`: declared names, known functions, and operand types where they are
+// known (from literals, and from `self_schema` when given: the openAPIV3Schema node the rule sits
+// on), e.g. "found no matching overload for '_+_' applied to '(int, string)'". With a schema,
+// field selections on self/oldSelf and on macro variables bound to their elements are checked
+// against the schema's properties ("undefined field 'x'"). `is_resource_root` adds apiVersion, kind and
 // metadata (name, generateName) to the root node's fields, as kube-apiserver does.
 CompileResult Compile(const std::string& expr, const nlohmann::json* self_schema = nullptr,
                       bool is_resource_root = false, const Limits& limits = {});
@@ -63,8 +65,9 @@ EvalResult Evaluate(const Program& program, const nlohmann::json& self,
 // "null_type".
 std::string TypeName(const nlohmann::json& value);
 
-// Whether the expression can never yield a bool (a non-bool literal, a list or map literal,
-// arithmetic): kube-apiserver refuses such rules when the CRD is written.
+// Whether the checker found the expression's type and it is not bool (a non-bool literal, a
+// list or map, arithmetic, a string field): kube-apiserver refuses such rules when the CRD is
+// written.
 bool NeverBool(const Program& program);
 
 // Converts decoded JSON data under `schema_node` to the values CEL rules see, as

@@ -142,6 +142,11 @@ void Controller::SetPhase(const std::string& key, const std::string& phase) {
 
 void Controller::Worker() {
   while (auto key = queue_.Get()) {
+    if (may_reconcile_ && !may_reconcile_()) {
+      queue_.AddAfter(*key, std::chrono::seconds(2));
+      queue_.Done(*key);
+      continue;
+    }
     const auto start = std::chrono::steady_clock::now();
     ReconcileOutcome outcome;
     try {

@@ -51,6 +51,9 @@ class Controller {
 
   // Starts the workers (idempotent). Every job is queued once, so a new leader reconciles all.
   void StartWorkers();
+  // Checked before every reconcile (e.g. "still the leader"); false skips it and retries the key
+  // later. Set before StartWorkers.
+  void SetMayReconcile(std::function<bool()> may_reconcile) { may_reconcile_ = std::move(may_reconcile); }
   // Shuts the queue down, joins the workers, stops the informers. Idempotent.
   void Stop();
 
@@ -70,6 +73,7 @@ class Controller {
   PodIndex index_;
   k8s::WorkQueue queue_;
   std::unique_ptr<Reconciler> reconciler_;
+  std::function<bool()> may_reconcile_;
 
   std::mutex mu_;
   std::map<std::string, std::string> phases_;

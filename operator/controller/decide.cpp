@@ -93,12 +93,13 @@ std::optional<int64_t> RawTtl(const json& job) {
   return ttl;
 }
 
-// status.trainer, rounded for `kubectl get` (tokens/s to 0.1, loss to 1e-4).
-json ReportJson(const TrainerReport& r, SystemTime now) {
+// status.trainer, rounded for `kubectl get` (tokens/s to 0.1, loss to 1e-4). The job's tokens/s
+// is rank 0's times the world size: every rank processes the same batch per step.
+json ReportJson(const TrainerReport& r, SystemTime now, int world_size) {
   return {{"step", r.step},
           {"totalSteps", r.total_steps},
           {"loss", std::round(r.loss * 1e4) / 1e4},
-          {"tokensPerSecond", std::round(r.tokens_per_second * 10) / 10},
+          {"tokensPerSecond", std::round(r.tokens_per_second * world_size * 10) / 10},
           {"updateTime", FormatTime(now)}};
 }
 
@@ -193,6 +194,7 @@ PodView ViewPod(const json& pod) {
   v.index = static_cast<int>(std::min<int64_t>(LabelNumber(labels, kIndexLabel), 1 << 20));
   v.generation = LabelNumber(labels, kGenerationLabel);
   v.world_size = LabelNumber(labels, kWorldSizeLabel);
+  if (labels.contains(kMeshLabel) && labels[kMeshLabel].is_string()) v.mesh = labels[kMeshLabel].get<std::string>();
   const json status = pod.value("status", json::object());
   v.phase = status.value("phase", "Pending");
   v.reason = status.value("reason", "");
@@ -221,7 +223,9 @@ PodView ViewPod(const json& pod) {
   return v;
 }
 
-Plan Decide(const Observed& in) {
+namespace {
+
+Plan DecideOnce(const Observed& in) {
   Plan p;
   const json& job = in.job;
   const json& meta = job["metadata"];
@@ -323,20 +327,31 @@ Plan Decide(const Observed& in) {
     }
   }
 
-  // A resized job (kubectl scale, or a new processesPerReplica) needs a new gang: the ranks
-  // of the old one were started with the old world size.
+  // A resized job (kubectl scale, a new mesh) needs a new gang: the ranks of the old one were
+  // started with the old shape. With checkpoints on it cannot go on at all (the CRD's CEL rule
+  // refuses the change where CEL is evaluated): the trainer cannot reshard a checkpoint yet.
   for (const auto& pod : pods) {
-    if (pod.generation == gen && pod.world_size >= 0 && pod.world_size != spec.WorldSize()) {
-      ++gen;
-      status["restartGeneration"] = gen;
-      const std::string msg = "world size changed from " + std::to_string(pod.world_size) + " to " +
-                              std::to_string(spec.WorldSize()) + "; restarting the gang (generation " +
-                              std::to_string(gen) + ")";
-      SetCondition(status, "Restarting", "True", "Resized", msg, in.now);
-      p.events.push_back({"Normal", "Resized", msg});
-      p.status_first = true;
-      break;
+    if (pod.generation != gen || pod.world_size < 0) continue;
+    const std::string old_shape = std::to_string(pod.world_size) + " ranks, mesh " + (pod.mesh.empty() ? "?" : pod.mesh);
+    const std::string new_shape = std::to_string(spec.WorldSize()) + " ranks, mesh " + spec.mesh.ToString();
+    if (pod.world_size == spec.WorldSize() && (pod.mesh.empty() || pod.mesh == spec.mesh.ToString())) continue;
+    if (spec.checkpoint_path) {
+      Finish(p, in, "Failed", "InvalidSpec",
+             "spec.replicas/spec.mesh: the gang changed from " + old_shape + " to " + new_shape +
+                 " while checkpoints are on; the trainer cannot reshard a checkpoint yet: create a new TrainingJob");
+      Clean(p, CleanPodPolicy::kRunning, pods);
+      status["phase"] = p.phase;
+      return p;
     }
+    ++gen;
+    status["restartGeneration"] = gen;
+    const std::string msg = "the gang changed from " + old_shape + " to " + new_shape + "; starting a new gang (generation " +
+                            std::to_string(gen) + ") from scratch";
+    SetCondition(status, "Restarting", "True", "Resized", msg, in.now);
+    SetCondition(status, "Running", "False", "Resized", msg, in.now);
+    p.events.push_back({"Normal", "Resized", msg});
+    p.status_first = true;
+    break;
   }
 
   // Pods of an older gang, or beyond the replica count, go before anything is created: a new
@@ -424,13 +439,20 @@ Plan Decide(const Observed& in) {
            "all " + std::to_string(spec.WorldSize()) + " ranks in " + std::to_string(spec.replicas) +
                " pod(s) exited 0");
     Clean(p, spec.clean_pod_policy, pods);
-    if (in.report) status["trainer"] = ReportJson(*in.report, in.now);
+    if (in.report) status["trainer"] = ReportJson(*in.report, in.now, spec.WorldSize());
     if (spec.ttl_seconds_after_finished) RequeueNoLaterThan(p, seconds(*spec.ttl_seconds_after_finished + 1));
     status["phase"] = p.phase;
     return p;
   }
 
   // Launch: the Service, the config, and every missing rank of this generation.
+  if (in.config_wait && !missing.empty()) {
+    SetCondition(status, "Running", "False", "ConfigMapNotReady", *in.config_wait, in.now);
+    p.phase = restarting ? "Restarting" : "Created";
+    status["phase"] = p.phase;
+    RequeueNoLaterThan(p, seconds(10));
+    return p;
+  }
   p.ensure_service = !in.service_exists || !missing.empty();
   p.ensure_config_map = !missing.empty() && spec.config_map_name.empty();
   for (int i : missing) p.create.push_back(DesiredPod(job, spec, i, gen));
@@ -464,9 +486,24 @@ Plan Decide(const Observed& in) {
                  in.now);
     p.phase = restarting ? "Restarting" : "Created";
   }
-  if (in.report) status["trainer"] = ReportJson(*in.report, in.now);
+  if (in.report) status["trainer"] = ReportJson(*in.report, in.now, spec.WorldSize());
   if (!current.empty() && spec.metrics_port > 0) RequeueNoLaterThan(p, in.report_interval);
   status["phase"] = p.phase;
+  return p;
+}
+
+}  // namespace
+
+Plan Decide(const Observed& in) {
+  Plan p = DecideOnce(in);
+  // However the job finished, ttlSecondsAfterFinished counts from now on.
+  if ((p.phase == "Succeeded" || p.phase == "Failed") && !p.delete_job) {
+    if (const auto ttl = RawTtl(in.job)) {
+      auto done = ParseTime(p.status.value("completionTime", ""));
+      const auto expire = (done ? *done : in.now) + seconds(*ttl);
+      RequeueNoLaterThan(p, std::chrono::duration_cast<seconds>(expire - in.now) + seconds(1));
+    }
+  }
   return p;
 }
 

@@ -36,6 +36,7 @@ struct PodView {
   int index = -1;           // meshwork.dev/replica-index, -1 when missing or malformed
   int64_t generation = -1;  // meshwork.dev/restart-generation, -1 when missing or malformed
   int64_t world_size = -1;  // meshwork.dev/world-size, -1 when missing or malformed
+  std::string mesh;         // meshwork.dev/mesh, "" when missing
   std::string phase;        // Pending, Running, Succeeded, Failed, Unknown
   bool ready = false;
   bool terminating = false;              // has a deletionTimestamp
@@ -52,6 +53,9 @@ struct Observed {
   // The trainer config problem found by ValidateTrainerConfig (or a missing ConfigMap key),
   // when there is one. Permanent: the job fails with InvalidSpec.
   std::optional<std::string> config_error;
+  // Why the config cannot be read yet (a ConfigMap that does not exist): no Pods are created,
+  // the job waits. Only looked at when Pods are to be created.
+  std::optional<std::string> config_wait;
   std::optional<TrainerReport> report;
   SystemTime now;
   std::chrono::seconds report_interval{10};  // requeue period while Pods run

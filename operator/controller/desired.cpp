@@ -19,8 +19,9 @@ json ChildMetadata(const json& job, const std::string& name) {
           {"ownerReferences", json::array({OwnerReference(job)})}};
 }
 
-// Copies `from`'s keys that `to` lacks (`to` wins: the operator's own settings are not
-// overridable, the rest of the template is).
+// Copies `from`'s keys that `to` lacks: where both set a field, the operator's wins. (Lists are
+// appended instead, see Append: an env var of the template named like one of the operator's
+// comes later and so wins, as in any Pod.)
 void AddMissing(json& to, const json& from) {
   if (!from.is_object()) return;
   for (auto it = from.begin(); it != from.end(); ++it) {
@@ -191,6 +192,7 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   pod["metadata"]["labels"][kIndexLabel] = std::to_string(index);
   pod["metadata"]["labels"][kGenerationLabel] = std::to_string(generation);
   pod["metadata"]["labels"][kWorldSizeLabel] = std::to_string(spec.WorldSize());
+  pod["metadata"]["labels"][kMeshLabel] = spec.mesh.ToString();
   pod["spec"] = pod_spec;
   MergeTemplate(pod, spec);
   return pod;

@@ -12,6 +12,14 @@ k8s::ResourceRef Jobs() { return k8s::resources::Custom(kGroup, kVersion, kPlura
 
 std::string ReasonOf(const k8s::Error& e) { return k8s::IsConflict(e) ? "conflict" : "api"; }
 
+bool OwnedBy(const json& pod, const std::string& uid) {
+  const json refs = pod.value("metadata", json::object()).value("ownerReferences", json::array());
+  for (const auto& ref : refs) {
+    if (ref.is_object() && ref.value("uid", "") == uid) return true;
+  }
+  return false;
+}
+
 ReconcileOutcome Failed(const k8s::Error& e, const std::string& what) {
   ReconcileOutcome o;
   o.ok = false;
@@ -66,6 +74,32 @@ void Reconciler::Log(const std::string& line) const {
 void Reconciler::Forget(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   last_scrape_.erase(key);
+  expected_.erase(key);
+}
+
+void Reconciler::Expect(const std::string& key, const std::string& pod_uid) {
+  if (pod_uid.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  expected_[key][pod_uid] = std::chrono::steady_clock::now() + options_.expectation_timeout;
+}
+
+bool Reconciler::ExpectationsMet(const std::string& key, const std::set<std::string>& seen_uids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = expected_.find(key);
+  if (it == expected_.end()) return true;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto e = it->second.begin(); e != it->second.end();) {
+    // Seen, or given up on (deleted before the cache ever showed it, or a lost watch event
+    // that the informer's relist will bring).
+    if (seen_uids.count(e->first) || now >= e->second) {
+      e = it->second.erase(e);
+    } else {
+      ++e;
+    }
+  }
+  if (!it->second.empty()) return false;
+  expected_.erase(it);
+  return true;
 }
 
 // The trainer config problem that makes the job InvalidSpec, if any. A ConfigMap that does not
@@ -164,26 +198,40 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   in.job = job;
   in.now = std::chrono::system_clock::now();
   in.report_interval = options_.report_interval;
+  const std::string uid = meta.value("uid", "");
+  std::set<std::string> seen_uids;
   for (const auto& pod_key : index_->Get(key)) {
-    if (auto pod = pods_->Get(pod_key)) in.pods.push_back(std::move(*pod));
+    auto pod = pods_->Get(pod_key);
+    if (!pod || !OwnedBy(*pod, uid)) continue;  // a Pod that only carries the label is not ours
+    seen_uids.insert((*pod)["metadata"].value("uid", ""));
+    in.pods.push_back(std::move(*pod));
+  }
+  // Pods this operator created that the cache has not shown yet: deciding now would take them
+  // for deleted ones (client-go's "expectations").
+  if (!ExpectationsMet(key, seen_uids)) {
+    out.phase = job.value("status", json::object()).value("phase", "Created");
+    out.requeue_after = std::chrono::seconds(1);
+    return out;
   }
   in.service_exists = services_->Get(key).has_value();
   const json status = job.value("status", json::object());
   const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
-  if (!finished) {
+  if (!finished) in.report = Scrape(key, job, in.pods);
+
+  Plan plan = Decide(in);
+  if (!plan.create.empty()) {
+    // The trainer config is checked when a gang is about to start (not while one runs: an edit
+    // applies to the next gang, and must not fail this one).
     bool retry_later = false;
     std::string wait_msg;
     in.config_error = ConfigProblem(job, &retry_later, &wait_msg);
     if (retry_later) {
-      if (hooks_.record_event) hooks_.record_event(job, {"Warning", "ConfigMapNotReady", wait_msg});
-      out.phase = status.value("phase", "Created");
-      out.requeue_after = std::chrono::seconds(10);
-      return out;
+      in.config_wait = wait_msg;
+      Log(key + ": " + wait_msg);
     }
-    in.report = Scrape(key, job, in.pods);
+    if (in.config_error || in.config_wait) plan = Decide(in);
+    if (in.config_wait && hooks_.record_event) hooks_.record_event(job, {"Warning", "ConfigMapNotReady", wait_msg});
   }
-
-  Plan plan = Decide(in);
   out.phase = plan.phase;
   out.requeue_after = plan.requeue_after;
   const auto jobs_ref = Jobs();
@@ -230,6 +278,7 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   for (const auto& pod : plan.create) {
     auto created = client_->Create(k8s::resources::Pods(), ns, pod);
     if (created.ok()) {
+      Expect(key, created->value("metadata", json::object()).value("uid", ""));
       if (hooks_.pod_created) hooks_.pod_created();
       continue;
     }

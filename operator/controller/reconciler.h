@@ -41,6 +41,8 @@ struct ReconcilerOptions {
   std::chrono::seconds report_interval{10};          // scrape rank 0 and requeue this often
   std::chrono::milliseconds scrape_timeout{1000};
   std::optional<int64_t> pod_delete_grace_seconds;  // nullopt = the Pod's own
+  // How long a created Pod may stay unseen by the cache before the reconciler stops waiting.
+  std::chrono::milliseconds expectation_timeout{30000};
 };
 
 struct ReconcilerHooks {
@@ -77,6 +79,8 @@ class Reconciler {
   k8s::Error EnsureService(const nlohmann::json& job, const JobSpec& spec);
   k8s::Error EnsureConfigMap(const nlohmann::json& job, const JobSpec& spec);
   void Log(const std::string& line) const;
+  void Expect(const std::string& key, const std::string& pod_uid);
+  bool ExpectationsMet(const std::string& key, const std::set<std::string>& seen_uids);
 
   k8s::Client* client_;
   const k8s::Store* jobs_;
@@ -88,6 +92,9 @@ class Reconciler {
 
   std::mutex mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> last_scrape_;
+  // Job key -> uid of each Pod created by this process and not yet seen in the cache -> when
+  // to stop waiting for it.
+  std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> expected_;
 };
 
 }  // namespace meshwork::op

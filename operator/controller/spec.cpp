@@ -136,6 +136,12 @@ std::string Mesh::ToString() const {
   return std::to_string(dp_replicate) + "x" + std::to_string(dp_shard) + "x" + std::to_string(tp);
 }
 
+int DefaultMasterPort(const std::string& uid) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (unsigned char c : uid) h = (h ^ c) * 16777619u;
+  return 20000 + static_cast<int>(h % 9000);
+}
+
 std::set<int> DefaultPermanentExitCodes() { return {exit_code::kConfig, exit_code::kInput}; }
 
 Mesh AutoMesh(int replicas, int processes_per_replica) {
@@ -274,7 +280,11 @@ Result<JobSpec> ParseSpec(const json& job) {
                                                {"All", CleanPodPolicy::kAll}},
                                               &s.clean_pod_policy));
 
-  MW_RETURN_IF_ERROR(ReadIntAs(spec, "masterPort", "spec.masterPort", 1, 65535, &s.master_port));
+  if (Field(spec, "masterPort")) {
+    MW_RETURN_IF_ERROR(ReadIntAs(spec, "masterPort", "spec.masterPort", 1, 65535, &s.master_port));
+  } else {
+    s.master_port = DefaultMasterPort(meta.value("uid", ""));
+  }
   MW_RETURN_IF_ERROR(ReadIntAs(spec, "metricsPort", "spec.metricsPort", 0, 65535, &s.metrics_port));
   if (s.metrics_port > 0 && s.metrics_port + s.processes_per_replica - 1 > 65535) {
     return Bad("spec.metricsPort", std::to_string(s.metrics_port) + " + processesPerReplica - 1 exceeds 65535");

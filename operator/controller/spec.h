@@ -28,6 +28,7 @@ inline constexpr const char* kJobLabel = "meshwork.dev/job";
 inline constexpr const char* kIndexLabel = "meshwork.dev/replica-index";
 inline constexpr const char* kGenerationLabel = "meshwork.dev/restart-generation";
 inline constexpr const char* kWorldSizeLabel = "meshwork.dev/world-size";
+inline constexpr const char* kMeshLabel = "meshwork.dev/mesh";  // "1x2x1"
 
 // The trainer container's name, and the env var its config arrives in.
 inline constexpr const char* kTrainerContainer = "trainer";
@@ -74,7 +75,7 @@ struct JobSpec {
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
 
-  int master_port = 29500;
+  int master_port = 0;  // spec.masterPort, else DefaultMasterPort(uid)
   int metrics_port = 9400;
 
   int WorldSize() const { return replicas * processes_per_replica; }
@@ -83,6 +84,11 @@ struct JobSpec {
 // Permanent exit codes when restartPolicy is ExitCode and none are listed: meshwork-train's
 // "bad config" (2) and "bad or missing input file" (3), which no restart can fix.
 std::set<int> DefaultPermanentExitCodes();
+
+// The rendezvous port when spec.masterPort is unset: 20000-28999, from the job's uid. Stable for
+// the job's life (every gang of it), and different for most pairs of jobs: on the local control
+// plane all Pods share the host's network, and rank 0's TCP store listens on every address.
+int DefaultMasterPort(const std::string& uid);
 
 // The auto mesh: FSDP over every rank with one process per Pod (or one Pod); otherwise HSDP,
 // sharded over the processes of a Pod and replicated across Pods.

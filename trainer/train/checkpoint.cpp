@@ -134,7 +134,7 @@ Status WriteTextAtomically(const std::string& path, const std::string& text) {
   return out.Commit();
 }
 
-// A checkpoint directory is complete when its meta.json and every rank's file are there.
+// A checkpoint directory is complete when its meta.json and every rank's file and checksum are there.
 bool IsComplete(const std::string& step_dir) {
   auto meta = ReadMeta(step_dir);
   if (!meta.ok()) return false;
@@ -441,8 +441,14 @@ Status Checkpointer::WriteFiles(int64_t step) {
   if (ec && !fs::is_directory(step_dir)) {
     return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
   }
-  MW_RETURN_IF_ERROR(
-      SaveRankFile(Join(step_dir, RankFileName(engine_.rank())), step, engine_.LocalParams(), optimizer_));
+  // Temporary files this rank left in an earlier attempt at this step (killed mid-write).
+  const std::string mine = RankFileName(engine_.rank());
+  for (const auto& entry : fs::directory_iterator(step_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool own = name.rfind(mine, 0) == 0 || (engine_.rank() == 0 && name.rfind("meta.json", 0) == 0);
+    if (own && name.find(".tmp.") != std::string::npos) fs::remove(entry.path(), ec);
+  }
+  MW_RETURN_IF_ERROR(SaveRankFile(Join(step_dir, mine), step, engine_.LocalParams(), optimizer_));
   if (engine_.rank() == 0) {
     CheckpointMeta meta = run_;
     meta.step = step;

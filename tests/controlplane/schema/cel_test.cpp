@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "controlplane/schema/openapi.h"
@@ -102,10 +104,10 @@ std::vector<ExprCase> ExprCases() {
       {"double_div_zero_is_inf", "1.0 / 0.0 > 1e308", o, "bool true"},
       {"string_concat", "'a' + 'b'", o, "string \"ab\""},
       {"list_concat", "[1] + [2, 3]", o, "list [1,2,3]"},
-      {"int_plus_string", "1 + 'a'", o, "error: no such overload"},
-      {"int_plus_double", "1 + 1.0", o, "error: no such overload"},
-      {"int_plus_uint", "1 + 1u", o, "error: no such overload"},
-      {"double_mod", "1.0 % 2.0", o, "error: no such overload"},
+      {"int_plus_string", "dyn(1) + 'a'", o, "error: no such overload"},
+      {"int_plus_double", "dyn(1) + 1.0", o, "error: no such overload"},
+      {"int_plus_uint", "1 + dyn(1u)", o, "error: no such overload"},
+      {"double_mod", "dyn(1.0) % 2.0", o, "error: no such overload"},
       {"div_zero", "1 / 0", o, "error: division by zero"},
       {"mod_zero", "1 % 0", o, "error: modulus by zero"},
       {"add_overflow", "9223372036854775807 + 1", o, "error: integer overflow"},
@@ -114,7 +116,7 @@ std::vector<ExprCase> ExprCases() {
       {"neg_overflow", "-(-9223372036854775808)", o, "error: integer overflow"},
       {"div_overflow", "-9223372036854775808 / -1", o, "error: integer overflow"},
       {"uint_underflow", "1u - 2u", o, "error: unsigned integer overflow"},
-      {"negate_string", "-'a'", o, "error: no such overload"},
+      {"negate_string", "-dyn('a')", o, "error: no such overload"},
       // comparison and equality
       {"lt", "1 < 2", o, "bool true"},
       {"le", "2 <= 2", o, "bool true"},
@@ -124,8 +126,8 @@ std::vector<ExprCase> ExprCases() {
       {"cross_numeric_eq", "1 == 1.0", o, "bool true"},
       {"uint_int_eq", "1u == 1", o, "bool true"},
       {"bool_order", "false < true", o, "bool true"},
-      {"lt_mixed_types", "1 < 'a'", o, "error: no such overload"},
-      {"eq_mixed_types_false", "1 == 'a'", o, "bool false"},
+      {"lt_mixed_types", "dyn(1) < 'a'", o, "error: no such overload"},
+      {"eq_mixed_types_false", "dyn(1) == 'a'", o, "bool false"},
       {"ne", "'a' != 'b'", o, "bool true"},
       {"deep_list_eq", "[1, [2, 'x']] == [1, [2, 'x']]", o, "bool true"},
       {"deep_list_ne", "[1, 2] == [2, 1]", o, "bool false"},
@@ -136,7 +138,7 @@ std::vector<ExprCase> ExprCases() {
       {"in_list", "2 in [1, 2]", o, "bool true"},
       {"not_in_list", "3 in [1, 2]", o, "bool false"},
       {"in_map_keys", "'A' in self.env", kSelf, "bool true"},
-      {"in_scalar", "1 in 1", o, "error: no such overload"},
+      {"in_scalar", "1 in dyn(1)", o, "error: no such overload"},
       // && and ||: commutative, errors absorbed when the other side decides
       {"false_and_error", "false && 1/0 == 1", o, "bool false"},
       {"error_and_false", "1/0 == 1 && false", o, "bool false"},
@@ -144,9 +146,9 @@ std::vector<ExprCase> ExprCases() {
       {"error_or_true", "self.missing || true", o, "bool true"},
       {"true_and_error", "true && self.missing", o, "error: no such key: missing"},
       {"error_or_false", "self.missing == 1 || false", o, "error: no such key: missing"},
-      {"non_bool_and", "1 && true", o, "error: no such overload"},
-      {"ternary_non_bool", "1 ? 2 : 3", o, "error: no such overload"},
-      {"not_non_bool", "!1", o, "error: no such overload"},
+      {"non_bool_and", "dyn(1) && true", o, "error: no such overload"},
+      {"ternary_non_bool", "dyn(1) ? 2 : 3", o, "error: no such overload"},
+      {"not_non_bool", "!dyn(1)", o, "error: no such overload"},
       // fields, indexing, has()
       {"select", "self.mesh.dp", kSelf, "int 2"},
       {"select_missing", "self.mesh.pp", kSelf, "error: no such key: pp"},
@@ -168,7 +170,7 @@ std::vector<ExprCase> ExprCases() {
       {"size_string_runes", "size('héllo')", o, "int 5"},
       {"size_member", "self.codes.size()", kSelf, "int 3"},
       {"size_map", "size(self.env)", kSelf, "int 2"},
-      {"size_int", "size(1)", o, "error: no such overload"},
+      {"size_int", "size(dyn(1))", o, "error: no such overload"},
       {"starts_with", "self.name.startsWith('trainer')", kSelf, "bool true"},
       {"starts_with_longer", "'a'.startsWith('abc')", o, "bool false"},
       {"ends_with", "self.name.endsWith('-0')", kSelf, "bool true"},
@@ -190,7 +192,7 @@ std::vector<ExprCase> ExprCases() {
       {"string_of_int", "string(42)", o, "string \"42\""},
       {"string_of_double", "string(1e6)", o, "string \"1e+06\""},
       {"string_of_bool", "string(true)", o, "string \"true\""},
-      {"string_of_list", "string([1])", o, "error: no such overload"},
+      {"string_of_list", "string(dyn([1]))", o, "error: no such overload"},
       // macros
       {"all_true", "self.codes.all(c, c >= 0 && c <= 255)", kSelf, "bool true"},
       {"all_false", "self.codes.all(c, c < 255)", kSelf, "bool false"},
@@ -246,6 +248,21 @@ std::vector<CompileCase> CompileCases() {
        "ERROR: <input>:1:5: found no matching overload for 'size' applied to 2 argument(s)\n | size(1, 2) == 1\n | ....^"},
       {"unexpected_end", "self.a ==", "ERROR: <input>:1:10: Syntax error: unexpected end of expression\n | self.a ==\n | .........^"},
       {"unbalanced", "(1 + 2", "ERROR: <input>:1:7: Syntax error: unexpected end of expression, expecting ')'\n | (1 + 2\n | ......^"},
+      // operand types known from literals
+      {"type_int_plus_string", "1 + 'a' == 'b'",
+       "ERROR: <input>:1:3: found no matching overload for '_+_' applied to '(int, string)'\n | 1 + 'a' == 'b'\n | ..^"},
+      {"type_eq_int_string", "1 == 'a'",
+       "ERROR: <input>:1:3: found no matching overload for '_==_' applied to '(int, string)'\n | 1 == 'a'\n | ..^"},
+      {"type_not_int", "!1", "ERROR: <input>:1:1: found no matching overload for '!_' applied to '(int)'\n | !1\n | ^"},
+      {"type_and_int", "true && 1",
+       "ERROR: <input>:1:6: found no matching overload for '_&&_' applied to '(bool, int)'\n | true && 1\n | .....^"},
+      {"type_size_int", "size(1) == 1",
+       "ERROR: <input>:1:5: found no matching overload for 'size' applied to '(int)'\n | size(1) == 1\n | ....^"},
+      {"type_starts_with_int", "'a'.startsWith(1)",
+       "ERROR: <input>:1:15: found no matching overload for 'startsWith' applied to 'string.(int)'\n | 'a'.startsWith(1)\n | ..............^"},
+      {"type_mod_double", "1.0 % 2.0 == 1.0",
+       "ERROR: <input>:1:5: found no matching overload for '_%_' applied to '(double, double)'\n | 1.0 % 2.0 == 1.0\n | ....^"},
+      {"type_in_int", "1 in 2", "ERROR: <input>:1:3: found no matching overload for '@in' applied to '(int, int)'\n | 1 in 2\n | ..^"},
       {"bad_char", "1 # 2", "ERROR: <input>:1:3: Syntax error: token recognition error at: '#'\n | 1 # 2\n | ..^"},
       {"unterminated_string", "'abc", "ERROR: <input>:1:1: Syntax error: unterminated string literal\n | 'abc\n | ^"},
       {"int_literal_too_big", "9223372036854775808", "ERROR: <input>:1:1: invalid int literal\n | 9223372036854775808\n | ^"},
@@ -285,6 +302,15 @@ TEST(CelCompile, ChecksFieldNamesAgainstTheSchema) {
   EXPECT_NE(cel::Compile("self.metadata.labels == {}", &schema, true).error.find("undefined field 'labels'"),
             std::string::npos);
   EXPECT_NE(cel::Compile("self.kind == 'X'", &schema, false).error.find("undefined field 'kind'"), std::string::npos);
+  // Types come from the schema too; int-or-string and preserved fields stay dynamic.
+  EXPECT_EQ(cel::Compile("self.mesh.tp == 'two'", &schema).error,
+            "ERROR: <input>:1:14: found no matching overload for '_==_' applied to '(int, string)'\n"
+            " | self.mesh.tp == 'two'\n | .............^");
+  EXPECT_NE(cel::Compile("self.items.all(i, i.n > 0)", &schema).error.find("'_>_' applied to '(string, int)'"),
+            std::string::npos);
+  EXPECT_TRUE(cel::Compile("self.free.what + 1 == 2 && self.env.a.startsWith('x') && self.mesh.tp < 1.5", &schema).program);
+  EXPECT_TRUE(cel::NeverBool(*cel::Compile("self.env.a", &schema).program));
+  EXPECT_FALSE(cel::NeverBool(*cel::Compile("self.free.what", &schema).program));
 }
 
 TEST(CelCompile, TransitionRulesAreThoseThatMentionOldSelf) {
@@ -475,6 +501,32 @@ std::vector<RuleCase> RuleCases() {
 INSTANTIATE_TEST_SUITE_P(Rules, RuleTest, ::testing::ValuesIn(RuleCases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Compiled rules and patterns are shared through process-wide caches: many request threads at
+// once must see the same answers.
+TEST(Rules, ConcurrentValidationAgrees) {
+  const json schema = JobSchema();
+  const json bad = Job(json::parse(R"({"replicas": 1, "config": {}, "checkpoint": {"path": "x"}})"));
+  json probe = bad;
+  const auto want = DefaultPruneAndValidate(schema, probe);
+  ASSERT_EQ(want.size(), 3u) << Describe(want);
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        json obj = bad;
+        // Distinct texts per thread too, so the caches are written while being read.
+        json extra = schema;
+        extra["properties"]["spec"]["x-kubernetes-validations"].push_back(
+            Rule("self.replicas != " + std::to_string(1000 + t * 1000 + i) + " && 'a'.matches('^a" + std::to_string(t) + "?')"));
+        if (DefaultPruneAndValidate(extra, obj) != want) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
 TEST(Rules, TransitionRuleComparesWithTheOldObject) {
   const json schema = JobSchema();
   json old = Job({{"replicas", 1}, {"image", "a"}});
@@ -506,13 +558,14 @@ TEST(Rules, TransitionRulesFollowListMapKeys) {
 TEST(Rules, ReasonsAndMessageExpression) {
   auto run = [](const json& rule, const json& value) {
     json schema = {{"type", "object"},
-                   {"properties", {{"spec", {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}, {"opt", {{"type", "integer"}}}}},
+                   {"properties", {{"spec", {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}, {"opt", {{"type", "integer"}}},
+                                                                           {"any", {{"x-kubernetes-int-or-string", true}}}}},
                                              {"x-kubernetes-validations", json::array({rule})}}}}}};
     EXPECT_TRUE(CheckSchema(schema, "").empty()) << Describe(CheckSchema(schema, ""));
     json obj = Job(value);
     return DefaultPruneAndValidate(schema, obj);
   };
-  const json spec = {{"n", 5}};
+  const json spec = {{"n", 5}, {"any", "x"}};
   EXPECT_EQ(run(Rule("self.n < 3", {{"reason", "FieldValueRequired"}, {"message", "n too big"}}), spec),
             (std::vector<FieldCause>{{"FieldValueRequired", "spec", "Required value: n too big"}}));
   EXPECT_EQ(run(Rule("self.n < 3", {{"reason", "FieldValueDuplicate"}}), spec),
@@ -532,7 +585,7 @@ TEST(Rules, ReasonsAndMessageExpression) {
   EXPECT_EQ(run(Rule("self.opt == 1"), spec),
             (std::vector<FieldCause>{{"FieldValueInvalid", "spec",
                                       "Invalid value: \"object\": no such key: opt evaluating rule: self.opt == 1"}}));
-  EXPECT_EQ(run(Rule("self.n + 'a' == 'b'", {{"message", "m"}}), spec),
+  EXPECT_EQ(run(Rule("self.any + 1 == 2", {{"message", "m"}}), spec),
             (std::vector<FieldCause>{{"FieldValueInvalid", "spec",
                                       "Invalid value: \"object\": 'no such overload': call arguments did not match a "
                                       "supported operator, function or macro signature for rule: m"}}));

@@ -349,6 +349,34 @@ TEST(DecideTest, ScaleRestartsTheGangAtTheNewSize) {
   EXPECT_EQ(q.create[0]["metadata"]["labels"][kWorldSizeLabel], "1");
 }
 
+TEST(DecideTest, ResizeWithCheckpointsFailsInsteadOfCrashLooping) {
+  json job = RunningJob({{"checkpoint", {{"path", "/ckpt"}}}});
+  job["spec"]["replicas"] = 1;
+  Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}));
+  EXPECT_EQ(p.phase, "Failed");
+  EXPECT_EQ(ConditionReason(p.status, "Failed"), "InvalidSpec");
+  EXPECT_THAT(p.status["conditions"].dump(), HasSubstr("cannot reshard a checkpoint"));
+  EXPECT_EQ(p.remove.size(), 2u);
+}
+
+TEST(DecideTest, AMissingConfigMapHoldsTheLaunch) {
+  Observed in = In(Job());
+  in.config_wait = "waiting for ConfigMap ml/cfg (spec.config.configMapRef.name)";
+  Plan p = Decide(in);
+  EXPECT_TRUE(p.create.empty());
+  EXPECT_EQ(p.phase, "Created");
+  EXPECT_EQ(ConditionReason(p.status, "Running"), "ConfigMapNotReady");
+  ASSERT_TRUE(p.requeue_after.has_value());
+}
+
+TEST(DecideTest, TtlCountsFromAFailureToo) {
+  json job = RunningJob({{"runPolicy", {{"ttlSecondsAfterFinished", 60}, {"restartPolicy", "Never"}}}});
+  Plan p = Decide(In(job, {Pod(0, 0, "Failed", 1), Pod(1, 0, "Running")}));
+  EXPECT_EQ(p.phase, "Failed");
+  ASSERT_TRUE(p.requeue_after.has_value());
+  EXPECT_EQ(*p.requeue_after, seconds(61));
+}
+
 TEST(DecideTest, ReportGoesIntoStatus) {
   Observed in = In(RunningJob(), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
   in.report = TrainerReport{120, 300, 2.5, 4000};
@@ -356,7 +384,7 @@ TEST(DecideTest, ReportGoesIntoStatus) {
   EXPECT_EQ(p.status["trainer"]["step"], 120);
   EXPECT_EQ(p.status["trainer"]["totalSteps"], 300);
   EXPECT_DOUBLE_EQ(p.status["trainer"]["loss"].get<double>(), 2.5);
-  EXPECT_DOUBLE_EQ(p.status["trainer"]["tokensPerSecond"].get<double>(), 4000);
+  EXPECT_DOUBLE_EQ(p.status["trainer"]["tokensPerSecond"].get<double>(), 8000);  // rank 0's x world size
 }
 
 TEST(DecideTest, TimesRoundTrip) {

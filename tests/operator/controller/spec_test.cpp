@@ -30,9 +30,24 @@ TEST(SpecTest, DefaultsMatchTheCrd) {
   EXPECT_EQ(s->backoff_limit, 3);
   EXPECT_EQ(s->clean_pod_policy, CleanPodPolicy::kRunning);
   EXPECT_FALSE(s->suspend);
-  EXPECT_EQ(s->master_port, 29500);
+  EXPECT_EQ(s->master_port, DefaultMasterPort("u"));
   EXPECT_EQ(s->metrics_port, 9400);
   EXPECT_FALSE(s->checkpoint_path.has_value());
+}
+
+TEST(SpecTest, DefaultMasterPortIsStablePerJobAndSpread) {
+  EXPECT_EQ(DefaultMasterPort("0b8f-uid"), DefaultMasterPort("0b8f-uid"));
+  std::set<int> ports;
+  for (int i = 0; i < 100; ++i) {
+    const int p = DefaultMasterPort("uid-" + std::to_string(i));
+    EXPECT_GE(p, 20000);
+    EXPECT_LT(p, 29000);
+    ports.insert(p);
+  }
+  EXPECT_GE(ports.size(), 95u);  // collisions are rare
+  auto s = ParseSpec(Job({{"masterPort", 31000}}));
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->master_port, 31000);
 }
 
 TEST(SpecTest, AutoMeshIsFsdpForOneProcessPerPodAndHsdpOtherwise) {
@@ -95,7 +110,7 @@ TEST(SpecTest, TrainerConfigIsCheckedWithTheTrainersOwnRules) {
 }
 
 TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
-  json job = Job({{"replicas", 2}, {"processesPerReplica", 2}, {"checkpoint", {{"every", 50}}}});
+  json job = Job({{"replicas", 2}, {"processesPerReplica", 2}, {"masterPort", 29500}, {"checkpoint", {{"every", 50}}}});
   auto s = ParseSpec(job);
   ASSERT_TRUE(s.ok());
   json pod = DesiredPod(job, *s, 1, 3);

@@ -256,7 +256,7 @@ if wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   [ "$(jp train-ok '{.status.restarts}')" = 0 ] && [ -n "$(jp train-ok '{.status.completionTime}')" ] &&
     pass "no restarts, completionTime set" || fail "train-ok: $(jp train-ok '{.status}')"
   ev="$(k get events --field-selector involvedObject.name=train-ok -o jsonpath='{range .items[*]}{.reason} {end}')"
-  [[ "$ev" == *Created* && "$ev" == *Running* && "$ev" == *Succeeded* ]] && pass "events Created, Running, Succeeded" || fail "events: $ev"
+  [[ "$ev" == *Created* && "$ev" == *Running* && "$ev" == *AllRanksSucceeded* ]] && pass "events Created, Running, AllRanksSucceeded" || fail "events: $ev"
   cols="$(k get tj train-ok 2>&1)"
   [[ "$cols" == *PHASE*READY*STEP*TOKENS/S*RESTARTS*AGE*train-ok*Succeeded* ]] && pass "kubectl get shows the printer columns" || fail "get tj: $cols"
 else fail "train-ok did not succeed: $(jp train-ok '{.status}')"; dump; fi

@@ -134,6 +134,21 @@ TEST(Checkpoint, LatestMovesOnlyAfterACheckpointIsComplete) {
   EXPECT_EQ(LatestText(dir), "step-00000002\n");
 }
 
+TEST(Checkpoint, SavingAgainClearsThisRanksTemporaryFilesFromAKilledAttempt) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  WriteBytes(dir + "/step-00000001/rank-00000.pt.tmp.99999", "partial");
+  WriteBytes(dir + "/step-00000001/meta.json.tmp.99999", "{");
+  WriteBytes(dir + "/step-00000001/rank-00001.pt.tmp.99999", "another rank's");
+  TrainingState a = MakeRun(dir, 1);
+  Step(a, 0);
+  ASSERT_TRUE(a.checkpointer->Save(1).ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-00000001/rank-00000.pt.tmp.99999"));
+  EXPECT_FALSE(fs::exists(dir + "/step-00000001/meta.json.tmp.99999"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000001/rank-00001.pt.tmp.99999"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000001/rank-00000.pt"));
+}
+
 TEST(Checkpoint, KeepsTheNewestCompleteCheckpointsAndDeletesOlderOnes) {
   TempDir tmp;
   const std::string dir = tmp.File("ckpt");

@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# meshwork-operator under a burst: N TrainingJobs (default 500) applied at once, with one
+# `kubectl apply -f` of a multi-document YAML, to a fresh local control plane and one operator.
+# Each job's Pods run `true` and exit at once, so what is measured is the control loop (operator,
+# API server, node agent), not training. One row per replicas value (1, then 2 Pods per job),
+# each on a fresh control plane: time until every Pod exists, time until every job is Succeeded,
+# reconciles/s, reconcile errors by reason, pods created/deleted, the deepest work queue seen,
+# CPU time and peak RSS of the operator and of the control plane.
+# Writes bench/results/operator_load.md. Needs a build and kubectl (scripts/setup.sh).
+# usage: bench/operator_load.sh [build-dir] [jobs] [replicas...]
+#   build-dir defaults to $MESHWORK_BUILD_DIR, else build/; jobs to $N, else 500; replicas to "1 2".
+#   TIMEOUT_S (default 900): give up on a row after this many seconds and report what is stuck.
+#   KEEP_DIR: copy each row's logs, metrics, timeline and data dir there at the end.
+set -euo pipefail
+
+cmdline="bench/operator_load.sh${*:+ $*}"
+[ -n "${N:-}" ] && cmdline="N=$N $cmdline"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-${MESHWORK_BUILD_DIR:-$root/build}}"
+jobs="${2:-${N:-500}}"
+shift $(($# > 2 ? 2 : $#))
+replicas_list=(1 2)
+[ $# -gt 0 ] && replicas_list=("$@")
+timeout_s="${TIMEOUT_S:-900}"
+out="$root/bench/results/operator_load.md"
+command -v kubectl >/dev/null || { echo "kubectl is not installed (scripts/setup.sh)" >&2; exit 1; }
+
+tmp="$(mktemp -d)"
+cp_pid=""
+op_pid=""
+apply_pid=""
+# stop_pid PID: SIGTERM, up to 20 s for a clean exit, then SIGKILL.
+stop_pid() {
+  local p="$1"
+  [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 0
+  kill -TERM "$p" 2>/dev/null || true
+  for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
+}
+# Pod processes are the control plane's children, each in its own process group; they also carry
+# PR_SET_PDEATHSIG, but a `true` Pod may be between fork and exec when the control plane goes.
+kill_pods_of() {
+  local parent="$1" child
+  [ -n "$parent" ] || return 0
+  for child in $(pgrep -P "$parent" 2>/dev/null); do kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true; done
+}
+stop_all() {
+  stop_pid "$apply_pid"
+  stop_pid "$op_pid"
+  local pods_parent="$cp_pid"
+  local children
+  children="$(pgrep -P "$pods_parent" 2>/dev/null || true)"
+  stop_pid "$cp_pid"
+  for c in $children; do kill -KILL -- "-$c" 2>/dev/null || true; done
+  apply_pid="" op_pid="" cp_pid=""
+}
+cleanup() {
+  kill_pods_of "$cp_pid"
+  stop_all
+  if [ -n "${KEEP_DIR:-}" ]; then mkdir -p "$KEEP_DIR" && cp -r "$tmp"/run-* "$KEEP_DIR"/ 2>/dev/null || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+
+# Copies, so that a rebuild of $build during the run changes nothing.
+mkdir -p "$tmp/bin"
+cp "$build/controlplane/apiserver/meshwork-controlplane" "$build/operator/meshwork-operator" "$tmp/bin/"
+cp_bin="$tmp/bin/meshwork-controlplane"
+op_bin="$tmp/bin/meshwork-operator"
+export HOME="$tmp"  # kubectl's discovery cache
+
+now() { date +%s.%N; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# cpu_s PID: user + system seconds of the process (its reaped children are not counted).
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "/proc/$1/stat"; }
+# children_cpu_s PID: user + system seconds of its reaped children (the Pods' processes).
+children_cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($14 + $15) / hz}' "/proc/$1/stat"; }
+hwm_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+
+# jobs_yaml COUNT REPLICAS: COUNT TrainingJobs whose Pods run `true`, as one multi-document YAML.
+jobs_yaml() {
+  local i
+  for i in $(seq -f '%04g' 1 "$1"); do
+    cat <<EOF
+---
+apiVersion: meshwork.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: load-$i
+  namespace: bench
+spec:
+  image: busybox
+  device: cpu
+  replicas: $2
+  command: ["true"]
+  metricsPort: 0
+  config:
+    inline: "model: {preset: tiny}"
+EOF
+  done
+}
+
+{
+  echo "| jobs | Pods/job | apply returned | all Pods created | all Succeeded | reconciles | reconciles/s | errors (conflict/api/other) | Pods created/deleted | queue depth max | operator CPU | control plane CPU | Pods' CPU | operator peak RSS | control plane peak RSS |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+} >"$tmp/table.md"
+: >"$tmp/details.md"
+load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+for r in "${replicas_list[@]}"; do
+  run="$tmp/run-$r"
+  mkdir -p "$run"
+  want_pods=$((jobs * r))
+  export KUBECONFIG="$run/cp/kubeconfig"
+  k() { kubectl --request-timeout=60s "$@"; }
+
+  # ---- a fresh control plane, the CRD, a namespace, one operator
+  (cd "$run" && exec "$cp_bin" --data-dir "$run/cp" >"$run/cp.log" 2>&1) &
+  cp_pid=$!
+  for _ in $(seq 1 300); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
+  grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; exit 1; }
+  k apply -f "$root/crds/trainingjob.yaml" >/dev/null
+  k wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
+  k create namespace bench >/dev/null
+  port="$(free_port)"
+  # One replica and no leader election: the lease renewals would only add writes to the store.
+  "$op_bin" --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-bind-address "127.0.0.1:$port" \
+    >"$run/op.log" 2>&1 &
+  op_pid=$!
+  for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$run/op.log" >&2; exit 1; }
+  jobs_yaml "$jobs" "$r" >"$run/jobs.yaml"
+  op_cpu0="$(cpu_s "$op_pid")"
+  cp_cpu0="$(cpu_s "$cp_pid")"
+
+  # ---- the burst. Progress is read every 0.5 s from the operator's /metrics (Pods created, jobs
+  # Succeeded as the operator last wrote them): cheap, where a kubectl list of 1,500 objects takes
+  # seconds on this machine and competes with what is measured. One kubectl list then confirms
+  # each milestone from the API server.
+  echo "[bench] $jobs TrainingJobs x $r Pods, one kubectl apply ($(wc -c <"$run/jobs.yaml") bytes of YAML)" >&2
+  t0="$(now)"
+  (k apply -f "$run/jobs.yaml" >"$run/apply.log" 2>&1; echo "$? $(now)" >"$run/apply.done") &
+  apply_pid=$!
+  t_pods="" t_pods_seen="" t_done="" t_done_seen="" depth_max=0 pods_metrics=""
+  echo "t_s pods_created jobs_succeeded queue_depth op_cpu_s cp_cpu_s" >"$run/timeline.txt"
+  while :; do
+    metrics="$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics" || true)"
+    read -r n_pods n_ok depth <<<"$(awk '$1 == "meshwork_operator_pods_created_total" {p = $2}
+      $1 == "meshwork_operator_jobs{phase=\"Succeeded\"}" {s = $2}
+      $1 == "meshwork_operator_workqueue_depth" {d = $2}
+      END {print int(p), int(s), int(d)}' <<<"$metrics")"
+    ((depth > depth_max)) && depth_max=$depth
+    t="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
+    echo "$t $n_pods $n_ok $depth $(awk -v a="$op_cpu0" -v b="$(cpu_s "$op_pid")" 'BEGIN {printf "%.1f", b - a}') $(awk -v a="$cp_cpu0" -v b="$(cpu_s "$cp_pid")" 'BEGIN {printf "%.1f", b - a}')" >>"$run/timeline.txt"
+    if [ -z "$t_pods" ] && ((n_pods >= want_pods)); then
+      t_pods="$t"
+      pods_metrics="$metrics"
+    fi
+    if [ -n "$t_pods" ] && [ -z "$t_pods_seen" ] &&
+      (($(k get pods -n bench -l meshwork.dev/job -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null | wc -l) >= want_pods)); then
+      t_pods_seen="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
+    fi
+    [ -z "$t_done" ] && ((n_ok >= jobs)) && t_done="$t"
+    if [ -n "$t_done" ] && (($(k get tj -n bench -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^Succeeded$') == jobs)); then
+      t_done_seen="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
+      break
+    fi
+    if awk -v t="$t" -v l="$timeout_s" 'BEGIN {exit !(t > l)}'; then break; fi
+    sleep 0.5
+  done
+  elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
+  curl -s "http://127.0.0.1:$port/metrics" >"$run/metrics.txt"
+  op_cpu="$(awk -v a="$op_cpu0" -v b="$(cpu_s "$op_pid")" 'BEGIN {printf "%.1f", b - a}')"
+  cp_cpu="$(awk -v a="$cp_cpu0" -v b="$(cpu_s "$cp_pid")" 'BEGIN {printf "%.1f", b - a}')"
+  pods_cpu="$(children_cpu_s "$cp_pid")"
+  op_hwm="$(hwm_kib "$op_pid")"
+  cp_hwm="$(hwm_kib "$cp_pid")"
+  for _ in $(seq 1 600); do [ -s "$run/apply.done" ] && break; sleep 0.5; done
+  read -r apply_rc apply_end <"$run/apply.done" || { apply_rc="?"; apply_end=""; }
+  t_apply="$( [ -n "$apply_end" ] && awk -v a="$t0" -v b="$apply_end" 'BEGIN {printf "%.1f s", b - a}' || echo "did not return")"
+  apply_pid=""
+  # Evidence for the notes, while everything is still up.
+  k get tj -n bench -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.metadata.creationTimestamp} {.status.completionTime}{"\n"}{end}' >"$run/jobs.txt" 2>&1 || true
+  n_events="$(k get events -n bench -o name 2>/dev/null | wc -l)"
+  store_kib="$(du -sk "$run/cp/store" | cut -f1)"
+  agent_kib="$(du -sk "$run/cp/agent" 2>/dev/null | cut -f1 || echo 0)"
+  for task in /proc/"$cp_pid"/task/*; do
+    echo "cp $(cat "$task/comm") $(awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "$task/stat")"
+  done >"$run/threads.txt" 2>/dev/null || true
+  for task in /proc/"$op_pid"/task/*; do
+    echo "op $(cat "$task/comm") $(awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "$task/stat")"
+  done >>"$run/threads.txt" 2>/dev/null || true
+  pods_by_phase="$(k get pods -n bench -o jsonpath='{range .items[*]}{.status.phase}/{.spec.nodeName}{"\n"}{end}' 2>/dev/null |
+    sed 's|/$|/unscheduled|; s|/local$||' | sort | uniq -c | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $1}')"
+  stuck="$(awk '$2 != "Succeeded" {print $1 "(" ($2 == "" ? "no phase" : $2) ")"}' "$run/jobs.txt" | head -n 20 | xargs)"
+  stop_all
+
+  python3 - "$run/metrics.txt" "$jobs" "$r" "$t_apply" "${t_pods:-}" "${t_done:-}" "$elapsed" "$depth_max" \
+    "$op_cpu" "$cp_cpu" "$pods_cpu" "$op_hwm" "$cp_hwm" >>"$tmp/table.md" <<'PY'
+import re, sys
+m, jobs, r, t_apply, t_pods, t_done, elapsed, depth, op_cpu, cp_cpu, pods_cpu, op_hwm, cp_hwm = sys.argv[1:]
+vals = {}
+for line in open(m):
+    mm = re.match(r'^(\w+)(\{[^}]*\})? ([0-9.e+-]+)$', line.strip())
+    if mm: vals[mm.group(1) + (mm.group(2) or "")] = float(mm.group(3))
+def v(name): return int(vals.get(name, 0))
+rec = sum(x for k, x in vals.items() if k.startswith("meshwork_operator_reconcile_total{"))
+err = "/".join(str(v('meshwork_operator_reconcile_errors_total{reason="%s"}' % x)) for x in ("conflict", "api", "other"))
+span = float(t_done or elapsed)
+cell = lambda t: f"{float(t):.1f} s" if t else f"not after {float(elapsed):.0f} s"
+print(f"| {jobs} | {r} | {t_apply} | {cell(t_pods)} | {cell(t_done)} | {rec:.0f} | {rec / span:.1f} | {err} | "
+      f"{v('meshwork_operator_pods_created_total')}/{v('meshwork_operator_pods_deleted_total')} | {depth} | "
+      f"{op_cpu} s | {cp_cpu} s | {float(pods_cpu):.1f} s | {int(op_hwm) / 1024:.1f} MiB | {int(cp_hwm) / 1024:.1f} MiB |")
+PY
+
+  {
+    echo "### $jobs jobs x $r Pods"
+    echo
+    echo "- apply: exit $apply_rc, $(grep -c ' created$' "$run/apply.log" || true) created; $(grep -v ' created$' "$run/apply.log" | head -n 3 | tr '\n' ' ')"
+    echo "- milestones confirmed by a kubectl list at: all Pods ${t_pods_seen:-never} s, all Succeeded ${t_done_seen:-never} s"
+    echo "- Pods by phase at the end: $pods_by_phase"
+    echo "- jobs by phase at the end: $(awk '{print ($2 == "" ? "none" : $2)}' "$run/jobs.txt" | sort | uniq -c | awk '{printf "%s %s, ", $2, $1}' | sed 's/, $//')"
+    [ -n "$stuck" ] && echo "- not Succeeded (first 20): $stuck"
+    echo "- completionTime - creationTimestamp (seconds resolution): $(python3 - "$run/jobs.txt" <<'PY'
+import sys, datetime
+def t(s): return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 4]
+if not rows: print("no finished job"); sys.exit()
+d = sorted(t(c) - t(a) for _, _, a, c in rows)
+first = min(t(a) for _, _, a, _ in rows)
+print(f"p50 {d[len(d) // 2]:.0f} s, max {d[-1]:.0f} s; last completion {max(t(c) for *_, c in rows) - first:.0f} s after the first create")
+PY
+)"
+    echo "- reconcile duration: $(awk '/^meshwork_operator_reconcile_duration_seconds_sum/ {s = $2} /^meshwork_operator_reconcile_duration_seconds_count/ {c = $2} END {if (c) printf "mean %.1f ms over %d", 1000 * s / c, c}' "$run/metrics.txt"); work-queue adds $(awk '$1 == "meshwork_operator_workqueue_adds_total" {print int($2)}' "$run/metrics.txt"), retries $(awk '$1 == "meshwork_operator_workqueue_retries_total" {print int($2)}' "$run/metrics.txt"); queue wait mean $(awk '/^meshwork_operator_workqueue_queue_duration_seconds_sum/ {s = $2} /^meshwork_operator_workqueue_queue_duration_seconds_count/ {c = $2} END {if (c) printf "%.2f s", s / c}' "$run/metrics.txt")"
+    if [ -n "$pods_metrics" ]; then
+      echo "- reconciles when the last Pod appeared: $(awk '/^meshwork_operator_reconcile_total\{/ {s += $2} END {print s + 0}' <<<"$pods_metrics")"
+    fi
+    echo "- errors by reason: $(sed -nE 's/^meshwork_operator_reconcile_errors_total\{reason="([a-z_]+)"\} ([0-9.e+]+)$/\1 \2/p' "$run/metrics.txt" | awk '{printf "%s%s %d", (NR > 1 ? ", " : ""), $1, $2}')"
+    echo "- operator log: $(wc -l <"$run/op.log") lines, $(grep -c 'reconcile ' "$run/op.log" || true) reconcile lines, $(grep -c 'events: ' "$run/op.log" || true) from the event recorder$(grep -m1 'events: ' "$run/op.log" | cut -c1-160 | sed 's/^/ (first: /; s/$/)/' || true); first error line: $(grep -m1 -iE 'error|fail|conflict' "$run/op.log" | cut -c1-200 || echo none)"
+    echo "- control plane log: $(wc -l <"$run/cp.log") lines$( [ "$(wc -l <"$run/cp.log")" -gt 1 ] && echo ": $(grep -v 'serving on' "$run/cp.log" | head -n 2 | cut -c1-200 | tr '\n' ' ')")"
+    echo "- events in namespace bench: $n_events; store $((store_kib / 1024)) MiB, agent dir (Pod logs, hosts files) $((agent_kib / 1024)) MiB"
+    echo "- timeline (s since the apply; operator metrics: Pods created, jobs Succeeded, queue depth; CPU seconds since the apply), one line per 10 s:"
+    echo
+    echo '```'
+    awk 'BEGIN {last = -1} NR == 1 {print; next} int($1 / 10) != last {print; last = int($1 / 10)} END {print}' "$run/timeline.txt" | uniq
+    echo '```'
+    echo
+  } >>"$tmp/details.md"
+done
+load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+{
+  echo "# meshwork-operator under a burst of TrainingJobs"
+  echo
+  bench_command_line "$cmdline" "$root"
+  echo
+  echo "Machine: $(bench_machine), $(free -g | awk '/^Mem:/ {print $2}') GiB memory; the cores are shared with other"
+  echo "engineers' builds: load average (1/5/15 min) $load_start at the start, $load_end at the end."
+  echo "A fresh meshwork-controlplane (HTTPS, fsync per write, one node \`local\`) per row, one"
+  echo "meshwork-operator (\`--leader-elect false\`, 4 workers), both on this machine. All jobs are"
+  echo "applied by one \`kubectl apply -f\` of a multi-document YAML (kubectl sends a GET and a POST"
+  echo "per object, one after another); each job runs \`command: [\"true\"]\`, \`device: cpu\`, no"
+  echo "resource requests, \`metricsPort: 0\`. Times are from the start of the apply; \"all Pods"
+  echo "created\" and \"all Succeeded\" are read every 0.5 s from the operator's \`/metrics\`"
+  echo "(\`pods_created_total\`, \`jobs{phase=\"Succeeded\"}\`) and then confirmed by a kubectl list"
+  echo "(Details). Reconciles are"
+  echo "\`meshwork_operator_reconcile_total\` summed over \`result\`, per second of the time to all"
+  echo "Succeeded; CPU is user + system seconds from the apply to the end; \"Pods' CPU\" is the reaped"
+  echo "Pod processes'. Peak RSS is VmHWM."
+  echo
+  cat "$tmp/table.md"
+  echo
+  echo "## Details"
+  echo
+  cat "$tmp/details.md"
+} >"$tmp/result.md"
+mkdir -p "$(dirname "$out")"
+cp "$tmp/result.md" "$out"
+cat "$out"
