@@ -17,7 +17,7 @@ cmdline="bench/operator_load.sh${*:+ $*}"
 [ -n "${N:-}" ] && cmdline="N=$N $cmdline"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-${MESHWORK_BUILD_DIR:-$root/build}}"
-jobs="${2:-${N:-500}}"
+njobs="${2:-${N:-500}}"
 shift $(($# > 2 ? 2 : $#))
 replicas_list=(1 2)
 [ $# -gt 0 ] && replicas_list=("$@")
@@ -38,27 +38,24 @@ stop_pid() {
   kill -KILL "$p" 2>/dev/null || true
   wait "$p" 2>/dev/null || true
 }
-# Pod processes are the control plane's children, each in its own process group; they also carry
-# PR_SET_PDEATHSIG, but a `true` Pod may be between fork and exec when the control plane goes.
-kill_pods_of() {
-  local parent="$1" child
-  [ -n "$parent" ] || return 0
-  for child in $(pgrep -P "$parent" 2>/dev/null); do kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true; done
-}
+# Pod processes are the control plane's children, each its own process group (setsid). They
+# carry PR_SET_PDEATHSIG too, but a group that outlives its leader's parent would escape that.
 stop_all() {
+  local children c
   stop_pid "$apply_pid"
   stop_pid "$op_pid"
-  local pods_parent="$cp_pid"
-  local children
-  children="$(pgrep -P "$pods_parent" 2>/dev/null || true)"
+  children=""
+  if [ -n "$cp_pid" ]; then children="$(pgrep -P "$cp_pid" 2>/dev/null || true)"; fi
   stop_pid "$cp_pid"
   for c in $children; do kill -KILL -- "-$c" 2>/dev/null || true; done
   apply_pid="" op_pid="" cp_pid=""
 }
 cleanup() {
-  kill_pods_of "$cp_pid"
   stop_all
-  if [ -n "${KEEP_DIR:-}" ]; then mkdir -p "$KEEP_DIR" && cp -r "$tmp"/run-* "$KEEP_DIR"/ 2>/dev/null || true; fi
+  if [ -n "${KEEP_DIR:-}" ]; then
+    mkdir -p "$KEEP_DIR"
+    cp -r "$tmp"/run-* "$KEEP_DIR"/ 2>/dev/null || true
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -68,9 +65,13 @@ source "$root/bench/lib.sh"
 
 # Copies, so that a rebuild of $build during the run changes nothing.
 mkdir -p "$tmp/bin"
-cp "$build/controlplane/apiserver/meshwork-controlplane" "$build/operator/meshwork-operator" "$tmp/bin/"
+cp -p "$build/controlplane/apiserver/meshwork-controlplane" "$build/operator/meshwork-operator" "$tmp/bin/"
 cp_bin="$tmp/bin/meshwork-controlplane"
 op_bin="$tmp/bin/meshwork-operator"
+# bin_line FILE: "name (built <mtime>, sha256 <12 hex>)", for the results: the build dir may be
+# rebuilt from a working tree that is not the commit named in the results.
+bin_line() { echo "\`$(basename "$1")\` (built $(date -u -r "$1" '+%H:%M:%S UTC'), sha256 $(sha256sum "$1" | cut -c1-12))"; }
+binaries="$(bin_line "$cp_bin"), $(bin_line "$op_bin")"
 export HOME="$tmp"  # kubectl's discovery cache
 
 now() { date +%s.%N; }
@@ -114,7 +115,7 @@ load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 for r in "${replicas_list[@]}"; do
   run="$tmp/run-$r"
   mkdir -p "$run"
-  want_pods=$((jobs * r))
+  want_pods=$((njobs * r))
   export KUBECONFIG="$run/cp/kubeconfig"
   k() { kubectl --request-timeout=60s "$@"; }
 
@@ -133,7 +134,7 @@ for r in "${replicas_list[@]}"; do
   op_pid=$!
   for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$run/op.log" >&2; exit 1; }
-  jobs_yaml "$jobs" "$r" >"$run/jobs.yaml"
+  jobs_yaml "$njobs" "$r" >"$run/jobs.yaml"
   op_cpu0="$(cpu_s "$op_pid")"
   cp_cpu0="$(cpu_s "$cp_pid")"
 
@@ -141,7 +142,7 @@ for r in "${replicas_list[@]}"; do
   # Succeeded as the operator last wrote them): cheap, where a kubectl list of 1,500 objects takes
   # seconds on this machine and competes with what is measured. One kubectl list then confirms
   # each milestone from the API server.
-  echo "[bench] $jobs TrainingJobs x $r Pods, one kubectl apply ($(wc -c <"$run/jobs.yaml") bytes of YAML)" >&2
+  echo "[bench] $njobs TrainingJobs x $r Pods, one kubectl apply ($(wc -c <"$run/jobs.yaml") bytes of YAML)" >&2
   t0="$(now)"
   (k apply -f "$run/jobs.yaml" >"$run/apply.log" 2>&1; echo "$? $(now)" >"$run/apply.done") &
   apply_pid=$!
@@ -164,8 +165,8 @@ for r in "${replicas_list[@]}"; do
       (($(k get pods -n bench -l meshwork.dev/job -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null | wc -l) >= want_pods)); then
       t_pods_seen="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
     fi
-    [ -z "$t_done" ] && ((n_ok >= jobs)) && t_done="$t"
-    if [ -n "$t_done" ] && (($(k get tj -n bench -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^Succeeded$') == jobs)); then
+    [ -z "$t_done" ] && ((n_ok >= njobs)) && t_done="$t"
+    if [ -n "$t_done" ] && (($(k get tj -n bench -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^Succeeded$') == njobs)); then
       t_done_seen="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
       break
     fi
@@ -199,7 +200,7 @@ for r in "${replicas_list[@]}"; do
   stuck="$(awk '$2 != "Succeeded" {print $1 "(" ($2 == "" ? "no phase" : $2) ")"}' "$run/jobs.txt" | head -n 20 | xargs)"
   stop_all
 
-  python3 - "$run/metrics.txt" "$jobs" "$r" "$t_apply" "${t_pods:-}" "${t_done:-}" "$elapsed" "$depth_max" \
+  python3 - "$run/metrics.txt" "$njobs" "$r" "$t_apply" "${t_pods:-}" "${t_done:-}" "$elapsed" "$depth_max" \
     "$op_cpu" "$cp_cpu" "$pods_cpu" "$op_hwm" "$cp_hwm" >>"$tmp/table.md" <<'PY'
 import re, sys
 m, jobs, r, t_apply, t_pods, t_done, elapsed, depth, op_cpu, cp_cpu, pods_cpu, op_hwm, cp_hwm = sys.argv[1:]
@@ -218,7 +219,7 @@ print(f"| {jobs} | {r} | {t_apply} | {cell(t_pods)} | {cell(t_done)} | {rec:.0f}
 PY
 
   {
-    echo "### $jobs jobs x $r Pods"
+    echo "### $njobs jobs x $r Pods"
     echo
     echo "- apply: exit $apply_rc, $(grep -c ' created$' "$run/apply.log" || true) created; $(grep -v ' created$' "$run/apply.log" | head -n 3 | tr '\n' ' ')"
     echo "- milestones confirmed by a kubectl list at: all Pods ${t_pods_seen:-never} s, all Succeeded ${t_done_seen:-never} s"
@@ -260,6 +261,7 @@ load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
   echo
   echo "Machine: $(bench_machine), $(free -g | awk '/^Mem:/ {print $2}') GiB memory; the cores are shared with other"
   echo "engineers' builds: load average (1/5/15 min) $load_start at the start, $load_end at the end."
+  echo "Binaries, copied from \`$build\` at the start: $binaries."
   echo "A fresh meshwork-controlplane (HTTPS, fsync per write, one node \`local\`) per row, one"
   echo "meshwork-operator (\`--leader-elect false\`, 4 workers), both on this machine. All jobs are"
   echo "applied by one \`kubectl apply -f\` of a multi-document YAML (kubectl sends a GET and a POST"
@@ -267,10 +269,9 @@ load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "resource requests, \`metricsPort: 0\`. Times are from the start of the apply; \"all Pods"
   echo "created\" and \"all Succeeded\" are read every 0.5 s from the operator's \`/metrics\`"
   echo "(\`pods_created_total\`, \`jobs{phase=\"Succeeded\"}\`) and then confirmed by a kubectl list"
-  echo "(Details). Reconciles are"
-  echo "\`meshwork_operator_reconcile_total\` summed over \`result\`, per second of the time to all"
-  echo "Succeeded; CPU is user + system seconds from the apply to the end; \"Pods' CPU\" is the reaped"
-  echo "Pod processes'. Peak RSS is VmHWM."
+  echo "(Details). Reconciles are \`meshwork_operator_reconcile_total\` summed over \`result\`, per"
+  echo "second of the time to all Succeeded; CPU is user + system seconds from the apply to the end;"
+  echo "\"Pods' CPU\" is the reaped Pod processes'. Peak RSS is VmHWM."
   echo
   cat "$tmp/table.md"
   echo

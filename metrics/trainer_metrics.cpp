@@ -125,6 +125,8 @@ void TrainerMetrics::RecordMemory(int64_t current_bytes, int64_t peak_bytes,
 
 void TrainerMetrics::RecordEval(double loss) { eval_loss_.Set(loss); }
 
+void TrainerMetrics::SetResumedStep(int64_t step) { step_.Set(static_cast<double>(step)); }
+
 void TrainerMetrics::SetTotalSteps(int64_t total_steps) {
   total_steps_.Set(static_cast<double>(total_steps));
 }

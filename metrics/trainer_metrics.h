@@ -47,6 +47,8 @@ class TrainerMetrics {
   void RecordMemory(int64_t current_bytes, int64_t peak_bytes, const std::string& device);
   void RecordEval(double loss);
   void SetTotalSteps(int64_t total_steps);
+  // After a resume: meshwork_trainer_step shows the checkpoint's step before the first new one.
+  void SetResumedStep(int64_t step);
   // meshwork_trainer_info{model,preset,device,world_size} = 1; a second call replaces the series.
   void SetInfo(const std::string& model, const std::string& preset, const std::string& device,
                int world_size);

@@ -346,7 +346,7 @@ Plan DecideOnce(const Observed& in) {
     ++gen;
     status["restartGeneration"] = gen;
     const std::string msg = "the gang changed from " + old_shape + " to " + new_shape + "; starting a new gang (generation " +
-                            std::to_string(gen) + ") from scratch";
+                            std::to_string(gen) + ")";
     SetCondition(status, "Restarting", "True", "Resized", msg, in.now);
     SetCondition(status, "Running", "False", "Resized", msg, in.now);
     p.events.push_back({"Normal", "Resized", msg});

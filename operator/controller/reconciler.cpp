@@ -230,7 +230,7 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
       Log(key + ": " + wait_msg);
     }
     if (in.config_error || in.config_wait) plan = Decide(in);
-    if (in.config_wait && hooks_.record_event) hooks_.record_event(job, {"Warning", "ConfigMapNotReady", wait_msg});
+    if (in.config_wait) plan.events.push_back({"Warning", "ConfigMapNotReady", wait_msg});
   }
   out.phase = plan.phase;
   out.requeue_after = plan.requeue_after;

@@ -280,12 +280,17 @@ Result<JobSpec> ParseSpec(const json& job) {
                                                {"All", CleanPodPolicy::kAll}},
                                               &s.clean_pod_policy));
 
+  MW_RETURN_IF_ERROR(ReadIntAs(spec, "metricsPort", "spec.metricsPort", 0, 65535, &s.metrics_port));
   if (Field(spec, "masterPort")) {
     MW_RETURN_IF_ERROR(ReadIntAs(spec, "masterPort", "spec.masterPort", 1, 65535, &s.master_port));
   } else {
     s.master_port = DefaultMasterPort(meta.value("uid", ""));
+    // A derived port must not land on the metrics ports: step past them (still stable).
+    if (s.metrics_port > 0 && s.master_port >= s.metrics_port &&
+        s.master_port < s.metrics_port + s.processes_per_replica) {
+      s.master_port = s.metrics_port + s.processes_per_replica;
+    }
   }
-  MW_RETURN_IF_ERROR(ReadIntAs(spec, "metricsPort", "spec.metricsPort", 0, 65535, &s.metrics_port));
   if (s.metrics_port > 0 && s.metrics_port + s.processes_per_replica - 1 > 65535) {
     return Bad("spec.metricsPort", std::to_string(s.metrics_port) + " + processesPerReplica - 1 exceeds 65535");
   }

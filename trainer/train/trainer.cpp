@@ -236,6 +236,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
       << " (" << profile.basis << ")\n";
 
   if (first_step > 0) {
+    metrics.SetResumedStep(first_step);
     out << "resumed from " << resumed.step_dir << " (step " << first_step << " of " << cfg.schedule.steps << ")\n";
     for (const auto& note : resumed.notes) out << "resume: note: " << note << "\n";
   } else if (checkpointer.enabled()) {

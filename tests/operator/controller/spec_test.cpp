@@ -7,6 +7,10 @@
 #include "operator/controller/desired.h"
 #include "operator/controller/trainer_report.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+
 namespace meshwork::op {
 namespace {
 
@@ -17,6 +21,50 @@ json Job(json spec) {
   json base = {{"image", "img"}, {"config", {{"inline", "model:\n  preset: tiny\n"}}}};
   if (spec.is_object()) base.merge_patch(spec);
   return {{"metadata", {{"name", "job"}, {"namespace", "ns"}, {"uid", "u"}}}, {"spec", base}};
+}
+
+// YAML -> JSON for the examples (scalars typed as YAML 1.2's core schema would).
+json ToJson(const YAML::Node& n) {
+  if (n.IsMap()) {
+    json out = json::object();
+    for (const auto& kv : n) out[kv.first.as<std::string>()] = ToJson(kv.second);
+    return out;
+  }
+  if (n.IsSequence()) {
+    json out = json::array();
+    for (const auto& v : n) out.push_back(ToJson(v));
+    return out;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string s = n.as<std::string>();
+  if (n.Tag() == "!") return s;  // quoted
+  if (s == "true" || s == "false") return s == "true";
+  try {
+    size_t used = 0;
+    const long long i = std::stoll(s, &used);
+    if (used == s.size()) return i;
+  } catch (const std::exception&) {
+  }
+  return s;
+}
+
+TEST(SpecTest, EveryExampleJobParsesAndItsInlineConfigLoads) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(MESHWORK_SOURCE_DIR "/examples")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("trainingjob-", 0) != 0) continue;
+    json job = ToJson(YAML::LoadFile(entry.path().string()));
+    job["metadata"]["namespace"] = "default";
+    job["metadata"]["uid"] = "uid";
+    auto spec = ParseSpec(job);
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status().message();
+    if (!spec->config_inline.empty()) {
+      Status s = ValidateTrainerConfig(spec->config_inline, *spec, "default", job["metadata"]["name"], "spec.config.inline");
+      EXPECT_TRUE(s.ok()) << name << ": " << s.message();
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
 }
 
 TEST(SpecTest, DefaultsMatchTheCrd) {
@@ -45,6 +93,14 @@ TEST(SpecTest, DefaultMasterPortIsStablePerJobAndSpread) {
     ports.insert(p);
   }
   EXPECT_GE(ports.size(), 95u);  // collisions are rare
+  // A derived port never lands on the metrics ports.
+  for (int i = 0; i < 2000; ++i) {
+    json j = Job({{"metricsPort", DefaultMasterPort("uid-" + std::to_string(i))}, {"processesPerReplica", 8}});
+    j["metadata"]["uid"] = "uid-" + std::to_string(i);
+    auto parsed = ParseSpec(j);
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    EXPECT_TRUE(parsed->master_port < parsed->metrics_port || parsed->master_port >= parsed->metrics_port + 8);
+  }
   auto s = ParseSpec(Job({{"masterPort", 31000}}));
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->master_port, 31000);

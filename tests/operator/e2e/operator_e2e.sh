@@ -88,6 +88,10 @@ out="$(kubectl apply -f "$src/crds/trainingjob.yaml" 2>&1)"
 [[ "$out" == *"created"* ]] && pass "the TrainingJob CRD applies" || fail "apply CRD: $out"
 kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null 2>&1
 kubectl create namespace e2e >/dev/null
+for f in "$src"/examples/trainingjob-*.yaml; do
+  out="$(kubectl apply --dry-run=server -f "$f" 2>&1)"
+  [[ "$out" == *"(server dry run)"* ]] && pass "the schema accepts $(basename "$f")" || fail "dry run of $f: $out"
+done
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
   fail "prepare-data"
 
@@ -222,6 +226,12 @@ if wait_for 60 "sleeper runs" phase_is sleeper Running; then
     [ "$gen" = 1 ] && [ "$(jp sleeper '{.status.restarts}')" = 0 ] &&
       pass "resume: a new gang (generation 1), not counted as a restart" || fail "resume: generation $gen restarts $(jp sleeper '{.status.restarts}')"
   else fail "resume: $(jp sleeper '{.status.phase}')"; fi
+  out="$(k scale tj sleeper --replicas 1 2>&1)"
+  if [[ "$out" == *scaled* ]] && wait_for 60 "sleeper resized" bash -c "[ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=sleeper,meshwork.dev/world-size=1 -o name 2>/dev/null | wc -l)\" = 1 ] && [ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=sleeper -o name 2>/dev/null | wc -l)\" = 1 ]" &&
+    wait_for 30 "sleeper running at world size 1" phase_is sleeper Running; then
+    [ "$(jp sleeper '{.status.worldSize}')" = 1 ] && [ "$(jp sleeper '{.status.restarts}')" = 0 ] &&
+      pass "kubectl scale --replicas 1: a new gang of 1, not counted as a restart" || fail "scale: $(jp sleeper '{.status}')"
+  else fail "scale: $out; pods $(pods_of sleeper)"; fi
   k delete tj sleeper --wait=false >/dev/null
   if wait_for 60 "sleeper children gone" bash -c "[ -z \"\$(kubectl -n e2e get pods,svc,cm -l meshwork.dev/job=sleeper -o name 2>/dev/null)\" ]"; then
     pass "deleting the job removes its Pods, Service and ConfigMap"
@@ -246,6 +256,9 @@ if wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl -n e
   else fail "kill-me did not succeed: $(jp kill-me '{.status}')"; dump; fi
 else fail "kill-me did not reach step 15"; dump; fi
 
+out="$(k scale tj train-ok --replicas 1 2>&1)"
+[[ "$out" == *"with checkpoints on, replicas and mesh cannot change"* ]] &&
+  pass "scaling a job with checkpoints is refused by the CRD's CEL rule" || fail "scale of a checkpointed job: $out"
 if wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   step="$(jp train-ok '{.status.trainer.step}')"
   tps="$(jp train-ok '{.status.trainer.tokensPerSecond}')"

@@ -21,6 +21,7 @@
 #include "tests/common/free_port.h"
 #include "operator/k8s/client.h"
 #include "operator/k8s/informer.h"
+#include "tests/operator/controlplane_process.h"
 #include "tests/operator/k8s/test_util.h"
 
 namespace meshwork::k8s {
@@ -32,87 +33,19 @@ using testing::TempDir;
 
 constexpr auto kEventually = 30s;
 
-std::string ControlPlaneBinary() {
-  const char* env = std::getenv("MESHWORK_CONTROLPLANE_BIN");
-  if (env != nullptr && *env != '\0') return env;
-  return std::string(MESHWORK_BINARY_DIR) + "/controlplane/apiserver/meshwork-controlplane";
-}
-
-using ::meshwork::testing::FreePort;
+using ControlPlane = ::meshwork::testing::ControlPlaneProcess;
+using ::meshwork::testing::ControlPlaneBinary;
 
 template <typename F>
 bool Eventually(F cond, std::chrono::milliseconds limit = kEventually) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
+  return ::meshwork::testing::Eventually(cond, limit);
 }
-
-// One meshwork-controlplane process on a fixed port and data dir, restartable.
-class ControlPlane {
- public:
-  ControlPlane(std::string data_dir, std::vector<std::string> extra_args)
-      : data_dir_(std::move(data_dir)), port_(FreePort()), extra_(std::move(extra_args)) {}
-  ~ControlPlane() { Kill(SIGTERM); }
-
-  std::string kubeconfig() const { return data_dir_ + "/kubeconfig"; }
-
-  // Starts the process and waits until it answers; returns "" or what went wrong.
-  std::string Start() {
-    std::filesystem::create_directories(data_dir_);
-    std::filesystem::remove(kubeconfig());
-    std::vector<std::string> args = {ControlPlaneBinary(), "--data-dir", data_dir_, "--port", std::to_string(port_)};
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    std::string log = data_dir_ + "/controlplane.log";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      _exit(127);
-    }
-    bool up = Eventually([&] {
-      if (!std::filesystem::exists(kubeconfig())) return false;
-      auto cfg = LoadKubeconfig(kubeconfig());
-      if (!cfg.ok()) return false;
-      auto c = Client::FromConfig(*cfg);
-      return c.ok() && (*c)->List(resources::Namespaces(), "").ok();
-    });
-    if (!up) return "the control plane did not come up within 30s; its log is " + log;
-    return "";
-  }
-
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    for (int i = 0; i < 500; ++i) {  // 10 s
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) break;
-      if (i == 250) ::kill(pid_, SIGKILL);
-      std::this_thread::sleep_for(20ms);
-    }
-    pid_ = -1;
-  }
-
- private:
-  std::string data_dir_;
-  int port_;
-  std::vector<std::string> extra_;
-  pid_t pid_ = -1;
-};
 
 class ControlPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::error_code ec;
-    if (::access(ControlPlaneBinary().c_str(), X_OK) != 0 || std::filesystem::file_size(ControlPlaneBinary(), ec) == 0) {
-      GTEST_SKIP() << "meshwork-controlplane is not built at " << ControlPlaneBinary()
-                   << " (build the meshwork-controlplane target, or set MESHWORK_CONTROLPLANE_BIN)";
+    if (const std::string missing = ::meshwork::testing::ControlPlaneMissing(); !missing.empty()) {
+      GTEST_SKIP() << missing;
     }
   }
 
