@@ -82,6 +82,9 @@ void Finish(Plan& p, const Observed& in, const std::string& type, const std::str
   }
   p.status["completionTime"] = FormatTime(in.now);
   p.phase = type;
+  // The outcome is recorded before cleanPodPolicy deletes anything: were the Pods gone first and
+  // the status write then lost, the next reconcile would take them for deleted ranks.
+  p.status_first = true;
   p.events.push_back({type == "Succeeded" ? "Normal" : "Warning", reason, message});
 }
 
@@ -290,6 +293,7 @@ Plan DecideOnce(const Observed& in) {
       }
       status.erase("startTime");
       p.events.push_back({"Normal", "Suspended", msg});
+      p.status_first = true;  // else a lost write would leave a launched gang with no Pods
     }
     p.phase = "Suspended";
     status["phase"] = p.phase;

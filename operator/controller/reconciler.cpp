@@ -1,5 +1,7 @@
 #include "operator/controller/reconciler.h"
 
+#include <cmath>
+
 #include "operator/controller/desired.h"
 #include "operator/controller/trainer_report.h"
 
@@ -75,6 +77,21 @@ void Reconciler::Forget(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   last_scrape_.erase(key);
   expected_.erase(key);
+  written_from_.erase(key);
+}
+
+bool Reconciler::CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = written_from_.find(key);
+  if (it == written_from_.end()) return false;
+  if (it->second == cached_rv) return true;
+  written_from_.erase(it);  // the cache has moved on (our write, or a later one)
+  return false;
+}
+
+void Reconciler::WroteStatus(const std::string& key, const std::string& based_on_rv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  written_from_[key] = based_on_rv;
 }
 
 void Reconciler::Expect(const std::string& key, const std::string& pod_uid) {
@@ -193,6 +210,13 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   if (meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null()) return out;
   const std::string ns = meta.value("namespace", "default");
   const std::string name = meta.value("name", "");
+  if (CacheBehindOwnWrite(key, meta.value("resourceVersion", ""))) {
+    // Deciding on the object our last status write replaced would only end in a Conflict; the
+    // watch event of that write queues the key again.
+    out.phase = job.value("status", json::object()).value("phase", "Created");
+    out.requeue_after = std::chrono::seconds(1);
+    return out;
+  }
 
   Observed in;
   in.job = job;
@@ -249,13 +273,30 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
     return out;
   }
 
-  const bool status_changed = plan.status != status;
+  // On success the last scrape may be a few steps old: every rank exited 0, so the run reached
+  // its last step; rank 0's final log line has the final loss and the run's throughput.
+  if (plan.phase == "Succeeded" && !ConditionTrue(status, "Succeeded") && plan.status.contains("trainer")) {
+    json& trainer = plan.status["trainer"];
+    if (trainer.value("totalSteps", int64_t{0}) > 0) trainer["step"] = trainer["totalSteps"];
+    k8s::LogOptions log_options;
+    log_options.container = kTrainerContainer;
+    log_options.tail_lines = 20;
+    auto log = client_->GetLog(ns, PodName(name, 0), log_options);
+    if (log.ok()) {
+      if (auto final_report = ParseFinalLine(*log)) {
+        trainer["loss"] = std::round(final_report->loss * 1e4) / 1e4;
+        trainer["tokensPerSecond"] = std::round(final_report->tokens_per_second * 10) / 10;
+      }
+    }
+  }
   auto write_status = [&]() -> k8s::Error {
-    if (!status_changed) return k8s::Error::Ok();
+    if (plan.status == status) return k8s::Error::Ok();
     json updated = job;
     updated["status"] = plan.status;
     auto put = client_->UpdateStatus(jobs_ref, ns, updated);
-    return put.ok() ? k8s::Error::Ok() : put.error();
+    if (!put.ok()) return put.error();
+    WroteStatus(key, meta.value("resourceVersion", ""));
+    return k8s::Error::Ok();
   };
 
   // A gang restart first records the new generation: if the operator dies after this write,
@@ -306,13 +347,7 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   }
 
   if (!plan.status_first) {
-    const bool changed = plan.status != status;
-    if (changed) {
-      json updated = job;
-      updated["status"] = plan.status;
-      auto put = client_->UpdateStatus(jobs_ref, ns, updated);
-      if (!put.ok()) return Failed(put.error(), "writing the status of " + key);
-    }
+    if (auto e = write_status(); !e.ok()) return Failed(e, "writing the status of " + key);
   }
   for (const auto& ev : plan.events) {
     if (ev.reason == "InvalidSpec") out.invalid_spec = true;

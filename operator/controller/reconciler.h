@@ -79,6 +79,8 @@ class Reconciler {
   k8s::Error EnsureService(const nlohmann::json& job, const JobSpec& spec);
   k8s::Error EnsureConfigMap(const nlohmann::json& job, const JobSpec& spec);
   void Log(const std::string& line) const;
+  bool CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv);
+  void WroteStatus(const std::string& key, const std::string& based_on_rv);
   void Expect(const std::string& key, const std::string& pod_uid);
   bool ExpectationsMet(const std::string& key, const std::set<std::string>& seen_uids);
 
@@ -92,6 +94,8 @@ class Reconciler {
 
   std::mutex mu_;
   std::map<std::string, std::chrono::steady_clock::time_point> last_scrape_;
+  // Job key -> the resourceVersion our last status write replaced, until the cache shows another.
+  std::map<std::string, std::string> written_from_;
   // Job key -> uid of each Pod created by this process and not yet seen in the cache -> when
   // to stop waiting for it.
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> expected_;

@@ -58,6 +58,25 @@ std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text) {
   return r;
 }
 
+std::optional<FinalReport> ParseFinalLine(const std::string& log) {
+  const size_t done = log.rfind("done: ");
+  if (done == std::string::npos) return std::nullopt;
+  const std::string line = log.substr(done, log.find('\n', done) - done);
+  const size_t loss_at = line.find("| final loss ");
+  const size_t tps_end = line.find(" tok/s");
+  if (loss_at == std::string::npos || tps_end == std::string::npos) return std::nullopt;
+  const size_t tps_start = line.rfind("| ", tps_end);
+  if (tps_start == std::string::npos) return std::nullopt;
+  try {
+    FinalReport r;
+    r.loss = std::stod(line.substr(loss_at + 13));
+    r.tokens_per_second = std::stod(line.substr(tps_start + 2, tps_end - tps_start - 2));
+    return r;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 Result<std::string> HttpGet(const std::string& ip, int port, const std::string& path,
                             std::chrono::milliseconds timeout) {
   const std::string where = "http://" + ip + ":" + std::to_string(port) + path;

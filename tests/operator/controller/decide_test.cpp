@@ -180,7 +180,7 @@ TEST(DecideTest, PermanentExitCodeFailsWithoutARestart) {
   EXPECT_EQ(p.phase, "Failed");
   EXPECT_EQ(ConditionReason(p.status, "Failed"), "PermanentExitCode");
   EXPECT_EQ(p.status["restarts"], 0);
-  EXPECT_FALSE(p.status_first);
+  EXPECT_TRUE(p.status_first);  // the outcome is recorded before cleanPodPolicy deletes anything
   EXPECT_THAT(Names(p.remove), ::testing::ElementsAre("tiny-0"));  // cleanPodPolicy Running
   EXPECT_EQ(p.status["completionTime"], FormatTime(kT0));
 }
@@ -247,6 +247,7 @@ TEST(DecideTest, SuccessThenTtlDeletesTheJobAndNeverRecreatesPods) {
   EXPECT_EQ(ConditionReason(p.status, "Succeeded"), "AllRanksSucceeded");
   EXPECT_EQ(p.status["completionTime"], FormatTime(kT0 + seconds(10)));
   EXPECT_TRUE(p.remove.empty());  // finished Pods stay for their logs (cleanPodPolicy Running)
+  EXPECT_TRUE(p.status_first);
   ASSERT_TRUE(p.requeue_after.has_value());
   json done = After(job, p);
 

@@ -243,6 +243,21 @@ TEST(TrainerReportTest, ParsesTheTrainersSeries) {
   EXPECT_FALSE(ParseTrainerMetrics("other_metric 1\n").has_value());
 }
 
+TEST(TrainerReportTest, ParsesTheFinalLine) {
+  const std::string log =
+      "step 200/200 | loss 2.1 | ...\n"
+      "done: 200 steps, 409600 tokens in 214.0 s | final loss 2.1042 | 1917 tok/s | mfu 7.59% | peak mem 291 MiB (cpu)\n";
+  auto r = ParseFinalLine(log);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_DOUBLE_EQ(r->loss, 2.1042);
+  EXPECT_DOUBLE_EQ(r->tokens_per_second, 1917);
+  auto resumed = ParseFinalLine("done: 50 steps (resumed at step 150), 1 tokens in 1.0 s | final loss 1.5 | 20 tok/s | mfu 1%\n");
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_DOUBLE_EQ(resumed->loss, 1.5);
+  EXPECT_FALSE(ParseFinalLine("step 1/2 | loss 3\n").has_value());
+  EXPECT_FALSE(ParseFinalLine("done: 2 steps | final loss n/a | x tok/s\n").has_value());
+}
+
 TEST(TrainerReportTest, HttpGetFailsCleanlyWhenNothingListens) {
   auto r = HttpGet("127.0.0.1", 1, "/metrics", std::chrono::milliseconds(500));
   ASSERT_FALSE(r.ok());

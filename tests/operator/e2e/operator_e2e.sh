@@ -263,9 +263,10 @@ if wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   step="$(jp train-ok '{.status.trainer.step}')"
   tps="$(jp train-ok '{.status.trainer.tokensPerSecond}')"
   loss="$(jp train-ok '{.status.trainer.loss}')"
-  if [ "${step:-0}" -gt 0 ] && awk -v t="$tps" -v l="$loss" 'BEGIN{exit !(t > 0 && l > 0)}'; then
-    pass "Succeeded with step $step, loss $loss, $tps tokens/s in status"
-  else fail "train-ok status.trainer: step=$step tps=$tps loss=$loss"; fi
+  final="$(k logs train-ok-0 | grep -o 'final loss [0-9.]*' | cut -d' ' -f3)"
+  if [ "$step" = 30 ] && [ "$loss" = "$final" ] && awk -v t="$tps" 'BEGIN{exit !(t > 0)}'; then
+    pass "Succeeded with step $step of 30, the final loss $loss of rank 0's log, $tps tokens/s in status"
+  else fail "train-ok status.trainer: step=$step tps=$tps loss=$loss (log: final loss $final)"; fi
   [ "$(jp train-ok '{.status.restarts}')" = 0 ] && [ -n "$(jp train-ok '{.status.completionTime}')" ] &&
     pass "no restarts, completionTime set" || fail "train-ok: $(jp train-ok '{.status}')"
   ev="$(k get events --field-selector involvedObject.name=train-ok -o jsonpath='{range .items[*]}{.reason} {end}')"
