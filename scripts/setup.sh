@@ -18,7 +18,7 @@ packages=(
   libtorch-dev libgloo-dev libcpprest-dev prometheus-cpp-dev libyaml-cpp-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
-  curl ca-certificates python3
+  curl ca-certificates python3 procps  # procps: pkill in the operator e2e test
 )
 
 # Real kubectl drives the local control plane in the e2e tests. A kubectl already on the machine
