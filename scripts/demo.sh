@@ -73,7 +73,7 @@ while ((SECONDS - start < 900)); do
   line="$(kubectl get tj tiny -o jsonpath='{.status.phase} {.status.ready} {.status.trainer.step} {.status.trainer.totalSteps} {.status.trainer.loss} {.status.trainer.tokensPerSecond} {.status.restarts}' 2>/dev/null || true)"
   read -r phase ready step total loss tps restarts <<<"$line" || true
   if [ -n "$line" ] && [ "$line" != "$last" ]; then
-    printf '%4ds  %-10s pods %-4s step %4s/%-4s loss %-7s %8s tok/s (rank 0)  restarts %s\n' \
+    printf '%4ds  %-10s pods %-4s step %4s/%-4s loss %-7s %8s tok/s  restarts %s\n' \
       $((SECONDS - start)) "${phase:-Created}" "${ready:--}" "${step:--}" "${total:--}" "${loss:--}" "${tps:--}" "${restarts:-0}"
     last="$line"
   fi

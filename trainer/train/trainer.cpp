@@ -3,6 +3,7 @@
 #include <prometheus/registry.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,10 +39,19 @@ std::string Format(const char* fmt, double v) {
   return buf;
 }
 
+// Whole seconds first, so that 119.6 s is "2m00s", never "1m60s".
 std::string Duration(double s) {
-  if (s < 60) return Format("%.0fs", s);
-  if (s < 3600) return Format("%.0fm", std::floor(s / 60)) + Format("%02.0fs", std::fmod(s, 60));
-  return Format("%.0fh", std::floor(s / 3600)) + Format("%02.0fm", std::fmod(s / 60, 60));
+  const int64_t t = std::llround(std::max(0.0, s));
+  char buf[32];
+  if (t < 60) {
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
+  } else if (t < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600),
+                  static_cast<long long>(t / 60 % 60));
+  }
+  return buf;
 }
 
 // With model.init_from the dims are the checkpoint's. Dims the config also names (a training
