@@ -328,6 +328,16 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
     // still terminating. The next reconcile sees which.
     if (k8s::IsAlreadyExists(created.error())) {
       out.requeue_after = std::chrono::seconds(1);
+      const std::string pod_name = pod["metadata"].value("name", "");
+      auto existing = client_->Get(k8s::resources::Pods(), ns, pod_name);
+      if (existing.ok() && !OwnedBy(*existing, uid)) {
+        // Not ours and never will be: say so, or the job waits without a word.
+        const std::string msg = "pod " + pod_name + " already exists and is not owned by this TrainingJob; delete it, "
+                                "or give the job another name";
+        Log(key + ": PodNameTaken: " + msg);
+        plan.events.push_back({"Warning", "PodNameTaken", msg});
+        out.requeue_after = std::chrono::seconds(10);
+      }
       continue;
     }
     return Failed(created.error(), "creating Pod " + pod["metadata"].value("name", ""));

@@ -238,6 +238,16 @@ if wait_for 60 "sleeper runs" phase_is sleeper Running; then
   else fail "children left: $(k get pods,svc,cm -l meshwork.dev/job=sleeper -o name)"; fi
 else fail "sleeper did not run"; dump; fi
 
+# ---- a Pod name taken by a Pod the job does not own
+k run squat-0 --image=none --restart=Never --command -- sleep 300 >/dev/null
+cmd_job squat 'exit 0' "" | kubectl apply -f - >/dev/null
+if wait_for 60 "PodNameTaken event" bash -c "kubectl -n e2e get events --field-selector involvedObject.name=squat -o jsonpath='{.items[*].reason}' | grep -q PodNameTaken"; then
+  pass "a Pod name taken by a foreign Pod is reported (Warning PodNameTaken)"
+else fail "no PodNameTaken event: $(k get events --field-selector involvedObject.name=squat -o jsonpath='{.items[*].reason}')"; fi
+k delete pod squat-0 --wait=false >/dev/null
+wait_for 90 "squat succeeds once the name is free" phase_is squat Succeeded &&
+  [ "$(jp squat '{.status.restarts}')" = 0 ] && pass "then the job starts and succeeds" || fail "squat: $(jp squat '{.status}')"
+
 # ---- real training: one job killed mid-run, one clean run
 job kill-me 29610 60 "" | kubectl apply -f - >/dev/null
 job train-ok 29620 30 "" | kubectl apply -f - >/dev/null
