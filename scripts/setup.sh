@@ -19,6 +19,7 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
   curl ca-certificates python3 procps  # procps: pkill in the operator e2e test
+  prometheus  # promtool: the dashboards' and alert rules' tests (the package also ships the server)
 )
 
 # Real kubectl drives the local control plane in the e2e tests. A kubectl already on the machine
