@@ -121,9 +121,8 @@ bool Reconciler::ExpectationsMet(const std::string& key, const std::set<std::str
 
 // The trainer config problem that makes the job InvalidSpec, if any. A ConfigMap that does not
 // exist (yet) is not a spec error: `retry_later` is set and the job waits for it.
-std::optional<std::string> Reconciler::ConfigProblem(const json& job, bool* retry_later, std::string* wait_msg) {
-  auto spec = ParseSpec(job);
-  if (!spec.ok()) return std::nullopt;  // Decide reports it
+std::optional<std::string> Reconciler::ConfigProblem(const json& job, const JobSpec* spec, bool* retry_later,
+                                                     std::string* wait_msg) {
   const std::string ns = job["metadata"].value("namespace", "default");
   const std::string name = job["metadata"].value("name", "");
   if (spec->config_map_name.empty()) {
@@ -151,10 +150,9 @@ std::optional<std::string> Reconciler::ConfigProblem(const json& job, bool* retr
   return std::nullopt;
 }
 
-std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const json& job,
+std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const json& job, const JobSpec& spec,
                                                 const std::vector<json>& pods) {
-  auto spec = ParseSpec(job);
-  if (!spec.ok() || spec->metrics_port <= 0) return std::nullopt;
+  if (spec.metrics_port <= 0) return std::nullopt;
   const int64_t gen = job.value("status", json::object()).value("restartGeneration", int64_t{0});
   for (const auto& pod : pods) {
     const PodView v = ViewPod(pod);
@@ -170,7 +168,7 @@ std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const js
       }
       last_scrape_[key] = now;
     }
-    auto body = HttpGet(ip, spec->metrics_port, "/metrics", options_.scrape_timeout);
+    auto body = HttpGet(ip, spec.metrics_port, "/metrics", options_.scrape_timeout);
     if (!body.ok()) return std::nullopt;  // not listening yet, or just finished
     return ParseTrainerMetrics(*body);
   }
@@ -240,15 +238,17 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   in.service_exists = services_->Get(key).has_value();
   const json status = job.value("status", json::object());
   const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
-  if (!finished) in.report = Scrape(key, job, in.pods);
+  // Parsed once here for the executor; Decide parses it again, being a pure function of the job.
+  auto parsed = ParseSpec(job);
+  if (!finished && parsed.ok()) in.report = Scrape(key, job, *parsed, in.pods);
 
   Plan plan = Decide(in);
-  if (!plan.create.empty()) {
+  if (!plan.create.empty() && parsed.ok()) {  // (a spec that does not parse creates nothing)
     // The trainer config is checked when a gang is about to start (not while one runs: an edit
     // applies to the next gang, and must not fail this one).
     bool retry_later = false;
     std::string wait_msg;
-    in.config_error = ConfigProblem(job, &retry_later, &wait_msg);
+    in.config_error = ConfigProblem(job, &*parsed, &retry_later, &wait_msg);
     if (retry_later) {
       in.config_wait = wait_msg;
       Log(key + ": " + wait_msg);
@@ -306,7 +306,6 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
     if (auto e = write_status(); !e.ok()) return Failed(e, "writing the status of " + key);
   }
 
-  auto parsed = ParseSpec(job);
   if (parsed.ok()) {
     if (plan.ensure_service) {
       if (auto e = EnsureService(job, *parsed); !e.ok()) return Failed(e, "creating Service " + key);

@@ -73,8 +73,9 @@ class Reconciler {
   void Forget(const std::string& key);
 
  private:
-  std::optional<std::string> ConfigProblem(const nlohmann::json& job, bool* retry_later, std::string* wait_msg);
-  std::optional<TrainerReport> Scrape(const std::string& key, const nlohmann::json& job,
+  std::optional<std::string> ConfigProblem(const nlohmann::json& job, const JobSpec* spec, bool* retry_later,
+                                           std::string* wait_msg);
+  std::optional<TrainerReport> Scrape(const std::string& key, const nlohmann::json& job, const JobSpec& spec,
                                       const std::vector<nlohmann::json>& pods);
   k8s::Error EnsureService(const nlohmann::json& job, const JobSpec& spec);
   k8s::Error EnsureConfigMap(const nlohmann::json& job, const JobSpec& spec);

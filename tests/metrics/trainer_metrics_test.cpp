@@ -14,9 +14,13 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include "tests/common/metrics_docs.h"
 
 namespace meshwork::metrics {
 namespace {
+
+using ::meshwork::testing::ExposedNames;
+using ::meshwork::testing::ReadMetricsDocs;
 
 using ::testing::HasSubstr;
 
@@ -172,25 +176,11 @@ TEST(TrainerMetricsTest, SetInfoKeepsExactlyOneSeries) {
   EXPECT_THAT(text, ::testing::Not(HasSubstr("preset=\"tiny\"")));
 }
 
-// Names as the registry exposes them: histogram families carry no _bucket/_sum/_count suffix.
-std::set<std::string> ExposedNames(const prometheus::Registry& registry) {
-  std::set<std::string> names;
-  for (const auto& family : registry.Collect()) names.insert(family.name);
-  return names;
-}
-
-std::string ReadDocs() {
-  std::ifstream in(std::string(MESHWORK_SOURCE_DIR) + "/docs/metrics.md");
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
   metrics.SetInfo("llama", "tiny", "cpu", 1);
-  const std::string docs = ReadDocs();
+  const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
   EXPECT_EQ(exposed.size(), 18u);
@@ -205,7 +195,7 @@ TEST(TrainerMetricsTest, DocsListNoMetricTheTrainerDoesNotExpose) {
   TrainerMetrics metrics(registry, kLabels);
   metrics.SetInfo("llama", "tiny", "cpu", 1);  // the info family is empty until then
   const std::set<std::string> exposed = ExposedNames(registry);
-  const std::string docs = ReadDocs();
+  const std::string docs = ReadMetricsDocs();
   const std::regex name_re("meshwork_trainer_[a-z0-9_]+");
   for (auto it = std::sregex_iterator(docs.begin(), docs.end(), name_re);
        it != std::sregex_iterator(); ++it) {

@@ -17,9 +17,13 @@
 #include "metrics/exposer.h"
 #include "operator/k8s/workqueue.h"
 #include "tests/operator/runtime/http_get.h"
+#include "tests/common/metrics_docs.h"
 
 namespace meshwork::runtime {
 namespace {
+
+using ::meshwork::testing::ExposedNames;
+using ::meshwork::testing::ReadMetricsDocs;
 
 using namespace std::chrono_literals;
 using testing::HttpGet;
@@ -173,25 +177,12 @@ TEST_F(OperatorMetricsTest, InstrumentedWorkQueueFeedsTheQueueSeries) {
   EXPECT_EQ(SampleValue(t, "meshwork_operator_workqueue_depth"), 2);
 }
 
-std::set<std::string> ExposedNames(const prometheus::Registry& registry) {
-  std::set<std::string> names;
-  for (const auto& family : registry.Collect()) names.insert(family.name);
-  return names;
-}
-
-std::string ReadDocs() {
-  std::ifstream in(std::string(MESHWORK_SOURCE_DIR) + "/docs/metrics.md");
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 TEST(OperatorMetricsDocsTest, DocsListEveryOperatorMetricAndNoOther) {
   prometheus::Registry registry;
   OperatorMetrics metrics(registry, "v");
   const std::set<std::string> exposed = ExposedNames(registry);
   EXPECT_EQ(exposed.size(), 13u);
-  const std::string docs = ReadDocs();
+  const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   for (const auto& name : exposed) {
     EXPECT_THAT(docs, ::testing::HasSubstr("| `" + name + "`")) << name << " is not in docs/metrics.md";
