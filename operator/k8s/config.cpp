@@ -308,7 +308,10 @@ Result<Config> InClusterConfig(const std::string& root) {
 Result<Config> AutoConfig() {
   const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
   const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
-  if (host != nullptr && *host != '\0' && port != nullptr && *port != '\0') return InClusterConfig();
+  if (host != nullptr && *host != '\0' && port != nullptr && *port != '\0') {
+    const char* dir = std::getenv(kServiceAccountDirEnv);
+    return InClusterConfig(dir != nullptr && *dir != '\0' ? dir : kServiceAccountDir);
+  }
   return LoadKubeconfigFromEnv();
 }
 

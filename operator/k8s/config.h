@@ -9,6 +9,9 @@
 namespace meshwork::k8s {
 
 inline constexpr const char* kServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount";
+// Overrides kServiceAccountDir in AutoConfig. The local control plane's node agent sets it, since
+// its Pods share one filesystem and each gets its own copy of the token; clusters never set it.
+inline constexpr const char* kServiceAccountDirEnv = "MESHWORK_SERVICE_ACCOUNT_DIR";
 
 struct Config {
   std::string server;                    // "https://host:port" (http:// allowed, for local use)
@@ -34,7 +37,8 @@ Result<Config> LoadKubeconfigFromEnv(const std::string& context = "");
 // KUBERNETES_SERVICE_HOST / KUBERNETES_SERVICE_PORT for the server.
 Result<Config> InClusterConfig(const std::string& root = kServiceAccountDir);
 
-// In-cluster config when KUBERNETES_SERVICE_HOST and _PORT are set, else LoadKubeconfigFromEnv().
+// In-cluster config when KUBERNETES_SERVICE_HOST and _PORT are set (from $MESHWORK_SERVICE_ACCOUNT_DIR
+// when that is set, else kServiceAccountDir), else LoadKubeconfigFromEnv().
 Result<Config> AutoConfig();
 
 // Standard base64 (padding optional; whitespace ignored), as kubeconfig "-data" keys use.

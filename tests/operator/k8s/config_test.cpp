@@ -272,6 +272,28 @@ TEST(AutoConfigTest, FallsBackToKubeconfigOutsideACluster) {
   EXPECT_EQ(cfg->server, "http://127.0.0.1:9");
 }
 
+TEST(AutoConfigTest, InAPodReadsTheServiceAccountDirFromTheEnvironment) {
+  TempDir dir;
+  dir.Write("token", "local-sa\n");
+  dir.Write("ca.crt", "LOCAL-CA");
+  dir.Write("namespace", "meshwork-system");
+  ScopedEnv host("KUBERNETES_SERVICE_HOST", "127.0.0.1");
+  ScopedEnv port("KUBERNETES_SERVICE_PORT", "6443");
+  ScopedEnv sa(kServiceAccountDirEnv, dir.path().c_str());
+  auto cfg = AutoConfig();
+  ASSERT_TRUE(cfg.ok()) << cfg.error().ToString();
+  EXPECT_EQ(cfg->server, "https://127.0.0.1:6443");
+  EXPECT_EQ(cfg->token, "local-sa");
+  EXPECT_EQ(cfg->default_namespace, "meshwork-system");
+  {
+    // Without the variable, the standard mount point is read (and missing here).
+    ScopedEnv unset(kServiceAccountDirEnv, nullptr);
+    auto standard = AutoConfig();
+    ASSERT_FALSE(standard.ok());
+    EXPECT_THAT(standard.error().message(), HasSubstr(std::string(kServiceAccountDir) + "/token"));
+  }
+}
+
 TEST(Base64Test, DecodesWithAndWithoutPadding) {
   EXPECT_EQ(DecodeBase64("aGVsbG8=").value(), "hello");
   EXPECT_EQ(DecodeBase64("aGVsbG8").value(), "hello");

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The Helm chart on the local control plane, with the real helm and kubectl:
+#   - `helm template --include-crds` of charts/meshwork-operator applies with `kubectl apply`
+#     (CRD, ServiceAccount, ClusterRole and bindings, Lease Role, Service, Deployment);
+#   - the Deployment rolls out: its Pod runs meshwork-operator with the chart's flags, and the
+#     operator reads its service account the in-cluster way (no kubeconfig in its environment);
+#   - the Pod holds the Lease named in values and answers /readyz on the chart's metrics port;
+#   - a TrainingJob applied with kubectl is reconciled by that operator to Succeeded;
+#   - deleting the operator Pod: the Deployment replaces it, and the new Pod takes the Lease.
+# The `helm test` Pod is not run here: it reaches the operator through its Service's DNS name,
+# and the local control plane has no Service routing (docs/controlplane.md).
+# usage: helm_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
+set -uo pipefail
+
+cp_bin="$1"
+op_bin="$2"
+train_bin="$3"
+src="$4"
+chart="$src/charts/meshwork-operator"
+helm="$src/.meshwork/tools/node_modules/.bin/helm"
+[ -x "$helm" ] || helm="$(command -v helm)" || { echo "FATAL: helm not found: run scripts/setup.sh"; exit 2; }
+command -v kubectl >/dev/null || { echo "FATAL: kubectl not found: run scripts/setup.sh"; exit 2; }
+
+source "$src/tests/common/e2e_lib.sh"
+e2e_init
+passed=0
+failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+ns=meshwork-system
+k() { timeout 60 kubectl --request-timeout=30s "$@"; }
+dump() {
+  echo "---- kubectl get all -A"; k get deploy,pods,svc,tj -A -o wide 2>&1
+  echo "---- operator Pod logs"
+  for p in $(k -n "$ns" get pods -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
+    echo "== $p"; k -n "$ns" logs "$p" 2>&1 | tail -n 30
+  done
+  echo "---- control plane"; tail -n 20 "$work/cp.log"
+}
+
+# The control plane runs the Pods with its own environment: meshwork-operator and meshwork-train
+# on PATH (images are ignored locally), and no KUBECONFIG, so that the operator can only reach
+# the API through the service account the node agent gives each Pod.
+mkdir -p "$work/cp" "$work/data"
+(cd "$work" && exec env -u KUBECONFIG PATH="$(dirname "$op_bin"):$(dirname "$train_bin"):$PATH" \
+  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
+e2e_track $!
+e2e_wait_for 30 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
+"$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
+  fail "prepare-data"
+
+# ---- install: helm template | kubectl apply
+port="$(e2e_free_port)"
+k create namespace "$ns" >/dev/null
+"$helm" template meshwork "$chart" -n "$ns" --kube-version 1.29.0 --include-crds --skip-tests \
+  --set metricsPort="$port" --set operator.reportIntervalSeconds=2 --set operator.podDeleteGraceSeconds=5 \
+  --set operator.leaderElection.leaseDurationSeconds=4 --set operator.leaderElection.renewDeadlineSeconds=3 \
+  --set operator.leaderElection.retryPeriodSeconds=1 >"$work/rendered.yaml" 2>"$work/helm.err" ||
+  { fail "helm template: $(cat "$work/helm.err")"; exit 1; }
+out="$(k apply -f "$work/rendered.yaml" 2>&1)"
+want=(customresourcedefinition.apiextensions.k8s.io/trainingjobs.meshwork.dev serviceaccount/meshwork-meshwork-operator
+  clusterrole.rbac.authorization.k8s.io/meshwork-meshwork-operator
+  clusterrolebinding.rbac.authorization.k8s.io/meshwork-meshwork-operator
+  role.rbac.authorization.k8s.io/meshwork-meshwork-operator-leader-election
+  rolebinding.rbac.authorization.k8s.io/meshwork-meshwork-operator-leader-election
+  service/meshwork-meshwork-operator-metrics deployment.apps/meshwork-meshwork-operator)
+missing=""
+for w in "${want[@]}"; do [[ "$out" == *"$w created"* ]] || missing+=" $w"; done
+[ -z "$missing" ] && pass "kubectl apply of the rendered chart creates all ${#want[@]} objects" ||
+  fail "kubectl apply: missing$missing; output: $out"
+k wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null 2>&1 ||
+  fail "the CRD from the chart's crds/ is not Established"
+
+out="$(k -n "$ns" rollout status deployment/meshwork-meshwork-operator --timeout=90s 2>&1)"
+[[ "$out" == *"successfully rolled out"* ]] && pass "the operator Deployment rolls out" || { fail "rollout: $out"; dump; }
+pod="$(k -n "$ns" get pods -l app.kubernetes.io/name=meshwork-operator -o jsonpath='{.items[0].metadata.name}' 2>/dev/null)"
+[[ "$pod" == meshwork-meshwork-operator-* ]] && pass "the Deployment's Pod is $pod" || fail "operator Pod: '$pod'"
+sa="$(k -n "$ns" get pod "$pod" -o jsonpath='{.spec.serviceAccountName}' 2>/dev/null)"
+[ "$sa" = meshwork-meshwork-operator ] && pass "it runs as the chart's ServiceAccount" || fail "serviceAccountName '$sa'"
+
+holder() { k -n "$ns" get lease meshwork-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+e2e_wait_for 30 "$pod holds the Lease" test "$(holder)" = "$pod" &&
+  pass "the operator Pod holds Lease $ns/meshwork-operator under its Pod name" || { fail "Lease holder '$(holder)'"; dump; }
+log="$(k -n "$ns" logs "$pod" 2>&1)"
+[[ "$log" == *"API server https://127.0.0.1:"* && "$log" == *"namespace (all)"* && "$log" == *"port $port"* ]] &&
+  pass "it found the API through its service account, watches every namespace, serves metrics on port $port" ||
+  fail "operator log: $log"
+code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz")"
+leader="$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 == "meshwork_operator_leader" {print $2}')"
+[ "$code" = 200 ] && [ "$leader" = 1 ] && pass "/readyz answers 200 and meshwork_operator_leader is 1" ||
+  fail "readyz $code, leader gauge '$leader'"
+
+# ---- a TrainingJob, reconciled by the operator the chart installed
+k create namespace ml >/dev/null
+master="$(e2e_free_port)"
+metrics="$(e2e_free_port)"
+cat >"$work/job.yaml" <<EOF
+apiVersion: meshwork.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: from-helm
+  namespace: ml
+spec:
+  image: meshwork/trainer:e2e
+  device: cpu
+  replicas: 2
+  masterPort: $master
+  metricsPort: $metrics
+  config:
+    inline: |
+      model: {preset: tiny}
+      data: {train: $work/data/train.bin, val: $work/data/val.bin, seq_len: 64, batch_size: 4}
+      schedule: {steps: 20, warmup_steps: 5}
+      eval: {windows: 4}
+      logging: {every: 5}
+EOF
+out="$(k apply -f "$work/job.yaml" 2>&1)"
+[[ "$out" == *created* ]] && pass "a TrainingJob applies" || fail "apply job: $out"
+phase() { k -n ml get tj from-helm -o jsonpath='{.status.phase}' 2>/dev/null; }
+if e2e_wait_for 300 "from-helm succeeds" test "$(phase)" = Succeeded; then
+  step="$(k -n ml get tj from-helm -o jsonpath='{.status.trainer.step}/{.status.trainer.totalSteps}')"
+  [ "$step" = 20/20 ] && pass "the chart's operator runs it to Succeeded, step $step" || fail "status.trainer: $step"
+else
+  fail "from-helm did not succeed: $(k -n ml get tj from-helm -o jsonpath='{.status}' 2>&1)"
+  dump
+fi
+created="$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 ~ /^meshwork_operator_pods_created_total/ {s += $2} END {print s + 0}')"
+[ "$created" -ge 2 ] 2>/dev/null && pass "the operator's Pod counter shows the $created Pods it created" ||
+  fail "meshwork_operator_pods_created_total: '$created'"
+
+# ---- the Deployment replaces a deleted operator Pod; the new one takes the Lease
+k -n "$ns" delete pod "$pod" --wait=false >/dev/null 2>&1
+new_pod() { k -n "$ns" get pods -l app.kubernetes.io/name=meshwork-operator -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | grep -vx "$pod"; }
+if e2e_wait_for 60 "a replacement operator Pod" new_pod; then
+  replacement="$(new_pod | head -n 1)"
+  e2e_wait_for 30 "$replacement holds the Lease" test "$(holder)" = "$replacement" &&
+    pass "a deleted operator Pod is replaced by $replacement, which takes the Lease" ||
+    { fail "Lease holder after the replacement: '$(holder)'"; dump; }
+else
+  fail "no replacement for the deleted operator Pod"
+  dump
+fi
+
+echo "helm_e2e: $passed passed, $failed failed"
+[ "$failed" = 0 ]
