@@ -78,6 +78,9 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry, const Labels& con
       memory_current_bytes_(MakeDeviceGauges(registry, const_labels,
                                              "meshwork_trainer_memory_current_bytes",
                                              "Memory in use now, per device kind.")),
+      memory_limit_bytes_(MakeDeviceGauges(registry, const_labels,
+                                           "meshwork_trainer_memory_limit_bytes",
+                                           "Memory this process can use on the device: GPU total, or the container's limit.")),
       memory_peak_bytes_(MakeDeviceGauges(registry, const_labels,
                                           "meshwork_trainer_memory_peak_bytes",
                                           "Peak memory in use, per device kind.")),
@@ -116,11 +119,12 @@ void TrainerMetrics::RecordStep(const StepSample& s) {
   grad_norm_.Set(s.grad_norm);
 }
 
-void TrainerMetrics::RecordMemory(int64_t current_bytes, int64_t peak_bytes,
+void TrainerMetrics::RecordMemory(int64_t current_bytes, int64_t peak_bytes, int64_t limit_bytes,
                                   const std::string& device) {
   // Family::Add returns the existing series for known labels, so this does not grow the family.
   memory_current_bytes_.Add({{"device", device}}).Set(static_cast<double>(current_bytes));
   memory_peak_bytes_.Add({{"device", device}}).Set(static_cast<double>(peak_bytes));
+  memory_limit_bytes_.Add({{"device", device}}).Set(static_cast<double>(limit_bytes));
 }
 
 void TrainerMetrics::RecordEval(double loss) { eval_loss_.Set(loss); }

@@ -43,8 +43,10 @@ class TrainerMetrics {
   TrainerMetrics& operator=(const TrainerMetrics&) = delete;
 
   void RecordStep(const StepSample& sample);
-  // `device` is "cpu" or "cuda" (both pre-created); another name adds a series.
-  void RecordMemory(int64_t current_bytes, int64_t peak_bytes, const std::string& device);
+  // `device` is "cpu" or "cuda" (both pre-created); another name adds a series. `limit_bytes`
+  // is the device's capacity for this process (0: unknown).
+  void RecordMemory(int64_t current_bytes, int64_t peak_bytes, int64_t limit_bytes,
+                    const std::string& device);
   void RecordEval(double loss);
   void SetTotalSteps(int64_t total_steps);
   // After a resume: meshwork_trainer_step shows the checkpoint's step before the first new one.
@@ -72,6 +74,7 @@ class TrainerMetrics {
   prometheus::Gauge& learning_rate_;
   prometheus::Gauge& grad_norm_;
   prometheus::Family<prometheus::Gauge>& memory_current_bytes_;
+  prometheus::Family<prometheus::Gauge>& memory_limit_bytes_;
   prometheus::Family<prometheus::Gauge>& memory_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& info_;
   prometheus::Counter& exposed_comm_seconds_total_;

@@ -133,8 +133,8 @@ TEST(TrainerMetricsTest, RecordStepCountsStepsAccumulatesTokensAndSetsGauges) {
 TEST(TrainerMetricsTest, RecordMemoryEvalAndTotalStepsSetTheirGauges) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
-  metrics.RecordMemory(100, 200, "cuda");
-  metrics.RecordMemory(300, 400, "cpu");
+  metrics.RecordMemory(100, 200, 80, "cuda");
+  metrics.RecordMemory(300, 400, 500, "cpu");
   metrics.RecordEval(1.25);
   metrics.SetTotalSteps(1000);
 
@@ -146,6 +146,8 @@ TEST(TrainerMetricsTest, RecordMemoryEvalAndTotalStepsSetTheirGauges) {
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_memory_current_bytes", ",device=\"cpu\"")),
             300.0);
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_memory_peak_bytes", ",device=\"cpu\"")), 400.0);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_memory_limit_bytes", ",device=\"cuda\"")), 80.0);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_memory_limit_bytes", ",device=\"cpu\"")), 500.0);
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_eval_loss")), 1.25);
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_total_steps")), 1000.0);
 }
@@ -183,7 +185,7 @@ TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
-  EXPECT_EQ(exposed.size(), 18u);
+  EXPECT_EQ(exposed.size(), 19u);
   for (const auto& name : exposed) {
     // A table row starts with the name in backticks.
     EXPECT_THAT(docs, HasSubstr("| `" + name + "`")) << name << " is not in docs/metrics.md";

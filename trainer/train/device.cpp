@@ -9,6 +9,7 @@
 
 #ifdef MESHWORK_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace meshwork::train {
@@ -88,12 +89,21 @@ MemorySample SampleMemory(const torch::Device& device) {
     s.current_bytes = allocated.current;
     s.peak_bytes = allocated.peak;
     s.device = "cuda";
+    static const int64_t total = [&device] {
+      cudaDeviceProp prop{};
+      return cudaGetDeviceProperties(&prop, device.index()) == cudaSuccess
+                 ? static_cast<int64_t>(prop.totalGlobalMem)
+                 : int64_t{0};
+    }();
+    s.limit_bytes = total;
     return s;
   }
 #endif
   const auto rss = metrics::ReadProcessMemory();
   s.current_bytes = rss.current_rss_bytes;
   s.peak_bytes = rss.peak_rss_bytes;
+  static const int64_t limit = metrics::ReadMemoryLimit();
+  s.limit_bytes = limit;
   s.device = "cpu";
   return s;
 }

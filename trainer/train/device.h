@@ -30,10 +30,12 @@ double MeasureCpuMatmulFlops();
 struct MemorySample {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;
-  std::string device;  // "cpu" or "cuda"
+  int64_t limit_bytes = 0;  // the most this device's memory can hold for us; 0: unknown
+  std::string device;       // "cpu" or "cuda"
 };
-// CUDA: bytes allocated by the caching allocator (current / peak since start); CPU: process RSS
-// (current / high-water mark).
+// CUDA: bytes allocated by the caching allocator (current / peak since start), and the device's
+// total memory; CPU: process RSS (current / high-water mark), and the smaller of the machine's
+// memory and the cgroup (container) limit. The limits are read once per process.
 MemorySample SampleMemory(const torch::Device& device);
 
 }  // namespace meshwork::train

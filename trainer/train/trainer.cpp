@@ -341,7 +341,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
              << Format("%.6f", comm.exposed_comm_seconds) << "}\n";
       jsonl->flush();
     }
-    metrics.RecordMemory(mem.current_bytes, mem.peak_bytes, mem.device);
+    metrics.RecordMemory(mem.current_bytes, mem.peak_bytes, mem.limit_bytes, mem.device);
 
     const bool last = step + 1 == cfg.schedule.steps;
     if ((step + 1) % cfg.logging.every == 0 || last || step == first_step) {
