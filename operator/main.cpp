@@ -220,7 +220,8 @@ int Run(const Flags& flags) {
     Log("operator: " + s.message());
     return ExitCodeFor(s.code());
   }
-  Log("operator " + std::string(kVersion) + ": API server " + config->server + ", namespace " +
+  Log("operator " + std::string(kVersion) + ": API server " + config->server + " (" + config->source +
+      "), namespace " +
       (flags.ns.empty() ? std::string("(all)") : flags.ns) + ", metrics http://" + flags.metrics_bind +
       "/metrics (port " + std::to_string((*server)->port()) + ")");
   controller.StartInformers();

@@ -82,7 +82,8 @@ holder() { k -n "$ns" get lease meshwork-operator -o jsonpath='{.spec.holderIden
 e2e_wait_for 30 "$pod holds the Lease" test "$(holder)" = "$pod" &&
   pass "the operator Pod holds Lease $ns/meshwork-operator under its Pod name" || { fail "Lease holder '$(holder)'"; dump; }
 log="$(k -n "$ns" logs "$pod" 2>&1)"
-[[ "$log" == *"API server https://127.0.0.1:"* && "$log" == *"namespace (all)"* && "$log" == *"port $port"* ]] &&
+[[ "$log" == *"API server https://127.0.0.1:"*"(in-cluster service account ("* && "$log" == *"namespace (all)"* &&
+  "$log" == *"port $port"* ]] &&
   pass "it found the API through its service account, watches every namespace, serves metrics on port $port" ||
   fail "operator log: $log"
 code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz")"
