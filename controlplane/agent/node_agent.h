@@ -98,6 +98,14 @@ const char* ResolutionName(Resolution r);
 using EnvSourceResolver = std::function<Result<std::string>(
     const std::string& kind, const std::string& ns, const std::string& name, const std::string& key)>;
 
+// What a Pod's service-account directory holds (docs/controlplane-agent.md): in a cluster kubelet
+// mounts these at /var/run/secrets/kubernetes.io/serviceaccount; here all Pods share one
+// filesystem, so each gets its own directory, named by MESHWORK_SERVICE_ACCOUNT_DIR.
+struct ServiceAccountCredentials {
+  std::string token;   // the control plane's bearer token (file "token", mode 0600)
+  std::string ca_pem;  // the serving CA (file "ca.crt"); empty with --insecure-http
+};
+
 struct RuntimeOptions {
   std::string state_dir;            // per-pod logs and hosts files live under <state_dir>/pods/<uid>/
   int grace_seconds_default = 30;   // when neither Stop nor spec.terminationGracePeriodSeconds says
@@ -111,6 +119,10 @@ struct RuntimeOptions {
   bool inherit_environment = true;  // start containers from this process' environment (PATH, HOME, ...)
   std::map<std::string, std::string> extra_env;  // added to every container (e.g. KUBERNETES_SERVICE_HOST)
   EnvSourceResolver env_source;     // unset: configMapKeyRef/secretKeyRef are a config error
+  // Set: every Pod but those with spec.automountServiceAccountToken false gets
+  // <state_dir>/pods/<uid>/serviceaccount/{token,ca.crt,namespace} and
+  // MESHWORK_SERVICE_ACCOUNT_DIR naming it in every container.
+  std::optional<ServiceAccountCredentials> service_account;
   std::chrono::milliseconds monitor_interval{50};  // how often exits and deadlines are checked
 };
 

@@ -24,6 +24,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "controlplane/agent/internal.h"
 #include "controlplane/agent/node_agent.h"
@@ -240,6 +241,45 @@ struct PodRuntime::Impl {
     return Status::Ok();
   }
 
+  // The Pod's service-account directory, "" when it gets none.
+  std::string ServiceAccountDir(const json& pod) const {
+    if (!options.service_account) return "";
+    const json spec = internal::ObjectAt(pod, "spec");
+    if (spec.contains("automountServiceAccountToken") && spec["automountServiceAccountToken"] == false) return "";
+    return options.state_dir + "/pods/" + internal::StringAt(internal::ObjectAt(pod, "metadata"), "uid") +
+           "/serviceaccount";
+  }
+
+  Status WriteServiceAccountDir(const Pod& pod) const {
+    std::string dir = ServiceAccountDir(pod.object);
+    if (dir.empty()) return Status::Ok();
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return IOError("cannot create service account directory " + dir + ": " + ec.message());
+    const ServiceAccountCredentials& sa = *options.service_account;
+    for (const auto& [file, text, mode] : {std::make_tuple("token", sa.token, 0600),
+                                           std::make_tuple("ca.crt", sa.ca_pem, 0644),
+                                           std::make_tuple("namespace", pod.ns, 0644)}) {
+      std::string path = dir + "/" + file;
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+      if (fd < 0) return IOError("cannot write " + path + ": " + ErrnoText(errno));
+      ::fchmod(fd, static_cast<mode_t>(mode));  // the mode even when umask is wider or the file existed
+      size_t done = 0;
+      while (done < text.size()) {
+        ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          int err = errno;
+          ::close(fd);
+          return IOError("cannot write " + path + ": " + ErrnoText(err));
+        }
+        done += static_cast<size_t>(n);
+      }
+      ::close(fd);
+    }
+    return Status::Ok();
+  }
+
   std::string LogFile(const Pod& pod, const std::string& container, bool previous) const {
     return pod.dir + "/" + container + (previous ? ".previous.log" : ".log");
   }
@@ -260,13 +300,14 @@ struct PodRuntime::Impl {
         size_t eq = kv.find('=');
         if (eq == std::string::npos) continue;
         std::string k = kv.substr(0, eq);
-        if (k == "LD_PRELOAD" || k == "MESHWORK_HOSTS_FILE") continue;
+        if (k == "LD_PRELOAD" || k == "MESHWORK_HOSTS_FILE" || k == "MESHWORK_SERVICE_ACCOUNT_DIR") continue;
         env.Set(k, kv.substr(eq + 1));
       }
     }
     if (env.values().count("PATH") == 0) env.Set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     env.Set("HOSTNAME", hostname);
     for (const auto& [k, v] : options.extra_env) env.Set(k, v);
+    if (std::string sa_dir = ServiceAccountDir(pod); !sa_dir.empty()) env.Set("MESHWORK_SERVICE_ACCOUNT_DIR", sa_dir);
 
     const json env_list = internal::ArrayAt(c, "env");
     for (size_t i = 0; i < env_list.size(); ++i) {
@@ -1067,6 +1108,7 @@ Status PodRuntime::Start(const json& pod) {
   fs::create_directories(p.dir, ec);
   if (ec) return IOError("cannot create pod directory " + p.dir + ": " + ec.message());
   MW_RETURN_IF_ERROR(impl_->WriteHostsFile(p));
+  MW_RETURN_IF_ERROR(impl_->WriteServiceAccountDir(p));
   impl_->ips_in_use.insert(p.ip_slot);
   std::string uid = p.uid;
   impl_->pods.emplace(uid, std::move(p));

@@ -431,6 +431,130 @@ std::optional<ApiError> CheckBodyShape(const json& body, const ResourceInfo& inf
   return std::nullopt;
 }
 
+namespace {
+
+// Whether `info` is the built-in resource `group`/`resource` (not a CRD of the same name).
+bool IsBuiltin(const ResourceInfo& info, const char* group, const char* resource) {
+  return !info.custom && info.group == group && info.resource == resource;
+}
+
+// The ServiceAccount admission check on pod create: a named ServiceAccount must exist in the
+// pod's namespace. "default" always passes: real clusters create it in every namespace.
+// `name` is what the message calls the pod: its generateName when the name is generated, as
+// admission runs before kube-apiserver generates the name.
+std::optional<ApiError> CheckPodServiceAccount(Store& store, const json& pod, const std::string& name) {
+  std::string sa = FieldValue(pod, "spec.serviceAccountName");
+  if (sa.empty() || sa == "default") return std::nullopt;
+  std::string ns = FieldValue(pod, "metadata.namespace");
+  if (store.Get(StoreKey("serviceaccounts", ns, sa))) return std::nullopt;
+  return Err(403, "Forbidden",
+             "pods \"" + name + "\" is forbidden: error looking up service account " + ns + "/" + sa +
+                 ": serviceaccount \"" + sa + "\" not found",
+             {{"name", name}, {"kind", "pods"}});
+}
+
+// Go's %#v of a map[string]string, which kube-apiserver's messages quote: map[string]string{"a":"b", "c":"d"}.
+std::string GoStringMap(const json& labels) {
+  if (!labels.is_object() || labels.empty()) return "map[string]string(nil)";
+  std::string out = "map[string]string{";
+  bool first = true;
+  for (auto it = labels.begin(); it != labels.end(); ++it) {
+    out += (first ? "" : ", ") + json(it.key()).dump() + ":" + it.value().dump();
+    first = false;
+  }
+  return out + "}";
+}
+
+// A Deployment's defaults and checks (kube-apiserver's apps/v1 defaulting and validation, in
+// part). `old` is the stored object on an update: the selector is immutable.
+std::vector<schema::FieldCause> PrepareDeployment(json& obj, const json* old) {
+  std::vector<schema::FieldCause> causes;
+  auto invalid = [&](const std::string& field, const std::string& value, const std::string& why) {
+    causes.push_back({"FieldValueInvalid", field, "Invalid value: " + value + ": " + why});
+  };
+  if (!obj.contains("spec") || !obj["spec"].is_object()) {
+    causes.push_back({"FieldValueRequired", "spec", "Required value"});
+    return causes;
+  }
+  json& spec = obj["spec"];
+  if (!spec.contains("replicas") || spec["replicas"].is_null()) spec["replicas"] = 1;
+  if (!spec["replicas"].is_number_integer() || spec["replicas"].get<int64_t>() < 0) {
+    invalid("spec.replicas", spec["replicas"].dump(), "must be greater than or equal to 0");
+  }
+  if (!spec.contains("revisionHistoryLimit")) spec["revisionHistoryLimit"] = 10;
+  if (!spec.contains("progressDeadlineSeconds")) spec["progressDeadlineSeconds"] = 600;
+  // Only Recreate is carried out (docs/controlplane.md); RollingUpdate is accepted and rolls
+  // out the same way.
+  if (!spec.contains("strategy") || !spec["strategy"].is_object()) spec["strategy"] = json::object();
+  if (!spec["strategy"].contains("type")) spec["strategy"]["type"] = "Recreate";
+  std::string strategy = spec["strategy"]["type"].is_string() ? spec["strategy"]["type"].get<std::string>() : "";
+  if (strategy != "Recreate" && strategy != "RollingUpdate") {
+    causes.push_back({"FieldValueNotSupported", "spec.strategy.type",
+                      "Unsupported value: " + spec["strategy"]["type"].dump() +
+                          ": supported values: \"Recreate\", \"RollingUpdate\""});
+  }
+  // Selector: required, non-empty, well formed, matching the template's labels.
+  std::optional<LabelSelector> selector;
+  if (!spec.contains("selector") || spec["selector"].is_null()) {
+    causes.push_back({"FieldValueRequired", "spec.selector", "Required value"});
+  } else {
+    auto text = LabelSelectorText(spec["selector"]);
+    if (!text.ok()) {
+      invalid("spec.selector", spec["selector"].dump(), text.status().message());
+    } else if (text->empty()) {
+      invalid("spec.selector", spec["selector"].dump(), "empty selector is invalid for deployment");
+    } else {
+      selector = LabelSelector::Parse(*text).value();
+    }
+  }
+  if (old != nullptr && old->contains("spec") && (*old)["spec"].is_object() &&
+      (*old)["spec"].value("selector", json()) != spec.value("selector", json())) {
+    invalid("spec.selector", spec.value("selector", json()).dump(), "field is immutable");
+  }
+  if (!spec.contains("template") || !spec["template"].is_object()) {
+    causes.push_back({"FieldValueRequired", "spec.template", "Required value"});
+    return causes;
+  }
+  json& tmpl = spec["template"];
+  json labels = tmpl.contains("metadata") && tmpl["metadata"].is_object()
+                    ? tmpl["metadata"].value("labels", json::object()) : json::object();
+  if (!labels.is_object()) {
+    causes.push_back({"FieldValueTypeInvalid", "spec.template.metadata.labels",
+                      "Invalid value: " + labels.dump() + ": must be a map"});
+  } else if (selector && !selector->Matches(json{{"metadata", {{"labels", labels}}}})) {
+    invalid("spec.template.metadata.labels", GoStringMap(labels), "`selector` does not match template `labels`");
+  }
+  if (!tmpl.contains("spec") || !tmpl["spec"].is_object()) {
+    causes.push_back({"FieldValueRequired", "spec.template.spec", "Required value"});
+    return causes;
+  }
+  json& pod = tmpl["spec"];
+  if (!pod.contains("containers") || !pod["containers"].is_array() || pod["containers"].empty()) {
+    causes.push_back({"FieldValueRequired", "spec.template.spec.containers", "Required value"});
+  } else {
+    for (size_t i = 0; i < pod["containers"].size(); ++i) {
+      const json& c = pod["containers"][i];
+      std::string at = "spec.template.spec.containers[" + std::to_string(i) + "]";
+      if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) {
+        causes.push_back({"FieldValueRequired", at + ".name", "Required value"});
+        continue;
+      }
+      if (std::string m = CheckDns1123Label(c["name"]); !m.empty()) {
+        invalid(at + ".name", c["name"].dump(), m);
+      }
+      if (!c.contains("image")) causes.push_back({"FieldValueRequired", at + ".image", "Required value"});
+    }
+  }
+  if (!pod.contains("restartPolicy")) pod["restartPolicy"] = "Always";
+  if (pod["restartPolicy"] != "Always") {
+    causes.push_back({"FieldValueNotSupported", "spec.template.spec.restartPolicy",
+                      "Unsupported value: " + pod["restartPolicy"].dump() + ": supported values: \"Always\""});
+  }
+  return causes;
+}
+
+}  // namespace
+
 HttpResponse ErrorResponse(const ApiError& error) {
   return JsonResponse(error.code, StatusObject(error));
 }
@@ -541,7 +665,8 @@ Status ApiServer::Bootstrap() {
 std::vector<ResourceInfo> ApiServer::AllStorageResources() const {
   std::vector<ResourceInfo> out;
   for (const char* r : {"namespaces", "pods", "services", "configmaps", "events", "leases",
-                        "customresourcedefinitions", "nodes"}) {
+                        "customresourcedefinitions", "nodes", "serviceaccounts", "roles",
+                        "rolebindings", "clusterroles", "clusterrolebindings", "deployments"}) {
     ResourceInfo info = registry_.Builtin(r);
     if (!info.resource.empty()) out.push_back(info);
   }
@@ -997,7 +1122,8 @@ std::optional<ApiError> ApiServer::PrepareCreate(const ResourceInfo& info, json&
   json& md = Meta(obj);
   std::string name = MetaString(obj, "name");
   // Objects' status under a status subresource is the controllers' to write.
-  if (info.custom && info.status_subresource) obj.erase("status");
+  bool deployment = IsBuiltin(info, "apps", "deployments");
+  if ((info.custom && info.status_subresource) || deployment) obj.erase("status");
   md.erase("deletionTimestamp");
   md.erase("deletionGracePeriodSeconds");
   md.erase("resourceVersion");
@@ -1005,7 +1131,9 @@ std::optional<ApiError> ApiServer::PrepareCreate(const ResourceInfo& info, json&
   md.erase("selfLink");
   md["uid"] = NewUid();
   md["creationTimestamp"] = Rfc3339(Clock::now());
-  if (info.custom || info.resource == "customresourcedefinitions") md["generation"] = 1;
+  // kube-apiserver keeps generation for custom resources, CRDs and (of what is served here)
+  // Deployments.
+  if (info.custom || info.resource == "customresourcedefinitions" || deployment) md["generation"] = 1;
   std::vector<schema::FieldCause> causes;
   if (md.contains("labels") && !md["labels"].is_object()) {
     causes.push_back({"FieldValueTypeInvalid", "metadata.labels", "Invalid value: " + md["labels"].dump() + ": must be a map"});
@@ -1063,6 +1191,15 @@ std::optional<ApiError> ApiServer::PrepareCreate(const ResourceInfo& info, json&
         if (!spec.contains("dnsPolicy")) spec["dnsPolicy"] = "ClusterFirst";
         if (!spec.contains("schedulerName")) spec["schedulerName"] = "default-scheduler";
         if (!spec.contains("securityContext")) spec["securityContext"] = json::object();
+        // The ServiceAccount admission plugin's default; the deprecated serviceAccount mirrors it.
+        if (!spec.contains("serviceAccountName") || !spec["serviceAccountName"].is_string() ||
+            spec["serviceAccountName"].get<std::string>().empty()) {
+          spec["serviceAccountName"] =
+              spec.contains("serviceAccount") && spec["serviceAccount"].is_string() &&
+                      !spec["serviceAccount"].get<std::string>().empty()
+                  ? spec["serviceAccount"] : json("default");
+        }
+        spec["serviceAccount"] = spec["serviceAccountName"];
         if (spec.contains("hostname") && spec["hostname"].is_string()) {
           if (std::string m = CheckDns1123Label(spec["hostname"]); !m.empty()) {
             causes.push_back({"FieldValueInvalid", "spec.hostname", "Invalid value: " + spec["hostname"].dump() + ": " + m});
@@ -1097,6 +1234,10 @@ std::optional<ApiError> ApiServer::PrepareCreate(const ResourceInfo& info, json&
       if (!md.contains("labels") || !md["labels"].is_object()) md["labels"] = json::object();
       md["labels"]["kubernetes.io/metadata.name"] = name;
     }
+  }
+  if (deployment) {
+    auto deployment_causes = PrepareDeployment(obj, nullptr);
+    causes.insert(causes.end(), deployment_causes.begin(), deployment_causes.end());
   }
   if (r == "customresourcedefinitions" && info.group == "apiextensions.k8s.io") {
     auto crd_causes = ValidateCrd(obj);
@@ -1206,6 +1347,9 @@ HttpResponse ApiServer::Create(Request& req) {
     }
     if (auto err = StrictFieldCheck(info, req.http, candidate)) return ErrorResponse(*err);
     if (auto err = PrepareCreate(info, candidate)) return ErrorResponse(*err);
+    if (IsBuiltin(info, "", "pods")) {
+      if (auto err = CheckPodServiceAccount(*store_, candidate, generated ? generate : name)) return ErrorResponse(*err);
+    }
     if (info.resource == "customresourcedefinitions" && info.group == "apiextensions.k8s.io") {
       SetCrdStatus(candidate, nullptr);
     }
@@ -1223,6 +1367,25 @@ HttpResponse ApiServer::Create(Request& req) {
     return JsonResponse(201, ToVersion(info, r.value()));
   }
   return ErrorResponse(Err(500, "AlreadyExists", "could not generate a unique name from generateName " + generate));
+}
+
+ApiResult<json> ApiServer::CreateObject(const ResourceInfo& info, const std::string& ns, const json& obj) {
+  // Through the HTTP path's Create, so that a controller's object gets what a client's would.
+  HttpRequest http;
+  http.method = "POST";
+  http.path = info.namespaced ? "/namespaces/" + ns + "/" + info.resource : "/" + info.resource;
+  http.headers["content-type"] = "application/json";
+  http.body = obj.dump();
+  Request req;
+  req.http = &http;
+  req.info = info;
+  req.ns = info.namespaced ? ns : "";
+  req.body = http.body;
+  HttpResponse r = Create(req);
+  json body = json::parse(r.body, nullptr, false);
+  if (r.status == 201 && !body.is_discarded()) return Ok(body);
+  if (body.is_discarded() || !body.is_object()) return Fail<json>(InternalErr("create answered " + std::to_string(r.status)));
+  return Fail<json>(Err(r.status, body.value("reason", ""), body.value("message", ""), body.value("details", json())));
 }
 
 // ---- update and patch ---------------------------------------------------------------------
@@ -1325,6 +1488,10 @@ ApiResult<json> ApiServer::UpdateObject(Request& req, json incoming) {
           return Fail<json>(InvalidErr(info, req.name, {{"FieldValueForbidden", "spec",
                                                            "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, `spec.activeDeadlineSeconds` or `spec.tolerations`"}}));
         }
+      }
+      if (IsBuiltin(info, "apps", "deployments")) {
+        auto causes = PrepareDeployment(next, &cur);
+        if (!causes.empty()) return Fail<json>(InvalidErr(info, req.name, causes));
       }
       if (info.resource == "customresourcedefinitions" && info.group == "apiextensions.k8s.io") {
         auto causes = ValidateCrd(next);
@@ -1833,6 +2000,10 @@ HttpResponse ApiServer::Scale(Request& req) {
     if (!info.scale_selector_path.empty()) {
       json::json_pointer sel = PointerOf(info.scale_selector_path);
       if (obj.contains(sel) && obj[sel].is_string()) scale["status"]["selector"] = obj[sel];
+    }
+    if (IsBuiltin(info, "apps", "deployments") && obj.contains("spec") && obj["spec"].contains("selector")) {
+      auto text = LabelSelectorText(obj["spec"]["selector"]);
+      if (text.ok()) scale["status"]["selector"] = *text;
     }
     return scale;
   };

@@ -79,6 +79,10 @@ class ApiServer {
   // removes it once its processes are gone); without one, at once.
   void SetPodsHaveAgent(bool v) { pods_have_agent_ = v; }
 
+  // The API's create, for controllers (the Deployment controller's pods): the same defaults,
+  // validation and admission checks as a POST of `obj` to the collection in `ns`.
+  ApiResult<nlohmann::json> CreateObject(const ResourceInfo& info, const std::string& ns,
+                                         const nlohmann::json& obj);
   // The API's delete, for controllers (garbage collector, namespace cleanup).
   ApiResult<nlohmann::json> DeleteObject(const ResourceInfo& info, const std::string& ns,
                                          const std::string& name, const DeleteOptions& options);

@@ -1,13 +1,15 @@
-// Garbage collector and pod controller (see controllers.h).
+// Garbage collector, pod controller and Deployment controller (see controllers.h).
 #include "controlplane/apiserver/controllers.h"
 
 #include <algorithm>
 #include <chrono>
-#include <iostream>
 #include <cstdio>
+#include <ctime>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include "controlplane/apiserver/selectors.h"
 
@@ -33,9 +35,10 @@ bool HasFinalizer(const json& obj, const std::string& f) {
   return fs.is_array() && std::find(fs.begin(), fs.end(), f) != fs.end();
 }
 
-// Records a core/v1 Event about a pod, as the scheduler does (kubectl describe lists them).
-void RecordPodEvent(Store& store, const json& pod, const std::string& type, const std::string& reason,
-                    const std::string& message, const std::string& component) {
+// Records a core/v1 Event about an object, as the scheduler and kube-controller-manager do
+// (kubectl describe lists them).
+void RecordEvent(Store& store, const json& object, const std::string& type, const std::string& reason,
+                 const std::string& message, const std::string& component) {
   static std::mt19937_64 rng{std::random_device{}()};
   static std::mutex mu;
   char suffix[20], uid[40];
@@ -48,13 +51,17 @@ void RecordPodEvent(Store& store, const json& pod, const std::string& type, cons
                   static_cast<unsigned long long>(a & 0xFFF), static_cast<unsigned long long>(b & 0xFFF),
                   static_cast<unsigned long long>((b >> 16) & 0xFFFFFFFFFFFFULL));
   }
-  std::string ns = Md(pod, "namespace"), name = Md(pod, "name");
+  std::string ns = Md(object, "namespace"), name = Md(object, "name");
   std::string now = Rfc3339(std::chrono::system_clock::now());
   json ev = {{"apiVersion", "v1"},
              {"kind", "Event"},
              {"metadata", {{"name", name + "." + suffix}, {"namespace", ns}, {"uid", uid}, {"creationTimestamp", now}}},
              {"involvedObject",
-              {{"apiVersion", "v1"}, {"kind", "Pod"}, {"namespace", ns}, {"name", name}, {"uid", Md(pod, "uid")}}},
+              {{"apiVersion", object.value("apiVersion", "v1")},
+               {"kind", object.value("kind", "Pod")},
+               {"namespace", ns},
+               {"name", name},
+               {"uid", Md(object, "uid")}}},
              {"reason", reason},
              {"message", message},
              {"type", type},
@@ -272,7 +279,7 @@ void PodController::SyncPod(const json& pod, const std::string& key, std::vector
         return true;
       });
       if (r.ok() && bound_now) {
-        RecordPodEvent(api_->store(), pod, "Normal", "Scheduled",
+        RecordEvent(api_->store(), pod, "Normal", "Scheduled",
                        "Successfully assigned " + Md(pod, "namespace") + "/" + Md(pod, "name") + " to " + chosen,
                        "default-scheduler");
       }
@@ -298,7 +305,7 @@ void PodController::SyncPod(const json& pod, const std::string& key, std::vector
         o["status"]["phase"] = "Pending";
         return true;
       });
-      if (r.ok() && changed) RecordPodEvent(api_->store(), pod, "Warning", "FailedScheduling", reason, "default-scheduler");
+      if (r.ok() && changed) RecordEvent(api_->store(), pod, "Warning", "FailedScheduling", reason, "default-scheduler");
     }
     return;
   }
@@ -400,6 +407,269 @@ void PodController::Start() {
 }
 
 void PodController::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---- deployment controller ----------------------------------------------------------------
+
+std::string PodTemplateHash(const json& pod_template) {
+  // FNV-1a, 32 bits, over the template's canonical JSON (keys sorted).
+  uint32_t h = 2166136261u;
+  for (unsigned char c : pod_template.dump()) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  // rand.SafeEncodeString of the decimal value: no vowels, no look-alike digits.
+  static const char* kAlphabet = "bcdfghjklmnpqrstvwxz2456789";
+  std::string out;
+  for (char d : std::to_string(h)) out += kAlphabet[static_cast<unsigned char>(d) % 27];
+  return out;
+}
+
+namespace {
+
+const char* kHashLabel = "pod-template-hash";
+
+bool PodReady(const json& pod) {
+  if (!pod.contains("status") || !pod["status"].is_object()) return false;
+  for (const json& c : pod["status"].value("conditions", json::array())) {
+    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
+  }
+  return false;
+}
+
+// Ready for at least minReadySeconds.
+bool PodAvailable(const json& pod, int64_t min_ready_seconds, std::chrono::system_clock::time_point now) {
+  if (!PodReady(pod)) return false;
+  if (min_ready_seconds <= 0) return true;
+  for (const json& c : pod["status"].value("conditions", json::array())) {
+    if (c.value("type", "") != "Ready") continue;
+    std::tm tm{};
+    std::string since = c.value("lastTransitionTime", "");
+    if (strptime(since.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm) == nullptr) return true;
+    auto t = std::chrono::system_clock::from_time_t(timegm(&tm));
+    return now - t >= std::chrono::seconds(min_ready_seconds);
+  }
+  return true;
+}
+
+// The uid of the object's controller (ownerReference with controller: true), "" when none.
+std::string ControllerUid(const json& obj) {
+  for (const json& ref : OwnerRefs(obj)) {
+    if (ref.is_object() && ref.value("controller", false)) return ref.value("uid", "");
+  }
+  return "";
+}
+
+// Which Pods a scale-down deletes first (kube's ActivePods order): unscheduled before
+// scheduled, Pending before Running, not ready before ready, newer before older.
+bool DeleteBefore(const json& a, const json& b) {
+  auto rank = [](const json& p) {
+    std::string phase = FieldValue(p, "status.phase");
+    return std::make_tuple(!FieldValue(p, "spec.nodeName").empty(), phase == "Running" ? 2 : phase == "Pending" ? 0 : 1,
+                           PodReady(p));
+  };
+  if (rank(a) != rank(b)) return rank(a) < rank(b);
+  return Md(a, "creationTimestamp") > Md(b, "creationTimestamp");
+}
+
+// A condition with kube's time-keeping: lastTransitionTime changes with the status, lastUpdateTime
+// with the status, reason or message.
+json Condition(const json& previous_status, const std::string& type, const std::string& status,
+               const std::string& reason, const std::string& message, const std::string& now) {
+  json c = {{"type", type}, {"status", status}, {"reason", reason}, {"message", message},
+            {"lastUpdateTime", now}, {"lastTransitionTime", now}};
+  if (!previous_status.is_object()) return c;
+  for (const json& old : previous_status.value("conditions", json::array())) {
+    if (old.value("type", "") != type || old.value("status", "") != status) continue;
+    c["lastTransitionTime"] = old.value("lastTransitionTime", now);
+    if (old.value("reason", "") == reason && old.value("message", "") == message) {
+      c["lastUpdateTime"] = old.value("lastUpdateTime", now);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+void DeploymentController::SyncDeployment(const json& deployment, const std::string& key,
+                                          const std::vector<json>& pods) {
+  if (Deleting(deployment)) return;  // the garbage collector takes its Pods
+  const ResourceInfo pod_info = api_->registry().Builtin("pods");
+  std::string ns = Md(deployment, "namespace"), name = Md(deployment, "name"), uid = Md(deployment, "uid");
+  const json spec = deployment.value("spec", json::object());
+  int64_t desired = spec.value("replicas", int64_t{1});
+  int64_t min_ready = spec.value("minReadySeconds", int64_t{0});
+  const json tmpl = spec.value("template", json::object());
+  std::string hash = PodTemplateHash(tmpl);
+  std::string rs_name = name + "-" + hash;  // what kube would call the new ReplicaSet
+  auto now = std::chrono::system_clock::now();
+
+  // Fetch: the Pods this Deployment controls, by template.
+  std::vector<json> current, old;
+  int64_t old_terminating = 0;
+  DeleteOptions background;
+  background.propagation_policy = "Background";
+  for (const json& pod : pods) {
+    if (Md(pod, "namespace") != ns || ControllerUid(pod) != uid) continue;
+    bool same_template = FieldValue(pod, std::string("metadata.labels.") + kHashLabel) == hash;
+    if (Deleting(pod)) {
+      if (!same_template) ++old_terminating;
+      continue;
+    }
+    std::string phase = FieldValue(pod, "status.phase");
+    if (phase == "Succeeded" || phase == "Failed") {
+      // A finished Pod is replaced, as a ReplicaSet replaces it.
+      auto r = api_->DeleteObject(pod_info, ns, Md(pod, "name"), background);
+      (void)r;
+      continue;
+    }
+    (same_template ? current : old).push_back(pod);
+  }
+
+  // Recreate: the old template's Pods go first; the new ones come once those are gone.
+  std::string create_error;
+  if (!old.empty()) {
+    for (const json& pod : old) {
+      auto r = api_->DeleteObject(pod_info, ns, Md(pod, "name"), background);
+      (void)r;
+    }
+    RecordEvent(api_->store(), deployment, "Normal", "ScalingReplicaSet",
+                "Scaled down replica set " + name + "-" + FieldValue(old[0], std::string("metadata.labels.") + kHashLabel) +
+                    " to 0 from " + std::to_string(old.size()),
+                "deployment-controller");
+    old_terminating += static_cast<int64_t>(old.size());
+    old.clear();
+  } else if (old_terminating == 0 && static_cast<int64_t>(current.size()) < desired) {
+    json labels = tmpl.contains("metadata") ? tmpl["metadata"].value("labels", json::object()) : json::object();
+    if (!labels.is_object()) labels = json::object();
+    labels[kHashLabel] = hash;
+    json md = {{"generateName", rs_name + "-"},
+               {"namespace", ns},
+               {"labels", labels},
+               {"ownerReferences",
+                json::array({{{"apiVersion", "apps/v1"},
+                              {"kind", "Deployment"},
+                              {"name", name},
+                              {"uid", uid},
+                              {"controller", true},
+                              {"blockOwnerDeletion", true}}})}};
+    if (tmpl.contains("metadata") && tmpl["metadata"].contains("annotations")) {
+      md["annotations"] = tmpl["metadata"]["annotations"];
+    }
+    json pod = {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", md}, {"spec", tmpl.value("spec", json::object())}};
+    size_t before = current.size();
+    while (static_cast<int64_t>(current.size()) < desired) {
+      auto r = api_->CreateObject(pod_info, ns, pod);
+      if (!r.ok()) {
+        create_error = r.error.message;
+        break;
+      }
+      current.push_back(*r.value);
+    }
+    if (current.size() > before) {
+      RecordEvent(api_->store(), deployment, "Normal", "ScalingReplicaSet",
+                  "Scaled up replica set " + rs_name + " to " + std::to_string(current.size()),
+                  "deployment-controller");
+    }
+  } else if (static_cast<int64_t>(current.size()) > desired) {
+    std::sort(current.begin(), current.end(), DeleteBefore);
+    size_t extra = current.size() - static_cast<size_t>(std::max<int64_t>(desired, 0));
+    for (size_t i = 0; i < extra; ++i) {
+      auto r = api_->DeleteObject(pod_info, ns, Md(current[i], "name"), background);
+      (void)r;
+    }
+    current.erase(current.begin(), current.begin() + static_cast<long>(extra));
+    RecordEvent(api_->store(), deployment, "Normal", "ScalingReplicaSet",
+                "Scaled down replica set " + rs_name + " to " + std::to_string(current.size()),
+                "deployment-controller");
+  }
+
+  // Status, written once, from what the Pods are after this pass.
+  int64_t updated = static_cast<int64_t>(current.size());
+  int64_t ready = 0, available = 0;
+  for (const json& pod : current) {
+    if (PodReady(pod)) ++ready;
+    if (PodAvailable(pod, min_ready, now)) ++available;
+  }
+  const json previous = deployment.value("status", json::object());
+  std::string stamp = Rfc3339(now);
+  json status = json::object();
+  status["observedGeneration"] = deployment["metadata"].value("generation", int64_t{1});
+  // Zero counts are left out, as kube-apiserver's JSON (omitempty) does.
+  auto count = [&](const char* field, int64_t n) {
+    if (n > 0) status[field] = n;
+  };
+  count("replicas", updated);
+  count("updatedReplicas", updated);
+  count("readyReplicas", ready);
+  count("availableReplicas", available);
+  count("unavailableReplicas", std::max<int64_t>(0, desired - available));
+  json conditions = json::array();
+  conditions.push_back(available >= desired
+                           ? Condition(previous, "Available", "True", "MinimumReplicasAvailable",
+                                       "Deployment has minimum availability.", stamp)
+                           : Condition(previous, "Available", "False", "MinimumReplicasUnavailable",
+                                       "Deployment does not have minimum availability.", stamp));
+  bool complete = old_terminating == 0 && updated == desired && available == desired;
+  conditions.push_back(complete ? Condition(previous, "Progressing", "True", "NewReplicaSetAvailable",
+                                            "ReplicaSet \"" + rs_name + "\" has successfully progressed.", stamp)
+                                : Condition(previous, "Progressing", "True", "ReplicaSetUpdated",
+                                            "ReplicaSet \"" + rs_name + "\" is progressing.", stamp));
+  bool new_failure = false;
+  if (!create_error.empty()) {
+    json c = Condition(previous, "ReplicaFailure", "True", "FailedCreate", create_error, stamp);
+    new_failure = c["lastUpdateTime"] == stamp;
+    conditions.push_back(c);
+  }
+  status["conditions"] = conditions;
+  bool written = false;
+  auto r = api_->Mutate(key, [&](json& o) {
+    if (Md(o, "uid") != uid || Deleting(o)) return false;
+    if (o.contains("status") && o["status"] == status) return false;
+    o["status"] = status;
+    written = true;
+    return true;
+  });
+  // Events after the status write, and a failure only when it is new (no event per pass).
+  if (r.ok() && written && new_failure) {
+    RecordEvent(api_->store(), deployment, "Warning", "FailedCreate", "Error creating: " + create_error,
+                "replicaset-controller");
+  }
+}
+
+void DeploymentController::Sync() {
+  Store& store = api_->store();
+  std::string prefix = api_->registry().Builtin("deployments").StoreResource() + "/";
+  Store::ListResult deployments = store.List(prefix);
+  if (deployments.items.empty()) return;
+  std::vector<json> pods = store.List("pods/").items;
+  for (size_t i = 0; i < deployments.items.size(); ++i) {
+    try {
+      SyncDeployment(deployments.items[i], deployments.keys[i], pods);
+    } catch (const std::exception& e) {
+      // One Deployment of an unexpected shape must not stop the others.
+      std::cerr << "meshwork-controlplane: deployment " << deployments.keys[i] << ": " << e.what() << std::endl;
+    }
+  }
+}
+
+void DeploymentController::Start() {
+  stop_ = false;
+  thread_ = std::thread([this] {
+    while (!stop_) {
+      try {
+        Sync();
+      } catch (const std::exception& e) {
+        std::cerr << "meshwork-controlplane: deployment controller: " << e.what() << std::endl;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+}
+
+void DeploymentController::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
 }

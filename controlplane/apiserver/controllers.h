@@ -1,6 +1,6 @@
 // The control plane's own controllers over the store: the garbage collector (ownerReferences,
-// foreground deletion, namespace cleanup) and the pod controller that schedules pods onto the
-// configured nodes and runs them with the node agent. Level-triggered: each pass reads the
+// foreground deletion, namespace cleanup), the pod controller that schedules pods onto the
+// configured nodes and runs them with the node agent, and the Deployment controller. Level-triggered: each pass reads the
 // store and fixes what differs, so a restart resumes where the last process stopped.
 #pragma once
 
@@ -61,5 +61,36 @@ class PodController {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// Keeps each Deployment's Pods: spec.replicas Pods from spec.template, owned by the Deployment
+// directly (there is no ReplicaSet layer), named <deployment>-<pod-template-hash>-<5 chars>.
+// A changed template is rolled out as Recreate: the old Pods are deleted, and the new ones are
+// created once the old ones are gone. Finished (Succeeded/Failed) Pods are replaced. Writes the
+// Deployment's status (replica counts, Available/Progressing/ReplicaFailure conditions) as
+// kube-controller-manager does, so that `kubectl rollout status` and `kubectl wait` work.
+class DeploymentController {
+ public:
+  explicit DeploymentController(ApiServer* api) : api_(api) {}
+  ~DeploymentController() { Stop(); }
+
+  // One pass over every Deployment.
+  void Sync();
+  // Runs Sync every 200 ms on its own thread.
+  void Start();
+  void Stop();
+
+ private:
+  void SyncDeployment(const nlohmann::json& deployment, const std::string& key,
+                      const std::vector<nlohmann::json>& pods);
+
+  ApiServer* api_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// The pod-template-hash label of a Pod template, as kube-controller-manager computes it (FNV-1a
+// of the template, encoded with the alphabet of generated names; not byte-identical to
+// kube's, which hashes the Go struct's printed form).
+std::string PodTemplateHash(const nlohmann::json& pod_template);
 
 }  // namespace meshwork::controlplane

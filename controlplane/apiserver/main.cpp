@@ -272,6 +272,8 @@ int Run(const Flags& flags) {
   runtime_options.state_dir = flags.data_dir + "/agent";
   runtime_options.extra_env = {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"},
                                {"KUBERNETES_SERVICE_PORT", std::to_string(port)}};
+  // Pods' stand-in for the mounted service-account token (docs/controlplane-agent.md).
+  runtime_options.service_account = mc::agent::ServiceAccountCredentials{token, ca_pem};
   mc::Store* store_ptr = store.value().get();
   runtime_options.env_source = [store_ptr](const std::string& kind, const std::string& ns,
                                            const std::string& name,
@@ -299,6 +301,8 @@ int Run(const Flags& flags) {
   pods.Start();
   mc::GarbageCollector gc(&api);
   gc.Start();
+  mc::DeploymentController deployments(&api);
+  deployments.Start();
 
   std::string server_url = std::string(flags.insecure_http ? "http" : "https") + "://127.0.0.1:" + std::to_string(port);
   std::string err;
@@ -312,6 +316,7 @@ int Run(const Flags& flags) {
   sigwait(&signals, &sig);
   std::cerr << "meshwork-controlplane: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down" << std::endl;
   api.Shutdown();
+  deployments.Stop();
   gc.Stop();
   pods.Stop();
   if (tls) tls->Stop();

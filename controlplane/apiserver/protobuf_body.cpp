@@ -206,8 +206,9 @@ Result<json> DecodeProtobufObject(const std::string& body) {
     }
   }
   if (!env.ok()) return InvalidInput("malformed protobuf envelope");
-  if (api_version != "v1" || (kind != "Namespace" && kind != "ConfigMap" && kind != "Service")) {
-    return InvalidInput("protobuf bodies are accepted only for v1 Namespace, ConfigMap and Service, not " +
+  if (api_version != "v1" ||
+      (kind != "Namespace" && kind != "ConfigMap" && kind != "Service" && kind != "ServiceAccount")) {
+    return InvalidInput("protobuf bodies are accepted only for v1 Namespace, ConfigMap, Service and ServiceAccount, not " +
                         api_version + " " + kind + "; send JSON");
   }
   json obj = {{"apiVersion", api_version}, {"kind", kind}};
@@ -234,6 +235,8 @@ Result<json> DecodeProtobufObject(const std::string& body) {
       }
     } else if (kind == "Service" && f == 2 && w == 2) {
       obj["spec"] = ServiceSpec(r.Bytes(), &ok);
+    } else if (kind == "ServiceAccount" && f == 3 && w == 0) {
+      obj["automountServiceAccountToken"] = r.Varint() != 0;
     } else {
       r.Skip(w);
     }

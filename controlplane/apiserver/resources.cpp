@@ -119,11 +119,28 @@ ResourceRegistry::ResourceRegistry() {
       MakeBuiltin("", "services", "service", "Service", true, {"svc"}, {"all"}, true),
       MakeBuiltin("", "configmaps", "configmap", "ConfigMap", true, {"cm"}, {}, false),
       MakeBuiltin("", "events", "event", "Event", true, {"ev"}, {}, false),
+      MakeBuiltin("", "serviceaccounts", "serviceaccount", "ServiceAccount", true, {"sa"}, {}, false),
       MakeBuiltin("coordination.k8s.io", "leases", "lease", "Lease", true, {}, {}, false),
+      // Stored and served, not enforced: the local control plane has one token with full access.
+      MakeBuiltin("rbac.authorization.k8s.io", "roles", "role", "Role", true, {}, {}, false),
+      MakeBuiltin("rbac.authorization.k8s.io", "rolebindings", "rolebinding", "RoleBinding", true, {}, {},
+                  false),
+      MakeBuiltin("rbac.authorization.k8s.io", "clusterroles", "clusterrole", "ClusterRole", false, {}, {},
+                  false),
+      MakeBuiltin("rbac.authorization.k8s.io", "clusterrolebindings", "clusterrolebinding",
+                  "ClusterRoleBinding", false, {}, {}, false),
+      MakeBuiltin("apps", "deployments", "deployment", "Deployment", true, {"deploy"}, {"all"}, true),
       MakeBuiltin("apiextensions.k8s.io", "customresourcedefinitions",
                   "customresourcedefinition", "CustomResourceDefinition", false, {"crd", "crds"},
                   {"api-extensions"}, true),
   };
+  for (ResourceInfo& r : builtins_) {
+    if (r.resource != "deployments") continue;
+    // The Scale's status.selector is computed from spec.selector (api_server.cpp).
+    r.scale_subresource = true;
+    r.scale_spec_path = ".spec.replicas";
+    r.scale_status_path = ".status.replicas";
+  }
 }
 
 ResourceInfo ResourceRegistry::Builtin(const std::string& resource) const {

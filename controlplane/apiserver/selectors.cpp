@@ -208,4 +208,56 @@ std::string FieldSelector::Pinned(const std::string& field) const {
   return "";
 }
 
+Result<std::string> LabelSelectorText(const nlohmann::json& selector) {
+  if (!selector.is_object()) return InvalidInput("must be an object, got " + selector.dump());
+  std::vector<std::string> parts;
+  if (selector.contains("matchLabels") && !selector["matchLabels"].is_null()) {
+    const nlohmann::json& ml = selector["matchLabels"];
+    if (!ml.is_object()) return InvalidInput("matchLabels: must be a map, got " + ml.dump());
+    for (const auto& [k, v] : ml.items()) {
+      if (!v.is_string()) return InvalidInput("matchLabels." + k + ": must be a string, got " + v.dump());
+      parts.push_back(k + "=" + v.get<std::string>());
+    }
+  }
+  if (selector.contains("matchExpressions") && !selector["matchExpressions"].is_null()) {
+    const nlohmann::json& exprs = selector["matchExpressions"];
+    if (!exprs.is_array()) return InvalidInput("matchExpressions: must be a list, got " + exprs.dump());
+    for (size_t i = 0; i < exprs.size(); ++i) {
+      const nlohmann::json& e = exprs[i];
+      std::string at = "matchExpressions[" + std::to_string(i) + "]";
+      if (!e.is_object() || !e.contains("key") || !e["key"].is_string()) {
+        return InvalidInput(at + ".key: Required value");
+      }
+      std::string key = e["key"].get<std::string>();
+      std::string op = e.contains("operator") && e["operator"].is_string() ? e["operator"].get<std::string>() : "";
+      std::vector<std::string> values;
+      if (e.contains("values") && e["values"].is_array()) {
+        for (const nlohmann::json& v : e["values"]) {
+          if (!v.is_string()) return InvalidInput(at + ".values: must be strings, got " + v.dump());
+          values.push_back(v.get<std::string>());
+        }
+      }
+      std::string joined;
+      std::sort(values.begin(), values.end());
+      for (const std::string& v : values) joined += (joined.empty() ? "" : ",") + v;
+      if (op == "In" || op == "NotIn") {
+        if (values.empty()) return InvalidInput(at + ".values: Required value: must be specified when `operator` is 'In' or 'NotIn'");
+        parts.push_back(key + (op == "In" ? " in (" : " notin (") + joined + ")");
+      } else if (op == "Exists" || op == "DoesNotExist") {
+        if (!values.empty()) return InvalidInput(at + ".values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'");
+        parts.push_back((op == "Exists" ? "" : "!") + key);
+      } else {
+        return InvalidInput(at + ".operator: Invalid value: " + nlohmann::json(op).dump() +
+                            ": not a valid selector operator");
+      }
+    }
+  }
+  std::string text;
+  for (const std::string& p : parts) text += (text.empty() ? "" : ",") + p;
+  // Parsing checks the keys and values.
+  auto parsed = LabelSelector::Parse(text);
+  if (!parsed.ok()) return parsed.status();
+  return text;
+}
+
 }  // namespace meshwork::controlplane

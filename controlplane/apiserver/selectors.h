@@ -51,6 +51,11 @@ class FieldSelector {
   std::vector<Requirement> requirements_;
 };
 
+// The query form of a metav1.LabelSelector object ({matchLabels, matchExpressions}), as
+// metav1.LabelSelectorAsSelector prints it: "app=x,tier in (a,b)". An error names the field
+// (relative to the selector) and the value.
+Result<std::string> LabelSelectorText(const nlohmann::json& selector);
+
 // The string form of a field at a dotted path ("" when missing; numbers and booleans printed).
 std::string FieldValue(const nlohmann::json& object, const std::string& dotted_path);
 

@@ -313,6 +313,56 @@ std::string Selector(const json& sel) {
   return out;
 }
 
+// A metav1.LabelSelector as kubectl prints it: "app=x,tier in (a,b),!legacy".
+std::string LabelSelectorCell(const json& sel) {
+  if (!sel.is_object()) return "<none>";
+  std::string out;
+  auto add = [&](const std::string& part) { out += (out.empty() ? "" : ",") + part; };
+  const json& labels = Field(sel, {"matchLabels"});
+  if (labels.is_object()) {
+    for (auto it = labels.begin(); it != labels.end(); ++it) add(it.key() + "=" + Str(it.value()));
+  }
+  const json& exprs = Field(sel, {"matchExpressions"});
+  if (exprs.is_array()) {
+    for (const json& e : exprs) {
+      std::string key = Str(Field(e, {"key"})), op = Str(Field(e, {"operator"}));
+      std::string values;
+      const json& vs = Field(e, {"values"});
+      if (vs.is_array()) {
+        for (const json& v : vs) values += (values.empty() ? "" : ",") + Str(v);
+      }
+      if (op == "In") add(key + " in (" + values + ")");
+      if (op == "NotIn") add(key + " notin (" + values + ")");
+      if (op == "Exists") add(key);
+      if (op == "DoesNotExist") add("!" + key);
+    }
+  }
+  return out.empty() ? "<none>" : out;
+}
+
+// The template's containers' names or images, comma-separated (Deployment -o wide).
+std::string TemplateContainers(const json& obj, const char* field) {
+  std::string out;
+  const json& cs = Field(obj, {"spec", "template", "spec", "containers"});
+  if (!cs.is_array()) return out;
+  for (const json& c : cs) out += (out.empty() ? "" : ",") + Str(Field(c, {field}));
+  return out;
+}
+
+// A binding's subjects of one kind, comma-separated ("ns/name" for service accounts).
+std::string Subjects(const json& obj, const std::string& kind) {
+  std::string out;
+  const json& subjects = Field(obj, {"subjects"});
+  if (!subjects.is_array()) return out;
+  for (const json& s : subjects) {
+    if (Str(Field(s, {"kind"})) != kind) continue;
+    std::string name = Str(Field(s, {"name"}));
+    if (kind == "ServiceAccount") name = Str(Field(s, {"namespace"})) + "/" + name;
+    out += (out.empty() ? "" : ", ") + name;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string HumanDuration(Clock::duration d) {
@@ -539,6 +589,43 @@ json BuiltinTable(const std::string& resource, const std::vector<json>& objects,
     defs = json::array({name_col, Column("Holder", "string", "", "The holder of the lease."), age_col});
     for (const auto& o : objects) {
       rows.push_back(Row(json::array({name(o), Str(Field(o, {"spec", "holderIdentity"})), age(o)}), o, include_object));
+    }
+  } else if (resource == "deployments") {
+    defs = json::array({name_col,
+                        Column("Ready", "string", "", "Number of the pod with ready state"),
+                        Column("Up-to-date", "string", "", "Total number of non-terminated pods targeted by this deployment that have the desired template spec."),
+                        Column("Available", "string", "", "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment."),
+                        age_col,
+                        Column("Containers", "string", "", "Names of each container in the template.", 1),
+                        Column("Images", "string", "", "Images referenced by each container in the template.", 1),
+                        Column("Selector", "string", "", "Label selector for pods.", 1)});
+    for (const auto& o : objects) {
+      const json& desired = Field(o, {"spec", "replicas"});
+      std::string ready = std::to_string(IntOf(Field(o, {"status", "readyReplicas"}))) + "/" +
+                          std::to_string(IntOf(desired, 1));
+      rows.push_back(Row(json::array({name(o), ready, IntOf(Field(o, {"status", "updatedReplicas"})),
+                                      IntOf(Field(o, {"status", "availableReplicas"})), age(o),
+                                      TemplateContainers(o, "name"), TemplateContainers(o, "image"),
+                                      LabelSelectorCell(Field(o, {"spec", "selector"}))}),
+                         o, include_object));
+    }
+  } else if (resource == "serviceaccounts") {
+    defs = json::array({name_col, Column("Secrets", "string", "", "Secrets is a list of the secrets in the same namespace that pods running using this ServiceAccount are allowed to use."), age_col});
+    for (const auto& o : objects) {
+      const json& secrets = Field(o, {"secrets"});
+      int64_t n = secrets.is_array() ? static_cast<int64_t>(secrets.size()) : 0;
+      rows.push_back(Row(json::array({name(o), n, age(o)}), o, include_object));
+    }
+  } else if (resource == "rolebindings" || resource == "clusterrolebindings") {
+    defs = json::array({name_col, Column("Role", "string", "", "Role of the binding."), age_col,
+                        Column("Users", "string", "", "Users in the binding.", 1),
+                        Column("Groups", "string", "", "Groups in the binding.", 1),
+                        Column("ServiceAccounts", "string", "", "ServiceAccounts in the binding.", 1)});
+    for (const auto& o : objects) {
+      std::string role = Str(Field(o, {"roleRef", "kind"})) + "/" + Str(Field(o, {"roleRef", "name"}));
+      rows.push_back(Row(json::array({name(o), role, age(o), Subjects(o, "User"), Subjects(o, "Group"),
+                                      Subjects(o, "ServiceAccount")}),
+                         o, include_object));
     }
   } else {
     // rest.DefaultTableConvertor (CRDs and kinds without a printer): Name, Created At.

@@ -79,7 +79,8 @@ sa="$(k -n "$ns" get pod "$pod" -o jsonpath='{.spec.serviceAccountName}' 2>/dev/
 [ "$sa" = meshwork-meshwork-operator ] && pass "it runs as the chart's ServiceAccount" || fail "serviceAccountName '$sa'"
 
 holder() { k -n "$ns" get lease meshwork-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
-e2e_wait_for 30 "$pod holds the Lease" test "$(holder)" = "$pod" &&
+holder_is() { [ "$(holder)" = "$1" ]; }
+e2e_wait_for 30 "$pod holds the Lease" holder_is "$pod" &&
   pass "the operator Pod holds Lease $ns/meshwork-operator under its Pod name" || { fail "Lease holder '$(holder)'"; dump; }
 log="$(k -n "$ns" logs "$pod" 2>&1)"
 [[ "$log" == *"API server https://127.0.0.1:"*"(in-cluster service account ("* && "$log" == *"namespace (all)"* &&
@@ -118,7 +119,8 @@ EOF
 out="$(k apply -f "$work/job.yaml" 2>&1)"
 [[ "$out" == *created* ]] && pass "a TrainingJob applies" || fail "apply job: $out"
 phase() { k -n ml get tj from-helm -o jsonpath='{.status.phase}' 2>/dev/null; }
-if e2e_wait_for 300 "from-helm succeeds" test "$(phase)" = Succeeded; then
+succeeded() { [ "$(phase)" = Succeeded ]; }
+if e2e_wait_for 300 "from-helm succeeds" succeeded; then
   step="$(k -n ml get tj from-helm -o jsonpath='{.status.trainer.step}/{.status.trainer.totalSteps}')"
   [ "$step" = 20/20 ] && pass "the chart's operator runs it to Succeeded, step $step" || fail "status.trainer: $step"
 else
@@ -134,7 +136,7 @@ k -n "$ns" delete pod "$pod" --wait=false >/dev/null 2>&1
 new_pod() { k -n "$ns" get pods -l app.kubernetes.io/name=meshwork-operator -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | grep -vx "$pod"; }
 if e2e_wait_for 60 "a replacement operator Pod" new_pod; then
   replacement="$(new_pod | head -n 1)"
-  e2e_wait_for 30 "$replacement holds the Lease" test "$(holder)" = "$replacement" &&
+  e2e_wait_for 30 "$replacement holds the Lease" holder_is "$replacement" &&
     pass "a deleted operator Pod is replaced by $replacement, which takes the Lease" ||
     { fail "Lease holder after the replacement: '$(holder)'"; dump; }
 else

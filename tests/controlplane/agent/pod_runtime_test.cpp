@@ -293,6 +293,39 @@ TEST_F(PodRuntimeTest, WorkingDirIsHonoured) {
   EXPECT_EQ(Log(Uid(pod)), wd + "\n");
 }
 
+TEST_F(PodRuntimeTest, ServiceAccountDirHoldsTokenCaAndNamespace) {
+  RuntimeOptions o = Options();
+  o.service_account = ServiceAccountCredentials{"secret-token", "-----BEGIN CERTIFICATE-----\nX\n"};
+  auto rt = PodRuntime::Create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  runtime_ = std::move(rt).value();
+  json pod = MakePod("sa", Sh("echo \"dir=$MESHWORK_SERVICE_ACCOUNT_DIR\"; cat \"$MESHWORK_SERVICE_ACCOUNT_DIR/namespace\""));
+  ASSERT_TRUE(runtime_->Start(pod).ok());
+  WaitForPhase(Uid(pod), "Succeeded");
+  std::string dir = dir_ + "/state/pods/" + Uid(pod) + "/serviceaccount";
+  EXPECT_EQ(Log(Uid(pod)), "dir=" + dir + "\nteam");
+  EXPECT_EQ(ReadFile(dir + "/token"), "secret-token");
+  EXPECT_EQ(ReadFile(dir + "/ca.crt"), "-----BEGIN CERTIFICATE-----\nX\n");
+  EXPECT_EQ(ReadFile(dir + "/namespace"), "team");
+  namespace fs = std::filesystem;
+  EXPECT_EQ(fs::status(dir + "/token").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+
+  // automountServiceAccountToken: false: no directory and no variable.
+  json opted_out = MakePod("no-sa", Sh("echo \"dir=$MESHWORK_SERVICE_ACCOUNT_DIR\""));
+  opted_out["spec"]["automountServiceAccountToken"] = false;
+  ASSERT_TRUE(runtime_->Start(opted_out).ok());
+  WaitForPhase(Uid(opted_out), "Succeeded");
+  EXPECT_EQ(Log(Uid(opted_out)), "dir=\n");
+  EXPECT_FALSE(fs::exists(dir_ + "/state/pods/" + Uid(opted_out) + "/serviceaccount"));
+}
+
+TEST_F(PodRuntimeTest, NoServiceAccountDirWithoutCredentials) {
+  json pod = MakePod("plain", Sh("echo \"dir=$MESHWORK_SERVICE_ACCOUNT_DIR\""));
+  ASSERT_TRUE(Runtime().Start(pod).ok());
+  WaitForPhase(Uid(pod), "Succeeded");
+  EXPECT_EQ(Log(Uid(pod)), "dir=\n");
+}
+
 TEST_F(PodRuntimeTest, MissingWorkingDirIsAStartError) {
   json pod = MakePod("nowd", Sh("pwd"));
   pod["spec"]["containers"][0]["workingDir"] = dir_ + "/does-not-exist";

@@ -1,6 +1,7 @@
 // The API layer through its handler, without sockets: routing, discovery, metadata semantics,
 // optimistic concurrency, the status subresource, CRDs and validation, list/watch, deletion and
-// garbage collection, and bad input answered with a Kubernetes Status (never a crash).
+// garbage collection, and bad input answered with a Kubernetes Status (never a crash); then
+// ServiceAccounts, RBAC objects, Deployments and the Deployment controller, one pass at a time.
 #include "controlplane/apiserver/api_server.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "controlplane/apiserver/controllers.h"
@@ -726,6 +729,337 @@ TEST_F(ApiServerTest, ServicesGetAClusterIp) {
   json h = CallJson("POST", "/api/v1/namespaces/default/services",
                     json{{"metadata", {{"name", "hl"}}}, {"spec", {{"clusterIP", "None"}}}}, 201);
   EXPECT_EQ(h["spec"]["clusterIP"], "None");
+}
+
+// ---- service accounts, RBAC objects, Deployments ------------------------------------------
+
+const char* kDeployments = "/apis/apps/v1/namespaces/default/deployments";
+const char* kPods = "/api/v1/namespaces/default/pods";
+
+json Deployment(const std::string& name, int replicas, const std::string& command = "sleep") {
+  return {{"apiVersion", "apps/v1"},
+          {"kind", "Deployment"},
+          {"metadata", {{"name", name}}},
+          {"spec",
+           {{"replicas", replicas},
+            {"selector", {{"matchLabels", {{"app", name}}}}},
+            {"template",
+             {{"metadata", {{"labels", {{"app", name}, {"tier", "x"}}}}},
+              {"spec", {{"containers", {{{"name", "main"}, {"image", "none"}, {"command", {command, "300"}}}}}}}}}}}};
+}
+
+TEST_F(ApiServerTest, DiscoveryServesServiceAccountsRbacAndDeployments) {
+  auto names = [&](const std::string& path) {
+    std::map<std::string, json> out;
+    json list = json::parse(Call("GET", path).body);
+    for (const json& r : list["resources"]) out[r["name"].get<std::string>()] = r;
+    return out;
+  };
+  auto core = names("/api/v1");
+  ASSERT_TRUE(core.count("serviceaccounts"));
+  EXPECT_EQ(core["serviceaccounts"]["shortNames"], json({"sa"}));
+  EXPECT_EQ(core["serviceaccounts"]["kind"], "ServiceAccount");
+  auto rbac = names("/apis/rbac.authorization.k8s.io/v1");
+  for (const char* r : {"roles", "rolebindings", "clusterroles", "clusterrolebindings"}) EXPECT_TRUE(rbac.count(r)) << r;
+  EXPECT_TRUE(rbac["roles"]["namespaced"]);
+  EXPECT_FALSE(rbac["clusterroles"]["namespaced"]);
+  EXPECT_FALSE(rbac["clusterrolebindings"]["namespaced"]);
+  auto apps = names("/apis/apps/v1");
+  ASSERT_TRUE(apps.count("deployments"));
+  EXPECT_EQ(apps["deployments"]["shortNames"], json({"deploy"}));
+  EXPECT_EQ(apps["deployments"]["categories"], json({"all"}));
+  EXPECT_TRUE(apps.count("deployments/status"));
+  EXPECT_EQ(apps["deployments/scale"]["group"], "autoscaling");
+  json groups = json::parse(Call("GET", "/apis").body);
+  std::set<std::string> group_names;
+  for (const json& g : groups["groups"]) group_names.insert(g["name"].get<std::string>());
+  EXPECT_TRUE(group_names.count("apps"));
+  EXPECT_TRUE(group_names.count("rbac.authorization.k8s.io"));
+}
+
+TEST_F(ApiServerTest, RbacObjectsAreStoredAndServed) {
+  json role = {{"metadata", {{"name", "reader"}}},
+               {"rules", {{{"apiGroups", {""}}, {"resources", {"pods"}}, {"verbs", {"get", "list"}}}}}};
+  CallJson("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role, 201);
+  CallJson("POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", role, 201);
+  json binding = {{"metadata", {{"name", "read"}}},
+                  {"roleRef", {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "reader"}}},
+                  {"subjects", {{{"kind", "ServiceAccount"}, {"name", "op"}, {"namespace", "default"}}}}};
+  CallJson("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding, 201);
+  CallJson("POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", binding, 201);
+  CallJson("POST", "/api/v1/namespaces/default/serviceaccounts", json{{"metadata", {{"name", "op"}}}}, 201);
+  json got = CallJson("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/reader", nullptr, 200);
+  EXPECT_EQ(got["rules"][0]["verbs"], json({"get", "list"}));
+  EXPECT_EQ(got["kind"], "ClusterRole");
+  // Cluster-scoped: no namespace path.
+  EXPECT_EQ(Call("GET", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/clusterroles/reader").status, 404);
+  HttpResponse t = Call("GET", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", "", "application/json",
+                        "application/json;as=Table;v=v1;g=meta.k8s.io");
+  json table = json::parse(t.body);
+  EXPECT_EQ(table["columnDefinitions"][1]["name"], "Role");
+  EXPECT_EQ(table["rows"][0]["cells"][1], "ClusterRole/reader");
+  EXPECT_EQ(table["rows"][0]["cells"][5], "default/op");
+  EXPECT_EQ(Call("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterroles/reader").status, 200);
+}
+
+TEST_F(ApiServerTest, PodWithAMissingServiceAccountIsForbidden) {
+  json pod = {{"metadata", {{"name", "p"}}},
+              {"spec", {{"serviceAccountName", "operator"}, {"containers", {{{"name", "c"}, {"image", "x"}}}}}}};
+  HttpResponse r = Call("POST", kPods, pod.dump());
+  EXPECT_EQ(r.status, 403);
+  json st = json::parse(r.body);
+  EXPECT_EQ(st["reason"], "Forbidden");
+  EXPECT_EQ(st["message"],
+            "pods \"p\" is forbidden: error looking up service account default/operator: serviceaccount \"operator\" not found");
+  EXPECT_EQ(Call("GET", std::string(kPods) + "/p").status, 404);
+  CallJson("POST", "/api/v1/namespaces/default/serviceaccounts", json{{"metadata", {{"name", "operator"}}}}, 201);
+  CallJson("POST", kPods, pod, 201);
+  // "default", or none, is always accepted (real clusters create it in every namespace).
+  json plain = {{"metadata", {{"name", "q"}}}, {"spec", {{"containers", {{{"name", "c"}, {"image", "x"}}}}}}};
+  json q = CallJson("POST", kPods, plain, 201);
+  EXPECT_EQ(q["spec"]["serviceAccountName"], "default");
+}
+
+TEST_F(ApiServerTest, DeploymentSelectorMustMatchTemplateLabels) {
+  json d = Deployment("web", 1);
+  d["spec"]["template"]["metadata"]["labels"] = {{"app", "other"}};
+  HttpResponse r = Call("POST", kDeployments, d.dump());
+  EXPECT_EQ(r.status, 422);
+  json st = json::parse(r.body);
+  EXPECT_EQ(st["message"],
+            "Deployment.apps \"web\" is invalid: spec.template.metadata.labels: Invalid value: "
+            "map[string]string{\"app\":\"other\"}: `selector` does not match template `labels`");
+  EXPECT_EQ(st["details"]["causes"][0]["field"], "spec.template.metadata.labels");
+  json no_selector = Deployment("web", 1);
+  no_selector["spec"].erase("selector");
+  EXPECT_NE(Call("POST", kDeployments, no_selector.dump()).body.find("spec.selector: Required value"), std::string::npos);
+  json negative = Deployment("web", -1);
+  EXPECT_NE(Call("POST", kDeployments, negative.dump()).body.find("spec.replicas: Invalid value: -1"), std::string::npos);
+  json never = Deployment("web", 1);
+  never["spec"]["template"]["spec"]["restartPolicy"] = "Never";
+  EXPECT_NE(json::parse(Call("POST", kDeployments, never.dump()).body)["message"].get<std::string>().find(
+                "spec.template.spec.restartPolicy: Unsupported value: \"Never\""),
+            std::string::npos);
+  // The selector is immutable.
+  CallJson("POST", kDeployments, Deployment("web", 1), 201);
+  json changed = Deployment("web", 1);
+  changed["spec"]["selector"]["matchLabels"]["tier"] = "x";
+  HttpResponse u = Call("PUT", std::string(kDeployments) + "/web", changed.dump());
+  EXPECT_EQ(u.status, 422);
+  EXPECT_NE(u.body.find("spec.selector: Invalid value"), std::string::npos);
+  EXPECT_NE(u.body.find("field is immutable"), std::string::npos);
+}
+
+TEST_F(ApiServerTest, DeploymentGenerationDefaultsAndScale) {
+  json d = Deployment("web", 2);
+  d["spec"].erase("replicas");
+  d["status"] = {{"replicas", 9}};
+  json created = CallJson("POST", kDeployments, d, 201);
+  EXPECT_EQ(created["metadata"]["generation"], 1);
+  EXPECT_EQ(created["spec"]["replicas"], 1);  // default
+  EXPECT_EQ(created["spec"]["strategy"]["type"], "Recreate");
+  EXPECT_FALSE(created.contains("status"));
+  // A spec change bumps generation; a status write does not.
+  json p = CallJson("PATCH", std::string(kDeployments) + "/web", json{{"spec", {{"replicas", 2}}}}, 200,
+                    "application/merge-patch+json");
+  EXPECT_EQ(p["metadata"]["generation"], 2);
+  json s = CallJson("PATCH", std::string(kDeployments) + "/web/status", json{{"status", {{"replicas", 2}}}}, 200,
+                    "application/merge-patch+json");
+  EXPECT_EQ(s["metadata"]["generation"], 2);
+  json l = CallJson("PATCH", std::string(kDeployments) + "/web", json{{"metadata", {{"labels", {{"a", "b"}}}}}}, 200,
+                    "application/merge-patch+json");
+  EXPECT_EQ(l["metadata"]["generation"], 2);
+  // Scale subresource: reads spec.replicas, status.replicas and the selector; writes spec.replicas.
+  json scale = CallJson("GET", std::string(kDeployments) + "/web/scale", nullptr, 200);
+  EXPECT_EQ(scale["kind"], "Scale");
+  EXPECT_EQ(scale["spec"]["replicas"], 2);
+  EXPECT_EQ(scale["status"]["replicas"], 2);
+  EXPECT_EQ(scale["status"]["selector"], "app=web");
+  scale["spec"]["replicas"] = 5;
+  CallJson("PUT", std::string(kDeployments) + "/web/scale", scale, 200);
+  json after = CallJson("GET", std::string(kDeployments) + "/web", nullptr, 200);
+  EXPECT_EQ(after["spec"]["replicas"], 5);
+  EXPECT_EQ(after["metadata"]["generation"], 3);
+}
+
+class DeploymentControllerTest : public ApiServerTest {
+ protected:
+  // The Deployment's Pods that are not being deleted.
+  std::vector<json> Pods(const std::string& deployment) {
+    std::vector<json> out;
+    json list = CallJson("GET", kPods, nullptr, 200);
+    for (const json& p : list["items"]) {
+      if (p["metadata"].contains("deletionTimestamp")) continue;
+      if (p["metadata"]["name"].get<std::string>().rfind(deployment + "-", 0) == 0) out.push_back(p);
+    }
+    return out;
+  }
+  // What the node agent would report: every Pod of the Deployment running and Ready.
+  void MarkReady(const std::string& deployment, const std::string& phase = "Running") {
+    for (const json& p : Pods(deployment)) {
+      json status = {{"phase", phase},
+                     {"conditions", {{{"type", "Ready"}, {"status", phase == "Running" ? "True" : "False"}}}}};
+      CallJson("PATCH", std::string(kPods) + "/" + p["metadata"]["name"].get<std::string>() + "/status",
+               json{{"status", status}}, 200, "application/merge-patch+json");
+    }
+  }
+  json Get(const std::string& deployment) {
+    return CallJson("GET", std::string(kDeployments) + "/" + deployment, nullptr, 200);
+  }
+  static std::string ConditionReason(const json& d, const std::string& type) {
+    for (const json& c : d["status"].value("conditions", json::array())) {
+      if (c["type"] == type) return c["status"].get<std::string>() + "/" + c["reason"].get<std::string>();
+    }
+    return "";
+  }
+};
+
+TEST_F(DeploymentControllerTest, KeepsReplicasNamedByTemplateHashAndOwned) {
+  json d = CallJson("POST", kDeployments, Deployment("web", 2), 201);
+  DeploymentController dc(api_.get());
+  dc.Sync();
+  std::vector<json> pods = Pods("web");
+  ASSERT_EQ(pods.size(), 2u);
+  std::string hash = PodTemplateHash(d["spec"]["template"]);
+  for (const json& p : pods) {
+    std::string name = p["metadata"]["name"].get<std::string>();
+    EXPECT_EQ(name.rfind("web-" + hash + "-", 0), 0u) << name;
+    EXPECT_EQ(name.size(), std::string("web-" + hash + "-").size() + 5);
+    EXPECT_EQ(p["metadata"]["labels"]["pod-template-hash"], hash);
+    EXPECT_EQ(p["metadata"]["labels"]["app"], "web");
+    EXPECT_EQ(p["metadata"]["labels"]["tier"], "x");
+    const json& ref = p["metadata"]["ownerReferences"][0];
+    EXPECT_EQ(ref["kind"], "Deployment");
+    EXPECT_EQ(ref["uid"], d["metadata"]["uid"]);
+    EXPECT_EQ(ref["controller"], true);
+    EXPECT_EQ(ref["blockOwnerDeletion"], true);
+    EXPECT_EQ(p["spec"]["containers"][0]["command"][0], "sleep");
+  }
+  // Not ready yet: progressing, not available.
+  json status = Get("web")["status"];
+  EXPECT_EQ(status["observedGeneration"], 1);
+  EXPECT_EQ(status["replicas"], 2);
+  EXPECT_EQ(status["updatedReplicas"], 2);
+  EXPECT_FALSE(status.contains("availableReplicas"));
+  EXPECT_EQ(status["unavailableReplicas"], 2);
+  EXPECT_EQ(ConditionReason(Get("web"), "Available"), "False/MinimumReplicasUnavailable");
+  EXPECT_EQ(ConditionReason(Get("web"), "Progressing"), "True/ReplicaSetUpdated");
+  MarkReady("web");
+  dc.Sync();
+  json done = Get("web");
+  EXPECT_EQ(done["status"]["readyReplicas"], 2);
+  EXPECT_EQ(done["status"]["availableReplicas"], 2);
+  EXPECT_FALSE(done["status"].contains("unavailableReplicas"));
+  EXPECT_EQ(ConditionReason(done, "Available"), "True/MinimumReplicasAvailable");
+  EXPECT_EQ(ConditionReason(done, "Progressing"), "True/NewReplicaSetAvailable");
+  // A pass with nothing to do writes nothing.
+  std::string rv = done["metadata"]["resourceVersion"].get<std::string>();
+  dc.Sync();
+  EXPECT_EQ(Get("web")["metadata"]["resourceVersion"], rv);
+  // The table kubectl get deploy shows.
+  HttpResponse t = Call("GET", kDeployments, "", "application/json", "application/json;as=Table;v=v1;g=meta.k8s.io");
+  json table = json::parse(t.body);
+  std::vector<std::string> columns;
+  for (const json& c : table["columnDefinitions"]) columns.push_back(c["name"].get<std::string>());
+  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Ready", "Up-to-date", "Available", "Age", "Containers",
+                                               "Images", "Selector"}));
+  EXPECT_EQ(table["rows"][0]["cells"][1], "2/2");
+  EXPECT_EQ(table["rows"][0]["cells"][2], 2);
+  EXPECT_EQ(table["rows"][0]["cells"][3], 2);
+  EXPECT_EQ(table["rows"][0]["cells"][7], "app=web");
+}
+
+TEST_F(DeploymentControllerTest, ScalesUpAndDownAndReplacesFinishedPods) {
+  CallJson("POST", kDeployments, Deployment("web", 1), 201);
+  DeploymentController dc(api_.get());
+  dc.Sync();
+  ASSERT_EQ(Pods("web").size(), 1u);
+  CallJson("PATCH", std::string(kDeployments) + "/web/scale", json{{"spec", {{"replicas", 3}}}}, 200,
+           "application/merge-patch+json");
+  dc.Sync();
+  EXPECT_EQ(Pods("web").size(), 3u);
+  MarkReady("web");
+  CallJson("PATCH", std::string(kDeployments) + "/web/scale", json{{"spec", {{"replicas", 1}}}}, 200,
+           "application/merge-patch+json");
+  dc.Sync();
+  EXPECT_EQ(Pods("web").size(), 1u);
+  EXPECT_EQ(Get("web")["status"]["replicas"], 1);
+  // A Pod that ends is replaced by a new one.
+  std::string first = Pods("web")[0]["metadata"]["name"].get<std::string>();
+  MarkReady("web", "Failed");
+  dc.Sync();  // deletes the finished Pod and creates its replacement
+  std::vector<json> pods = Pods("web");
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_NE(pods[0]["metadata"]["name"], first);
+  // Scale to zero.
+  CallJson("PATCH", std::string(kDeployments) + "/web/scale", json{{"spec", {{"replicas", 0}}}}, 200,
+           "application/merge-patch+json");
+  dc.Sync();
+  EXPECT_TRUE(Pods("web").empty());
+  EXPECT_EQ(ConditionReason(Get("web"), "Available"), "True/MinimumReplicasAvailable");
+}
+
+TEST_F(DeploymentControllerTest, TemplateChangeRecreatesThePods) {
+  CallJson("POST", kDeployments, Deployment("web", 2), 201);
+  DeploymentController dc(api_.get());
+  dc.Sync();
+  MarkReady("web");
+  dc.Sync();
+  std::string old_hash = Pods("web")[0]["metadata"]["labels"]["pod-template-hash"].get<std::string>();
+  json changed = CallJson("PATCH", std::string(kDeployments) + "/web",
+                          json{{"spec", {{"template", {{"metadata", {{"labels", {{"app", "web"}, {"tier", "y"}}}}}}}}}},
+                          200, "application/merge-patch+json");
+  EXPECT_EQ(changed["metadata"]["generation"], 2);
+  dc.Sync();  // deletes the old Pods (no agent here: they go at once)
+  json mid = Get("web");
+  EXPECT_EQ(mid["status"]["observedGeneration"], 2);
+  EXPECT_FALSE(mid["status"].contains("updatedReplicas"));
+  dc.Sync();  // creates the new ones
+  std::vector<json> pods = Pods("web");
+  ASSERT_EQ(pods.size(), 2u);
+  for (const json& p : pods) {
+    EXPECT_NE(p["metadata"]["labels"]["pod-template-hash"], old_hash);
+    EXPECT_EQ(p["metadata"]["labels"]["tier"], "y");
+  }
+  EXPECT_EQ(ConditionReason(Get("web"), "Progressing"), "True/ReplicaSetUpdated");
+}
+
+TEST_F(DeploymentControllerTest, DeletingTheDeploymentCascadesToItsPods) {
+  CallJson("POST", kDeployments, Deployment("web", 2), 201);
+  DeploymentController dc(api_.get());
+  dc.Sync();
+  ASSERT_EQ(Pods("web").size(), 2u);
+  GarbageCollector gc(api_.get());
+  gc.Sweep();  // the owner exists: the Pods stay
+  ASSERT_EQ(Pods("web").size(), 2u);
+  CallJson("DELETE", std::string(kDeployments) + "/web", json{{"propagationPolicy", "Background"}}, 200);
+  gc.Sweep();
+  dc.Sync();
+  EXPECT_TRUE(Pods("web").empty());
+}
+
+TEST_F(DeploymentControllerTest, RefusedPodCreationIsAReplicaFailure) {
+  json d = Deployment("web", 1);
+  d["spec"]["template"]["spec"]["serviceAccountName"] = "operator";
+  CallJson("POST", kDeployments, d, 201);
+  DeploymentController dc(api_.get());
+  dc.Sync();
+  EXPECT_TRUE(Pods("web").empty());
+  json got = Get("web");
+  EXPECT_EQ(ConditionReason(got, "ReplicaFailure"), "True/FailedCreate");
+  std::string message;
+  for (const json& c : got["status"]["conditions"]) {
+    if (c["type"] == "ReplicaFailure") message = c["message"].get<std::string>();
+  }
+  EXPECT_EQ(message.rfind("pods \"web-" + PodTemplateHash(got["spec"]["template"]) + "-\" is forbidden: ", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("error looking up service account default/operator: serviceaccount \"operator\" not found"),
+            std::string::npos) << message;
+  // Once the ServiceAccount exists the Pod is created and the failure goes.
+  CallJson("POST", "/api/v1/namespaces/default/serviceaccounts", json{{"metadata", {{"name", "operator"}}}}, 201);
+  dc.Sync();
+  EXPECT_EQ(Pods("web").size(), 1u);
+  EXPECT_EQ(ConditionReason(Get("web"), "ReplicaFailure"), "");
 }
 
 }  // namespace

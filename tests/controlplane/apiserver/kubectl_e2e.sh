@@ -3,7 +3,9 @@
 # CRD and of a custom resource, get / get -o yaml / get -w, describe with events, an invalid custom
 # resource refused with the field and reason, a status patch and `kubectl wait`, delete, a pod's
 # logs, owner garbage collection, and a SIGKILL + restart on the same data dir and port that loses
-# no acknowledged write (same objects, same resourceVersions).
+# no acknowledged write (same objects, same resourceVersions). Then what a Helm chart applies:
+# ServiceAccount and RBAC objects, a Deployment (rollout status, scale, template change, cascading
+# delete), the serviceAccountName check and the pods' service-account directory.
 # usage: kubectl_e2e.sh path/to/meshwork-controlplane path/to/testdata
 set -uo pipefail
 
@@ -216,6 +218,253 @@ out="$(k delete -f "$data/trainingjob-crd.yaml" 2>&1)"
 [[ "$out" == *deleted* ]] && pass "CRD deleted" || fail "delete crd: $out"
 out="$(k get trainingjobs 2>&1)"
 [[ "$out" == *"doesn't have a resource type"* || "$out" == *NotFound* ]] && pass "trainingjobs gone with the CRD" || fail "after CRD delete: $out"
+
+# ServiceAccounts and RBAC objects: stored and served (not enforced), as a Helm chart applies them.
+cat >"$work/rbac.yaml" <<'YAML'
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: meshwork-operator
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: meshwork-operator
+rules:
+- apiGroups: ["meshwork.dev"]
+  resources: ["trainingjobs", "trainingjobs/status"]
+  verbs: ["get", "list", "watch", "update", "patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: meshwork-operator
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: meshwork-operator
+subjects:
+- kind: ServiceAccount
+  name: meshwork-operator
+  namespace: default
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: leader-election
+rules:
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: leader-election
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: leader-election
+subjects:
+- kind: ServiceAccount
+  name: meshwork-operator
+  namespace: default
+YAML
+out="$(k apply -f "$work/rbac.yaml" 2>&1)"
+[[ "$out" == *"serviceaccount/meshwork-operator created"*"clusterrole.rbac.authorization.k8s.io/meshwork-operator created"*"clusterrolebinding.rbac.authorization.k8s.io/meshwork-operator created"*"role.rbac.authorization.k8s.io/leader-election created"*"rolebinding.rbac.authorization.k8s.io/leader-election created"* ]] &&
+  pass "apply ServiceAccount, ClusterRole(Binding), Role(Binding)" || fail "apply rbac: $out"
+out="$(k apply -f "$work/rbac.yaml" 2>&1)"
+[[ "$(echo "$out" | grep -c unchanged)" == 5 ]] && pass "re-apply leaves them unchanged" || fail "re-apply rbac: $out"
+out="$(k create serviceaccount builder 2>&1)"
+[[ "$out" == *"serviceaccount/builder created"* ]] && pass "kubectl create serviceaccount (protobuf)" || fail "create sa: $out"
+out="$(k get sa meshwork-operator 2>&1)"
+[[ "$out" == *NAME*SECRETS*AGE*meshwork-operator*0* ]] && pass "get sa" || fail "get sa: $out"
+out="$(k get clusterrolebinding meshwork-operator -o wide 2>&1)"
+[[ "$out" == *ROLE*meshwork-operator*ClusterRole/meshwork-operator*default/meshwork-operator* ]] && pass "get clusterrolebinding -o wide" || fail "get crb: $out"
+out="$(k get clusterrole meshwork-operator -o jsonpath='{.rules[0].resources}' 2>&1)"
+[[ "$out" == *trainingjobs/status* ]] && pass "clusterrole rules stored" || fail "get clusterrole: $out"
+out="$(k get role,rolebinding 2>&1)"
+[[ "$out" == *role.rbac.authorization.k8s.io/leader-election*rolebinding.rbac.authorization.k8s.io/leader-election*Role/leader-election* ]] &&
+  pass "get role,rolebinding" || fail "get role,rolebinding: $out"
+out="$(k describe clusterrole meshwork-operator 2>&1)"
+[[ "$out" == *trainingjobs.meshwork.dev*"[get list watch update patch]"* ]] && pass "describe clusterrole" || fail "describe clusterrole: $out"
+
+# A Deployment: Pods from its template, rollout status, the READY column, scale, a template
+# change (Recreate), delete cascading to the Pods.
+cat >"$work/deploy.yaml" <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      serviceAccountName: meshwork-operator
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: main
+        image: busybox
+        command: ["sleep", "300"]
+YAML
+# live_pods SELECTOR: names of the selected Pods that are not being deleted.
+live_pods() {
+  k get pods -l "$1" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.metadata.deletionTimestamp}{"\n"}{end}' 2>/dev/null |
+    awk 'NF == 1 {print $1}' | sort
+}
+out="$(k apply -f "$work/deploy.yaml" 2>&1)"
+[[ "$out" == *"deployment.apps/web created"* ]] && pass "apply creates the Deployment" || fail "apply deploy: $out"
+out="$(k rollout status deploy/web --timeout=60s 2>&1)"
+[[ "$out" == *"successfully rolled out"* ]] && pass "rollout status" || fail "rollout status: $out $(k get deploy web -o yaml 2>&1)"
+out="$(k wait --for=condition=Available deploy/web --timeout=60s 2>&1)"
+[[ "$out" == *"condition met"* ]] && pass "wait --for=condition=Available" || fail "wait Available: $out"
+out="$(k get deploy web 2>&1)"
+[[ "$out" == *NAME*READY*UP-TO-DATE*AVAILABLE*AGE*web*2/2*2*2* ]] && pass "get deploy columns: $(echo "$out" | tail -1)" || fail "get deploy: $out"
+out="$(k get deploy -o wide 2>&1)"
+[[ "$out" == *CONTAINERS*IMAGES*SELECTOR*main*busybox*app=web* ]] && pass "get deploy -o wide" || fail "get deploy -o wide: $out"
+pods="$(live_pods app=web)"
+hash="$(k get pods -l app=web -o jsonpath='{.items[0].metadata.labels.pod-template-hash}' 2>&1)"
+if [ "$(echo "$pods" | wc -l)" == 2 ] && [ -n "$hash" ] && ! echo "$pods" | grep -qv "^web-$hash-[a-z0-9]\{5\}$"; then
+  pass "2 Pods named web-<hash>-<suffix>"
+else
+  fail "deployment pods: [$pods] hash=$hash"
+fi
+out="$(k get pods -l app=web -o jsonpath='{.items[0].metadata.ownerReferences[0].kind}/{.items[0].metadata.ownerReferences[0].name} {.items[0].status.phase}' 2>&1)"
+[[ "$out" == "Deployment/web Running" ]] && pass "Pods owned by the Deployment, Running" || fail "pod owner: $out"
+# kubectl's discovery cache still has the deleted CRD's trainingjobs (category all).
+rm -rf "$HOME/.kube/cache"
+out="$(k get all 2>&1)"
+[[ "$out" == *deployment.apps/web* ]] && pass "get all lists the Deployment" || fail "get all: $out"
+out="$(k scale deploy web --replicas=3 2>&1)"
+[[ "$out" == *"deployment.apps/web scaled"* ]] && pass "kubectl scale deploy" || fail "scale deploy: $out"
+k rollout status deploy/web --timeout=60s >/dev/null 2>&1
+[ "$(live_pods app=web | wc -l)" == 3 ] && pass "scaled up to 3 Pods" || fail "after scale up: $(k get pods -l app=web 2>&1)"
+k scale deploy web --replicas=1 >/dev/null 2>&1
+if timeout 30 bash -c "until [ \"\$(kubectl get pods -l app=web -o name 2>/dev/null | wc -l)\" == 1 ]; do sleep 0.3; done"; then
+  pass "scaled down to 1 Pod"
+else
+  fail "after scale down: $(k get pods -l app=web 2>&1)"
+fi
+out="$(k describe deploy web 2>&1)"
+[[ "$out" == *"Replicas:"*"1 desired"* && "$out" == *ScalingReplicaSet* ]] && pass "describe deploy" || fail "describe deploy: $out"
+before="$(live_pods app=web)"
+out="$(k rollout restart deploy/web 2>&1)"
+[[ "$out" == *restarted* ]] && pass "rollout restart (template change)" || fail "rollout restart: $out"
+out="$(k rollout status deploy/web --timeout=60s 2>&1)"
+after="$(live_pods app=web)"
+newhash="$(k get pods -l app=web -o jsonpath='{.items[0].metadata.labels.pod-template-hash}' 2>&1)"
+if [[ "$out" == *"successfully rolled out"* ]] && [ -n "$after" ] && [ "$before" != "$after" ] && [ "$newhash" != "$hash" ] &&
+   [ "$(k get pods -l app=web -o name | wc -l)" == 1 ]; then
+  pass "template change replaced the Pod ($before -> $after)"
+else
+  fail "after template change: $out before=[$before] after=[$after] hash $hash -> $newhash"
+fi
+out="$(k get deploy web -o jsonpath='{.metadata.generation} {.status.observedGeneration}' 2>&1)"
+set -- $out
+[ -n "${1:-}" ] && [ "$1" == "${2:-}" ] && [ "$1" -ge 4 ] && pass "generation $1 observed" || fail "generation: $out"
+cat >"$work/deploy-bad.yaml" <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mismatched
+spec:
+  selector:
+    matchLabels: {app: one}
+  template:
+    metadata:
+      labels: {app: two}
+    spec:
+      containers:
+      - name: main
+        image: busybox
+        command: ["sleep", "300"]
+YAML
+out="$(k apply -f "$work/deploy-bad.yaml" 2>&1)"
+[[ "$out" == *'spec.template.metadata.labels: Invalid value: map[string]string{"app":"two"}: `selector` does not match template `labels`'* ]] &&
+  pass "selector not matching the template's labels is refused" || fail "bad selector: $out"
+out="$(k delete deploy web 2>&1)"
+[[ "$out" == *deleted* ]] && pass "delete deploy" || fail "delete deploy: $out"
+if timeout 30 bash -c "until [ -z \"\$(kubectl get pods -l app=web -o name 2>/dev/null)\" ]; do sleep 0.3; done"; then
+  pass "the Deployment's Pods went with it"
+else
+  fail "pods after deleting the deployment: $(k get pods -l app=web 2>&1)"
+fi
+
+# Pods and service accounts: a missing one is refused; the token directory stands in for the mount.
+cat >"$work/pod-nosa.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata:
+  name: nosa
+spec:
+  serviceAccountName: missing
+  containers:
+  - name: main
+    image: busybox
+    command: ["sleep", "1"]
+YAML
+out="$(k apply -f "$work/pod-nosa.yaml" 2>&1)"
+[[ "$out" == *'pods "nosa" is forbidden: error looking up service account default/missing: serviceaccount "missing" not found'* ]] &&
+  pass "pod with a missing serviceAccountName refused" || fail "pod nosa: $out"
+cat >"$work/pod-sa.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sa-reader
+  namespace: team-a
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "echo \"dir=$MESHWORK_SERVICE_ACCOUNT_DIR\"; echo \"ns=$(cat $MESHWORK_SERVICE_ACCOUNT_DIR/namespace)\"; stat -c 'mode=%a' $MESHWORK_SERVICE_ACCOUNT_DIR/token; head -1 $MESHWORK_SERVICE_ACCOUNT_DIR/ca.crt; sleep 300"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: no-automount
+  namespace: team-a
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "echo \"dir=$MESHWORK_SERVICE_ACCOUNT_DIR\"; sleep 300"]
+YAML
+out="$(k apply -f "$work/pod-sa.yaml" 2>&1)"
+[[ "$out" == *"pod/sa-reader created"*"pod/no-automount created"* ]] && pass "pods with and without the token created" || fail "pod-sa: $out"
+if timeout 30 bash -c "until kubectl logs -n team-a sa-reader 2>/dev/null | grep -q CERTIFICATE; do sleep 0.2; done"; then
+  out="$(k logs -n team-a sa-reader 2>&1)"
+  sa_dir="$(echo "$out" | sed -n 's/^dir=//p')"
+  if [[ "$out" == *"ns=team-a"*"mode=600"*"-----BEGIN CERTIFICATE-----"* ]] && [ -n "$sa_dir" ] &&
+     [ "$(cat "$sa_dir/token")" == "$(head -1 "$work/data/token")" ]; then
+    pass "MESHWORK_SERVICE_ACCOUNT_DIR has namespace, token (0600) and ca.crt"
+  else
+    fail "sa-reader: $out (token file: $(ls -l "$sa_dir" 2>&1))"
+  fi
+else
+  fail "sa-reader logs: $(k logs -n team-a sa-reader 2>&1) $(k get pod -n team-a sa-reader -o yaml 2>&1)"
+fi
+if timeout 30 bash -c "until kubectl logs -n team-a no-automount 2>/dev/null | grep -q dir=; do sleep 0.2; done" &&
+   [ "$(k logs -n team-a no-automount 2>&1)" == "dir=" ]; then
+  pass "automountServiceAccountToken: false gets no directory"
+else
+  fail "no-automount: $(k logs -n team-a no-automount 2>&1)"
+fi
+k delete -f "$work/pod-sa.yaml" --timeout=30s >/dev/null 2>&1
+out="$(k describe sa meshwork-operator 2>&1)"
+[[ "$out" == *"Name:"*meshwork-operator* ]] && pass "describe sa" || fail "describe sa: $out"
+out="$(k describe rolebinding leader-election 2>&1)"
+[[ "$out" == *"Role:"*leader-election*ServiceAccount*meshwork-operator* ]] && pass "describe rolebinding" || fail "describe rolebinding: $out"
+out="$(k delete -f "$work/rbac.yaml" 2>&1)"
+[[ "$(echo "$out" | grep -c deleted)" == 5 ]] && pass "delete ServiceAccount and RBAC objects" || fail "delete rbac: $out"
+out="$(k get clusterrole,clusterrolebinding meshwork-operator 2>&1)"
+[[ "$out" == *NotFound* && "$out" != *"meshwork-operator "* ]] && pass "RBAC objects gone" || fail "after delete rbac: $out"
 
 echo "passed $passed, failed $failed"
 [ "$failed" -eq 0 ]

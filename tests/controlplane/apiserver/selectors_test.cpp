@@ -54,6 +54,25 @@ TEST(LabelSelectorTest, RejectsMalformedSelectorsNamingThem) {
   }
 }
 
+TEST(LabelSelectorTest, TextOfASelectorObject) {
+  json sel = {{"matchLabels", {{"app", "web"}}},
+              {"matchExpressions",
+               {{{"key", "tier"}, {"operator", "In"}, {"values", {"b", "a"}}},
+                {{"key", "legacy"}, {"operator", "DoesNotExist"}},
+                {{"key", "zone"}, {"operator", "Exists"}}}}};
+  auto text = LabelSelectorText(sel);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_EQ(*text, "app=web,tier in (a,b),!legacy,zone");
+  EXPECT_EQ(*LabelSelectorText(json::object()), "");
+  auto bad = LabelSelectorText({{"matchExpressions", {{{"key", "tier"}, {"operator", "Near"}}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "matchExpressions[0].operator: Invalid value: \"Near\": not a valid selector operator");
+  auto no_values = LabelSelectorText({{"matchExpressions", {{{"key", "tier"}, {"operator", "In"}}}}});
+  ASSERT_FALSE(no_values.ok());
+  EXPECT_NE(no_values.status().message().find("matchExpressions[0].values: Required value"), std::string::npos);
+  EXPECT_FALSE(LabelSelectorText({{"matchLabels", {{"app", "bad value"}}}}).ok());
+}
+
 TEST(FieldSelectorTest, MatchesDottedFields) {
   json pod = {{"metadata", {{"name", "p"}, {"namespace", "ns"}}},
               {"spec", {{"nodeName", "gpu-0"}}},
