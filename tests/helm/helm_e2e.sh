@@ -6,7 +6,11 @@
 #     operator reads its service account the in-cluster way (no kubeconfig in its environment);
 #   - the Pod holds the Lease named in values and answers /readyz on the chart's metrics port;
 #   - a TrainingJob applied with kubectl is reconciled by that operator to Succeeded;
-#   - deleting the operator Pod: the Deployment replaces it, and the new Pod takes the Lease.
+#   - deleting the operator Pod: the Deployment replaces it, and the new Pod takes the Lease;
+#   - then `helm install` itself (release stored in ConfigMaps), `helm upgrade` (the Pod is
+#     replaced with the new flags and takes the Lease) and `helm uninstall` (everything but the
+#     CRD is gone). The local control plane serves no /openapi/v2 (helm 3.6 validates against it)
+#     and no ReplicaSets (`--wait` reads them): hence --disable-openapi-validation and no --wait.
 # The `helm test` Pod is not run here: it reaches the operator through its Service's DNS name,
 # and the local control plane has no Service routing (docs/controlplane.md).
 # usage: helm_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
@@ -143,6 +147,37 @@ else
   fail "no replacement for the deleted operator Pod"
   dump
 fi
+
+# ---- helm install, upgrade, uninstall
+export HELM_DRIVER=configmap   # the local control plane serves no Secrets
+"$helm" template meshwork "$chart" -n "$ns" --kube-version 1.29.0 --skip-tests --set metricsPort="$port" >"$work/no-crd.yaml"
+k delete -f "$work/no-crd.yaml" --wait=true >/dev/null 2>&1
+gone() { [ -z "$(k -n "$ns" get pods -o name 2>/dev/null)" ]; }
+e2e_wait_for 60 "the applied chart's Pods are gone" gone || fail "kubectl delete of the rendered chart left Pods"
+port2="$(e2e_free_port)"
+release=meshwork-operator
+leader_pod() { k -n "$ns" get pods -l app.kubernetes.io/instance=$release -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | head -n 1; }
+holds_lease() { local p; p="$(leader_pod)"; [ -n "$p" ] && holder_is "$p"; }
+out="$("$helm" install "$release" "$chart" -n "$ns" --disable-openapi-validation --set metricsPort="$port2" \
+  --set operator.leaderElection.leaseDurationSeconds=4 --set operator.leaderElection.renewDeadlineSeconds=3 \
+  --set operator.leaderElection.retryPeriodSeconds=1 2>&1)"
+[[ "$out" == *"STATUS: deployed"* && "$out" == *"helm test $release -n $ns"* ]] &&
+  pass "helm install deploys the release and prints the NOTES" || fail "helm install: $out"
+out="$(k -n "$ns" rollout status deployment/$release --timeout=90s 2>&1)"
+[[ "$out" == *"successfully rolled out"* ]] && e2e_wait_for 30 "the installed operator leads" holds_lease &&
+  pass "the installed operator ($(leader_pod)) rolls out and takes the Lease" || { fail "after helm install: $out, Lease '$(holder)'"; dump; }
+out="$("$helm" upgrade "$release" "$chart" -n "$ns" --disable-openapi-validation --reuse-values --set operator.workers=2 2>&1)"
+args_of_leader() { k -n "$ns" get pod "$(leader_pod)" -o jsonpath='{.spec.containers[0].args}' 2>/dev/null; }
+upgraded() { [[ "$(args_of_leader)" == *'"--workers=2"'* ]] && holds_lease; }
+[[ "$out" == *"has been upgraded"* ]] && e2e_wait_for 90 "the upgraded Pod leads" upgraded &&
+  pass "helm upgrade replaces the Pod with --workers=2, and it takes the Lease" || { fail "helm upgrade: $out; args $(args_of_leader)"; dump; }
+out="$("$helm" uninstall "$release" -n "$ns" 2>&1)"
+left() { k get deploy,sa,svc,role,rolebinding -n "$ns" -l app.kubernetes.io/instance=$release -o name 2>/dev/null
+         k get clusterrole,clusterrolebinding -l app.kubernetes.io/instance=$release -o name 2>/dev/null; }
+nothing_left() { [ -z "$(left)" ] && gone; }
+[[ "$out" == *"uninstalled"* ]] && e2e_wait_for 60 "the release's objects are gone" nothing_left &&
+  k get crd trainingjobs.meshwork.dev >/dev/null 2>&1 &&
+  pass "helm uninstall removes every object but the CRD" || fail "helm uninstall: $out; left: $(left)"
 
 echo "helm_e2e: $passed passed, $failed failed"
 [ "$failed" = 0 ]
