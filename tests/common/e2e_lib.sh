@@ -1,0 +1,74 @@
+# Shared helpers for bash end-to-end tests on the local control plane (meshwork-controlplane):
+# a temp work dir cleaned up on exit, free ports, polling, and starting the control plane.
+# Source it, then call e2e_init. Callers: tests/metrics/prometheus_e2e.sh.
+# shellcheck shell=bash
+
+# e2e_init: makes $work, points HOME and KUBECONFIG into it, and installs the EXIT trap that
+# kills every process registered with e2e_track (and the Pods of this control plane).
+e2e_init() {
+  work="$(mktemp -d)"
+  e2e_pids=()
+  export HOME="$work" KUBECONFIG="$work/cp/kubeconfig"
+  trap e2e_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+e2e_track() { e2e_pids+=("$@"); }
+
+e2e_cleanup() {
+  local p
+  # Newest first: Prometheus and the operator before the control plane, whose SIGTERM stops
+  # its Pods (process groups of the control plane).
+  for ((i = ${#e2e_pids[@]} - 1; i >= 0; i--)); do
+    p="${e2e_pids[$i]}"
+    kill -TERM "$p" 2>/dev/null
+  done
+  for p in "${e2e_pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+  done
+  # Pods run in sessions of their own; the control plane stops them on SIGTERM, but one that
+  # outlived it would keep its ports. Every process started under this run (Pods inherit the
+  # control plane's environment) has this run's KUBECONFIG: kill exactly those.
+  local f
+  for f in /proc/[0-9]*/environ; do
+    p="${f#/proc/}"
+    p="${p%/environ}"
+    [ "$p" = "$$" ] && continue
+    if { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qxF "KUBECONFIG=$KUBECONFIG"; then kill -9 "$p" 2>/dev/null; fi
+  done
+  rm -rf "$work"
+}
+
+e2e_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# e2e_wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND until it succeeds.
+e2e_wait_for() {
+  local limit="$1" what="$2"
+  shift 2
+  local end=$((SECONDS + limit))
+  while ((SECONDS < end)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  echo "timed out after ${limit}s waiting for: $what"
+  return 1
+}
+
+# e2e_start_controlplane BINARY: starts it on a free port with its data in $work/cp, the
+# kubeconfig at $KUBECONFIG, run from $work (relative paths in Pods resolve there); returns once
+# it serves.
+e2e_start_controlplane() {
+  mkdir -p "$work/cp"
+  (cd "$work" && exec "$1" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
+  e2e_track $!
+  e2e_wait_for 30 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; return 1; }
+}
+
+# e2e_apply_crd SOURCE_DIR: applies crds/trainingjob.yaml and waits until it is Established.
+e2e_apply_crd() {
+  kubectl apply -f "$1/crds/trainingjob.yaml" >/dev/null &&
+    kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null
+}
