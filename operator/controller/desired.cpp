@@ -172,7 +172,13 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   if (!resources.empty()) container["resources"] = resources;
   json ports = json::array({{{"name", "rendezvous"}, {"containerPort", spec.master_port}, {"protocol", "TCP"}}});
   if (spec.metrics_port > 0) {
-    ports.push_back({{"name", "metrics"}, {"containerPort", spec.metrics_port}, {"protocol", "TCP"}});
+    // Local rank i serves /metrics on metricsPort + i: one named port each (`metrics`, then
+    // `metrics-1`, ...), so that a PodMonitor or kubernetes_sd finds every process.
+    for (int i = 0; i < nproc; ++i) {
+      ports.push_back({{"name", i == 0 ? std::string("metrics") : "metrics-" + std::to_string(i)},
+                       {"containerPort", spec.metrics_port + i},
+                       {"protocol", "TCP"}});
+    }
   }
   container["ports"] = ports;
 

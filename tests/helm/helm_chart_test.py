@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks charts/meshwork-operator with the real helm and promtool.
 
-    helm_chart_test.py SOURCE_DIR
+    helm_chart_test.py SOURCE_DIR [MESHWORK_OPERATOR]
 
 - `helm lint --strict` with the default values and with each file in the chart's ci/ folder;
 - `helm template` of each, and what the rendered objects must hold: the Deployment's security
@@ -9,6 +9,9 @@
   docs cannot drift); a Role instead of a ClusterRole when one namespace is watched; the
   ServiceMonitor, PodMonitor (honorLabels), PrometheusRule (the alerts file's groups, checked by
   `promtool check rules`) and dashboard ConfigMaps (the dashboards' JSON, the sidecar label);
+- value combinations (leader election off, no RBAC, an existing ServiceAccount, long release
+  names, overrides) render what they should;
+- with MESHWORK_OPERATOR given, the operator accepts every flag list the chart renders;
 - bad values fail, and the message names the value;
 - the chart's copies of the CRD, alerts and dashboards equal the repository's, and the README's
   values table equals what scripts/chart_readme.py generates from values.yaml.
@@ -17,6 +20,7 @@ Prints one line per check; exits 1 when any fails, 2 when helm or promtool is mi
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +46,7 @@ def find_helm():
 
 
 HELM = find_helm()
+OPERATOR = sys.argv[2] if len(sys.argv) > 2 else None
 PROMTOOL = shutil.which("promtool")
 if not PROMTOOL:
     print("FATAL: promtool not found: run scripts/setup.sh (Debian package prometheus)")
@@ -86,6 +91,16 @@ def normalize(rules):
     return sorted(json.dumps({k: sorted(v) for k, v in r.items()}, sort_keys=True) for r in rules)
 
 
+def check_flags_parse(label, dep):
+    """The operator parses flags in order and exits 2 on a bad one, before it reaches --help."""
+    if not OPERATOR or dep is None:
+        return
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    r = subprocess.run([OPERATOR, *args, "--help"], capture_output=True, text=True)
+    check(f"{label}: meshwork-operator accepts the rendered flags", r.returncode == 0,
+          f"exit {r.returncode}: {r.stderr.strip().splitlines()[:2]}")
+
+
 def check_deployment(label, docs, replicas):
     dep = one(docs, "Deployment")
     check(f"{label}: one Deployment", dep is not None)
@@ -115,6 +130,7 @@ def check_deployment(label, docs, replicas):
     labels = dep["spec"]["template"]["metadata"]["labels"]
     check(f"{label}: the selector matches the Pod labels",
           all(labels.get(k) == v for k, v in selector.items()), (selector, labels))
+    check_flags_parse(label, dep)
     return dep
 
 
@@ -144,8 +160,10 @@ def main():
                   normalize(cr["rules"]) == normalize(docs_rbac_rules()),
                   f"chart {cr['rules']} vs docs {docs_rbac_rules()}")
             verbs = {v for r in cr["rules"] for v in r["verbs"]}
-            check("defaults: no wildcard and no get/patch on Pods (least privilege)",
-                  "*" not in verbs and all("*" not in r["resources"] for r in cr["rules"]))
+            pod_verbs = {v for r in cr["rules"] if "pods" in r["resources"] for v in r["verbs"]}
+            check("defaults: no wildcard; Pods are never updated or patched (least privilege)",
+                  "*" not in verbs and all("*" not in r["resources"] for r in cr["rules"])
+                  and pod_verbs and not pod_verbs & {"update", "patch", "deletecollection"}, cr["rules"])
         le = [r for r in objects(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
         check("defaults: the Lease Role is docs/operator.md's, in the release namespace",
               len(le) == 1 and le[0]["metadata"]["namespace"] == "meshwork-system"
@@ -184,8 +202,12 @@ def main():
               and binding[0]["subjects"][0]["name"] == "meshwork-operator")
         if dep:
             args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-            check("namespaced: --namespace=ml-jobs, the grace period and the extra flag",
+            check("namespaced: --namespace=ml-jobs, the grace period and the report interval",
                   {"--namespace=ml-jobs", "--pod-delete-grace-s=5", "--report-interval-s=5"} <= set(args), args)
+        pm = render("-f", os.path.join(CHART, "ci/namespaced-values.yaml"), "--set", "trainerPodMonitor.enabled=true")[0]
+        pm = pm and one(pm, "PodMonitor")
+        check("namespaced: the trainer PodMonitor looks in the watched namespace only",
+              pm is not None and pm["spec"]["namespaceSelector"] == {"matchNames": ["ml-jobs"]})
 
     # Monitoring: ServiceMonitor, PodMonitor, PrometheusRule, dashboards, two replicas.
     docs, _ = render("-f", os.path.join(CHART, "ci/monitoring-values.yaml"))
@@ -198,12 +220,25 @@ def main():
         check("monitoring: a ServiceMonitor for the metrics Service with the release label",
               sm is not None and sm["spec"]["endpoints"][0]["port"] == "metrics"
               and sm["metadata"]["labels"].get("release") == "kube-prometheus-stack")
+        alerts_text = open(os.path.join(SRC, "metrics/alerts/meshwork-alerts.yaml"), encoding="utf-8").read()
+        job = [r.get("replacement") for r in (sm or {"spec": {"endpoints": [{}]}})["spec"]["endpoints"][0].get("relabelings", [])
+               if r.get("targetLabel") == "job"]
+        check("monitoring: the ServiceMonitor's scrape job is the one MeshworkOperatorDown selects",
+              job == ["meshwork-operator"] and 'up{job="meshwork-operator"}' in alerts_text, job)
         pm = one(docs, "PodMonitor")
-        check("monitoring: a PodMonitor for trainer Pods, port metrics, honorLabels",
-              pm is not None and pm["spec"]["selector"]["matchExpressions"][0]["key"] == "meshwork.dev/job"
-              and pm["spec"]["podMetricsEndpoints"][0] == {"port": "metrics", "path": "/metrics",
-                                                           "interval": "15s", "honorLabels": True}
+        endpoint = pm["spec"]["podMetricsEndpoints"][0] if pm else {}
+        keep = [r for r in endpoint.get("relabelings", []) if r.get("action") == "keep"
+                and r.get("sourceLabels") == ["__meta_kubernetes_pod_container_port_name"]]
+        check("monitoring: a PodMonitor for trainer Pods (label meshwork.dev/job, every namespace), honorLabels",
+              pm is not None and pm["spec"]["selector"]["matchExpressions"][0] == {"key": "meshwork.dev/job", "operator": "Exists"}
+              and endpoint.get("honorLabels") is True and "port" not in endpoint
               and pm["spec"]["namespaceSelector"] == {"any": True}, pm and pm["spec"])
+        # Prometheus anchors relabel regexes. The operator names local rank i's port metrics-i
+        # (operator/controller/desired.cpp; operator_controller_test checks the names).
+        regex = keep[0]["regex"] if keep else "(?!)"
+        check("monitoring: the PodMonitor keeps ports metrics, metrics-1 ... metrics-63 and drops rendezvous",
+              all(re.fullmatch(regex, n) for n in ["metrics", "metrics-1", "metrics-63"])
+              and not any(re.fullmatch(regex, n) for n in ["rendezvous", "metricsx", "metrics-"]), regex)
         rule = one(docs, "PrometheusRule")
         alerts = yaml.safe_load(open(os.path.join(SRC, "metrics/alerts/meshwork-alerts.yaml"), encoding="utf-8"))
         check("monitoring: the PrometheusRule holds metrics/alerts/meshwork-alerts.yaml's groups",
@@ -227,6 +262,81 @@ def main():
             for key, text in m["data"].items():
                 want = json.load(open(os.path.join(SRC, "metrics/dashboards", key), encoding="utf-8"))
                 check(f"monitoring: {name}/{key} is the dashboard's JSON", json.loads(text) == want)
+
+    # Combinations of values.
+    docs, err = render("--set", "operator.leaderElection.enabled=false")
+    if docs:
+        dep = one(docs, "Deployment")
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        check("leader election off: Recreate rollouts (never two operators at once), no Lease Role, no lease flags",
+              dep["spec"].get("strategy") == {"type": "Recreate"} and "--leader-elect=false" in args
+              and not any(a.startswith("--leader-election") for a in args)
+              and not [r for r in objects(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")], args)
+        check_flags_parse("leader election off", dep)
+    docs, _ = render()
+    check("leader election on: the default rolling update", docs is not None and "strategy" not in one(docs, "Deployment")["spec"])
+    for value, want in [("0", "--pod-delete-grace-s=0"), ("null", None), ("", None)]:
+        docs, err = render("--set", f"operator.podDeleteGraceSeconds={value}")
+        args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"] if docs else []
+        grace = [a for a in args if a.startswith("--pod-delete-grace-s")]
+        shown = value or '""'
+        check(f"podDeleteGraceSeconds={shown} renders {want or 'no flag'}",
+              docs is not None and grace == ([want] if want else []), err or grace)
+    docs, err = render("--set", "rbac.create=false")
+    check("rbac.create=false: no Role, RoleBinding, ClusterRole or ClusterRoleBinding",
+          docs is not None and not {d["kind"] for d in docs} & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, err)
+    docs, err = render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=platform-sa")
+    if docs:
+        crb = one(docs, "ClusterRoleBinding")
+        check("an existing ServiceAccount: none created, the Pods and bindings use it",
+              not objects(docs, "ServiceAccount")
+              and one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "platform-sa"
+              and crb["subjects"][0]["name"] == "platform-sa")
+    else:
+        check("an existing ServiceAccount renders", False, err)
+    docs, err = render("--set", "service.enabled=false")
+    check("service.enabled=false: no Service and no helm test Pod",
+          docs is not None and not objects(docs, "Service") and not objects(docs, "Pod"), err)
+    docs, err = render("--set", "fullnameOverride=mw", "--set", "operator.leaderElection.id=custom-lease")
+    if docs:
+        args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        check("fullnameOverride names every object; leaderElection.id names the Lease",
+              one(docs, "Deployment")["metadata"]["name"] == "mw" and one(docs, "Service")["metadata"]["name"] == "mw-metrics"
+              and "--leader-election-id=custom-lease" in args)
+    docs, _ = render()
+    if docs:
+        args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        check("by default the Lease is named after the release, so two releases never share one",
+              "--leader-election-id=meshwork-meshwork-operator" in args, args)
+    docs, err = render("--set", "podLabels.app\\.kubernetes\\.io/name=other", "--set", "podLabels.team=ml")
+    if docs:
+        dep = one(docs, "Deployment")
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        check("podLabels cannot override the selector's labels",
+              labels.get("app.kubernetes.io/name") == "meshwork-operator" and labels.get("team") == "ml", labels)
+    else:
+        check("podLabels renders", False, err)
+    long_release = "r" * 53  # Helm's limit for release names
+    r = helm("template", long_release, CHART, "-n", "ns", "--kube-version", KUBE_VERSION,
+             "-f", os.path.join(CHART, "ci/monitoring-values.yaml"))
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d] if r.returncode == 0 else None
+    if docs:
+        dns_label_kinds = {"Service", "Deployment", "Pod"}  # names that become DNS labels or hostnames
+        too_long = [f"{d['kind']}/{d['metadata']['name']}" for d in docs
+                    if d["kind"] in dns_label_kinds and len(d["metadata"]["name"]) > 63]
+        long_labels = [f"{d['kind']}: {k}={v}" for d in docs for k, v in d["metadata"].get("labels", {}).items()
+                       if len(str(v)) > 63]
+        check("a 53-character release: Service, Deployment and Pod names and label values fit 63 characters",
+              not too_long and not long_labels, too_long + long_labels)
+    else:
+        check("a 53-character release renders", False, r.stderr)
+    docs, _ = render()
+    if docs:
+        hook = [d for d in docs if d["kind"] == "Pod"][0]
+        dep = one(docs, "Deployment")
+        selector = dep["spec"]["selector"]["matchLabels"]
+        check("the helm test Pod does not carry the operator's selector labels",
+              not all(hook["metadata"]["labels"].get(k) == v for k, v in selector.items()), hook["metadata"]["labels"])
 
     # Bad values fail with a message naming the value.
     bad = [

@@ -44,6 +44,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The metrics Service's name: the full name cut so that "-metrics" still fits in 63 characters. */}}
+{{- define "meshwork-operator.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "meshwork-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Lease's name: operator.leaderElection.id, else the full name. */}}
+{{- define "meshwork-operator.leaseName" -}}
+{{- default (include "meshwork-operator.fullname" .) .Values.operator.leaderElection.id }}
+{{- end }}
+
+{{/* Labels for objects that are not the operator's Pods (the helm test Pod): no selector labels. */}}
+{{- define "meshwork-operator.nonSelectorLabels" -}}
+helm.sh/chart: {{ include "meshwork-operator.chart" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: meshwork
+{{- end }}
+
 {{- define "meshwork-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
@@ -58,7 +77,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [update]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 - apiGroups: [""]
   resources: [services]
   verbs: [list, watch, create]

@@ -194,6 +194,11 @@ TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
   EXPECT_EQ(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
   EXPECT_EQ(env["MESHWORK_CONFIG_YAML"]["valueFrom"]["configMapKeyRef"]["name"], "job-config");
   EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], 2);
+  // One metrics port per local rank (the trainer serves rank i on metricsPort + i).
+  EXPECT_EQ(c["ports"], json::parse(R"([
+    {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"},
+    {"name": "metrics", "containerPort": 9400, "protocol": "TCP"},
+    {"name": "metrics-1", "containerPort": 9401, "protocol": "TCP"}])"));
 }
 
 TEST(DesiredTest, CommandOverrideTemplateAndService) {
