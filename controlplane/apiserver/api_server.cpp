@@ -689,13 +689,21 @@ json ApiServer::ToVersion(const ResourceInfo& info, json obj) const {
 // ---- routing ------------------------------------------------------------------------------
 
 HttpResponse ApiServer::Handle(const HttpRequest& http) {
+  HttpResponse response;
   try {
-    return Route(http);
+    response = Route(http);
   } catch (const std::exception& e) {
     Log(std::string("meshwork-controlplane: internal error on ") + http.method + " " + http.path +
         ": " + e.what());
-    return ErrorResponse(InternalErr(e.what()));
+    response = ErrorResponse(InternalErr(e.what()));
   }
+  if (options_.audit_log != nullptr) {
+    // A lost audit line does not fail the request: the API is answered either way.
+    if (Status st = options_.audit_log->Record(http, response.status); !st.ok()) {
+      Log("meshwork-controlplane: " + st.message());
+    }
+  }
+  return response;
 }
 
 HttpResponse ApiServer::Route(const HttpRequest& http) {

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "controlplane/apiserver/audit_log.h"
 #include "controlplane/apiserver/resources.h"
 #include "controlplane/net/http_server.h"
 #include "controlplane/store/store.h"
@@ -35,6 +36,9 @@ struct ApiServerOptions {
   std::string server_address = "127.0.0.1";           // what /api reports
   // Where the API logs (bad requests are answered, not logged). Empty: stderr.
   std::function<void(const std::string&)> log;
+  // Not owned; when set, every request on a resource is recorded with the code it was answered
+  // (streams when they start), after it is handled.
+  AuditLog* audit_log = nullptr;
 };
 
 // The outcome of an internal operation, as the API would answer it.

@@ -31,6 +31,7 @@ namespace {
 const char* kUsage =
     "usage: meshwork-controlplane --data-dir DIR [--port N] [--kubeconfig FILE] [--nodes FILE]\n"
     "                             [--token TOKEN] [--history-events N] [--insecure-http]\n"
+    "                             [--audit-log FILE]\n"
     "  --data-dir DIR        where objects, pod logs, the token and the kubeconfig live (required)\n"
     "  --port N              port on 127.0.0.1 (default 0: the kernel picks one)\n"
     "  --kubeconfig FILE     kubeconfig to write (default DIR/kubeconfig)\n"
@@ -39,7 +40,9 @@ const char* kUsage =
     "  --token TOKEN         bearer token clients must send (default: random, kept in DIR/token)\n"
     "  --history-events N    watch events kept for resuming watches (default 10000)\n"
     "  --insecure-http       serve plain HTTP without authentication instead of HTTPS with the\n"
-    "                        token (kubectl never sends a token over plain HTTP)\n";
+    "                        token (kubectl never sends a token over plain HTTP)\n"
+    "  --audit-log FILE      append one JSON line per API request answered (verb, resource,\n"
+    "                        namespace, name, user agent, code) to FILE\n";
 
 struct Flags {
   std::string data_dir;
@@ -49,6 +52,7 @@ struct Flags {
   std::string token;
   size_t history_events = 10000;
   bool insecure_http = false;
+  std::string audit_log;
 };
 
 int Usage(const std::string& message) {
@@ -85,7 +89,7 @@ int ParseFlags(int argc, char** argv, Flags* f) {
       value = arg.substr(eq + 1);
       has_value = true;
     }
-    static const char* kKnown[] = {"--data-dir", "--port", "--kubeconfig", "--nodes", "--token", "--history-events"};
+    static const char* kKnown[] = {"--data-dir", "--port", "--kubeconfig", "--nodes", "--token", "--history-events", "--audit-log"};
     bool known = false;
     for (const char* k : kKnown) known = known || name == k;
     if (!known) return Usage("unknown flag " + name);
@@ -113,6 +117,9 @@ int ParseFlags(int argc, char** argv, Flags* f) {
     } else if (name == "--history-events") {
       if (!ParseNumber(value, 1, 100000000, &n)) return Usage("--history-events: invalid value \"" + value + "\" (want a positive integer)");
       f->history_events = static_cast<size_t>(n);
+    } else if (name == "--audit-log") {
+      if (value.empty()) return Usage("--audit-log: must not be empty");
+      f->audit_log = value;
     }
   }
   if (f->data_dir.empty()) return Usage("--data-dir is required");
@@ -216,6 +223,15 @@ int Run(const Flags& flags) {
       }
     }
   }
+  std::unique_ptr<mc::AuditLog> audit_log;
+  if (!flags.audit_log.empty()) {
+    auto opened = mc::AuditLog::Open(flags.audit_log);
+    if (!opened.ok()) {
+      std::cerr << "meshwork-controlplane: --audit-log " << flags.audit_log << ": " << opened.status().message() << "\n";
+      return kIO;
+    }
+    audit_log = std::move(opened).value();
+  }
   std::string kubeconfig = flags.kubeconfig.empty() ? flags.data_dir + "/kubeconfig" : flags.kubeconfig;
 
   // Signals are taken by sigwait on this thread; every thread started after this inherits the mask.
@@ -236,6 +252,7 @@ int Run(const Flags& flags) {
   mc::ApiServerOptions api_options;
   // kubectl sends a bearer token only over TLS: plain HTTP has no authentication.
   if (!flags.insecure_http) api_options.token = token;
+  api_options.audit_log = audit_log.get();
   mc::ApiServer api(store.value().get(), api_options);
   if (meshwork::Status st = api.Bootstrap(); !st.ok()) {
     std::cerr << "meshwork-controlplane: " << st.message() << "\n";

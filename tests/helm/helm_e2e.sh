@@ -47,7 +47,7 @@ dump() {
 # the API through the service account the node agent gives each Pod.
 mkdir -p "$work/cp" "$work/data"
 (cd "$work" && exec env -u KUBECONFIG PATH="$(dirname "$op_bin"):$(dirname "$train_bin"):$PATH" \
-  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
+  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" --audit-log "$work/audit.jsonl" >"$work/cp.log" 2>&1) &
 e2e_track $!
 e2e_wait_for 30 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
@@ -82,10 +82,11 @@ pod="$(k -n "$ns" get pods -l app.kubernetes.io/name=meshwork-operator -o jsonpa
 sa="$(k -n "$ns" get pod "$pod" -o jsonpath='{.spec.serviceAccountName}' 2>/dev/null)"
 [ "$sa" = meshwork-meshwork-operator ] && pass "it runs as the chart's ServiceAccount" || fail "serviceAccountName '$sa'"
 
-holder() { k -n "$ns" get lease meshwork-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+lease=meshwork-meshwork-operator   # operator.leaderElection.id defaults to the release's full name
+holder() { k -n "$ns" get lease "$lease" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
 holder_is() { [ "$(holder)" = "$1" ]; }
 e2e_wait_for 30 "$pod holds the Lease" holder_is "$pod" &&
-  pass "the operator Pod holds Lease $ns/meshwork-operator under its Pod name" || { fail "Lease holder '$(holder)'"; dump; }
+  pass "the operator Pod holds Lease $ns/$lease under its Pod name" || { fail "Lease holder '$(holder)'"; dump; }
 log="$(k -n "$ns" logs "$pod" 2>&1)"
 [[ "$log" == *"API server https://127.0.0.1:"*"(in-cluster service account ("* && "$log" == *"namespace (all)"* &&
   "$log" == *"port $port"* ]] &&
@@ -148,6 +149,16 @@ else
   dump
 fi
 
+# ---- the chart's RBAC allows every API call the operator made (the control plane's audit log;
+# RBAC is not enforced here). The operator's client sends User-Agent meshwork-operator/<version>.
+out="$(python3 "$src/tests/helm/rbac_audit_check.py" "$work/audit.jsonl" "$work/rendered.yaml" meshwork-operator/ 2>&1)"
+if [ $? = 0 ]; then
+  pass "every API call the operator made is allowed by the chart's RBAC ($(sed -n 's/^\([0-9]*\) distinct API calls.*/\1/p' <<<"$out") distinct calls)"
+  echo "$out"
+else
+  fail "the chart's RBAC does not cover the operator's API calls: $out"
+fi
+
 # ---- helm install, upgrade, uninstall
 export HELM_DRIVER=configmap   # the local control plane serves no Secrets
 "$helm" template meshwork "$chart" -n "$ns" --kube-version 1.29.0 --skip-tests --set metricsPort="$port" >"$work/no-crd.yaml"
@@ -156,6 +167,7 @@ gone() { [ -z "$(k -n "$ns" get pods -o name 2>/dev/null)" ]; }
 e2e_wait_for 60 "the applied chart's Pods are gone" gone || fail "kubectl delete of the rendered chart left Pods"
 port2="$(e2e_free_port)"
 release=meshwork-operator
+lease=$release
 leader_pod() { k -n "$ns" get pods -l app.kubernetes.io/instance=$release -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | head -n 1; }
 holds_lease() { local p; p="$(leader_pod)"; [ -n "$p" ] && holder_is "$p"; }
 out="$("$helm" install "$release" "$chart" -n "$ns" --disable-openapi-validation --set metricsPort="$port2" \

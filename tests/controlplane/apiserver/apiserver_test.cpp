@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -104,6 +105,7 @@ class ApiServerTest : public ::testing::Test {
     o.token = std::move(token);
     o.bookmark_interval = std::chrono::milliseconds(100);
     o.log = [](const std::string&) {};
+    o.audit_log = audit_log_.get();
     api_ = std::make_unique<ApiServer>(store_.get(), o);
     ASSERT_TRUE(api_->Bootstrap().ok());
   }
@@ -133,6 +135,7 @@ class ApiServerTest : public ::testing::Test {
     }
     if (!body.empty()) r.headers["content-type"] = content_type;
     if (!accept.empty()) r.headers["accept"] = accept;
+    if (!user_agent_.empty()) r.headers["user-agent"] = user_agent_;
     r.body = body;
     r.version = "HTTP/1.1";
     return api_->Handle(r);
@@ -155,6 +158,8 @@ class ApiServerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::unique_ptr<AuditLog> audit_log_;  // set before Open() to record requests
+  std::string user_agent_;               // sent by Call() when set
   std::unique_ptr<Store> store_;
   std::unique_ptr<ApiServer> api_;
 };
@@ -800,6 +805,128 @@ TEST_F(ApiServerTest, RbacObjectsAreStoredAndServed) {
   EXPECT_EQ(table["rows"][0]["cells"][1], "ClusterRole/reader");
   EXPECT_EQ(table["rows"][0]["cells"][5], "default/op");
   EXPECT_EQ(Call("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterroles/reader").status, 200);
+}
+
+// An audit log read back: one JSON object per line.
+std::vector<json> ReadAuditLog(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(json::parse(line));
+  return lines;
+}
+
+TEST_F(ApiServerTest, AuditLogRecordsEachResourceRequestWithItsAuthorizationVerb) {
+  auto opened = AuditLog::Open(dir_ + "/audit.jsonl");
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  audit_log_ = std::move(opened).value();
+  Open(StoreOptions{});
+  user_agent_ = "meshwork-operator/0.1";
+  // Health, version, openapi and discovery are not requests on a resource: not recorded.
+  for (const char* path : {"/healthz", "/livez", "/readyz", "/version", "/", "/api", "/api/v1", "/apis",
+                           "/apis/apps", "/apis/apps/v1", "/openapi/v3", "/openapi/v3/api/v1", "/nope"}) {
+    Call("GET", path);
+  }
+  EXPECT_TRUE(ReadAuditLog(dir_ + "/audit.jsonl").empty());
+
+  struct Case {
+    std::string method, target, body, content_type;
+    std::string verb, group, version, resource, sub, ns, name;
+  };
+  const std::string cms = "/api/v1/namespaces/default/configmaps";
+  const std::string pods = kPods;
+  const std::string cm = R"({"metadata":{"name":"a"},"data":{"k":"v"}})";
+  const std::string pod = R"({"metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x"}]}})";
+  const std::string pod_status = R"({"metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x"}]},"status":{"phase":"Running"}})";
+  const std::string merge = "application/merge-patch+json";
+  const std::string js = "application/json";
+  const std::vector<Case> cases = {
+      {"POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", kCrd, js,
+       "create", "apiextensions.k8s.io", "v1", "customresourcedefinitions", "", "", ""},
+      {"POST", cms, cm, js, "create", "", "v1", "configmaps", "", "default", ""},
+      {"GET", cms + "/a", "", "", "get", "", "v1", "configmaps", "", "default", "a"},
+      {"GET", cms + "/missing", "", "", "get", "", "v1", "configmaps", "", "default", "missing"},
+      {"GET", cms + "?labelSelector=x%3Dy", "", "", "list", "", "v1", "configmaps", "", "default", ""},
+      {"GET", "/api/v1/configmaps", "", "", "list", "", "v1", "configmaps", "", "", ""},
+      {"GET", cms + "?watch=true&timeoutSeconds=1", "", "", "watch", "", "v1", "configmaps", "", "default", ""},
+      {"GET", "/api/v1/configmaps?watch=1", "", "", "watch", "", "v1", "configmaps", "", "", ""},
+      // The deprecated /watch/ prefix: a watch, answered 404 here.
+      {"GET", "/api/v1/watch/namespaces/default/configmaps", "", "", "watch", "", "v1", "configmaps", "", "default", ""},
+      {"PUT", cms + "/a", cm, js, "update", "", "v1", "configmaps", "", "default", "a"},
+      {"PATCH", cms + "/a", R"({"data":{"k":"w"}})", merge, "patch", "", "v1", "configmaps", "", "default", "a"},
+      {"DELETE", cms + "/a", "", "", "delete", "", "v1", "configmaps", "", "default", "a"},
+      {"DELETE", cms, "", "", "deletecollection", "", "v1", "configmaps", "", "default", ""},
+      {"POST", pods, pod, js, "create", "", "v1", "pods", "", "default", ""},
+      {"GET", pods + "/p/status", "", "", "get", "", "v1", "pods", "status", "default", "p"},
+      {"PUT", pods + "/p/status", pod_status, js, "update", "", "v1", "pods", "status", "default", "p"},
+      {"PATCH", pods + "/p/status", R"({"status":{"phase":"Failed"}})", merge, "patch", "", "v1", "pods", "status", "default", "p"},
+      {"GET", pods + "/p/log?tailLines=5", "", "", "get", "", "v1", "pods", "log", "default", "p"},
+      {"DELETE", pods + "/p?gracePeriodSeconds=0", "", "", "delete", "", "v1", "pods", "", "default", "p"},
+      {"POST", kJobs, Job("j", 1).dump(), js, "create", "meshwork.dev", "v1alpha1", "trainingjobs", "", "default", ""},
+      {"GET", std::string(kJobs) + "/j/scale", "", "", "get", "meshwork.dev", "v1alpha1", "trainingjobs", "scale", "default", "j"},
+      {"PATCH", std::string(kJobs) + "/j/status", R"({"status":{"phase":"Running"}})", merge,
+       "patch", "meshwork.dev", "v1alpha1", "trainingjobs", "status", "default", "j"},
+      {"GET", "/apis/meshwork.dev/v1alpha1/trainingjobs", "", "", "list", "meshwork.dev", "v1alpha1", "trainingjobs", "", "", ""},
+      // Cluster-scoped: no namespace, also for a namespace itself.
+      {"GET", "/api/v1/nodes", "", "", "list", "", "v1", "nodes", "", "", ""},
+      {"GET", "/api/v1/namespaces/default", "", "", "get", "", "v1", "namespaces", "", "", "default"},
+      {"GET", "/api/v1/namespaces", "", "", "list", "", "v1", "namespaces", "", "", ""},
+      {"PUT", "/apis/rbac.authorization.k8s.io/v1/clusterroles/r", R"({"metadata":{"name":"r"},"rules":[]})", js,
+       "update", "rbac.authorization.k8s.io", "v1", "clusterroles", "", "", "r"},
+      {"GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/l", "", "", "get", "coordination.k8s.io", "v1", "leases", "", "kube-system", "l"},
+  };
+  std::vector<int> codes;
+  for (const Case& c : cases) codes.push_back(Call(c.method, c.target, c.body, c.content_type).status);
+  // Spot checks that the requests did what they say (the log records any answer).
+  EXPECT_EQ(codes[1], 201);
+  EXPECT_EQ(codes[3], 404);
+  EXPECT_EQ(codes[8], 404);
+  EXPECT_EQ(codes[15], 200);
+
+  std::vector<json> lines = ReadAuditLog(dir_ + "/audit.jsonl");
+  ASSERT_EQ(lines.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const json& l = lines[i];
+    std::string what = c.method + " " + c.target + ": " + l.dump();
+    EXPECT_EQ(l["verb"], c.verb) << what;
+    EXPECT_EQ(l["apiGroup"], c.group) << what;
+    EXPECT_EQ(l["apiVersion"], c.version) << what;
+    EXPECT_EQ(l["resource"], c.resource) << what;
+    EXPECT_EQ(l["subresource"], c.sub) << what;
+    EXPECT_EQ(l["namespace"], c.ns) << what;
+    EXPECT_EQ(l["name"], c.name) << what;
+    EXPECT_EQ(l["userAgent"], "meshwork-operator/0.1") << what;
+    EXPECT_EQ(l["code"], codes[i]) << what;
+    EXPECT_EQ(l["requestURI"], c.target) << what;
+  }
+}
+
+TEST_F(ApiServerTest, AuditLogAppendsWholeLinesFromConcurrentRequests) {
+  const std::string path = dir_ + "/audit.jsonl";
+  {
+    std::ofstream(path) << R"({"verb":"get"})" << "\n";  // an earlier run's line stays
+  }
+  audit_log_ = std::move(AuditLog::Open(path)).value();
+  Open(StoreOptions{});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < 50; ++i) Call("GET", "/api/v1/namespaces/default/configmaps/c" + std::to_string(t));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<json> lines;
+  ASSERT_NO_THROW(lines = ReadAuditLog(path));
+  ASSERT_EQ(lines.size(), 1u + 4 * 50);
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_EQ(lines[i]["code"], 404);
+}
+
+TEST(AuditLogTest, UnwritablePathIsAnError) {
+  auto opened = AuditLog::Open("/nonexistent-meshwork-dir/audit.jsonl");
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.status().message().find("No such file or directory"), std::string::npos)
+      << opened.status().message();
 }
 
 TEST_F(ApiServerTest, PodWithAMissingServiceAccountIsForbidden) {
