@@ -28,6 +28,7 @@
 
 #include "controlplane/agent/internal.h"
 #include "controlplane/agent/node_agent.h"
+#include "trainer/common/file.h"
 
 extern char** environ;
 
@@ -224,21 +225,19 @@ struct PodRuntime::Impl {
     std::string text = internal::RenderHostsFile(pod.ip, pod.hostname, pod.subdomain, pod.ns,
                                                  options.cluster_domain, hosts);
     // Rewritten in place (same inode): a bind mount of the file keeps showing the new contents.
-    int fd = ::open(pod.hosts_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return IOError("cannot write hosts file " + pod.hosts_path + ": " + ErrnoText(errno));
-    size_t done = 0;
-    while (done < text.size()) {
-      ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        int err = errno;
-        ::close(fd);
-        return IOError("cannot write hosts file " + pod.hosts_path + ": " + ErrnoText(err));
-      }
-      done += static_cast<size_t>(n);
-    }
+    return WriteFileInPlace(pod.hosts_path, text, 0644, "hosts file " + pod.hosts_path);
+  }
+
+  // Truncates and writes `path` (same inode), with `mode` even when the file existed or the
+  // umask is wider.
+  static Status WriteFileInPlace(const std::string& path, const std::string& text, int mode,
+                                 const std::string& what) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) return IOError("cannot write " + what + ": " + ErrnoText(errno));
+    ::fchmod(fd, static_cast<mode_t>(mode));
+    Status s = WriteAll(fd, text.data(), text.size(), what);
     ::close(fd);
-    return Status::Ok();
+    return s;
   }
 
   // The Pod's service-account directory, "" when it gets none.
@@ -261,21 +260,7 @@ struct PodRuntime::Impl {
                                            std::make_tuple("ca.crt", sa.ca_pem, 0644),
                                            std::make_tuple("namespace", pod.ns, 0644)}) {
       std::string path = dir + "/" + file;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-      if (fd < 0) return IOError("cannot write " + path + ": " + ErrnoText(errno));
-      ::fchmod(fd, static_cast<mode_t>(mode));  // the mode even when umask is wider or the file existed
-      size_t done = 0;
-      while (done < text.size()) {
-        ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          int err = errno;
-          ::close(fd);
-          return IOError("cannot write " + path + ": " + ErrnoText(err));
-        }
-        done += static_cast<size_t>(n);
-      }
-      ::close(fd);
+      MW_RETURN_IF_ERROR(WriteFileInPlace(path, text, mode, path));
     }
     return Status::Ok();
   }

@@ -663,13 +663,9 @@ Status ApiServer::Bootstrap() {
 }
 
 std::vector<ResourceInfo> ApiServer::AllStorageResources() const {
-  std::vector<ResourceInfo> out;
-  for (const char* r : {"namespaces", "pods", "services", "configmaps", "events", "leases",
-                        "customresourcedefinitions", "nodes", "serviceaccounts", "roles",
-                        "rolebindings", "clusterroles", "clusterrolebindings", "deployments"}) {
-    ResourceInfo info = registry_.Builtin(r);
-    if (!info.resource.empty()) out.push_back(info);
-  }
+  // Every built-in, so that a kind added to the registry is never missed here (the garbage
+  // collector would otherwise take its objects' dependents for orphans).
+  std::vector<ResourceInfo> out = registry_.Builtins();
   for (const json& crd : store_->List("customresourcedefinitions.apiextensions.k8s.io/").items) {
     for (const ResourceInfo& info : registry_.CustomResources(MetaString(crd, "name"))) {
       if (info.version == info.storage_version) out.push_back(info);

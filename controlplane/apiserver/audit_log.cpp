@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/common/file.h"
+
 namespace meshwork::controlplane {
 
 namespace {
@@ -106,14 +108,7 @@ Status AuditLog::Record(const HttpRequest& http, int code) {
       {"code", code},              {"requestURI", http.raw_target}};
   std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
-  size_t written = 0;
-  while (written < text.size()) {
-    ssize_t n = ::write(fd_, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return IOError("audit log " + path_ + ": cannot write: " + std::strerror(errno));
-    written += static_cast<size_t>(n);
-  }
-  return Status::Ok();
+  return WriteAll(fd_, text.data(), text.size(), "audit log " + path_);
 }
 
 }  // namespace meshwork::controlplane

@@ -392,24 +392,28 @@ void PodController::Sync() {
   }
 }
 
-void PodController::Start() {
+void PeriodicLoop::Start(std::string name, std::chrono::milliseconds period, std::function<void()> pass) {
   stop_ = false;
-  thread_ = std::thread([this] {
+  thread_ = std::thread([this, name = std::move(name), period, pass = std::move(pass)] {
     while (!stop_) {
       try {
-        Sync();
+        pass();
       } catch (const std::exception& e) {
-        std::cerr << "meshwork-controlplane: pod controller: " << e.what() << std::endl;
+        std::cerr << "meshwork-controlplane: " << name << ": " << e.what() << std::endl;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(period);
     }
   });
 }
 
-void PodController::Stop() {
+void PeriodicLoop::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
 }
+
+void PodController::Start() { loop_.Start("pod controller", std::chrono::milliseconds(100), [this] { Sync(); }); }
+
+void PodController::Stop() { loop_.Stop(); }
 
 // ---- deployment controller ----------------------------------------------------------------
 
@@ -656,22 +660,9 @@ void DeploymentController::Sync() {
 }
 
 void DeploymentController::Start() {
-  stop_ = false;
-  thread_ = std::thread([this] {
-    while (!stop_) {
-      try {
-        Sync();
-      } catch (const std::exception& e) {
-        std::cerr << "meshwork-controlplane: deployment controller: " << e.what() << std::endl;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-  });
+  loop_.Start("deployment controller", std::chrono::milliseconds(200), [this] { Sync(); });
 }
 
-void DeploymentController::Stop() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
-}
+void DeploymentController::Stop() { loop_.Stop(); }
 
 }  // namespace meshwork::controlplane

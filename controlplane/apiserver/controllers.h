@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -16,6 +18,19 @@
 #include "controlplane/apiserver/api_server.h"
 
 namespace meshwork::controlplane {
+
+// Runs `pass` every `period` on its own thread until Stop(). An exception from a pass is logged
+// under `name` and the loop goes on: one object of an unexpected shape must not stop a controller.
+class PeriodicLoop {
+ public:
+  ~PeriodicLoop() { Stop(); }
+  void Start(std::string name, std::chrono::milliseconds period, std::function<void()> pass);
+  void Stop();
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 class GarbageCollector {
  public:
@@ -58,8 +73,7 @@ class PodController {
   std::set<std::string> started_;   // uids handed to the runtime
   std::set<std::string> stopping_;  // uids Stop was called for
   std::map<std::string, std::string> hosts_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  PeriodicLoop loop_;
 };
 
 // Keeps each Deployment's Pods: spec.replicas Pods from spec.template, owned by the Deployment
@@ -84,8 +98,7 @@ class DeploymentController {
                       const std::vector<nlohmann::json>& pods);
 
   ApiServer* api_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  PeriodicLoop loop_;
 };
 
 // The pod-template-hash label of a Pod template, as kube-controller-manager computes it (FNV-1a

@@ -74,6 +74,8 @@ class ResourceRegistry {
 
   // ResourceInfo for any built-in resource by plural (used by controllers).
   ResourceInfo Builtin(const std::string& resource) const;
+  // Every built-in resource (fixed at construction).
+  const std::vector<ResourceInfo>& Builtins() const { return builtins_; }
 
  private:
   std::vector<ResourceInfo> AllLocked() const;

@@ -1,6 +1,6 @@
 # Shared helpers for bash end-to-end tests on the local control plane (meshwork-controlplane):
 # a temp work dir cleaned up on exit, free ports, polling, and starting the control plane.
-# Source it, then call e2e_init. Callers: tests/metrics/prometheus_e2e.sh.
+# Source it, then call e2e_init. Callers: the operator, helm and Prometheus e2e tests.
 # shellcheck shell=bash
 
 # e2e_init: makes $work, points HOME and KUBECONFIG into it, and installs the EXIT trap that

@@ -55,20 +55,24 @@ void AtomicFileWriter::Abandon() {
   }
 }
 
-Status AtomicFileWriter::Write(const void* data, size_t size) {
-  if (fd_ < 0) return Internal("write to '" + path_ + "' after it was committed");
+Status WriteAll(int fd, const void* data, size_t size, const std::string& what) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
-    const ssize_t n = ::write(fd_, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      return IOError("cannot write '" + TempPath() + "': " + ErrnoText(err));
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      return IOError("cannot write " + what + ": " + ErrnoText(err));
     }
     p += n;
     size -= static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+Status AtomicFileWriter::Write(const void* data, size_t size) {
+  if (fd_ < 0) return Internal("write to '" + path_ + "' after it was committed");
+  return WriteAll(fd_, data, size, "'" + TempPath() + "'");
 }
 
 Status AtomicFileWriter::Commit() {

@@ -64,6 +64,10 @@ class ReadOnlyFile {
   uint64_t size_ = 0;
 };
 
+// Writes all of `data` to `fd`, retrying short writes and EINTR. IOError "cannot write WHAT:
+// <errno text>" on failure; the caller keeps ownership of `fd`.
+Status WriteAll(int fd, const void* data, size_t size, const std::string& what);
+
 // fsyncs directory `dir`, so that the renames and creations in it survive a power loss.
 Status SyncDirectory(const std::string& dir);
 

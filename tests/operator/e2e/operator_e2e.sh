@@ -27,17 +27,8 @@ if ! command -v kubectl >/dev/null; then
   echo "SKIP: kubectl is not installed (scripts/setup.sh installs it)"
   exit 0
 fi
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  # Trainer Pods are process groups of the control plane; make sure none outlives the test.
-  pkill -9 -f -- "--data-dir $work/cp" 2>/dev/null
-  pkill -9 -f -- "--master-addr [a-z0-9-]*-0\.[a-z0-9-]*\.e2e\.svc" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-export HOME="$work" KUBECONFIG="$work/cp/kubeconfig"
+source "$src/tests/common/e2e_lib.sh"
+e2e_init   # $work, HOME and KUBECONFIG in it, and the cleanup of every process of this run
 export PATH="$(dirname "$train_bin"):$PATH"
 passed=0
 failed=0
@@ -45,18 +36,6 @@ pass() { echo "PASS: $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 k() { timeout 60 kubectl --request-timeout=30s -n e2e "$@"; }
 jp() { k get tj "$1" -o jsonpath="$2" 2>/dev/null; }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND until it succeeds.
-wait_for() {
-  local limit="$1" what="$2"
-  shift 2
-  local end=$((SECONDS + limit))
-  while ((SECONDS < end)); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.5
-  done
-  echo "timed out after ${limit}s waiting for: $what"
-  return 1
-}
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 reason_of() { jp "$1" "{.status.conditions[?(@.type==\"$2\")].reason}"; }
 pods_of() { k get pods -l "meshwork.dev/job=$1" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{end}' 2>/dev/null; }
@@ -73,17 +52,13 @@ start_operator() {
     --lease-duration-s 4 --renew-deadline-s 3 --retry-period-s 1 --report-interval-s 2 \
     --pod-delete-grace-s 5 >>"$work/op-$1.log" 2>&1 &
   local pid=$!
-  pids+=("$pid")
+  e2e_track "$pid"
   eval "pid_$1=$pid"
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 # ---- control plane, CRD, data, two operators
-mkdir -p "$work/cp" "$work/data"
-(cd "$work" && "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
-pids+=($!)
-wait_for 30 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
+mkdir -p "$work/data"
+e2e_start_controlplane "$cp_bin" || exit 1
 out="$(kubectl apply -f "$src/crds/trainingjob.yaml" 2>&1)"
 [[ "$out" == *"created"* ]] && pass "the TrainingJob CRD applies" || fail "apply CRD: $out"
 kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null 2>&1
@@ -95,12 +70,12 @@ done
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
   fail "prepare-data"
 
-port_a="$(free_port)"
-port_b="$(free_port)"
+port_a="$(e2e_free_port)"
+port_b="$(e2e_free_port)"
 start_operator a "$port_a"
-wait_for 30 "operator a leads" grep -q "became leader" "$work/op-a.log" || fail "operator a did not lead: $(cat "$work/op-a.log")"
+e2e_wait_for 30 "operator a leads" grep -q "became leader" "$work/op-a.log" || fail "operator a did not lead: $(cat "$work/op-a.log")"
 start_operator b "$port_b"
-wait_for 20 "operator b ready" curl -sf "http://127.0.0.1:$port_b/readyz" || fail "operator b not ready"
+e2e_wait_for 20 "operator b ready" curl -sf "http://127.0.0.1:$port_b/readyz" || fail "operator b not ready"
 [ "$(metric "$port_a" meshwork_operator_leader)" = 1 ] && [ "$(metric "$port_b" meshwork_operator_leader)" = 0 ] &&
   pass "exactly one of two replicas leads" || fail "leader gauges: a=$(metric "$port_a" meshwork_operator_leader) b=$(metric "$port_b" meshwork_operator_leader)"
 code_a="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port_a/healthz")"
@@ -163,7 +138,7 @@ out="$(job bad-replicas 29600 10 '  runPolicy: {backoffLimit: -1}' | kubectl app
   pass "a negative backoffLimit is refused by the schema" || fail "bad backoffLimit: $out"
 job bad-preset 29600 10 "" | sed 's/preset: tiny/preset: tinyy/' | kubectl apply -f - >/dev/null
 cmd_job no-image true "" | sed '/image: busybox/d' | kubectl apply -f - >/dev/null
-if wait_for 30 "bad-preset fails" phase_is bad-preset Failed && wait_for 30 "no-image fails" phase_is no-image Failed; then
+if e2e_wait_for 30 "bad-preset fails" phase_is bad-preset Failed && e2e_wait_for 30 "no-image fails" phase_is no-image Failed; then
   msg="$(jp bad-preset '{.status.conditions[?(@.type=="Failed")].message}')"
   [ "$(reason_of bad-preset Failed)" = InvalidSpec ] && [[ "$msg" == *spec.config.inline*model.preset*tinyy* ]] &&
     pass "unknown preset: Failed/InvalidSpec naming the field and value" || fail "bad-preset condition: $msg"
@@ -188,52 +163,52 @@ cmd_job ttl 'exit 0' '  runPolicy: {ttlSecondsAfterFinished: 3}' | kubectl apply
 cmd_job deadline 'sleep 300' '  runPolicy: {activeDeadlineSeconds: 5}' | kubectl apply -f - >/dev/null
 cmd_job sleeper 'sleep 300' "" | kubectl apply -f - >/dev/null
 
-if wait_for 60 "permanent fails" phase_is permanent Failed; then
+if e2e_wait_for 60 "permanent fails" phase_is permanent Failed; then
   [ "$(reason_of permanent Failed)" = PermanentExitCode ] && [ "$(jp permanent '{.status.restarts}')" = 0 ] &&
     pass "exit code 3 (permanent by default): Failed/PermanentExitCode, 0 restarts" ||
     fail "permanent: $(reason_of permanent Failed) restarts $(jp permanent '{.status.restarts}')"
 else fail "permanent did not fail"; dump; fi
 
-if wait_for 90 "flaky fails" phase_is flaky Failed; then
+if e2e_wait_for 90 "flaky fails" phase_is flaky Failed; then
   [ "$(reason_of flaky Failed)" = BackoffLimitExceeded ] && [ "$(jp flaky '{.status.restarts}')" = 1 ] &&
     pass "ExitCode policy: exactly backoffLimit (1) restart, then BackoffLimitExceeded" ||
     fail "flaky: $(reason_of flaky Failed) restarts $(jp flaky '{.status.restarts}')"
-  wait_for 30 "flaky pods cleaned" no_pods flaky && pass "cleanPodPolicy All deletes the Pods when the backoff limit trips" ||
+  e2e_wait_for 30 "flaky pods cleaned" no_pods flaky && pass "cleanPodPolicy All deletes the Pods when the backoff limit trips" ||
     fail "flaky pods left: $(pods_of flaky)"
 else fail "flaky did not fail"; dump; fi
 
-if wait_for 60 "ttl deleted" bash -c "! kubectl -n e2e get tj ttl >/dev/null 2>&1"; then
+if e2e_wait_for 60 "ttl deleted" bash -c "! kubectl -n e2e get tj ttl >/dev/null 2>&1"; then
   sleep 5
   if ! k get tj ttl >/dev/null 2>&1 && no_pods ttl; then
     pass "ttlSecondsAfterFinished deletes the job; 5 s later it has not come back"
   else fail "ttl job or pods came back: $(k get tj ttl 2>&1) $(pods_of ttl)"; fi
 else fail "ttl job not deleted"; dump; fi
 
-if wait_for 60 "deadline fails" phase_is deadline Failed; then
+if e2e_wait_for 60 "deadline fails" phase_is deadline Failed; then
   [ "$(reason_of deadline Failed)" = DeadlineExceeded ] && pass "activeDeadlineSeconds: Failed/DeadlineExceeded" ||
     fail "deadline reason: $(reason_of deadline Failed)"
-  wait_for 30 "deadline pods stopped" no_pods deadline && pass "the deadline stops the running Pods" || fail "deadline pods: $(pods_of deadline)"
+  e2e_wait_for 30 "deadline pods stopped" no_pods deadline && pass "the deadline stops the running Pods" || fail "deadline pods: $(pods_of deadline)"
 else fail "deadline did not fail"; dump; fi
 
-if wait_for 60 "sleeper runs" phase_is sleeper Running; then
+if e2e_wait_for 60 "sleeper runs" phase_is sleeper Running; then
   k patch tj sleeper --type=merge -p '{"spec":{"runPolicy":{"suspend":true}}}' >/dev/null
-  if wait_for 30 "sleeper suspended" phase_is sleeper Suspended && wait_for 30 "sleeper pods gone" no_pods sleeper; then
+  if e2e_wait_for 30 "sleeper suspended" phase_is sleeper Suspended && e2e_wait_for 30 "sleeper pods gone" no_pods sleeper; then
     pass "suspend: phase Suspended, Pods deleted"
   else fail "suspend: $(jp sleeper '{.status.phase}') pods $(pods_of sleeper)"; fi
   k patch tj sleeper --type=merge -p '{"spec":{"runPolicy":{"suspend":false}}}' >/dev/null
-  if wait_for 30 "sleeper resumed" phase_is sleeper Running; then
+  if e2e_wait_for 30 "sleeper resumed" phase_is sleeper Running; then
     gen="$(k get pod sleeper-0 -o jsonpath='{.metadata.labels.meshwork\.dev/restart-generation}')"
     [ "$gen" = 1 ] && [ "$(jp sleeper '{.status.restarts}')" = 0 ] &&
       pass "resume: a new gang (generation 1), not counted as a restart" || fail "resume: generation $gen restarts $(jp sleeper '{.status.restarts}')"
   else fail "resume: $(jp sleeper '{.status.phase}')"; fi
   out="$(k scale tj sleeper --replicas 1 2>&1)"
-  if [[ "$out" == *scaled* ]] && wait_for 60 "sleeper resized" bash -c "[ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=sleeper,meshwork.dev/world-size=1 -o name 2>/dev/null | wc -l)\" = 1 ] && [ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=sleeper -o name 2>/dev/null | wc -l)\" = 1 ]" &&
-    wait_for 30 "sleeper running at world size 1" phase_is sleeper Running; then
+  if [[ "$out" == *scaled* ]] && e2e_wait_for 60 "sleeper resized" bash -c "[ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=sleeper,meshwork.dev/world-size=1 -o name 2>/dev/null | wc -l)\" = 1 ] && [ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=sleeper -o name 2>/dev/null | wc -l)\" = 1 ]" &&
+    e2e_wait_for 30 "sleeper running at world size 1" phase_is sleeper Running; then
     [ "$(jp sleeper '{.status.worldSize}')" = 1 ] && [ "$(jp sleeper '{.status.restarts}')" = 0 ] &&
       pass "kubectl scale --replicas 1: a new gang of 1, not counted as a restart" || fail "scale: $(jp sleeper '{.status}')"
   else fail "scale: $out; pods $(pods_of sleeper)"; fi
   k delete tj sleeper --wait=false >/dev/null
-  if wait_for 60 "sleeper children gone" bash -c "[ -z \"\$(kubectl -n e2e get pods,svc,cm -l meshwork.dev/job=sleeper -o name 2>/dev/null)\" ]"; then
+  if e2e_wait_for 60 "sleeper children gone" bash -c "[ -z \"\$(kubectl -n e2e get pods,svc,cm -l meshwork.dev/job=sleeper -o name 2>/dev/null)\" ]"; then
     pass "deleting the job removes its Pods, Service and ConfigMap"
   else fail "children left: $(k get pods,svc,cm -l meshwork.dev/job=sleeper -o name)"; fi
 else fail "sleeper did not run"; dump; fi
@@ -241,22 +216,22 @@ else fail "sleeper did not run"; dump; fi
 # ---- a Pod name taken by a Pod the job does not own
 k run squat-0 --image=none --restart=Never --command -- sleep 300 >/dev/null
 cmd_job squat 'exit 0' "" | kubectl apply -f - >/dev/null
-if wait_for 60 "PodNameTaken event" bash -c "kubectl -n e2e get events --field-selector involvedObject.name=squat -o jsonpath='{.items[*].reason}' | grep -q PodNameTaken"; then
+if e2e_wait_for 60 "PodNameTaken event" bash -c "kubectl -n e2e get events --field-selector involvedObject.name=squat -o jsonpath='{.items[*].reason}' | grep -q PodNameTaken"; then
   pass "a Pod name taken by a foreign Pod is reported (Warning PodNameTaken)"
 else fail "no PodNameTaken event: $(k get events --field-selector involvedObject.name=squat -o jsonpath='{.items[*].reason}')"; fi
 k delete pod squat-0 --wait=false >/dev/null
-wait_for 90 "squat succeeds once the name is free" phase_is squat Succeeded &&
+e2e_wait_for 90 "squat succeeds once the name is free" phase_is squat Succeeded &&
   [ "$(jp squat '{.status.restarts}')" = 0 ] && pass "then the job starts and succeeds" || fail "squat: $(jp squat '{.status}')"
 
 # ---- real training: one job killed mid-run, one clean run
 job kill-me 29610 60 "" | kubectl apply -f - >/dev/null
 job train-ok 29620 30 "" | kubectl apply -f - >/dev/null
-if wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.trainer.step}')\" -ge 15 ] 2>/dev/null"; then
+if e2e_wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.trainer.step}')\" -ge 15 ] 2>/dev/null"; then
   pkill -9 -f -- "--node-rank 1 --master-addr kill-me-0.kill-me.e2e.svc" && pass "SIGKILL rank 1 of kill-me at step $(jp kill-me '{.status.trainer.step}')" ||
     fail "no kill-me rank 1 process to kill"
-  wait_for 60 "kill-me restarts" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.restarts}')\" = 1 ]" ||
+  e2e_wait_for 60 "kill-me restarts" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.restarts}')\" = 1 ]" ||
     fail "restarts: $(jp kill-me '{.status.restarts}')"
-  if wait_for 400 "kill-me succeeds" phase_is kill-me Succeeded; then
+  if e2e_wait_for 400 "kill-me succeeds" phase_is kill-me Succeeded; then
     [ "$(jp kill-me '{.status.restarts}')" = 1 ] && pass "the whole gang restarted once and the job succeeded" ||
       fail "kill-me restarts: $(jp kill-me '{.status.restarts}')"
     log="$(k logs kill-me-0 2>&1)"
@@ -269,7 +244,7 @@ else fail "kill-me did not reach step 15"; dump; fi
 out="$(k scale tj train-ok --replicas 1 2>&1)"
 [[ "$out" == *"with checkpoints on, replicas and mesh cannot change"* ]] &&
   pass "scaling a job with checkpoints is refused by the CRD's CEL rule" || fail "scale of a checkpointed job: $out"
-if wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
+if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   step="$(jp train-ok '{.status.trainer.step}')"
   tps="$(jp train-ok '{.status.trainer.tokensPerSecond}')"
   loss="$(jp train-ok '{.status.trainer.loss}')"
@@ -288,14 +263,14 @@ else fail "train-ok did not succeed: $(jp train-ok '{.status}')"; dump; fi
 
 # ---- SIGKILL the leading operator mid-run
 job op-kill 29630 40 "" | kubectl apply -f - >/dev/null
-if wait_for 300 "op-kill trains" bash -c "[ \"\$(kubectl -n e2e get tj op-kill -o jsonpath='{.status.trainer.step}')\" -ge 3 ] 2>/dev/null"; then
+if e2e_wait_for 300 "op-kill trains" bash -c "[ \"\$(kubectl -n e2e get tj op-kill -o jsonpath='{.status.trainer.step}')\" -ge 3 ] 2>/dev/null"; then
   uids="$(k get pods -l meshwork.dev/job=op-kill -o jsonpath='{.items[*].metadata.uid}')"
   kill -9 "$pid_a"
-  if wait_for 30 "operator b takes over" grep -q "became leader" "$work/op-b.log"; then
+  if e2e_wait_for 30 "operator b takes over" grep -q "became leader" "$work/op-b.log"; then
     pass "the standby took over after the leader was SIGKILLed"
   else fail "operator b did not take over: $(tail -5 "$work/op-b.log")"; fi
   start_operator a "$port_a"  # back, as a standby
-  if wait_for 400 "op-kill succeeds" phase_is op-kill Succeeded; then
+  if e2e_wait_for 400 "op-kill succeeds" phase_is op-kill Succeeded; then
     after="$(k get pods -l meshwork.dev/job=op-kill -o jsonpath='{.items[*].metadata.uid}')"
     [ "$uids" = "$after" ] && [ "$(jp op-kill '{.status.restarts}')" = 0 ] &&
       pass "the job succeeded with the same 2 Pods: no duplicates, no restart" || fail "pods before: $uids, after: $after"
@@ -305,8 +280,8 @@ else fail "op-kill did not start training"; dump; fi
 
 # ---- operator metrics moved (kubeflow/training-operator#2408), on the replica that leads now
 cmd_job after-takeover 'exit 0' '  runPolicy: {cleanPodPolicy: All}' | kubectl apply -f - >/dev/null
-wait_for 60 "after-takeover succeeds" phase_is after-takeover Succeeded || fail "after-takeover: $(jp after-takeover '{.status}')"
-wait_for 30 "after-takeover pods cleaned" no_pods after-takeover || fail "after-takeover pods: $(pods_of after-takeover)"
+e2e_wait_for 60 "after-takeover succeeds" phase_is after-takeover Succeeded || fail "after-takeover: $(jp after-takeover '{.status}')"
+e2e_wait_for 30 "after-takeover pods cleaned" no_pods after-takeover || fail "after-takeover pods: $(pods_of after-takeover)"
 created="$(metric "$port_b" meshwork_operator_pods_created_total)"
 deleted="$(metric "$port_b" meshwork_operator_pods_deleted_total)"
 succ="$(metric "$port_b" 'meshwork_operator_reconcile_total{result="success"}')"
@@ -320,7 +295,7 @@ kill -TERM "$pid_b"
 wait "$pid_b"
 rc=$?
 [ "$rc" = 0 ] && pass "SIGTERM: the operator exits 0" || fail "SIGTERM exit code $rc"
-if wait_for 10 "operator a takes over at once" bash -c "[ \$(grep -c 'became leader' '$work/op-a.log') -ge 2 ]"; then
+if e2e_wait_for 10 "operator a takes over at once" bash -c "[ \$(grep -c 'became leader' '$work/op-a.log') -ge 2 ]"; then
   pass "the released lease was taken over within seconds"
 else fail "no takeover after release: $(tail -5 "$work/op-a.log")"; fi
 
