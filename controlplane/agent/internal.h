@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "controlplane/agent/node_agent.h"
+
 namespace meshwork::controlplane::agent::internal {
 
 // "2026-11-21T04:04:00Z", as the API writes times.
@@ -23,6 +25,10 @@ std::string StringAt(const nlohmann::json& obj, const char* key);
 // obj[key] when obj is an object and obj[key] an object (or array), else an empty one.
 nlohmann::json ObjectAt(const nlohmann::json& obj, const char* key);
 nlohmann::json ArrayAt(const nlohmann::json& obj, const char* key);
+
+// One container's effective requests: a request, else the limit (Kubernetes defaults one to the
+// other). `where` ("spec.containers[0]") prefixes errors.
+Result<PodRequests> ContainerRequests(const nlohmann::json& container, const std::string& where);
 
 // The hosts file of one pod, as kubelet writes it (localhost, the pod's own names), followed by the
 // names given to SetHosts in the forms the pod's DNS search path would resolve.

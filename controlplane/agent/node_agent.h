@@ -118,6 +118,12 @@ struct RuntimeOptions {
   std::string cluster_domain = "cluster.local";
   bool inherit_environment = true;  // start containers from this process' environment (PATH, HOME, ...)
   std::map<std::string, std::string> extra_env;  // added to every container (e.g. KUBERNETES_SERVICE_HOST)
+  // nvidia.com/gpu of each node, by name. As NVIDIA's device plugin does, a container that asks
+  // for N GPUs gets N devices of its Pod's node that no running container holds, named by
+  // CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES ("0,1"); a container that asks for none gets
+  // CUDA_VISIBLE_DEVICES="" and NVIDIA_VISIBLE_DEVICES=void, so it sees no GPU. The container's
+  // own env entries still win. A container's devices are free again once it has stopped for good.
+  std::map<std::string, int64_t> node_gpus;
   EnvSourceResolver env_source;     // unset: configMapKeyRef/secretKeyRef are a config error
   // Set: every Pod but those with spec.automountServiceAccountToken false gets
   // <state_dir>/pods/<uid>/serviceaccount/{token,ca.crt,namespace} and
@@ -140,7 +146,8 @@ class PodRuntime {
   // expansion, env incl. valueFrom.fieldRef, workingDir), stdout+stderr to its log file, and
   // assigns the pod its own loopback address (127.a.b.c, never 127.0.x.x), which status.podIP
   // reports. Returns at once; the processes start on the monitor thread and Poll reports them.
-  // Needs metadata.uid, metadata.name and spec.containers[].name; errors name the field.
+  // Needs metadata.uid, metadata.name and spec.containers[].name; errors name the field. GPUs
+  // are handed out here (RuntimeOptions::node_gpus); more than the node has free is kUnavailable.
   // Starting a uid that is already known does nothing and returns Ok.
   Status Start(const nlohmann::json& pod);
   // SIGTERM to every container's process group, SIGKILL after the grace period (grace_seconds,

@@ -41,6 +41,7 @@ using SystemClock = std::chrono::system_clock;
 namespace fs = std::filesystem;
 
 constexpr int kExitNotFound = 127;  // as a shell reports a missing command
+constexpr const char* kGpuResource = "nvidia.com/gpu";
 constexpr int kExitStartError = 128;
 
 std::string ErrnoText(int err) { return std::strerror(err); }
@@ -190,6 +191,8 @@ struct PodRuntime::Impl {
   struct Pod {
     json object;
     std::string uid, name, ns, hostname, subdomain, ip, restart_policy, dir, hosts_path;
+    std::string node;        // spec.nodeName
+    std::vector<int> gpus;   // device indices on `node` its containers hold
     uint32_t ip_slot = 0;
     int spec_grace = -1;
     std::vector<Container> containers;
@@ -744,6 +747,41 @@ struct PodRuntime::Impl {
     if (pod.stopping) ::kill(-s.pid, SIGTERM);  // Stop came while it was starting
   }
 
+  // The device plugin's part: each container gets the GPUs it asks for, from those of its node
+  // that no pod still running holds, in CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES (put first
+  // in its env list, so the container's own entries win).
+  Status AssignGpusLocked(Pod& pod) {
+    auto capacity = options.node_gpus.find(pod.node);
+    const int64_t total = capacity == options.node_gpus.end() ? 0 : capacity->second;
+    std::set<int> held;
+    for (const auto& [uid, other] : pods) {
+      if (other.node == pod.node && !StoppedLocked(other)) held.insert(other.gpus.begin(), other.gpus.end());
+    }
+    for (size_t i = 0; i < pod.containers.size(); ++i) {
+      Container& c = pod.containers[i];
+      const std::string where = "spec.containers[" + std::to_string(i) + "]";
+      MW_ASSIGN_OR_RETURN(PodRequests wants, internal::ContainerRequests(c.spec, where));
+      const int64_t n = wants.extended.count(kGpuResource) ? wants.extended.at(kGpuResource) : 0;
+      std::string visible;
+      int64_t got = 0;
+      for (int d = 0; d < total && got < n; ++d) {
+        if (!held.insert(d).second) continue;
+        pod.gpus.push_back(d);
+        visible += (got++ ? "," : "") + std::to_string(d);
+      }
+      if (got < n) {
+        return Unavailable(where + " asks for " + std::to_string(n) + " " + kGpuResource + " but node \"" + pod.node +
+                           "\" has " + std::to_string(total) + " and " + std::to_string(total - static_cast<int64_t>(held.size()) + got) +
+                           " of them free");
+      }
+      json env = json::array({{{"name", "CUDA_VISIBLE_DEVICES"}, {"value", visible}},
+                              {{"name", "NVIDIA_VISIBLE_DEVICES"}, {"value", n > 0 ? visible : "void"}}});
+      for (const json& e : internal::ArrayAt(c.spec, "env")) env.push_back(e);
+      c.spec["env"] = env;
+    }
+    return Status::Ok();
+  }
+
   bool StoppedLocked(const Pod& pod) const {
     for (const Container& c : pod.containers) {
       if (c.state == State::kRunning || c.state == State::kStarting) return false;
@@ -1076,12 +1114,14 @@ Status PodRuntime::Start(const json& pod) {
   }
   p.hostname = internal::StringAt(spec, "hostname");
   if (p.hostname.empty()) p.hostname = p.name.substr(0, 63);
+  p.node = internal::StringAt(spec, "nodeName");
   p.subdomain = internal::StringAt(spec, "subdomain");
   p.start_time = internal::Rfc3339(SystemClock::now());
 
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->pods.count(p.uid)) return Status::Ok();
   if (impl_->ips_in_use.size() >= kIpSlots) return Unavailable("no free pod IP addresses left");
+  MW_RETURN_IF_ERROR(impl_->AssignGpusLocked(p));
   while (impl_->ips_in_use.count(impl_->next_ip_slot)) impl_->next_ip_slot = (impl_->next_ip_slot + 1) % kIpSlots;
   p.ip_slot = impl_->next_ip_slot;
   impl_->next_ip_slot = (impl_->next_ip_slot + 1) % kIpSlots;

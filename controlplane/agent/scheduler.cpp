@@ -14,8 +14,39 @@ bool IsExtended(const std::string& name) {
   return name != "cpu" && name != "memory" && name != "ephemeral-storage" && name.rfind("hugepages-", 0) != 0;
 }
 
+struct Usage {
+  double cpu = 0;
+  int64_t memory = 0;
+  std::map<std::string, int64_t> extended;
+  void Add(const PodRequests& r) {
+    cpu += r.cpu;
+    memory += r.memory_bytes;
+    for (const auto& [k, v] : r.extended) extended[k] += v;
+  }
+};
+
+int64_t Capacity(const NodeConfig& node, const std::string& resource) {
+  return resource == "nvidia.com/gpu" ? node.gpus : 0;
+}
+
+bool MatchesSelector(const json& pod, const NodeConfig& node) {
+  const json selector = internal::ObjectAt(internal::ObjectAt(pod, "spec"), "nodeSelector");
+  for (const auto& [k, v] : selector.items()) {
+    std::string want = v.is_string() ? v.get<std::string>() : v.dump();
+    if (k == "kubernetes.io/hostname") {
+      if (want != node.name) return false;
+      continue;
+    }
+    auto it = node.labels.find(k);
+    if (it == node.labels.end() || it->second != want) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 // One container's effective requests: a request, else the limit (Kubernetes defaults one to the other).
-Result<PodRequests> ContainerRequests(const json& c, const std::string& where) {
+Result<PodRequests> internal::ContainerRequests(const json& c, const std::string& where) {
   PodRequests r;
   if (!c.is_object()) return InvalidInput(where + " must be an object");
   const json res = c.contains("resources") && !c["resources"].is_null() ? c["resources"] : json::object();
@@ -52,37 +83,6 @@ Result<PodRequests> ContainerRequests(const json& c, const std::string& where) {
   return r;
 }
 
-struct Usage {
-  double cpu = 0;
-  int64_t memory = 0;
-  std::map<std::string, int64_t> extended;
-  void Add(const PodRequests& r) {
-    cpu += r.cpu;
-    memory += r.memory_bytes;
-    for (const auto& [k, v] : r.extended) extended[k] += v;
-  }
-};
-
-int64_t Capacity(const NodeConfig& node, const std::string& resource) {
-  return resource == "nvidia.com/gpu" ? node.gpus : 0;
-}
-
-bool MatchesSelector(const json& pod, const NodeConfig& node) {
-  const json selector = internal::ObjectAt(internal::ObjectAt(pod, "spec"), "nodeSelector");
-  for (const auto& [k, v] : selector.items()) {
-    std::string want = v.is_string() ? v.get<std::string>() : v.dump();
-    if (k == "kubernetes.io/hostname") {
-      if (want != node.name) return false;
-      continue;
-    }
-    auto it = node.labels.find(k);
-    if (it == node.labels.end() || it->second != want) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 Result<PodRequests> RequestsOf(const json& pod) {
   PodRequests total;
   if (!pod.is_object() || !pod.contains("spec") || !pod["spec"].is_object()) {
@@ -93,7 +93,7 @@ Result<PodRequests> RequestsOf(const json& pod) {
   if (!containers.is_array()) return InvalidInput("spec.containers must be a list");
   for (size_t i = 0; i < containers.size(); ++i) {
     MW_ASSIGN_OR_RETURN(PodRequests r,
-                        ContainerRequests(containers[i], "spec.containers[" + std::to_string(i) + "]"));
+                        internal::ContainerRequests(containers[i], "spec.containers[" + std::to_string(i) + "]"));
     total.cpu += r.cpu;
     total.memory_bytes += r.memory_bytes;
     for (const auto& [k, v] : r.extended) total.extended[k] += v;
@@ -104,7 +104,7 @@ Result<PodRequests> RequestsOf(const json& pod) {
   if (!inits.is_array()) return InvalidInput("spec.initContainers must be a list");
   for (size_t i = 0; i < inits.size(); ++i) {
     MW_ASSIGN_OR_RETURN(PodRequests r,
-                        ContainerRequests(inits[i], "spec.initContainers[" + std::to_string(i) + "]"));
+                        internal::ContainerRequests(inits[i], "spec.initContainers[" + std::to_string(i) + "]"));
     total.cpu = std::max(total.cpu, r.cpu);
     total.memory_bytes = std::max(total.memory_bytes, r.memory_bytes);
     for (const auto& [k, v] : r.extended) total.extended[k] = std::max(total.extended[k], v);

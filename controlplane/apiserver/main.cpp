@@ -291,6 +291,7 @@ int Run(const Flags& flags) {
                                {"KUBERNETES_SERVICE_PORT", std::to_string(port)}};
   // Pods' stand-in for the mounted service-account token (docs/controlplane-agent.md).
   runtime_options.service_account = mc::agent::ServiceAccountCredentials{token, ca_pem};
+  for (const auto& node : nodes) runtime_options.node_gpus[node.name] = node.gpus;
   mc::Store* store_ptr = store.value().get();
   runtime_options.env_source = [store_ptr](const std::string& kind, const std::string& ns,
                                            const std::string& name,

@@ -231,6 +231,53 @@ TEST_F(PodRuntimeTest, EnvFieldRefsAndExpansionReachTheProcess) {
   EXPECT_EQ(Log(Uid(pod)), want);
 }
 
+// The device plugin's part: GPUs of the Pod's node handed to containers that ask for them, in
+// CUDA_VISIBLE_DEVICES, freed again when a container has stopped for good; none for the rest.
+TEST_F(PodRuntimeTest, GpuContainersGetTheirOwnDevicesOfTheNode) {
+  RuntimeOptions o = Options();
+  o.node_gpus = {{"local", 3}};
+  auto rt = PodRuntime::Create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  runtime_ = std::move(rt).value();
+  auto gpu_pod = [](const std::string& name, int gpus, const std::string& script) {
+    json pod = MakePod(name, Sh("echo \"[$CUDA_VISIBLE_DEVICES|$NVIDIA_VISIBLE_DEVICES]\"; " + script));
+    pod["spec"]["containers"][0]["resources"] = {{"limits", {{"nvidia.com/gpu", std::to_string(gpus)}}}};
+    return pod;
+  };
+  json two = gpu_pod("two", 2, "sleep 30");
+  ASSERT_TRUE(runtime_->Start(two).ok());
+  json one = gpu_pod("one", 1, "exit 0");
+  ASSERT_TRUE(runtime_->Start(one).ok());
+  WaitForPhase(Uid(one), "Succeeded");
+  WaitForPhase(Uid(two), "Running");
+  EXPECT_TRUE(WaitUntil([&] { return Log(Uid(two)) == "[0,1|0,1]\n"; })) << Log(Uid(two));
+  EXPECT_EQ(ReadFile(runtime_->LogPath(Uid(one), "main")), "[2|2]\n");
+
+  // "one" has finished: its device is free again; then the node has none left.
+  json again = gpu_pod("again", 1, "sleep 30");
+  ASSERT_TRUE(runtime_->Start(again).ok());
+  WaitForPhase(Uid(again), "Running");
+  EXPECT_TRUE(WaitUntil([&] { return ReadFile(runtime_->LogPath(Uid(again), "main")) == "[2|2]\n"; }));
+  const Status full = runtime_->Start(gpu_pod("full", 1, "exit 0"));
+  EXPECT_EQ(full.code(), StatusCode::kUnavailable);
+  EXPECT_NE(full.message().find("spec.containers[0] asks for 1 nvidia.com/gpu but node \"local\" has 3 and 0 of them free"),
+            std::string::npos)
+      << full.message();
+
+  // No request: no GPU visible; the container's own env still wins.
+  json none = MakePod("none", Sh("echo \"[$CUDA_VISIBLE_DEVICES|$NVIDIA_VISIBLE_DEVICES]\""));
+  ASSERT_TRUE(runtime_->Start(none).ok());
+  WaitForPhase(Uid(none), "Succeeded");
+  EXPECT_EQ(ReadFile(runtime_->LogPath(Uid(none), "main")), "[|void]\n");
+  json own = MakePod("own", Sh("echo \"[$CUDA_VISIBLE_DEVICES]\""));
+  own["spec"]["containers"][0]["env"] = {{{"name", "CUDA_VISIBLE_DEVICES"}, {"value", "7"}}};
+  ASSERT_TRUE(runtime_->Start(own).ok());
+  WaitForPhase(Uid(own), "Succeeded");
+  EXPECT_EQ(ReadFile(runtime_->LogPath(Uid(own), "main")), "[7]\n");
+  runtime_->Stop(Uid(two), 0);
+  runtime_->Stop(Uid(again), 0);
+}
+
 TEST_F(PodRuntimeTest, BadEnvIsAContainerConfigErrorNotACrash) {
   json pod = MakePod("badenv", Sh("exit 0"));
   pod["spec"]["containers"][0]["env"] = json::parse(
