@@ -1,5 +1,6 @@
 // The one place where libtorch 1.13 (Debian, CPU) and libtorch 2.x (CUDA) differ for Meshwork:
-// fused attention and autocast. Everything else uses APIs both versions share.
+// fused attention, autocast and the optimizer's state keys. Everything else uses APIs both
+// versions share.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,6 +8,9 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <sstream>
+#include <string>
+#include <type_traits>
 
 namespace meshwork::compat {
 
@@ -67,5 +71,18 @@ class CudaAutocastGuard {
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kHalf;
 };
+
+// A parameter's key in torch::optim::Optimizer::state() (pass that map): its TensorImpl's
+// address, printed to a string in 1.13 (c10::guts::to_string) and the pointer itself in 2.x.
+template <typename StateMap>
+typename StateMap::key_type OptimizerStateKey(const StateMap&, const at::Tensor& param) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream os;
+    os << param.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
 
 }  // namespace meshwork::compat

@@ -1,9 +1,10 @@
 // Training checkpoints (see checkpoint.h): rank files through libtorch's serialize archives
-// (the same API in 1.13 and 2.x), meta.json through nlohmann::json, `latest` as one line.
+// (the same API in 1.13 and 2.x) holding CPU tensors only, meta.json through nlohmann::json,
+// `latest` as one line.
 #include "trainer/train/checkpoint.h"
 
 #include <nlohmann/json.hpp>
-#include <torch/optim/optimizer.h>
+#include <torch/optim/adamw.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -11,9 +12,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "trainer/common/file.h"
+#include "trainer/model/compat.h"
 #include "trainer/train/engine.h"
 
 namespace meshwork::train {
@@ -22,7 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int64_t kFormatVersion = 1;
+// Version 2 writes the AdamW state itself, per parameter, as CPU tensors; version 1 (still read)
+// held libtorch's own optimizer archive, whose state the unpickler made on the load device.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kFormatVersionLibtorchOptimizer = 1;
+constexpr int64_t kNoState = -1;  // in adamw/steps: the parameter has no AdamW state yet
 constexpr const char* kFormatName = "meshwork-training-checkpoint";
 constexpr const char* kStepPrefix = "step-";
 
@@ -94,6 +101,19 @@ std::string Hex(uint64_t v) {
 // The checksum file next to a rank file: "<bytes> <checksum>\n".
 std::string SumPath(const std::string& rank_file) { return rank_file + ".sum"; }
 
+// Size and checksum of a whole file, read in 4 MiB pieces.
+Result<std::pair<uint64_t, std::string>> FileChecksum(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::Open(path));
+  Checksum sum;
+  std::vector<char> chunk(size_t{4} << 20);
+  for (uint64_t at = 0; at < file.size(); at += chunk.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), file.size() - at));
+    MW_RETURN_IF_ERROR(file.ReadAt(at, chunk.data(), n));
+    sum.Update(chunk.data(), n);
+  }
+  return std::make_pair(static_cast<uint64_t>(file.size()), Hex(sum.Final()));
+}
+
 // Checks `path` against its .sum file: same size, same checksum.
 Status VerifyChecksum(const std::string& path) {
   auto recorded = ReadTextFile(SumPath(path));
@@ -109,20 +129,13 @@ Status VerifyChecksum(const std::string& path) {
   if (!(in >> want_bytes >> want_sum)) {
     return InvalidInput("checksum file '" + SumPath(path) + "' is corrupt: expected '<bytes> <checksum>'");
   }
-  MW_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::Open(path));
-  if (file.size() != want_bytes) {
-    return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + std::to_string(file.size()) +
+  MW_ASSIGN_OR_RETURN(const auto actual, FileChecksum(path));
+  if (actual.first != want_bytes) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + std::to_string(actual.first) +
                         " bytes, " + std::to_string(want_bytes) + " were written");
   }
-  Checksum sum;
-  std::vector<char> chunk(size_t{4} << 20);
-  for (uint64_t at = 0; at < file.size(); at += chunk.size()) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), file.size() - at));
-    MW_RETURN_IF_ERROR(file.ReadAt(at, chunk.data(), n));
-    sum.Update(chunk.data(), n);
-  }
-  if (Hex(sum.Final()) != want_sum) {
-    return InvalidInput("checkpoint file '" + path + "' is corrupt: its checksum " + Hex(sum.Final()) +
+  if (actual.second != want_sum) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt: its checksum " + actual.second +
                         " differs from " + want_sum + " recorded in '" + SumPath(path) + "'");
   }
   return Status::Ok();
@@ -168,6 +181,38 @@ Status Prune(const std::string& dir, int64_t current, int64_t keep) {
     if (ec) return IOError("cannot delete old checkpoint '" + path + "': " + ec.message());
   }
   return Status::Ok();
+}
+
+using AdamWState = torch::optim::AdamWParamState;
+
+// One parameter's AdamW state as read from a file, on the CPU.
+struct SavedAdamWState {
+  int64_t step = 0;
+  torch::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+};
+
+const AdamWState* FindAdamWState(const torch::optim::AdamW& optimizer, const torch::Tensor& param) {
+  const auto& state = optimizer.state();
+  auto it = state.find(compat::OptimizerStateKey(state, param));
+  return it == state.end() ? nullptr : dynamic_cast<const AdamWState*>(it->second.get());
+}
+
+// A version-1 file's state: libtorch's optimizer archive, loaded (on the CPU) into `optimizer`,
+// which maps it to this run's parameters by position, then taken out per parameter.
+Result<std::vector<std::optional<SavedAdamWState>>> ReadLibtorchOptimizerState(
+    torch::serialize::InputArchive& archive, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    torch::optim::AdamW& optimizer) {
+  torch::serialize::InputArchive optimizer_archive;
+  archive.read("optimizer", optimizer_archive);
+  optimizer.load(optimizer_archive);
+  std::vector<std::optional<SavedAdamWState>> saved(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const AdamWState* state = FindAdamWState(optimizer, params[i].second);
+    if (state == nullptr) continue;
+    saved[i] = SavedAdamWState{state->step(), state->exp_avg().cpu(), state->exp_avg_sq().cpu(),
+                               state->max_exp_avg_sq().defined() ? state->max_exp_avg_sq().cpu() : torch::Tensor()};
+  }
+  return saved;
 }
 
 }  // namespace
@@ -338,7 +383,7 @@ Result<std::optional<std::string>> FindLatest(const std::string& dir) {
 
 Status SaveRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    const torch::optim::Optimizer& optimizer) {
+                    const torch::optim::AdamW& optimizer) {
   MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
   Status written;
   Checksum sum;
@@ -350,11 +395,22 @@ Status SaveRankFile(const std::string& path, int64_t step,
     std::string names;
     for (const auto& [name, tensor] : params) names += name + "\n";
     archive.write("param_names", c10::IValue(names));
-    // Keys by position: HF names hold dots, which archive keys must not.
-    for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + std::to_string(i), params[i].second.detach());
-    torch::serialize::OutputArchive optimizer_archive(archive.compilation_unit());
-    optimizer.save(optimizer_archive);
-    archive.write("optimizer", optimizer_archive);
+    // Keys by position: HF names hold dots, which archive keys must not. Every tensor is written
+    // from a CPU copy, so a file never records the device it came from.
+    std::vector<int64_t> adamw_steps(params.size(), kNoState);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string key = std::to_string(i);
+      archive.write("param/" + key, params[i].second.detach().cpu());
+      const AdamWState* state = FindAdamWState(optimizer, params[i].second);
+      if (state == nullptr) continue;
+      adamw_steps[i] = state->step();
+      archive.write("adamw/" + key + "/exp_avg", state->exp_avg().detach().cpu());
+      archive.write("adamw/" + key + "/exp_avg_sq", state->exp_avg_sq().detach().cpu());
+      if (state->max_exp_avg_sq().defined()) {
+        archive.write("adamw/" + key + "/max_exp_avg_sq", state->max_exp_avg_sq().detach().cpu());
+      }
+    }
+    archive.write("adamw/steps", torch::tensor(adamw_steps, torch::kLong));
     archive.save_to([&](const void* data, size_t size) -> size_t {
       if (written.ok()) written = out.Write(data, size);
       sum.Update(data, size);
@@ -370,27 +426,34 @@ Status SaveRankFile(const std::string& path, int64_t step,
   return WriteTextAtomically(SumPath(path), std::to_string(bytes) + " " + Hex(sum.Final()) + "\n");
 }
 
+Status WriteChecksumFile(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(const auto sum, FileChecksum(path));
+  return WriteTextAtomically(SumPath(path), std::to_string(sum.first) + " " + sum.second + "\n");
+}
+
 Status LoadRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    torch::optim::Optimizer& optimizer, const torch::Device& device) {
+                    torch::optim::AdamW& optimizer) {
   if (!fs::exists(path)) return NotFound("checkpoint file '" + path + "' does not exist");
   MW_RETURN_IF_ERROR(VerifyChecksum(path));
   auto corrupt = [&](const std::string& why) {
     return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + why);
   };
+  // Always onto the CPU: the device tensors are the ones this trainer made, and only copies go in.
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path, device);
+    archive.load_from(path, torch::Device(torch::kCPU));
   } catch (const c10::Error& e) {
     return corrupt(FirstLine(e.what_without_backtrace()));
   }
   try {
     torch::Tensor version, saved_step;
     archive.read("format_version", version);
-    if (version.item<int64_t>() != kFormatVersion) {
-      return InvalidInput("checkpoint file '" + path + "' has format version " +
-                          std::to_string(version.item<int64_t>()) + "; this trainer reads version " +
-                          std::to_string(kFormatVersion));
+    const int64_t format = version.item<int64_t>();
+    if (format != kFormatVersion && format != kFormatVersionLibtorchOptimizer) {
+      return InvalidInput("checkpoint file '" + path + "' has format version " + std::to_string(format) +
+                          "; this trainer reads versions " + std::to_string(kFormatVersionLibtorchOptimizer) +
+                          " and " + std::to_string(kFormatVersion));
     }
     archive.read("step", saved_step);
     if (saved_step.item<int64_t>() != step) {
@@ -404,31 +467,77 @@ Status LoadRankFile(const std::string& path, int64_t step,
     if (!names.isString() || names.toStringRef() != want) {
       return InvalidInput("checkpoint file '" + path + "' holds other parameters than this model has");
     }
+    auto check_shape = [&](size_t i, const std::string& what, const torch::Tensor& t) -> Status {
+      if (t.sizes().equals(params[i].second.sizes())) return Status::Ok();
+      std::ostringstream os;
+      os << "checkpoint file '" << path << "': " << what << " of parameter " << params[i].first << " has shape "
+         << t.sizes() << ", this rank's is " << params[i].second.sizes() << " (a different model or shard layout)";
+      return InvalidInput(os.str());
+    };
     std::vector<torch::Tensor> loaded(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       archive.read("param/" + std::to_string(i), loaded[i]);
-      if (!loaded[i].sizes().equals(params[i].second.sizes())) {
-        std::ostringstream os;
-        os << "checkpoint file '" << path << "': parameter " << params[i].first << " has shape " << loaded[i].sizes()
-           << ", this rank's is " << params[i].second.sizes() << " (a different model or shard layout)";
-        return InvalidInput(os.str());
+      MW_RETURN_IF_ERROR(check_shape(i, "the value", loaded[i]));
+    }
+    // The AdamW state, read completely before anything is changed.
+    std::vector<std::optional<SavedAdamWState>> saved(params.size());
+    if (format == kFormatVersionLibtorchOptimizer) {
+      MW_ASSIGN_OR_RETURN(saved, ReadLibtorchOptimizerState(archive, params, optimizer));
+    } else {
+      torch::Tensor steps;
+      archive.read("adamw/steps", steps);
+      if (steps.dim() != 1 || steps.size(0) != static_cast<int64_t>(params.size())) {
+        return corrupt("'adamw/steps' does not hold one step count per parameter");
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        const int64_t n = steps[static_cast<int64_t>(i)].item<int64_t>();
+        if (n == kNoState) continue;
+        SavedAdamWState s;
+        s.step = n;
+        const std::string key = "adamw/" + std::to_string(i) + "/";
+        archive.read(key + "exp_avg", s.exp_avg);
+        archive.read(key + "exp_avg_sq", s.exp_avg_sq);
+        torch::Tensor max_sq;
+        if (archive.try_read(key + "max_exp_avg_sq", max_sq)) s.max_exp_avg_sq = max_sq;
+        saved[i] = std::move(s);
       }
     }
-    torch::serialize::InputArchive optimizer_archive;
-    archive.read("optimizer", optimizer_archive);
-    optimizer.load(optimizer_archive);
-    // Only now that everything was read: copy in place, so the optimizer keeps its tensors.
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!saved[i]) continue;
+      MW_RETURN_IF_ERROR(check_shape(i, "the AdamW first moment", saved[i]->exp_avg));
+      MW_RETURN_IF_ERROR(check_shape(i, "the AdamW second moment", saved[i]->exp_avg_sq));
+      if (saved[i]->max_exp_avg_sq.defined()) {
+        MW_RETURN_IF_ERROR(check_shape(i, "the AdamW max second moment", saved[i]->max_exp_avg_sq));
+      }
+    }
+    // Only now that everything was read: copy into the trainer's own tensors (the optimizer
+    // keeps its parameters), and give the optimizer state made here, on the parameter's device.
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(loaded[i]);
+    auto& state = optimizer.state();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& param = params[i].second;
+      param.copy_(loaded[i]);
+      const auto key = compat::OptimizerStateKey(state, param);
+      state.erase(key);
+      if (!saved[i]) continue;
+      auto fresh = std::make_unique<AdamWState>();
+      fresh->step(saved[i]->step);
+      fresh->exp_avg(torch::empty_like(param).copy_(saved[i]->exp_avg));
+      fresh->exp_avg_sq(torch::empty_like(param).copy_(saved[i]->exp_avg_sq));
+      if (saved[i]->max_exp_avg_sq.defined()) {
+        fresh->max_exp_avg_sq(torch::empty_like(param).copy_(saved[i]->max_exp_avg_sq));
+      }
+      state[key] = std::move(fresh);
+    }
   } catch (const c10::Error& e) {
     return corrupt(FirstLine(e.what_without_backtrace()));
   }
   return Status::Ok();
 }
 
-Checkpointer::Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::Optimizer& optimizer,
-                           CheckpointMeta run, torch::Device device)
-    : cfg_(std::move(cfg)), engine_(engine), optimizer_(optimizer), run_(std::move(run)), device_(device) {}
+Checkpointer::Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::AdamW& optimizer,
+                           CheckpointMeta run)
+    : cfg_(std::move(cfg)), engine_(engine), optimizer_(optimizer), run_(std::move(run)) {}
 
 bool Checkpointer::Due(int64_t step, int64_t total_steps) const {
   return enabled() && ((cfg_.every > 0 && step % cfg_.every == 0) || step == total_steps);
@@ -504,7 +613,7 @@ Result<ResumePoint> Checkpointer::Resume() {
     MW_RETURN_IF_ERROR(CheckCompatible(saved, run_, point.step_dir));
     point.notes = DescribeSoftDifferences(saved, run_);
     return LoadRankFile(Join(point.step_dir, RankFileName(engine_.rank())), point.step, engine_.LocalParams(),
-                        optimizer_, device_);
+                        optimizer_);
   }();
   MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, loaded, StatusCode::kInvalidInput, "loading " + point.step_dir));
   return point;

@@ -1,7 +1,7 @@
 // Training checkpoints: every rank's parameters (FSDP: its shards) and AdamW state, saved every
 // checkpoint.every steps and loaded at start, so a restarted job continues where it stopped.
 //
-//   DIR/step-00000100/rank-00000.pt   one per rank: its parameters and optimizer state
+//   DIR/step-00000100/rank-00000.pt   one per rank: its parameters and AdamW state (CPU tensors)
 //   DIR/step-00000100/rank-00000.pt.sum   its size and checksum (checked before loading)
 //   DIR/step-00000100/meta.json       rank 0: step, world size, mesh, model dims, fsdp mode, data
 //   DIR/latest                        "step-00000100": the newest complete checkpoint
@@ -24,7 +24,7 @@
 #include "trainer/model/llama_config.h"
 
 namespace torch::optim {
-class Optimizer;
+class AdamW;
 }
 
 namespace meshwork::train {
@@ -66,15 +66,22 @@ std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, co
 // The step directory DIR/latest names, or nullopt when DIR/latest does not exist.
 Result<std::optional<std::string>> FindLatest(const std::string& dir);
 
-// One rank's file (and its .sum): parameters by name and the optimizer's state. Load copies into `params` in
-// place (the optimizer keeps its tensors) and onto `device`; a missing, truncated or corrupt
-// file, or one whose parameters differ in name or shape, is an error naming the file.
+// One rank's file (and its .sum): parameters by name and, per parameter, its AdamW state (step,
+// moments), all written as CPU tensors whatever device they live on. Load reads the file onto
+// the CPU, then copies into `params` in place (the optimizer keeps its tensors) and into AdamW
+// state it makes on each parameter's own device; a missing, truncated or corrupt file, or one
+// whose parameters differ in name or shape, is an error naming the file. Files of format 1
+// (libtorch's optimizer archive) are still read.
 Status SaveRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    const torch::optim::Optimizer& optimizer);
+                    const torch::optim::AdamW& optimizer);
 Status LoadRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    torch::optim::Optimizer& optimizer, const torch::Device& device);
+                    torch::optim::AdamW& optimizer);
+
+// Records `path`'s size and checksum in its .sum file, as SaveRankFile does for what it writes
+// (for a rank file written or repaired by other means).
+Status WriteChecksumFile(const std::string& path);
 
 struct ResumePoint {
   int64_t step = 0;  // 0: nothing to resume, training starts from scratch
@@ -86,8 +93,7 @@ struct ResumePoint {
 // them at the same step, and all ranks fail together when one does.
 class Checkpointer {
  public:
-  Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::Optimizer& optimizer,
-               CheckpointMeta run, torch::Device device);
+  Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::AdamW& optimizer, CheckpointMeta run);
 
   bool enabled() const { return !cfg_.dir.empty(); }
   // Whether to save after completing step `step` (1-based) of `total_steps`.
@@ -107,9 +113,8 @@ class Checkpointer {
  private:
   config::CheckpointConfig cfg_;
   Engine& engine_;
-  torch::optim::Optimizer& optimizer_;
+  torch::optim::AdamW& optimizer_;
   CheckpointMeta run_;
-  torch::Device device_;
 };
 
 }  // namespace meshwork::train

@@ -218,7 +218,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   // Resume: every rank loads its shards and AdamW state from checkpoint.dir/latest, if any; the
   // loop then continues at the next step (the data order and the learning rate are functions of
   // the step, so nothing else needs restoring).
-  Checkpointer checkpointer(cfg.checkpoint, *engine, optimizer, RunMeta(cfg, dims, *engine), device);
+  Checkpointer checkpointer(cfg.checkpoint, *engine, optimizer, RunMeta(cfg, dims, *engine));
   MW_ASSIGN_OR_RETURN(const ResumePoint resumed, checkpointer.Resume());
   const int64_t first_step = resumed.step;
 

@@ -6,11 +6,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <filesystem>
 #include <sstream>
 
 #include "tests/common/temp_dir.h"
+#include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
 #include "trainer/train/engine.h"
 #include "trainer/train/trainer.h"
@@ -62,7 +65,7 @@ TrainingState MakeRun(const std::string& dir, uint64_t seed, model::LlamaConfig 
                       std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
   r.optimizer = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2));
   r.checkpointer = std::make_unique<Checkpointer>(r.cfg.checkpoint, *r.engine, *r.optimizer,
-                                                  RunMeta(r.cfg, dims, *r.engine), torch::Device(torch::kCPU));
+                                                  RunMeta(r.cfg, dims, *r.engine));
   return r;
 }
 
@@ -106,6 +109,115 @@ TEST(Checkpoint, ResumeRestoresParametersAndAdamWStateBitForBit) {
   ExpectSameParams(a, b);
   // The next steps agree exactly only if the moments and step counts came back too (AdamW's
   // bias correction depends on the step count).
+  for (int64_t s = 3; s < 5; ++s) {
+    Step(a, s);
+    Step(b, s);
+  }
+  ExpectSameParams(a, b);
+}
+
+// The chain a restarted gang goes through (on CUDA it once crashed at the second save): resume,
+// train, save again, and a third run resumes from that save and still matches step for step.
+TEST(Checkpoint, ResumedRunSavesAgainAndThatSaveResumesExactly) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1);
+  for (int64_t s = 0; s < 2; ++s) Step(a, s);
+  ASSERT_TRUE(a.checkpointer->Save(2).ok());
+
+  TrainingState b = MakeRun(dir, 2);
+  ASSERT_TRUE(b.checkpointer->Resume().ok());
+  for (int64_t s = 2; s < 4; ++s) {
+    Step(a, s);
+    Step(b, s);
+  }
+  ASSERT_TRUE(b.checkpointer->Save(4).ok());
+  EXPECT_EQ(LatestText(dir), "step-00000004\n");
+
+  TrainingState c = MakeRun(dir, 3);
+  auto point = c.checkpointer->Resume();
+  ASSERT_TRUE(point.ok()) << point.status().ToString();
+  EXPECT_EQ(point->step, 4);
+  ExpectSameParams(a, c);
+  for (int64_t s = 4; s < 6; ++s) {
+    Step(a, s);
+    Step(c, s);
+  }
+  ExpectSameParams(a, c);
+}
+
+// A checkpoint taken before the first optimizer step has no AdamW state; resuming it clears any
+// state the resuming optimizer had, as a fresh run's would be.
+TEST(Checkpoint, ParametersWithoutAdamWStateResumeWithout) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1);
+  ASSERT_TRUE(a.checkpointer->Save(1).ok());
+  TrainingState b = MakeRun(dir, 2);
+  Step(b, 0);
+  ASSERT_FALSE(b.optimizer->state().empty());
+  ASSERT_TRUE(b.checkpointer->Resume().ok());
+  EXPECT_TRUE(b.optimizer->state().empty());
+  ExpectSameParams(a, b);
+  Step(a, 1);
+  Step(b, 1);
+  ExpectSameParams(a, b);
+}
+
+// The rank file holds plain tensors a reader can check: parameters and AdamW moments by position,
+// the step counts, and nothing of libtorch's optimizer archive.
+TEST(Checkpoint, RankFileHoldsAdamWStatePerParameter) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1);
+  for (int64_t s = 0; s < 3; ++s) Step(a, s);
+  ASSERT_TRUE(a.checkpointer->Save(3).ok());
+  torch::serialize::InputArchive archive;
+  archive.load_from(dir + "/step-00000003/rank-00000.pt");
+  torch::Tensor version, steps, exp_avg, ignored;
+  archive.read("format_version", version);
+  EXPECT_EQ(version.item<int64_t>(), 2);
+  archive.read("adamw/steps", steps);
+  const auto params = a.engine->LocalParams();
+  ASSERT_EQ(steps.numel(), static_cast<int64_t>(params.size()));
+  EXPECT_TRUE(torch::equal(steps, torch::full({steps.numel()}, 3, torch::kLong)));
+  archive.read("adamw/0/exp_avg", exp_avg);
+  const auto* state = dynamic_cast<const torch::optim::AdamWParamState*>(
+      a.optimizer->state().at(compat::OptimizerStateKey(a.optimizer->state(), params[0].second)).get());
+  ASSERT_NE(state, nullptr);
+  EXPECT_TRUE(torch::equal(exp_avg, state->exp_avg()));
+  EXPECT_FALSE(archive.try_read("optimizer", ignored));
+}
+
+// Files of format 1 (libtorch's optimizer archive inside) still resume exactly.
+TEST(Checkpoint, FormatOneFilesStillResume) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1);
+  for (int64_t s = 0; s < 3; ++s) Step(a, s);
+  ASSERT_TRUE(a.checkpointer->Save(3).ok());
+  // Rewrite the rank file as format 1 wrote it, with a matching checksum file.
+  const std::string file = dir + "/step-00000003/rank-00000.pt";
+  {
+    torch::serialize::OutputArchive archive;
+    archive.write("format_version", torch::tensor(int64_t{1}));
+    archive.write("step", torch::tensor(int64_t{3}));
+    std::string names;
+    const auto params = a.engine->LocalParams();
+    for (const auto& [name, tensor] : params) names += name + "\n";
+    archive.write("param_names", c10::IValue(names));
+    for (size_t i = 0; i < params.size(); ++i) archive.write("param/" + std::to_string(i), params[i].second.detach());
+    torch::serialize::OutputArchive optimizer_archive(archive.compilation_unit());
+    a.optimizer->save(optimizer_archive);
+    archive.write("optimizer", optimizer_archive);
+    archive.save_to(file);
+  }
+  ASSERT_TRUE(WriteChecksumFile(file).ok());
+
+  TrainingState b = MakeRun(dir, 2);
+  auto point = b.checkpointer->Resume();
+  ASSERT_TRUE(point.ok()) << point.status().ToString();
+  ExpectSameParams(a, b);
   for (int64_t s = 3; s < 5; ++s) {
     Step(a, s);
     Step(b, s);
@@ -204,18 +316,18 @@ TEST(Checkpoint, DueEveryNStepsAndAtTheLastStep) {
   TrainingState r = MakeRun(tmp.File("ckpt"), 1);
   config::CheckpointConfig every3 = r.cfg.checkpoint;
   every3.every = 3;
-  Checkpointer c(every3, *r.engine, *r.optimizer, CheckpointMeta(), torch::Device(torch::kCPU));
+  Checkpointer c(every3, *r.engine, *r.optimizer, CheckpointMeta());
   EXPECT_FALSE(c.Due(1, 10));
   EXPECT_TRUE(c.Due(3, 10));
   EXPECT_TRUE(c.Due(9, 10));
   EXPECT_TRUE(c.Due(10, 10));
   config::CheckpointConfig at_end = r.cfg.checkpoint;
-  Checkpointer end(at_end, *r.engine, *r.optimizer, CheckpointMeta(), torch::Device(torch::kCPU));
+  Checkpointer end(at_end, *r.engine, *r.optimizer, CheckpointMeta());
   EXPECT_FALSE(end.Due(3, 10));
   EXPECT_TRUE(end.Due(10, 10));
   config::CheckpointConfig off;
   off.every = 1;
-  Checkpointer none(off, *r.engine, *r.optimizer, CheckpointMeta(), torch::Device(torch::kCPU));
+  Checkpointer none(off, *r.engine, *r.optimizer, CheckpointMeta());
   EXPECT_FALSE(none.Due(10, 10));
 }
 
