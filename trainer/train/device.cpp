@@ -3,9 +3,11 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 
 #include "metrics/process_memory.h"
+#include "trainer/dist/env.h"
 
 #ifdef MESHWORK_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -14,24 +16,42 @@
 
 namespace meshwork::train {
 
-Result<torch::Device> ResolveDevice(const std::string& spec) {
-  if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  if (spec == "cpu") return torch::Device(torch::kCPU);
-  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
-    if (!torch::cuda::is_available()) {
-      return Unavailable("key 'training.device': '" + spec + "' requested but libtorch sees no CUDA device " +
-                        "(this libtorch " + (torch::cuda::is_available() ? "has" : "may lack") +
-                        " CUDA support; use training.device=cpu)");
+Result<torch::Device> PickDevice(const std::string& spec, int local_rank, int cuda_devices,
+                                 const std::string& cuda_visible_devices) {
+  if (spec == "cpu" || (spec == "auto" && cuda_devices == 0)) return torch::Device(torch::kCPU);
+  const std::string visible = "CUDA_VISIBLE_DEVICES=" +
+                              (cuda_visible_devices.empty() ? std::string("(unset or empty)") : "'" + cuda_visible_devices + "'");
+  int64_t index = local_rank;
+  if (spec.rfind("cuda:", 0) == 0) {
+    const std::string digits = spec.substr(5);
+    if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidConfig("key 'training.device': must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
     }
-    const int64_t index = spec == "cuda" ? 0 : std::stoll(spec.substr(5));
-    if (index >= static_cast<int64_t>(torch::cuda::device_count())) {
-      return Unavailable("key 'training.device': '" + spec + "' but only " +
-                                                  std::to_string(torch::cuda::device_count()) +
-                                                  " CUDA device(s) are visible");
-    }
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+    index = std::stoll(digits);
+  } else if (spec != "cuda" && spec != "auto") {
+    return InvalidConfig("key 'training.device': must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
   }
-  return InvalidConfig("key 'training.device': must be auto, cpu, cuda or cuda:N, got '" + spec + "'");
+  if (cuda_devices == 0) {
+    return Unavailable("key 'training.device': '" + spec + "' requested but libtorch sees no CUDA device (" + visible +
+                       "; a CPU-only libtorch sees none either); use training.device=cpu");
+  }
+  if (index >= cuda_devices) {
+    const std::string who = spec.rfind("cuda:", 0) == 0 ? "'" + spec + "'"
+                                                         : "'" + spec + "' on local rank " + std::to_string(local_rank) +
+                                                               " means cuda:" + std::to_string(index) + ", but";
+    return Unavailable("key 'training.device': " + who + " this process sees " + std::to_string(cuda_devices) +
+                       " CUDA device(s) (" + visible + "): each process of a node needs a GPU of its own, so run " +
+                       "at most as many processes per node as it has GPUs (a TrainingJob asks for processesPerReplica " +
+                       "nvidia.com/gpu per Pod)");
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+Result<torch::Device> ResolveDevice(const std::string& spec) {
+  MW_ASSIGN_OR_RETURN(const dist::DistEnv env, dist::ReadDistEnv());
+  const int cuda_devices = spec == "cpu" ? 0 : static_cast<int>(torch::cuda::device_count());
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return PickDevice(spec, env.local_rank, cuda_devices, visible == nullptr ? "" : visible);
 }
 
 double MeasureCpuMatmulFlops() {

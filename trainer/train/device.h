@@ -10,7 +10,19 @@
 
 namespace meshwork::train {
 
-// "auto" picks CUDA when libtorch sees a GPU, else the CPU.
+// The device `training.device` names for the process with local rank `local_rank` (its index
+// among the processes of its node or Pod) that sees `cuda_devices` CUDA devices:
+//   auto    cuda:<local_rank> when any CUDA device is visible, else the CPU
+//   cuda    cuda:<local_rank>
+//   cuda:N  device N
+//   cpu     the CPU
+// Each process of a node gets its own GPU, as torchrun's convention has it: a local rank with no
+// device of its own is kUnavailable naming the rank, the count and CUDA_VISIBLE_DEVICES (never a
+// silent second process on one GPU, which NCCL refuses). A bad spec is kInvalidConfig.
+Result<torch::Device> PickDevice(const std::string& spec, int local_rank, int cuda_devices,
+                                 const std::string& cuda_visible_devices);
+// PickDevice for this process: LOCAL_RANK (or MESHWORK_LOCAL_RANK) from the environment, and the
+// CUDA devices libtorch sees.
 Result<torch::Device> ResolveDevice(const std::string& spec);
 
 struct DeviceProfile {

@@ -1,0 +1,83 @@
+// Device selection: which GPU each process of a node takes (cuda:<LOCAL_RANK>), and the errors
+// for a local rank without a GPU of its own, no GPU at all, and bad specs. Pure: no GPU needed.
+#include "trainer/train/device.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace meshwork::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PickDevice, AutoTakesTheLocalRanksGpuOrTheCpuWithoutOne) {
+  for (int local_rank = 0; local_rank < 4; ++local_rank) {
+    auto d = PickDevice("auto", local_rank, 4, "0,1,2,3");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)));
+  }
+  auto cpu = PickDevice("auto", 3, 0, "");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(*cpu, torch::Device(torch::kCPU));
+}
+
+TEST(PickDevice, CudaTakesTheLocalRanksGpuAndCudaNTakesN) {
+  auto cuda = PickDevice("cuda", 1, 2, "");
+  ASSERT_TRUE(cuda.ok());
+  EXPECT_EQ(*cuda, torch::Device(torch::kCUDA, 1));
+  auto fixed = PickDevice("cuda:1", 0, 2, "");
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(*fixed, torch::Device(torch::kCUDA, 1));
+  auto cpu = PickDevice("cpu", 1, 8, "");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(*cpu, torch::Device(torch::kCPU));
+}
+
+TEST(PickDevice, ALocalRankWithoutAGpuOfItsOwnIsRefusedNamingWhy) {
+  auto d = PickDevice("auto", 2, 2, "4,5");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(d.status().message(), HasSubstr("'auto' on local rank 2 means cuda:2"));
+  EXPECT_THAT(d.status().message(), HasSubstr("sees 2 CUDA device(s) (CUDA_VISIBLE_DEVICES='4,5')"));
+  EXPECT_THAT(d.status().message(), HasSubstr("processesPerReplica"));
+  auto n = PickDevice("cuda:3", 0, 2, "");
+  ASSERT_FALSE(n.ok());
+  EXPECT_THAT(n.status().message(), HasSubstr("'cuda:3' this process sees 2 CUDA device(s) (CUDA_VISIBLE_DEVICES=(unset or empty))"));
+}
+
+TEST(PickDevice, CudaWithoutAnyGpuAndBadSpecsAreNamed) {
+  auto none = PickDevice("cuda", 0, 0, "");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(none.status().message(), HasSubstr("key 'training.device': 'cuda' requested but libtorch sees no CUDA device"));
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:99999"}) {
+    auto d = PickDevice(bad, 0, 2, "");
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidConfig) << bad;
+    EXPECT_THAT(d.status().message(), HasSubstr(std::string("got '") + bad + "'"));
+  }
+}
+
+// ResolveDevice reads LOCAL_RANK (this build's libtorch, CPU-only in CI, sees no GPU).
+TEST(ResolveDevice, ReadsTheLocalRankFromTheEnvironment) {
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  auto d = ResolveDevice("cuda");
+  if (torch::cuda::device_count() == 0) {
+    ASSERT_FALSE(d.ok());
+    EXPECT_THAT(d.status().message(), HasSubstr("sees no CUDA device"));
+  } else if (torch::cuda::device_count() >= 2) {
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(*d, torch::Device(torch::kCUDA, 1));
+  }
+  ::setenv("LOCAL_RANK", "5", 1);
+  auto bad = ResolveDevice("cpu");
+  EXPECT_FALSE(bad.ok()) << "a local rank beyond LOCAL_WORLD_SIZE is refused by the environment check";
+  for (const char* v : {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"}) ::unsetenv(v);
+}
+
+}  // namespace
+}  // namespace meshwork::train
