@@ -46,6 +46,12 @@ class Work {
   // Steady-clock seconds at which the collective finished, where the backend reports it (Gloo,
   // from its completion callback); nullopt where it does not (NCCL: the wait's return bounds it).
   virtual std::optional<double> CompletedAt() const { return std::nullopt; }
+  // Blocks the host until the collective has finished on its device, then does what Wait()
+  // does. For measurements: Wait() on a device backend only orders the compute stream.
+  virtual Status Synchronize() { return Wait(); }
+  // After Synchronize(): how long the collective ran, as the backend measured it on its device
+  // (NCCL: CUDA events around it on its stream); nullopt where the host clock is the measure.
+  virtual std::optional<double> DeviceSeconds() const { return std::nullopt; }
 };
 
 struct CommunicatorOptions {
@@ -61,6 +67,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual const char* backend() const = 0;  // "gloo" or "nccl"
   virtual const std::string& group_name() const = 0;
+  // Where every tensor handed to this communicator must live: the CPU for Gloo, this rank's GPU
+  // for NCCL. Host values travel through host_collectives.h, which puts them there.
+  virtual torch::Device device() const = 0;
 
   // output [size · n] <- every rank's input [n], in rank order. Contiguous, same dtype/device.
   virtual Result<std::unique_ptr<Work>> AllGatherInto(torch::Tensor output, torch::Tensor input) = 0;
@@ -72,6 +81,11 @@ class Communicator {
   virtual Result<std::unique_ptr<Work>> Barrier() = 0;
 
   virtual CommStats stats() const = 0;
+  // Seconds the compute stream stood waiting for this communicator's collectives since the last
+  // call, where Wait() orders a stream instead of blocking the host (NCCL: CUDA events around
+  // each such wait; the call blocks until they are recorded). 0 where Wait() blocks the host
+  // (Gloo): the caller's clock measures that.
+  virtual double TakeDeviceStallSeconds() { return 0; }
 };
 
 }  // namespace meshwork::dist

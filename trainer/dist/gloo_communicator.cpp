@@ -139,6 +139,7 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
+  torch::Device device() const override { return torch::Device(torch::kCPU); }
   const std::string& group_name() const override { return options_.group_name; }
 
   Result<std::unique_ptr<Work>> AllGatherInto(torch::Tensor output, torch::Tensor input) override {

@@ -1,14 +1,21 @@
 // The GPU communicator through the NCCL C API. One dedicated CUDA stream per communicator runs
 // its collectives; CUDA events order that stream after the compute stream (before a collective)
-// and the compute stream after it (Work::Wait), so the host never blocks except in Barrier.
+// and the compute stream after it (Work::Wait), so the host never blocks except in Barrier and
+// Synchronize.
 //
-// The compute stream is CUDA's legacy default stream: this build's libtorch is CPU-only and has
-// no c10::cuda stream API, and libtorch's own default stream is the legacy one too. With a CUDA
-// libtorch, ComputeStream() is where c10::cuda::getCurrentCUDAStream() would go.
+// The compute stream is libtorch's current stream on the device (c10::cuda) with a CUDA
+// libtorch, whose caching allocator is also told (recordStream) that the collective's tensors
+// are used on the communication stream. Without one (a CUDA toolkit beside a CPU libtorch),
+// it is CUDA's legacy default stream, libtorch's default there too.
 #include "trainer/dist/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#ifdef MESHWORK_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -95,7 +102,25 @@ constexpr const char* kNcclHint =
     "run with NCCL_DEBUG=INFO; check that every rank joined with the same group and size and "
     "that the ranks can reach each other (NCCL_SOCKET_IFNAME)";
 
-cudaStream_t ComputeStream() { return cudaStreamLegacy; }
+cudaStream_t ComputeStream(int device) {
+#ifdef MESHWORK_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+#else
+  (void)device;
+  return cudaStreamLegacy;
+#endif
+}
+
+// Tells libtorch's caching allocator that `tensors` are in use on `stream` too, so that their
+// memory is not handed out again before the work queued there now has finished.
+void RecordStream(const std::vector<torch::Tensor>& tensors, cudaStream_t stream, int device) {
+#ifdef MESHWORK_TORCH_CUDA
+  const auto on = c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device));
+  for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), on);
+#else
+  (void)tensors, (void)stream, (void)device;
+#endif
+}
 
 // ---- RAII handles --------------------------------------------------------------------------
 
@@ -140,9 +165,10 @@ class CudaStream {
 
 class CudaEvent {
  public:
-  static Result<std::unique_ptr<CudaEvent>> Create() {
+  // `timing`: the event can be an end of cudaEventElapsedTime (costs a little more to record).
+  static Result<std::unique_ptr<CudaEvent>> Create(bool timing = false) {
     cudaEvent_t e = nullptr;
-    MW_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), kCudaHint);
+    MW_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming), kCudaHint);
     return std::unique_ptr<CudaEvent>(new CudaEvent(e));
   }
   CudaEvent(const CudaEvent&) = delete;
@@ -221,14 +247,52 @@ std::optional<ncclDataType_t> NcclDtype(torch::ScalarType t) {
 }
 
 
+// Seconds between two recorded timing events (blocks until `end` has completed).
+Result<double> ElapsedSeconds(const CudaEvent& start, const CudaEvent& end) {
+  MW_CUDA_CHECK(cudaEventSynchronize(end.get()), kCudaHint);
+  float ms = 0;
+  MW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), end.get()), kCudaHint);
+  return static_cast<double>(ms) / 1e3;
+}
+
+// The compute stream's waits on collectives, as pairs of timing events recorded on it just
+// before and just after each cudaStreamWaitEvent: the time between them is how long the stream
+// stood still for communication (0 when the collective had already finished).
+class StallLog {
+ public:
+  void Add(std::unique_ptr<CudaEvent> before, std::unique_ptr<CudaEvent> after) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.emplace_back(std::move(before), std::move(after));
+  }
+  double Take() {
+    std::vector<std::pair<std::unique_ptr<CudaEvent>, std::unique_ptr<CudaEvent>>> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending.swap(pending_);
+    }
+    double total = 0;
+    for (const auto& [before, after] : pending) {
+      auto s = ElapsedSeconds(*before, *after);
+      if (s.ok()) total += *s;
+    }
+    return total;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<std::unique_ptr<CudaEvent>, std::unique_ptr<CudaEvent>>> pending_;
+};
+
 // ---- work ----------------------------------------------------------------------------------
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclComm> comm, std::unique_ptr<CudaEvent> done, int device,
-           bool host_wait, std::chrono::milliseconds timeout, std::vector<torch::Tensor> tensors,
-           std::string what)
+  NcclWork(std::shared_ptr<NcclComm> comm, std::shared_ptr<StallLog> stalls, std::unique_ptr<CudaEvent> start,
+           std::unique_ptr<CudaEvent> done, int device, bool host_wait, std::chrono::milliseconds timeout,
+           std::vector<torch::Tensor> tensors, std::string what)
       : comm_(std::move(comm)),
+        stalls_(std::move(stalls)),
+        start_(std::move(start)),
         done_(std::move(done)),
         device_(device),
         host_wait_(host_wait),
@@ -245,22 +309,51 @@ class NcclWork final : public Work {
   Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
-    status_ = DoWait();
+    status_ = host_wait_ ? HostWait() : StreamWait();
     // The compute stream now runs after the collective: the tensors may go back to the
     // allocator (which reuses memory in compute-stream order).
     tensors_.clear();
     return status_;
   }
 
+  Status Synchronize() override {
+    if (waited_) return status_;
+    Status done = HostWait();
+    if (!done.ok()) {
+      waited_ = true;
+      status_ = done;
+      tensors_.clear();
+      return status_;
+    }
+    return Wait();
+  }
+
+  std::optional<double> DeviceSeconds() const override {
+    if (!waited_ || !status_.ok() || cudaEventQuery(done_->get()) != cudaSuccess) return std::nullopt;
+    auto s = ElapsedSeconds(*start_, *done_);
+    return s.ok() ? std::optional<double>(*s) : std::nullopt;
+  }
+
  private:
-  Status DoWait() {
+  // Orders the compute stream after the collective, recording how long that makes it wait.
+  Status StreamWait() {
     DeviceGuard guard;
     MW_RETURN_IF_ERROR(guard.Set(device_));
-    if (!host_wait_) {
-      MW_CUDA_CHECK(cudaStreamWaitEvent(ComputeStream(), done_->get(), 0), kCudaHint);
-      return AsyncError();
-    }
-    // Host wait (Barrier): poll so that a dead peer or a timeout ends it, aborting the comm.
+    const cudaStream_t compute = ComputeStream(device_);
+    MW_ASSIGN_OR_RETURN(auto before, CudaEvent::Create(/*timing=*/true));
+    MW_ASSIGN_OR_RETURN(auto after, CudaEvent::Create(/*timing=*/true));
+    MW_CUDA_CHECK(cudaEventRecord(before->get(), compute), kCudaHint);
+    MW_CUDA_CHECK(cudaStreamWaitEvent(compute, done_->get(), 0), kCudaHint);
+    MW_CUDA_CHECK(cudaEventRecord(after->get(), compute), kCudaHint);
+    stalls_->Add(std::move(before), std::move(after));
+    return AsyncError();
+  }
+
+  // Blocks until the collective is done; polls so that a dead peer or a timeout ends it,
+  // aborting the comm.
+  Status HostWait() {
+    DeviceGuard guard;
+    MW_RETURN_IF_ERROR(guard.Set(device_));
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (true) {
       const cudaError_t q = cudaEventQuery(done_->get());
@@ -290,6 +383,8 @@ class NcclWork final : public Work {
   }
 
   std::shared_ptr<NcclComm> comm_;
+  std::shared_ptr<StallLog> stalls_;
+  std::unique_ptr<CudaEvent> start_;
   std::unique_ptr<CudaEvent> done_;
   int device_;
   bool host_wait_;
@@ -328,6 +423,8 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
   const std::string& group_name() const override { return options_.group_name; }
+  torch::Device device() const override { return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
+  double TakeDeviceStallSeconds() override { return stalls_->Take(); }
 
   Result<std::unique_ptr<Work>> AllGatherInto(torch::Tensor output, torch::Tensor input) override {
     const Collective c = Collective::kAllGather;
@@ -471,19 +568,22 @@ class NcclCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(guard.Set(device_));
     {
       MW_ASSIGN_OR_RETURN(auto ready, CudaEvent::Create());
-      MW_CUDA_CHECK(cudaEventRecord(ready->get(), ComputeStream()), kCudaHint);
+      MW_CUDA_CHECK(cudaEventRecord(ready->get(), ComputeStream(device_)), kCudaHint);
       MW_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready->get(), 0), kCudaHint);
     }  // destroying a recorded event is fine: CUDA frees it once it completes
+    RecordStream(tensors, stream_->get(), device_);
+    MW_ASSIGN_OR_RETURN(auto start, CudaEvent::Create(/*timing=*/true));
+    MW_CUDA_CHECK(cudaEventRecord(start->get(), stream_->get()), kCudaHint);
     MW_RETURN_IF_ERROR(launch(comm_->get(), stream_->get()));
-    MW_ASSIGN_OR_RETURN(auto done, CudaEvent::Create());
+    MW_ASSIGN_OR_RETURN(auto done, CudaEvent::Create(/*timing=*/true));
     MW_CUDA_CHECK(cudaEventRecord(done->get(), stream_->get()), kCudaHint);
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.calls[static_cast<int>(c)] += 1;
       stats_.bytes_sent[static_cast<int>(c)] += bytes_sent;
     }
-    return std::unique_ptr<Work>(std::make_unique<NcclWork>(comm_, std::move(done), device_,
-                                                            host_wait, options_.timeout,
+    return std::unique_ptr<Work>(std::make_unique<NcclWork>(comm_, stalls_, std::move(start), std::move(done),
+                                                            device_, host_wait, options_.timeout,
                                                             std::move(tensors), std::move(what)));
   }
 
@@ -493,6 +593,7 @@ class NcclCommunicator final : public Communicator {
   CommunicatorOptions options_;
   std::unique_ptr<CudaStream> stream_;
   std::unique_ptr<DeviceBuffer> barrier_buffer_;
+  std::shared_ptr<StallLog> stalls_ = std::make_shared<StallLog>();
   std::shared_ptr<NcclComm> comm_;  // last: destroyed first, while stream and buffer exist
   mutable std::mutex stats_mu_;
   CommStats stats_;

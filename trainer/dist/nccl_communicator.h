@@ -16,7 +16,7 @@ namespace meshwork::dist {
 // "nccl/<group_name>/unique_id"; every rank then joins with ncclCommInitRank on `cuda_device`.
 // No usable CUDA device or driver is kUnavailable. Tensors passed to the communicator must live
 // on `cuda_device`; collectives are ordered after the work already queued on the compute stream
-// (the legacy default stream), and Work::Wait() orders the compute stream after them without
+// (libtorch's current stream), and Work::Wait() orders the compute stream after them without
 // blocking the host, except for Barrier, whose Wait() blocks until it is done or timed out.
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(c10::intrusive_ptr<c10d::Store> store,
                                                            int rank, int size, int cuda_device,

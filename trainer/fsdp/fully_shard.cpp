@@ -8,6 +8,7 @@
 #include <set>
 
 #include "trainer/compiler/frontend.h"
+#include "trainer/dist/host_collectives.h"
 
 namespace meshwork::fsdp {
 namespace {
@@ -696,15 +697,8 @@ torch::Tensor FullyShardedLlama::CompiledForward(const torch::Tensor& tokens) {
 }
 
 Result<compiler::Graph> AgreeOnPlan(dist::Communicator& group, const compiler::Graph& plan) {
-  const std::string text = group.rank() == 0 ? compiler::Print(plan) : std::string();
-  torch::Tensor size = torch::full({1}, static_cast<int64_t>(text.size()), torch::kLong);
-  MW_ASSIGN_OR_RETURN(auto w1, group.Broadcast(size, 0));
-  MW_RETURN_IF_ERROR(w1->Wait());
-  torch::Tensor bytes = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
-  if (group.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  MW_ASSIGN_OR_RETURN(auto w2, group.Broadcast(bytes, 0));
-  MW_RETURN_IF_ERROR(w2->Wait());
-  const std::string agreed(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  MW_ASSIGN_OR_RETURN(const std::string agreed,
+                      dist::BroadcastText(group, group.rank() == 0 ? compiler::Print(plan) : std::string(), 0));
   return compiler::Parse(agreed);
 }
 

@@ -12,6 +12,7 @@
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/env.h"
 #include "trainer/dist/gloo_communicator.h"
+#include "trainer/dist/host_collectives.h"
 #include "trainer/dist/rendezvous.h"
 #include "trainer/common/chrome_trace.h"
 #include "trainer/common/file.h"
@@ -19,6 +20,7 @@
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/passes.h"
 #include "trainer/compiler/simulator.h"
+#include "trainer/fsdp/calibrate.h"
 #include "trainer/fsdp/fully_shard.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
@@ -76,120 +78,6 @@ class LocalEngine : public Engine {
   std::vector<torch::Tensor> decay_, no_decay_;
 };
 
-// Latency and bus bandwidth of one collective kind on `group`, from timing a few sizes (the
-// first round of each size is a warm-up). Every rank of the group must call it.
-Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind) {
-  std::vector<std::pair<int64_t, double>> samples;
-  const int n = group.size();
-  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 22}) {
-    const int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n);
-    torch::Tensor in = torch::ones({per_rank});
-    torch::Tensor out = torch::empty({per_rank * n});
-    for (int rep = 0; rep < 4; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto work = kind == dist::Collective::kAllGather ? group.AllGatherInto(out, in)
-                                                        : group.AllReduce(out, dist::ReduceOp::kSum);
-      MW_RETURN_IF_ERROR(work.status());
-      MW_RETURN_IF_ERROR((*work)->Wait());
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (rep > 0) samples.push_back({per_rank * n * 4, s});
-    }
-  }
-  return compiler::FitLink(samples, n);
-}
-
-// Bytes per second of this process copying a 16 MiB fp32 tensor (FSDP's copy-in/copy-out),
-// the median of five.
-double MeasureCopyRate() {
-  torch::Tensor src = torch::ones({int64_t{4} << 20});
-  torch::Tensor dst = torch::empty_like(src);
-  std::vector<double> rates;
-  for (int rep = 0; rep < 6; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    dst.copy_(src);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) rates.push_back(static_cast<double>(dist::TensorBytes(src)) / std::max(s, 1e-9));
-  }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
-}
-
-// How much collectives in flight slow compute on this rank, as CostModel::interference: CPU
-// ranks share their cores with Gloo's threads. Times 32 matmuls alone, then with 16 all-gathers
-// of 2 MiB in flight on `group`, three times, and solves the cost model's sharing rule for it
-// (the median). The all-gathers cycle through 4 scratch buffers (their contents are thrown
-// away), so the calibration adds little to the process's peak memory. Every rank of the group must call it (the same collectives on each).
-Result<double> MeasureInterference(dist::Communicator& group) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor a = torch::randn({384, 384});
-  auto matmuls = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor c;
-    for (int i = 0; i < 32; ++i) c = a.mm(a);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  const int n = group.size();
-  const int64_t per_rank = (int64_t{2} << 20) / 4 / n;
-  std::vector<torch::Tensor> ins, outs;  // scratch, reused round-robin
-  for (int b = 0; b < 4; ++b) {
-    ins.push_back(torch::ones({per_rank}));
-    outs.push_back(torch::empty({per_rank * n}));
-  }
-  std::vector<double> ks;
-  matmuls();  // warm-up
-  for (int rep = 0; rep < 3; ++rep) {
-    MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
-    MW_RETURN_IF_ERROR(barrier->Wait());
-    const double alone = matmuls();
-    MW_ASSIGN_OR_RETURN(auto barrier2, group.Barrier());
-    MW_RETURN_IF_ERROR(barrier2->Wait());
-    std::vector<std::unique_ptr<dist::Work>> works;
-    const double t0 = now();
-    for (int i = 0; i < 16; ++i) {
-      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs[i % 4], ins[i % 4]));
-      works.push_back(std::move(w));
-    }
-    const double shared = matmuls();
-    double comm_end = t0;
-    for (auto& w : works) {
-      MW_RETURN_IF_ERROR(w->Wait());
-      comm_end = std::max(comm_end, w->CompletedAt().value_or(now()));
-    }
-    const double comm = comm_end - t0;
-    double k;
-    if (comm >= shared) {
-      k = shared / alone - 1;  // the matmuls ran under communication the whole time
-    } else {
-      // For `comm` seconds both ran at 1 / (1 + k): shared - alone = comm * k / (1 + k).
-      const double x = std::clamp((shared - alone) / std::max(comm, 1e-9), 0.0, 0.9);
-      k = x / (1 - x);
-    }
-    ks.push_back(std::clamp(k, 0.0, 9.0));
-  }
-  std::sort(ks.begin(), ks.end());
-  return ks[ks.size() / 2];
-}
-
-// Every rank's `text`, in rank order, on every rank of `group` (collective).
-Result<std::vector<std::string>> GatherText(dist::Communicator& group, const std::string& text) {
-  const int n = group.size();
-  torch::Tensor size = torch::full({1}, static_cast<int64_t>(text.size()), torch::kLong);
-  torch::Tensor sizes = torch::empty({n}, torch::kLong);
-  MW_ASSIGN_OR_RETURN(auto w1, group.AllGatherInto(sizes, size));
-  MW_RETURN_IF_ERROR(w1->Wait());
-  const int64_t longest = sizes.max().item<int64_t>();
-  torch::Tensor mine = torch::zeros({longest}, torch::kUInt8);
-  std::memcpy(mine.data_ptr(), text.data(), text.size());
-  torch::Tensor all = torch::empty({n * longest}, torch::kUInt8);
-  MW_ASSIGN_OR_RETURN(auto w2, group.AllGatherInto(all, mine));
-  MW_RETURN_IF_ERROR(w2->Wait());
-  std::vector<std::string> out;
-  const char* bytes = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, static_cast<size_t>(sizes[r].item<int64_t>()));
-  return out;
-}
-
 class FsdpEngine : public Engine {
  public:
   FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp,
@@ -204,17 +92,17 @@ class FsdpEngine : public Engine {
     ctx.cost.dp_shard = skeleton.dp_shard;
     ctx.cost.dp_replicate = skeleton.dp_replicate;
     if (skeleton.dp_shard > 1) {
-      MW_ASSIGN_OR_RETURN(ctx.cost.shard_link, CalibrateLink(mesh_->group("dp_shard"), dist::Collective::kAllGather));
+      MW_ASSIGN_OR_RETURN(ctx.cost.shard_link, fsdp::CalibrateLink(mesh_->group("dp_shard"), dist::Collective::kAllGather));
     }
     if (skeleton.dp_replicate > 1) {
       MW_ASSIGN_OR_RETURN(ctx.cost.replicate_link,
-                          CalibrateLink(mesh_->group("dp_replicate"), dist::Collective::kAllReduce));
+                          fsdp::CalibrateLink(mesh_->group("dp_replicate"), dist::Collective::kAllReduce));
     }
     if (cpu_) {
       // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
-      ctx.cost.host_copy_bytes_per_second = MeasureCopyRate();
+      ctx.cost.host_copy_bytes_per_second = fsdp::MeasureCopyRate();
       if (skeleton.dp_shard > 1) {
-        MW_ASSIGN_OR_RETURN(ctx.cost.interference, MeasureInterference(mesh_->group("dp_shard")));
+        MW_ASSIGN_OR_RETURN(ctx.cost.interference, fsdp::MeasureInterference(mesh_->group("dp_shard")));
       }
     }
     MW_ASSIGN_OR_RETURN(ctx.bucketing, compiler::ParseBucketing(cfg_.bucketing));
@@ -299,16 +187,17 @@ class FsdpEngine : public Engine {
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
   torch::Tensor EvalForward(const torch::Tensor& tokens) override { return fsdp_->ForwardNoGrad(tokens); }
   Result<double> AverageAcrossRanks(double local) override {
-    torch::Tensor t = torch::full({1}, local, torch::kDouble);
-    MW_ASSIGN_OR_RETURN(auto work, mesh_->group("world").AllReduce(t, dist::ReduceOp::kAvg));
-    MW_RETURN_IF_ERROR(work->Wait());
-    return t.item<double>();
+    MW_ASSIGN_OR_RETURN(const std::vector<double> mean,
+                        dist::AllReduceValues(mesh_->group("world"), {local}, dist::ReduceOp::kAvg));
+    return mean[0];
   }
   Result<std::map<std::string, torch::Tensor>> FullState() override { return fsdp_->GatherFullState(); }
   EngineStats TakeStats() override {
     EngineStats s;
+    // Gloo: the time the host blocked in waits; NCCL: the time the compute stream stood waiting.
     s.exposed_comm_seconds = fsdp_->TakeStats().exposed_comm_seconds;
     for (const char* dim : {"world", "dp_replicate", "dp_shard"}) {
+      s.exposed_comm_seconds += mesh_->group(dim).TakeDeviceStallSeconds();
       const dist::CommStats c = mesh_->group(dim).stats();
       for (int i = 0; i < dist::kNumCollectives; ++i) {
         s.comm.calls[i] += c.calls[i];
@@ -329,7 +218,7 @@ class FsdpEngine : public Engine {
     fsdp_->TraceInto(nullptr);
     trace_->Span("step", "step " + std::to_string(kTracedStep) + " (" + cfg_.mode + "): forward, backward, reduction",
                  trace_origin_, NowSeconds());
-    MW_ASSIGN_OR_RETURN(std::vector<std::string> ranks, GatherText(mesh_->group("world"), trace_->EventsJson()));
+    MW_ASSIGN_OR_RETURN(std::vector<std::string> ranks, dist::AllGatherText(mesh_->group("world"), trace_->EventsJson()));
     if (env_.rank != 0) return Status::Ok();
     const std::string doc = ChromeTrace::Document(ranks);
     MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(cfg_.trace_out));

@@ -16,6 +16,7 @@
 
 #include "trainer/dist/communicator.h"
 #include "trainer/dist/gloo_communicator.h"
+#include "trainer/dist/host_collectives.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
 #endif
@@ -194,6 +195,29 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectives, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "N" + std::to_string(info.param);
                          });
+
+// Host values through the group: sums and means, texts of different lengths (one empty), and a
+// broadcast from a rank other than 0.
+TEST_P(GlooCollectives, HostValuesAndTextsTravelThroughTheGroup) {
+  const int n = GetParam();
+  RunRanks(n, [n](int rank, Communicator& comm) {
+    auto sum = AllReduceValues(comm, {1.0 * rank, 2.5}, ReduceOp::kSum);
+    ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+    EXPECT_DOUBLE_EQ((*sum)[0], n * (n - 1) / 2.0);
+    EXPECT_DOUBLE_EQ((*sum)[1], 2.5 * n);
+    auto mean = AllReduceValues(comm, {1.0 * rank}, ReduceOp::kAvg);
+    ASSERT_TRUE(mean.ok());
+    EXPECT_DOUBLE_EQ((*mean)[0], (n - 1) / 2.0);
+    auto texts = AllGatherText(comm, rank == 0 ? std::string() : std::string(static_cast<size_t>(rank * 3), 'a' + rank));
+    ASSERT_TRUE(texts.ok()) << texts.status().ToString();
+    ASSERT_EQ(texts->size(), static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) EXPECT_EQ((*texts)[r], r == 0 ? "" : std::string(static_cast<size_t>(r * 3), 'a' + r));
+    const int root = n - 1;
+    auto text = BroadcastText(comm, rank == root ? "plan from the last rank" : "ignored", root);
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    EXPECT_EQ(*text, "plan from the last rank");
+  });
+}
 
 TEST(GlooCommunicator, RejectsBadInputsWithClearMessages) {
   RunRanks(2, [&](int rank, Communicator& comm) {

@@ -312,6 +312,7 @@ class FakeCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "fake"; }
+  torch::Device device() const override { return torch::Device(torch::kCPU); }
   const std::string& group_name() const override { return name_; }
   Result<std::unique_ptr<Work>> AllGatherInto(torch::Tensor, torch::Tensor) override {
     return Internal("fake");

@@ -1,0 +1,100 @@
+// Link, copy and interference measurements for compiled FSDP's cost model (see calibrate.h).
+#include "trainer/fsdp/calibrate.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace meshwork::fsdp {
+
+Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind) {
+  std::vector<std::pair<int64_t, double>> samples;
+  const int n = group.size();
+  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 22}) {
+    const int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n);
+    const auto on_group = torch::TensorOptions().device(group.device());
+    torch::Tensor in = torch::ones({per_rank}, on_group);
+    torch::Tensor out = torch::empty({per_rank * n}, on_group);
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto work = kind == dist::Collective::kAllGather ? group.AllGatherInto(out, in)
+                                                        : group.AllReduce(out, dist::ReduceOp::kSum);
+      MW_RETURN_IF_ERROR(work.status());
+      MW_RETURN_IF_ERROR((*work)->Synchronize());
+      const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) samples.push_back({per_rank * n * 4, (*work)->DeviceSeconds().value_or(host)});
+    }
+  }
+  return compiler::FitLink(samples, n);
+}
+
+double MeasureCopyRate() {
+  torch::Tensor src = torch::ones({int64_t{4} << 20});
+  torch::Tensor dst = torch::empty_like(src);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) rates.push_back(static_cast<double>(dist::TensorBytes(src)) / std::max(s, 1e-9));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+Result<double> MeasureInterference(dist::Communicator& group) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randn({384, 384});
+  auto matmuls = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor c;
+    for (int i = 0; i < 32; ++i) c = a.mm(a);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const int n = group.size();
+  const int64_t per_rank = (int64_t{2} << 20) / 4 / n;
+  std::vector<torch::Tensor> ins, outs;  // scratch, reused round-robin
+  const auto on_group = torch::TensorOptions().device(group.device());
+  for (int b = 0; b < 4; ++b) {
+    ins.push_back(torch::ones({per_rank}, on_group));
+    outs.push_back(torch::empty({per_rank * n}, on_group));
+  }
+  std::vector<double> ks;
+  matmuls();  // warm-up
+  for (int rep = 0; rep < 3; ++rep) {
+    MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
+    MW_RETURN_IF_ERROR(barrier->Wait());
+    const double alone = matmuls();
+    MW_ASSIGN_OR_RETURN(auto barrier2, group.Barrier());
+    MW_RETURN_IF_ERROR(barrier2->Wait());
+    std::vector<std::unique_ptr<dist::Work>> works;
+    const double t0 = now();
+    for (int i = 0; i < 16; ++i) {
+      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs[i % 4], ins[i % 4]));
+      works.push_back(std::move(w));
+    }
+    const double shared = matmuls();
+    double comm_end = t0;
+    for (auto& w : works) {
+      MW_RETURN_IF_ERROR(w->Wait());
+      comm_end = std::max(comm_end, w->CompletedAt().value_or(now()));
+    }
+    const double comm = comm_end - t0;
+    double k;
+    if (comm >= shared) {
+      k = shared / alone - 1;  // the matmuls ran under communication the whole time
+    } else {
+      // For `comm` seconds both ran at 1 / (1 + k): shared - alone = comm * k / (1 + k).
+      const double x = std::clamp((shared - alone) / std::max(comm, 1e-9), 0.0, 0.9);
+      k = x / (1 - x);
+    }
+    ks.push_back(std::clamp(k, 0.0, 9.0));
+  }
+  std::sort(ks.begin(), ks.end());
+  return ks[ks.size() / 2];
+}
+
+}  // namespace meshwork::fsdp
