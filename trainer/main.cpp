@@ -14,6 +14,9 @@
 #include "trainer/launch/launcher.h"
 #include "trainer/train/trainer.h"
 
+#include <torch/cuda.h>
+#include <torch/version.h>
+
 namespace {
 
 using meshwork::Status;
@@ -41,6 +44,8 @@ commands:
                   INPUT...          text files or directories
   config        print the resolved config (all keys, defaults included)
                   --config FILE, --config-env VAR, --set KEY=VALUE as for train
+  devices       print the libtorch in use and the CUDA devices it sees (CUDA_VISIBLE_DEVICES
+                applies); `devices --require-cuda` exits 5 when there is none
   launch        start N ranks on this machine (like torchrun --nproc-per-node)
                   --nproc N [--nnodes N --node-rank N --master-addr A --master-port P]
                   [--] COMMAND...   e.g. launch --nproc 4 train --config job.yaml
@@ -192,6 +197,25 @@ int RunLaunch(const std::vector<std::string>& args) {
 
 }  // namespace
 
+// `devices [--require-cuda]`: what a GPU test, or a user checking a node, asks first.
+int RunDevices(const std::vector<std::string>& args) {
+  bool require_cuda = false;
+  for (const auto& a : args) {
+    if (a != "--require-cuda") return Usage("devices: unknown argument '" + a + "'");
+    require_cuda = true;
+  }
+  const int64_t n = static_cast<int64_t>(torch::cuda::device_count());
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::cout << "libtorch " << TORCH_VERSION << "\n"
+            << "cuda devices: " << n << " (CUDA_VISIBLE_DEVICES=" << (visible ? std::string("'") + visible + "'" : "unset")
+            << ")\n";
+  if (n == 0 && require_cuda) {
+    std::cerr << "meshwork-train: error: no CUDA device visible to this libtorch\n";
+    return exit_code::kUnavailable;
+  }
+  return exit_code::kOk;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return Usage("missing command");
@@ -205,6 +229,7 @@ int main(int argc, char** argv) {
     if (command == "train" || command == "eval" || command == "config") return RunConfigCommand(command, args);
     if (command == "prepare-data") return RunPrepareData(args);
     if (command == "launch") return RunLaunch(args);
+    if (command == "devices") return RunDevices(args);
   } catch (const std::exception& e) {
     // Modules return Status; anything thrown this far is a bug, reported rather than aborting.
     std::cerr << "meshwork-train: internal error: " << e.what() << "\n";

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU tests (ctest label `gpu`): the trainer on a CUDA device, run as a user runs it.
+#   gpu_e2e.sh MESHWORK_TRAIN CASE
+# CASE: resume-bf16 | resume-fp32   train 10 steps, resume to 20 (saving at 15 and 20: the save
+#                                   after a resume once crashed on CUDA), resume again to 25
+#       export-eval-bf16 | export-eval-fp32
+#                                   export a CUDA-trained model to Hugging Face and `eval` it on
+#                                   CUDA and on the CPU: equal within 1e-3 (bf16) / 1e-5 (fp32)
+#       metrics-memory              /metrics while training reports CUDA memory in use and its limit
+# Without a CUDA device every case exits 77, which ctest reports as Skipped (SKIP_RETURN_CODE),
+# after saying why.
+set -euo pipefail
+bin="$1"
+case_name="$2"
+if ! devices="$("$bin" devices --require-cuda 2>&1)"; then
+  echo "SKIPPED: no CUDA device: $(tr '\n' ' ' <<<"$devices")"
+  exit 77
+fi
+echo "$devices"
+work="$(mktemp -d /tmp/meshwork-gpu-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL ($case_name): $*"; exit 1; }
+
+# A byte-level token file from text every Debian machine has.
+"$bin" prepare-data --out "$work/train.bin" --val-out "$work/val.bin" --val-fraction 0.1 \
+  /usr/share/common-licenses >/dev/null
+tiny=(--set model.preset=tiny --set data.train="$work/train.bin" --set data.val="$work/val.bin"
+      --set data.seq_len=64 --set data.batch_size=8 --set training.device=cuda
+      --set metrics.port=-1 --set logging.every=5 --set eval.windows=4)
+
+case "$case_name" in
+  resume-bf16|resume-fp32)
+    dtype="${case_name#resume-}"
+    ckpt=(--set training.dtype="$dtype" --set checkpoint.dir="$work/ckpt" --set checkpoint.every=5)
+    "$bin" train "${tiny[@]}" "${ckpt[@]}" --set schedule.steps=10 >"$work/1.log" 2>&1 || fail "first run: $(tail -5 "$work/1.log")"
+    "$bin" train "${tiny[@]}" "${ckpt[@]}" --set schedule.steps=20 >"$work/2.log" 2>&1 || fail "resume to 20 (exit $?): $(tail -5 "$work/2.log")"
+    grep -q "resumed from" "$work/2.log" || fail "second run did not resume: $(head -20 "$work/2.log")"
+    [ "$(cat "$work/ckpt/latest")" = "step-00000020" ] || fail "latest is $(cat "$work/ckpt/latest"), expected step-00000020"
+    "$bin" train "${tiny[@]}" "${ckpt[@]}" --set schedule.steps=25 >"$work/3.log" 2>&1 || fail "resume to 25: $(tail -5 "$work/3.log")"
+    [ "$(cat "$work/ckpt/latest")" = "step-00000025" ] || fail "latest is $(cat "$work/ckpt/latest") after the third run"
+    echo "PASS: $dtype train 10, resume and save at 15 and 20, resume and save at 25"
+    ;;
+  export-eval-bf16|export-eval-fp32)
+    dtype="${case_name#export-eval-}"
+    tolerance=1e-3; [ "$dtype" = fp32 ] && tolerance=1e-5
+    "$bin" train "${tiny[@]}" --set training.dtype="$dtype" --set schedule.steps=20 \
+      --set checkpoint.export_hf="$work/hf" >"$work/train.log" 2>&1 || fail "train: $(tail -5 "$work/train.log")"
+    loss() { sed -n 's/^eval: loss \([0-9.e+-]*\) .*/\1/p' "$1"; }
+    "$bin" eval --weights "$work/hf" --data "$work/val.bin" --windows 8 --set data.seq_len=64 \
+      --set training.device=cuda --set training.dtype="$dtype" >"$work/cuda.txt" 2>"$work/cuda.err" || fail "cuda eval: $(cat "$work/cuda.err")"
+    "$bin" eval --weights "$work/hf" --data "$work/val.bin" --windows 8 --set data.seq_len=64 \
+      --set training.device=cpu --set training.dtype=fp32 >"$work/cpu.txt" 2>"$work/cpu.err" || fail "cpu eval: $(cat "$work/cpu.err")"
+    a="$(loss "$work/cuda.txt")"; b="$(loss "$work/cpu.txt")"
+    python3 -c "import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)<=t else 1)" "$a" "$b" "$tolerance" \
+      || fail "eval of the export: cuda $a vs cpu $b differ by more than $tolerance"
+    echo "PASS: $dtype export evaluated on cuda ($a) and cpu ($b), within $tolerance"
+    ;;
+  metrics-memory)
+    "$bin" train "${tiny[@]}" --set schedule.steps=400 --set metrics.port=0 --set metrics.host=127.0.0.1 \
+      >"$work/train.log" 2>&1 &
+    pid=$!
+    url=""
+    for _ in $(seq 1 300); do
+      url="$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$work/train.log" | head -1 || true)"
+      [ -n "$url" ] && grep -q "^step " "$work/train.log" && break
+      sleep 0.2
+    done
+    body="$(curl -fsS "$url" || true)"
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    current="$(sed -n 's/^meshwork_trainer_memory_current_bytes{.*device="cuda".*} \([0-9.e+]*\)$/\1/p' <<<"$body" | head -1)"
+    limit="$(sed -n 's/^meshwork_trainer_memory_limit_bytes{.*device="cuda".*} \([0-9.e+]*\)$/\1/p' <<<"$body" | head -1)"
+    python3 -c "import sys; c,l=map(float,sys.argv[1:]); sys.exit(0 if 0<c<l else 1)" "${current:-0}" "${limit:-0}" \
+      || fail "expected 0 < cuda memory in use < limit on $url, got current='${current}' limit='${limit}'"
+    echo "PASS: /metrics reports cuda memory $current of $limit bytes"
+    ;;
+  *) echo "unknown case '$case_name'"; exit 2 ;;
+esac
