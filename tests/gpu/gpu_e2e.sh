@@ -7,6 +7,8 @@
 #                                   export a CUDA-trained model to Hugging Face and `eval` it on
 #                                   CUDA and on the CPU: equal within 1e-3 (bf16) / 1e-5 (fp32)
 #       metrics-memory              /metrics while training reports CUDA memory in use and its limit
+#       fsdp-eager | fsdp-compiled  FSDP over NCCL on a mesh of one rank (fsdp.single_process): every
+#                                   collective through NCCL, losses within 1e-4 of the plain model
 # Without a CUDA device every case exits 77, which ctest reports as Skipped (SKIP_RETURN_CODE),
 # after saying why.
 set -euo pipefail
@@ -73,6 +75,26 @@ case "$case_name" in
     python3 -c "import sys; c,l=map(float,sys.argv[1:]); sys.exit(0 if 0<c<l else 1)" "${current:-0}" "${limit:-0}" \
       || fail "expected 0 < cuda memory in use < limit on $url, got current='${current}' limit='${limit}'"
     echo "PASS: /metrics reports cuda memory $current of $limit bytes"
+    ;;
+  fsdp-eager|fsdp-compiled)
+    mode="${case_name#fsdp-}"
+    run=(--set training.dtype=fp32 --set schedule.steps=20 --set logging.every=20)
+    "$bin" train "${tiny[@]}" "${run[@]}" --set logging.jsonl="$work/plain.jsonl" >"$work/plain.log" 2>&1 \
+      || fail "plain model: $(tail -5 "$work/plain.log")"
+    MASTER_PORT=29641 "$bin" train "${tiny[@]}" "${run[@]}" --set fsdp.single_process=true --set fsdp.mode="$mode" \
+      --set logging.jsonl="$work/fsdp.jsonl" >"$work/fsdp.log" 2>&1 || fail "fsdp $mode: $(tail -5 "$work/fsdp.log")"
+    grep -q "dp_shard 1 (nccl)" "$work/fsdp.log" || fail "not FSDP over NCCL: $(grep parallelism "$work/fsdp.log")"
+    if [ "$mode" = compiled ]; then grep -q "^compiled plan:" "$work/fsdp.log" || fail "no compiled plan in the log"; fi
+    python3 - "$work/plain.jsonl" "$work/fsdp.jsonl" <<'PY' || fail "FSDP $mode over NCCL differs from the plain model"
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 20, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"max relative loss difference {worst:.2e} over 20 steps")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+    echo "PASS: FSDP $mode over NCCL (one rank) follows the plain model"
     ;;
   *) echo "unknown case '$case_name'"; exit 2 ;;
 esac

@@ -29,7 +29,7 @@ run() {
   local name="$1" nproc="$2"
   shift 2
   port=$((port + 1))
-  local cmd=("$bin")
+  local cmd=(env MASTER_PORT="$port" "$bin")  # MASTER_PORT: a one-process FSDP run's store
   [ "$nproc" -gt 1 ] && cmd+=(launch --nproc "$nproc" --master-port "$port")
   cmd+=(train "${common[@]}" --set data.batch_size=$((global_batch / nproc)) --set logging.jsonl="$work/$name.jsonl" "$@")
   timeout 300 "${cmd[@]}" >"$work/$name.log" 2>&1
@@ -55,7 +55,9 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "compiled4-block 4 --set fsdp.mode=compiled --set fsdp.bucketing=block" \
     "compiled-hsdp2x2 4 --set fsdp.mode=compiled --set mesh.dp_replicate=2" \
     "compiled2-none-inorder 2 --set fsdp.mode=compiled --set fsdp.bucketing=none --set fsdp.reorder=false" \
-    "compiled2-budget-noreshard 2 --set fsdp.mode=compiled --set fsdp.memory_budget=1 --set fsdp.reshard_after_forward=false"; do
+    "compiled2-budget-noreshard 2 --set fsdp.mode=compiled --set fsdp.memory_budget=1 --set fsdp.reshard_after_forward=false" \
+    "fsdp1-single-process 1 --set fsdp.single_process=true" \
+    "compiled1-single-process 1 --set fsdp.mode=compiled --set fsdp.single_process=true"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -66,10 +68,15 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     fail "$name differs from single process: $msg"
   fi
 done
+# fsdp.single_process: one process ran the FSDP engine over a mesh of one (the GPU tests' path).
+for name in fsdp1-single-process compiled1-single-process; do
+  grep -q "FSDP over mesh dp_replicate 1 x dp_shard 1" "$work/$name.log" && pass "$name: FSDP over a mesh of one" ||
+    fail "$name: not FSDP: $(grep parallelism "$work/$name.log")"
+done
 grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass "HSDP mesh 2x2 in use" ||
   fail "HSDP mesh not reported: $(grep parallelism "$work/hsdp2x2.log")"
 # Compiled runs really ran a plan; --dump-plan printed the IR after every pass.
-for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard; do
+for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard compiled1-single-process; do
   if line="$(grep -m1 '^compiled plan:' "$work/$name.log")"; then pass "$name: ${line:0:160}"; else fail "$name: no compiled plan in the log"; fi
 done
 if grep -q "^== reorder ==" "$work/compiled2-auto.log" && grep -q "^== insert_frees ==" "$work/compiled2-auto.log"; then

@@ -184,6 +184,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("fsdp.memory_budget", &c.fsdp.memory_budget, 0, int64_t{1} << 30),
       BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),
       StringField("fsdp.trace_out", &c.fsdp.trace_out),
+      BoolField("fsdp.single_process", &c.fsdp.single_process),
 
       IntField("dist.timeout_seconds", &c.dist.timeout_seconds, 1, 86400),
       StringField("dist.gloo_hostname", &c.dist.gloo_hostname),

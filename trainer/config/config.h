@@ -77,6 +77,7 @@ struct FsdpConfig {
   int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = eager's peak
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
   std::string trace_out;              // Chrome trace of step 2 (every rank's lanes) written here by rank 0
+  bool single_process = false;        // one process too runs FSDP, over a mesh of one rank
 };
 
 struct DistConfig {

@@ -252,7 +252,7 @@ std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model) {
 Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
                                            const torch::Device& device, std::ostream& log) {
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
-  if (env.world_size == 1) {
+  if (env.world_size == 1 && !cfg.fsdp.single_process) {
     if (!cfg.fsdp.trace_out.empty()) log << "trace: fsdp.trace_out ignored: one process runs no FSDP\n";
     return MakeLocalEngine(std::move(model));
   }
