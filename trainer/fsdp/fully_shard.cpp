@@ -289,8 +289,8 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
   }
   const int world = shard_group->size();
   const int rank = shard_group->rank();
-  f->trace_.fwd.assign(layers + 2, 0.0);
-  f->trace_.bwd.assign(layers + 2, 0.0);
+  f->trace_.fwd.assign(layers + 2, Span());
+  f->trace_.bwd.assign(layers + 2, Span());
   torch::NoGradGuard no_grad;
   for (auto& item : f->model_->named_parameters()) {
     const std::string& name = item.key();
@@ -322,6 +322,7 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
     unit.offsets.push_back(unit.shard_numel);
     unit.shard_numel += f->params_.back().shard_numel();
   }
+  f->trace_.clock = ComputeClock(f->units_[0]->device);
   return f;
 }
 
@@ -331,7 +332,8 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
   if (plan_) return CompiledForward(tokens);
   units_[0]->WaitGather();
   Trace* trace = &trace_;
-  trace->mark = Now();
+  trace->clock.Restart();
+  trace->mark = trace->clock.Now();
   const bool prefetch = options_.prefetch;
   if (prefetch && units_.size() > 1) units_[1]->StartGather();
   const bool sync = sync_;
@@ -340,12 +342,12 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
       tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
         Unit* unit = units_[i + 1].get();
         if (i == 0) {
-          trace->fwd[0] = Now() - trace->mark;  // the embedding ran since
-          TraceCompute("fwd embed", trace->mark, trace->mark + trace->fwd[0]);
+          trace->fwd[0] = {trace->mark, trace->clock.Now()};  // the embedding ran since
+          TraceCompute("fwd embed", trace->fwd[0].from.host, trace->fwd[0].to.host);
         }
         unit->WaitGather();
         if (prefetch && i + 1 < layers) units_[i + 2]->StartGather();
-        const double start = Now();
+        const ComputeClock::Mark start = trace->clock.Now();
         // Backward reaches the layer's input once the whole layer is done (its weights'
         // gradients are accumulated first: autograd runs AccumulateGrad nodes as soon as they
         // are ready). That is the layer's post-backward (reduce-scatter, free) and the previous
@@ -354,37 +356,37 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
           Unit* prev = i > 0 ? units_[i].get() : nullptr;
           Unit* before_prev = prefetch && i > 1 ? units_[i - 1].get() : nullptr;
           h.register_hook([this, unit, prev, before_prev, sync, trace, i](const torch::Tensor&) {
-            trace->bwd[i + 1] = Now() - trace->mark;
-            TraceCompute("bwd layers." + std::to_string(i), trace->mark, trace->mark + trace->bwd[i + 1]);
+            trace->bwd[i + 1] = {trace->mark, trace->clock.Now()};
+            TraceCompute("bwd layers." + std::to_string(i), trace->bwd[i + 1].from.host, trace->bwd[i + 1].to.host);
             unit->PostBackward(sync);
             if (prev != nullptr) prev->WaitGather();
             if (before_prev != nullptr) before_prev->StartGather();
-            trace->mark = Now();
+            trace->mark = trace->clock.Now();
           });
         }
         torch::Tensor out = layer.forward(h, rope);
-        trace->fwd[i + 1] = Now() - start;
-        TraceCompute("fwd layers." + std::to_string(i), start, start + trace->fwd[i + 1]);
+        trace->fwd[i + 1] = {start, trace->clock.Now()};
+        TraceCompute("fwd layers." + std::to_string(i), start.host, trace->fwd[i + 1].to.host);
         if (options_.reshard_after_forward) unit->Free();
         if (i + 1 == layers && out.requires_grad()) {
           // Pre-backward of the last layer (the others get theirs from the next layer's hook).
           Unit* before = prefetch && i > 0 ? units_[i].get() : nullptr;
           out.register_hook([this, unit, before, trace, layers](const torch::Tensor&) {
             // Head forward (with the loss) and head backward ran since the end of Forward.
-            const double head = Now() - trace->mark;
-            TraceCompute("fwd+bwd head (with the loss)", trace->mark, trace->mark + head);
-            trace->fwd[layers + 1] = head / 3;
-            trace->bwd[layers + 1] = head * 2 / 3;
+            const ComputeClock::Mark now = trace->clock.Now();
+            TraceCompute("fwd+bwd head (with the loss)", trace->mark.host, now.host);
+            trace->fwd[layers + 1] = {trace->mark, now, 1.0 / 3};
+            trace->bwd[layers + 1] = {trace->mark, now, 2.0 / 3};
             unit->WaitGather();
             if (before != nullptr) before->StartGather();
-            trace->mark = Now();
+            trace->mark = trace->clock.Now();
           });
         }
         return out;
       });
   // The last layer is the first one backward needs: gather it while the loss is computed.
   if (prefetch && layers > 0) units_.back()->StartGather();
-  trace->mark = Now();
+  trace->mark = trace->clock.Now();
   return logits;
 }
 
@@ -410,8 +412,8 @@ Status FullyShardedLlama::FinishBackward() {
       RunPlanUntil(compiler::Phase::kBackward, "");
       return Status::Ok();
     }
-    trace_.bwd[0] = Now() - trace_.mark;  // the embedding's backward
-    TraceCompute("bwd embed", trace_.mark, trace_.mark + trace_.bwd[0]);
+    trace_.bwd[0] = {trace_.mark, trace_.clock.Now()};  // the embedding's backward
+    TraceCompute("bwd embed", trace_.bwd[0].from.host, trace_.bwd[0].to.host);
     // The root's post-backward (its parameters were used at both ends of the model). A layer
     // whose hook did not run (its output did not reach the loss) is reduced here too, so every
     // rank issues the same collectives.
@@ -523,8 +525,8 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
     compiler::ModuleInfo m;
     m.name = name;
     m.params = std::move(params);
-    m.fwd_seconds = trace_.fwd[t];
-    m.bwd_seconds = trace_.bwd[t];
+    m.fwd_seconds = trace_.clock.Seconds(trace_.fwd[t].from, trace_.fwd[t].to) * trace_.fwd[t].share;
+    m.bwd_seconds = trace_.clock.Seconds(trace_.bwd[t].from, trace_.bwd[t].to) * trace_.bwd[t].share;
     const int e = estimate.FindModule(name);
     if (e >= 0) m.activation_bytes = estimate.modules[e].activation_bytes;
     g.modules.push_back(std::move(m));

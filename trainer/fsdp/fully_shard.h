@@ -24,6 +24,7 @@
 #include "trainer/common/status.h"
 #include "trainer/compiler/ir.h"
 #include "trainer/dist/communicator.h"
+#include "trainer/fsdp/compute_clock.h"
 #include "trainer/model/llama.h"
 
 namespace meshwork::fsdp {
@@ -134,10 +135,16 @@ class FullyShardedLlama {
   torch::Tensor CompiledForward(const torch::Tensor& tokens);
   std::unique_ptr<Plan> plan_;
 
-  // Trace of the last eager step: per-module compute seconds, by module (embed, layers, head).
+  // Trace of the last eager step: per-module compute, by module (embed, layers, head), as spans
+  // of the compute clock (CUDA events on a GPU), read into seconds by Skeleton().
+  struct Span {
+    ComputeClock::Mark from, to;
+    double share = 1;  // of the span this module gets (the head's forward and backward share one)
+  };
   struct Trace {
-    std::vector<double> fwd, bwd;
-    double mark = 0;  // steady-clock seconds at the last hook
+    std::vector<Span> fwd, bwd;
+    ComputeClock clock;
+    ComputeClock::Mark mark;  // at the last hook
     int64_t batch = 0, seq = 0;
   };
   Trace trace_;
