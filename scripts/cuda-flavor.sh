@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The CUDA flavor compiled and linked on a machine without a GPU, as CI does it (scripts/test.sh):
+# fetches from PyPI the PyTorch wheel of the GPU machines (torch 2.11.0, CUDA 13) and the NVIDIA
+# wheels whose headers and libraries the trainer compiles and links against, unpacks them into a
+# cached prefix laid out like site-packages, configures build-cuda/ against it (control plane off)
+# and builds what scripts/gpu-build.sh builds on a GPU machine: meshwork-train and every test
+# executable, the gpu-labelled ones included (about 5 minutes on 2 cores without ccache). Nothing
+# runs: there is no GPU here, and most NVIDIA libraries libtorch loads are not downloaded.
+#
+#   MESHWORK_CUDA_BUILD_DIR  build folder (default: build-cuda)
+#   MESHWORK_CUDA_CACHE      where the wheels are downloaded and unpacked (default: .meshwork/tools/cuda-flavor)
+#   MESHWORK_CUDA_TARGET     what to build (default: all; e.g. meshwork-train)
+#   MESHWORK_BUILD_TYPE      CMake build type (default: Release)
+#   MESHWORK_JOBS            parallel compile jobs (default: nproc)
+#   PYTHON                   the python3 whose pip downloads the wheels (default: python3)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${MESHWORK_CUDA_BUILD_DIR:-$root/build-cuda}"
+cache="${MESHWORK_CUDA_CACHE:-$root/.meshwork/tools/cuda-flavor}"
+target="${MESHWORK_CUDA_TARGET:-all}"
+build_type="${MESHWORK_BUILD_TYPE:-Release}"
+jobs="${MESHWORK_JOBS:-$(nproc)}"
+python="${PYTHON:-python3}"
+
+# The GPU machines' PyTorch and, of the NVIDIA wheels its METADATA requires, those whose files the
+# trainer compiles or links against: the CUDA runtime (cuda-toolkit[cudart]==13.0.2 pins
+# nvidia-cuda-runtime 13.0.96), its crt/ headers (nvidia-cuda-crt, which cuda_runtime_api.h includes
+# and torch does not require), CCCL (nvidia-cuda-cccl: cuda_fp16.h, included by nccl.h, includes
+# its <nv/target>) and NCCL. The others (cuBLAS, cuDNN, cuFFT, cuSPARSE, cuSPARSELt, cuRAND,
+# cuFile, CUPTI, NVSHMEM: large wheels) are libtorch's own run-time dependencies, which nothing
+# here includes or calls: see the linker flag below.
+wheels=(
+  torch==2.11.0
+  nvidia-cuda-runtime==13.0.96
+  nvidia-cuda-crt==13.0.88
+  nvidia-cuda-cccl==13.0.85
+  nvidia-nccl-cu13==2.28.9
+)
+
+log() { echo "[cuda-flavor] $*"; }
+die() { echo "[cuda-flavor] error: $*" >&2; exit 1; }
+
+# unzip and pip are not among setup.sh's packages: install them the same way if missing.
+missing=()
+command -v unzip >/dev/null || missing+=(unzip)
+"$python" -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+if ((${#missing[@]})); then
+  command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
+  log "installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+for tool in cmake ninja; do
+  command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup.sh first"
+done
+
+# --- download: pinned wheels for CPython 3.11 on x86-64 Linux, whatever python runs pip ---------
+# (the C++ files in them are the same for every CPython version). pip skips files already there.
+mkdir -p "$cache/wheels"
+log "downloading ${wheels[*]} into $cache/wheels"
+"$python" -m pip download --quiet --no-deps --only-binary=:all: --dest "$cache/wheels" \
+  --implementation cp --python-version 3.11 \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_18_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  "${wheels[@]}" || die "pip could not download ${wheels[*]} (is PyPI reachable?)"
+
+files=()
+for spec in "${wheels[@]}"; do
+  name="${spec%%==*}"; version="${spec##*==}"
+  pattern="${name//-/_}-${version}-*.whl"
+  match=("$cache"/wheels/$pattern)
+  [ -f "${match[0]}" ] || die "no wheel $pattern in $cache/wheels after pip download"
+  files+=("${match[0]}")
+done
+du -ch "${files[@]}" | tail -1 | sed 's/^/[cuda-flavor] wheels: /'
+
+# --- unpack: site/torch and site/nvidia, as pip would lay them out in site-packages, so that
+# libtorch's RPATH ($ORIGIN/../../nvidia/cu13/lib, .../nvidia/nccl/lib) finds them at link time.
+site="$cache/site"
+stamp="$site/.unpacked"
+want="$(for f in "${files[@]}"; do basename "$f"; done)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  log "unpacking into $site"
+  rm -rf "$site"
+  mkdir -p "$site"
+  for f in "${files[@]}"; do
+    case "$(basename "$f")" in
+      torch-*) unzip -q -o "$f" 'torch/include/*' 'torch/lib/*' 'torch/share/*' -d "$site" ;;
+      *) unzip -q -o "$f" 'nvidia/*' -d "$site" ;;
+    esac
+  done
+  echo "$want" >"$stamp"
+fi
+[ -f "$site/torch/share/cmake/Torch/TorchConfig.cmake" ] || die "no TorchConfig.cmake under $site/torch"
+
+# --- configure and build --------------------------------------------------------------------
+# -Wl,--allow-shlib-undefined: linking against libtorch_cuda.so makes ld follow its DT_NEEDED
+#   libraries (cuBLAS, cuDNN, ...) to check that its own undefined symbols resolve. Those wheels
+#   are not downloaded (see above), so that check is off for the executables here; it skips only
+#   symbols undefined inside shared libraries: every symbol our own code uses (libtorch, libcudart,
+#   libnccl) must still resolve. On a GPU machine (scripts/gpu-build.sh) the check stays on.
+# TORCH_LIBRARY: TorchConfig would otherwise report Debian's libtorch.so, which it finds first
+#   (cmake/torch.cmake makes sure the libraries linked are the wheel's).
+# PRE_TEST: gtest_discover_tests lists a test executable's cases when ctest runs, not right after
+#   the link, since these executables cannot start here (no cuBLAS, cuDNN, ..., no driver).
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [ ! -f "$build_dir/build.ninja" ]; then
+  log "configuring $build_dir ($build_type) against $site/torch"
+  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" "${launcher[@]}" \
+    -DCMAKE_PREFIX_PATH="$site/torch/share/cmake" -DTORCH_LIBRARY="$site/torch/lib/libtorch.so" \
+    -DMESHWORK_WITH_CUDA=ON -DMESHWORK_BUILD_CONTROLPLANE=OFF \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--allow-shlib-undefined" \
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST
+fi
+log "building $target with $jobs jobs"
+start=$SECONDS
+cmake --build "$build_dir" --target "$target" -j "$jobs"
+log "built $target in $((SECONDS - start)) s: $build_dir/trainer/meshwork-train"
