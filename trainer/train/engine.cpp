@@ -152,13 +152,16 @@ class FsdpEngine : public Engine {
            mesh_->group("dp_shard").backend() + ")";
   }
 
-  torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
-    if (cfg_.mode == "compiled" && !fsdp_->compiled() && steps_done_ >= 1) ThrowIfError(Compile());
+  Status BeginStep() override {
+    if (cfg_.mode == "compiled" && !fsdp_->compiled() && steps_done_ >= 1) MW_RETURN_IF_ERROR(Compile());
     if (!cfg_.trace_out.empty() && steps_done_ == kTracedStep - 1 && !trace_) {
       trace_origin_ = NowSeconds();
       trace_ = std::make_unique<ChromeTrace>(env_.rank, "rank " + std::to_string(env_.rank), trace_origin_);
       fsdp_->TraceInto(trace_.get());
     }
+    return Status::Ok();
+  }
+  torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
     fsdp_->SetGradientSync(sync);
     return fsdp_->Forward(tokens);
   }

@@ -275,6 +275,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   double mfu_sum = 0;
   for (int64_t step = first_step; step < cfg.schedule.steps; ++step) {
     const auto t0 = Clock::now();
+    MW_RETURN_IF_ERROR(engine->BeginStep());  // compiled FSDP plans before step 2
     const double lr = LearningRate(cfg.schedule, cfg.optimizer.lr, step);
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
     engine->ZeroGrad();
