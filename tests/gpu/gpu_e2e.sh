@@ -87,15 +87,8 @@ case "$case_name" in
       --set logging.jsonl="$work/fsdp.jsonl" >"$work/fsdp.log" 2>&1 || fail "fsdp $mode: $(tail -5 "$work/fsdp.log")"
     grep -q "dp_shard 1 (nccl)" "$work/fsdp.log" || fail "not FSDP over NCCL: $(grep parallelism "$work/fsdp.log")"
     if [ "$mode" = compiled ]; then grep -q "^compiled plan:" "$work/fsdp.log" || fail "no compiled plan in the log"; fi
-    python3 - "$work/plain.jsonl" "$work/fsdp.jsonl" <<'PY' || fail "FSDP $mode over NCCL differs from the plain model"
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 20, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"max relative loss difference {worst:.2e} over 20 steps")
-sys.exit(0 if worst <= 1e-4 else 1)
-PY
+    python3 "$root/tests/common/compare_losses.py" "$work/plain.jsonl" "$work/fsdp.jsonl" 20 1e-4 \
+      || fail "FSDP $mode over NCCL differs from the plain model"
     echo "PASS: FSDP $mode over NCCL (one rank) follows the plain model"
     ;;
   *) echo "unknown case '$case_name'"; exit 2 ;;

@@ -36,15 +36,7 @@ run() {
 }
 
 compare() {  # compare NAME: every step's loss within 1e-5 relative of the single process
-  python3 - "$work/single.jsonl" "$work/$1.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 20, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"max relative loss difference {worst:.2e} over {len(a)} steps")
-sys.exit(0 if worst <= 1e-5 else 1)
-PY
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../common/compare_losses.py" "$work/single.jsonl" "$work/$1.jsonl" 20 1e-5
 }
 
 if run single 1; then pass "single process"; else fail "single process: $(tail -3 "$work/single.log")"; fi
