@@ -22,6 +22,7 @@
 #include "trainer/train/checkpoint.h"
 #include "trainer/train/device.h"
 #include "trainer/train/engine.h"
+#include "trainer/train/report.h"
 #include "trainer/train/schedule.h"
 
 namespace meshwork::train {
@@ -31,27 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-std::string Format(const char* fmt, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
-
-// Whole seconds first, so that 119.6 s is "2m00s", never "1m60s".
-std::string Duration(double s) {
-  const int64_t t = std::llround(std::max(0.0, s));
-  char buf[32];
-  if (t < 60) {
-    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
-  } else if (t < 3600) {
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
-  } else {
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600),
-                  static_cast<long long>(t / 60 % 60));
-  }
-  return buf;
 }
 
 // With model.init_from the dims are the checkpoint's. Dims the config also names (a training
@@ -226,11 +206,18 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   const int64_t accum = cfg.training.grad_accum;
   const int64_t dp = engine->dp_size();
   const int64_t tokens_per_step = rows * accum * dp * cfg.data.seq_len;  // global
-  std::unique_ptr<std::ofstream> jsonl;
-  if (!cfg.logging.jsonl.empty() && engine->rank() == 0) {
-    jsonl = std::make_unique<std::ofstream>(cfg.logging.jsonl, std::ios::app);
-    if (!*jsonl) return IOError("key 'logging.jsonl': cannot open '" + cfg.logging.jsonl + "' for appending");
-  }
+  TrainSummary summary;
+  ProgressReport::Run shape;
+  shape.first_step = first_step;
+  shape.total_steps = cfg.schedule.steps;
+  shape.tokens_per_step = tokens_per_step;
+  shape.log_every = cfg.logging.every;
+  shape.world_size = engine->world_size();
+  shape.flops_per_token = flops_per_token;
+  shape.peak_flops = profile.peak_flops;
+  MW_ASSIGN_OR_RETURN(std::unique_ptr<ProgressReport> report,
+                      ProgressReport::Create(shape, engine->rank() == 0 ? cfg.logging.jsonl : std::string(), metrics,
+                                             out, summary));
   out << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
       << Format("%.2fM", dims.NumParameters() / 1e6) << " parameters (" << dims.num_hidden_layers
       << " layers, hidden " << dims.hidden_size << ", heads " << dims.num_attention_heads << "/"
@@ -254,7 +241,6 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
         << (cfg.checkpoint.resume == "never" ? " read (checkpoint.resume: never)" : " yet") << "; starting at step 0\n";
   }
 
-  TrainSummary summary;
   summary.resumed_from = first_step;
   summary.param_bytes = engine->ParamBytes();
   metrics.SetStateBytes("parameters", static_cast<double>(summary.param_bytes));
@@ -270,9 +256,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   }
 
   // --- the loop ---------------------------------------------------------------------------
-  const auto start = Clock::now();
-  Clock::time_point after_first;
-  double mfu_sum = 0;
+  report->Start();
   for (int64_t step = first_step; step < cfg.schedule.steps; ++step) {
     const auto t0 = Clock::now();
     MW_RETURN_IF_ERROR(engine->BeginStep());  // compiled FSDP plans before step 2
@@ -311,50 +295,10 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
       return Internal("training diverged: loss is " + Format("%g", loss) + " at step " +
                       std::to_string(step + 1) + " (lower optimizer.lr or raise schedule.warmup_steps)");
     }
-    const double step_s = Seconds(t0);
-    if (step == first_step) after_first = Clock::now();
-
-    // Progress: metrics every step, a log line every logging.every steps.
-    summary.losses.push_back(loss);
-    const double tps = static_cast<double>(tokens_per_step) / step_s;  // global
-    const double mfu = tps / static_cast<double>(engine->world_size()) * flops_per_token / profile.peak_flops;
-    const EngineStats comm = engine->TakeStats();
-    summary.exposed_comm_seconds += comm.exposed_comm_seconds;
-    std::map<std::string, double> sent;
-    for (int i = 0; i < dist::kNumCollectives; ++i) {
-      sent[dist::CollectiveName(static_cast<dist::Collective>(i))] =
-          static_cast<double>(comm.comm.bytes_sent[i] - summary.comm.bytes_sent[i]);
-    }
-    metrics.RecordCommunication(comm.exposed_comm_seconds, sent);
-    summary.comm = comm.comm;
-    if (step > first_step) mfu_sum += mfu;
-    const MemorySample mem = SampleMemory(device);
-    summary.peak_memory_bytes = std::max(summary.peak_memory_bytes, mem.peak_bytes);
-    summary.memory_device = mem.device;
-    // Per-rank throughput in metrics (sum by job gives the job's); the log shows the global one.
-    const double rank_tokens = static_cast<double>(tokens_per_step) / static_cast<double>(engine->world_size());
-    metrics.RecordStep({step + 1, loss, step_s, rank_tokens, rank_tokens / step_s, mfu, lr, grad_norm});
-    if (jsonl) {
-      *jsonl << "{\"step\":" << step + 1 << ",\"loss\":" << Format("%.17g", loss) << ",\"lr\":"
-             << Format("%.17g", lr) << ",\"grad_norm\":" << Format("%.17g", grad_norm)
-             << ",\"tokens_per_second\":" << Format("%.1f", tps) << ",\"step_seconds\":"
-             << Format("%.6f", step_s) << ",\"exposed_comm_seconds\":"
-             << Format("%.6f", comm.exposed_comm_seconds) << "}\n";
-      jsonl->flush();
-    }
-    metrics.RecordMemory(mem.current_bytes, mem.peak_bytes, mem.limit_bytes, mem.device);
+    // Report: metrics and logging.jsonl every step, a log line every logging.every steps.
+    report->Step({step, loss, lr, grad_norm, Seconds(t0), engine->TakeStats(), SampleMemory(device)});
 
     const bool last = step + 1 == cfg.schedule.steps;
-    if ((step + 1) % cfg.logging.every == 0 || last || step == first_step) {
-      const double eta = Seconds(start) / static_cast<double>(step + 1 - first_step) *
-                         static_cast<double>(cfg.schedule.steps - step - 1);
-      out << "step " << step + 1 << "/" << cfg.schedule.steps << " | loss " << Format("%.4f", loss)
-          << " | lr " << Format("%.2e", lr) << " | grad_norm " << Format("%.3f", grad_norm) << " | "
-          << Format("%.0f", tps) << " tok/s | step " << Format("%.1f", step_s * 1e3) << " ms | mfu "
-          << Format("%.2f", mfu * 100) << "% | mem " << Mib(mem.current_bytes) << " (peak "
-          << Mib(mem.peak_bytes) << ", " << mem.device << ") | eta " << Duration(eta) << "\n";
-      out.flush();
-    }
     if (eval_file && cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0 && !last) {
       MW_ASSIGN_OR_RETURN(double el, eval_loss());
       metrics.RecordEval(el);
@@ -370,16 +314,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   }
 
   // --- wrap-up ----------------------------------------------------------------------------
-  summary.steps = std::max<int64_t>(0, cfg.schedule.steps - first_step);
-  summary.tokens = tokens_per_step * summary.steps;
-  summary.seconds = Seconds(start);
-  // The first step pays one-off costs (allocator growth, thread pools); leave it out of the
-  // throughput figure when there is anything else to measure.
-  const int64_t timed_steps = summary.steps > 1 ? summary.steps - 1 : summary.steps;
-  const double timed_s = summary.steps > 1 ? Seconds(after_first) : summary.seconds;
-  summary.tokens_per_second = timed_steps > 0 ? static_cast<double>(tokens_per_step * timed_steps) / timed_s : 0;
-  summary.mean_mfu = summary.tokens_per_second / static_cast<double>(engine->world_size()) *
-                     flops_per_token / profile.peak_flops;
+  report->Finish();
   if (eval_file) {
     MW_ASSIGN_OR_RETURN(summary.final_eval_loss, eval_loss());
     metrics.RecordEval(summary.final_eval_loss);
@@ -389,30 +324,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     MW_RETURN_IF_ERROR(ExportHf(*engine, cfg, dims));
     out << "exported Hugging Face model to " << cfg.checkpoint.export_hf << "\n";
   }
-  if (engine->world_size() > 1) {
-    out << "communication (rank 0):";
-    for (int i = 0; i < dist::kNumCollectives; ++i) {
-      if (summary.comm.calls[i] == 0) continue;
-      out << " " << dist::CollectiveName(static_cast<dist::Collective>(i)) << " " << summary.comm.calls[i]
-          << " calls " << Mib(summary.comm.bytes_sent[i]) << " sent;";
-    }
-    out << " exposed " << Format("%.2f", summary.exposed_comm_seconds) << " s ("
-        << Format("%.1f", 100 * summary.exposed_comm_seconds / summary.seconds) << "% of the run)\n";
-  }
-  out << "done: " << summary.steps << " steps";
-  if (first_step > 0) out << " (resumed at step " << first_step << ")";
-  out << ", " << summary.tokens << " tokens in " << Format("%.1f", summary.seconds) << " s | final loss "
-      << (summary.losses.empty() ? std::string("n/a") : Format("%.4f", summary.losses.back())) << " | "
-      << Format("%.0f", summary.tokens_per_second) << " tok/s | mfu "
-      << Format("%.2f", summary.mean_mfu * 100) << "% | peak mem " << Mib(summary.peak_memory_bytes)
-      << " (" << summary.memory_device << ")";
-  if (eval_file && summary.initial_eval_loss >= 0) {
-    out << " | eval loss " << SixDigits(summary.initial_eval_loss) << " -> "
-        << SixDigits(summary.final_eval_loss);
-  } else if (eval_file) {
-    out << " | eval loss " << SixDigits(summary.final_eval_loss);
-  }
-  out << "\n";
+  report->PrintSummary(eval_file != nullptr);
   return summary;
 }
 
