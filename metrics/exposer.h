@@ -21,7 +21,7 @@
 #include <thread>
 #include <utility>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace prometheus {
 class Registry;

@@ -167,12 +167,12 @@ int Run(const Flags& flags) {
   auto config = flags.kubeconfig.empty() ? k8s::AutoConfig() : k8s::LoadKubeconfig(flags.kubeconfig);
   if (!config.ok()) {
     Log("operator: " + config.error().ToString());
-    return 2;
+    return exit_code::kConfig;
   }
   auto client = k8s::Client::FromConfig(*config);
   if (!client.ok()) {
     Log("operator: " + client.error().ToString());
-    return 2;
+    return exit_code::kConfig;
   }
 
   auto server = metrics::MetricsServer::Start(flags.metrics_bind);
@@ -234,7 +234,7 @@ int Run(const Flags& flags) {
     if (sig == SIGTERM || sig == SIGINT) {
       Log("operator: signal while waiting for caches: shutting down");
       controller.Stop();
-      return 0;
+      return exit_code::kOk;
     }
     if (waited % 10 == 9) Log("operator: waiting for caches: " + controller.NotSyncedReason());
   }
@@ -267,13 +267,13 @@ int Run(const Flags& flags) {
     auto lease_client = k8s::Client::FromConfig(*config, lease_client_options);
     if (!lease_client.ok()) {
       Log("operator: " + lease_client.error().ToString());
-      return 2;
+      return exit_code::kConfig;
     }
     elector_client = std::move(*lease_client);
     auto created = runtime::LeaderElector::Create(elector_client.get(), le, cb);
     if (!created.ok()) {
       Log("operator: " + created.status().message());
-      return 2;
+      return exit_code::kConfig;
     }
     elector = std::move(*created);
     // A replica that has just lost the lease must not write while main notices.
@@ -313,14 +313,14 @@ int main(int argc, char** argv) {
   if (!flags.ok()) {
     if (flags.status().message() == "help") {
       std::cout << kUsage;
-      return 0;
+      return exit_code::kOk;
     }
     if (flags.status().message() == "version") {
       std::cout << "meshwork-operator " << kVersion << "\n";
-      return 0;
+      return exit_code::kOk;
     }
     std::cerr << "meshwork-operator: " << flags.status().message() << "\n" << kUsage;
-    return 2;
+    return exit_code::kConfig;
   }
   return Run(*flags);
 }

@@ -28,7 +28,8 @@
 
 #include "controlplane/agent/internal.h"
 #include "controlplane/agent/node_agent.h"
-#include "trainer/common/file.h"
+#include "common/file.h"
+#include "common/subprocess.h"
 
 extern char** environ;
 
@@ -471,94 +472,46 @@ struct PodRuntime::Impl {
     int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) return fail(kExitStartError, "cannot open log " + log_path + ": " + ErrnoText(errno));
     int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    int err_pipe[2];
-    if (null_fd < 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    if (null_fd < 0) {
       int err = errno;
       ::close(log_fd);
-      if (null_fd >= 0) ::close(null_fd);
       return fail(kExitStartError, "cannot set up the process: " + ErrnoText(err));
     }
-    // Everything the child touches is built here: after fork it may only make system calls.
-    std::vector<char*> argv, envp;
-    for (const auto& a : p.argv) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    for (const auto& e : p.env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    const bool use_ns = resolution == Resolution::kMountNamespace;
-    const char* wd = p.working_dir.empty() ? nullptr : p.working_dir.c_str();
-    const pid_t parent = ::getpid();
-    struct ChildError {
-      int stage;
-      int err;
-    };
-
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      auto die = [&](int stage) {
-        ChildError ce{stage, errno};
-        ssize_t ignored = ::write(err_pipe[1], &ce, sizeof(ce));
-        (void)ignored;
-        ::_exit(kExitNotFound);
-      };
-      ::setsid();
-      // Pods die with the control plane (docs/controlplane-agent.md). The forking thread is the
-      // runtime's monitor, which lives as long as the runtime, so this does not fire early.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(kExitStartError);
-      sigset_t all;
-      sigemptyset(&all);
-      ::sigprocmask(SIG_SETMASK, &all, nullptr);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
-      if (use_ns) {
-        if (::unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) die(1);
-        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) die(2);
-        if (::mount(hosts_path.c_str(), "/etc/hosts", nullptr, MS_BIND, nullptr) != 0) die(3);
-        if (::sethostname(hostname.data(), hostname.size()) != 0) die(4);
-      }
-      if (::dup2(null_fd, 0) < 0 || ::dup2(log_fd, 1) < 0 || ::dup2(log_fd, 2) < 0) die(5);
-      if (wd != nullptr && ::chdir(wd) != 0) die(6);
-      // Close every inherited descriptor but the error pipe (close-on-exec: gone after exec).
-      int keep = err_pipe[1];
-      if (::syscall(SYS_close_range, 3u, static_cast<unsigned>(keep - 1), 0u) != 0 ||
-          ::syscall(SYS_close_range, static_cast<unsigned>(keep + 1), ~0u, 0u) != 0) {
-        for (int fd = 3; fd < 65536; ++fd) {
-          if (fd != keep) ::close(fd);
-        }
-      }
-      ::execve(p.path.c_str(), argv.data(), envp.data());
-      die(7);
+    SpawnOptions spawn;
+    spawn.program = p.path;
+    spawn.argv = p.argv;
+    spawn.env = p.env;
+    // Pods die with the control plane (docs/controlplane-agent.md). The forking thread is the
+    // runtime's monitor, which lives as long as the runtime, so PR_SET_PDEATHSIG does not fire early.
+    spawn.new_session = true;
+    if (resolution == Resolution::kMountNamespace) {
+      spawn.hosts_file = hosts_path;
+      spawn.hostname = hostname;
     }
-    int fork_errno = errno;
-    ::close(err_pipe[1]);
+    spawn.stdin_fd = null_fd;
+    spawn.stdout_fd = spawn.stderr_fd = log_fd;
+    spawn.close_other_fds = true;
+    spawn.working_dir = p.working_dir;
+    spawn.failure_exit_code = kExitNotFound;
+    Spawned child = SpawnProcess(spawn);
     ::close(log_fd);
     ::close(null_fd);
-    if (pid < 0) {
-      ::close(err_pipe[0]);
-      return fail(kExitStartError, "fork: " + ErrnoText(fork_errno));
-    }
-    ChildError ce{0, 0};
-    ssize_t n;
-    do {
-      n = ::read(err_pipe[0], &ce, sizeof(ce));
-    } while (n < 0 && errno == EINTR);
-    ::close(err_pipe[0]);
-    if (n == static_cast<ssize_t>(sizeof(ce))) {
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    if (child.failure) {
+      if (child.pid > 0) {
+        int status = 0;
+        while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+        }
       }
-      static const char* kStages[] = {"", "unshare(mount, uts namespace)", "make / private", "bind-mount /etc/hosts",
-                                      "sethostname", "redirect stdio", "chdir to workingDir", "exec"};
-      std::string what = ce.stage >= 1 && ce.stage <= 7 ? kStages[ce.stage] : "start";
-      std::string message = what + ": " + ErrnoText(ce.err);
-      if (ce.stage == 6) message = "chdir to workingDir \"" + p.working_dir + "\": " + ErrnoText(ce.err);
-      if (ce.stage == 7) message = "exec: \"" + p.path + "\": " + ErrnoText(ce.err);
-      int code = ce.stage == 7 && ce.err == ENOENT ? kExitNotFound
-                 : ce.stage == 7 && ce.err == EACCES ? 126 : kExitStartError;
+      const SpawnFailure& f = *child.failure;
+      std::string message = f.step + ": " + ErrnoText(f.error);
+      if (f.step == "pipe") message = "cannot set up the process: " + ErrnoText(f.error);
+      if (f.step == "chdir") message = "chdir to workingDir \"" + p.working_dir + "\": " + ErrnoText(f.error);
+      if (f.step == "exec") message = "exec: \"" + p.path + "\": " + ErrnoText(f.error);
+      const bool exec = f.step == "exec";
+      int code = exec && f.error == ENOENT ? kExitNotFound : exec && f.error == EACCES ? 126 : kExitStartError;
       return fail(code, message);
     }
-    r.pid = pid;
+    r.pid = child.pid;
     return r;
   }
 

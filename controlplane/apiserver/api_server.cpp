@@ -16,7 +16,7 @@
 #include "controlplane/apiserver/selectors.h"
 #include "controlplane/schema/openapi.h"
 #include "controlplane/schema/printer_columns.h"
-#include "trainer/common/base64.h"
+#include "common/base64.h"
 
 namespace meshwork::controlplane {
 

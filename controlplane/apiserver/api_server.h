@@ -19,7 +19,7 @@
 #include "controlplane/apiserver/resources.h"
 #include "controlplane/net/http_server.h"
 #include "controlplane/store/store.h"
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::controlplane {
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainer/common/file.h"
+#include "common/file.h"
 
 namespace meshwork::controlplane {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "controlplane/net/http_server.h"
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::controlplane {
 

@@ -21,8 +21,8 @@
 #include "controlplane/apiserver/tls_front.h"
 #include "controlplane/net/http_server.h"
 #include "controlplane/store/store.h"
-#include "trainer/common/base64.h"
-#include "trainer/common/status.h"
+#include "common/base64.h"
+#include "common/status.h"
 
 namespace mc = meshwork::controlplane;
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "trainer/common/base64.h"
+#include "common/base64.h"
 
 namespace meshwork::controlplane {
 namespace {

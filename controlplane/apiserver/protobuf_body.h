@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::controlplane {
 

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::controlplane {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::controlplane {
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::op {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "operator/controller/decide.h"
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::op {
 

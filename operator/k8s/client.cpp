@@ -52,15 +52,15 @@ Error CheckTls(const Config& c) {
     return Error::Ok();
   };
   if (!c.ca_pem.empty()) {
-    K8S_RETURN_IF_ERROR(try_load("certificate-authority (CA PEM)", [&](boost::asio::ssl::context& ctx) {
+    MW_RETURN_IF_ERROR(try_load("certificate-authority (CA PEM)", [&](boost::asio::ssl::context& ctx) {
       ctx.add_certificate_authority(boost::asio::buffer(c.ca_pem));
     }));
   }
   if (!c.client_cert_pem.empty()) {
-    K8S_RETURN_IF_ERROR(try_load("client-certificate", [&](boost::asio::ssl::context& ctx) {
+    MW_RETURN_IF_ERROR(try_load("client-certificate", [&](boost::asio::ssl::context& ctx) {
       ctx.use_certificate_chain(boost::asio::buffer(c.client_cert_pem));
     }));
-    K8S_RETURN_IF_ERROR(try_load("client-key (or it does not match client-certificate)",
+    MW_RETURN_IF_ERROR(try_load("client-key (or it does not match client-certificate)",
                                  [&](boost::asio::ssl::context& ctx) {
                                    ctx.use_certificate_chain(boost::asio::buffer(c.client_cert_pem));
                                    ctx.use_private_key(boost::asio::buffer(c.client_key_pem),
@@ -162,7 +162,7 @@ struct Client::Impl {
                       const std::string& content_type = "application/json") {
     // A POST that lost its connection may have been applied: only idempotent calls are resent.
     bool idempotent = method != http::methods::POST;
-    K8S_ASSIGN_OR_RETURN(RawResponse r,
+    MW_ASSIGN_OR_RETURN(RawResponse r,
                          Send(method, path_query, body, content_type, "application/json", idempotent));
     Error err = ErrorFromResponse(r.code, r.body, r.retry_after);
     if (!err.ok()) return err;
@@ -195,7 +195,7 @@ Result<std::unique_ptr<Client>> Client::FromConfig(Config config, ClientOptions 
                  "ClientOptions.max_retries must be >= 0, got " + std::to_string(options.max_retries));
   }
   if (config.source.empty()) config.source = "client config for " + config.server;
-  K8S_RETURN_IF_ERROR(CheckTls(config));
+  MW_RETURN_IF_ERROR(CheckTls(config));
   auto impl = std::make_unique<Impl>();
   impl->config = std::move(config);
   impl->options = options;
@@ -212,12 +212,12 @@ Result<std::unique_ptr<Client>> Client::FromConfig(Config config, ClientOptions 
 const Config& Client::config() const { return impl_->config; }
 
 Result<json> Client::Get(const ResourceRef& ref, const std::string& ns, const std::string& name) {
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name));
   return impl_->DoJson(http::methods::GET, path);
 }
 
 Result<json> Client::ListPage(const ResourceRef& ref, const std::string& ns, const ListOptions& opts) {
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns));
   return impl_->DoJson(http::methods::GET, path + ListQuery(opts));
 }
 
@@ -296,46 +296,46 @@ Result<std::string> NameOf(const json& obj, const char* op) {
 
 Result<json> Client::Create(const ResourceRef& ref, const std::string& ns, const json& obj) {
   if (!obj.is_object()) return Error(ErrorKind::kBadRequest, "Create: the object is not a JSON object");
-  K8S_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));
+  MW_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));
   if (ref.namespaced && target_ns.empty()) {
     return Error(ErrorKind::kBadRequest, "Create: no namespace given for " + ref.resource);
   }
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, target_ns));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, target_ns));
   return impl_->DoJson(http::methods::POST, path, &obj);
 }
 
 Result<json> Client::Update(const ResourceRef& ref, const std::string& ns, const json& obj) {
-  K8S_ASSIGN_OR_RETURN(std::string name, NameOf(obj, "Update"));
-  K8S_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, target_ns, name));
+  MW_ASSIGN_OR_RETURN(std::string name, NameOf(obj, "Update"));
+  MW_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, target_ns, name));
   return impl_->DoJson(http::methods::PUT, path, &obj);
 }
 
 Result<json> Client::UpdateStatus(const ResourceRef& ref, const std::string& ns, const json& obj) {
-  K8S_ASSIGN_OR_RETURN(std::string name, NameOf(obj, "UpdateStatus"));
-  K8S_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, target_ns, name, "status"));
+  MW_ASSIGN_OR_RETURN(std::string name, NameOf(obj, "UpdateStatus"));
+  MW_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, target_ns, name, "status"));
   return impl_->DoJson(http::methods::PUT, path, &obj);
 }
 
 Result<json> Client::MergePatch(const ResourceRef& ref, const std::string& ns, const std::string& name,
                                 const json& patch, const std::string& subresource) {
   if (!patch.is_object()) return Error(ErrorKind::kBadRequest, "MergePatch: the patch is not a JSON object");
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name, subresource));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name, subresource));
   return impl_->DoJson(http::methods::PATCH, path, &patch, "application/merge-patch+json");
 }
 
 Result<json> Client::Delete(const ResourceRef& ref, const std::string& ns, const std::string& name,
                             const DeleteOptions& opts) {
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name));
   json body = DeleteBody(opts);
   return impl_->DoJson(http::methods::DEL, path, &body);
 }
 
 Result<std::string> Client::GetLog(const std::string& ns, const std::string& pod, const LogOptions& opts) {
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(resources::Pods(), ns, pod, "log"));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(resources::Pods(), ns, pod, "log"));
   path += LogQuery(opts);
-  K8S_ASSIGN_OR_RETURN(RawResponse r, impl_->Send(http::methods::GET, path, nullptr, "", "*/*", true));
+  MW_ASSIGN_OR_RETURN(RawResponse r, impl_->Send(http::methods::GET, path, nullptr, "", "*/*", true));
   Error err = ErrorFromResponse(r.code, r.body, r.retry_after);
   if (!err.ok()) return err;
   return r.body;
@@ -343,7 +343,7 @@ Result<std::string> Client::GetLog(const std::string& ns, const std::string& pod
 
 Error Client::Watch(const ResourceRef& ref, const std::string& ns, const std::string& resource_version,
                     const WatchOptions& opts, const WatchHandler& handler, const CancelToken& cancel) {
-  K8S_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns));
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns));
   path += WatchQuery(opts, resource_version);
   const std::string what = "watch " + impl_->config.server + path;
   if (cancel.cancelled()) return Error(ErrorKind::kCancelled, what + ": cancelled");

@@ -12,6 +12,7 @@
 
 #include "operator/k8s/config.h"
 #include "operator/k8s/error.h"
+#include "operator/k8s/object_api.h"
 #include "operator/k8s/resource.h"
 #include "operator/k8s/watch.h"
 
@@ -28,17 +29,17 @@ struct ClientOptions {
 // Called for every watch event; return false to end the watch (Watch then returns OK).
 using WatchHandler = std::function<bool(const WatchEvent&)>;
 
-class Client {
+class Client : public ObjectApi {
  public:
   // Checks the config (server URL, PEMs) and builds the client; no request is made.
   static Result<std::unique_ptr<Client>> FromConfig(Config config, ClientOptions options = {});
-  ~Client();
+  ~Client() override;
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
   const Config& config() const;
 
-  Result<nlohmann::json> Get(const ResourceRef& ref, const std::string& ns, const std::string& name);
+  Result<nlohmann::json> Get(const ResourceRef& ref, const std::string& ns, const std::string& name) override;
   // One page. metadata.continue of the answer names the next page ("" at the end).
   Result<nlohmann::json> ListPage(const ResourceRef& ref, const std::string& ns, const ListOptions& opts = {});
   // Every page (opts.limit is the page size; 0 = one request), items concatenated into one List
@@ -46,20 +47,21 @@ class Client {
   // continue token expires (410), lists again without pagination, as client-go's pager does.
   Result<nlohmann::json> List(const ResourceRef& ref, const std::string& ns, const ListOptions& opts = {});
   // POST. The namespace is `ns`, or the object's metadata.namespace when `ns` is "".
-  Result<nlohmann::json> Create(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj);
+  Result<nlohmann::json> Create(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj) override;
   // PUT to metadata.name. Carries metadata.resourceVersion: a stale one answers Conflict.
-  Result<nlohmann::json> Update(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj);
+  Result<nlohmann::json> Update(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj) override;
   // PUT .../status: only the status is written.
-  Result<nlohmann::json> UpdateStatus(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj);
+  Result<nlohmann::json> UpdateStatus(const ResourceRef& ref, const std::string& ns,
+                                      const nlohmann::json& obj) override;
   // PATCH with application/merge-patch+json (RFC 7386); `subresource` e.g. "status".
   Result<nlohmann::json> MergePatch(const ResourceRef& ref, const std::string& ns, const std::string& name,
                                     const nlohmann::json& patch, const std::string& subresource = "");
   // DELETE; the answer is the object (still there with a deletionTimestamp, e.g. finalizers) or a
   // Status. Deleting what is not there answers NotFound.
   Result<nlohmann::json> Delete(const ResourceRef& ref, const std::string& ns, const std::string& name,
-                                const DeleteOptions& opts = {});
+                                const DeleteOptions& opts = {}) override;
   // GET pods/{name}/log as text.
-  Result<std::string> GetLog(const std::string& ns, const std::string& pod, const LogOptions& opts = {});
+  Result<std::string> GetLog(const std::string& ns, const std::string& pod, const LogOptions& opts = {}) override;
 
   // Streams events of `ref` in `ns` ("" = all namespaces for namespaced kinds) from
   // `resource_version` ("" = the server's choice: synthetic ADDED events for what exists),

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-#include "trainer/common/base64.h"
+#include "common/base64.h"
 
 namespace meshwork::k8s {
 namespace {
@@ -94,9 +94,9 @@ Error MergeFile(const std::string& file, Merged* m) {
   if (root.IsNull()) return Error::Ok();  // an empty file contributes nothing, as for kubectl
   if (!root.IsMap()) return ConfigError("kubeconfig " + file + " is not a YAML map");
   try {
-    K8S_RETURN_IF_ERROR(MergeList(root, "clusters", "cluster", file, &m->clusters));
-    K8S_RETURN_IF_ERROR(MergeList(root, "users", "user", file, &m->users));
-    K8S_RETURN_IF_ERROR(MergeList(root, "contexts", "context", file, &m->contexts));
+    MW_RETURN_IF_ERROR(MergeList(root, "clusters", "cluster", file, &m->clusters));
+    MW_RETURN_IF_ERROR(MergeList(root, "users", "user", file, &m->users));
+    MW_RETURN_IF_ERROR(MergeList(root, "contexts", "context", file, &m->contexts));
     if (m->current_context.empty() && root["current-context"] && root["current-context"].IsScalar()) {
       m->current_context = root["current-context"].as<std::string>();
       m->current_context_file = file;
@@ -130,7 +130,7 @@ Result<bool> Bool(const Entry& e, const std::string& what, const char* key) {
 // Inline "-data" (base64) wins over the file key, as in kubectl.
 Result<std::string> Material(const Entry& e, const std::string& what, const char* file_key,
                              const char* data_key) {
-  K8S_ASSIGN_OR_RETURN(std::string data, Str(e, what, data_key));
+  MW_ASSIGN_OR_RETURN(std::string data, Str(e, what, data_key));
   if (!data.empty()) {
     auto decoded = DecodeBase64(data);
     if (!decoded.ok()) {
@@ -139,7 +139,7 @@ Result<std::string> Material(const Entry& e, const std::string& what, const char
     }
     return std::move(decoded).value();
   }
-  K8S_ASSIGN_OR_RETURN(std::string path, Str(e, what, file_key));
+  MW_ASSIGN_OR_RETURN(std::string path, Str(e, what, file_key));
   if (path.empty()) return std::string();
   return ReadFile(Resolve(e.file, path), std::string(file_key) + " (" + what + " in kubeconfig " + e.file + ")");
 }
@@ -192,7 +192,7 @@ Result<Config> LoadKubeconfig(const std::string& path, const std::string& contex
       missing.push_back(f);
       continue;
     }
-    K8S_RETURN_IF_ERROR(MergeFile(f, &m));
+    MW_RETURN_IF_ERROR(MergeFile(f, &m));
   }
   if (m.files.empty()) {
     std::string list;
@@ -213,9 +213,9 @@ Result<Config> LoadKubeconfig(const std::string& path, const std::string& contex
   }
   const Entry& ctx = ctx_it->second;
   std::string ctx_what = "contexts[" + ctx_name + "].context";
-  K8S_ASSIGN_OR_RETURN(std::string cluster_name, Str(ctx, ctx_what, "cluster"));
-  K8S_ASSIGN_OR_RETURN(std::string user_name, Str(ctx, ctx_what, "user"));
-  K8S_ASSIGN_OR_RETURN(std::string ns, Str(ctx, ctx_what, "namespace"));
+  MW_ASSIGN_OR_RETURN(std::string cluster_name, Str(ctx, ctx_what, "cluster"));
+  MW_ASSIGN_OR_RETURN(std::string user_name, Str(ctx, ctx_what, "user"));
+  MW_ASSIGN_OR_RETURN(std::string ns, Str(ctx, ctx_what, "namespace"));
   if (cluster_name.empty()) {
     return ConfigError("kubeconfig " + ctx.file + ": " + ctx_what + ".cluster is not set");
   }
@@ -230,12 +230,12 @@ Result<Config> LoadKubeconfig(const std::string& path, const std::string& contex
   Config cfg;
   cfg.source = "kubeconfig " + all + " (context " + ctx_name + ")";
   if (!ns.empty()) cfg.default_namespace = ns;
-  K8S_ASSIGN_OR_RETURN(cfg.server, Str(cl, cl_what, "server"));
+  MW_ASSIGN_OR_RETURN(cfg.server, Str(cl, cl_what, "server"));
   if (cfg.server.empty()) return ConfigError("kubeconfig " + cl.file + ": " + cl_what + ".server is not set");
-  K8S_RETURN_IF_ERROR(CheckServer(cfg.server, "kubeconfig " + cl.file + ": " + cl_what));
+  MW_RETURN_IF_ERROR(CheckServer(cfg.server, "kubeconfig " + cl.file + ": " + cl_what));
   while (cfg.server.size() > 1 && cfg.server.back() == '/') cfg.server.pop_back();
-  K8S_ASSIGN_OR_RETURN(cfg.insecure_skip_tls_verify, Bool(cl, cl_what, "insecure-skip-tls-verify"));
-  K8S_ASSIGN_OR_RETURN(cfg.ca_pem, Material(cl, cl_what, "certificate-authority", "certificate-authority-data"));
+  MW_ASSIGN_OR_RETURN(cfg.insecure_skip_tls_verify, Bool(cl, cl_what, "insecure-skip-tls-verify"));
+  MW_ASSIGN_OR_RETURN(cfg.ca_pem, Material(cl, cl_what, "certificate-authority", "certificate-authority-data"));
 
   if (!user_name.empty()) {
     auto u_it = m.users.find(user_name);
@@ -250,17 +250,17 @@ Result<Config> LoadKubeconfig(const std::string& path, const std::string& contex
                          " uses exec/auth-provider credentials, which this client does not support; "
                          "use a token, tokenFile or client certificate");
     }
-    K8S_ASSIGN_OR_RETURN(cfg.token, Str(u, u_what, "token"));
-    K8S_ASSIGN_OR_RETURN(std::string token_file, Str(u, u_what, "tokenFile"));
+    MW_ASSIGN_OR_RETURN(cfg.token, Str(u, u_what, "token"));
+    MW_ASSIGN_OR_RETURN(std::string token_file, Str(u, u_what, "tokenFile"));
     if (cfg.token.empty() && !token_file.empty()) {
       cfg.token_file = Resolve(u.file, token_file);
       // Read it now so a wrong path fails at start-up, naming the key.
-      K8S_ASSIGN_OR_RETURN(std::string tok,
+      MW_ASSIGN_OR_RETURN(std::string tok,
                            ReadFile(cfg.token_file, "tokenFile (" + u_what + " in kubeconfig " + u.file + ")"));
       cfg.token = Trim(tok);
     }
-    K8S_ASSIGN_OR_RETURN(cfg.client_cert_pem, Material(u, u_what, "client-certificate", "client-certificate-data"));
-    K8S_ASSIGN_OR_RETURN(cfg.client_key_pem, Material(u, u_what, "client-key", "client-key-data"));
+    MW_ASSIGN_OR_RETURN(cfg.client_cert_pem, Material(u, u_what, "client-certificate", "client-certificate-data"));
+    MW_ASSIGN_OR_RETURN(cfg.client_key_pem, Material(u, u_what, "client-key", "client-key-data"));
     if (cfg.client_cert_pem.empty() != cfg.client_key_pem.empty()) {
       return ConfigError("kubeconfig " + u.file + ": " + u_what +
                          " sets only one of client-certificate(-data) and client-key(-data); both are needed");
@@ -292,13 +292,13 @@ Result<Config> InClusterConfig(const std::string& root) {
   cfg.source = "in-cluster service account (" + root + ")";
   cfg.server = "https://" + h + ":" + port;
   cfg.token_file = root + "/token";
-  K8S_ASSIGN_OR_RETURN(std::string tok, ReadFile(cfg.token_file, "service-account token"));
+  MW_ASSIGN_OR_RETURN(std::string tok, ReadFile(cfg.token_file, "service-account token"));
   cfg.token = Trim(tok);
   if (cfg.token.empty()) return ConfigError("service-account token file " + cfg.token_file + " is empty");
-  K8S_ASSIGN_OR_RETURN(cfg.ca_pem, ReadFile(root + "/ca.crt", "service-account CA"));
+  MW_ASSIGN_OR_RETURN(cfg.ca_pem, ReadFile(root + "/ca.crt", "service-account CA"));
   std::string ns_file = root + "/namespace";
   if (FileExists(ns_file)) {
-    K8S_ASSIGN_OR_RETURN(std::string ns, ReadFile(ns_file, "service-account namespace"));
+    MW_ASSIGN_OR_RETURN(std::string ns, ReadFile(ns_file, "service-account namespace"));
     ns = Trim(ns);
     if (!ns.empty()) cfg.default_namespace = ns;
   }

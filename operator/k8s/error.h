@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::k8s {
 
@@ -98,43 +98,8 @@ Error ErrorFromResponse(int http_code, const std::string& body,
 // Maps a metav1 Status object embedded in a watch ERROR event (it has "code", no HTTP status).
 Error ErrorFromStatusObject(const std::string& status_json);
 
-// A value or the Error saying why there is none (the shape of meshwork::Result).
+// A value or the Error saying why there is none.
 template <typename T>
-class [[nodiscard]] Result {
- public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
-  Result(Error error) : error_(std::move(error)) {  // NOLINT: implicit by design
-    assert(!error_.ok() && "a Result built from an Error must carry an error");
-  }
-
-  bool ok() const { return value_.has_value(); }
-  const Error& error() const { return error_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() { return *value_; }
-  const T& operator*() const { return *value_; }
-
- private:
-  std::optional<T> value_;
-  Error error_;
-};
+using Result = meshwork::Result<T, Error>;
 
 }  // namespace meshwork::k8s
-
-// Returns the k8s::Error from the enclosing function when `expr` fails.
-#define K8S_RETURN_IF_ERROR(expr)                  \
-  do {                                             \
-    ::meshwork::k8s::Error k8s_error_ = (expr);    \
-    if (!k8s_error_.ok()) return k8s_error_;       \
-  } while (0)
-
-// `K8S_ASSIGN_OR_RETURN(auto x, F())`: x = F().value(), or return its Error.
-#define K8S_ASSIGN_OR_RETURN(lhs, expr) \
-  K8S_ASSIGN_OR_RETURN_IMPL(MESHWORK_CONCAT(k8s_result_, __LINE__), lhs, expr)
-#define K8S_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                              \
-  if (!tmp.ok()) return tmp.error();              \
-  lhs = std::move(tmp).value()

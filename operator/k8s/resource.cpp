@@ -33,13 +33,13 @@ Error CheckSegment(const char* what, const std::string& v) {
 
 Result<std::string> ResourcePath(const ResourceRef& ref, const std::string& ns, const std::string& name,
                                  const std::string& subresource) {
-  K8S_RETURN_IF_ERROR(CheckSegment("resource version", ref.version));
-  K8S_RETURN_IF_ERROR(CheckSegment("resource plural", ref.resource));
-  if (!ref.group.empty()) K8S_RETURN_IF_ERROR(CheckSegment("resource group", ref.group));
+  MW_RETURN_IF_ERROR(CheckSegment("resource version", ref.version));
+  MW_RETURN_IF_ERROR(CheckSegment("resource plural", ref.resource));
+  if (!ref.group.empty()) MW_RETURN_IF_ERROR(CheckSegment("resource group", ref.group));
   std::string path = ref.group.empty() ? "/api/" + ref.version : "/apis/" + ref.group + "/" + ref.version;
   if (ref.namespaced) {
     if (!ns.empty()) {
-      K8S_RETURN_IF_ERROR(CheckSegment("namespace", ns));
+      MW_RETURN_IF_ERROR(CheckSegment("namespace", ns));
       path += "/namespaces/" + ns;
     } else if (!name.empty()) {
       return BadArg("namespace is required to address " + ref.resource + " \"" + name + "\"");
@@ -49,12 +49,12 @@ Result<std::string> ResourcePath(const ResourceRef& ref, const std::string& ns, 
   }
   path += "/" + ref.resource;
   if (!name.empty()) {
-    K8S_RETURN_IF_ERROR(CheckSegment("name", name));
+    MW_RETURN_IF_ERROR(CheckSegment("name", name));
     path += "/" + name;
   }
   if (!subresource.empty()) {
     if (name.empty()) return BadArg("subresource \"" + subresource + "\" needs an object name");
-    K8S_RETURN_IF_ERROR(CheckSegment("subresource", subresource));
+    MW_RETURN_IF_ERROR(CheckSegment("subresource", subresource));
     path += "/" + subresource;
   }
   return path;

@@ -12,7 +12,7 @@
 
 #include "metrics/exposer.h"
 #include "operator/k8s/informer.h"
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::runtime {
 

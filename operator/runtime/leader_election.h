@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "operator/k8s/client.h"
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::runtime {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/common/file.h"
+#include "common/file.h"
 
 namespace meshwork::compiler {
 namespace {

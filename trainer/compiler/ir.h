@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::compiler {
 

@@ -297,22 +297,6 @@ Result<Graph> Checked(Graph g, const char* pass) {
 
 }  // namespace
 
-const char* BucketingName(Bucketing b) {
-  switch (b) {
-    case Bucketing::kNone: return "none";
-    case Bucketing::kBlock: return "block";
-    case Bucketing::kAuto: return "auto";
-  }
-  return "?";
-}
-
-Result<Bucketing> ParseBucketing(const std::string& s) {
-  if (s == "none") return Bucketing::kNone;
-  if (s == "block") return Bucketing::kBlock;
-  if (s == "auto") return Bucketing::kAuto;
-  return InvalidConfig("fsdp.bucketing: '" + s + "' is not one of none, block, auto");
-}
-
 Result<Graph> BucketAllGathers(const Graph& g, const PassContext& ctx) {
   switch (ctx.bucketing) {
     case Bucketing::kNone: return g;

@@ -24,14 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "trainer/compiler/bucketing.h"
 #include "trainer/compiler/cost_model.h"
 #include "trainer/compiler/ir.h"
 
 namespace meshwork::compiler {
 
-enum class Bucketing { kNone, kBlock, kAuto };
-const char* BucketingName(Bucketing b);
-Result<Bucketing> ParseBucketing(const std::string& s);  // "none" | "block" | "auto"
 
 struct PassContext {
   CostModel cost;

@@ -14,6 +14,7 @@
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/compiler/passes.h"
+#include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 #include "trainer/model/llama_config.h"
 
@@ -128,8 +129,8 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     } else if (flag == "--batch") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &o.batch));
     } else if (flag == "--bucketing") {
-      auto b = compiler::ParseBucketing(value);
-      if (!b.ok()) return meshwork::InvalidConfig("--bucketing: expected none, block or auto, got '" + value + "'");
+      auto b = meshwork::ParseName(compiler::kBucketingNames, value);
+      if (!b) return meshwork::InvalidConfig("--bucketing: expected none, block or auto, got '" + value + "'");
       o.bucketing = *b;
     } else {  // --memory-budget-gib
       char* end = nullptr;
@@ -237,32 +238,28 @@ int Run(const Options& o) {
   shape.dp_replicate = dp_replicate;
   shape.flops_per_second = profile->AchievedFlopsPerSecond();
   shape.activation_checkpointing = o.activation_checkpointing;
-  const compiler::Graph naive =
-      compiler::BuildNaiveProgram(compiler::LlamaSkeleton(shape), compiler::FrontEndOptions{});
+  const compiler::Graph skeleton = compiler::LlamaSkeleton(shape);
 
-  compiler::PassContext ctx;
-  ctx.cost = *cost;
-  ctx.bucketing = o.bucketing;
-
-  auto eager = compiler::EagerPlan(naive, ctx);
-  if (!eager.ok()) return Fail(eager.status());
-  const compiler::SimResult eager_sim = compiler::Simulate(*eager, ctx.cost);
-
-  // The compiled plan's budget: what the device holds beyond the static shards. A model whose
-  // eager plan already exceeds that gets the eager plan's peak, so the two still compare like
-  // with like (and the summary says it does not fit).
+  compiler::PlanOptions plan_options;
+  plan_options.bucketing = o.bucketing;
+  // The compiled plan's budget: what the device holds beyond the static shards, unless given.
   std::string budget_source;
   if (o.memory_budget_gib > 0) {
-    ctx.memory_budget_bytes = static_cast<int64_t>(o.memory_budget_gib * 1024.0 * 1024.0 * 1024.0);
+    plan_options.budget = {compiler::MemoryBudget::Source::kFixed,
+                           static_cast<int64_t>(o.memory_budget_gib * 1024.0 * 1024.0 * 1024.0)};
     budget_source = "--memory-budget-gib";
   } else {
-    ctx.memory_budget_bytes = profile->memory_bytes - eager_sim.static_bytes;
-    budget_source = "device memory - static state";
-    if (ctx.memory_budget_bytes < eager_sim.peak_bytes) {
-      ctx.memory_budget_bytes = eager_sim.peak_bytes;
-      budget_source = "the eager plan's peak: the device cannot hold it";
-    }
+    plan_options.budget = {compiler::MemoryBudget::Source::kDeviceMemory, profile->memory_bytes};
   }
+  std::ostringstream dump;
+  auto plans = compiler::PlanStep(skeleton, *cost, plan_options, o.dump_plan ? &dump : nullptr);
+  if (!plans.ok()) return Fail(plans.status());
+  const compiler::PassContext& ctx = plans->ctx;
+  if (o.memory_budget_gib <= 0) {
+    budget_source = plans->budget_is_eager_peak ? "the eager plan's peak: the device cannot hold it"
+                                                : "device memory - static state";
+  }
+  const compiler::SimResult eager_sim = compiler::Simulate(plans->eager, ctx.cost);
 
   std::cout << "meshwork-simulate (simulated, not measured): " << o.model << ", "
             << Count(static_cast<double>(config->NumParameters())) << " parameters, on " << o.gpus
@@ -281,11 +278,8 @@ int Run(const Options& o) {
             << compiler::BucketingName(o.bucketing) << ", memory budget " << Fixed(GiB(ctx.memory_budget_bytes), 2)
             << " GiB (" << budget_source << ")\n";
 
-  const compiler::Pipeline pipeline = compiler::Pipeline::Default();
-  if (o.dump_plan) std::cout << "== eager_plan ==\n" << compiler::Print(*eager);
-  auto compiled = pipeline.Run(naive, ctx, o.dump_plan ? &std::cout : nullptr);
-  if (!compiled.ok()) return Fail(compiled.status());
-  const compiler::SimResult compiled_sim = compiler::Simulate(*compiled, ctx.cost);
+  if (o.dump_plan) std::cout << "== eager_plan ==\n" << compiler::Print(plans->eager) << dump.str();
+  const compiler::SimResult compiled_sim = compiler::Simulate(plans->compiled, ctx.cost);
 
   const PlanSummary e = Summarize(eager_sim, o, *config, *profile);
   const PlanSummary c = Summarize(compiled_sim, o, *config, *profile);

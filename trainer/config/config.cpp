@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -103,21 +104,29 @@ Field BoolField(const std::string& key, bool* out, std::function<void()> on_set 
           [=] { return std::string(*out ? "true" : "false"); }};
 }
 
-// `choices` empty = any string.
-Field StringField(const std::string& key, std::string* out, std::vector<std::string> choices = {}) {
+Field StringField(const std::string& key, std::string* out) {
   return {key,
           [=](const YAML::Node& n) -> Status {
             if (!n.IsNull() && !n.IsScalar()) return TypeError(key, "a string", n);
-            std::string v = n.IsNull() ? "" : n.Scalar();
-            if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
-              std::string list;
-              for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-              return InvalidConfig("key '" + key + "': must be one of " + list + ", got '" + v + "'");
-            }
-            *out = v;
+            *out = n.IsNull() ? "" : n.Scalar();
             return Status::Ok();
           },
           [=] { return *out; }};
+}
+
+// One of the words of `names`.
+template <typename E, size_t N>
+Field EnumField(const std::string& key, E* out, const EnumName<E> (&names)[N]) {
+  return {key,
+          [=, &names](const YAML::Node& n) -> Status {
+            if (!n.IsNull() && !n.IsScalar()) return TypeError(key, "a string", n);
+            const std::string v = n.IsNull() ? "" : n.Scalar();
+            const std::optional<E> e = ParseName(names, v);
+            if (!e) return InvalidConfig("key '" + key + "': must be one of " + NameList(names) + ", got '" + v + "'");
+            *out = *e;
+            return Status::Ok();
+          },
+          [=, &names] { return std::string(NameOf(names, *out)); }};
 }
 
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
@@ -144,7 +153,7 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       StringField("data.train", &c.data.train),
       StringField("data.val", &c.data.val),
-      StringField("data.token_format", &c.data.token_format, {"auto", "llmc", "raw_u16", "raw_u32"}),
+      EnumField("data.token_format", &c.data.token_format, data::kTokenFormatNames),
       IntField("data.seq_len", &c.data.seq_len, 1, 1 << 20),
       IntField("data.batch_size", &c.data.batch_size, 1, 1 << 20),
 
@@ -157,11 +166,11 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       IntField("schedule.steps", &c.schedule.steps, 1, kMaxInt),
       IntField("schedule.warmup_steps", &c.schedule.warmup_steps, 0, kMaxInt),
-      StringField("schedule.decay", &c.schedule.decay, {"cosine", "linear", "constant"}),
+      EnumField("schedule.decay", &c.schedule.decay, kLrDecayNames),
       FloatField("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, 0.0, 1.0, false),
 
       StringField("training.device", &c.training.device),
-      StringField("training.dtype", &c.training.dtype, {"auto", "fp32", "bf16"}),
+      EnumField("training.dtype", &c.training.dtype, kDtypeNames),
       IntField("training.grad_accum", &c.training.grad_accum, 1, 1 << 20),
       IntField("training.seed", &c.training.seed, 0, kMaxInt),
       IntField("training.threads", &c.training.threads, 0, 4096),
@@ -178,8 +187,8 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
       BoolField("fsdp.prefetch", &c.fsdp.prefetch),
-      StringField("fsdp.mode", &c.fsdp.mode, {"eager", "compiled"}),
-      StringField("fsdp.bucketing", &c.fsdp.bucketing, {"none", "block", "auto"}),
+      EnumField("fsdp.mode", &c.fsdp.mode, kFsdpModeNames),
+      EnumField("fsdp.bucketing", &c.fsdp.bucketing, compiler::kBucketingNames),
       BoolField("fsdp.reorder", &c.fsdp.reorder),
       IntField("fsdp.memory_budget", &c.fsdp.memory_budget, 0, int64_t{1} << 30),
       BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),
@@ -192,16 +201,15 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("metrics.port", &c.metrics.port, -1, 65535),
       StringField("metrics.host", &c.metrics.host),
       StringField("metrics.job", &c.metrics.job),
-      StringField("metrics.device_profile", &c.metrics.device_profile,
-                  {"auto", "cpu", "h100-sxm", "h200", "a100", "l4"}),
+      EnumField("metrics.device_profile", &c.metrics.device_profile, kDeviceProfileNames),
       FloatField("metrics.peak_tflops", &c.metrics.peak_tflops, 0.0, 1e6, false),
 
       StringField("checkpoint.export_hf", &c.checkpoint.export_hf),
-      StringField("checkpoint.export_dtype", &c.checkpoint.export_dtype, {"fp32", "bf16"}),
+      EnumField("checkpoint.export_dtype", &c.checkpoint.export_dtype, kExportDtypeNames),
       StringField("checkpoint.dir", &c.checkpoint.dir),
       IntField("checkpoint.every", &c.checkpoint.every, 0, kMaxInt),
       IntField("checkpoint.keep", &c.checkpoint.keep, 1, 1 << 20),
-      StringField("checkpoint.resume", &c.checkpoint.resume, {"auto", "never"}),
+      EnumField("checkpoint.resume", &c.checkpoint.resume, kResumeNames),
   };
 }
 
@@ -309,7 +317,7 @@ Status ValidateCrossFields(const TrainConfig& c) {
       return InvalidConfig("key 'training.device': bad CUDA device index in '" + dev + "'");
     }
   }
-  if (c.training.dtype == "bf16" && dev == "cpu") {
+  if (c.training.dtype == Dtype::kBf16 && dev == "cpu") {
     return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device is 'cpu'");
   }
   if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");

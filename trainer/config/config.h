@@ -7,10 +7,36 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/enum_names.h"
+#include "common/status.h"
+#include "trainer/compiler/bucketing.h"
+#include "trainer/data/token_format.h"
 #include "trainer/model/llama_config.h"
 
 namespace meshwork::config {
+
+// The keys that take one of a few words hold enums; each table below is the only spelling of
+// its words (parsing, printing, the "must be one of" message and docs/config.md's tests).
+enum class LrDecay { kCosine, kLinear, kConstant };
+inline constexpr EnumName<LrDecay> kLrDecayNames[] = {
+    {LrDecay::kCosine, "cosine"}, {LrDecay::kLinear, "linear"}, {LrDecay::kConstant, "constant"}};
+
+enum class Dtype { kAuto, kFp32, kBf16 };
+inline constexpr EnumName<Dtype> kDtypeNames[] = {{Dtype::kAuto, "auto"}, {Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}};
+
+enum class FsdpMode { kEager, kCompiled };
+inline constexpr EnumName<FsdpMode> kFsdpModeNames[] = {{FsdpMode::kEager, "eager"}, {FsdpMode::kCompiled, "compiled"}};
+
+enum class DeviceProfileName { kAuto, kCpu, kH100Sxm, kH200, kA100, kL4 };
+inline constexpr EnumName<DeviceProfileName> kDeviceProfileNames[] = {
+    {DeviceProfileName::kAuto, "auto"}, {DeviceProfileName::kCpu, "cpu"},     {DeviceProfileName::kH100Sxm, "h100-sxm"},
+    {DeviceProfileName::kH200, "h200"}, {DeviceProfileName::kA100, "a100"}, {DeviceProfileName::kL4, "l4"}};
+
+enum class ExportDtype { kFp32, kBf16 };
+inline constexpr EnumName<ExportDtype> kExportDtypeNames[] = {{ExportDtype::kFp32, "fp32"}, {ExportDtype::kBf16, "bf16"}};
+
+enum class Resume { kAuto, kNever };
+inline constexpr EnumName<Resume> kResumeNames[] = {{Resume::kAuto, "auto"}, {Resume::kNever, "never"}};
 
 struct ModelConfig {
   std::string preset = "tiny";
@@ -23,7 +49,7 @@ struct ModelConfig {
 struct DataConfig {
   std::string train = "synthetic";  // token file, or "synthetic"
   std::string val;                  // token file for evaluation (optional)
-  std::string token_format = "auto";
+  data::TokenFormat token_format = data::TokenFormat::kAuto;
   int64_t seq_len = 128;
   int64_t batch_size = 16;  // sequences per micro-batch
 };
@@ -40,13 +66,13 @@ struct OptimizerConfig {
 struct ScheduleConfig {
   int64_t steps = 200;
   int64_t warmup_steps = 20;
-  std::string decay = "cosine";  // cosine | linear | constant
+  LrDecay decay = LrDecay::kCosine;
   double min_lr_ratio = 0.1;     // final lr = lr * min_lr_ratio
 };
 
 struct TrainingConfig {
   std::string device = "auto";  // auto | cpu | cuda | cuda:N
-  std::string dtype = "auto";   // auto | fp32 | bf16 (bf16 = autocast on CUDA)
+  Dtype dtype = Dtype::kAuto;   // bf16 = autocast on CUDA
   int64_t grad_accum = 1;
   int64_t seed = 1234;
   int64_t threads = 0;  // CPU intra-op threads; 0 = libtorch's default
@@ -71,8 +97,8 @@ struct MeshConfig {
 struct FsdpConfig {
   bool reshard_after_forward = true;  // free each layer's gathered weights after its forward
   bool prefetch = true;               // issue the next layer's all-gather before computing
-  std::string mode = "eager";         // eager | compiled (schedule compiler after step 1)
-  std::string bucketing = "auto";     // compiled: none | block | auto
+  FsdpMode mode = FsdpMode::kEager;   // compiled: the schedule compiler plans after step 1
+  compiler::Bucketing bucketing = compiler::Bucketing::kAuto;  // compiled
   bool reorder = true;                // compiled: run the reorder pass
   int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = eager's peak
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
@@ -89,17 +115,17 @@ struct MetricsConfig {
   int64_t port = 9400;  // -1 disables /metrics, 0 picks a free port
   std::string host = "0.0.0.0";
   std::string job = "local";           // `job` label on every series
-  std::string device_profile = "auto";  // auto | cpu | h100-sxm | h200 | a100 | l4
+  DeviceProfileName device_profile = DeviceProfileName::kAuto;
   double peak_tflops = 0.0;            // overrides the profile's peak when > 0
 };
 
 struct CheckpointConfig {
   std::string export_hf;               // write a Hugging Face model directory here at the end
-  std::string export_dtype = "fp32";   // fp32 | bf16
+  ExportDtype export_dtype = ExportDtype::kFp32;
   std::string dir;                     // training checkpoints (every rank's shards) here; "" = none
   int64_t every = 0;                   // save every N steps; 0 = only after the last step
   int64_t keep = 2;                    // complete checkpoints kept; older ones are deleted
-  std::string resume = "auto";         // auto: resume from dir/latest when it exists | never
+  Resume resume = Resume::kAuto;       // auto: resume from dir/latest when it exists
 };
 
 struct TrainConfig {

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/data/token_file.h"
 
 namespace meshwork::data {

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <limits>
 
-#include "trainer/common/file.h"
+#include "common/file.h"
 
 namespace meshwork::data {
 namespace {
@@ -63,22 +63,9 @@ void AppendLe(std::vector<unsigned char>& out, uint32_t v, int width) {
 }  // namespace
 
 Result<TokenFormat> ParseTokenFormat(const std::string& name) {
-  if (name == "auto") return TokenFormat::kAuto;
-  if (name == "llmc") return TokenFormat::kLlmc;
-  if (name == "raw_u16") return TokenFormat::kRawU16;
-  if (name == "raw_u32") return TokenFormat::kRawU32;
-  return InvalidConfig("data.token_format: unknown token format '" + name +
-                       "'; expected one of auto, llmc, raw_u16, raw_u32");
-}
-
-const char* TokenFormatName(TokenFormat format) {
-  switch (format) {
-    case TokenFormat::kAuto: return "auto";
-    case TokenFormat::kLlmc: return "llmc";
-    case TokenFormat::kRawU16: return "raw_u16";
-    case TokenFormat::kRawU32: return "raw_u32";
-  }
-  return "unknown";
+  if (auto f = ParseName(kTokenFormatNames, name)) return *f;
+  return InvalidConfig("data.token_format: unknown token format '" + name + "'; expected one of " +
+                       NameList(kTokenFormatNames));
 }
 
 TokenFile::TokenFile(PrivateTag, std::string path) : path_(std::move(path)) {}

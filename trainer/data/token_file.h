@@ -7,16 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
+#include "trainer/data/token_format.h"
 
 namespace meshwork::data {
 
-enum class TokenFormat {
-  kAuto,    // llm.c if the file starts with its magic, else raw_u16 (what nanoGPT writes)
-  kLlmc,    // llm.c: 1024-byte header of 256 little-endian int32, then uint16 or uint32 tokens
-  kRawU16,  // header-less little-endian uint16 tokens (nanoGPT's train.bin)
-  kRawU32,  // header-less little-endian uint32 tokens, for vocabularies above 65535
-};
 
 // llm.c's header (llm.c/dev/data/data_common.py): int32 [0] magic, [1] version, [2] count.
 inline constexpr int32_t kLlmcMagic = 20240520;
@@ -25,9 +20,8 @@ inline constexpr int32_t kLlmcVersionU32 = 2;
 inline constexpr int64_t kLlmcHeaderInts = 256;
 inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 
-// "auto", "llmc", "raw_u16", "raw_u32"; an error names the key 'data.token_format'.
+// One of kTokenFormatNames; an error names the key 'data.token_format'.
 Result<TokenFormat> ParseTokenFormat(const std::string& name);
-const char* TokenFormatName(TokenFormat format);
 
 // A read-only, memory-mapped token file. Opening validates the whole layout (header, size,
 // token width) so that reads afterwards cannot run off the mapping.

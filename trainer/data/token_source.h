@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/data/token_file.h"
 
 namespace meshwork::data {

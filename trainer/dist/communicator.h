@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::dist {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/dist/communicator.h"
 
 namespace meshwork::dist {

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::dist {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/dist/communicator.h"
 
 namespace meshwork::dist {

@@ -6,7 +6,7 @@
 
 #include <chrono>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/dist/env.h"
 
 namespace meshwork::dist {

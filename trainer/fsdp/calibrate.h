@@ -4,7 +4,7 @@
 // they hand a communicator lives on its device().
 #pragma once
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/compiler/cost_model.h"
 #include "trainer/dist/communicator.h"
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/chrome_trace.h"
-#include "trainer/common/status.h"
+#include "common/chrome_trace.h"
+#include "common/status.h"
 #include "trainer/compiler/ir.h"
 #include "trainer/dist/communicator.h"
 #include "trainer/fsdp/compute_clock.h"

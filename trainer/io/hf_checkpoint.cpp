@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "trainer/common/file.h"
+#include "common/file.h"
 
 namespace meshwork::io {
 namespace {

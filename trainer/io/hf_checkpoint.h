@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/io/safetensors.h"
 #include "trainer/model/llama_config.h"
 

@@ -11,7 +11,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "trainer/common/file.h"
+#include "common/file.h"
 
 // The format stores little-endian bytes and both sides copy them verbatim.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,

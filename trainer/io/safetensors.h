@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::io {
 

@@ -17,6 +17,8 @@
 #include <optional>
 #include <thread>
 
+#include "common/subprocess.h"
+
 extern char** environ;
 
 namespace meshwork::launch {
@@ -95,15 +97,8 @@ std::vector<std::string> ChildEnvironment(const std::map<std::string, std::strin
   return env;
 }
 
-std::vector<char*> CStrings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (auto& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-// Forks and execs one rank. Returns the pid, or -1 with the reason in *error. An exec failure
-// comes back through a close-on-exec pipe: nothing read means the exec succeeded.
+// Forks and execs one rank in its own process group. Returns the pid, or -1 with the reason in
+// *error; a failed exec returns the pid too, with the reason.
 pid_t SpawnRank(const LaunchOptions& o, int local_rank, std::string* error) {
   const int rank = o.node_rank * o.nproc + local_rank;
   const std::string world = std::to_string(o.nnodes * o.nproc);
@@ -117,51 +112,17 @@ pid_t SpawnRank(const LaunchOptions& o, int local_rank, std::string* error) {
     vars[p + "MASTER_ADDR"] = o.master_addr;
     vars[p + "MASTER_PORT"] = std::to_string(o.master_port);
   }
-  std::vector<std::string> env_strings = ChildEnvironment(vars);
-  std::vector<std::string> argv_strings = o.command;
-  std::vector<char*> envp = CStrings(env_strings);
-  std::vector<char*> argv = CStrings(argv_strings);
-
-  int exec_pipe[2];
-  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
-    *error = std::string("pipe2: ") + std::strerror(errno);
-    return -1;
+  SpawnOptions spawn;
+  spawn.argv = o.command;
+  spawn.env = ChildEnvironment(vars);
+  spawn.search_path = true;
+  Spawned child = SpawnProcess(spawn);
+  if (child.failure) {
+    *error = child.failure->step == "exec"
+                 ? "cannot execute '" + o.command[0] + "': " + std::strerror(child.failure->error)
+                 : child.failure->ToString();
   }
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    *error = std::string("fork: ") + std::strerror(errno);
-    ::close(exec_pipe[0]);
-    ::close(exec_pipe[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    // Child: only async-signal-safe calls until exec.
-    ::close(exec_pipe[0]);
-    ::setpgid(0, 0);  // own group, so a rank's helpers are stopped with it
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execvpe(argv[0], argv.data(), envp.data());
-    int err = errno;
-    ssize_t ignored = ::write(exec_pipe[1], &err, sizeof(err));
-    (void)ignored;
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);  // also here, so signalling the group cannot race the child's setpgid
-  ::close(exec_pipe[1]);
-  int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(exec_pipe[0], &child_errno, sizeof(child_errno));
-  } while (n < 0 && errno == EINTR);
-  ::close(exec_pipe[0]);
-  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
-    *error = "cannot execute '" + o.command[0] + "': " + std::strerror(child_errno);
-  }
-  return pid;
+  return child.pid;  // after a failed exec, a child that exits 127: the caller reaps it
 }
 
 void SignalGroups(const std::vector<Child>& children, int sig) {

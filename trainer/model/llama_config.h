@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork::model {
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <sstream>
 
-#include "trainer/common/file.h"
+#include "common/file.h"
 #include "trainer/model/compat.h"
 #include "trainer/train/engine.h"
 
@@ -224,7 +224,7 @@ CheckpointMeta RunMeta(const config::TrainConfig& cfg, const model::LlamaConfig&
   const dist::MeshShape shape = engine.mesh_shape();
   m.dp_replicate = shape.dp_replicate;
   m.dp_shard = shape.dp_shard;
-  m.fsdp_mode = engine.world_size() > 1 ? cfg.fsdp.mode : "none";
+  m.fsdp_mode = engine.world_size() > 1 ? NameOf(config::kFsdpModeNames, cfg.fsdp.mode) : "none";
   m.dims = dims;
   m.data_train = cfg.data.train;
   m.seed = cfg.training.seed;
@@ -582,7 +582,7 @@ Status Checkpointer::Save(int64_t step) {
 
 Result<ResumePoint> Checkpointer::Resume() {
   ResumePoint point;
-  if (!enabled() || cfg_.resume == "never") return point;
+  if (!enabled() || cfg_.resume == config::Resume::kNever) return point;
 
   // Every rank reads `latest` itself (checkpoint.dir is storage all ranks share); they must agree.
   std::optional<std::string> latest;

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/config/config.h"
 #include "trainer/model/llama_config.h"
 

@@ -72,31 +72,42 @@ double MeasureCpuMatmulFlops() {
   return best;
 }
 
-Result<DeviceProfile> ResolveDeviceProfile(const std::string& name, double peak_tflops,
-                                           const torch::Device& device) {
-  // Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity).
-  static const std::map<std::string, double> kDatasheet = {
-      {"h100-sxm", 989.4e12}, {"h200", 989.4e12}, {"a100", 312e12}, {"l4", 121e12}};
-  std::string resolved = name;
-  if (resolved == "auto") resolved = device.is_cuda() ? "h100-sxm" : "cpu";
+namespace {
+
+// Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity); 0 for the CPU, whose
+// peak is measured.
+double DatasheetPeak(config::DeviceProfileName name) {
+  using P = config::DeviceProfileName;
+  switch (name) {
+    case P::kH100Sxm:
+    case P::kH200: return 989.4e12;
+    case P::kA100: return 312e12;
+    case P::kL4: return 121e12;
+    case P::kAuto:
+    case P::kCpu: return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_tflops, const torch::Device& device) {
+  using P = config::DeviceProfileName;
+  const P resolved = name != P::kAuto ? name : device.is_cuda() ? P::kH100Sxm : P::kCpu;
   DeviceProfile p;
-  p.name = resolved;
+  p.name = NameOf(config::kDeviceProfileNames, resolved);
   if (peak_tflops > 0) {
     p.peak_flops = peak_tflops * 1e12;
     p.basis = "metrics.peak_tflops";
     return p;
   }
-  if (resolved == "cpu") {
+  if (resolved == P::kCpu) {
     p.peak_flops = MeasureCpuMatmulFlops();
     p.basis = "measured fp32 matmul peak of this CPU";
     return p;
   }
-  auto it = kDatasheet.find(resolved);
-  if (it == kDatasheet.end()) {
-    return InvalidConfig("key 'metrics.device_profile': unknown profile '" + name + "'");
-  }
-  p.peak_flops = it->second;
-  p.basis = "datasheet dense bf16 peak of " + resolved + (name == "auto" ? " (auto: set metrics.device_profile)" : "");
+  p.peak_flops = DatasheetPeak(resolved);
+  p.basis = "datasheet dense bf16 peak of " + p.name + (name == P::kAuto ? " (auto: set metrics.device_profile)" : "");
   return p;
 }
 

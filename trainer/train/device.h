@@ -6,7 +6,8 @@
 
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
+#include "trainer/config/config.h"
 
 namespace meshwork::train {
 
@@ -31,10 +32,9 @@ struct DeviceProfile {
   std::string basis;      // how peak_flops was obtained, for the log
 };
 
-// `name` is metrics.device_profile; `peak_tflops` > 0 overrides the profile's figure. On the CPU
+// `name` is metrics.device_profile (auto: h100-sxm on CUDA, else cpu); `peak_tflops` > 0 overrides the profile's figure. On the CPU
 // the peak is a short fp32 matmul measurement (there is no datasheet figure for "this VM").
-Result<DeviceProfile> ResolveDeviceProfile(const std::string& name, double peak_tflops,
-                                           const torch::Device& device);
+DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_tflops, const torch::Device& device);
 
 // Best fp32 GEMM throughput of a few square matmuls on this CPU, in FLOP/s.
 double MeasureCpuMatmulFlops();

@@ -4,9 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <iomanip>
-#include <sstream>
 #include <ostream>
 
 #include "trainer/dist/device_mesh.h"
@@ -14,13 +11,9 @@
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/dist/host_collectives.h"
 #include "trainer/dist/rendezvous.h"
-#include "trainer/common/chrome_trace.h"
-#include "trainer/common/file.h"
-#include "trainer/common/units.h"
-#include "trainer/compiler/frontend.h"
-#include "trainer/compiler/passes.h"
-#include "trainer/compiler/simulator.h"
-#include "trainer/fsdp/calibrate.h"
+#include "common/chrome_trace.h"
+#include "common/file.h"
+#include "trainer/fsdp/compile.h"
 #include "trainer/fsdp/fully_shard.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
@@ -85,60 +78,6 @@ class FsdpEngine : public Engine {
       : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)), cfg_(std::move(fsdp_config)), cpu_(cpu),
         log_(log) {}
 
-  // Traces are taken from the first (eager) step; from the second on, the compiled plan runs.
-  Status Compile() {
-    compiler::Graph skeleton = fsdp_->Skeleton();
-    compiler::PassContext ctx;
-    ctx.cost.dp_shard = skeleton.dp_shard;
-    ctx.cost.dp_replicate = skeleton.dp_replicate;
-    if (skeleton.dp_shard > 1) {
-      MW_ASSIGN_OR_RETURN(ctx.cost.shard_link, fsdp::CalibrateLink(mesh_->group("dp_shard"), dist::Collective::kAllGather));
-    }
-    if (skeleton.dp_replicate > 1) {
-      MW_ASSIGN_OR_RETURN(ctx.cost.replicate_link,
-                          fsdp::CalibrateLink(mesh_->group("dp_replicate"), dist::Collective::kAllReduce));
-    }
-    if (cpu_) {
-      // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
-      ctx.cost.host_copy_bytes_per_second = fsdp::MeasureCopyRate();
-      if (skeleton.dp_shard > 1) {
-        MW_ASSIGN_OR_RETURN(ctx.cost.interference, fsdp::MeasureInterference(mesh_->group("dp_shard")));
-      }
-    }
-    MW_ASSIGN_OR_RETURN(ctx.bucketing, compiler::ParseBucketing(cfg_.bucketing));
-    ctx.memory_budget_bytes = cfg_.memory_budget << 20;
-    compiler::Graph plan;
-    if (env_.rank == 0) {
-      // Rank 0 plans from its own trace and calibration; AgreeOnPlan hands the plan to all.
-      compiler::Pipeline pipeline = compiler::Pipeline::Default();
-      if (!cfg_.reorder) MW_RETURN_IF_ERROR(pipeline.Disable("reorder"));
-      const compiler::Graph naive = compiler::BuildNaiveProgram(skeleton, {cfg_.reshard_after_forward});
-      MW_ASSIGN_OR_RETURN(compiler::Graph eager, compiler::EagerPlan(naive, ctx));
-      // Without a configured budget, the compiled plan may not hold more than the eager plan
-      // would: it is there to be lighter than eager, and faster only within that.
-      if (cfg_.memory_budget == 0) ctx.memory_budget_bytes = compiler::PeakBytes(eager);
-      MW_ASSIGN_OR_RETURN(plan, pipeline.Run(naive, ctx, cfg_.dump_plan ? &log_ : nullptr));
-      const compiler::SimResult p = compiler::Simulate(plan, ctx.cost), e = compiler::Simulate(eager, ctx.cost);
-      std::ostringstream line;
-      line << std::fixed << std::setprecision(4) << "compiled plan: passes " << pipeline.Describe() << "; bucketing "
-           << cfg_.bucketing << ", budget " << Mib(ctx.memory_budget_bytes)
-           << (cfg_.memory_budget > 0 ? "" : " (the eager plan's peak)") << "; "
-           << p.collectives << " collectives/step (eager " << e.collectives << "); predicted step " << p.step_seconds
-           << " s (eager " << e.step_seconds << "), exposed comm " << p.exposed_comm_seconds << " s (eager "
-           << e.exposed_comm_seconds << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes)
-           << "); dp_shard link " << std::setprecision(0) << ctx.cost.shard_link.latency_seconds * 1e6 << " us + "
-           << std::setprecision(2) << ctx.cost.shard_link.bus_bytes_per_second / 1e9 << " GB/s";
-      if (cpu_) {
-        line << ", host copies " << ctx.cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
-             << ctx.cost.interference;
-      }
-      line << "\n";
-      log_ << line.str();
-    }
-    MW_ASSIGN_OR_RETURN(compiler::Graph agreed, fsdp::AgreeOnPlan(mesh_->group("world"), plan));
-    return fsdp_->UsePlan(agreed);
-  }
-
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
   // Every rank of the mesh is data parallel (tp = 1): the data index is the global rank.
@@ -153,7 +92,10 @@ class FsdpEngine : public Engine {
   }
 
   Status BeginStep() override {
-    if (cfg_.mode == "compiled" && !fsdp_->compiled() && steps_done_ >= 1) MW_RETURN_IF_ERROR(Compile());
+    // Compiled: the first step ran eager and was traced; from the second on, the plan runs.
+    if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= 1) {
+      MW_RETURN_IF_ERROR(fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, log_));
+    }
     if (!cfg_.trace_out.empty() && steps_done_ == kTracedStep - 1 && !trace_) {
       trace_origin_ = NowSeconds();
       trace_ = std::make_unique<ChromeTrace>(env_.rank, "rank " + std::to_string(env_.rank), trace_origin_);
@@ -219,7 +161,7 @@ class FsdpEngine : public Engine {
   // (each rank a process; times from each rank's own start of the step).
   Status WriteTrace() {
     fsdp_->TraceInto(nullptr);
-    trace_->Span("step", "step " + std::to_string(kTracedStep) + " (" + cfg_.mode + "): forward, backward, reduction",
+    trace_->Span("step", "step " + std::to_string(kTracedStep) + " (" + NameOf(config::kFsdpModeNames, cfg_.mode) + "): forward, backward, reduction",
                  trace_origin_, NowSeconds());
     MW_ASSIGN_OR_RETURN(std::vector<std::string> ranks, dist::AllGatherText(mesh_->group("world"), trace_->EventsJson()));
     if (env_.rank != 0) return Status::Ok();
@@ -227,7 +169,7 @@ class FsdpEngine : public Engine {
     MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(cfg_.trace_out));
     MW_RETURN_IF_ERROR(out.Write(doc.data(), doc.size()));
     MW_RETURN_IF_ERROR(out.Commit());
-    log_ << "trace: step " << kTracedStep << " (" << cfg_.mode << ", " << ranks.size() << " ranks) written to "
+    log_ << "trace: step " << kTracedStep << " (" << NameOf(config::kFsdpModeNames, cfg_.mode) << ", " << ranks.size() << " ranks) written to "
          << cfg_.trace_out << "\n";
     return Status::Ok();
   }
@@ -294,7 +236,7 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   fsdp::FsdpOptions fo;
   fo.reshard_after_forward = cfg.fsdp.reshard_after_forward;
   fo.prefetch = cfg.fsdp.prefetch;
-  if (device.is_cuda() && cfg.training.dtype != "fp32") fo.param_dtype = torch::kBFloat16;
+  if (device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32) fo.param_dtype = torch::kBFloat16;
   dist::Communicator* replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
   MW_ASSIGN_OR_RETURN(auto sharded,
                       fsdp::FullyShardedLlama::Create(std::move(model), &mesh->group("dp_shard"), replicate, fo));

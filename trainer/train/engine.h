@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/config/config.h"
 #include "trainer/dist/communicator.h"
 #include "trainer/dist/device_mesh.h"

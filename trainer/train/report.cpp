@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <map>
 
-#include "trainer/common/units.h"
+#include "common/units.h"
 
 namespace meshwork::train {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "metrics/trainer_metrics.h"
-#include "trainer/common/status.h"
+#include "common/status.h"
 #include "trainer/train/device.h"
 #include "trainer/train/engine.h"
 #include "trainer/train/trainer.h"

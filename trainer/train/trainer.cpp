@@ -13,7 +13,7 @@
 
 #include "metrics/exposer.h"
 #include "metrics/trainer_metrics.h"
-#include "trainer/common/units.h"
+#include "common/units.h"
 #include "trainer/data/token_source.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
@@ -83,7 +83,7 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
 }
 
 bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device) {
-  return device.is_cuda() && (cfg.training.dtype == "bf16" || cfg.training.dtype == "auto");
+  return device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32;
 }
 
 // Mean loss over contiguous windows, batched by data.batch_size, without grads. Every rank
@@ -112,13 +112,13 @@ Status ExportHf(Engine& engine, const config::TrainConfig& cfg, const model::Lla
     torch::NoGradGuard no_grad;
     for (auto& item : copy->named_parameters()) item.value().copy_(state.at(item.key()));
   }
-  const auto dtype = cfg.checkpoint.export_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  const auto dtype = cfg.checkpoint.export_dtype == config::ExportDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
   return io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *copy, dtype);
 }
 
 Result<std::unique_ptr<data::TokenFile>> OpenEvalFile(const config::TrainConfig& cfg) {
   const std::string& path = cfg.eval.data.empty() ? cfg.data.val : cfg.eval.data;
-  MW_ASSIGN_OR_RETURN(auto format, data::ParseTokenFormat(cfg.data.token_format));
+  const data::TokenFormat format = cfg.data.token_format;
   return data::TokenFile::Open(path, format);
 }
 
@@ -137,7 +137,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   // --- set-up -----------------------------------------------------------------------------
   if (cfg.training.threads > 0) torch::set_num_threads(static_cast<int>(cfg.training.threads));
   MW_ASSIGN_OR_RETURN(torch::Device device, ResolveDevice(cfg.training.device));
-  if (cfg.training.dtype == "bf16" && !device.is_cuda()) {
+  if (cfg.training.dtype == config::Dtype::kBf16 && !device.is_cuda()) {
     return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device '" +
                          cfg.training.device + "' resolved to " + device.str());
   }
@@ -150,7 +150,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   std::ostream& out = env.rank == 0 ? log : discard;
   MW_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(cfg, std::move(net), device, out));
 
-  MW_ASSIGN_OR_RETURN(auto format, data::ParseTokenFormat(cfg.data.token_format));
+  const data::TokenFormat format = cfg.data.token_format;
   MW_ASSIGN_OR_RETURN(auto source, data::MakeTokenSource(cfg.data.train, format, cfg.data.seq_len,
                                                          dims.vocab_size,
                                                          static_cast<uint64_t>(cfg.training.seed)));
@@ -177,8 +177,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   metrics.SetInfo(cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from,
                   cfg.model.init_from.empty() ? cfg.model.preset : "hf", device.str(), env.world_size);
 
-  MW_ASSIGN_OR_RETURN(DeviceProfile profile, ResolveDeviceProfile(cfg.metrics.device_profile,
-                                                                  cfg.metrics.peak_tflops, device));
+  const DeviceProfile profile = ResolveDeviceProfile(cfg.metrics.device_profile, cfg.metrics.peak_tflops, device);
   const double flops_per_token = dims.TrainingFlopsPerToken(cfg.data.seq_len);
 
   // AdamW with decoupled weight decay on matrices only; norm gains are not decayed. Under FSDP
@@ -238,7 +237,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     for (const auto& note : resumed.notes) out << "resume: note: " << note << "\n";
   } else if (checkpointer.enabled()) {
     out << "checkpoint: none in " << cfg.checkpoint.dir
-        << (cfg.checkpoint.resume == "never" ? " read (checkpoint.resume: never)" : " yet") << "; starting at step 0\n";
+        << (cfg.checkpoint.resume == config::Resume::kNever ? " read (checkpoint.resume: never)" : " yet") << "; starting at step 0\n";
   }
 
   summary.resumed_from = first_step;

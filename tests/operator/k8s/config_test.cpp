@@ -1,5 +1,5 @@
 // kubeconfig and in-cluster config loading.
-#include "trainer/common/base64.h"
+#include "common/base64.h"
 #include "operator/k8s/config.h"
 
 #include <gmock/gmock.h>

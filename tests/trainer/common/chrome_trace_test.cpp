@@ -1,4 +1,4 @@
-#include "trainer/common/chrome_trace.h"
+#include "common/chrome_trace.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -292,10 +292,10 @@ TEST(Passes, PipelineDisablesOptionalPassesByName) {
 }
 
 TEST(Passes, BucketingNamesParse) {
-  EXPECT_EQ(*ParseBucketing("auto"), Bucketing::kAuto);
-  auto bad = ParseBucketing("blocks");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().message(), "fsdp.bucketing: 'blocks' is not one of none, block, auto");
+  EXPECT_EQ(*ParseName(kBucketingNames, "auto"), Bucketing::kAuto);
+  EXPECT_FALSE(ParseName(kBucketingNames, "blocks").has_value());
+  EXPECT_STREQ(BucketingName(Bucketing::kBlock), "block");
+  EXPECT_EQ(NameList(kBucketingNames), "none, block, auto");
 }
 
 }  // namespace

@@ -248,7 +248,7 @@ TEST(ConfigEnvTest, ReadsTheYamlFromTheVariableAndAppliesSetOnTop) {
   EXPECT_EQ(c->checkpoint.dir, "/ckpt");
   EXPECT_EQ(c->checkpoint.every, 10);
   EXPECT_EQ(c->checkpoint.keep, 3);
-  EXPECT_EQ(c->checkpoint.resume, "auto");
+  EXPECT_EQ(c->checkpoint.resume, Resume::kAuto);
 }
 
 TEST(ConfigEnvTest, UnsetVariableIsAConfigErrorNamingFlagAndVariable) {
@@ -282,7 +282,7 @@ TEST(ConfigTest, CheckpointDefaults) {
   EXPECT_EQ(c->checkpoint.dir, "");
   EXPECT_EQ(c->checkpoint.every, 0);
   EXPECT_EQ(c->checkpoint.keep, 2);
-  EXPECT_EQ(c->checkpoint.resume, "auto");
+  EXPECT_EQ(c->checkpoint.resume, Resume::kAuto);
 }
 
 TEST(ConfigTest, DefaultsWithoutAFile) {
@@ -298,13 +298,13 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_DOUBLE_EQ(c->optimizer.lr, 3e-3);
   EXPECT_EQ(c->schedule.steps, 200);
   EXPECT_EQ(c->schedule.warmup_steps, 20);
-  EXPECT_EQ(c->schedule.decay, "cosine");
+  EXPECT_EQ(c->schedule.decay, LrDecay::kCosine);
   EXPECT_EQ(c->training.device, "auto");
-  EXPECT_EQ(c->training.dtype, "auto");
+  EXPECT_EQ(c->training.dtype, Dtype::kAuto);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");
-  EXPECT_EQ(c->checkpoint.export_dtype, "fp32");
+  EXPECT_EQ(c->checkpoint.export_dtype, ExportDtype::kFp32);
 }
 
 TEST(ConfigTest, EmptyTextAndEmptySectionsGiveDefaults) {
@@ -376,7 +376,7 @@ checkpoint:
   EXPECT_DOUBLE_EQ(c->model.init_std, 0.01);
   EXPECT_EQ(c->data.train, "data/train.bin");
   EXPECT_EQ(c->data.val, "data/val.bin");
-  EXPECT_EQ(c->data.token_format, "llmc");
+  EXPECT_EQ(c->data.token_format, data::TokenFormat::kLlmc);
   EXPECT_EQ(c->data.seq_len, 512);
   EXPECT_EQ(c->data.batch_size, 8);
   EXPECT_DOUBLE_EQ(c->optimizer.lr, 6e-4);
@@ -387,10 +387,10 @@ checkpoint:
   EXPECT_DOUBLE_EQ(c->optimizer.grad_clip, 0.5);
   EXPECT_EQ(c->schedule.steps, 1000);
   EXPECT_EQ(c->schedule.warmup_steps, 100);
-  EXPECT_EQ(c->schedule.decay, "linear");
+  EXPECT_EQ(c->schedule.decay, LrDecay::kLinear);
   EXPECT_DOUBLE_EQ(c->schedule.min_lr_ratio, 0.0);
   EXPECT_EQ(c->training.device, "cuda:1");
-  EXPECT_EQ(c->training.dtype, "bf16");
+  EXPECT_EQ(c->training.dtype, Dtype::kBf16);
   EXPECT_EQ(c->training.grad_accum, 4);
   EXPECT_EQ(c->training.seed, 7);
   EXPECT_EQ(c->training.threads, 2);
@@ -401,10 +401,10 @@ checkpoint:
   EXPECT_EQ(c->metrics.port, 0);
   EXPECT_EQ(c->metrics.host, "127.0.0.1");
   EXPECT_EQ(c->metrics.job, "run-42");
-  EXPECT_EQ(c->metrics.device_profile, "h100-sxm");
+  EXPECT_EQ(c->metrics.device_profile, DeviceProfileName::kH100Sxm);
   EXPECT_DOUBLE_EQ(c->metrics.peak_tflops, 700);
   EXPECT_EQ(c->checkpoint.export_hf, "out/hf");
-  EXPECT_EQ(c->checkpoint.export_dtype, "bf16");
+  EXPECT_EQ(c->checkpoint.export_dtype, ExportDtype::kBf16);
 }
 
 TEST(ConfigTest, AcceptsEveryDeviceForm) {
@@ -473,7 +473,7 @@ TEST(ConfigTest, LaterSetWins) {
       "", {"optimizer.lr=0.1", "optimizer.lr=0.2", "schedule.decay=linear", "schedule.decay=constant"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_DOUBLE_EQ(c->optimizer.lr, 0.2);
-  EXPECT_EQ(c->schedule.decay, "constant");
+  EXPECT_EQ(c->schedule.decay, LrDecay::kConstant);
 }
 
 TEST(ConfigTest, SetValuesAreYaml) {

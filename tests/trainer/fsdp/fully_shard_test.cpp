@@ -8,8 +8,8 @@
 
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/gloo_communicator.h"
-#include "trainer/compiler/frontend.h"
 #include "trainer/compiler/passes.h"
+#include "trainer/compiler/planner.h"
 #include "trainer/fsdp/fully_shard.h"
 
 namespace meshwork::fsdp {
@@ -133,17 +133,19 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           compiler::Graph skeleton = f.Skeleton();
           // Each rank's own timings, made to differ: the agreed plan must still be rank 0's.
           for (auto& m : skeleton.modules) m.fwd_seconds = m.bwd_seconds = 0.001 * (1 + rank * (&m - &skeleton.modules[0]));
-          compiler::PassContext ctx;
-          ctx.cost.dp_shard = dp_shard;
-          ctx.cost.dp_replicate = dp_replicate;
-          ctx.cost.shard_link = {0.002, 1e8};
-          ctx.cost.replicate_link = {0.002, 1e8};
-          ctx.bucketing = compile.bucketing;
-          compiler::Pipeline pipeline = compiler::Pipeline::Default();
-          if (!compile.reorder) (void)pipeline.Disable("reorder");
-          auto plan = pipeline.Run(compiler::BuildNaiveProgram(skeleton, {compile.reshard}), ctx);
-          if (!plan.ok()) return fail(plan.status());
-          auto agreed = AgreeOnPlan((*mesh)->group("world"), *plan);
+          compiler::CostModel cost;
+          cost.dp_shard = dp_shard;
+          cost.dp_replicate = dp_replicate;
+          cost.shard_link = {0.002, 1e8};
+          cost.replicate_link = {0.002, 1e8};
+          compiler::PlanOptions options;
+          options.bucketing = compile.bucketing;
+          options.reorder = compile.reorder;
+          options.reshard_after_forward = compile.reshard;
+          options.budget = {compiler::MemoryBudget::Source::kFixed, 0};  // no limit
+          auto planned = compiler::PlanStep(skeleton, cost, options);
+          if (!planned.ok()) return fail(planned.status());
+          auto agreed = AgreeOnPlan((*mesh)->group("world"), planned->compiled);
           if (!agreed.ok()) return fail(agreed.status());
           plans[rank] = compiler::Print(*agreed);
           if (Status s = f.UsePlan(*agreed); !s.ok()) return fail(s);

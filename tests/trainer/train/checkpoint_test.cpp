@@ -53,7 +53,7 @@ TrainingState MakeRun(const std::string& dir, uint64_t seed, model::LlamaConfig 
   r.cfg.model.dims = dims;
   r.cfg.checkpoint.dir = dir;
   r.cfg.checkpoint.keep = keep;
-  r.cfg.checkpoint.resume = resume;
+  r.cfg.checkpoint.resume = *ParseName(config::kResumeNames, resume);
   torch::manual_seed(seed);
   model::LlamaForCausalLM net(dims);
   net->InitWeights(0.02);

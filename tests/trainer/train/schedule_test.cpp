@@ -12,7 +12,7 @@ config::ScheduleConfig Schedule(int64_t steps, int64_t warmup, const std::string
   config::ScheduleConfig s;
   s.steps = steps;
   s.warmup_steps = warmup;
-  s.decay = decay;
+  s.decay = *ParseName(config::kLrDecayNames, decay);
   s.min_lr_ratio = min_ratio;
   return s;
 }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trainer/common/status.h"
+#include "common/status.h"
 
 namespace meshwork {
 

@@ -1,5 +1,5 @@
 // POSIX implementation of the file helpers (see file.h).
-#include "trainer/common/file.h"
+#include "common/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -99,27 +99,31 @@ inline void ThrowIfError(Status s) {
   if (!s.ok()) throw StatusError(std::move(s));
 }
 
-// A value or the Status saying why there is none.
-template <typename T>
+// A value or the error saying why there is none. The error type is Status everywhere but the
+// Kubernetes client, whose k8s::Error carries the API server's reason and causes
+// (`k8s::Result<T>` = `Result<T, k8s::Error>`). error() and status() are the same value.
+template <typename T, typename E = Status>
 class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
-    assert(!status_.ok() && "a Result built from a Status must carry an error");
+  Result(E error) : error_(std::move(error)) {  // NOLINT: implicit by design
+    assert(!error_.ok() && "a Result built from an error must carry one");
   }
 
   bool ok() const { return value_.has_value(); }
-  const Status& status() const { return status_; }
+  const E& error() const { return error_; }
+  const E& status() const { return error_; }
   T& value() & { return *value_; }
   const T& value() const& { return *value_; }
   T&& value() && { return std::move(*value_); }
   T* operator->() { return &*value_; }
   const T* operator->() const { return &*value_; }
   T& operator*() { return *value_; }
+  const T& operator*() const { return *value_; }
 
  private:
   std::optional<T> value_;
-  Status status_;
+  E error_;
 };
 
 }  // namespace meshwork
@@ -127,17 +131,17 @@ class [[nodiscard]] Result {
 #define MESHWORK_CONCAT_INNER(a, b) a##b
 #define MESHWORK_CONCAT(a, b) MESHWORK_CONCAT_INNER(a, b)
 
-// Returns the Status from the enclosing function when `expr` fails.
-#define MW_RETURN_IF_ERROR(expr)            \
-  do {                                      \
-    ::meshwork::Status mw_status_ = (expr); \
-    if (!mw_status_.ok()) return mw_status_; \
+// Returns the error (a Status, or a k8s::Error) from the enclosing function when `expr` fails.
+#define MW_RETURN_IF_ERROR(expr)     \
+  do {                               \
+    auto mw_error_ = (expr);         \
+    if (!mw_error_.ok()) return mw_error_; \
   } while (0)
 
-// `MW_ASSIGN_OR_RETURN(auto x, F())`: x = F().value(), or return its Status.
+// `MW_ASSIGN_OR_RETURN(auto x, F())`: x = F().value(), or return its error.
 #define MW_ASSIGN_OR_RETURN(lhs, expr) \
   MW_ASSIGN_OR_RETURN_IMPL(MESHWORK_CONCAT(mw_result_, __LINE__), lhs, expr)
 #define MW_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
-  if (!tmp.ok()) return tmp.status();            \
+  if (!tmp.ok()) return tmp.error();             \
   lhs = std::move(tmp).value()

@@ -1,0 +1,50 @@
+// The one way a step is planned, used by the trainer (trainer/fsdp/compile.h), the simulator
+// and the tests: the naive program from a module table, the eager plan beside it (what the
+// eager executor runs), then the pass pipeline under a memory budget.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "common/status.h"
+#include "trainer/compiler/cost_model.h"
+#include "trainer/compiler/ir.h"
+#include "trainer/compiler/passes.h"
+
+namespace meshwork::compiler {
+
+// The dynamic bytes (gathered weights, activations, gradients) the compiled plan may hold.
+struct MemoryBudget {
+  enum class Source {
+    kEagerPeak,     // no more than the eager plan would: compiled FSDP is there to be lighter
+                    // than eager, and faster only within that (the trainer's default)
+    kFixed,         // `bytes`; 0: no limit
+    kDeviceMemory,  // `bytes` of device memory less the static shards, but at least the eager
+                    // plan's peak, so the two still compare like with like (the simulator)
+  };
+  Source source = Source::kEagerPeak;
+  int64_t bytes = 0;
+};
+
+struct PlanOptions {
+  Bucketing bucketing = Bucketing::kAuto;
+  bool reorder = true;  // false: the reorder pass is disabled
+  bool reshard_after_forward = true;
+  MemoryBudget budget;
+};
+
+struct StepPlans {
+  Graph eager;         // the eager executor's schedule, for comparison
+  Graph compiled;      // what the plan executor runs
+  PassContext ctx;     // as the passes saw it: the cost model, bucketing, the budget resolved
+  std::string passes;  // Pipeline::Describe(): names in order, disabled ones marked
+  bool budget_is_eager_peak = false;  // kDeviceMemory: the device could not hold the eager plan
+};
+
+// `skeleton`: modules and parameters with their measured (or modelled) compute; `dump`, when
+// given, gets the IR before the first pass and after each.
+Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
+                           std::ostream* dump = nullptr);
+
+}  // namespace meshwork::compiler

@@ -1,0 +1,21 @@
+// Compiled FSDP, from a traced eager step to the plan every rank runs: calibrate the links (and,
+// on CPU ranks, host copies and compute/communication interference), plan the step
+// (compiler::PlanStep) on rank 0, agree on it across the world, and hand it to the executor.
+#pragma once
+
+#include <ostream>
+
+#include "common/status.h"
+#include "trainer/config/config.h"
+#include "trainer/dist/device_mesh.h"
+#include "trainer/fsdp/fully_shard.h"
+
+namespace meshwork::fsdp {
+
+// Collective over `mesh`: every rank calls it after the same eager step. `cpu`: Gloo ranks,
+// whose cost model charges copies and core sharing. Rank 0 logs one line describing the plan
+// (and, with fsdp.dump_plan, the IR after each pass) to `log`.
+Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg, bool cpu,
+                   std::ostream& log);
+
+}  // namespace meshwork::fsdp
