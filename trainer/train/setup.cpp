@@ -1,0 +1,216 @@
+#include "trainer/train/setup.h"
+
+#include <algorithm>
+
+#include "common/units.h"
+#include "trainer/dist/env.h"
+#include "trainer/io/hf_checkpoint.h"
+#include "trainer/model/compat.h"
+
+namespace meshwork::train {
+namespace {
+
+// With model.init_from the dims are the checkpoint's. Dims the config also names (a training
+// config reused for eval, say) must agree with them: a silent mismatch would train or score a
+// different model than the user wrote down.
+Status CheckDimsMatch(const model::LlamaConfig& want, const model::LlamaConfig& ckpt, const std::string& dir) {
+  auto check = [&](const char* key, double a, double b) -> Status {
+    if (a == b) return Status::Ok();
+    std::ostringstream os;
+    os << "key 'model." << key << "': " << a << " differs from " << b << " in " << dir
+       << "/config.json (with model.init_from the dims come from the checkpoint; drop model.preset "
+          "and model dims, or make them match)";
+    return InvalidConfig(os.str());
+  };
+  MW_RETURN_IF_ERROR(check("vocab_size", want.vocab_size, ckpt.vocab_size));
+  MW_RETURN_IF_ERROR(check("hidden_size", want.hidden_size, ckpt.hidden_size));
+  MW_RETURN_IF_ERROR(check("intermediate_size", want.intermediate_size, ckpt.intermediate_size));
+  MW_RETURN_IF_ERROR(check("num_hidden_layers", want.num_hidden_layers, ckpt.num_hidden_layers));
+  MW_RETURN_IF_ERROR(check("num_attention_heads", want.num_attention_heads, ckpt.num_attention_heads));
+  MW_RETURN_IF_ERROR(check("num_key_value_heads", want.num_key_value_heads, ckpt.num_key_value_heads));
+  MW_RETURN_IF_ERROR(check("tie_word_embeddings", want.tie_word_embeddings, ckpt.tie_word_embeddings));
+  return Status::Ok();
+}
+
+// AdamW with decoupled weight decay on matrices only; norm gains are not decayed. Under FSDP
+// these are the ranks' shards: the optimizer state is sharded with them.
+std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const config::OptimizerConfig& o, Engine& engine) {
+  auto adamw = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(engine.DecayParams(), adamw(o.weight_decay));
+  groups.emplace_back(engine.NoDecayParams(), adamw(0.0));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr));
+}
+
+// Each rank serves its own /metrics; ranks on one machine take consecutive ports.
+Status StartMetrics(TrainingRun& r, const dist::DistEnv& env) {
+  const config::TrainConfig& cfg = r.cfg;
+  if (cfg.metrics.port >= 0) {
+    const int64_t port = cfg.metrics.port > 0 ? cfg.metrics.port + env.local_rank : 0;
+    MW_ASSIGN_OR_RETURN(r.server, metrics::MetricsServer::Start(cfg.metrics.host + ":" + std::to_string(port)));
+    r.registry = r.server->registry();
+    r.log() << "metrics: http://" << cfg.metrics.host << ":" << r.server->port() << "/metrics"
+            << (env.world_size > 1 ? " (rank 0; rank r on port + local rank)" : "") << "\n";
+  } else {
+    r.registry = std::make_shared<prometheus::Registry>();
+  }
+  r.metrics = std::make_unique<metrics::TrainerMetrics>(
+      *r.registry, std::map<std::string, std::string>{{"job", cfg.metrics.job}, {"rank", std::to_string(env.rank)}});
+  r.metrics->SetTotalSteps(cfg.schedule.steps);
+  r.metrics->SetInfo(cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from,
+                     cfg.model.init_from.empty() ? cfg.model.preset : "hf", r.device.str(), env.world_size);
+  return Status::Ok();
+}
+
+void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
+  const config::TrainConfig& cfg = r.cfg;
+  r.log() << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
+          << Format("%.2fM", r.dims.NumParameters() / 1e6) << " parameters (" << r.dims.num_hidden_layers
+          << " layers, hidden " << r.dims.hidden_size << ", heads " << r.dims.num_attention_heads << "/"
+          << r.dims.num_key_value_heads << ", vocab " << r.dims.vocab_size << ")\n"
+          << "data: " << r.source->Describe() << ", batch " << cfg.data.batch_size << " x accum "
+          << cfg.training.grad_accum << " x ranks " << r.engine->dp_size() << " = " << tokens_per_step
+          << " tokens/step\n"
+          << "parallelism: " << r.engine->Describe() << "; parameters on this rank "
+          << Format("%.1f MiB", static_cast<double>(r.engine->ParamBytes()) / (1 << 20)) << "\n"
+          << "device: " << r.device.str() << (r.autocast ? " (bf16 autocast)" : " (fp32)") << ", "
+          << torch::get_num_threads() << " threads; mfu vs "
+          << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)
+                                         : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))
+          << " (" << profile.basis << ")\n";
+  if (r.first_step() > 0) {
+    r.metrics->SetResumedStep(r.first_step());
+    r.log() << "resumed from " << r.resumed.step_dir << " (step " << r.first_step() << " of " << cfg.schedule.steps
+            << ")\n";
+    for (const auto& note : r.resumed.notes) r.log() << "resume: note: " << note << "\n";
+  } else if (r.checkpointer->enabled()) {
+    r.log() << "checkpoint: none in " << cfg.checkpoint.dir
+            << (cfg.checkpoint.resume == config::Resume::kNever ? " read (checkpoint.resume: never)" : " yet")
+            << "; starting at step 0\n";
+  }
+}
+
+}  // namespace
+
+// The model the config describes: dims from the preset or from the imported checkpoint,
+// deterministic initialisation, then imported weights if any, on `device`.
+Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
+                                           std::ostream& log) {
+  model::LlamaConfig dims = cfg.model.dims;
+  if (!cfg.model.init_from.empty()) {
+    MW_ASSIGN_OR_RETURN(dims, io::ReadHfConfig(cfg.model.init_from));
+    if (cfg.model.dims_explicit) MW_RETURN_IF_ERROR(CheckDimsMatch(cfg.model.dims, dims, cfg.model.init_from));
+    if (cfg.data.seq_len > dims.max_position_embeddings) {
+      return InvalidConfig("key 'data.seq_len': " + std::to_string(cfg.data.seq_len) +
+                           " exceeds max_position_embeddings " +
+                           std::to_string(dims.max_position_embeddings) + " of " +
+                           cfg.model.init_from + "/config.json");
+    }
+  }
+  torch::manual_seed(static_cast<uint64_t>(cfg.training.seed));
+  model::LlamaForCausalLM net(dims);
+  net->InitWeights(cfg.model.init_std);
+  if (!cfg.model.init_from.empty()) {
+    MW_RETURN_IF_ERROR(io::LoadHfWeightsInto(cfg.model.init_from, *net, dims.tie_word_embeddings));
+    log << "loaded weights from " << cfg.model.init_from << "\n";
+  }
+  net->to(device);
+  return net;
+}
+
+bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device) {
+  return device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32;
+}
+
+// Mean loss over contiguous windows, batched by data.batch_size, without grads. Every rank
+// evaluates the same windows (the sharded forward needs all ranks), so all get the same value.
+Result<double> EvalLoss(Engine& engine, const model::LlamaConfig& dims, const data::TokenFile& file,
+                        int64_t seq_len, int64_t windows, int64_t batch, const torch::Device& device,
+                        bool autocast) {
+  double total = 0;
+  for (int64_t first = 0; first < windows; first += batch) {
+    const int64_t n = std::min(batch, windows - first);
+    MW_ASSIGN_OR_RETURN(data::Batch b, data::EvalWindows(file, seq_len, first, n, dims.vocab_size));
+    compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
+    auto logits = engine.EvalForward(b.inputs.to(device));
+    // Sum of per-window means, so every window weighs the same.
+    total += model::CausalLmLoss(logits, b.targets.to(device)).item<double>() * static_cast<double>(n);
+  }
+  return total / static_cast<double>(windows);
+}
+
+Result<std::unique_ptr<data::TokenFile>> OpenEvalFile(const config::TrainConfig& cfg) {
+  const std::string& path = cfg.eval.data.empty() ? cfg.data.val : cfg.eval.data;
+  MW_ASSIGN_OR_RETURN(auto file, data::TokenFile::Open(path, cfg.data.token_format));
+  const int64_t fit = data::NumEvalWindows(*file, cfg.data.seq_len);
+  if (fit < cfg.eval.windows) {
+    return InvalidConfig("key 'eval.windows': " + std::to_string(cfg.eval.windows) + " windows of " +
+                         std::to_string(cfg.data.seq_len + 1) + " tokens do not fit in " + file->path() +
+                         " (" + std::to_string(file->size()) + " tokens, " + std::to_string(fit) +
+                         " windows)");
+  }
+  return file;
+}
+
+Result<double> TrainingRun::EvalLoss() {
+  return train::EvalLoss(*engine, dims, *eval_file, cfg.data.seq_len, cfg.eval.windows, cfg.data.batch_size, device,
+                         autocast);
+}
+
+Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cfg, std::ostream& log) {
+  auto run = std::make_unique<TrainingRun>(cfg);
+  TrainingRun& r = *run;
+  if (cfg.training.threads > 0) torch::set_num_threads(static_cast<int>(cfg.training.threads));
+  MW_ASSIGN_OR_RETURN(r.device, ResolveDevice(cfg.training.device));
+  if (cfg.training.dtype == config::Dtype::kBf16 && !r.device.is_cuda()) {
+    return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device '" +
+                         cfg.training.device + "' resolved to " + r.device.str());
+  }
+  r.autocast = UseAutocast(cfg, r.device);
+  MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, r.device, log));
+  r.dims = net->config();
+  MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
+  // Only rank 0 talks; the others train silently (their errors still reach stderr via main).
+  r.out = env.rank == 0 ? &log : &r.discard;
+  MW_ASSIGN_OR_RETURN(r.engine, MakeEngine(cfg, std::move(net), r.device, r.log()));
+
+  MW_ASSIGN_OR_RETURN(r.source, data::MakeTokenSource(cfg.data.train, cfg.data.token_format, cfg.data.seq_len,
+                                                      r.dims.vocab_size, static_cast<uint64_t>(cfg.training.seed)));
+  if (!cfg.data.val.empty() || !cfg.eval.data.empty()) {
+    MW_ASSIGN_OR_RETURN(r.eval_file, OpenEvalFile(cfg));
+  }
+  MW_RETURN_IF_ERROR(StartMetrics(r, env));
+  const DeviceProfile profile = ResolveDeviceProfile(cfg.metrics.device_profile, cfg.metrics.peak_tflops, r.device);
+
+  r.optimizer = MakeOptimizer(cfg.optimizer, *r.engine);
+  // Resume: every rank loads its shards and AdamW state from checkpoint.dir/latest, if any; the
+  // loop then continues at the next step (the data order and the learning rate are functions of
+  // the step, so nothing else needs restoring).
+  r.checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint, *r.engine, *r.optimizer, RunMeta(cfg, r.dims, *r.engine));
+  MW_ASSIGN_OR_RETURN(r.resumed, r.checkpointer->Resume());
+
+  const int64_t tokens_per_step = cfg.data.batch_size * cfg.training.grad_accum * r.engine->dp_size() * cfg.data.seq_len;
+  ProgressReport::Run shape;
+  shape.first_step = r.first_step();
+  shape.total_steps = cfg.schedule.steps;
+  shape.tokens_per_step = tokens_per_step;
+  shape.log_every = cfg.logging.every;
+  shape.world_size = r.engine->world_size();
+  shape.flops_per_token = r.dims.TrainingFlopsPerToken(cfg.data.seq_len);
+  shape.peak_flops = profile.peak_flops;
+  MW_ASSIGN_OR_RETURN(r.report, ProgressReport::Create(shape, r.engine->rank() == 0 ? cfg.logging.jsonl : std::string(),
+                                                       *r.metrics, r.log(), r.summary));
+  PrintRun(r, profile, tokens_per_step);
+
+  r.summary.resumed_from = r.first_step();
+  r.summary.param_bytes = r.engine->ParamBytes();
+  r.metrics->SetStateBytes("parameters", static_cast<double>(r.summary.param_bytes));
+  r.metrics->SetStateBytes("gradients", static_cast<double>(r.summary.param_bytes));
+  r.metrics->SetStateBytes("optimizer", 2.0 * static_cast<double>(r.summary.param_bytes));
+  return run;
+}
+
+}  // namespace meshwork::train

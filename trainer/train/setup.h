@@ -1,0 +1,70 @@
+// Everything the training loop needs before its first step, made once and in order: device,
+// model, parallelism (the engine applies FSDP and, compiled, plans after step 1), data, metrics,
+// optimizer, resume from the latest checkpoint, the reporter, and the opening log lines.
+#pragma once
+
+#include <prometheus/registry.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+#include "common/status.h"
+#include "metrics/exposer.h"
+#include "metrics/trainer_metrics.h"
+#include "trainer/config/config.h"
+#include "trainer/data/token_file.h"
+#include "trainer/data/token_source.h"
+#include "trainer/model/llama.h"
+#include "trainer/train/checkpoint.h"
+#include "trainer/train/device.h"
+#include "trainer/train/engine.h"
+#include "trainer/train/report.h"
+#include "trainer/train/trainer.h"
+
+namespace meshwork::train {
+
+// One training run's parts. Members are declared in the order they are made, so each outlives
+// what refers to it (the checkpointer holds the engine and the optimizer, the report the
+// metrics, the log and the summary).
+struct TrainingRun {
+  const config::TrainConfig& cfg;
+  std::ostringstream discard;  // ranks other than 0 log here
+  std::ostream* out = nullptr;  // the log on rank 0, `discard` elsewhere
+  torch::Device device = torch::kCPU;
+  bool autocast = false;
+  model::LlamaConfig dims;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<data::TokenSource> source;
+  std::unique_ptr<data::TokenFile> eval_file;  // null: no evaluation
+  std::unique_ptr<metrics::MetricsServer> server;  // null: metrics.port -1
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<metrics::TrainerMetrics> metrics;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<Checkpointer> checkpointer;
+  ResumePoint resumed;
+  TrainSummary summary;
+  std::unique_ptr<ProgressReport> report;
+
+  explicit TrainingRun(const config::TrainConfig& c) : cfg(c) {}
+  std::ostream& log() { return *out; }
+  int64_t first_step() const { return resumed.step; }
+  // Mean loss over eval.windows windows of the eval file (every rank takes part).
+  Result<double> EvalLoss();
+};
+
+Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cfg, std::ostream& log);
+
+// Shared with `meshwork-train eval`.
+Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
+                                           std::ostream& log);
+bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device);
+// eval.data (or data.val), checked to hold eval.windows windows.
+Result<std::unique_ptr<data::TokenFile>> OpenEvalFile(const config::TrainConfig& cfg);
+Result<double> EvalLoss(Engine& engine, const model::LlamaConfig& dims, const data::TokenFile& file,
+                        int64_t seq_len, int64_t windows, int64_t batch, const torch::Device& device,
+                        bool autocast);
+
+}  // namespace meshwork::train
