@@ -6,50 +6,26 @@
 //                     [--renew-deadline-s N] [--retry-period-s N] [--workers N]
 //                     [--report-interval-s N] [--pod-delete-grace-s N]
 //
-// Exit codes: 0 after SIGTERM/SIGINT (the lease is released first), 1 when leadership was lost
-// (a supervisor restarts it as a standby), 2 for a bad flag or kubeconfig, 5 when the metrics
-// address cannot be bound.
-#include <pthread.h>
-#include <signal.h>
-#include <unistd.h>
-
-#include <prometheus/registry.h>
-
-#include <algorithm>
-#include <atomic>
+// Exit codes (docs/operator.md): 0 after SIGTERM/SIGINT (the lease is released first), 1 when
+// leadership was lost (a supervisor restarts it as a standby), 2 for a bad flag, kubeconfig or
+// leader-election timing, 5 when the metrics address cannot be bound. runtime::Manager
+// (operator/runtime/manager.h) owns the process's components; this file parses the flags.
 #include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <iostream>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "metrics/exposer.h"
-#include "operator/controller/controller.h"
-#include "operator/controller/decide.h"
-#include "operator/controller/spec.h"
-#include "operator/k8s/client.h"
-#include "operator/k8s/config.h"
-#include "operator/runtime/events.h"
-#include "operator/runtime/health.h"
-#include "operator/runtime/leader_election.h"
-#include "operator/runtime/operator_metrics.h"
+#include "common/status.h"
+#include "operator/runtime/manager.h"
 
 namespace {
 
 using namespace meshwork;
 
 constexpr const char* kVersion = "0.1.0";
-
-std::mutex log_mu;
-
-void Log(const std::string& line) {
-  std::lock_guard<std::mutex> lock(log_mu);
-  std::cerr << op::FormatTime(std::chrono::system_clock::now()) << " " << line << std::endl;
-}
 
 struct Flags {
   std::string kubeconfig;
@@ -145,165 +121,23 @@ Result<Flags> ParseFlags(int argc, char** argv) {
   return f;
 }
 
-runtime::ReconcileResult ResultOf(const op::ReconcileOutcome& o) {
-  if (!o.ok) return runtime::ReconcileResult::kError;
-  return o.requeue_after ? runtime::ReconcileResult::kRequeue : runtime::ReconcileResult::kSuccess;
-}
-
-runtime::ReconcileErrorReason ReasonOf(const std::string& r) {
-  if (r == "conflict") return runtime::ReconcileErrorReason::kConflict;
-  if (r == "api") return runtime::ReconcileErrorReason::kApi;
-  return runtime::ReconcileErrorReason::kOther;
-}
-
-int Run(const Flags& flags) {
-  // Signals go to the main thread's sigtimedwait only: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  auto config = flags.kubeconfig.empty() ? k8s::AutoConfig() : k8s::LoadKubeconfig(flags.kubeconfig);
-  if (!config.ok()) {
-    Log("operator: " + config.error().ToString());
-    return exit_code::kConfig;
-  }
-  auto client = k8s::Client::FromConfig(*config);
-  if (!client.ok()) {
-    Log("operator: " + client.error().ToString());
-    return exit_code::kConfig;
-  }
-
-  auto server = metrics::MetricsServer::Start(flags.metrics_bind);
-  if (!server.ok()) {
-    Log("operator: --metrics-bind-address: " + server.status().message());
-    return ExitCodeFor(server.status().code());
-  }
-  runtime::OperatorMetrics metrics(*(*server)->registry(), kVersion);
-  runtime::HealthChecks health;
-  runtime::Heartbeat heartbeat(std::chrono::seconds(30));
-  health.AddLivenessCheck("main-loop", [&heartbeat] { return heartbeat.Check(); });
-
-  runtime::EventRecorderOptions event_options;
-  event_options.log = [](const std::string& line) { Log("events: " + line); };
-  runtime::EventRecorder recorder(client->get(), event_options);
-
-  op::ControllerOptions options;
-  options.ns = flags.ns;
-  options.workers = flags.workers;
-  options.reconciler.report_interval = std::chrono::seconds(flags.report_interval_s);
-  if (flags.pod_delete_grace_s >= 0) options.reconciler.pod_delete_grace_seconds = flags.pod_delete_grace_s;
-  metrics.InstrumentWorkQueue(&options.queue);
-
-  op::ControllerHooks hooks;
-  hooks.reconciler.log = [](const std::string& line) { Log("reconcile " + line); };
-  hooks.reconciler.pod_created = [&metrics] { metrics.PodCreated(); };
-  hooks.reconciler.pod_deleted = [&metrics] { metrics.PodDeleted(); };
-  hooks.reconciler.record_event = [&recorder](const nlohmann::json& job, const op::EventToRecord& ev) {
-    recorder.Record(runtime::ReferenceTo(job),
-                    ev.type == "Warning" ? runtime::EventType::kWarning : runtime::EventType::kNormal, ev.reason,
-                    ev.message);
-  };
-  hooks.observe_reconcile = [&metrics](const op::ReconcileOutcome& o, double seconds) {
-    metrics.ObserveReconcile(ResultOf(o), seconds);
-    if (!o.ok) metrics.CountError(ReasonOf(o.error_reason));
-    if (o.invalid_spec) metrics.CountError(runtime::ReconcileErrorReason::kInvalidSpec);
-  };
-  hooks.jobs_by_phase = [&metrics](const std::map<std::string, int>& counts) {
-    std::map<std::string, int64_t> c(counts.begin(), counts.end());
-    metrics.SetJobsByPhase(c);
-  };
-  op::Controller controller(client->get(), options, hooks);
-  health.AddReadinessCheck("informers", [&controller] { return controller.NotSyncedReason(); });
-  if (Status s = health.Install(**server); !s.ok()) {
-    Log("operator: " + s.message());
-    return ExitCodeFor(s.code());
-  }
-  Log("operator " + std::string(kVersion) + ": API server " + config->server + " (" + config->source +
-      "), namespace " +
-      (flags.ns.empty() ? std::string("(all)") : flags.ns) + ", metrics http://" + flags.metrics_bind +
-      "/metrics (port " + std::to_string((*server)->port()) + ")");
-  controller.StartInformers();
-  // Workers must never act on a partial cache: a Pod not listed yet would look deleted. While
-  // waiting, stay live and answer signals.
-  for (int waited = 0; !controller.HasSynced(); ++waited) {
-    heartbeat.Beat();
-    timespec wait{1, 0};
-    const int sig = sigtimedwait(&signals, nullptr, &wait);
-    if (sig == SIGTERM || sig == SIGINT) {
-      Log("operator: signal while waiting for caches: shutting down");
-      controller.Stop();
-      return exit_code::kOk;
-    }
-    if (waited % 10 == 9) Log("operator: waiting for caches: " + controller.NotSyncedReason());
-  }
-
-  std::atomic<bool> lost{false};
-  std::unique_ptr<k8s::Client> elector_client;
-  std::unique_ptr<runtime::LeaderElector> elector;
-  if (flags.leader_elect) {
-    runtime::LeaderElectionOptions le;
-    le.lease_namespace = flags.lease_namespace;
-    le.lease_name = flags.lease_name;
-    le.identity = flags.identity.empty() ? runtime::DefaultIdentity() : flags.identity;
-    le.lease_duration = std::chrono::seconds(flags.lease_duration_s);
-    le.renew_deadline = std::chrono::seconds(flags.renew_deadline_s);
-    le.retry_period = std::chrono::seconds(flags.retry_period_s);
-    le.log = [](const std::string& line) { Log("leader election: " + line); };
-    runtime::LeaderElectionCallbacks cb;
-    cb.on_leader_gauge = [&metrics](bool leading) { metrics.SetLeader(leading); };
-    cb.on_started_leading = [&controller, identity = le.identity] {
-      Log("leader election: " + identity + " leads; starting the workers");
-      controller.StartWorkers();
-    };
-    cb.on_stopped_leading = [&lost] { lost = true; };
-    cb.on_new_leader = [](const std::string& id) { Log("leader election: the leader is " + id); };
-    // Its own client, with a request timeout well under the renew deadline: a renewal stuck
-    // in a slow request must fail in time for the next try, not hold leadership hostage.
-    k8s::ClientOptions lease_client_options;
-    lease_client_options.request_timeout = std::max(std::chrono::milliseconds(500), le.renew_deadline / 3);
-    lease_client_options.max_retries = 0;
-    auto lease_client = k8s::Client::FromConfig(*config, lease_client_options);
-    if (!lease_client.ok()) {
-      Log("operator: " + lease_client.error().ToString());
-      return exit_code::kConfig;
-    }
-    elector_client = std::move(*lease_client);
-    auto created = runtime::LeaderElector::Create(elector_client.get(), le, cb);
-    if (!created.ok()) {
-      Log("operator: " + created.status().message());
-      return exit_code::kConfig;
-    }
-    elector = std::move(*created);
-    // A replica that has just lost the lease must not write while main notices.
-    controller.SetMayReconcile([e = elector.get()] { return e->IsLeader(); });
-    elector->Start();
-  } else {
-    metrics.SetLeader(true);
-    controller.StartWorkers();
-  }
-
-  int exit_code = 0;
-  while (true) {
-    heartbeat.Beat();
-    timespec wait{1, 0};
-    const int sig = sigtimedwait(&signals, nullptr, &wait);
-    if (sig == SIGTERM || sig == SIGINT) {
-      Log(std::string("operator: ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ": shutting down");
-      break;
-    }
-    if (lost) {
-      Log("operator: leadership lost; exiting so that a supervisor restarts this replica as a standby");
-      exit_code = 1;
-      break;
-    }
-  }
-  controller.Stop();  // finishes the reconciles in flight
-  if (elector) elector->Stop();  // releases the lease: a standby takes over at once
-  recorder.Flush(std::chrono::seconds(5));
-  Log("operator: stopped");
-  return exit_code;
+runtime::ManagerOptions OptionsFrom(const Flags& flags) {
+  runtime::ManagerOptions o;
+  o.kubeconfig = flags.kubeconfig;
+  o.version = kVersion;
+  o.metrics_bind_address = flags.metrics_bind;
+  o.controller.ns = flags.ns;
+  o.controller.workers = flags.workers;
+  o.controller.reconciler.report_interval = std::chrono::seconds(flags.report_interval_s);
+  if (flags.pod_delete_grace_s >= 0) o.controller.reconciler.pod_delete_grace_seconds = flags.pod_delete_grace_s;
+  o.leader_elect = flags.leader_elect;
+  o.leader_election.lease_namespace = flags.lease_namespace;
+  o.leader_election.lease_name = flags.lease_name;
+  o.leader_election.identity = flags.identity;
+  o.leader_election.lease_duration = std::chrono::seconds(flags.lease_duration_s);
+  o.leader_election.renew_deadline = std::chrono::seconds(flags.renew_deadline_s);
+  o.leader_election.retry_period = std::chrono::seconds(flags.retry_period_s);
+  return o;
 }
 
 }  // namespace
@@ -322,5 +156,12 @@ int main(int argc, char** argv) {
     std::cerr << "meshwork-operator: " << flags.status().message() << "\n" << kUsage;
     return exit_code::kConfig;
   }
-  return Run(*flags);
+  // Before any thread starts: the manager blocks SIGTERM and SIGINT for all of them.
+  auto manager = runtime::Manager::Create(OptionsFrom(*flags));
+  if (!manager.ok()) return ExitCodeFor(manager.status().code());  // logged by the manager
+  switch ((*manager)->Run()) {
+    case runtime::StopReason::kSignal: return exit_code::kOk;
+    case runtime::StopReason::kLeadershipLost: return exit_code::kRuntime;
+  }
+  return exit_code::kRuntime;
 }

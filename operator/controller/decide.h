@@ -1,10 +1,13 @@
 // The reconciler's decisions as a pure function: from what the cache shows (the job, its Pods,
 // its Service) and the time, compute what to create, what to delete, the status to write and
-// the Events to record. No I/O happens here, so every rule of docs/trainingjob.md ("Lifecycle")
-// is unit-tested on plain JSON, and the executor (reconciler.h) stays thin.
+// the Events to record. Decide runs the lifecycle policies of docs/trainingjob.md ("Lifecycle"),
+// one per file under policy/, in a fixed order; no I/O happens here beyond the two reads an
+// Observed may offer, so every rule is unit-tested on plain JSON, and the executor
+// (reconciler.h) stays thin.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +32,20 @@ struct TrainerReport {
   double tokens_per_second = 0;  // rank 0's; the job's is about world_size times this
 };
 
+// The run's summary from rank 0's last log line (trainer_report.h parses it): the final loss and
+// the run's mean throughput, all ranks' tokens.
+struct FinalReport {
+  double loss = 0;
+  double tokens_per_second = 0;
+};
+
+// What checking the trainer config found: nothing, a problem that fails the job (InvalidSpec), or
+// why it cannot be read yet (a ConfigMap that does not exist: the job waits).
+struct ConfigCheck {
+  std::optional<std::string> error;
+  std::optional<std::string> wait;
+};
+
 // One Pod as the decisions see it.
 struct PodView {
   std::string name;
@@ -50,13 +67,20 @@ struct Observed {
   nlohmann::json job;
   std::vector<nlohmann::json> pods;   // Pods labelled with the job's name, any generation
   bool service_exists = false;
-  // The trainer config problem found by ValidateTrainerConfig (or a missing ConfigMap key),
-  // when there is one. Permanent: the job fails with InvalidSpec.
+  // The trainer config is checked only when Pods are about to be created (an edit applies to the
+  // next gang and must not fail a running one). The problem found by ValidateTrainerConfig (or a
+  // missing ConfigMap key), when there is one: permanent, the job fails with InvalidSpec.
   std::optional<std::string> config_error;
   // Why the config cannot be read yet (a ConfigMap that does not exist): no Pods are created,
-  // the job waits. Only looked at when Pods are to be created.
+  // the job waits.
   std::optional<std::string> config_wait;
+  // When set, makes the check (the reconciler's reads a ConfigMap) and its answer replaces the two
+  // fields above. Decide calls it at most once, and only when it is about to create Pods.
+  std::function<ConfigCheck()> check_config;
   std::optional<TrainerReport> report;
+  // Rank 0's final log line. Decide calls it at most once, and only when the job has just
+  // succeeded and has a status.trainer to complete (the reconciler's reads the Pod's log).
+  std::function<std::optional<FinalReport>()> final_report;
   SystemTime now;
   std::chrono::seconds report_interval{10};  // requeue period while Pods run
 };
@@ -81,7 +105,9 @@ struct Plan {
 };
 
 // Everything the reconciler does for one job, decided. The job must not be being deleted.
+// `spec` is ParseSpec(in.job), parsed once by the caller; the first form parses it.
 Plan Decide(const Observed& in);
+Plan Decide(const Observed& in, const Result<JobSpec>& spec);
 
 // The job's status conditions helper: sets `type` to `status` with reason and message;
 // lastTransitionTime changes only when the status value does. Returns true if anything changed.

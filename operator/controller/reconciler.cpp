@@ -1,7 +1,5 @@
 #include "operator/controller/reconciler.h"
 
-#include <cmath>
-
 #include "operator/controller/desired.h"
 #include "operator/controller/trainer_report.h"
 
@@ -58,10 +56,10 @@ std::string PodIndex::JobKeyOf(const json& pod) {
   return meta.value("namespace", "default") + "/" + labels[kJobLabel].get<std::string>();
 }
 
-Reconciler::Reconciler(k8s::Client* client, const k8s::Store* jobs, const k8s::Store* pods,
+Reconciler::Reconciler(k8s::ObjectApi* api, const k8s::Store* jobs, const k8s::Store* pods,
                        const k8s::Store* services, const PodIndex* index, ReconcilerOptions options,
                        ReconcilerHooks hooks)
-    : client_(client),
+    : api_(api),
       jobs_(jobs),
       pods_(pods),
       services_(services),
@@ -119,35 +117,16 @@ bool Reconciler::ExpectationsMet(const std::string& key, const std::set<std::str
   return true;
 }
 
-// The trainer config problem that makes the job InvalidSpec, if any. A ConfigMap that does not
-// exist (yet) is not a spec error: `retry_later` is set and the job waits for it.
-std::optional<std::string> Reconciler::ConfigProblem(const json& job, const JobSpec* spec, bool* retry_later,
-                                                     std::string* wait_msg) {
-  const std::string ns = job["metadata"].value("namespace", "default");
-  const std::string name = job["metadata"].value("name", "");
-  if (spec->config_map_name.empty()) {
-    Status s = ValidateTrainerConfig(spec->config_inline, *spec, ns, name, "spec.config.inline");
-    if (!s.ok()) return s.message();
-    return std::nullopt;
+std::vector<json> Reconciler::OwnedPods(const std::string& key, const std::string& uid,
+                                         std::set<std::string>* seen_uids) const {
+  std::vector<json> owned;
+  for (const auto& pod_key : index_->Get(key)) {
+    auto pod = pods_->Get(pod_key);
+    if (!pod || !OwnedBy(*pod, uid)) continue;  // a Pod that only carries the label is not ours
+    seen_uids->insert((*pod)["metadata"].value("uid", ""));
+    owned.push_back(std::move(*pod));
   }
-  auto cm = client_->Get(k8s::resources::ConfigMaps(), ns, spec->config_map_name);
-  const std::string field = "spec.config.configMapRef";
-  if (!cm.ok()) {
-    *retry_later = true;
-    *wait_msg = k8s::IsNotFound(cm.error())
-                    ? "waiting for ConfigMap " + ns + "/" + spec->config_map_name + " (" + field + ".name)"
-                    : "reading ConfigMap " + spec->config_map_name + ": " + cm.error().ToString();
-    return std::nullopt;
-  }
-  const json data = cm->value("data", json::object());
-  if (!data.contains(spec->config_map_key) || !data[spec->config_map_key].is_string()) {
-    return field + ".key: ConfigMap " + spec->config_map_name + " has no key \"" + spec->config_map_key + "\"";
-  }
-  Status s = ValidateTrainerConfig(data[spec->config_map_key].get<std::string>(), *spec, ns, name,
-                                   field + " (ConfigMap " + spec->config_map_name + ", key " +
-                                       spec->config_map_key + ")");
-  if (!s.ok()) return s.message();
-  return std::nullopt;
+  return owned;
 }
 
 std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const json& job, const JobSpec& spec,
@@ -175,190 +154,221 @@ std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const js
   return std::nullopt;
 }
 
+// The trainer config problem that makes the job InvalidSpec, if any. A ConfigMap that does not
+// exist (yet) is not a spec error: the job waits for it.
+ConfigCheck Reconciler::CheckConfig(const std::string& key, const json& job, const JobSpec& spec) {
+  const std::string ns = job["metadata"].value("namespace", "default");
+  const std::string name = job["metadata"].value("name", "");
+  ConfigCheck check;
+  if (spec.config_map_name.empty()) {
+    Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline");
+    if (!s.ok()) check.error = s.message();
+    return check;
+  }
+  auto cm = api_->Get(k8s::resources::ConfigMaps(), ns, spec.config_map_name);
+  const std::string field = "spec.config.configMapRef";
+  if (!cm.ok()) {
+    check.wait = k8s::IsNotFound(cm.error())
+                     ? "waiting for ConfigMap " + ns + "/" + spec.config_map_name + " (" + field + ".name)"
+                     : "reading ConfigMap " + spec.config_map_name + ": " + cm.error().ToString();
+    Log(key + ": " + *check.wait);
+    return check;
+  }
+  const json data = cm->value("data", json::object());
+  if (!data.contains(spec.config_map_key) || !data[spec.config_map_key].is_string()) {
+    check.error = field + ".key: ConfigMap " + spec.config_map_name + " has no key \"" + spec.config_map_key + "\"";
+    return check;
+  }
+  Status s = ValidateTrainerConfig(data[spec.config_map_key].get<std::string>(), spec, ns, name,
+                                   field + " (ConfigMap " + spec.config_map_name + ", key " + spec.config_map_key +
+                                       ")");
+  if (!s.ok()) check.error = s.message();
+  return check;
+}
+
+std::optional<FinalReport> Reconciler::ReadFinalReport(const json& job) {
+  k8s::LogOptions log_options;
+  log_options.container = kTrainerContainer;
+  log_options.tail_lines = 20;
+  auto log = api_->GetLog(job["metadata"].value("namespace", "default"),
+                          PodName(job["metadata"].value("name", ""), 0), log_options);
+  if (!log.ok()) return std::nullopt;
+  return ParseFinalLine(*log);
+}
+
 k8s::Error Reconciler::EnsureService(const json& job, const JobSpec& spec) {
-  auto created = client_->Create(k8s::resources::Services(), "", DesiredService(job, spec));
+  auto created = api_->Create(k8s::resources::Services(), "", DesiredService(job, spec));
   if (created.ok() || k8s::IsAlreadyExists(created.error())) return k8s::Error::Ok();
   return created.error();
 }
 
 k8s::Error Reconciler::EnsureConfigMap(const json& job, const JobSpec& spec) {
   const json want = DesiredConfigMap(job, spec);
-  auto created = client_->Create(k8s::resources::ConfigMaps(), "", want);
+  auto created = api_->Create(k8s::resources::ConfigMaps(), "", want);
   if (created.ok()) return k8s::Error::Ok();
   if (!k8s::IsAlreadyExists(created.error())) return created.error();
   const std::string ns = want["metadata"]["namespace"];
-  auto have = client_->Get(k8s::resources::ConfigMaps(), ns, want["metadata"]["name"]);
+  auto have = api_->Get(k8s::resources::ConfigMaps(), ns, want["metadata"]["name"]);
   if (!have.ok()) return have.error();
   if (have->value("data", json::object()) == want["data"]) return k8s::Error::Ok();
   json updated = *have;
   updated["data"] = want["data"];
-  auto put = client_->Update(k8s::resources::ConfigMaps(), ns, updated);
+  auto put = api_->Update(k8s::resources::ConfigMaps(), ns, updated);
   return put.ok() ? k8s::Error::Ok() : put.error();
 }
 
-ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
-  ReconcileOutcome out;
-  auto cached = jobs_->Get(key);
-  if (!cached) {
-    Forget(key);
-    return out;  // deleted: owner references take the children with it
-  }
-  const json& job = *cached;
+std::optional<ReconcileOutcome> Reconciler::DeleteJob(const std::string& key, const json& job) {
   const json& meta = job["metadata"];
-  if (meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null()) return out;
-  const std::string ns = meta.value("namespace", "default");
-  const std::string name = meta.value("name", "");
-  if (CacheBehindOwnWrite(key, meta.value("resourceVersion", ""))) {
-    // Deciding on the object our last status write replaced would only end in a Conflict; the
-    // watch event of that write queues the key again.
-    out.phase = job.value("status", json::object()).value("phase", "Created");
-    out.requeue_after = std::chrono::seconds(1);
-    return out;
+  k8s::DeleteOptions opts;
+  opts.precondition_uid = meta.value("uid", "");
+  opts.propagation_policy = "Background";
+  auto deleted = api_->Delete(Jobs(), meta.value("namespace", "default"), meta.value("name", ""), opts);
+  if (!deleted.ok() && !k8s::IsNotFound(deleted.error()) && !k8s::IsConflict(deleted.error())) {
+    return Failed(deleted.error(), "deleting " + key + " after ttlSecondsAfterFinished");
   }
+  Log(key + ": deleted (ttlSecondsAfterFinished)");
+  return std::nullopt;
+}
 
-  Observed in;
-  in.job = job;
-  in.now = std::chrono::system_clock::now();
-  in.report_interval = options_.report_interval;
-  const std::string uid = meta.value("uid", "");
-  std::set<std::string> seen_uids;
-  for (const auto& pod_key : index_->Get(key)) {
-    auto pod = pods_->Get(pod_key);
-    if (!pod || !OwnedBy(*pod, uid)) continue;  // a Pod that only carries the label is not ours
-    seen_uids.insert((*pod)["metadata"].value("uid", ""));
-    in.pods.push_back(std::move(*pod));
-  }
-  // Pods this operator created that the cache has not shown yet: deciding now would take them
-  // for deleted ones (client-go's "expectations").
-  if (!ExpectationsMet(key, seen_uids)) {
-    out.phase = job.value("status", json::object()).value("phase", "Created");
-    out.requeue_after = std::chrono::seconds(1);
-    return out;
-  }
-  in.service_exists = services_->Get(key).has_value();
-  const json status = job.value("status", json::object());
-  const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
-  // Parsed once here for the executor; Decide parses it again, being a pure function of the job.
-  auto parsed = ParseSpec(job);
-  if (!finished && parsed.ok()) in.report = Scrape(key, job, *parsed, in.pods);
-
-  Plan plan = Decide(in);
-  if (!plan.create.empty() && parsed.ok()) {  // (a spec that does not parse creates nothing)
-    // The trainer config is checked when a gang is about to start (not while one runs: an edit
-    // applies to the next gang, and must not fail this one).
-    bool retry_later = false;
-    std::string wait_msg;
-    in.config_error = ConfigProblem(job, &*parsed, &retry_later, &wait_msg);
-    if (retry_later) {
-      in.config_wait = wait_msg;
-      Log(key + ": " + wait_msg);
-    }
-    if (in.config_error || in.config_wait) plan = Decide(in);
-    if (in.config_wait) plan.events.push_back({"Warning", "ConfigMapNotReady", wait_msg});
-  }
-  out.phase = plan.phase;
-  out.requeue_after = plan.requeue_after;
-  const auto jobs_ref = Jobs();
-
-  if (plan.delete_job) {
-    k8s::DeleteOptions opts;
-    opts.precondition_uid = meta.value("uid", "");
-    opts.propagation_policy = "Background";
-    auto deleted = client_->Delete(jobs_ref, ns, name, opts);
-    if (!deleted.ok() && !k8s::IsNotFound(deleted.error()) && !k8s::IsConflict(deleted.error())) {
-      return Failed(deleted.error(), "deleting " + key + " after ttlSecondsAfterFinished");
-    }
-    Log(key + ": deleted (ttlSecondsAfterFinished)");
-    out.phase = "";
-    return out;
-  }
-
-  // On success the last scrape may be a few steps old: every rank exited 0, so the run reached
-  // its last step; rank 0's final log line has the final loss and the run's throughput.
-  if (plan.phase == "Succeeded" && !ConditionTrue(status, "Succeeded") && plan.status.contains("trainer")) {
-    json& trainer = plan.status["trainer"];
-    if (trainer.value("totalSteps", int64_t{0}) > 0) trainer["step"] = trainer["totalSteps"];
-    k8s::LogOptions log_options;
-    log_options.container = kTrainerContainer;
-    log_options.tail_lines = 20;
-    auto log = client_->GetLog(ns, PodName(name, 0), log_options);
-    if (log.ok()) {
-      if (auto final_report = ParseFinalLine(*log)) {
-        trainer["loss"] = std::round(final_report->loss * 1e4) / 1e4;
-        trainer["tokensPerSecond"] = std::round(final_report->tokens_per_second * 10) / 10;
-      }
-    }
-  }
-  auto write_status = [&]() -> k8s::Error {
-    if (plan.status == status) return k8s::Error::Ok();
-    json updated = job;
-    updated["status"] = plan.status;
-    auto put = client_->UpdateStatus(jobs_ref, ns, updated);
-    if (!put.ok()) return put.error();
-    WroteStatus(key, meta.value("resourceVersion", ""));
-    return k8s::Error::Ok();
-  };
-
-  // A gang restart first records the new generation: if the operator dies after this write,
-  // the old gang is stale by its label and goes on the next reconcile; if it dies before, the
-  // failed Pod is still there and the same decision is made again.
-  if (plan.status_first) {
-    if (auto e = write_status(); !e.ok()) return Failed(e, "writing the status of " + key);
-  }
-
-  if (parsed.ok()) {
+std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& key, const json& job,
+                                                           const Result<JobSpec>& spec, const Plan& plan,
+                                                           Created* created) {
+  const std::string ns = job["metadata"].value("namespace", "default");
+  const std::string name = job["metadata"].value("name", "");
+  if (spec.ok()) {  // (a spec that does not parse creates nothing)
     if (plan.ensure_service) {
-      if (auto e = EnsureService(job, *parsed); !e.ok()) return Failed(e, "creating Service " + key);
+      if (auto e = EnsureService(job, *spec); !e.ok()) return Failed(e, "creating Service " + key);
     }
     if (plan.ensure_config_map) {
-      if (auto e = EnsureConfigMap(job, *parsed); !e.ok()) return Failed(e, "writing ConfigMap " + ConfigMapName(name));
+      if (auto e = EnsureConfigMap(job, *spec); !e.ok()) return Failed(e, "writing ConfigMap " + ConfigMapName(name));
     }
   }
-  bool all_created = !plan.create.empty();
+  const std::string uid = job["metadata"].value("uid", "");
+  created->all = !plan.create.empty();
   for (const auto& pod : plan.create) {
-    auto created = client_->Create(k8s::resources::Pods(), ns, pod);
-    if (created.ok()) {
-      Expect(key, created->value("metadata", json::object()).value("uid", ""));
+    auto made = api_->Create(k8s::resources::Pods(), ns, pod);
+    if (made.ok()) {
+      Expect(key, made->value("metadata", json::object()).value("uid", ""));
       if (hooks_.pod_created) hooks_.pod_created();
       continue;
     }
-    all_created = false;
+    created->all = false;
     // The name is taken: by this gang's Pod the cache has not shown yet, or by an old one
     // still terminating. The next reconcile sees which.
-    if (k8s::IsAlreadyExists(created.error())) {
-      out.requeue_after = std::chrono::seconds(1);
+    if (k8s::IsAlreadyExists(made.error())) {
+      created->requeue_after = std::chrono::seconds(1);
       const std::string pod_name = pod["metadata"].value("name", "");
-      auto existing = client_->Get(k8s::resources::Pods(), ns, pod_name);
+      auto existing = api_->Get(k8s::resources::Pods(), ns, pod_name);
       if (existing.ok() && !OwnedBy(*existing, uid)) {
         // Not ours and never will be: say so, or the job waits without a word.
         const std::string msg = "pod " + pod_name + " already exists and is not owned by this TrainingJob; delete it, "
                                 "or give the job another name";
         Log(key + ": PodNameTaken: " + msg);
-        plan.events.push_back({"Warning", "PodNameTaken", msg});
-        out.requeue_after = std::chrono::seconds(10);
+        created->events.push_back({"Warning", "PodNameTaken", msg});
+        created->requeue_after = std::chrono::seconds(10);
       }
       continue;
     }
-    return Failed(created.error(), "creating Pod " + pod["metadata"].value("name", ""));
+    return Failed(made.error(), "creating Pod " + pod["metadata"].value("name", ""));
   }
-  if (all_created) plan.status["launchedGeneration"] = plan.status.value("restartGeneration", int64_t{0});
+  return std::nullopt;
+}
 
-  for (const auto& pod : plan.remove) {
+std::optional<ReconcileOutcome> Reconciler::DeletePods(const std::string& ns, const std::vector<PodView>& pods) {
+  for (const auto& pod : pods) {
     k8s::DeleteOptions opts;
     opts.precondition_uid = pod.uid;
     opts.grace_period_seconds = options_.pod_delete_grace_seconds;
-    auto deleted = client_->Delete(k8s::resources::Pods(), ns, pod.name, opts);
+    auto deleted = api_->Delete(k8s::resources::Pods(), ns, pod.name, opts);
     if (deleted.ok()) {
       if (hooks_.pod_deleted) hooks_.pod_deleted();
     } else if (!k8s::IsNotFound(deleted.error()) && !k8s::IsConflict(deleted.error())) {
       return Failed(deleted.error(), "deleting Pod " + pod.name);
     }
   }
+  return std::nullopt;
+}
 
-  if (!plan.status_first) {
-    if (auto e = write_status(); !e.ok()) return Failed(e, "writing the status of " + key);
+std::optional<ReconcileOutcome> Reconciler::WriteStatus(const std::string& key, const json& job, const json& status) {
+  if (status == job.value("status", json::object())) return std::nullopt;
+  json updated = job;
+  updated["status"] = status;
+  auto put = api_->UpdateStatus(Jobs(), job["metadata"].value("namespace", "default"), updated);
+  if (!put.ok()) return Failed(put.error(), "writing the status of " + key);
+  WroteStatus(key, job["metadata"].value("resourceVersion", ""));
+  return std::nullopt;
+}
+
+ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
+  // 1. Observe: the job and its Pods as the caches show them, the spec parsed once.
+  auto cached = jobs_->Get(key);
+  if (!cached) {
+    Forget(key);
+    return {};  // deleted: owner references take the children with it
   }
-  for (const auto& ev : plan.events) {
+  const json& job = *cached;
+  const json& meta = job["metadata"];
+  if (meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null()) return {};
+  const json status = job.value("status", json::object());
+  ReconcileOutcome look_again;
+  look_again.phase = status.value("phase", "Created");
+  look_again.requeue_after = std::chrono::seconds(1);
+  // Deciding on the object our last status write replaced would only end in a Conflict; the
+  // watch event of that write queues the key again.
+  if (CacheBehindOwnWrite(key, meta.value("resourceVersion", ""))) return look_again;
+  Observed in;
+  in.job = job;
+  in.now = std::chrono::system_clock::now();
+  in.report_interval = options_.report_interval;
+  std::set<std::string> seen_uids;
+  in.pods = OwnedPods(key, meta.value("uid", ""), &seen_uids);
+  // Pods this operator created that the cache has not shown yet: deciding now would take them
+  // for deleted ones (client-go's "expectations").
+  if (!ExpectationsMet(key, seen_uids)) return look_again;
+  in.service_exists = services_->Get(key).has_value();
+  const Result<JobSpec> spec = ParseSpec(job);
+  const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
+  if (!finished && spec.ok()) in.report = Scrape(key, job, *spec, in.pods);
+  // Reads that cost an API call, made by Decide only when a decision needs them: the trainer
+  // config when a gang is about to start, rank 0's log when the job has just succeeded.
+  if (spec.ok()) in.check_config = [&] { return CheckConfig(key, job, *spec); };
+  in.final_report = [&] { return ReadFinalReport(job); };
+
+  // 2. Decide, once.
+  const Plan plan = Decide(in, spec);
+  ReconcileOutcome out;
+  out.phase = plan.phase;
+  out.requeue_after = plan.requeue_after;
+
+  // 3. Apply. A plan that deletes Pods of the current gang (a gang restart, a resize, a
+  // suspension, a finish) writes the status first: if the operator dies after that write, the
+  // old gang is stale by its label and goes on the next reconcile; if it dies before, the Pods
+  // are still there and the same decision is made again.
+  if (plan.delete_job) {
+    if (auto failed = DeleteJob(key, job)) return *failed;
+    out.phase = "";
+    return out;
+  }
+  if (plan.status_first) {
+    if (auto failed = WriteStatus(key, job, plan.status)) return *failed;
+  }
+  Created created;
+  if (auto failed = CreateChildren(key, job, spec, plan, &created)) return *failed;
+  if (created.requeue_after) out.requeue_after = created.requeue_after;
+  if (auto failed = DeletePods(meta.value("namespace", "default"), plan.remove)) return *failed;
+
+  // 4. The status, written once (here, unless it went first). launchedGeneration is recorded
+  // only once every Pod of the gang has been created.
+  if (!plan.status_first) {
+    json next = plan.status;
+    if (created.all) next["launchedGeneration"] = next.value("restartGeneration", int64_t{0});
+    if (auto failed = WriteStatus(key, job, next)) return *failed;
+  }
+
+  // 5. The Events, once the status is written.
+  std::vector<EventToRecord> events = plan.events;
+  events.insert(events.end(), created.events.begin(), created.events.end());
+  for (const auto& ev : events) {
     if (ev.reason == "InvalidSpec") out.invalid_spec = true;
     Log(key + ": " + ev.reason + ": " + ev.message);
     if (hooks_.record_event) hooks_.record_event(job, ev);

@@ -1,9 +1,10 @@
-// The executor of Decide(): reads one job and its children from the informers' caches, checks
-// the trainer config, scrapes rank 0's progress, then creates, deletes and writes what the plan
-// says, in an order that is safe to interrupt at any point (docs/trainingjob.md, "How the
-// operator reconciles"). Idempotent: every name is deterministic, creates that find the object
-// there and deletes that find it gone are fine, and the status is written with the cached
-// resourceVersion, so a concurrent writer makes this attempt fail with Conflict and retry.
+// The executor of Decide(): observes one job and its children in the informers' caches (and
+// scrapes rank 0's progress), decides once, then creates and deletes what the plan says, writes
+// the status once and records the Events, in an order that is safe to interrupt at any point
+// (docs/trainingjob.md, "How the operator reconciles"). Idempotent: every name is deterministic,
+// creates that find the object there and deletes that find it gone are fine, and the status is
+// written with the cached resourceVersion, so a concurrent writer makes this attempt fail with
+// Conflict and retry.
 #pragma once
 
 #include <chrono>
@@ -13,12 +14,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "operator/controller/decide.h"
-#include "operator/k8s/client.h"
 #include "operator/k8s/informer.h"
+#include "operator/k8s/object_api.h"
 
 namespace meshwork::op {
 
@@ -65,7 +67,9 @@ struct ReconcileOutcome {
 
 class Reconciler {
  public:
-  Reconciler(k8s::Client* client, const k8s::Store* jobs, const k8s::Store* pods, const k8s::Store* services,
+  // `api` (k8s::Client in the operator) makes every call beyond the caches; it and the caches
+  // must outlive the reconciler.
+  Reconciler(k8s::ObjectApi* api, const k8s::Store* jobs, const k8s::Store* pods, const k8s::Store* services,
              const PodIndex* index, ReconcilerOptions options, ReconcilerHooks hooks);
 
   ReconcileOutcome Reconcile(const std::string& key);
@@ -73,10 +77,30 @@ class Reconciler {
   void Forget(const std::string& key);
 
  private:
-  std::optional<std::string> ConfigProblem(const nlohmann::json& job, const JobSpec* spec, bool* retry_later,
-                                           std::string* wait_msg);
+  // What creating the plan's children found, for the status write and the Events.
+  struct Created {
+    bool all = false;                                   // every Pod of the plan was created
+    std::vector<EventToRecord> events;                  // PodNameTaken
+    std::optional<std::chrono::seconds> requeue_after;  // a Pod name is still taken
+  };
+
+  // The job's Pods in the cache: labelled with its name and owned by its `uid`. Their uids go to
+  // `seen_uids`.
+  std::vector<nlohmann::json> OwnedPods(const std::string& key, const std::string& uid,
+                                        std::set<std::string>* seen_uids) const;
   std::optional<TrainerReport> Scrape(const std::string& key, const nlohmann::json& job, const JobSpec& spec,
                                       const std::vector<nlohmann::json>& pods);
+  // The reads Decide makes only when a decision needs them.
+  ConfigCheck CheckConfig(const std::string& key, const nlohmann::json& job, const JobSpec& spec);
+  std::optional<FinalReport> ReadFinalReport(const nlohmann::json& job);
+  // Each carries out one part of a plan; nullopt when it went through, else the failed outcome.
+  std::optional<ReconcileOutcome> DeleteJob(const std::string& key, const nlohmann::json& job);
+  std::optional<ReconcileOutcome> CreateChildren(const std::string& key, const nlohmann::json& job,
+                                                 const Result<JobSpec>& spec, const Plan& plan, Created* created);
+  std::optional<ReconcileOutcome> DeletePods(const std::string& ns, const std::vector<PodView>& pods);
+  // Writes `status` unless the cached job already has it.
+  std::optional<ReconcileOutcome> WriteStatus(const std::string& key, const nlohmann::json& job,
+                                              const nlohmann::json& status);
   k8s::Error EnsureService(const nlohmann::json& job, const JobSpec& spec);
   k8s::Error EnsureConfigMap(const nlohmann::json& job, const JobSpec& spec);
   void Log(const std::string& line) const;
@@ -85,7 +109,7 @@ class Reconciler {
   void Expect(const std::string& key, const std::string& pod_uid);
   bool ExpectationsMet(const std::string& key, const std::set<std::string>& seen_uids);
 
-  k8s::Client* client_;
+  k8s::ObjectApi* api_;
   const k8s::Store* jobs_;
   const k8s::Store* pods_;
   const k8s::Store* services_;

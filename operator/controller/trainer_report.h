@@ -15,13 +15,9 @@ namespace meshwork::op {
 // meshwork_trainer_step is absent (not a Meshwork trainer, or not started yet).
 std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text);
 
-// The run's summary from the trainer's last log line, "done: N steps, T tokens in S s | final
-// loss L | X tok/s | ...": the final loss and the run's mean throughput (all ranks' tokens);
-// nullopt when `log` has no such line.
-struct FinalReport {
-  double loss = 0;
-  double tokens_per_second = 0;
-};
+// The run's summary (FinalReport, decide.h) from the trainer's last log line, "done: N steps,
+// T tokens in S s | final loss L | X tok/s | ...": the final loss and the run's mean throughput
+// (all ranks' tokens); nullopt when `log` has no such line.
 std::optional<FinalReport> ParseFinalLine(const std::string& log);
 
 // GET http://ip:port/path over HTTP/1.0 with an overall timeout; the body on a 200.

@@ -1,0 +1,38 @@
+// Success: every rank of the current gang exited 0. The report in status.trainer is completed:
+// the run reached its last step, and rank 0's final log line has the final loss and the run's
+// throughput (the last scrape may be a few steps old).
+#include "operator/controller/policy/policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshwork::op::policy {
+
+using nlohmann::json;
+
+std::optional<Decision> Success(const JobState& job) {
+  const std::vector<PodView> current = job.Current();
+  if (!job.Missing().empty() ||
+      !std::all_of(current.begin(), current.end(), [](const PodView& p) { return p.phase == "Succeeded"; })) {
+    return std::nullopt;
+  }
+  const JobSpec& spec = job.spec;
+  Decision d = Finish(job.status, "Succeeded", "AllRanksSucceeded",
+                      "all " + std::to_string(spec.WorldSize()) + " ranks in " + std::to_string(spec.replicas) +
+                          " pod(s) exited 0",
+                      job.in.now);
+  d.remove = Clean(spec.clean_pod_policy, job.pods);
+  if (!job.in.report && !job.status.contains("trainer")) return d;
+  json trainer = job.in.report ? ReportJson(*job.in.report, job.in.now, spec.WorldSize()) : job.status["trainer"];
+  if (trainer.value("totalSteps", int64_t{0}) > 0) trainer["step"] = trainer["totalSteps"];
+  if (job.in.final_report) {
+    if (const auto final_report = job.in.final_report()) {
+      trainer["loss"] = std::round(final_report->loss * 1e4) / 1e4;
+      trainer["tokensPerSecond"] = std::round(final_report->tokens_per_second * 10) / 10;
+    }
+  }
+  d.status["trainer"] = trainer;
+  return d;
+}
+
+}  // namespace meshwork::op::policy

@@ -1,0 +1,110 @@
+// Starting the gang and reporting how far it got (launch.cpp).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/operator/controller/builders.h"
+
+namespace meshwork::op::policy {
+namespace {
+
+using namespace meshwork::op::testing;
+using std::chrono::seconds;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+std::vector<std::string> CreatedNames(const Decision& d) {
+  std::vector<std::string> out;
+  for (const auto& pod : d.create) out.push_back(pod["metadata"]["name"]);
+  return out;
+}
+
+TEST(LaunchTest, ANewJobGetsItsServiceConfigAndEveryRank) {
+  const Decision d = Launch(State(Job()).Get());
+  EXPECT_THAT(CreatedNames(d), ElementsAre("tiny-0", "tiny-1"));
+  EXPECT_TRUE(d.ensure_service);
+  EXPECT_TRUE(d.ensure_config_map);
+  EXPECT_EQ(d.phase, "Created");
+  EXPECT_EQ(d.status["startTime"], FormatTime(kT0));
+  EXPECT_FALSE(d.status.contains("launchedGeneration"));  // the executor records it once all are created
+  EXPECT_EQ(ReasonOf(d, "Running"), "PodsStarting");
+  EXPECT_EQ(d.conditions.at(0).message, "0 of 2 pod(s) started");
+  EXPECT_FALSE(d.requeue_after.has_value());  // no Pods to scrape yet
+}
+
+TEST(LaunchTest, OnlyMissingRanksAreCreatedWithTheCurrentGeneration) {
+  State s(Job({{"config", {{"inline", nullptr}, {"configMapRef", {{"name", "cfg"}}}}}},
+              {{"restartGeneration", 3}, {"startTime", FormatTime(kT0)}}),
+          {Pod(1, 3, "Pending")});
+  s.in().service_exists = true;
+  const Decision d = Launch(s.Get());
+  EXPECT_THAT(CreatedNames(d), ElementsAre("tiny-0"));
+  EXPECT_EQ(d.create[0]["metadata"]["labels"][kGenerationLabel], "3");
+  EXPECT_TRUE(d.ensure_service);       // creating Pods: make sure the Service is there
+  EXPECT_FALSE(d.ensure_config_map);   // configMapRef: the user's ConfigMap
+  EXPECT_FALSE(d.status.contains("startTime"));  // kept
+}
+
+TEST(LaunchTest, TheGangRunsOnceEveryRankRuns) {
+  struct Case {
+    std::string name;
+    json status;
+    std::vector<std::string> events;
+    std::vector<std::string> conditions;  // type=reason
+  };
+  const std::vector<Case> cases = {
+      {"first time", json::object(), {"Running"}, {"Running=AllPodsRunning"}},
+      {"already running", {{"conditions", json::array({Condition("Running", "True", "AllPodsRunning")})}}, {},
+       {"Running=AllPodsRunning"}},
+      {"after a restart", {{"conditions", json::array({Condition("Restarting", "True")})}}, {"Running"},
+       {"Running=AllPodsRunning", "Restarting=GangRunning"}},
+  };
+  for (const auto& c : cases) {
+    const Decision d = Launch(State(Job({}, c.status), {Pod(0, 0, "Running"), Pod(1, 0, "Succeeded", 0)}).Get());
+    EXPECT_EQ(d.phase, "Running") << c.name;
+    EXPECT_THAT(d.create, IsEmpty());
+    EXPECT_FALSE(d.ensure_service);  // it exists, and no Pod is missing
+    EXPECT_EQ(d.status["launchedGeneration"], 0);
+    EXPECT_EQ(Reasons(d.events), c.events) << c.name;
+    std::vector<std::string> conditions;
+    for (const auto& cond : d.conditions) conditions.push_back(cond.type + "=" + cond.reason);
+    EXPECT_EQ(conditions, c.conditions) << c.name;
+    EXPECT_EQ(d.requeue_after, seconds(10)) << c.name;  // the report interval: scrape rank 0 again
+  }
+}
+
+TEST(LaunchTest, AWaitingRankSaysWhy) {
+  json pending = Pod(1, 0, "Pending");
+  pending["status"]["conditions"] =
+      json::array({{{"type", "PodScheduled"}, {"status", "False"}, {"reason", "Unschedulable"}, {"message", "no node"}}});
+  const json restarting = {{"conditions", json::array({Condition("Restarting", "True")})}};
+  const Decision d = Launch(State(Job({}, restarting), {Pod(0, 0, "Running"), pending}).Get());
+  EXPECT_EQ(d.phase, "Restarting");
+  EXPECT_EQ(d.conditions.at(0).message, "1 of 2 pod(s) started; tiny-1: Unschedulable (no node)");
+}
+
+TEST(LaunchTest, RankZerosReportGoesIntoTheStatus) {
+  State s(Job({{"metricsPort", 0}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  s.in().report = TrainerReport{120, 300, 2.5, 4000};
+  const Decision d = Launch(s.Get());
+  EXPECT_EQ(d.status["trainer"]["step"], 120);
+  EXPECT_DOUBLE_EQ(d.status["trainer"]["tokensPerSecond"].get<double>(), 8000);  // rank 0's x world size
+  EXPECT_FALSE(d.requeue_after.has_value());  // metrics off: nothing to scrape
+}
+
+TEST(AwaitConfigTest, TheGangWaitsForItsConfigMap) {
+  const std::string why = "waiting for ConfigMap ml/cfg (spec.config.configMapRef.name)";
+  for (const auto& [status, phase] : std::vector<std::pair<json, std::string>>{
+           {json::object(), "Created"}, {{{"conditions", json::array({Condition("Restarting", "True")})}}, "Restarting"}}) {
+    const Decision d = AwaitConfig(State(Job({}, status)).Get(), why);
+    EXPECT_EQ(d.phase, phase);
+    EXPECT_EQ(ReasonOf(d, "Running"), "ConfigMapNotReady");
+    ASSERT_EQ(d.events.size(), 1u);
+    EXPECT_EQ(d.events[0].type, "Warning");
+    EXPECT_EQ(d.events[0].message, why);
+    EXPECT_THAT(d.create, IsEmpty());
+    EXPECT_EQ(d.requeue_after, seconds(10));
+  }
+}
+
+}  // namespace
+}  // namespace meshwork::op::policy

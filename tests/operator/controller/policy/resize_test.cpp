@@ -1,0 +1,78 @@
+// A gang started with another shape than the spec's (resize.cpp).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/operator/controller/builders.h"
+
+namespace meshwork::op::policy {
+namespace {
+
+using namespace meshwork::op::testing;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+json WithMesh(json pod, const std::string& mesh) {
+  pod["metadata"]["labels"][kMeshLabel] = mesh;
+  return pod;
+}
+
+TEST(ResizeTest, NoOpinionWhileTheGangHasTheSpecsShape) {
+  struct Case {
+    std::string name;
+    json spec;
+    std::vector<json> pods;
+  };
+  json no_label = Pod(0, 0, "Running");
+  no_label["metadata"]["labels"].erase(kWorldSizeLabel);
+  const std::vector<Case> cases = {
+      {"same world size, no mesh label", json::object(), {Pod(0, 0, "Running"), Pod(1, 0, "Running")}},
+      {"same mesh label", json::object(), {WithMesh(Pod(0, 0, "Running"), "1x2x1")}},
+      {"an older gang's shape", {{"replicas", 1}}, {Pod(0, 7, "Running")}},
+      {"no world-size label", {{"replicas", 1}}, {no_label}},
+  };
+  for (const auto& c : cases) {
+    State s(Job(c.spec), c.pods);
+    EXPECT_FALSE(Resize(s.Get()).has_value()) << c.name;
+    EXPECT_FALSE(ResizeWithCheckpoints(s.Get()).has_value()) << c.name;
+  }
+}
+
+TEST(ResizeTest, ANewShapeStartsANewGangThatIsNoFailure) {
+  for (const auto& [spec, pod] : std::vector<std::pair<json, json>>{
+           {{{"replicas", 1}}, Pod(0, 0, "Running")},
+           {{{"mesh", {{"dpReplicate", 2}, {"dpShard", 1}}}}, WithMesh(Pod(0, 0, "Running"), "1x2x1")}}) {
+    State s(Job(spec, {{"restartGeneration", 0}, {"restarts", 0}}), {pod});
+    EXPECT_FALSE(ResizeWithCheckpoints(s.Get()).has_value());
+    const auto d = Resize(s.Get());
+    ASSERT_TRUE(d.has_value()) << spec;
+    EXPECT_EQ(d->phase, "");  // the old gang is stale now: the stale-gang policy removes it
+    EXPECT_EQ(d->status, json({{"restartGeneration", 1}}));
+    EXPECT_EQ(ReasonOf(*d, "Restarting"), "Resized");
+    EXPECT_EQ(ReasonOf(*d, "Running"), "Resized");
+    EXPECT_THAT(d->events.at(0).message, HasSubstr("starting a new gang (generation 1)"));
+    EXPECT_TRUE(d->status_first);
+  }
+}
+
+TEST(ResizeTest, TheMessageNamesBothShapes) {
+  State s(Job({{"replicas", 1}}), {WithMesh(Pod(0, 0, "Running"), "1x2x1")});
+  EXPECT_THAT(Resize(s.Get())->events.at(0).message,
+              HasSubstr("the gang changed from 2 ranks, mesh 1x2x1 to 1 ranks, mesh 1x1x1"));
+}
+
+TEST(ResizeWithCheckpointsTest, FailsTheJobInsteadOfCrashLooping) {
+  State s(Job({{"replicas", 1}, {"checkpoint", {{"path", "/ckpt"}}}}),
+          {Pod(0, 0, "Running"), Pod(1, 0, "Running"), Pod(2, 0, "Succeeded", 0)});
+  EXPECT_FALSE(Resize(s.Get()).has_value());
+  const auto d = ResizeWithCheckpoints(s.Get());
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->phase, "Failed");
+  EXPECT_EQ(ReasonOf(*d, "Failed"), "InvalidSpec");
+  EXPECT_THAT(d->events.at(0).message,
+              HasSubstr("spec.replicas/spec.mesh: the gang changed from 2 ranks, mesh ? to 1 ranks, mesh 1x1x1 "
+                        "while checkpoints are on; the trainer cannot reshard a checkpoint yet"));
+  EXPECT_THAT(Names(d->remove), UnorderedElementsAre("tiny-0", "tiny-1"));  // running ones
+}
+
+}  // namespace
+}  // namespace meshwork::op::policy

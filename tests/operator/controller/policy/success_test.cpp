@@ -1,0 +1,84 @@
+// Every rank exited 0 (success.cpp).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/operator/controller/builders.h"
+
+namespace meshwork::op::policy {
+namespace {
+
+using namespace meshwork::op::testing;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+TEST(SuccessTest, NoOpinionUntilEveryRankOfTheGangSucceeded) {
+  EXPECT_FALSE(Success(State(Job(), {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Running")}).Get()).has_value());
+  EXPECT_FALSE(Success(State(Job(), {Pod(0, 0, "Succeeded", 0)}).Get()).has_value());  // one missing
+  EXPECT_FALSE(Success(State(Job(), {Pod(0, 7, "Succeeded", 0), Pod(1, 7, "Succeeded", 0)}).Get()).has_value());
+}
+
+TEST(SuccessTest, EndsTheJobAndCleanPodPolicyApplies) {
+  for (const auto& [clean, removed] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"Running", {}}, {"All", {"tiny-0", "tiny-1"}}}) {
+    State s(Job({{"runPolicy", {{"cleanPodPolicy", clean}}}}), {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)});
+    const auto d = Success(s.Get());
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(d->phase, "Succeeded");
+    EXPECT_EQ(ReasonOf(*d, "Succeeded"), "AllRanksSucceeded");
+    EXPECT_EQ(d->events.at(0).message, "all 2 ranks in 2 pod(s) exited 0");
+    EXPECT_EQ(Names(d->remove), removed) << clean;
+    EXPECT_TRUE(d->status_first);
+    EXPECT_FALSE(d->status.contains("trainer"));  // nothing was ever reported
+  }
+}
+
+TEST(SuccessTest, TheReportIsCompletedFromRankZerosFinalLine) {
+  struct Case {
+    std::string name;
+    std::optional<TrainerReport> scraped;
+    json previous;  // status.trainer before
+    std::optional<FinalReport> final_line;
+    json want;  // status.trainer after, updateTime aside
+  };
+  const std::vector<Case> cases = {
+      {"scraped, with a final line", TrainerReport{290, 300, 2.5, 4000}, json(), FinalReport{2.123456, 7777.77},
+       {{"step", 300}, {"totalSteps", 300}, {"loss", 2.1235}, {"tokensPerSecond", 7777.8}}},
+      {"scraped, no final line", TrainerReport{290, 300, 2.5, 4000}, json(), std::nullopt,
+       {{"step", 300}, {"totalSteps", 300}, {"loss", 2.5}, {"tokensPerSecond", 8000.0}}},
+      {"an earlier scrape only", std::nullopt, {{"step", 10}, {"totalSteps", 0}, {"loss", 3.0}}, FinalReport{2.0, 10},
+       {{"step", 10}, {"totalSteps", 0}, {"loss", 2.0}, {"tokensPerSecond", 10.0}}},
+  };
+  for (const auto& c : cases) {
+    json status = json::object();
+    if (!c.previous.is_null()) status["trainer"] = c.previous;
+    State s(Job({}, status), {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)});
+    s.in().report = c.scraped;
+    int reads = 0;
+    s.in().final_report = [&] {
+      ++reads;
+      return c.final_line;
+    };
+    const auto d = Success(s.Get());
+    ASSERT_TRUE(d.has_value()) << c.name;
+    json trainer = d->status.at("trainer");
+    trainer.erase("updateTime");
+    EXPECT_EQ(trainer, c.want) << c.name;
+    EXPECT_EQ(reads, 1) << c.name;
+  }
+}
+
+TEST(SuccessTest, WithNothingReportedTheLogIsNotRead) {
+  State s(Job(), {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)});
+  s.in().final_report = [] {
+    ADD_FAILURE() << "read rank 0's log";
+    return std::optional<FinalReport>();
+  };
+  const auto d = Success(s.Get());
+  ASSERT_TRUE(d.has_value());
+  EXPECT_FALSE(d->status.contains("trainer"));
+  EXPECT_THAT(Reasons(d->events), ElementsAre("AllRanksSucceeded"));
+  EXPECT_THAT(d->create, IsEmpty());
+}
+
+}  // namespace
+}  // namespace meshwork::op::policy

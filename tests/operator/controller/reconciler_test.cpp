@@ -1,0 +1,257 @@
+// The Reconciler on plain objects: caches filled by hand and an in-memory API
+// (tests/operator/k8s/fake_object_api.h). It checks what decide_test cannot: the calls each
+// reconcile makes and their order (observe, decide once, creates and deletes, one status write,
+// then the Events), the expectations, and the reads made only when a decision needs them.
+#include "operator/controller/reconciler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "operator/controller/desired.h"
+#include "tests/operator/controller/builders.h"
+#include "tests/operator/k8s/fake_object_api.h"
+
+namespace meshwork::op {
+namespace {
+
+using namespace meshwork::op::testing;
+using std::chrono::seconds;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+const k8s::ResourceRef kJobs = k8s::resources::Custom(kGroup, kVersion, kPlural);
+const std::string kKey = "ml/tiny";
+
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  ReconcilerTest() {
+    ReconcilerOptions options;
+    options.expectation_timeout = std::chrono::milliseconds(30000);
+    ReconcilerHooks hooks;
+    hooks.record_event = [this](const json& job, const EventToRecord& ev) {
+      events_.push_back(ev.reason);
+      EXPECT_EQ(job["metadata"]["name"], "tiny");
+    };
+    hooks.log = [this](const std::string& line) { log_.push_back(line); };
+    reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, options, hooks);
+  }
+
+  // The job as the API server and the cache both have it, as a new version.
+  void SetJob(json job) {
+    job["metadata"]["resourceVersion"] = std::to_string(++version_);
+    api_.Add(kJobs, job);
+    jobs_.Upsert(kKey, job);
+  }
+  // What the watch brings after our write: the cache catches up with the API server.
+  void SyncJob() { jobs_.Upsert(kKey, *api_.Find(kJobs, "ml", "tiny")); }
+  void SetPods(const std::vector<json>& pods) {
+    for (const auto& key : index_.Get(kKey)) {
+      pods_.Remove(key);
+      index_.Remove(kKey, key);
+    }
+    for (const auto& pod : pods) {
+      const std::string key = k8s::ObjectKey(pod);
+      pods_.Upsert(key, pod);
+      index_.Set(kKey, key);
+      api_.Add(k8s::resources::Pods(), pod);
+    }
+  }
+  // The Pods the API server has now, into the cache.
+  void SyncPods() {
+    std::vector<json> pods;
+    for (int i = 0; i < 4; ++i) {
+      if (auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-" + std::to_string(i))) pods.push_back(*pod);
+    }
+    SetPods(pods);
+  }
+  json Status() const { return api_.Find(kJobs, "ml", "tiny")->value("status", json::object()); }
+  // The calls of a verb ("create pods", "update-status trainingjobs", ...).
+  std::vector<std::string> Calls(const std::string& prefix) const {
+    std::vector<std::string> out;
+    for (const auto& c : api_.calls()) {
+      if (c.rfind(prefix, 0) == 0) out.push_back(c);
+    }
+    return out;
+  }
+
+  k8s::testing::FakeObjectApi api_;
+  k8s::Store jobs_, pods_, services_;
+  PodIndex index_;
+  std::unique_ptr<Reconciler> reconciler_;
+  std::vector<std::string> events_;
+  std::vector<std::string> log_;
+  int version_ = 100;
+};
+
+TEST_F(ReconcilerTest, ANewJobGetsItsChildrenThenOneStatusWriteThenItsEvents) {
+  SetJob(Job());
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.phase, "Created");
+  EXPECT_THAT(api_.calls(), ElementsAre("create services ml/tiny", "create configmaps ml/tiny-config",
+                                        "create pods ml/tiny-0", "create pods ml/tiny-1",
+                                        "update-status trainingjobs ml/tiny"));
+  const json status = Status();
+  EXPECT_EQ(status["phase"], "Created");
+  EXPECT_EQ(status["launchedGeneration"], 0);  // every Pod of the gang was created
+  EXPECT_THAT(events_, ElementsAre("Created"));
+}
+
+TEST_F(ReconcilerTest, ItWaitsForTheCacheToShowItsOwnWrites) {
+  SetJob(Job());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  api_.ClearCalls();
+
+  // The cache still has the object our status write replaced: deciding on it would only conflict.
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_TRUE(out.ok);
+  EXPECT_EQ(out.requeue_after, seconds(1));
+  // The job is new, the Pods not yet: they would look deleted (client-go's expectations).
+  SyncJob();
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_EQ(out.requeue_after, seconds(1));
+  EXPECT_EQ(out.phase, "Created");
+  EXPECT_THAT(api_.calls(), IsEmpty());
+
+  SyncPods();
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("create pods"), IsEmpty());  // nothing created twice
+}
+
+TEST_F(ReconcilerTest, AFailedRankRestartsTheGangWritingTheStatusFirst) {
+  SetJob(Job({}, {{"launchedGeneration", 0}, {"restartGeneration", 0}, {"phase", "Running"}}));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Failed", 137)});
+  api_.ClearCalls();
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.phase, "Restarting");
+  EXPECT_THAT(api_.calls(), ElementsAre("update-status trainingjobs ml/tiny", "delete pods ml/tiny-0",
+                                        "delete pods ml/tiny-1"));
+  EXPECT_EQ(Status()["restartGeneration"], 1);
+  EXPECT_EQ(Status()["restarts"], 1);
+  EXPECT_THAT(events_, Contains("GangRestart"));
+}
+
+TEST_F(ReconcilerTest, AFailedStatusWriteStopsTheReconcileBeforeAnyDelete) {
+  SetJob(Job({}, {{"launchedGeneration", 0}, {"restartGeneration", 0}}));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Failed", 137)});
+  api_.FailNext("update-status", "trainingjobs", k8s::Error(k8s::ErrorKind::kConflict, "modified"));
+  api_.ClearCalls();
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_EQ(out.error_reason, "conflict");
+  EXPECT_THAT(out.message, HasSubstr("writing the status of ml/tiny"));
+  EXPECT_THAT(Calls("delete"), IsEmpty());
+  EXPECT_THAT(events_, IsEmpty());  // Events only after the status is written
+}
+
+TEST_F(ReconcilerTest, TheTrainerConfigIsCheckedOnlyWhenAGangIsAboutToStart) {
+  const json spec = {{"config", {{"inline", nullptr}, {"configMapRef", {{"name", "cfg"}}}}}};
+  // A running gang: its ConfigMap is not read, even gone.
+  SetJob(Job(spec, {{"launchedGeneration", 0}, {"restartGeneration", 0}}));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  api_.ClearCalls();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(Calls("get configmaps"), IsEmpty());
+
+  // A new gang waits for its ConfigMap: no Pods, a Warning, a look again in 10 s.
+  SetJob(Job(spec));
+  SetPods({});
+  api_.ClearCalls();
+  events_.clear();
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("get configmaps"), ElementsAre("get configmaps ml/cfg"));  // once
+  EXPECT_THAT(Calls("create pods"), IsEmpty());
+  EXPECT_EQ(out.requeue_after, seconds(10));
+  EXPECT_THAT(events_, ElementsAre("Created", "ConfigMapNotReady"));
+  EXPECT_THAT(log_, Contains(HasSubstr("waiting for ConfigMap ml/cfg (spec.config.configMapRef.name)")));
+}
+
+TEST_F(ReconcilerTest, ABadTrainerConfigFailsTheJobWithoutCreatingAnything) {
+  SetJob(Job({{"config", {{"inline", "model:\n  preset: no-such-preset\n"}}}}));
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_TRUE(out.invalid_spec);
+  EXPECT_EQ(out.phase, "Failed");
+  EXPECT_THAT(api_.calls(), ElementsAre("update-status trainingjobs ml/tiny"));
+  EXPECT_THAT(Status().dump(), HasSubstr("spec.config.inline"));
+  EXPECT_FALSE(Status().contains("worldSize"));  // as for any spec failure
+  EXPECT_THAT(events_, ElementsAre("Created", "InvalidSpec"));
+}
+
+TEST_F(ReconcilerTest, AForeignPodHoldingARanksNameIsReported) {
+  SetJob(Job());
+  json squatter = Pod(1, 0, "Running");
+  squatter["metadata"]["ownerReferences"] = json::array();
+  api_.Add(k8s::resources::Pods(), squatter);
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.requeue_after, seconds(10));
+  EXPECT_THAT(Calls("get pods"), ElementsAre("get pods ml/tiny-1"));
+  EXPECT_FALSE(Status().contains("launchedGeneration"));  // the gang is not complete
+  EXPECT_THAT(events_, ElementsAre("Created", "PodNameTaken"));
+}
+
+TEST_F(ReconcilerTest, SuccessReadsRankZerosFinalLineIntoTheStatus) {
+  SetJob(Job({}, {{"launchedGeneration", 0},
+                  {"restartGeneration", 0},
+                  {"trainer", {{"step", 190}, {"totalSteps", 200}, {"loss", 3.0}, {"tokensPerSecond", 10.0}}}}));
+  SetPods({Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)});
+  api_.SetLog("ml", "tiny-0", "step 200 ...\ndone: 200 steps, 1000 tokens in 5 s | final loss 2.34567 | 1234.56 tok/s\n");
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.phase, "Succeeded");
+  EXPECT_THAT(Calls("log"), ElementsAre("log pods ml/tiny-0"));
+  const json trainer = Status()["trainer"];
+  EXPECT_EQ(trainer["step"], 200);
+  EXPECT_DOUBLE_EQ(trainer["loss"].get<double>(), 2.3457);
+  EXPECT_DOUBLE_EQ(trainer["tokensPerSecond"].get<double>(), 1234.6);
+
+  // Finished: later reconciles read no log and write nothing.
+  SyncJob();
+  api_.ClearCalls();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(api_.calls(), IsEmpty());
+}
+
+TEST_F(ReconcilerTest, TheTtlDeletesAFinishedJob) {
+  const json status = {{"conditions", json::array({Condition("Succeeded", "True")})},
+                       {"completionTime", FormatTime(std::chrono::system_clock::now() - std::chrono::hours(1))},
+                       {"phase", "Succeeded"}};
+  SetJob(Job({{"runPolicy", {{"ttlSecondsAfterFinished", 0}}}}, status));
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.phase, "");  // gone
+  EXPECT_THAT(api_.calls(), ElementsAre("delete trainingjobs ml/tiny"));
+  EXPECT_FALSE(api_.Find(kJobs, "ml", "tiny").has_value());
+}
+
+TEST_F(ReconcilerTest, AJobBeingDeletedOrGoneIsLeftAlone) {
+  EXPECT_TRUE(reconciler_->Reconcile(kKey).ok);  // not in the cache
+  json job = Job();
+  job["metadata"]["deletionTimestamp"] = FormatTime(kT0);
+  SetJob(job);
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_TRUE(out.ok);
+  EXPECT_EQ(out.phase, "");
+  EXPECT_THAT(api_.calls(), IsEmpty());
+}
+
+TEST_F(ReconcilerTest, AFailedCreateIsRetriedWithoutAStatusWrite) {
+  SetJob(Job());
+  api_.FailNext("create", "pods", k8s::Error(k8s::ErrorKind::kForbidden, "quota"));
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_EQ(out.error_reason, "api");
+  EXPECT_THAT(out.message, HasSubstr("creating Pod tiny-0"));
+  EXPECT_THAT(Calls("update-status"), IsEmpty());
+  EXPECT_THAT(events_, Not(Contains("Created")));
+}
+
+}  // namespace
+}  // namespace meshwork::op
