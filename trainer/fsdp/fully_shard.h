@@ -11,11 +11,15 @@
 // waits for the layer's all-gather and prefetches the previous layer's; the post-backward
 // reduce-scatters the layer's gradients (async) and frees it. The root unit stays gathered for
 // the whole step (its weights are used at both ends of the model, as FSDP2 keeps the root).
+//
+// That schedule is EagerSchedule (eager_schedule.h); compiled mode swaps in PlanExecutor
+// (plan_executor.h). Both drive the same units (unit.h) over the state in step_schedule.h.
 #pragma once
 
 #include <torch/types.h>
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,7 +28,6 @@
 #include "common/status.h"
 #include "trainer/compiler/ir.h"
 #include "trainer/dist/communicator.h"
-#include "trainer/fsdp/compute_clock.h"
 #include "trainer/model/llama.h"
 
 namespace meshwork::fsdp {
@@ -52,6 +55,9 @@ struct FsdpStats {
   double exposed_comm_seconds = 0;  // time blocked in Wait(), summed since the last reset
 };
 
+struct ShardedState;  // step_schedule.h
+class StepSchedule;
+
 class FullyShardedLlama {
  public:
   // Shards `model` (whose parameters hold the full, identical-on-every-rank initial values) over
@@ -66,7 +72,7 @@ class FullyShardedLlama {
   torch::Tensor Forward(const torch::Tensor& tokens);
   // Whether this micro-batch's backward reduces gradients (false until the last micro-batch of
   // gradient accumulation: full gradients accumulate locally instead).
-  void SetGradientSync(bool sync) { sync_ = sync; }
+  void SetGradientSync(bool sync);
   // After loss.backward(): reduce the root's gradients, wait for every reduction, write the
   // shard gradients (HSDP: averaged over replicas) and free the root.
   Status FinishBackward();
@@ -87,13 +93,13 @@ class FullyShardedLlama {
 
   // Every parameter with its master shard, in the module's order (checkpoints read and write
   // the shards in place, so the optimizer keeps holding the same tensors).
-  const std::deque<ShardedParam>& sharded_params() const { return params_; }
-  const model::LlamaConfig& config() const { return model_->config(); }
-  model::LlamaForCausalLM& module() { return model_; }
+  const std::deque<ShardedParam>& sharded_params() const;
+  const model::LlamaConfig& config() const;
+  model::LlamaForCausalLM& module();
   FsdpStats TakeStats();
   // Records into `trace` (null: stops) until told otherwise: compute per module, each collective
   // from issue to completion, the time blocked waiting for one, and the gathered bytes.
-  void TraceInto(ChromeTrace* trace) { tracer_ = trace; }
+  void TraceInto(ChromeTrace* trace);
   // Per-rank bytes of parameter shards, gradient shards (same) — optimizer state is 2x.
   int64_t ShardBytes() const;
 
@@ -105,49 +111,14 @@ class FullyShardedLlama {
   // From the next Forward on, every collective, wait and free follows `plan` (validated here
   // against this model); the eager hooks no longer schedule anything.
   Status UsePlan(const compiler::Graph& plan);
-  bool compiled() const { return plan_ != nullptr; }
-
-  struct Unit;  // defined in the .cpp
-  struct Plan;
+  bool compiled() const { return compiled_; }
 
  private:
-  FullyShardedLlama(model::LlamaForCausalLM model, dist::Communicator* shard_group,
-                    dist::Communicator* replicate_group, const FsdpOptions& options);
+  explicit FullyShardedLlama(std::unique_ptr<ShardedState> state);
 
-  model::LlamaForCausalLM model_;
-  dist::Communicator* shard_group_;
-  dist::Communicator* replicate_group_;
-  FsdpOptions options_;
-  bool sync_ = true;
-  std::deque<ShardedParam> params_;            // every parameter, in the module's order
-  std::vector<std::unique_ptr<Unit>> units_;  // [0] = root, then layer i at [i + 1]
-  FsdpStats stats_;
-  ChromeTrace* tracer_ = nullptr;
-  int64_t gathered_bytes_ = 0;  // parameter storage allocated now, over every unit
-  // The compute the plan last let run (for the trace): its label and start time.
-  std::string open_compute_;
-  double open_compute_start_ = 0;
-  void TraceCompute(const std::string& label, double start, double end);
-
-  // Runs the plan's ops up to the compute of `module` in `phase` (an empty module: to the end)
-  // and checks that compute's parameters are gathered. Throws StatusError on a mismatch.
-  void RunPlanUntil(compiler::Phase phase, const std::string& module);
-  torch::Tensor CompiledForward(const torch::Tensor& tokens);
-  std::unique_ptr<Plan> plan_;
-
-  // Trace of the last eager step: per-module compute, by module (embed, layers, head), as spans
-  // of the compute clock (CUDA events on a GPU), read into seconds by Skeleton().
-  struct Span {
-    ComputeClock::Mark from, to;
-    double share = 1;  // of the span this module gets (the head's forward and backward share one)
-  };
-  struct Trace {
-    std::vector<Span> fwd, bwd;
-    ComputeClock clock;
-    ComputeClock::Mark mark;  // at the last hook
-    int64_t batch = 0, seq = 0;
-  };
-  Trace trace_;
+  std::unique_ptr<ShardedState> state_;
+  std::unique_ptr<StepSchedule> schedule_;  // EagerSchedule until UsePlan swaps in a PlanExecutor
+  bool compiled_ = false;
 };
 
 // Every rank must run the same plan: rank 0 of `group` sends its plan's text, the others parse
