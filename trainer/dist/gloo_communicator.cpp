@@ -6,13 +6,15 @@
 //  - flat all-gather (_allgather_base throws): allgather into `size` views of the flat output;
 //    Gloo gathers into its own flat buffer and copies into the views, so the result lands in
 //    the output (checked by the tests).
-//  - reduce_scatter on CPU (throws): all-reduce of a copy of the whole input, then this rank's
-//    slice is copied into the output in Wait(). This sends what an all-reduce sends, about
-//    2·(n−1)/n of the input bytes, instead of a reduce-scatter's (n−1)/n: stats count the former.
+//  - reduce_scatter on CPU (throws): an all-to-all of the input (rank r receives chunk r of
+//    every rank's input, no copy at issue), summed in rank order in Wait(). Each rank sends
+//    (n−1)/n of the input, as a ring reduce-scatter does (an all-reduce would send twice that),
+//    and the sum of an element does not depend on how the input was bucketed.
 //  - ReduceOp AVG: sum, then divide by the group size in Wait().
-//  - bfloat16 (1.13's Gloo throws "Invalid scalar type"): all-gather and broadcast move the
-//    same bits viewed as float16; all-reduce and reduce-scatter reduce an fp32 copy and cast
-//    back in Wait(), so they send fp32 bytes, which is what stats count.
+//  - bfloat16 (1.13's Gloo throws "Invalid scalar type"): all-gather, broadcast and the
+//    reduce-scatter's all-to-all move the same bits viewed as float16 (the reduce-scatter sums
+//    them in fp32); all-reduce reduces an fp32 copy and casts back in Wait(), so it sends fp32
+//    bytes, which is what stats count.
 #include "trainer/dist/gloo_communicator.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -62,11 +64,6 @@ bool IsSupportedDtype(torch::ScalarType t) {
 // Bit-exact data movement of bfloat16 through Gloo: the same 2-byte elements seen as float16.
 torch::Tensor AsMovable(const torch::Tensor& t) {
   return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
-}
-
-// The tensor Gloo reduces in place: bfloat16 goes through an fp32 copy (see the top).
-torch::Tensor ReductionCopy(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.to(torch::kFloat32) : t.clone();
 }
 
 // Bytes of the tensor Gloo reduces: fp32 for bfloat16.
@@ -166,18 +163,23 @@ class GlooCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
     if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     MW_RETURN_IF_ERROR(CheckOp(c, op, input));
-    // Emulated (see the top of the file): all-reduce a copy, keep this rank's slice.
-    return Issue(c, AllReduceBytes(ReductionBytes(input), size_), [&]() {
-      torch::Tensor reduced = ReductionCopy(input);
-      std::vector<at::Tensor> tensors{reduced};
-      auto work = pg_->allreduce(tensors, SumOptions());
-      const int64_t n = output.numel();
-      const int rank = rank_;
+    // From Gloo's all-to-all (see the top of the file): chunk r of every rank's input comes to
+    // rank r, which sums the chunks in rank order in Wait().
+    const int64_t n = output.numel();
+    return Issue(c, (size_ - 1) * n * input.element_size(), [&]() {
+      torch::Tensor send = AsMovable(input).contiguous().view({-1});
+      torch::Tensor recv = torch::empty_like(send);
+      std::vector<int64_t> equal_splits;
+      auto work = pg_->alltoall_base(recv, send, equal_splits, equal_splits);
       const int size = size_;
-      std::function<void()> finish = [reduced, output, n, rank, size, op]() mutable {
-        torch::Tensor mine = reduced.view({-1}).narrow(0, rank * n, n).view(output.sizes());
-        if (op == ReduceOp::kAvg) mine.div_(size);
-        output.copy_(mine);
+      const torch::ScalarType dtype = input.scalar_type();
+      std::function<void()> finish = [send, recv, output, n, size, op, dtype]() mutable {
+        torch::Tensor chunks = recv.view(dtype).view({size, n});
+        // bfloat16 sums in fp32 and rounds once, as a ring reduction in fp32 would.
+        torch::Tensor sum = dtype == torch::kBFloat16 ? chunks.to(torch::kFloat32).sum(0) : chunks.sum(0);
+        if (op == ReduceOp::kAvg) sum.div_(size);
+        output.copy_(sum.view(output.sizes()));
+        send = torch::Tensor();  // the input was Gloo's to read until now
       };
       return std::make_pair(std::move(work), std::move(finish));
     });
