@@ -31,8 +31,9 @@ die() {
 
 addr() { echo "$subnet.$(($1 + 1))"; }
 
-# The burst a token bucket needs at RATE: at least 10 ms of traffic, and at least 64 KiB so
-# that TCP segments with offloads (up to 64 KiB) pass.
+# The token bucket's burst at RATE: 2 ms of traffic (a larger bucket lets whole megabyte
+# messages through at veth speed, which is not what a NIC of RATE does, and fools the trainer's
+# link calibration), and at least 64 KiB so that TCP segments with offloads (up to 64 KiB) pass.
 burst_for() {
   local rate=$1 bits
   bits=$(python3 - "$rate" <<'EOF'
@@ -43,7 +44,7 @@ if not m:
 print(int(float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]))
 EOF
   ) || die "RATE '$rate': expected a number and kbit, mbit or gbit (e.g. 500mbit, 1gbit)"
-  local bytes=$((bits / 8 / 100))
+  local bytes=$((bits / 8 / 500))
   ((bytes < 65536)) && bytes=65536
   echo "$bytes"
 }
