@@ -203,18 +203,55 @@ bool DelayOneWait(Graph& g, const std::vector<std::string>& ids, size_t k) {
   return true;
 }
 
+// What the eager executor does at the end of backward (FinishBackward): every reduce-scatter's
+// wait, in issue order, each followed by its all-reduce (HSDP), then every all-reduce's wait,
+// then optimizer_step. No wait is left inside backward, so compute never blocks on gradients;
+// the cost is that every full gradient stays allocated until the step. False if a wait is not
+// there.
+bool WaitAllAtStep(Graph& g, const std::vector<std::string>& ids) {
+  std::vector<Op> chains, all_reduce_waits;
+  std::set<size_t> drop;
+  for (const std::string& id : ids) {
+    const int w = IndexOf(g, OpKind::kWait, id);
+    if (w < 0) return false;
+    chains.push_back(g.ops[w]);
+    drop.insert(w);
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      if (g.ops[i].kind != OpKind::kAllReduce || g.ops[i].source != id) continue;
+      chains.push_back(g.ops[i]);
+      drop.insert(i);
+      const int wa = IndexOf(g, OpKind::kWait, g.ops[i].id);
+      if (wa < 0) continue;
+      all_reduce_waits.push_back(g.ops[wa]);
+      drop.insert(wa);
+    }
+  }
+  Erase(g, drop);
+  int at = IndexOf(g, OpKind::kOptimizerStep, "");
+  if (at < 0) at = static_cast<int>(g.ops.size());
+  chains.insert(chains.end(), all_reduce_waits.begin(), all_reduce_waits.end());
+  g.ops.insert(g.ops.begin() + at, chains.begin(), chains.end());
+  return true;
+}
+
 bool Acceptable(const Graph& placed, const PassContext& ctx) {
   return WithinBudget(placed, ctx) && Validate(placed).ok();
 }
 
-// Delays each reduce-scatter's wait (with its all-reduce) until just after the next
-// reduce-scatter is issued; the last ones go before optimizer_step. All-reduce waits go last.
-// Each move is kept only if the program stays valid and within the budget. When every move
-// together is fine (no budget, or a loose one: the common case), one check suffices.
+// Where each reduce-scatter is waited for (with its all-reduce), latest first: all of them at
+// the optimizer step, as the eager executor does, when the budget holds every full gradient
+// until then; else each one just after the next reduce-scatter is issued (the last ones before
+// optimizer_step), all-reduce waits last, as one move or, under a tight budget, move by move,
+// each kept only if the program stays valid and within the budget.
 Graph DelayReduceScatterWaits(Graph g, const PassContext& ctx) {
   StripFrees(g);
   std::vector<std::string> ids;
   for (size_t i : Collectives(g, OpKind::kReduceScatter)) ids.push_back(g.ops[i].id);
+  Graph at_step = g;
+  if (WaitAllAtStep(at_step, ids)) {
+    Graph placed = PlaceFrees(std::move(at_step));
+    if (Acceptable(placed, ctx)) return placed;
+  }
   Graph all = g;
   for (size_t k = 0; k < ids.size(); ++k) DelayOneWait(all, ids, k);
   Graph placed_all = PlaceFrees(std::move(all));

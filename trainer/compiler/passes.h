@@ -42,9 +42,10 @@ Result<Graph> BucketReduceScatters(const Graph& g, const PassContext& ctx);
 Result<Graph> Reorder(const Graph& g, const PassContext& ctx);
 Result<Graph> InsertFrees(const Graph& g, const PassContext& ctx);
 
-// The eager baseline as a plan (what FSDP2 does without a compiler): one all-gather and one
-// reduce-scatter per module, each all-gather issued one compute ahead, each reduce-scatter
-// waited for once the next is issued; no memory budget. The simulator compares plans with it.
+// The eager baseline as a plan: what the eager executor (trainer/fsdp/eager_schedule) does, one
+// all-gather and one reduce-scatter per module, each all-gather issued one compute ahead, every
+// reduce-scatter waited for at the end of backward; no memory budget. The simulator compares
+// plans with it, and its peak is the compiled plan's default budget.
 Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx);
 
 struct Pass {

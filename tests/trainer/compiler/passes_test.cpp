@@ -124,6 +124,48 @@ wait %ag6
 compute bwd layers.1
 free %ag6
 %rs1 = reduce_scatter [3,4]
+wait %ag8
+%ag10 = all_gather [0]
+compute bwd layers.0
+free %ag8
+%rs3 = reduce_scatter [1,2]
+wait %ag10
+compute bwd embed
+free %ag10
+%rs5 = reduce_scatter [0]
+wait %rs0
+wait %rs1
+wait %rs3
+wait %rs5
+optimizer_step
+)";
+
+// Under a budget that cannot keep every full gradient until the step: each reduce-scatter is
+// waited for once the next one is issued.
+const char* kReorderedWaitsOneBehind = R"(%ag0 = all_gather [0]
+wait %ag0
+%ag1 = all_gather [1,2]
+compute fwd embed
+free %ag0
+wait %ag1
+%ag3 = all_gather [3,4]
+compute fwd layers.0
+free %ag1
+wait %ag3
+%ag5 = all_gather [5]
+compute fwd layers.1
+free %ag3
+wait %ag5
+compute fwd head
+%ag6 = all_gather [3,4]
+compute bwd head
+free %ag5
+%rs0 = reduce_scatter [5]
+wait %ag6
+%ag8 = all_gather [1,2]
+compute bwd layers.1
+free %ag6
+%rs1 = reduce_scatter [3,4]
 wait %rs0
 wait %ag8
 %ag10 = all_gather [0]
@@ -174,6 +216,31 @@ TEST(Passes, ABudgetTooSmallForAnyPrefetchKeepsTheNaiveOrder) {
   EXPECT_TRUE(Pipeline::Default().Run(Naive(), tight).ok());
   // With room for it, the same pass prefetches.
   EXPECT_EQ(Ops(Ok(Reorder(g, Context(Bucketing::kBlock)))), kReordered);
+}
+
+TEST(Passes, ReduceScatterWaitsMoveToTheStepOnlyWhenTheBudgetHoldsEveryGradient) {
+  const PassContext blocks = Context(Bucketing::kBlock);
+  Graph g = Ok(BucketReduceScatters(Ok(BucketAllGathers(Naive(), blocks)), blocks));
+  const int64_t at_step = PeakBytes(Ok(Reorder(g, blocks)));
+  auto one_behind = Parse(kSmallModel + kReorderedWaitsOneBehind);
+  ASSERT_TRUE(one_behind.ok()) << one_behind.status().ToString();
+  const int64_t behind = PeakBytes(*one_behind);
+  ASSERT_LT(behind, at_step) << "holding every gradient until the step must cost memory";
+  // A budget between the two: the waits stay one behind, and the peak within the budget.
+  Graph r = Ok(Reorder(g, Context(Bucketing::kBlock, 0.001, 1e6, behind)));
+  EXPECT_EQ(Ops(r), kReorderedWaitsOneBehind);
+  EXPECT_LE(PeakBytes(r), behind);
+  EXPECT_EQ(Ops(Ok(Reorder(g, Context(Bucketing::kBlock, 0.001, 1e6, at_step)))), kReordered);
+}
+
+TEST(Passes, TheEagerPlanWaitsForEveryReduceScatterAtTheEndOfBackward) {
+  // As the eager executor does (FinishBackward): no reduce-scatter wait between backward computes.
+  const std::string ops = Ops(Ok(EagerPlan(Naive(), Context(Bucketing::kBlock))));
+  const size_t last_compute = ops.rfind("compute bwd");
+  for (const char* w : {"wait %rs0", "wait %rs1", "wait %rs3", "wait %rs5"}) {
+    ASSERT_NE(ops.find(w), std::string::npos) << w << "\n" << ops;
+    EXPECT_GT(ops.find(w), last_compute) << w << "\n" << ops;
+  }
 }
 
 TEST(Passes, BudgetBoundsPeakMemory) {
