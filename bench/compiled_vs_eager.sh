@@ -28,8 +28,8 @@ runs=(
   echo
   echo "Machine: $(bench_machine); all ranks share them."
   echo "Synthetic tokens, fp32, same global batch. tok/s is global, excluding step 1 (compiled runs"
-  echo "step 1 eager to trace it, and compile before step 2, which is inside the tok/s). Measured step"
-  echo "is the median step time from step 3 on (steady state: no compile), from rank 0's step log."
+  echo "steps 1-2 eager, traces step 2, and compiles before step 3, which is inside the tok/s). Measured"
+  echo "step is the median step time from step 4 on (steady state: no compile), from rank 0's step log."
   echo "Collectives/step and predicted step time come from rank 0's plan summary; exposed comm is"
   echo "rank 0's time blocked in waits over the run; peak RSS is rank 0's process."
   echo
@@ -62,7 +62,7 @@ for spec in "${runs[@]}"; do
       measured="$(python3 -c '
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1])]
-late = [s["step_seconds"] for s in steps if s["step"] >= 3]
+late = [s["step_seconds"] for s in steps if s["step"] >= 4]
 print(f"{statistics.median(late):.4f} s" if late else "-")' "$tmp/$name-$world-$mode.jsonl")"
       echo "| $name | $world | $mode | $tps | ${exposed:-0} | $colls | $peak | $predicted | $measured |" >>"$tmp/table.md"
       echo "    $done_line" >&2

@@ -47,11 +47,11 @@ run_world() {
   return $rc
 }
 
-median_step() {  # median step seconds from step 3 on (no compile, no warm-up)
+median_step() {  # median step seconds from step 4 on (no compile, no warm-up)
   python3 -c '
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1])]
-late = [s["step_seconds"] for s in steps if s["step"] >= 3]
+late = [s["step_seconds"] for s in steps if s["step"] >= 4]
 print(f"{statistics.median(late):.3f}" if late else "-")' "$1"
 }
 
@@ -63,8 +63,8 @@ print(f"{statistics.median(late):.3f}" if late else "-")' "$1"
   echo "Machine: $(bench_machine). Each rank in its own network namespace, its link shaped to the rate"
   echo "in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core, training.threads=1."
   echo "$preset, seq $seq, global batch $batch, $steps steps, synthetic tokens, fp32, Gloo."
-  echo "Measured step: median of rank 0's steps from step 3 on (compiled runs step 1 eager to trace it"
-  echo "and plans before step 2). Exposed comm: rank 0's time blocked in waits over the run. Predicted"
+  echo "Measured step: median of rank 0's steps from step 4 on (compiled runs steps 1-2 eager, traces"
+  echo "step 2 and plans before step 3). Exposed comm: rank 0's time blocked in waits over the run. Predicted"
   echo "steps: the compiled plan's summary line (the simulator on the trainer's own link calibration),"
   echo "for the compiled plan and for the eager plan."
   echo

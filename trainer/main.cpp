@@ -32,7 +32,7 @@ commands:
                   --set KEY=VALUE   override one key, e.g. --set optimizer.lr=3e-4 (repeatable)
                   --dump-plan       fsdp.mode compiled: print the schedule IR before and after
                                     each compiler pass and the plan's summary (rank 0)
-                  --trace-out FILE  write a Chrome trace (Perfetto) of step 2: compute and
+                  --trace-out FILE  write a Chrome trace (Perfetto) of step 3: compute and
                                     communication lanes of every rank (fsdp.trace_out)
   eval          mean cross-entropy of given weights over a token file
                   --weights DIR     Hugging Face model directory (model.init_from)

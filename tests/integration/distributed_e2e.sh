@@ -77,7 +77,7 @@ else
   fail "--dump-plan output missing"
 fi
 
-# --trace-out: one Chrome trace of step 2 with both ranks' compute and communication lanes; every
+# --trace-out: one Chrome trace of step 3 with both ranks' compute and communication lanes; every
 # module's forward and backward on the compute lane, one communication span per collective of
 # the step (eager: 5 all-gathers + 3 reduce-scatters; compiled: the plan's count).
 check_trace() {  # check_trace FILE COLLECTIVES_PER_RANK

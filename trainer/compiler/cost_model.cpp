@@ -9,7 +9,9 @@ double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes) const {
   const bool replicate = kind == OpKind::kAllReduce;
   const int n = replicate ? dp_replicate : dp_shard;
   if (n <= 1) return 0;
-  const LinkCost& link = replicate ? replicate_link : shard_link;
+  const LinkCost& link = replicate                                                     ? replicate_link
+                         : kind == OpKind::kReduceScatter && shard_reduce_scatter_link ? *shard_reduce_scatter_link
+                                                                                       : shard_link;
   const double factor = (replicate ? 2.0 : 1.0) * (n - 1) / n;
   return link.latency_seconds + factor * static_cast<double>(bytes) / link.bus_bytes_per_second;
 }

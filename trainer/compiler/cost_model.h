@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "trainer/compiler/ir.h"
 
@@ -16,7 +18,11 @@ struct LinkCost {
 };
 
 struct CostModel {
-  LinkCost shard_link;      // the dp_shard group's collectives
+  LinkCost shard_link;      // the dp_shard group's collectives (all-gathers; reduce-scatters too
+                            // unless shard_reduce_scatter_link is set)
+  // Reduce-scatters on dp_shard, when measured apart: a backend may implement them
+  // differently from all-gathers (Gloo: an all-to-all and a sum).
+  std::optional<LinkCost> shard_reduce_scatter_link;
   LinkCost replicate_link;  // the dp_replicate group's (HSDP all-reduce)
   int dp_shard = 1;
   int dp_replicate = 1;

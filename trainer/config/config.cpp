@@ -330,8 +330,8 @@ Status ValidateCrossFields(const TrainConfig& c) {
     }
   }
   if (c.metrics.host.empty()) return InvalidConfig("key 'metrics.host': must not be empty");
-  if (!c.fsdp.trace_out.empty() && c.schedule.steps < 2) {
-    return InvalidConfig("key 'fsdp.trace_out': traces step 2, but schedule.steps is " + Str(c.schedule.steps));
+  if (!c.fsdp.trace_out.empty() && c.schedule.steps < 3) {
+    return InvalidConfig("key 'fsdp.trace_out': traces step 3, but schedule.steps is " + Str(c.schedule.steps));
   }
   return Status::Ok();
 }

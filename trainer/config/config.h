@@ -97,12 +97,12 @@ struct MeshConfig {
 struct FsdpConfig {
   bool reshard_after_forward = true;  // free each layer's gathered weights after its forward
   bool prefetch = true;               // issue the next layer's all-gather before computing
-  FsdpMode mode = FsdpMode::kEager;   // compiled: the schedule compiler plans after step 1
+  FsdpMode mode = FsdpMode::kEager;   // compiled: the schedule compiler plans after step 2
   compiler::Bucketing bucketing = compiler::Bucketing::kAuto;  // compiled
   bool reorder = true;                // compiled: run the reorder pass
   int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = eager's peak
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
-  std::string trace_out;              // Chrome trace of step 2 (every rank's lanes) written here by rank 0
+  std::string trace_out;              // Chrome trace of step 3 (every rank's lanes) written here by rank 0
   bool single_process = false;        // one process too runs FSDP, over a mesh of one rank
 };
 

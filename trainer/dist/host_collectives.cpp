@@ -46,6 +46,26 @@ Result<std::vector<double>> AllReduceValues(Communicator& group, const std::vect
   return std::vector<double>(p, p + host.numel());
 }
 
+Result<std::vector<double>> MedianAcrossRanks(Communicator& group, const std::vector<double>& values) {
+  if (values.empty()) return std::vector<double>();
+  const int n = group.size();
+  const int64_t k = static_cast<int64_t>(values.size());
+  MW_ASSIGN_OR_RETURN(torch::Tensor mine,
+                      ToGroup(torch::tensor(values, torch::TensorOptions().dtype(torch::kDouble)), group));
+  torch::Tensor all = torch::empty({n * k}, mine.options());
+  MW_RETURN_IF_ERROR(Run(group.AllGatherInto(all, mine)));
+  MW_ASSIGN_OR_RETURN(torch::Tensor host, ToHost(all, group));
+  const double* p = host.data_ptr<double>();
+  std::vector<double> out(values.size());
+  std::vector<double> column(static_cast<size_t>(n));
+  for (int64_t i = 0; i < k; ++i) {
+    for (int r = 0; r < n; ++r) column[r] = p[r * k + i];
+    std::nth_element(column.begin(), column.begin() + n / 2, column.end());
+    out[i] = column[n / 2];
+  }
+  return out;
+}
+
 Result<std::vector<std::string>> AllGatherText(Communicator& group, const std::string& text) {
   const int n = group.size();
   MW_ASSIGN_OR_RETURN(torch::Tensor size, ToGroup(torch::full({1}, static_cast<int64_t>(text.size()), torch::kLong), group));

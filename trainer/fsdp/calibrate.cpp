@@ -9,18 +9,24 @@
 
 namespace meshwork::fsdp {
 
-Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind) {
+Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind,
+                                         const std::vector<int64_t>& sizes, int reps) {
   std::vector<std::pair<int64_t, double>> samples;
   const int n = group.size();
-  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 22}) {
-    const int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n);
-    const auto on_group = torch::TensorOptions().device(group.device());
-    torch::Tensor in = torch::ones({per_rank}, on_group);
-    torch::Tensor out = torch::empty({per_rank * n}, on_group);
-    for (int rep = 0; rep < 4; ++rep) {
+  const auto on_group = torch::TensorOptions().device(group.device());
+  for (int64_t bytes : sizes) {
+    const int64_t per_rank = std::max<int64_t>(1, bytes / 4 / n);  // fp32 elements of one rank's part
+    torch::Tensor part = torch::ones({per_rank}, on_group);
+    torch::Tensor whole = torch::ones({per_rank * n}, on_group);
+    for (int rep = 0; rep <= reps; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto work = kind == dist::Collective::kAllGather ? group.AllGatherInto(out, in)
-                                                        : group.AllReduce(out, dist::ReduceOp::kSum);
+      Result<std::unique_ptr<dist::Work>> work = Internal("no collective");
+      switch (kind) {
+        case dist::Collective::kAllGather: work = group.AllGatherInto(whole, part); break;
+        case dist::Collective::kReduceScatter: work = group.ReduceScatter(part, whole, dist::ReduceOp::kSum); break;
+        case dist::Collective::kAllReduce: work = group.AllReduce(whole, dist::ReduceOp::kSum); break;
+        default: return Internal(std::string("CalibrateLink: cannot time ") + dist::CollectiveName(kind));
+      }
       MW_RETURN_IF_ERROR(work.status());
       MW_RETURN_IF_ERROR((*work)->Synchronize());
       const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

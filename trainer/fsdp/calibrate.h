@@ -4,17 +4,22 @@
 // they hand a communicator lives on its device().
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "common/status.h"
 #include "trainer/compiler/cost_model.h"
 #include "trainer/dist/communicator.h"
 
 namespace meshwork::fsdp {
 
-// Latency and bus bandwidth of one collective kind (all-gather or all-reduce) on `group`, from
-// timing 64 KiB, 1 MiB and 4 MiB messages (the first round of each size is a warm-up). A
-// collective's time is what its backend measured on the device (CUDA events for NCCL), else
-// the host clock from issue to completion.
-Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind);
+// Latency and bus bandwidth of one collective kind (all-gather, reduce-scatter or all-reduce) on
+// `group`, fitted to messages of `sizes` bytes (the all-gather's output, the reduce-scatter's
+// input, the all-reduce's tensor: what the plan's buckets move), each timed `reps` times after
+// one warm-up. A collective's time is what its backend measured on the device (CUDA events for
+// NCCL), else the host clock from issue to completion. Needs two distinct sizes.
+Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collective kind,
+                                         const std::vector<int64_t>& sizes, int reps = 3);
 
 // Bytes per second of this process copying a 16 MiB fp32 tensor on the CPU (FSDP's copy-in and
 // copy-out on CPU ranks), the median of five.

@@ -1,25 +1,58 @@
 #include "trainer/fsdp/compile.h"
 
+#include <algorithm>
 #include <iomanip>
+#include <vector>
 #include <sstream>
 
 #include "common/units.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
+#include "trainer/dist/host_collectives.h"
 #include "trainer/fsdp/calibrate.h"
 
 namespace meshwork::fsdp {
 namespace {
 
-Result<compiler::CostModel> Calibrate(const compiler::Graph& skeleton, dist::DeviceMesh& mesh, bool cpu) {
+// Message sizes to calibrate a collective at: what the plan's buckets will move. A typical
+// module's bytes (the median module: a decoder layer), an eighth of it, and the larger of twice
+// it and the largest module (the embeddings), within [256 KiB, 256 MiB].
+std::vector<int64_t> CalibrationSizes(const compiler::Graph& skeleton, bool gradients) {
+  std::vector<int64_t> modules;
+  for (const auto& m : skeleton.modules) {
+    int64_t bytes = 0;
+    for (int p : m.params) bytes += gradients ? skeleton.params[p].grad_bytes : skeleton.params[p].gathered_bytes;
+    if (bytes > 0) modules.push_back(bytes);
+  }
+  if (modules.empty()) modules.push_back(int64_t{1} << 20);
+  std::sort(modules.begin(), modules.end());
+  const int64_t typical = modules[modules.size() / 2];
+  auto clamp = [](int64_t b) { return std::clamp<int64_t>(b, int64_t{256} << 10, int64_t{256} << 20); };
+  std::vector<int64_t> sizes = {clamp(typical / 8), clamp(typical), clamp(std::max(2 * typical, modules.back()))};
+  if (sizes[1] == sizes[0]) sizes[1] = 2 * sizes[0];
+  if (sizes[2] <= sizes[1]) sizes[2] = 2 * sizes[1];
+  return sizes;
+}
+
+// Every rank measures (the measurements are collectives); the medians over the ranks are what
+// the cost model gets, so that a slow or lucky rank does not decide the plan for all.
+Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMesh& mesh, bool cpu) {
   compiler::CostModel cost;
   cost.dp_shard = skeleton.dp_shard;
   cost.dp_replicate = skeleton.dp_replicate;
+  compiler::LinkCost reduce_scatter;
   if (skeleton.dp_shard > 1) {
-    MW_ASSIGN_OR_RETURN(cost.shard_link, CalibrateLink(mesh.group("dp_shard"), dist::Collective::kAllGather));
+    dist::Communicator& shard = mesh.group("dp_shard");
+    MW_ASSIGN_OR_RETURN(cost.shard_link,
+                        CalibrateLink(shard, dist::Collective::kAllGather, CalibrationSizes(skeleton, false)));
+    MW_ASSIGN_OR_RETURN(reduce_scatter,
+                        CalibrateLink(shard, dist::Collective::kReduceScatter, CalibrationSizes(skeleton, true)));
   }
   if (skeleton.dp_replicate > 1) {
-    MW_ASSIGN_OR_RETURN(cost.replicate_link, CalibrateLink(mesh.group("dp_replicate"), dist::Collective::kAllReduce));
+    // The replicas all-reduce reduced shards: a dp_shard-th of the reduce-scatters' inputs.
+    std::vector<int64_t> sizes = CalibrationSizes(skeleton, true);
+    for (int64_t& b : sizes) b = std::max<int64_t>(int64_t{64} << 10, b / std::max(1, skeleton.dp_shard));
+    MW_ASSIGN_OR_RETURN(cost.replicate_link, CalibrateLink(mesh.group("dp_replicate"), dist::Collective::kAllReduce, sizes));
   }
   if (cpu) {
     // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
@@ -27,6 +60,24 @@ Result<compiler::CostModel> Calibrate(const compiler::Graph& skeleton, dist::Dev
     if (skeleton.dp_shard > 1) {
       MW_ASSIGN_OR_RETURN(cost.interference, MeasureInterference(mesh.group("dp_shard")));
     }
+  }
+  std::vector<double> mine = {cost.shard_link.latency_seconds, cost.shard_link.bus_bytes_per_second,
+                              reduce_scatter.latency_seconds,  reduce_scatter.bus_bytes_per_second,
+                              cost.replicate_link.latency_seconds, cost.replicate_link.bus_bytes_per_second,
+                              cost.host_copy_bytes_per_second, cost.interference};
+  for (const auto& m : skeleton.modules) {
+    mine.push_back(m.fwd_seconds);
+    mine.push_back(m.bwd_seconds);
+  }
+  MW_ASSIGN_OR_RETURN(const std::vector<double> median, dist::MedianAcrossRanks(mesh.group("world"), mine));
+  cost.shard_link = {median[0], median[1]};
+  if (skeleton.dp_shard > 1) cost.shard_reduce_scatter_link = compiler::LinkCost{median[2], median[3]};
+  cost.replicate_link = {median[4], median[5]};
+  cost.host_copy_bytes_per_second = median[6];
+  cost.interference = median[7];
+  for (size_t m = 0; m < skeleton.modules.size(); ++m) {
+    skeleton.modules[m].fwd_seconds = median[8 + 2 * m];
+    skeleton.modules[m].bwd_seconds = median[9 + 2 * m];
   }
   return cost;
 }
@@ -44,6 +95,10 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
        << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes) << "); dp_shard link "
        << std::setprecision(0) << cost.shard_link.latency_seconds * 1e6 << " us + " << std::setprecision(2)
        << cost.shard_link.bus_bytes_per_second / 1e9 << " GB/s";
+  if (cost.shard_reduce_scatter_link) {
+    line << " (reduce-scatter " << std::setprecision(0) << cost.shard_reduce_scatter_link->latency_seconds * 1e6
+         << " us + " << std::setprecision(2) << cost.shard_reduce_scatter_link->bus_bytes_per_second / 1e9 << " GB/s)";
+  }
   if (cpu) {
     line << ", host copies " << cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
          << cost.interference;
@@ -56,9 +111,9 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
 
 Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg, bool cpu,
                    std::ostream& log) {
-  const compiler::Graph skeleton = fsdp.Skeleton();
-  // Every rank calibrates (the measurements are collectives), rank 0 plans from its own trace
-  // and calibration, and AgreeOnPlan hands its plan to all.
+  compiler::Graph skeleton = fsdp.Skeleton();
+  // Every rank calibrates and the medians over the ranks (links and traced compute) go into
+  // the plan; rank 0 plans and AgreeOnPlan hands its plan to all.
   MW_ASSIGN_OR_RETURN(const compiler::CostModel cost, Calibrate(skeleton, mesh, cpu));
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {

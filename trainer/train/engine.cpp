@@ -92,8 +92,9 @@ class FsdpEngine : public Engine {
   }
 
   Status BeginStep() override {
-    // Compiled: the first step ran eager and was traced; from the second on, the plan runs.
-    if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= 1) {
+    // Compiled: the first steps run eager; the plan is made from the last one's trace (a
+    // steady-state step: step 1's times include warm-up) and runs from the next step on.
+    if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= kEagerStepsBeforePlan) {
       MW_RETURN_IF_ERROR(fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, log_));
     }
     if (!cfg_.trace_out.empty() && steps_done_ == kTracedStep - 1 && !trace_) {
@@ -174,7 +175,8 @@ class FsdpEngine : public Engine {
     return Status::Ok();
   }
 
-  static constexpr int64_t kTracedStep = 2;  // step 1 warms up (and, compiled, is traced to plan)
+  static constexpr int64_t kEagerStepsBeforePlan = 2;  // step 1 warms up, step 2 is traced to plan
+  static constexpr int64_t kTracedStep = kEagerStepsBeforePlan + 1;  // compiled: the first planned step
   dist::DistEnv env_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;

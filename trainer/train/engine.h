@@ -35,7 +35,7 @@ class Engine {
   virtual dist::MeshShape mesh_shape() const = 0;  // one process: 1 x 1
 
   // Once before each step's first micro-batch: compiled FSDP makes its plan here (from the
-  // traced first step) and a step trace starts; errors are values, not exceptions from Forward.
+  // traced second step) and a step trace starts; errors are values, not exceptions from Forward.
   virtual Status BeginStep() { return Status::Ok(); }
   // Training forward of one micro-batch; `sync` = last micro-batch (gradients are reduced).
   virtual torch::Tensor Forward(const torch::Tensor& tokens, bool sync) = 0;

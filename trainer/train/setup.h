@@ -1,5 +1,5 @@
 // Everything the training loop needs before its first step, made once and in order: device,
-// model, parallelism (the engine applies FSDP and, compiled, plans after step 1), data, metrics,
+// model, parallelism (the engine applies FSDP and, compiled, plans after step 2), data, metrics,
 // optimizer, resume from the latest checkpoint, the reporter, and the opening log lines.
 #pragma once
 

@@ -122,6 +122,8 @@ const Rejected kRejected[] = {
      "11 exceeds schedule.steps 10"},
     {"TraceOfOneStepRun", "schedule:\n  steps: 1\n  warmup_steps: 0\nfsdp:\n  trace_out: t.json\n", {},
      "'fsdp.trace_out'", "schedule.steps is 1"},
+    {"TraceOfTwoStepRun", "schedule:\n  steps: 2\n  warmup_steps: 0\nfsdp:\n  trace_out: t.json\n", {},
+     "'fsdp.trace_out'", "traces step 3, but schedule.steps is 2"},
     {"SeqLenAboveMaxPositions", "data:\n  seq_len: 2000\n", {}, "'data.seq_len'",
      "2000 exceeds model.max_position_embeddings 1024"},
     {"UnknownPreset", "model:\n  preset: gpt2\n", {}, "'model.preset'", "'gpt2'"},

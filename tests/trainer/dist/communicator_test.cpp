@@ -210,6 +210,11 @@ TEST_P(GlooCollectives, HostValuesAndTextsTravelThroughTheGroup) {
     auto mean = AllReduceValues(comm, {1.0 * rank}, ReduceOp::kAvg);
     ASSERT_TRUE(mean.ok());
     EXPECT_DOUBLE_EQ((*mean)[0], (n - 1) / 2.0);
+    // Rank r offers r² and 10 - r: the median of each column, the same on every rank.
+    auto median = MedianAcrossRanks(comm, {1.0 * rank * rank, 10.0 - rank});
+    ASSERT_TRUE(median.ok()) << median.status().ToString();
+    EXPECT_DOUBLE_EQ((*median)[0], 1.0 * (n / 2) * (n / 2));
+    EXPECT_DOUBLE_EQ((*median)[1], 10.0 - (n - 1 - n / 2));
     auto texts = AllGatherText(comm, rank == 0 ? std::string() : std::string(static_cast<size_t>(rank * 3), 'a' + rank));
     ASSERT_TRUE(texts.ok()) << texts.status().ToString();
     ASSERT_EQ(texts->size(), static_cast<size_t>(n));

@@ -88,8 +88,10 @@ TEST(DeviceCommunicator, CopyingAResultBackThatFailsIsAnErrorNotACrash) {
 
 TEST(DeviceCommunicator, LinkCalibrationAndPlanAgreementUseItsDevice) {
   DeviceOnlyCommunicator comm;
-  (void)CalibrateLink(comm, Collective::kAllGather);
-  (void)CalibrateLink(comm, Collective::kAllReduce);
+  for (auto kind : {Collective::kAllGather, Collective::kReduceScatter, Collective::kAllReduce}) {
+    (void)CalibrateLink(comm, kind, {int64_t{1} << 16, int64_t{1} << 20});
+  }
+  (void)dist::MedianAcrossRanks(comm, {1.0, 2.0});
   (void)MeasureInterference(comm);
   (void)AgreeOnPlan(comm, compiler::Graph());
   EXPECT_GE(comm.calls, 4);
