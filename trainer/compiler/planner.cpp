@@ -3,7 +3,38 @@
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/simulator.h"
 
+#include <cmath>
+
 namespace meshwork::compiler {
+
+Graph ScaleCompute(Graph skeleton, double scale) {
+  for (auto& m : skeleton.modules) {
+    m.fwd_seconds *= scale;
+    m.bwd_seconds *= scale;
+  }
+  return skeleton;
+}
+
+double FitComputeScale(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
+                       double measured_step_seconds) {
+  if (!(measured_step_seconds > 0)) return 1.0;
+  const Graph naive = BuildNaiveProgram(skeleton, {options.reshard_after_forward});
+  PassContext ctx;
+  ctx.cost = cost;
+  auto eager_seconds = [&](double scale) {
+    auto eager = EagerPlan(ScaleCompute(naive, scale), ctx);
+    return eager.ok() ? Simulate(*eager, cost).step_seconds : 0.0;
+  };
+  // The simulated step grows with the scale: bisect on a log scale.
+  double lo = 0.05, hi = 20;
+  if (eager_seconds(lo) >= measured_step_seconds) return lo;
+  if (eager_seconds(hi) <= measured_step_seconds) return hi;
+  for (int i = 0; i < 40; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (eager_seconds(mid) < measured_step_seconds ? lo : hi) = mid;
+  }
+  return std::sqrt(lo * hi);
+}
 
 Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
                            std::ostream* dump) {

@@ -42,6 +42,15 @@ struct StepPlans {
   bool budget_is_eager_peak = false;  // kDeviceMemory: the device could not hold the eager plan
 };
 
+// The factor on every module's compute that makes the simulated eager plan of `skeleton` take
+// `measured_step_seconds` (bisection over [0.05, 20]; 1 when nothing was measured). A traced
+// step's compute already includes what running beside communication cost it, which the cost
+// model's interference would charge a second time.
+double FitComputeScale(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
+                       double measured_step_seconds);
+// `skeleton` with every module's forward and backward compute multiplied by `scale`.
+Graph ScaleCompute(Graph skeleton, double scale);
+
 // `skeleton`: modules and parameters with their measured (or modelled) compute; `dump`, when
 // given, gets the IR before the first pass and after each.
 Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,

@@ -15,8 +15,9 @@ namespace meshwork::fsdp {
 namespace {
 
 // Message sizes to calibrate a collective at: what the plan's buckets will move. A typical
-// module's bytes (the median module: a decoder layer), an eighth of it, and the larger of twice
-// it and the largest module (the embeddings), within [256 KiB, 256 MiB].
+// module's bytes (the median module: a decoder layer), an eighth of it and twice it, within
+// [256 KiB, 256 MiB]. (Timing the largest module too, the embeddings, cost seconds per run on
+// slow links for no better fit.)
 std::vector<int64_t> CalibrationSizes(const compiler::Graph& skeleton, bool gradients) {
   std::vector<int64_t> modules;
   for (const auto& m : skeleton.modules) {
@@ -28,7 +29,7 @@ std::vector<int64_t> CalibrationSizes(const compiler::Graph& skeleton, bool grad
   std::sort(modules.begin(), modules.end());
   const int64_t typical = modules[modules.size() / 2];
   auto clamp = [](int64_t b) { return std::clamp<int64_t>(b, int64_t{256} << 10, int64_t{256} << 20); };
-  std::vector<int64_t> sizes = {clamp(typical / 8), clamp(typical), clamp(std::max(2 * typical, modules.back()))};
+  std::vector<int64_t> sizes = {clamp(typical / 8), clamp(typical), clamp(2 * typical)};
   if (sizes[1] == sizes[0]) sizes[1] = 2 * sizes[0];
   if (sizes[2] <= sizes[1]) sizes[2] = 2 * sizes[1];
   return sizes;
@@ -36,7 +37,8 @@ std::vector<int64_t> CalibrationSizes(const compiler::Graph& skeleton, bool grad
 
 // Every rank measures (the measurements are collectives); the medians over the ranks are what
 // the cost model gets, so that a slow or lucky rank does not decide the plan for all.
-Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMesh& mesh, bool cpu) {
+Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMesh& mesh, bool cpu,
+                                      double& measured_step_seconds) {
   compiler::CostModel cost;
   cost.dp_shard = skeleton.dp_shard;
   cost.dp_replicate = skeleton.dp_replicate;
@@ -44,15 +46,15 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   if (skeleton.dp_shard > 1) {
     dist::Communicator& shard = mesh.group("dp_shard");
     MW_ASSIGN_OR_RETURN(cost.shard_link,
-                        CalibrateLink(shard, dist::Collective::kAllGather, CalibrationSizes(skeleton, false)));
+                        CalibrateLink(shard, dist::Collective::kAllGather, CalibrationSizes(skeleton, false), 2));
     MW_ASSIGN_OR_RETURN(reduce_scatter,
-                        CalibrateLink(shard, dist::Collective::kReduceScatter, CalibrationSizes(skeleton, true)));
+                        CalibrateLink(shard, dist::Collective::kReduceScatter, CalibrationSizes(skeleton, true), 2));
   }
   if (skeleton.dp_replicate > 1) {
     // The replicas all-reduce reduced shards: a dp_shard-th of the reduce-scatters' inputs.
     std::vector<int64_t> sizes = CalibrationSizes(skeleton, true);
     for (int64_t& b : sizes) b = std::max<int64_t>(int64_t{64} << 10, b / std::max(1, skeleton.dp_shard));
-    MW_ASSIGN_OR_RETURN(cost.replicate_link, CalibrateLink(mesh.group("dp_replicate"), dist::Collective::kAllReduce, sizes));
+    MW_ASSIGN_OR_RETURN(cost.replicate_link, CalibrateLink(mesh.group("dp_replicate"), dist::Collective::kAllReduce, sizes, 2));
   }
   if (cpu) {
     // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
@@ -64,7 +66,7 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   std::vector<double> mine = {cost.shard_link.latency_seconds, cost.shard_link.bus_bytes_per_second,
                               reduce_scatter.latency_seconds,  reduce_scatter.bus_bytes_per_second,
                               cost.replicate_link.latency_seconds, cost.replicate_link.bus_bytes_per_second,
-                              cost.host_copy_bytes_per_second, cost.interference};
+                              cost.host_copy_bytes_per_second, cost.interference, measured_step_seconds};
   for (const auto& m : skeleton.modules) {
     mine.push_back(m.fwd_seconds);
     mine.push_back(m.bwd_seconds);
@@ -75,14 +77,16 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   cost.replicate_link = {median[4], median[5]};
   cost.host_copy_bytes_per_second = median[6];
   cost.interference = median[7];
+  measured_step_seconds = median[8];
   for (size_t m = 0; m < skeleton.modules.size(); ++m) {
-    skeleton.modules[m].fwd_seconds = median[8 + 2 * m];
-    skeleton.modules[m].bwd_seconds = median[9 + 2 * m];
+    skeleton.modules[m].fwd_seconds = median[9 + 2 * m];
+    skeleton.modules[m].bwd_seconds = median[10 + 2 * m];
   }
   return cost;
 }
 
-std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig& cfg, bool cpu) {
+std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig& cfg, bool cpu, double scale,
+                     double measured_step_seconds) {
   const compiler::CostModel& cost = plans.ctx.cost;
   const compiler::SimResult p = compiler::Simulate(plans.compiled, cost);
   const compiler::SimResult e = compiler::Simulate(plans.eager, cost);
@@ -103,6 +107,10 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
     line << ", host copies " << cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
          << cost.interference;
   }
+  if (measured_step_seconds > 0) {
+    line << "; traced compute x" << std::setprecision(2) << scale << " to fit the eager step's measured "
+         << std::setprecision(3) << measured_step_seconds << " s";
+  }
   line << "\n";
   return line.str();
 }
@@ -110,11 +118,11 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
 }  // namespace
 
 Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg, bool cpu,
-                   std::ostream& log) {
+                   double measured_step_seconds, std::ostream& log) {
   compiler::Graph skeleton = fsdp.Skeleton();
   // Every rank calibrates and the medians over the ranks (links and traced compute) go into
   // the plan; rank 0 plans and AgreeOnPlan hands its plan to all.
-  MW_ASSIGN_OR_RETURN(const compiler::CostModel cost, Calibrate(skeleton, mesh, cpu));
+  MW_ASSIGN_OR_RETURN(const compiler::CostModel cost, Calibrate(skeleton, mesh, cpu, measured_step_seconds));
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {
     compiler::PlanOptions options;
@@ -122,9 +130,10 @@ Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config
     options.reorder = cfg.reorder;
     options.reshard_after_forward = cfg.reshard_after_forward;
     if (cfg.memory_budget > 0) options.budget = {compiler::MemoryBudget::Source::kFixed, cfg.memory_budget << 20};
-    MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
-                        compiler::PlanStep(skeleton, cost, options, cfg.dump_plan ? &log : nullptr));
-    log << Describe(plans, cfg, cpu);
+    const double scale = compiler::FitComputeScale(skeleton, cost, options, measured_step_seconds);
+    MW_ASSIGN_OR_RETURN(compiler::StepPlans plans, compiler::PlanStep(compiler::ScaleCompute(skeleton, scale), cost,
+                                                                      options, cfg.dump_plan ? &log : nullptr));
+    log << Describe(plans, cfg, cpu, scale, measured_step_seconds);
     plan = std::move(plans.compiled);
   }
   MW_ASSIGN_OR_RETURN(compiler::Graph agreed, AgreeOnPlan(mesh.group("world"), plan));

@@ -13,9 +13,12 @@
 namespace meshwork::fsdp {
 
 // Collective over `mesh`: every rank calls it after the same eager step. `cpu`: Gloo ranks,
-// whose cost model charges copies and core sharing. Rank 0 logs one line describing the plan
-// (and, with fsdp.dump_plan, the IR after each pass) to `log`.
+// whose cost model charges copies and core sharing. `measured_step_seconds`: that eager step's
+// last micro-batch, forward to the end of its reduction, as this rank timed it (0: unknown);
+// the traced compute is scaled so that the simulated eager plan takes that long (the trace
+// already contains the slowdown the cost model charges again). Rank 0 logs one line
+// describing the plan (and, with fsdp.dump_plan, the IR after each pass) to `log`.
 Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg, bool cpu,
-                   std::ostream& log);
+                   double measured_step_seconds, std::ostream& log);
 
 }  // namespace meshwork::fsdp

@@ -95,7 +95,7 @@ class FsdpEngine : public Engine {
     // Compiled: the first steps run eager; the plan is made from the last one's trace (a
     // steady-state step: step 1's times include warm-up) and runs from the next step on.
     if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= kEagerStepsBeforePlan) {
-      MW_RETURN_IF_ERROR(fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, log_));
+      MW_RETURN_IF_ERROR(fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, last_sync_seconds_, log_));
     }
     if (!cfg_.trace_out.empty() && steps_done_ == kTracedStep - 1 && !trace_) {
       trace_origin_ = NowSeconds();
@@ -105,11 +105,13 @@ class FsdpEngine : public Engine {
     return Status::Ok();
   }
   torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
+    if (sync) sync_started_ = NowSeconds();
     fsdp_->SetGradientSync(sync);
     return fsdp_->Forward(tokens);
   }
   Status AfterBackward(bool sync) override {
     MW_RETURN_IF_ERROR(fsdp_->FinishBackward());
+    if (sync) last_sync_seconds_ = NowSeconds() - sync_started_;
     if (sync) ++steps_done_;
     if (sync && trace_ && steps_done_ == kTracedStep) MW_RETURN_IF_ERROR(WriteTrace());
     return Status::Ok();
@@ -184,6 +186,10 @@ class FsdpEngine : public Engine {
   bool cpu_;  // CPU ranks (Gloo): the cost model charges copies and core sharing
   std::ostream& log_;
   int64_t steps_done_ = 0;
+  // The last micro-batch with gradient reduction, forward to the end of FinishBackward: what a
+  // simulated step covers, measured (CompileFsdp fits the traced compute to it).
+  double sync_started_ = 0;
+  double last_sync_seconds_ = 0;
   std::unique_ptr<ChromeTrace> trace_;
   double trace_origin_ = 0;
 };

@@ -1,6 +1,7 @@
 // Each pass on golden text: the small model's naive program through bucketing, reordering and
 // free insertion, the memory budget, and the pipeline's controls.
 #include "trainer/compiler/passes.h"
+#include "trainer/compiler/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -363,6 +364,24 @@ TEST(Passes, BucketingNamesParse) {
   EXPECT_FALSE(ParseName(kBucketingNames, "blocks").has_value());
   EXPECT_STREQ(BucketingName(Bucketing::kBlock), "block");
   EXPECT_EQ(NameList(kBucketingNames), "none, block, auto");
+}
+
+TEST(Planner, ComputeIsScaledSoThatTheEagerPlanTakesTheMeasuredStep) {
+  const PassContext ctx = Context(Bucketing::kBlock, 0.001, 1e8);
+  const Graph skeleton = Naive();
+  const PlanOptions options;
+  for (double truth : {0.4, 1.0, 2.5}) {
+    const double measured = Simulate(Ok(EagerPlan(ScaleCompute(skeleton, truth), ctx)), ctx.cost).step_seconds;
+    EXPECT_NEAR(FitComputeScale(skeleton, ctx.cost, options, measured), truth, 1e-3 * truth) << truth;
+  }
+  EXPECT_EQ(FitComputeScale(skeleton, ctx.cost, options, 0), 1.0) << "nothing measured: the trace as it is";
+  // A measurement no scale can explain (shorter than the communication alone) is clamped.
+  EXPECT_EQ(FitComputeScale(skeleton, ctx.cost, options, 1e-9), 0.05);
+  const Graph doubled = ScaleCompute(skeleton, 2);
+  for (size_t m = 0; m < skeleton.modules.size(); ++m) {
+    EXPECT_DOUBLE_EQ(doubled.modules[m].fwd_seconds, 2 * skeleton.modules[m].fwd_seconds);
+    EXPECT_DOUBLE_EQ(doubled.modules[m].bwd_seconds, 2 * skeleton.modules[m].bwd_seconds);
+  }
 }
 
 }  // namespace
