@@ -26,7 +26,7 @@ double FitComputeScale(const Graph& skeleton, const CostModel& cost, const PlanO
     return eager.ok() ? Simulate(*eager, cost).step_seconds : 0.0;
   };
   // The simulated step grows with the scale: bisect on a log scale.
-  double lo = 0.05, hi = 20;
+  double lo = kMinComputeScale, hi = kMaxComputeScale;
   if (eager_seconds(lo) >= measured_step_seconds) return lo;
   if (eager_seconds(hi) <= measured_step_seconds) return hi;
   for (int i = 0; i < 40; ++i) {

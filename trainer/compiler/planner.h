@@ -43,9 +43,12 @@ struct StepPlans {
 };
 
 // The factor on every module's compute that makes the simulated eager plan of `skeleton` take
-// `measured_step_seconds` (bisection over [0.05, 20]; 1 when nothing was measured). A traced
+// `measured_step_seconds` (bisection over [kMinComputeScale, kMaxComputeScale]; 1 when nothing
+// was measured; the lower bound when the communication alone is predicted to take longer). A traced
 // step's compute already includes what running beside communication cost it, which the cost
 // model's interference would charge a second time.
+inline constexpr double kMinComputeScale = 0.05;
+inline constexpr double kMaxComputeScale = 20;
 double FitComputeScale(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
                        double measured_step_seconds);
 // `skeleton` with every module's forward and backward compute multiplied by `scale`.

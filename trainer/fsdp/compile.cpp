@@ -110,6 +110,7 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
   if (measured_step_seconds > 0) {
     line << "; traced compute x" << std::setprecision(2) << scale << " to fit the eager step's measured "
          << std::setprecision(3) << measured_step_seconds << " s";
+    if (scale <= compiler::kMinComputeScale) line << " (at the bound: the calibrated links alone predict more)";
   }
   line << "\n";
   return line.str();
