@@ -12,6 +12,15 @@
 
 namespace meshwork::compiler {
 
+// Communication lanes: the collectives of one lane run one at a time in issue order, and the
+// lanes run concurrently. The runtime gives each lane its own communicator: all-gathers and
+// reduce-scatters each on their own dp_shard group, all-reduces on dp_replicate.
+enum Lane { kAllGatherLane = 0, kReduceScatterLane, kAllReduceLane };
+inline constexpr int kNumLanes = 3;
+inline Lane LaneOf(OpKind kind) {
+  return kind == OpKind::kAllGather ? kAllGatherLane : kind == OpKind::kReduceScatter ? kReduceScatterLane : kAllReduceLane;
+}
+
 struct LinkCost {
   double latency_seconds = 0;
   double bus_bytes_per_second = 1e9;
@@ -24,6 +33,11 @@ struct CostModel {
   // differently from all-gathers (Gloo: an all-to-all and a sum).
   std::optional<LinkCost> shard_reduce_scatter_link;
   LinkCost replicate_link;  // the dp_replicate group's (HSDP all-reduce)
+  // The all-gather and reduce-scatter lanes share the dp_shard link: while both run, each goes
+  // at this fraction of its own speed. 0.5 = they split the bandwidth (what one link gives two
+  // transfers); up to 1 where the link has room one collective does not use (measured at
+  // start-up by timing the two alone and together).
+  double shard_lanes_share = 0.5;
   int dp_shard = 1;
   int dp_replicate = 1;
   // CPU ranks (Gloo): communication runs on the cores that compute, so while both are busy

@@ -1,6 +1,7 @@
 #include "trainer/compiler/simulator.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <limits>
 #include <map>
@@ -87,13 +88,14 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
   SimResult r;
   r.ops.resize(g.ops.size());
   const double slow = 1.0 / (1.0 + std::max(0.0, cost.interference));
+  const double share = std::clamp(cost.shard_lanes_share, 0.05, 1.0);
   std::map<std::string, double> done;       // collective id -> end time
   std::map<std::string, const Op*> issued;  // collective id -> its op (an all_reduce's source)
   struct Queued {
     size_t op;
     double work;  // seconds left at full speed
   };
-  std::deque<Queued> comm;  // FIFO: the front is running
+  std::array<std::deque<Queued>, kNumLanes> lanes;  // FIFO each: the front is running
   double now = 0;
   double host_work = 0;     // seconds of host work left at full speed (compute, copies)
   size_t host_op = 0;       // the op whose host work is running (its end is set when it ends)
@@ -111,8 +113,22 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
     host_op = i;
     host_busy = true;
   };
-  auto start_front = [&] {
-    if (!comm.empty()) r.ops[comm.front().op].start = now;
+  auto start_front = [&](const std::deque<Queued>& lane) {
+    if (!lane.empty()) r.ops[lane.front().op].start = now;
+  };
+  // Host copies around a collective: before it (the shards into a flat buffer for an
+  // all-gather, the gradients in rank-major order for a reduce-scatter) and after its wait (the
+  // gathered rows into the parameters, the reduced shard into the gradients).
+  auto copy_in = [&](const Op& op) {
+    if (op.kind == OpKind::kAllGather) return cost.CopySeconds(bytes_of(op) / std::max(1, cost.dp_shard));
+    if (op.kind == OpKind::kReduceScatter) return cost.CopySeconds(bytes_of(op));
+    return 0.0;
+  };
+  auto copy_out = [&](const Op* op) {
+    if (op != nullptr && op->kind == OpKind::kAllGather) return cost.CopySeconds(bytes_of(*op));
+    if (op != nullptr && op->kind == OpKind::kReduceScatter)
+      return cost.CopySeconds(bytes_of(*op) / std::max(1, cost.dp_shard));
+    return 0.0;
   };
   while (true) {
     // The host runs instantaneous ops until it has work, is blocked, or the program ends.
@@ -125,12 +141,10 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
         const double d = cost.CollectiveSeconds(op.kind, cost.CollectiveBytes(g, op, source));
         r.comm_seconds += d;
         ++r.collectives;
-        comm.push_back({i, d});
-        if (comm.size() == 1) start_front();
-        // Copy-in of the shards (all-gather), the rank-major gradient layout (reduce-scatter).
-        double copy = 0;
-        if (op.kind == OpKind::kAllGather) copy = cost.CopySeconds(bytes_of(op) / std::max(1, cost.dp_shard));
-        if (op.kind == OpKind::kReduceScatter) copy = cost.CopySeconds(bytes_of(op));
+        auto& lane = lanes[LaneOf(op.kind)];
+        lane.push_back({i, d});
+        if (lane.size() == 1) start_front(lane);
+        const double copy = copy_in(op);
         r.copy_seconds += copy;
         start_host(kNoOp, copy);
       } else if (op.kind == OpKind::kWait) {
@@ -141,11 +155,7 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
           blocked_since = now;
           host_op = i;
         } else {
-          const Op* c = issued.count(op.id) ? issued[op.id] : nullptr;
-          // Copy-out of the gathered rows (all-gather), the reduced shard into the gradients.
-          double copy = 0;
-          if (c != nullptr && c->kind == OpKind::kAllGather) copy = cost.CopySeconds(bytes_of(*c));
-          if (c != nullptr && c->kind == OpKind::kReduceScatter) copy = cost.CopySeconds(bytes_of(*c) / std::max(1, cost.dp_shard));
+          const double copy = copy_out(issued.count(op.id) ? issued[op.id] : nullptr);
           r.copy_seconds += copy;
           start_host(i, copy);
         }
@@ -159,13 +169,22 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
         r.ops[i].end = now;
       }
     }
-    const bool comm_busy = !comm.empty();
+    bool comm_busy = false;
+    for (const auto& lane : lanes) comm_busy = comm_busy || !lane.empty();
     if (!host_busy && !comm_busy) break;  // blocked with nothing in flight cannot happen
+    // The rates: host work and communication slow each other on CPU ranks; the all-gather and
+    // reduce-scatter lanes share the dp_shard link while both run.
+    const bool shard_lanes_both = !lanes[kAllGatherLane].empty() && !lanes[kReduceScatterLane].empty();
+    std::array<double, kNumLanes> rate{};
+    for (int l = 0; l < kNumLanes; ++l) {
+      if (lanes[l].empty()) continue;
+      rate[l] = (host_busy ? slow : 1.0) * (shard_lanes_both && l != kAllReduceLane ? share : 1.0);
+    }
     const double host_rate = host_busy ? (comm_busy ? slow : 1.0) : 0.0;
-    const double comm_rate = comm_busy ? (host_busy ? slow : 1.0) : 0.0;
     double dt = std::numeric_limits<double>::infinity();
     if (host_busy) dt = std::min(dt, host_work / host_rate);
-    if (comm_busy) dt = std::min(dt, comm.front().work / comm_rate);
+    for (int l = 0; l < kNumLanes; ++l)
+      if (!lanes[l].empty()) dt = std::min(dt, lanes[l].front().work / rate[l]);
     now += dt;
     if (host_busy) {
       host_work -= dt * host_rate;
@@ -174,28 +193,27 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
         if (host_op != kNoOp) r.ops[host_op].end = now;
       }
     }
-    if (comm_busy) {
-      Queued& q = comm.front();
-      q.work -= dt * comm_rate;
-      if (q.work <= 1e-15) {
-        const Op& op = g.ops[q.op];
-        done[op.id] = now;
-        r.ops[q.op].end = now;
-        comm.pop_front();
-        start_front();
-        if (blocked_on == op.id) {
-          r.exposed_comm_seconds += now - blocked_since;
-          r.ops[host_op].end = now;
-          blocked_on.clear();
-          // The wait's copy-out, now that the collective is done.
-          double copy = 0;
-          if (op.kind == OpKind::kAllGather) copy = cost.CopySeconds(bytes_of(op));
-          if (op.kind == OpKind::kReduceScatter) copy = cost.CopySeconds(bytes_of(op) / std::max(1, cost.dp_shard));
-          r.copy_seconds += copy;
-          if (copy > 0) {
-            host_work = copy;
-            host_busy = true;
-          }
+    for (int l = 0; l < kNumLanes; ++l) {
+      auto& lane = lanes[l];
+      if (lane.empty()) continue;
+      Queued& q = lane.front();
+      q.work -= dt * rate[l];
+      if (q.work > 1e-15) continue;
+      const Op& op = g.ops[q.op];
+      done[op.id] = now;
+      r.ops[q.op].end = now;
+      lane.pop_front();
+      start_front(lane);
+      if (blocked_on == op.id) {
+        r.exposed_comm_seconds += now - blocked_since;
+        r.ops[host_op].end = now;
+        blocked_on.clear();
+        // The wait's copy-out, now that the collective is done (the host was idle).
+        const double copy = copy_out(&op);
+        r.copy_seconds += copy;
+        if (copy > 0) {
+          host_work = copy;
+          host_busy = true;
         }
       }
     }

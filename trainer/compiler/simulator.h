@@ -1,12 +1,15 @@
 // A discrete-event model of one step of a plan: the host issues ops in program order; compute
 // runs on the host's lane (the host waits for it, as a CPU does, and a GPU does at its sync
-// points); collectives queue FIFO on one communication lane and start when issued and the lane
-// is free; `wait` blocks the host until its collective ends, and that blocking is the exposed
+// points); collectives queue FIFO on their communication lane (all-gathers, reduce-scatters,
+// all-reduces: cost_model.h's Lane) and start when issued and their lane is free; the
+// all-gather and reduce-scatter lanes share the dp_shard link (CostModel::shard_lanes_share);
+// `wait` blocks the host until its collective ends, and that blocking is the exposed
 // communication. FSDP's copies around collectives are host work (CostModel::CopySeconds), and
 // on CPU ranks host work and communication share the cores: while both run, each progresses at
-// 1 / (1 + CostModel::interference) of its speed. Memory follows program order: an all-gather allocates its output at issue and
-// `free` releases it; forward compute adds the module's activations and its backward releases
-// them; backward adds full gradients, released when their reduce-scatter has been waited for.
+// 1 / (1 + CostModel::interference) of its speed. Memory follows program order: an all-gather
+// allocates its output at issue and `free` releases it; forward compute adds the module's
+// activations and its backward releases them; backward adds full gradients, released when
+// their reduce-scatter has been waited for.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +29,7 @@ struct SimResult {
   double step_seconds = 0;
   double compute_seconds = 0;       // the modules' compute alone (no copies, no slowdown)
   double copy_seconds = 0;          // host copies around collectives, alone
-  double comm_seconds = 0;          // busy time of the communication lane
+  double comm_seconds = 0;          // the collectives' own durations, summed over the lanes
   double exposed_comm_seconds = 0;  // host blocked in waits
   int64_t peak_bytes = 0;           // gathered weights + activations + full gradients, at peak
   int64_t static_bytes = 0;         // shards: parameters, gradients, AdamW state (4 x shard)

@@ -63,7 +63,7 @@ Result<MeshShape> ResolveMeshShape(int world_size, int dp_replicate, int dp_shar
 }
 
 const std::vector<std::string>& DeviceMesh::DimNames() {
-  static const std::vector<std::string> names = {"world", "dp_replicate", "dp_shard"};
+  static const std::vector<std::string> names = {"world", "dp_replicate", "dp_shard", "dp_shard_reduce"};
   return names;
 }
 
@@ -85,7 +85,7 @@ Result<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(c10::intrusive_ptr<c10d::
     // The group index is the coordinate in the dim(s) the group does not span.
     int group_index = 0;
     if (dim == "dp_replicate") group_index = mesh->coordinate("dp_shard");
-    if (dim == "dp_shard") group_index = mesh->coordinate("dp_replicate");
+    if (dim == "dp_shard" || dim == "dp_shard_reduce") group_index = mesh->coordinate("dp_replicate");
     const std::string prefix = "mesh/" + dim + "/" + std::to_string(group_index);
     CommunicatorOptions group_options = options;
     group_options.group_name = dim;
@@ -116,7 +116,8 @@ int DeviceMesh::size(const std::string& dim) const {
   switch (DimIndex(dim)) {
     case 0: return shape_.dp_replicate * shape_.dp_shard * shape_.tp;
     case 1: return shape_.dp_replicate;
-    case 2: return shape_.dp_shard;
+    case 2:
+    case 3: return shape_.dp_shard;
   }
   throw std::invalid_argument("unknown mesh dim '" + dim + "'; known: " + KnownDims());
 }
@@ -125,7 +126,8 @@ int DeviceMesh::coordinate(const std::string& dim) const {
   switch (DimIndex(dim)) {
     case 0: return rank_;
     case 1: return rank_ / shape_.dp_shard;
-    case 2: return rank_ % shape_.dp_shard;
+    case 2:
+    case 3: return rank_ % shape_.dp_shard;
   }
   throw std::invalid_argument("unknown mesh dim '" + dim + "'; known: " + KnownDims());
 }

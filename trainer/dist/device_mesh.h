@@ -36,8 +36,11 @@ using CommunicatorFactory = std::function<Result<std::unique_ptr<Communicator>>(
 // group is a run of consecutive ranks, e.g. the GPUs of one node).
 class DeviceMesh {
  public:
-  // Names accepted by coordinate() and group(), in the order groups are created.
-  static const std::vector<std::string>& DimNames();  // {"world", "dp_replicate", "dp_shard"}
+  // Names accepted by coordinate() and group(), in the order groups are created:
+  // {"world", "dp_replicate", "dp_shard", "dp_shard_reduce"}. dp_shard_reduce spans the same
+  // ranks as dp_shard with its own communicator: FSDP's reduce-scatter lane, so that
+  // reduce-scatters and all-gathers never queue behind each other.
+  static const std::vector<std::string>& DimNames();
 
   // Creates this rank's groups in DimNames() order (the same on every rank, so group set-up
   // cannot deadlock), each over PrefixStore("mesh/<dim>/<group index>", store): groups never

@@ -325,6 +325,9 @@ Result<std::unique_ptr<Communicator>> MakeGlooCommunicator(c10::intrusive_ptr<c1
                             (hostname.empty() ? std::string("default") : hostname) + "')";
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    // One worker thread: the group's collectives run one at a time in issue order, a lane as
+    // the compiler's simulator models it (FSDP puts reduce-scatters on a group of their own).
+    gloo_options->threads = 1;
     gloo_options->devices.push_back(
         hostname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
                          : c10d::ProcessGroupGloo::createDeviceForHostname(hostname));

@@ -36,6 +36,48 @@ Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collec
   return compiler::FitLink(samples, n);
 }
 
+Result<double> MeasureLaneShare(dist::Communicator& gather, dist::Communicator& reduce, int64_t gather_bytes,
+                                int64_t reduce_bytes) {
+  const int n = gather.size();
+  if (reduce.size() != n) return Internal("MeasureLaneShare: the two lanes span different groups");
+  const auto on_group = torch::TensorOptions().device(gather.device());
+  const int64_t gather_part = std::max<int64_t>(1, gather_bytes / 4 / n);
+  const int64_t reduce_part = std::max<int64_t>(1, reduce_bytes / 4 / n);
+  torch::Tensor gather_in = torch::ones({gather_part}, on_group), gather_out = torch::empty({gather_part * n}, on_group);
+  torch::Tensor reduce_in = torch::ones({reduce_part * n}, on_group), reduce_out = torch::empty({reduce_part}, on_group);
+  auto seconds_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // Times the all-gather, the reduce-scatter or both, from a barrier to the last one's end.
+  auto timed = [&](bool with_gather, bool with_reduce) -> Result<double> {
+    MW_ASSIGN_OR_RETURN(auto barrier, gather.Barrier());
+    MW_RETURN_IF_ERROR(barrier->Wait());
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<dist::Work> g, r;
+    if (with_gather) {
+      MW_ASSIGN_OR_RETURN(g, gather.AllGatherInto(gather_out, gather_in));
+    }
+    if (with_reduce) {
+      MW_ASSIGN_OR_RETURN(r, reduce.ReduceScatter(reduce_out, reduce_in, dist::ReduceOp::kSum));
+    }
+    if (g) MW_RETURN_IF_ERROR(g->Synchronize());
+    if (r) MW_RETURN_IF_ERROR(r->Synchronize());
+    return seconds_since(t0);
+  };
+  MW_RETURN_IF_ERROR(timed(true, true).status());  // warm-up
+  std::vector<double> shares;
+  for (int rep = 0; rep < 3; ++rep) {
+    MW_ASSIGN_OR_RETURN(const double alone_gather, timed(true, false));
+    MW_ASSIGN_OR_RETURN(const double alone_reduce, timed(false, true));
+    MW_ASSIGN_OR_RETURN(const double together, timed(true, true));
+    const double shorter = std::min(alone_gather, alone_reduce), longer = std::max(alone_gather, alone_reduce);
+    const double shared_span = together - (longer - shorter);  // shorter / s
+    shares.push_back(shared_span <= shorter ? 1.0 : std::clamp(shorter / shared_span, 0.1, 1.0));
+  }
+  std::sort(shares.begin(), shares.end());
+  return shares[shares.size() / 2];
+}
+
 double MeasureCopyRate() {
   torch::Tensor src = torch::ones({int64_t{4} << 20});
   torch::Tensor dst = torch::empty_like(src);

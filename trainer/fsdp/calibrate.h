@@ -31,4 +31,12 @@ double MeasureCopyRate();
 // so the calibration adds little to the process's peak memory.
 Result<double> MeasureInterference(dist::Communicator& group);
 
+// CostModel::shard_lanes_share: an all-gather of `gather_bytes` (its output) on `gather` and a
+// reduce-scatter of `reduce_bytes` (its input) on `reduce`, two communicators over the same
+// ranks (FSDP's two lanes), timed alone and then issued together, three times each. Solved for
+// the simulator's rule (both at share s until the shorter ends, the longer alone after):
+// together = shorter / s + (longer - shorter). The median, within [0.1, 1].
+Result<double> MeasureLaneShare(dist::Communicator& gather, dist::Communicator& reduce, int64_t gather_bytes,
+                                int64_t reduce_bytes);
+
 }  // namespace meshwork::fsdp

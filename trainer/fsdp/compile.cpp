@@ -48,7 +48,12 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
     MW_ASSIGN_OR_RETURN(cost.shard_link,
                         CalibrateLink(shard, dist::Collective::kAllGather, CalibrationSizes(skeleton, false), 2));
     MW_ASSIGN_OR_RETURN(reduce_scatter,
-                        CalibrateLink(shard, dist::Collective::kReduceScatter, CalibrationSizes(skeleton, true), 2));
+                        CalibrateLink(mesh.group("dp_shard_reduce"), dist::Collective::kReduceScatter,
+                                      CalibrationSizes(skeleton, true), 2));
+    // The two lanes together, at a typical module's size.
+    MW_ASSIGN_OR_RETURN(cost.shard_lanes_share,
+                        MeasureLaneShare(shard, mesh.group("dp_shard_reduce"), CalibrationSizes(skeleton, false)[1],
+                                         CalibrationSizes(skeleton, true)[1]));
   }
   if (skeleton.dp_replicate > 1) {
     // The replicas all-reduce reduced shards: a dp_shard-th of the reduce-scatters' inputs.
@@ -66,7 +71,8 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   std::vector<double> mine = {cost.shard_link.latency_seconds, cost.shard_link.bus_bytes_per_second,
                               reduce_scatter.latency_seconds,  reduce_scatter.bus_bytes_per_second,
                               cost.replicate_link.latency_seconds, cost.replicate_link.bus_bytes_per_second,
-                              cost.host_copy_bytes_per_second, cost.interference, measured_step_seconds};
+                              cost.host_copy_bytes_per_second, cost.interference, measured_step_seconds,
+                              cost.shard_lanes_share};
   for (const auto& m : skeleton.modules) {
     mine.push_back(m.fwd_seconds);
     mine.push_back(m.bwd_seconds);
@@ -78,9 +84,11 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   cost.host_copy_bytes_per_second = median[6];
   cost.interference = median[7];
   measured_step_seconds = median[8];
+  cost.shard_lanes_share = median[9];
+  constexpr size_t kModulesAt = 10;
   for (size_t m = 0; m < skeleton.modules.size(); ++m) {
-    skeleton.modules[m].fwd_seconds = median[9 + 2 * m];
-    skeleton.modules[m].bwd_seconds = median[10 + 2 * m];
+    skeleton.modules[m].fwd_seconds = median[kModulesAt + 2 * m];
+    skeleton.modules[m].bwd_seconds = median[kModulesAt + 1 + 2 * m];
   }
   return cost;
 }
@@ -103,6 +111,7 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
     line << " (reduce-scatter " << std::setprecision(0) << cost.shard_reduce_scatter_link->latency_seconds * 1e6
          << " us + " << std::setprecision(2) << cost.shard_reduce_scatter_link->bus_bytes_per_second / 1e9 << " GB/s)";
   }
+  if (cost.dp_shard > 1) line << ", lanes together at " << std::setprecision(2) << cost.shard_lanes_share << " of their speed";
   if (cpu) {
     line << ", host copies " << cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
          << cost.interference;

@@ -67,11 +67,14 @@ FullyShardedLlama::FullyShardedLlama(std::unique_ptr<ShardedState> state)
 FullyShardedLlama::~FullyShardedLlama() = default;
 
 Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::LlamaForCausalLM model,
-                                                                     dist::Communicator* shard_group,
-                                                                     dist::Communicator* replicate_group,
+                                                                     const FsdpGroups& groups,
                                                                      const FsdpOptions& options) {
+  dist::Communicator* shard_group = groups.shard;
   if (shard_group == nullptr) return Internal("fully_shard: no dp_shard communicator");
-  auto state = std::make_unique<ShardedState>(std::move(model), shard_group, replicate_group, options);
+  dist::Communicator* reduce_group = groups.reduce_scatter != nullptr ? groups.reduce_scatter : shard_group;
+  if (reduce_group->size() != shard_group->size() || reduce_group->rank() != shard_group->rank())
+    return Internal("fully_shard: the reduce-scatter communicator is not over dp_shard's ranks");
+  auto state = std::make_unique<ShardedState>(std::move(model), shard_group, reduce_group, groups.replicate, options);
   const int64_t layers = state->model->config().num_hidden_layers;
   for (int64_t u = 0; u <= layers; ++u) {
     const std::string name = u == 0 ? "root" : "model.layers." + std::to_string(u - 1);

@@ -55,16 +55,23 @@ struct FsdpStats {
   double exposed_comm_seconds = 0;  // time blocked in Wait(), summed since the last reset
 };
 
+// The communicators FSDP runs on. All-gathers and reduce-scatters are separate lanes (each its
+// own communicator over the same ranks), so a reduce-scatter in flight never holds back the
+// next layer's all-gather, as the compiler's simulator assumes (cost_model.h's Lane).
+struct FsdpGroups {
+  dist::Communicator* shard = nullptr;           // dp_shard: all-gathers
+  dist::Communicator* reduce_scatter = nullptr;  // dp_shard's ranks: reduce-scatters (null: `shard`)
+  dist::Communicator* replicate = nullptr;       // dp_replicate: HSDP all-reduces (null: no HSDP)
+};
+
 struct ShardedState;  // step_schedule.h
 class StepSchedule;
 
 class FullyShardedLlama {
  public:
   // Shards `model` (whose parameters hold the full, identical-on-every-rank initial values) over
-  // `shard_group`; `replicate_group` may be null (no HSDP).
-  static Result<std::unique_ptr<FullyShardedLlama>> Create(model::LlamaForCausalLM model,
-                                                           dist::Communicator* shard_group,
-                                                           dist::Communicator* replicate_group,
+  // `groups.shard`.
+  static Result<std::unique_ptr<FullyShardedLlama>> Create(model::LlamaForCausalLM model, const FsdpGroups& groups,
                                                            const FsdpOptions& options);
   ~FullyShardedLlama();
 

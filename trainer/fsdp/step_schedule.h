@@ -33,12 +33,16 @@ struct StepTrace {
 };
 
 struct ShardedState {
-  ShardedState(model::LlamaForCausalLM model, dist::Communicator* shard_group, dist::Communicator* replicate_group,
-               const FsdpOptions& options)
-      : model(std::move(model)), shard_group(shard_group), replicate_group(replicate_group), options(options) {}
+  ShardedState(model::LlamaForCausalLM model, dist::Communicator* shard_group, dist::Communicator* reduce_group,
+               dist::Communicator* replicate_group, const FsdpOptions& options)
+      : model(std::move(model)),
+        shard_group(shard_group),
+        reduce_group(reduce_group),
+        replicate_group(replicate_group),
+        options(options) {}
 
   // What a new unit of this model reports into.
-  UnitContext unit_context() { return {shard_group, &options, &stats, &tracer, &gathered_bytes}; }
+  UnitContext unit_context() { return {shard_group, reduce_group, &options, &stats, &tracer, &gathered_bytes}; }
   // A compute span on the trace, when tracing.
   void TraceCompute(const std::string& label, double start, double end) {
     if (tracer != nullptr) tracer->Span("compute", label, start, end);
@@ -46,6 +50,7 @@ struct ShardedState {
 
   model::LlamaForCausalLM model;
   dist::Communicator* shard_group;
+  dist::Communicator* reduce_group;     // dp_shard's ranks, the reduce-scatter lane
   dist::Communicator* replicate_group;  // null: no HSDP
   FsdpOptions options;
   bool sync = true;  // whether this micro-batch's backward reduces gradients

@@ -157,11 +157,11 @@ void Unit::ReduceGrads(bool sync) {
   }
   reduce_out = torch::empty({shard_numel}, input.options());
   reduce_issued = Now();
-  auto work = context.group->ReduceScatter(reduce_out, input, dist::ReduceOp::kAvg);
+  auto work = context.reduce_group->ReduceScatter(reduce_out, input, dist::ReduceOp::kAvg);
   ThrowIfError(work.status());
   reduce_work = std::move(work).value();
   reduce_kind = "reduce_scatter";
-  reduce_group = context.group;
+  reduce_group = context.reduce_group;
   reduce_bytes = dist::TensorBytes(input);
 }
 

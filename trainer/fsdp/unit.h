@@ -27,7 +27,8 @@ void AllocateStorage(const torch::Tensor& t);
 
 // What every unit of one model reports into and reads; owned by FullyShardedLlama.
 struct UnitContext {
-  dist::Communicator* group = nullptr;  // dp_shard
+  dist::Communicator* group = nullptr;         // dp_shard: all-gathers
+  dist::Communicator* reduce_group = nullptr;  // dp_shard's ranks: reduce-scatters
   const FsdpOptions* options = nullptr;
   FsdpStats* stats = nullptr;
   ChromeTrace* const* tracer = nullptr;  // the model's tracer: null unless tracing a step

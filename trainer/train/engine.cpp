@@ -144,7 +144,7 @@ class FsdpEngine : public Engine {
     EngineStats s;
     // Gloo: the time the host blocked in waits; NCCL: the time the compute stream stood waiting.
     s.exposed_comm_seconds = fsdp_->TakeStats().exposed_comm_seconds;
-    for (const char* dim : {"world", "dp_replicate", "dp_shard"}) {
+    for (const std::string& dim : dist::DeviceMesh::DimNames()) {
       s.exposed_comm_seconds += mesh_->group(dim).TakeDeviceStallSeconds();
       const dist::CommStats c = mesh_->group(dim).stats();
       for (int i = 0; i < dist::kNumCollectives; ++i) {
@@ -245,9 +245,11 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   fo.reshard_after_forward = cfg.fsdp.reshard_after_forward;
   fo.prefetch = cfg.fsdp.prefetch;
   if (device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32) fo.param_dtype = torch::kBFloat16;
-  dist::Communicator* replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
-  MW_ASSIGN_OR_RETURN(auto sharded,
-                      fsdp::FullyShardedLlama::Create(std::move(model), &mesh->group("dp_shard"), replicate, fo));
+  fsdp::FsdpGroups groups;
+  groups.shard = &mesh->group("dp_shard");
+  groups.reduce_scatter = &mesh->group("dp_shard_reduce");
+  groups.replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
+  MW_ASSIGN_OR_RETURN(auto sharded, fsdp::FullyShardedLlama::Create(std::move(model), groups, fo));
   if (env.rank == 0) {
     log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
         << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";

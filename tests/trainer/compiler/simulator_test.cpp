@@ -109,6 +109,37 @@ free %ag1
   EXPECT_NEAR(r.ops[3].end, 0.016, 1e-12);        // layers.1
 }
 
+// Collectives queue on their own lane (all-gathers, reduce-scatters): a lane runs one at a time
+// in issue order, and the two dp_shard lanes share the link while both run.
+TEST(Simulator, AllGatherAndReduceScatterLanesShareTheLink) {
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [3,4]
+%rs0 = reduce_scatter [1,2]
+%ag1 = all_gather [1,2]
+wait %ag1
+wait %rs0
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  CostModel c = Cost();  // alone: ag0 and ag1 3 ms each, rs0 (8000 B) 5 ms
+  c.shard_lanes_share = 1.0;
+  // Independent lanes: ag0 0 -> 3, ag1 behind it 3 -> 6; rs0 0 -> 5.
+  SimResult r = Simulate(*g, c);
+  EXPECT_NEAR(r.ops[2].start, 0.003, 1e-12);
+  EXPECT_NEAR(r.ops[2].end, 0.006, 1e-12);
+  EXPECT_NEAR(r.ops[1].end, 0.005, 1e-12);
+  EXPECT_NEAR(r.step_seconds, 0.006, 1e-12);
+  c.shard_lanes_share = 0.5;
+  // Splitting the link: ag0 and rs0 at half speed until ag0 ends at 6 ms (rs0 has 2 ms left);
+  // ag1 starts, both at half speed until rs0 ends at 10 ms (ag1 has 1 ms left), alone to 11.
+  r = Simulate(*g, c);
+  EXPECT_NEAR(r.ops[0].end, 0.006, 1e-12);
+  EXPECT_NEAR(r.ops[1].end, 0.010, 1e-12);
+  EXPECT_NEAR(r.ops[2].start, 0.006, 1e-12);
+  EXPECT_NEAR(r.ops[2].end, 0.011, 1e-12);
+  EXPECT_NEAR(r.step_seconds, 0.011, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_seconds, 0.011, 1e-12);
+  EXPECT_NEAR(r.comm_seconds, 0.011, 1e-12);  // the collectives' own durations
+}
+
 // FSDP's copies around collectives are host work: copy-in of the shard before the all-gather,
 // copy-out of the gathered rows after its wait.
 TEST(Simulator, HostCopiesAroundCollectives) {

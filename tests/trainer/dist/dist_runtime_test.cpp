@@ -365,11 +365,17 @@ TEST(DeviceMeshTest, TwoByTwoCoordinatesGroupsAndLayout) {
     EXPECT_EQ(m.group("dp_replicate").rank(), rank / 2);
     EXPECT_STREQ(m.group("dp_shard").group_name().c_str(), "dp_shard");
 
+    // dp_shard's reduce-scatter lane: the same ranks, a communicator of its own.
+    EXPECT_EQ(m.group("dp_shard_reduce").size(), 2);
+    EXPECT_EQ(m.group("dp_shard_reduce").rank(), rank % 2);
+    EXPECT_NE(&m.group("dp_shard_reduce"), &m.group("dp_shard"));
+
     // One group per dim, created in the same order on every rank.
-    ASSERT_EQ(records.size(), 3u);
+    ASSERT_EQ(records.size(), 4u);
     EXPECT_EQ(records[0].name, "world");
     EXPECT_EQ(records[1].name, "dp_replicate");
     EXPECT_EQ(records[2].name, "dp_shard");
+    EXPECT_EQ(records[3].name, "dp_shard_reduce");
     // Tag each group's scoped store: ranks of one group share keys, other groups do not.
     for (const GroupRecord& g : records) {
       g.store->add("members", 1);
@@ -385,6 +391,8 @@ TEST(DeviceMeshTest, TwoByTwoCoordinatesGroupsAndLayout) {
   EXPECT_EQ(count("mesh/dp_replicate/1"), 2);  // ranks 1, 3
   EXPECT_TRUE(store->check({"mesh/dp_shard/0/member/0", "mesh/dp_shard/0/member/1"}));
   EXPECT_TRUE(store->check({"mesh/dp_shard/1/member/2", "mesh/dp_shard/1/member/3"}));
+  EXPECT_EQ(count("mesh/dp_shard_reduce/0"), 2);
+  EXPECT_TRUE(store->check({"mesh/dp_shard_reduce/1/member/2", "mesh/dp_shard_reduce/1/member/3"}));
   EXPECT_TRUE(store->check({"mesh/dp_replicate/0/member/0", "mesh/dp_replicate/0/member/2"}));
   EXPECT_TRUE(store->check({"mesh/dp_replicate/1/member/1", "mesh/dp_replicate/1/member/3"}));
   EXPECT_FALSE(store->check({"mesh/dp_shard/0/member/2"}));
@@ -399,7 +407,7 @@ TEST(DeviceMeshTest, UnknownDimListsTheKnownOnes) {
   auto g = (*mesh)->find_group("tp");
   ASSERT_FALSE(g.ok());
   EXPECT_THAT(g.status().message(),
-              AllOf(HasSubstr("'tp'"), HasSubstr("world, dp_replicate, dp_shard")));
+              AllOf(HasSubstr("'tp'"), HasSubstr("world, dp_replicate, dp_shard, dp_shard_reduce")));
   EXPECT_THROW((*mesh)->group("dp"), std::invalid_argument);
   EXPECT_THROW((*mesh)->coordinate("dp"), std::invalid_argument);
 }

@@ -93,6 +93,7 @@ TEST(DeviceCommunicator, LinkCalibrationAndPlanAgreementUseItsDevice) {
   }
   (void)dist::MedianAcrossRanks(comm, {1.0, 2.0});
   (void)MeasureInterference(comm);
+  (void)MeasureLaneShare(comm, comm, int64_t{1} << 20, int64_t{1} << 20);
   (void)AgreeOnPlan(comm, compiler::Graph());
   EXPECT_GE(comm.calls, 4);
   EXPECT_THAT(comm.rejected, ::testing::IsEmpty());

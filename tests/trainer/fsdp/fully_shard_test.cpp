@@ -121,8 +121,9 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
       };
       auto mesh = dist::DeviceMesh::Create(store, rank, {dp_replicate, dp_shard, 1}, factory, copts);
       if (!mesh.ok()) return fail(mesh.status());
-      auto fsdp = FullyShardedLlama::Create(models[rank], &(*mesh)->group("dp_shard"),
-                                            &(*mesh)->group("dp_replicate"), FsdpOptions());
+      auto fsdp = FullyShardedLlama::Create(
+          models[rank], {&(*mesh)->group("dp_shard"), &(*mesh)->group("dp_shard_reduce"), &(*mesh)->group("dp_replicate")},
+          FsdpOptions());
       if (!fsdp.ok()) return fail(fsdp.status());
       auto& f = **fsdp;
       auto opt = MakeOptimizer(f.DecayShards(), f.NoDecayShards());
@@ -283,7 +284,7 @@ Lifecycle Observe(const FsdpOptions& options) {
       copts.timeout = std::chrono::seconds(60);
       auto group = dist::MakeGlooCommunicator(store, rank, 2, copts, "127.0.0.1");
       if (!group.ok()) return fail(group.status());
-      auto fsdp = FullyShardedLlama::Create(models[rank], group->get(), nullptr, options);
+      auto fsdp = FullyShardedLlama::Create(models[rank], {group->get(), nullptr, nullptr}, options);
       if (!fsdp.ok()) return fail(fsdp.status());
       auto& f = **fsdp;
       const std::string layer0 = "model.layers.0.mlp.up_proj.weight", last = "model.layers.1.mlp.up_proj.weight";
