@@ -70,6 +70,8 @@ grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass
 # Compiled runs really ran a plan; --dump-plan printed the IR after every pass.
 for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard compiled1-single-process; do
   if line="$(grep -m1 '^compiled plan:' "$work/$name.log")"; then pass "$name: ${line:0:160}"; else fail "$name: no compiled plan in the log"; fi
+  # fsdp.replan (default): after two compiled steps, one refit and re-plan.
+  if line="$(grep -m1 '^re-plan:' "$work/$name.log")"; then pass "$name: ${line:0:200}"; else fail "$name: no re-plan line in the log"; fi
 done
 if grep -q "^== reorder ==" "$work/compiled2-auto.log" && grep -q "^== insert_frees ==" "$work/compiled2-auto.log"; then
   pass "--dump-plan prints the IR after each pass"

@@ -103,6 +103,14 @@ int Graph::FindModule(std::string_view name) const {
   return -1;
 }
 
+void Checkpoint(ModuleInfo& m) {
+  if (m.checkpoint_input_bytes <= 0) return;
+  m.bwd_seconds += m.fwd_seconds;
+  m.backward_workspace_bytes = m.activation_bytes;
+  m.activation_bytes = m.checkpoint_input_bytes;
+  m.checkpoint_input_bytes = 0;
+}
+
 std::string Print(const Graph& g) {
   std::ostringstream out;
   out << "meshwork-ir 1\n";
@@ -116,6 +124,7 @@ std::string Print(const Graph& g) {
     out << "module " << m.name << " fwd=" << Num(m.fwd_seconds) << " bwd=" << Num(m.bwd_seconds)
         << " act=" << m.activation_bytes;
     if (m.backward_workspace_bytes != 0) out << " ws=" << m.backward_workspace_bytes;
+    if (m.checkpoint_input_bytes != 0) out << " ckpt=" << m.checkpoint_input_bytes;
     out << " params=" << IntList(m.params) << "\n";
   }
   for (const auto& op : g.ops) {
@@ -184,17 +193,25 @@ Result<Graph> Parse(std::string_view text) {
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() != 6 && w.size() != 7) {
-        return err("expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] params=[..]'");
+      if (w.size() < 6 || w.size() > 8) {
+        return err("expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] params=[..]'");
       }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
       if (!KeyValue(w[2], "fwd", &v) || !ParseDouble(v, &m.fwd_seconds)) return err("bad fwd=");
       if (!KeyValue(w[3], "bwd", &v) || !ParseDouble(v, &m.bwd_seconds)) return err("bad bwd=");
       if (!KeyValue(w[4], "act", &v) || !ParseInt64(v, &m.activation_bytes)) return err("bad act=");
-      if (w.size() == 7 && (!KeyValue(w[5], "ws", &v) || !ParseInt64(v, &m.backward_workspace_bytes))) {
-        return err("bad ws=");
+      // The optional keys, in this order.
+      size_t k = 5;
+      if (k + 1 < w.size() && KeyValue(w[k], "ws", &v)) {
+        if (!ParseInt64(v, &m.backward_workspace_bytes)) return err("bad ws=");
+        ++k;
       }
+      if (k + 1 < w.size() && KeyValue(w[k], "ckpt", &v)) {
+        if (!ParseInt64(v, &m.checkpoint_input_bytes)) return err("bad ckpt=");
+        ++k;
+      }
+      if (k + 1 != w.size()) return err("unexpected '" + w[k] + "' (optional keys: ws=, then ckpt=)");
       if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
       for (int p : m.params)
         if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));

@@ -9,7 +9,7 @@
 //   meshwork-ir 1
 //   mesh dp_shard=2 dp_replicate=1
 //   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768
-//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]          (ws=<bytes> before params= if set)
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, then ckpt=, before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
 //   wait %ag0
@@ -47,7 +47,16 @@ struct ModuleInfo {
   // Held only while its backward runs: with activation checkpointing, the activations the
   // backward recomputes (printed as ws=, only when non-zero).
   int64_t backward_workspace_bytes = 0;
+  // A module that activation checkpointing can apply to: what it keeps when checkpointed (its
+  // input), printed as ckpt=; 0 = not a candidate, or already checkpointed.
+  int64_t checkpoint_input_bytes = 0;
 };
+
+// Activation checkpointing applied to `m` (a candidate): it keeps only its input from forward,
+// its backward recomputes the forward first (bwd += fwd) and holds the recomputed activations
+// while it runs (ws = what act was). No-op on a module that is not a candidate.
+void Checkpoint(ModuleInfo& m);
+inline bool IsCheckpointed(const ModuleInfo& m) { return m.backward_workspace_bytes > 0; }
 
 enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kWait, kFree, kCompute, kOptimizerStep };
 const char* OpKindName(OpKind k);  // "all_gather", ...

@@ -97,12 +97,9 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
         add_param({p + "mlp.down_proj.weight", h, inter}),
     };
     add_module("layers." + std::to_string(i), std::move(params), linear_flops + attention_flops, layer_activation);
-    if (shape.activation_checkpointing) {
-      ModuleInfo& m = g.modules.back();
-      m.bwd_seconds += m.fwd_seconds;  // the recompute
-      m.backward_workspace_bytes = m.activation_bytes;
-      m.activation_bytes = static_cast<int64_t>(tokens * h * shape.activation_bytes);  // the layer's input
-    }
+    ModuleInfo& m = g.modules.back();
+    m.checkpoint_input_bytes = static_cast<int64_t>(tokens * h * shape.activation_bytes);  // the layer's input
+    if (shape.activation_checkpointing) Checkpoint(m);
   }
 
   // Head: final norm and output projection (the embedding itself when tied). Keeps the inputs

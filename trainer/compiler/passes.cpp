@@ -399,6 +399,25 @@ Result<Graph> Reorder(const Graph& input, const PassContext& ctx) {
 
 Result<Graph> InsertFrees(const Graph& g, const PassContext&) { return PlaceFrees(g); }
 
+Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx) {
+  Graph out = g;
+  if (ctx.memory_budget_bytes <= 0) return out;
+  int64_t peak = PeakBytes(out);
+  for (ModuleInfo& m : out.modules) {
+    if (peak <= ctx.memory_budget_bytes) break;
+    if (m.checkpoint_input_bytes <= 0) continue;
+    const ModuleInfo before = m;
+    Checkpoint(m);
+    const int64_t after = PeakBytes(out);
+    if (after >= peak) {  // the peak is elsewhere: more checkpointing only costs time
+      m = before;
+      break;
+    }
+    peak = after;
+  }
+  return out;
+}
+
 Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx) {
   Graph g = BlockBuckets(naive, OpKind::kAllGather);
   g = BlockBuckets(std::move(g), OpKind::kReduceScatter);
@@ -411,6 +430,7 @@ Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx) {
 Pipeline Pipeline::Default() {
   Pipeline p;
   p.passes_ = {
+      {"checkpoint", true, CheckpointToFit},
       {"bucket_all_gathers", true, BucketAllGathers},
       {"bucket_reduce_scatters", true, BucketReduceScatters},
       {"reorder", true, Reorder},

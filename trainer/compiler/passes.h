@@ -1,6 +1,12 @@
 // The compiler's passes: each a named `Graph -> Graph` function, tested on golden IR text, run
 // in a pipeline that validates the program after every pass and can print it (--dump-plan).
 //
+//   checkpoint
+//       activation checkpointing per module, under the memory budget: while the least-memory
+//       program (the naive one: one bucket gathered at a time, every reduce-scatter waited for
+//       at once) holds more than the budget, checkpoint the next candidate module (ckpt= in the
+//       IR), earliest layer first (its activations are held longest). Checkpointing only costs
+//       time (the recompute), so no more modules than the budget needs.
 //   bucket_all_gathers / bucket_reduce_scatters
 //       none: one collective per parameter (as declared). block: one per module (FSDP2's
 //       grouping). auto: greedy, in program order: grow a bucket by the next module's
@@ -37,6 +43,7 @@ struct PassContext {
   int64_t memory_budget_bytes = 0;  // dynamic bytes (gathered + activations + grads); 0 = none
 };
 
+Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx);
 Result<Graph> BucketAllGathers(const Graph& g, const PassContext& ctx);
 Result<Graph> BucketReduceScatters(const Graph& g, const PassContext& ctx);
 Result<Graph> Reorder(const Graph& g, const PassContext& ctx);
@@ -56,7 +63,7 @@ struct Pass {
 
 class Pipeline {
  public:
-  // bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees (required).
+  // checkpoint, bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees (required).
   static Pipeline Default();
 
   // kInvalidConfig naming the pass when it is unknown or required.

@@ -3,7 +3,11 @@
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/simulator.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iomanip>
+#include <set>
+#include <sstream>
 
 namespace meshwork::compiler {
 
@@ -15,25 +19,42 @@ Graph ScaleCompute(Graph skeleton, double scale) {
   return skeleton;
 }
 
+namespace {
+
+// The scale in [kMinComputeScale, kMaxComputeScale] at which `simulated(scale)`, which grows
+// with the scale, equals `measured` (bisection on a log scale); 1 when nothing was measured.
+template <typename F>
+double FitScale(F&& simulated, double measured) {
+  if (!(measured > 0)) return 1.0;
+  double lo = kMinComputeScale, hi = kMaxComputeScale;
+  if (simulated(lo) >= measured) return lo;
+  if (simulated(hi) <= measured) return hi;
+  for (int i = 0; i < 40; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (simulated(mid) < measured ? lo : hi) = mid;
+  }
+  return std::sqrt(lo * hi);
+}
+
+}  // namespace
+
 double FitComputeScale(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
                        double measured_step_seconds) {
   if (!(measured_step_seconds > 0)) return 1.0;
   const Graph naive = BuildNaiveProgram(skeleton, {options.reshard_after_forward});
   PassContext ctx;
   ctx.cost = cost;
-  auto eager_seconds = [&](double scale) {
-    auto eager = EagerPlan(ScaleCompute(naive, scale), ctx);
-    return eager.ok() ? Simulate(*eager, cost).step_seconds : 0.0;
-  };
-  // The simulated step grows with the scale: bisect on a log scale.
-  double lo = kMinComputeScale, hi = kMaxComputeScale;
-  if (eager_seconds(lo) >= measured_step_seconds) return lo;
-  if (eager_seconds(hi) <= measured_step_seconds) return hi;
-  for (int i = 0; i < 40; ++i) {
-    const double mid = std::sqrt(lo * hi);
-    (eager_seconds(mid) < measured_step_seconds ? lo : hi) = mid;
-  }
-  return std::sqrt(lo * hi);
+  return FitScale(
+      [&](double scale) {
+        auto eager = EagerPlan(ScaleCompute(naive, scale), ctx);
+        return eager.ok() ? Simulate(*eager, cost).step_seconds : 0.0;
+      },
+      measured_step_seconds);
+}
+
+double FitPlanComputeScale(const Graph& plan, const CostModel& cost, double measured_step_seconds) {
+  return FitScale([&](double scale) { return Simulate(ScaleCompute(plan, scale), cost).step_seconds; },
+                  measured_step_seconds);
 }
 
 Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
@@ -53,17 +74,70 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
     case MemoryBudget::Source::kFixed:
       out.ctx.memory_budget_bytes = options.budget.bytes;
       break;
-    case MemoryBudget::Source::kDeviceMemory: {
-      const SimResult eager = Simulate(out.eager, cost);
-      out.ctx.memory_budget_bytes = options.budget.bytes - eager.static_bytes;
-      if (out.ctx.memory_budget_bytes < eager.peak_bytes) {
-        out.ctx.memory_budget_bytes = eager.peak_bytes;
-        out.budget_is_eager_peak = true;
-      }
+    case MemoryBudget::Source::kDeviceMemory:
+      // At least a byte: 0 would mean no limit.
+      out.ctx.memory_budget_bytes = std::max<int64_t>(1, options.budget.bytes - StaticBytes(skeleton));
       break;
-    }
   }
   MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump));
+  out.choices = DescribeChoices(skeleton, out.compiled, out.ctx.memory_budget_bytes);
+  return out;
+}
+
+std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& plan, int64_t budget_bytes) {
+  std::vector<std::string> out;
+  auto gib = [](int64_t b) {
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1 << 30) << " GiB";
+    return s.str();
+  };
+  // Activation checkpointing: which candidates the plan checkpointed, and the memory it saved.
+  int candidates = 0;
+  std::vector<std::string> chosen;
+  for (size_t m = 0; m < skeleton.modules.size() && m < plan.modules.size(); ++m) {
+    const bool candidate = skeleton.modules[m].checkpoint_input_bytes > 0;
+    candidates += candidate ? 1 : 0;
+    if (candidate && IsCheckpointed(plan.modules[m])) chosen.push_back(plan.modules[m].name);
+  }
+  if (candidates > 0) {
+    std::ostringstream s;
+    s << "activation checkpointing on " << chosen.size() << " of " << candidates << " candidate modules";
+    if (!chosen.empty()) {
+      s << " (" << chosen.front() << (chosen.size() > 1 ? " .. " + chosen.back() : "") << ")";
+      const Graph least = BuildNaiveProgram(skeleton, {});
+      s << ": the least-memory order without it holds " << gib(PeakBytes(least)) << " of dynamic memory, over the "
+        << gib(budget_bytes) << " budget";
+    } else {
+      s << ": the budget holds every layer's activations";
+    }
+    out.push_back(s.str());
+  }
+  // Buckets, prefetch depth (the most computes between an all-gather's issue and the first
+  // compute that uses it), and how many reduce-scatters are waited for after the last backward.
+  int gathers = 0, reduces = 0, depth = 0, waits_at_step = 0;
+  std::set<std::string> reduce_ids;
+  bool after_backward = false;
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const Op& op = plan.ops[i];
+    if (op.kind == OpKind::kReduceScatter) ++reduces, reduce_ids.insert(op.id);
+    if (op.kind == OpKind::kCompute) after_backward = op.phase == Phase::kBackward && op.module == 0;
+    if (op.kind == OpKind::kWait && after_backward && reduce_ids.count(op.id)) ++waits_at_step;
+    if (op.kind != OpKind::kAllGather) continue;
+    ++gathers;
+    const std::set<int> params(op.params.begin(), op.params.end());
+    int between = 0;
+    for (size_t j = i + 1; j < plan.ops.size(); ++j) {
+      if (plan.ops[j].kind != OpKind::kCompute) continue;
+      const auto& used = plan.modules[plan.ops[j].module].params;
+      if (std::any_of(used.begin(), used.end(), [&](int p) { return params.count(p) > 0; })) break;
+      ++between;
+    }
+    depth = std::max(depth, between);
+  }
+  std::ostringstream s;
+  s << gathers << " all-gathers and " << reduces << " reduce-scatters a step; all-gathers issued up to " << depth
+    << " compute(s) ahead of their use; " << waits_at_step << " of the reduce-scatters waited for after the last backward";
+  out.push_back(s.str());
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "trainer/compiler/cost_model.h"
@@ -20,8 +21,8 @@ struct MemoryBudget {
     kEagerPeak,     // no more than the eager plan would: compiled FSDP is there to be lighter
                     // than eager, and faster only within that (the trainer's default)
     kFixed,         // `bytes`; 0: no limit
-    kDeviceMemory,  // `bytes` of device memory less the static shards, but at least the eager
-                    // plan's peak, so the two still compare like with like (the simulator)
+    kDeviceMemory,  // `bytes` of device memory less the static shards (the simulator): the
+                    // plan checkpoints activations and waits early where eager would not fit
   };
   Source source = Source::kEagerPeak;
   int64_t bytes = 0;
@@ -39,8 +40,14 @@ struct StepPlans {
   Graph compiled;      // what the plan executor runs
   PassContext ctx;     // as the passes saw it: the cost model, bucketing, the budget resolved
   std::string passes;  // Pipeline::Describe(): names in order, disabled ones marked
-  bool budget_is_eager_peak = false;  // kDeviceMemory: the device could not hold the eager plan
+  // What the planner chose and why, one clause each ("activation checkpointing on 23 of 80
+  // layers: ..."); empty when it made no choice worth naming.
+  std::vector<std::string> choices;
 };
+
+// The plan's choices read back from it: activation checkpointing per layer, buckets, how far
+// ahead all-gathers are issued, where reduce-scatters are waited for (clauses for a summary).
+std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& plan, int64_t budget_bytes);
 
 // The factor on every module's compute that makes the simulated eager plan of `skeleton` take
 // `measured_step_seconds` (bisection over [kMinComputeScale, kMaxComputeScale]; 1 when nothing
@@ -51,6 +58,9 @@ inline constexpr double kMinComputeScale = 0.05;
 inline constexpr double kMaxComputeScale = 20;
 double FitComputeScale(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,
                        double measured_step_seconds);
+// The factor on `plan`'s compute that makes its simulation take `measured_step_seconds` (the
+// same bisection and bounds): after compiled steps ran, how far the plan's compute was off.
+double FitPlanComputeScale(const Graph& plan, const CostModel& cost, double measured_step_seconds);
 // `skeleton` with every module's forward and backward compute multiplied by `scale`.
 Graph ScaleCompute(Graph skeleton, double scale);
 

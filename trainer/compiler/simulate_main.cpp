@@ -13,6 +13,7 @@
 
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
+#include "trainer/compiler/mesh_choice.h"
 #include "trainer/compiler/passes.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
@@ -30,17 +31,20 @@ constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --mode
   --profile FILE          hardware profile (bench/profiles/*.yaml)
   --model NAME            llama3-70b, or a preset: tiny, llama-100m, llama3-1b, llama3-8b
   --gpus N                devices in the mesh
-  --dp-shard N            size of each shard group (default: N, fully sharded);
-                          dp_replicate = gpus / dp-shard (HSDP when > 1)
+  --dp-shard N|auto       size of each shard group (default: N, fully sharded);
+                          dp_replicate = gpus / dp-shard (HSDP when > 1). auto: every mesh
+                          the profile can build is planned and simulated, and the fastest
+                          compiled plan that fits the device's memory is chosen (as mesh: auto)
   --seq-len N             tokens per sequence (default 8192)
   --batch N               sequences per device per step (default 1)
   --bucketing MODE        the compiled plan's bucketing: none, block or auto (default auto)
   --memory-budget-gib X   the compiled plan's budget for dynamic memory (gathered weights,
                           activations, full gradients); default: device memory minus the
-                          static state, and never less than the eager plan's peak
+                          static state. The compiled plan checkpoints activations of as few
+                          layers as the budget needs (the eager plan never does)
   --dump-plan             print the eager plan, and the IR before and after each pass
   --activation-checkpointing
-                          model per-layer activation checkpointing (keep each layer's input,
+                          checkpoint every layer in both plans (keep each layer's input,
                           recompute its forward in backward); the trainer has no such option yet
 
 Prints one line per plan: step time, exposed and total communication, peak memory, collectives
@@ -62,6 +66,7 @@ struct Options {
   std::string model;
   int gpus = 0;
   int dp_shard = 0;  // 0: all GPUs
+  bool auto_mesh = false;
   int64_t seq_len = 8192;
   int64_t batch = 1;
   compiler::Bucketing bucketing = compiler::Bucketing::kAuto;
@@ -121,6 +126,8 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     } else if (flag == "--gpus") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &n));
       o.gpus = static_cast<int>(n);
+    } else if (flag == "--dp-shard" && value == "auto") {
+      o.auto_mesh = true;
     } else if (flag == "--dp-shard") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &n));
       o.dp_shard = static_cast<int>(n);
@@ -143,7 +150,7 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
   if (o.profile.empty()) return meshwork::InvalidConfig("--profile FILE is required");
   if (o.model.empty()) return meshwork::InvalidConfig("--model NAME is required");
   if (o.gpus == 0) return meshwork::InvalidConfig("--gpus N is required");
-  if (o.dp_shard == 0) o.dp_shard = o.gpus;
+  if (o.dp_shard == 0) o.dp_shard = o.gpus;  // auto: replaced by the choice
   if (o.gpus % o.dp_shard != 0) {
     return meshwork::InvalidConfig("--dp-shard: " + std::to_string(o.dp_shard) + " does not divide --gpus " +
                                    std::to_string(o.gpus));
@@ -216,29 +223,62 @@ void PrintSummary(std::ostream& out, const std::string& label, const PlanSummary
   out << "\n";
 }
 
-int Run(const Options& o) {
-  auto profile = compiler::LoadHardwareProfile(o.profile);
-  if (!profile.ok()) return Fail(profile.status());
-  auto config = ModelConfig(o.model);
-  if (!config.ok()) return Fail(config.status());
-  const int dp_replicate = o.gpus / o.dp_shard;
-  auto cost = compiler::MakeCostModel(*profile, dp_replicate, o.dp_shard);
-  if (!cost.ok()) return Fail(cost.status());
-
-  // Mixed precision as the trainer runs it on GPUs: bf16 parameters and activations, gradients
-  // reduced in fp32 (the FSDP default), fp32 master shards and AdamW state.
+// Mixed precision as the trainer runs it on GPUs: bf16 parameters and activations, gradients
+// reduced in fp32 (the FSDP default), fp32 master shards and AdamW state.
+compiler::LlamaShape ShapeOf(const Options& o, const meshwork::model::LlamaConfig& config,
+                             const compiler::HardwareProfile& profile) {
   compiler::LlamaShape shape;
-  shape.config = *config;
+  shape.config = config;
   shape.batch = o.batch;
   shape.seq_len = o.seq_len;
   shape.param_bytes = 2;
   shape.reduce_bytes = 4;
   shape.activation_bytes = 2;
   shape.dp_shard = o.dp_shard;
-  shape.dp_replicate = dp_replicate;
-  shape.flops_per_second = profile->AchievedFlopsPerSecond();
+  shape.dp_replicate = o.gpus / o.dp_shard;
+  shape.flops_per_second = profile.AchievedFlopsPerSecond();
   shape.activation_checkpointing = o.activation_checkpointing;
-  const compiler::Graph skeleton = compiler::LlamaSkeleton(shape);
+  return shape;
+}
+
+// --dp-shard auto: every candidate mesh on one line each, then the choice; returns it.
+Result<int> ChooseDpShard(const Options& o, const meshwork::model::LlamaConfig& config,
+                          const compiler::HardwareProfile& profile) {
+  compiler::PlanOptions options;
+  options.bucketing = o.bucketing;
+  MW_ASSIGN_OR_RETURN(const compiler::MeshChoice choice,
+                      compiler::ChooseMesh(profile, ShapeOf(o, config, profile), o.gpus, options));
+  std::cout << "mesh: auto (simulated): " << choice.candidates.size() << " meshes of " << o.gpus << " GPUs\n";
+  for (const auto& c : choice.candidates) {
+    std::cout << "  " << std::right << std::setw(5) << c.dp_replicate << " x " << std::left << std::setw(5)
+              << c.dp_shard << " ";
+    if (!c.rejected.empty()) {
+      std::cout << "cannot be built: " << c.rejected << "\n";
+      continue;
+    }
+    std::cout << "compiled step " << Fixed(c.compiled.step_seconds, 4) << " s, exposed comm "
+              << Fixed(c.compiled.exposed_comm_seconds, 4) << " s, peak "
+              << Fixed(GiB(c.compiled.peak_bytes + c.compiled.static_bytes), 2) << " GiB"
+              << (c.fits ? "" : " (exceeds device memory)") << "\n";
+  }
+  std::cout << "mesh: auto chose " << choice.reason << "\n";
+  return choice.dp_shard;
+}
+
+int Run(Options o) {
+  auto profile = compiler::LoadHardwareProfile(o.profile);
+  if (!profile.ok()) return Fail(profile.status());
+  auto config = ModelConfig(o.model);
+  if (!config.ok()) return Fail(config.status());
+  if (o.auto_mesh) {
+    auto chosen = ChooseDpShard(o, *config, *profile);
+    if (!chosen.ok()) return Fail(chosen.status());
+    o.dp_shard = *chosen;
+  }
+  const int dp_replicate = o.gpus / o.dp_shard;
+  auto cost = compiler::MakeCostModel(*profile, dp_replicate, o.dp_shard);
+  if (!cost.ok()) return Fail(cost.status());
+  const compiler::Graph skeleton = compiler::LlamaSkeleton(ShapeOf(o, *config, *profile));
 
   compiler::PlanOptions plan_options;
   plan_options.bucketing = o.bucketing;
@@ -255,10 +295,7 @@ int Run(const Options& o) {
   auto plans = compiler::PlanStep(skeleton, *cost, plan_options, o.dump_plan ? &dump : nullptr);
   if (!plans.ok()) return Fail(plans.status());
   const compiler::PassContext& ctx = plans->ctx;
-  if (o.memory_budget_gib <= 0) {
-    budget_source = plans->budget_is_eager_peak ? "the eager plan's peak: the device cannot hold it"
-                                                : "device memory - static state";
-  }
+  if (o.memory_budget_gib <= 0) budget_source = "device memory - static state";
   const compiler::SimResult eager_sim = compiler::Simulate(plans->eager, ctx.cost);
 
   std::cout << "meshwork-simulate (simulated, not measured): " << o.model << ", "
@@ -278,6 +315,7 @@ int Run(const Options& o) {
             << compiler::BucketingName(o.bucketing) << ", memory budget " << Fixed(GiB(ctx.memory_budget_bytes), 2)
             << " GiB (" << budget_source << ")\n";
 
+  for (const std::string& choice : plans->choices) std::cout << "  compiled plan: " << choice << "\n";
   if (o.dump_plan) std::cout << "== eager_plan ==\n" << compiler::Print(plans->eager) << dump.str();
   const compiler::SimResult compiled_sim = compiler::Simulate(plans->compiled, ctx.cost);
 

@@ -80,6 +80,12 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
 
 }  // namespace
 
+int64_t StaticBytes(const Graph& g) {
+  int64_t bytes = 0;
+  for (const auto& p : g.params) bytes += 4 * p.shard_bytes;
+  return bytes;
+}
+
 int64_t PeakBytes(const Graph& g) {
   return WalkMemory(g, [](size_t, int64_t) {});
 }
@@ -220,7 +226,7 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
   }
   r.step_seconds = now;
   r.peak_bytes = PeakBytes(g);
-  for (const auto& p : g.params) r.static_bytes += 4 * p.shard_bytes;
+  r.static_bytes = StaticBytes(g);
   return r;
 }
 

@@ -39,6 +39,10 @@ struct SimResult {
 
 SimResult Simulate(const Graph& g, const CostModel& cost);
 
+// Static bytes of every rank: its fp32 shards of parameters and gradients and AdamW's two
+// moments (4 x the shard bytes).
+int64_t StaticBytes(const Graph& g);
+
 // Peak dynamic bytes only (the memory half of Simulate; what the passes check budgets with).
 int64_t PeakBytes(const Graph& g);
 

@@ -100,6 +100,7 @@ struct FsdpConfig {
   FsdpMode mode = FsdpMode::kEager;   // compiled: the schedule compiler plans after step 2
   compiler::Bucketing bucketing = compiler::Bucketing::kAuto;  // compiled
   bool reorder = true;                // compiled: run the reorder pass
+  bool replan = true;                 // compiled: refit compute from two compiled steps, plan once more
   int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = eager's peak
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
   std::string trace_out;              // Chrome trace of step 3 (every rank's lanes) written here by rank 0

@@ -127,27 +127,64 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
 
 }  // namespace
 
-Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg, bool cpu,
-                   double measured_step_seconds, std::ostream& log) {
-  compiler::Graph skeleton = fsdp.Skeleton();
+Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
+                                bool cpu, double measured_step_seconds, std::ostream& log) {
+  Compilation c;
+  c.skeleton = fsdp.Skeleton();
   // Every rank calibrates and the medians over the ranks (links and traced compute) go into
   // the plan; rank 0 plans and AgreeOnPlan hands its plan to all.
-  MW_ASSIGN_OR_RETURN(const compiler::CostModel cost, Calibrate(skeleton, mesh, cpu, measured_step_seconds));
+  MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, measured_step_seconds));
+  c.options.bucketing = cfg.bucketing;
+  c.options.reorder = cfg.reorder;
+  c.options.reshard_after_forward = cfg.reshard_after_forward;
+  if (cfg.memory_budget > 0) c.options.budget = {compiler::MemoryBudget::Source::kFixed, cfg.memory_budget << 20};
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {
-    compiler::PlanOptions options;
-    options.bucketing = cfg.bucketing;
-    options.reorder = cfg.reorder;
-    options.reshard_after_forward = cfg.reshard_after_forward;
-    if (cfg.memory_budget > 0) options.budget = {compiler::MemoryBudget::Source::kFixed, cfg.memory_budget << 20};
-    const double scale = compiler::FitComputeScale(skeleton, cost, options, measured_step_seconds);
-    MW_ASSIGN_OR_RETURN(compiler::StepPlans plans, compiler::PlanStep(compiler::ScaleCompute(skeleton, scale), cost,
-                                                                      options, cfg.dump_plan ? &log : nullptr));
-    log << Describe(plans, cfg, cpu, scale, measured_step_seconds);
+    c.scale = compiler::FitComputeScale(c.skeleton, c.cost, c.options, measured_step_seconds);
+    MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
+                        compiler::PlanStep(compiler::ScaleCompute(c.skeleton, c.scale), c.cost, c.options,
+                                           cfg.dump_plan ? &log : nullptr));
+    log << Describe(plans, cfg, cpu, c.scale, measured_step_seconds);
+    c.predicted_step_seconds = compiler::Simulate(plans.compiled, c.cost).step_seconds;
     plan = std::move(plans.compiled);
   }
-  MW_ASSIGN_OR_RETURN(compiler::Graph agreed, AgreeOnPlan(mesh.group("world"), plan));
-  return fsdp.UsePlan(agreed);
+  MW_ASSIGN_OR_RETURN(c.plan, AgreeOnPlan(mesh.group("world"), plan));
+  MW_RETURN_IF_ERROR(fsdp.UsePlan(c.plan));
+  return c;
+}
+
+Status Replan(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, Compilation& c, double measured_step_seconds,
+              std::ostream& log) {
+  dist::Communicator& world = mesh.group("world");
+  MW_ASSIGN_OR_RETURN(const std::vector<double> median, dist::MedianAcrossRanks(world, {measured_step_seconds}));
+  const double measured = median[0];
+  compiler::Graph plan;
+  if (world.rank() == 0) {
+    // The running plan's compute carries the old scale: the refit is relative to it.
+    const double factor = compiler::FitPlanComputeScale(c.plan, c.cost, measured);
+    const double scale = std::clamp(c.scale * factor, compiler::kMinComputeScale, compiler::kMaxComputeScale);
+    MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
+                        compiler::PlanStep(compiler::ScaleCompute(c.skeleton, scale), c.cost, c.options));
+    const double running = compiler::Simulate(compiler::ScaleCompute(c.plan, factor), c.cost).step_seconds;
+    const double replanned = compiler::Simulate(plans.compiled, c.cost).step_seconds;
+    // Only a plan predicted faster than the running one at the refitted compute replaces it.
+    const bool better = plans.compiled.ops != c.plan.ops && replanned < running;
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(3) << "re-plan: the compiled step measured " << measured
+         << " s (median over ranks) against " << c.predicted_step_seconds << " s predicted; compute x"
+         << std::setprecision(2) << scale << " (was x" << c.scale << "); "
+         << (better ? "a new plan, predicted " : "the plan stays, predicted ") << std::setprecision(3)
+         << (better ? replanned : running) << " s";
+    if (better) line << " (the running one " << running << " s)";
+    log << line.str() << "\n";
+    c.scale = scale;
+    c.predicted_step_seconds = better ? replanned : running;
+    plan = better ? std::move(plans.compiled) : compiler::ScaleCompute(c.plan, factor);
+  }
+  MW_ASSIGN_OR_RETURN(compiler::Graph agreed, AgreeOnPlan(world, plan));
+  const bool changed = agreed.ops != c.plan.ops;
+  c.plan = std::move(agreed);
+  return changed ? fsdp.UsePlan(c.plan) : Status::Ok();
 }
 
 }  // namespace meshwork::fsdp

@@ -6,11 +6,22 @@
 #include <ostream>
 
 #include "common/status.h"
+#include "trainer/compiler/planner.h"
 #include "trainer/config/config.h"
 #include "trainer/dist/device_mesh.h"
 #include "trainer/fsdp/fully_shard.h"
 
 namespace meshwork::fsdp {
+
+// What compiling keeps for the re-plan; the same on every rank (medians over the ranks).
+struct Compilation {
+  compiler::Graph skeleton;  // the traced compute, unscaled
+  compiler::CostModel cost;  // the calibration
+  compiler::PlanOptions options;
+  double scale = 1;          // on the traced compute, fitted to a measured step
+  double predicted_step_seconds = 0;  // the running plan's, simulated (rank 0)
+  compiler::Graph plan;      // what runs
+};
 
 // Collective over `mesh`: every rank calls it after the same eager step. `cpu`: Gloo ranks,
 // whose cost model charges copies and core sharing. `measured_step_seconds`: that eager step's
@@ -18,7 +29,15 @@ namespace meshwork::fsdp {
 // the traced compute is scaled so that the simulated eager plan takes that long (the trace
 // already contains the slowdown the cost model charges again). Rank 0 logs one line
 // describing the plan (and, with fsdp.dump_plan, the IR after each pass) to `log`.
-Status CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg, bool cpu,
-                   double measured_step_seconds, std::ostream& log);
+Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
+                                bool cpu, double measured_step_seconds, std::ostream& log);
+
+// Once, after compiled steps ran: the compute scale is refitted so that the simulated running
+// plan takes the measured compiled step (`measured_step_seconds`, this rank's; the median over
+// the ranks is used), the step is planned again from it, and the executor switches to the new
+// plan when it differs. Collective over `mesh`. Rank 0 logs one line: measured against
+// predicted, the new scale, and whether the plan changed.
+Status Replan(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, Compilation& compilation,
+              double measured_step_seconds, std::ostream& log);
 
 }  // namespace meshwork::fsdp

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <ostream>
 
 #include "trainer/dist/device_mesh.h"
@@ -95,7 +96,12 @@ class FsdpEngine : public Engine {
     // Compiled: the first steps run eager; the plan is made from the last one's trace (a
     // steady-state step: step 1's times include warm-up) and runs from the next step on.
     if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= kEagerStepsBeforePlan) {
-      MW_RETURN_IF_ERROR(fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, last_sync_seconds_, log_));
+      MW_ASSIGN_OR_RETURN(compilation_, fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, last_sync_seconds_, log_));
+    } else if (compilation_ && cfg_.replan && !replanned_ &&
+               steps_done_ >= kEagerStepsBeforePlan + kCompiledStepsBeforeReplan) {
+      // The last compiled step's time (the first one pays for new buffers) refits the plan.
+      MW_RETURN_IF_ERROR(fsdp::Replan(*fsdp_, *mesh_, *compilation_, last_sync_seconds_, log_));
+      replanned_ = true;
     }
     if (!cfg_.trace_out.empty() && steps_done_ == kTracedStep - 1 && !trace_) {
       trace_origin_ = NowSeconds();
@@ -179,6 +185,7 @@ class FsdpEngine : public Engine {
 
   static constexpr int64_t kEagerStepsBeforePlan = 2;  // step 1 warms up, step 2 is traced to plan
   static constexpr int64_t kTracedStep = kEagerStepsBeforePlan + 1;  // compiled: the first planned step
+  static constexpr int64_t kCompiledStepsBeforeReplan = 2;
   dist::DistEnv env_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
@@ -186,6 +193,8 @@ class FsdpEngine : public Engine {
   bool cpu_;  // CPU ranks (Gloo): the cost model charges copies and core sharing
   std::ostream& log_;
   int64_t steps_done_ = 0;
+  std::optional<fsdp::Compilation> compilation_;  // compiled mode, once planned
+  bool replanned_ = false;
   // The last micro-batch with gradient reduction, forward to the end of FinishBackward: what a
   // simulated step covers, measured (CompileFsdp fits the traced compute to it).
   double sync_started_ = 0;

@@ -81,6 +81,29 @@ TEST(ScheduleIr, HsdpAllReduceRoundTrips) {
   EXPECT_TRUE(Validate(*g).ok()) << Validate(*g).ToString();
 }
 
+// A checkpointing candidate (ckpt=) and a checkpointed module (ws=) print and parse back; the
+// optional keys come in one order and nothing else may sit between act= and params=.
+TEST(ScheduleIr, CheckpointingKeysRoundTrip) {
+  auto g = Parse(kSmallModel);
+  ASSERT_TRUE(g.ok());
+  g->modules[1].checkpoint_input_bytes = 1000;
+  g->modules[2].checkpoint_input_bytes = 1000;
+  Checkpoint(g->modules[2]);
+  const std::string text = Print(*g);
+  EXPECT_NE(text.find("module layers.0 fwd=0.01 bwd=0.02 act=5000 ckpt=1000 params=[1,2]"), std::string::npos) << text;
+  EXPECT_NE(text.find("module layers.1 fwd=0.01 bwd=0.03 act=1000 ws=5000 params=[3,4]"), std::string::npos) << text;
+  auto back = Parse(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(Print(*back), text);
+  EXPECT_TRUE(IsCheckpointed(back->modules[2]));
+  EXPECT_FALSE(IsCheckpointed(back->modules[1]));
+  std::string swapped = kSmallModel;
+  swapped.replace(swapped.find("act=5000 params=[1,2]"), 21, "act=5000 ckpt=1 ws=2 params=[1,2]");
+  auto bad = Parse(swapped);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unexpected 'ws=2'"), std::string::npos) << bad.status().message();
+}
+
 void ExpectParseError(const std::string& ops, const std::string& want) {
   auto g = Parse(kSmallModel + ops);
   ASSERT_FALSE(g.ok()) << ops;

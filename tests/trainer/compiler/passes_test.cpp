@@ -344,9 +344,10 @@ TEST(Passes, EveryCombinationYieldsAValidProgram) {
 
 TEST(Passes, PipelineDisablesOptionalPassesByName) {
   Pipeline p = Pipeline::Default();
-  EXPECT_EQ(p.Describe(), "bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees");
+  EXPECT_EQ(p.Describe(), "checkpoint, bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees");
   ASSERT_TRUE(p.Disable("reorder").ok());
-  EXPECT_EQ(p.Describe(), "bucket_all_gathers, bucket_reduce_scatters, reorder (disabled), insert_frees");
+  EXPECT_EQ(p.Describe(),
+            "checkpoint, bucket_all_gathers, bucket_reduce_scatters, reorder (disabled), insert_frees");
   Status unknown = p.Disable("fuse");
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidConfig);
   EXPECT_NE(unknown.message().find("unknown pass 'fuse'"), std::string::npos);
@@ -404,6 +405,88 @@ TEST(Planner, ComputeIsScaledSoThatTheEagerPlanTakesTheMeasuredStep) {
     EXPECT_DOUBLE_EQ(doubled.modules[m].fwd_seconds, 2 * skeleton.modules[m].fwd_seconds);
     EXPECT_DOUBLE_EQ(doubled.modules[m].bwd_seconds, 2 * skeleton.modules[m].bwd_seconds);
   }
+}
+
+// The small model with its two layers as checkpointing candidates (each keeps 1000 bytes, its
+// input, when checkpointed).
+Graph CheckpointableNaive() {
+  Graph g = Naive();
+  for (auto& m : g.modules)
+    if (m.name.rfind("layers.", 0) == 0) m.checkpoint_input_bytes = 1000;
+  return g;
+}
+
+TEST(Passes, CheckpointingTakesAsFewLayersAsTheBudgetNeedsEarliestFirst) {
+  const Graph naive = CheckpointableNaive();
+  Graph first = naive, both = naive;
+  Checkpoint(first.modules[1]);
+  Checkpoint(both.modules[1]);
+  Checkpoint(both.modules[2]);
+  const int64_t none_peak = PeakBytes(naive), first_peak = PeakBytes(first), both_peak = PeakBytes(both);
+  ASSERT_LT(first_peak, none_peak);
+  // The last layer's backward comes first, at the peak: recomputing it there holds its input
+  // and its activations at once, so checkpointing it raises the peak.
+  ASSERT_GT(both_peak, first_peak);
+
+  auto checkpointed = [](const Graph& g) {
+    std::string names;
+    for (const auto& m : g.modules)
+      if (IsCheckpointed(m)) names += m.name + " ";
+    return names;
+  };
+  // A budget that holds the naive program: nothing checkpointed (it only costs time).
+  EXPECT_EQ(checkpointed(Ok(CheckpointToFit(naive, Context(Bucketing::kBlock, 0.001, 1e6, none_peak)))), "");
+  EXPECT_EQ(checkpointed(Ok(CheckpointToFit(naive, Context(Bucketing::kBlock)))), "") << "no budget";
+  // Just below it: the first layer only.
+  const Graph one = Ok(CheckpointToFit(naive, Context(Bucketing::kBlock, 0.001, 1e6, none_peak - 1)));
+  EXPECT_EQ(checkpointed(one), "layers.0 ");
+  EXPECT_EQ(PeakBytes(one), first_peak);
+  // A checkpointed layer recomputes its forward in backward and holds the recomputed activations
+  // only then.
+  EXPECT_DOUBLE_EQ(one.modules[1].bwd_seconds, naive.modules[1].bwd_seconds + naive.modules[1].fwd_seconds);
+  EXPECT_EQ(one.modules[1].activation_bytes, 1000);
+  EXPECT_EQ(one.modules[1].backward_workspace_bytes, naive.modules[1].activation_bytes);
+  EXPECT_EQ(one.modules[1].checkpoint_input_bytes, 0);
+  // Below that, checkpointing layers.1 too would not help: the pass stops at layers.0 and the
+  // plan is still produced (over the budget; the summary says so).
+  EXPECT_EQ(checkpointed(Ok(CheckpointToFit(naive, Context(Bucketing::kBlock, 0.001, 1e6, first_peak - 1)))),
+            "layers.0 ");
+  EXPECT_EQ(checkpointed(Ok(CheckpointToFit(naive, Context(Bucketing::kBlock, 0.001, 1e6, 1)))), "layers.0 ");
+  // With three layers and the budget far below, the earlier ones are checkpointed first.
+  std::string three = kSmallModel;
+  three.replace(three.find("module head"), 0, "module layers.2 fwd=0.01 bwd=0.02 act=5000 ckpt=1000 params=[]\n");
+  for (const char* layer : {"layers.0 fwd=0.01 bwd=0.02 act=5000 ", "layers.1 fwd=0.01 bwd=0.02 act=5000 "}) {
+    const size_t at = three.find(layer) + std::string(layer).size();
+    three.insert(at, "ckpt=1000 ");
+  }
+  auto parsed = Parse(three);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const Graph naive3 = BuildNaiveProgram(*parsed, {});
+  const std::string taken = checkpointed(Ok(CheckpointToFit(naive3, Context(Bucketing::kBlock, 0.001, 1e6, 1))));
+  EXPECT_EQ(taken.rfind("layers.0 layers.1 ", 0), 0u) << "earliest first: " << taken;
+  // Without candidates (the trainer's skeleton today) the pass changes nothing.
+  EXPECT_EQ(Print(Ok(CheckpointToFit(Naive(), Context(Bucketing::kBlock, 0.001, 1e6, 1)))), Print(Naive()));
+}
+
+// A budget below the eager plan's peak still yields a plan that fits it: the compiled plan
+// checkpoints and waits for reduce-scatters early where the eager plan cannot.
+TEST(Planner, ADeviceBudgetBelowTheEagerPeakIsMetByCheckpointing) {
+  const Graph skeleton = CheckpointableNaive();
+  PlanOptions options;
+  options.bucketing = Bucketing::kBlock;
+  const CostModel cost = Context(Bucketing::kBlock).cost;
+  const int64_t least = PeakBytes(BuildNaiveProgram(skeleton, {}));  // the least-memory order
+  const int64_t device = StaticBytes(skeleton) + least - 1;
+  options.budget = {MemoryBudget::Source::kDeviceMemory, device};
+  auto plans = PlanStep(skeleton, cost, options);
+  ASSERT_TRUE(plans.ok()) << plans.status().ToString();
+  EXPECT_EQ(plans->ctx.memory_budget_bytes, device - StaticBytes(skeleton));
+  EXPECT_GT(PeakBytes(plans->eager), plans->ctx.memory_budget_bytes) << "eager would not fit";
+  EXPECT_LE(PeakBytes(plans->compiled), plans->ctx.memory_budget_bytes);
+  ASSERT_FALSE(plans->choices.empty());
+  EXPECT_NE(plans->choices[0].find("activation checkpointing on "), std::string::npos) << plans->choices[0];
+  EXPECT_NE(plans->choices[0].find("of 2 candidate modules (layers.0"), std::string::npos) << plans->choices[0];
+  EXPECT_NE(plans->choices.back().find("all-gathers and"), std::string::npos) << plans->choices.back();
 }
 
 }  // namespace

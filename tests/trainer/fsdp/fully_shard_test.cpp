@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <optional>
 #include <thread>
 
 #include "trainer/dist/device_mesh.h"
@@ -64,6 +65,8 @@ struct Compile {
   compiler::Bucketing bucketing = compiler::Bucketing::kBlock;
   bool reorder = true;
   bool reshard = true;
+  // Before step 3, switch to a plan made with these settings instead (a re-plan mid-run).
+  std::optional<compiler::Bucketing> switch_to;
 };
 
 struct TrainRun {
@@ -130,7 +133,8 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
       runs[rank].shard_bytes = f.ShardBytes();
       const int rows = kRowsPerStep / world / accum;
       for (int step = 0; step < kSteps; ++step) {
-        if (compile.on && step == 1) {
+        if (compile.on && (step == 1 || (step == 2 && compile.switch_to))) {
+          if (step == 2) compile.bucketing = *compile.switch_to;
           compiler::Graph skeleton = f.Skeleton();
           // Each rank's own timings, made to differ: the agreed plan must still be rank 0's.
           for (auto& m : skeleton.modules) m.fwd_seconds = m.bwd_seconds = 0.001 * (1 + rank * (&m - &skeleton.modules[0]));
@@ -148,7 +152,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           if (!planned.ok()) return fail(planned.status());
           auto agreed = AgreeOnPlan((*mesh)->group("world"), planned->compiled);
           if (!agreed.ok()) return fail(agreed.status());
-          plans[rank] = compiler::Print(*agreed);
+          plans[rank] += compiler::Print(*agreed);
           if (Status s = f.UsePlan(*agreed); !s.ok()) return fail(s);
         }
         f.ZeroGrad();
@@ -219,6 +223,17 @@ TEST(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
   ExpectSame(want, Sharded(false, 1, 4, 1, {true, compiler::Bucketing::kAuto, true}), "compiled auto, dp_shard 4");
   ExpectSame(want, Sharded(false, 2, 2, 1, {true, compiler::Bucketing::kAuto, true}), "compiled auto, HSDP 2x2");
   ExpectSame(want, Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kBlock, true, false}), "compiled, no reshard");
+  // A re-plan between steps: the executor switches plans and training goes on unchanged.
+  const TrainRun switched =
+      Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kNone, true, true, compiler::Bucketing::kBlock});
+  ExpectSame(want, switched, "compiled, switching plans before step 3");
+  ASSERT_FALSE(switched.plans.empty());
+  const std::string& both = switched.plans[0];  // the two plans rank 0 ran, one after the other
+  const size_t second = both.find("meshwork-ir 1", 1);
+  ASSERT_NE(second, std::string::npos);
+  EXPECT_NE(both.substr(0, second), both.substr(second)) << "the second plan must differ from the first";
+  ExpectSame(want, Sharded(false, 2, 2, 1, {true, compiler::Bucketing::kBlock, false, true, compiler::Bucketing::kAuto}),
+             "compiled HSDP 2x2, switching plans before step 3");
 }
 
 TEST(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {

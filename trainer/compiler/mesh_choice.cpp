@@ -1,0 +1,66 @@
+#include "trainer/compiler/mesh_choice.h"
+
+#include <iomanip>
+#include <sstream>
+
+namespace meshwork::compiler {
+
+Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& shape, int world,
+                              const PlanOptions& options) {
+  if (world < 1) return InvalidConfig("mesh: auto needs a world of at least 1 rank, got " + std::to_string(world));
+  MeshChoice out;
+  const MeshCandidate* best = nullptr;
+  auto total = [](const MeshCandidate& c) { return c.compiled.peak_bytes + c.compiled.static_bytes; };
+  for (int dp_shard = 1; dp_shard <= world; ++dp_shard) {
+    if (world % dp_shard != 0) continue;
+    MeshCandidate c;
+    c.dp_shard = dp_shard;
+    c.dp_replicate = world / dp_shard;
+    Result<CostModel> cost = MakeCostModel(profile, c.dp_replicate, dp_shard);
+    if (!cost.ok()) {
+      c.rejected = cost.status().message();
+      out.candidates.push_back(std::move(c));
+      continue;
+    }
+    LlamaShape s = shape;
+    s.dp_shard = dp_shard;
+    s.dp_replicate = c.dp_replicate;
+    PlanOptions o = options;
+    o.budget = {MemoryBudget::Source::kDeviceMemory, profile.memory_bytes};
+    MW_ASSIGN_OR_RETURN(StepPlans plans, PlanStep(LlamaSkeleton(s), *cost, o));
+    c.compiled = Simulate(plans.compiled, plans.ctx.cost);
+    c.fits = total(c) <= profile.memory_bytes;
+    c.choices = std::move(plans.choices);
+    out.candidates.push_back(std::move(c));
+  }
+  int buildable = 0, fitting = 0;
+  for (const MeshCandidate& c : out.candidates) {
+    if (!c.rejected.empty()) continue;
+    ++buildable;
+    fitting += c.fits ? 1 : 0;
+    const bool better = best == nullptr ||
+                        (c.fits != best->fits ? c.fits
+                         : c.fits             ? c.compiled.step_seconds < best->compiled.step_seconds
+                                              : total(c) < total(*best));
+    if (better) best = &c;
+  }
+  if (best == nullptr) {
+    return InvalidConfig("mesh: auto: hardware profile '" + profile.name + "' cannot build any mesh of " +
+                         std::to_string(world) + " ranks: " + out.candidates.front().rejected);
+  }
+  out.dp_replicate = best->dp_replicate;
+  out.dp_shard = best->dp_shard;
+  std::ostringstream why;
+  why << std::fixed << std::setprecision(4) << best->dp_replicate << "x" << best->dp_shard << " (dp_replicate x dp_shard): ";
+  if (best->fits) {
+    why << "the fastest predicted step, " << best->compiled.step_seconds << " s, of the " << fitting << " of "
+        << buildable << " buildable meshes that fit the device's memory";
+  } else {
+    why << std::setprecision(2) << "no mesh fits the device's memory; this one needs the least, "
+        << static_cast<double>(total(*best)) / (1 << 30) << " GiB";
+  }
+  out.reason = why.str();
+  return out;
+}
+
+}  // namespace meshwork::compiler
