@@ -399,6 +399,76 @@ Result<Graph> Reorder(const Graph& input, const PassContext& ctx) {
 
 Result<Graph> InsertFrees(const Graph& g, const PassContext&) { return PlaceFrees(g); }
 
+namespace {
+
+// `g` (unbucketed: one all-gather per parameter) with module `m`'s parameters kept gathered
+// from its forward to its backward: the re-gather before its backward (the all-gather and its
+// wait) is dropped and the frees placed again. Unchanged when a parameter of `m` is not
+// re-gathered in exactly that way (a bucket shared with other parameters, a tied weight used by
+// another module, or no reshard in the first place).
+Graph KeepGathered(const Graph& g, int m) {
+  int fwd = -1, bwd = -1;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& o = g.ops[i];
+    if (o.kind != OpKind::kCompute || o.module != m) continue;
+    (o.phase == Phase::kForward ? fwd : bwd) = static_cast<int>(i);
+  }
+  if (fwd < 0 || bwd < 0) return g;
+  std::set<int> mine(g.modules[m].params.begin(), g.modules[m].params.end());
+  for (size_t k = 0; k < g.modules.size(); ++k) {
+    if (static_cast<int>(k) == m) continue;
+    for (int p : g.modules[k].params)
+      if (mine.count(p)) return g;  // shared with another module
+  }
+  std::set<size_t> drop;
+  std::set<int> regathered;
+  for (int i = fwd + 1; i < bwd; ++i) {
+    const Op& o = g.ops[i];
+    if (o.kind != OpKind::kAllGather) continue;
+    const bool any = std::any_of(o.params.begin(), o.params.end(), [&](int p) { return mine.count(p) > 0; });
+    if (!any) continue;
+    if (o.params.size() != 1) return g;  // bucketed: not this pass's input
+    regathered.insert(o.params[0]);
+    drop.insert(static_cast<size_t>(i));
+    const int wait = IndexOf(g, OpKind::kWait, o.id, static_cast<size_t>(i));
+    if (wait < 0 || wait > bwd) return g;
+    drop.insert(static_cast<size_t>(wait));
+  }
+  if (regathered != mine) return g;
+  Graph out = g;
+  Erase(out, drop);
+  return PlaceFrees(std::move(out));
+}
+
+// The quick stand-in for the pipeline's result that keep_gathered decides on: FSDP2's order
+// (block buckets, one-ahead prefetch, reduce-scatter waits delayed) within the budget.
+Graph QuickPlan(const Graph& g, const PassContext& ctx) {
+  Graph q = BlockBuckets(g, OpKind::kAllGather);
+  q = BlockBuckets(std::move(q), OpKind::kReduceScatter);
+  return PrefetchOne(DelayReduceScatterWaits(std::move(q), ctx, false), ctx);
+}
+
+}  // namespace
+
+Result<Graph> KeepGatheredWithinBudget(const Graph& g, const PassContext& ctx) {
+  if (ctx.memory_budget_bytes <= 0) return g;
+  Graph best = g;
+  double best_seconds = Simulate(QuickPlan(best, ctx), ctx.cost).step_seconds;
+  // Last layer first: its forward and backward are closest, so it holds the memory least long.
+  for (int m = static_cast<int>(g.modules.size()) - 1; m >= 0; --m) {
+    if (g.modules[m].name.rfind("layers.", 0) != 0) continue;
+    Graph candidate = KeepGathered(best, m);
+    if (candidate.ops.size() == best.ops.size()) continue;  // not re-gathered: nothing to keep
+    const Graph quick = QuickPlan(candidate, ctx);
+    if (PeakBytes(quick) > ctx.memory_budget_bytes) break;
+    const double seconds = Simulate(quick, ctx.cost).step_seconds;
+    if (seconds >= best_seconds * (1 - 1e-3)) continue;  // the communication it saves was hidden
+    best = std::move(candidate);
+    best_seconds = seconds;
+  }
+  return best;
+}
+
 Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx) {
   Graph out = g;
   if (ctx.memory_budget_bytes <= 0) return out;
@@ -431,6 +501,7 @@ Pipeline Pipeline::Default() {
   Pipeline p;
   p.passes_ = {
       {"checkpoint", true, CheckpointToFit},
+      {"keep_gathered", true, KeepGatheredWithinBudget},
       {"bucket_all_gathers", true, BucketAllGathers},
       {"bucket_reduce_scatters", true, BucketReduceScatters},
       {"reorder", true, Reorder},

@@ -7,6 +7,11 @@
 //       at once) holds more than the budget, checkpoint the next candidate module (ckpt= in the
 //       IR), earliest layer first (its activations are held longest). Checkpointing only costs
 //       time (the recompute), so no more modules than the budget needs.
+//   keep_gathered
+//       reshard-after-forward per layer, under the memory budget: last layer first, keep a
+//       layer's parameters gathered from its forward to its backward (no re-gather) while the
+//       budget holds it and the simulator says the step gets faster (the re-gather was exposed
+//       communication); stops at the first layer that does not fit.
 //   bucket_all_gathers / bucket_reduce_scatters
 //       none: one collective per parameter (as declared). block: one per module (FSDP2's
 //       grouping). auto: greedy, in program order: grow a bucket by the next module's
@@ -44,6 +49,7 @@ struct PassContext {
 };
 
 Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx);
+Result<Graph> KeepGatheredWithinBudget(const Graph& g, const PassContext& ctx);
 Result<Graph> BucketAllGathers(const Graph& g, const PassContext& ctx);
 Result<Graph> BucketReduceScatters(const Graph& g, const PassContext& ctx);
 Result<Graph> Reorder(const Graph& g, const PassContext& ctx);
@@ -63,7 +69,8 @@ struct Pass {
 
 class Pipeline {
  public:
-  // checkpoint, bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees (required).
+  // checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, reorder,
+  // insert_frees (required).
   static Pipeline Default();
 
   // kInvalidConfig naming the pass when it is unknown or required.

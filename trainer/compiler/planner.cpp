@@ -112,6 +112,21 @@ std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& pla
     }
     out.push_back(s.str());
   }
+  // Layers whose parameters stay gathered from forward to backward (one all-gather a step).
+  int layers = 0, kept = 0;
+  for (const ModuleInfo& m : plan.modules) {
+    if (m.name.rfind("layers.", 0) != 0 || m.params.empty()) continue;
+    ++layers;
+    int gathers = 0;
+    for (const Op& op : plan.ops)
+      if (op.kind == OpKind::kAllGather && std::count(op.params.begin(), op.params.end(), m.params[0]) > 0) ++gathers;
+    kept += gathers == 1 ? 1 : 0;
+  }
+  if (layers > 0) {
+    out.push_back(std::to_string(kept) + " of " + std::to_string(layers) +
+                  " layers kept gathered from forward to backward" +
+                  (kept > 0 ? " (their re-gather was exposed and the budget holds them)" : ""));
+  }
   // Buckets, prefetch depth (the most computes between an all-gather's issue and the first
   // compute that uses it), and how many reduce-scatters are waited for after the last backward.
   int gathers = 0, reduces = 0, depth = 0, waits_at_step = 0;

@@ -122,6 +122,7 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
     if (scale <= compiler::kMinComputeScale) line << " (at the bound: the calibrated links alone predict more)";
   }
   line << "\n";
+  for (const std::string& choice : plans.choices) line << "compiled plan chose: " << choice << "\n";
   return line.str();
 }
 

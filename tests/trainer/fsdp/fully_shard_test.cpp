@@ -67,6 +67,7 @@ struct Compile {
   bool reshard = true;
   // Before step 3, switch to a plan made with these settings instead (a re-plan mid-run).
   std::optional<compiler::Bucketing> switch_to;
+  int64_t budget = 0;  // the plan's memory budget in bytes; 0: none
 };
 
 struct TrainRun {
@@ -147,7 +148,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           options.bucketing = compile.bucketing;
           options.reorder = compile.reorder;
           options.reshard_after_forward = compile.reshard;
-          options.budget = {compiler::MemoryBudget::Source::kFixed, 0};  // no limit
+          options.budget = {compiler::MemoryBudget::Source::kFixed, compile.budget};  // 0: no limit
           auto planned = compiler::PlanStep(skeleton, cost, options);
           if (!planned.ok()) return fail(planned.status());
           auto agreed = AgreeOnPlan((*mesh)->group("world"), planned->compiled);
@@ -223,6 +224,20 @@ TEST(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
   ExpectSame(want, Sharded(false, 1, 4, 1, {true, compiler::Bucketing::kAuto, true}), "compiled auto, dp_shard 4");
   ExpectSame(want, Sharded(false, 2, 2, 1, {true, compiler::Bucketing::kAuto, true}), "compiled auto, HSDP 2x2");
   ExpectSame(want, Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kBlock, true, false}), "compiled, no reshard");
+  // A budget with room: layers stay gathered from forward to backward (keep_gathered).
+  Compile roomy{true, compiler::Bucketing::kAuto, true};
+  roomy.budget = int64_t{1} << 30;
+  const TrainRun kept = Sharded(false, 1, 2, 1, roomy);
+  ExpectSame(want, kept, "compiled with layers kept gathered");
+  const TrainRun resharded = Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kAuto, true});
+  auto gathers = [](const std::string& plan) {
+    int n = 0;
+    for (size_t at = plan.find("= all_gather"); at != std::string::npos; at = plan.find("= all_gather", at + 1)) ++n;
+    return n;
+  };
+  ASSERT_FALSE(kept.plans.empty());
+  ASSERT_FALSE(resharded.plans.empty());
+  EXPECT_LT(gathers(kept.plans[0]), gathers(resharded.plans[0])) << kept.plans[0];
   // A re-plan between steps: the executor switches plans and training goes on unchanged.
   const TrainRun switched =
       Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kNone, true, true, compiler::Bucketing::kBlock});
