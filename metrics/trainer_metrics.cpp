@@ -86,7 +86,7 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry, const Labels& con
                                           "Peak memory in use, per device kind.")),
       info_(prometheus::BuildGauge()
                 .Name("meshwork_trainer_info")
-                .Help("Always 1; labels describe the run (model, preset, device, world_size).")
+                .Help("Always 1; labels describe the run (model, preset, device, world_size, mesh).")
                 .Labels(const_labels)
                 .Register(registry)),
       exposed_comm_seconds_total_(MakeCounter(
@@ -136,13 +136,14 @@ void TrainerMetrics::SetTotalSteps(int64_t total_steps) {
 }
 
 void TrainerMetrics::SetInfo(const std::string& model, const std::string& preset,
-                             const std::string& device, int world_size) {
+                             const std::string& device, int world_size, const std::string& mesh) {
   // An info metric has exactly one series; a stale one would double-count in joins.
   if (info_series_ != nullptr) info_.Remove(info_series_);
   info_series_ = &info_.Add({{"model", model},
                              {"preset", preset},
                              {"device", device},
-                             {"world_size", std::to_string(world_size)}});
+                             {"world_size", std::to_string(world_size)},
+                             {"mesh", mesh}});
   info_series_->Set(1.0);
 }
 

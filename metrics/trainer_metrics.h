@@ -52,8 +52,9 @@ class TrainerMetrics {
   // After a resume: meshwork_trainer_step shows the checkpoint's step before the first new one.
   void SetResumedStep(int64_t step);
   // meshwork_trainer_info{model,preset,device,world_size} = 1; a second call replaces the series.
+  // `mesh`: "<dp_replicate>x<dp_shard>x<tp>", the mesh in use (dist.mesh: auto's choice too).
   void SetInfo(const std::string& model, const std::string& preset, const std::string& device,
-               int world_size);
+               int world_size, const std::string& mesh);
   // Communication of this rank since the last call: seconds blocked on collectives, and bytes
   // sent per collective ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier").
   void RecordCommunication(double exposed_seconds, const std::map<std::string, double>& bytes_sent);

@@ -46,6 +46,7 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "compiled2-auto 2 --set fsdp.mode=compiled --dump-plan --trace-out $work/compiled2.trace.json" \
     "compiled4-block 4 --set fsdp.mode=compiled --set fsdp.bucketing=block" \
     "compiled-hsdp2x2 4 --set fsdp.mode=compiled --set mesh.dp_replicate=2" \
+    "compiled4-mesh-auto 4 --set fsdp.mode=compiled --set dist.mesh=auto" \
     "compiled2-none-inorder 2 --set fsdp.mode=compiled --set fsdp.bucketing=none --set fsdp.reorder=false" \
     "compiled2-budget-noreshard 2 --set fsdp.mode=compiled --set fsdp.memory_budget=1 --set fsdp.reshard_after_forward=false" \
     "fsdp1-single-process 1 --set fsdp.single_process=true" \
@@ -67,6 +68,23 @@ for name in fsdp1-single-process compiled1-single-process; do
 done
 grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass "HSDP mesh 2x2 in use" ||
   fail "HSDP mesh not reported: $(grep parallelism "$work/hsdp2x2.log")"
+# dist.mesh: auto: rank 0 simulated every mesh of 4, chose one, and every rank trained on it.
+if chose="$(grep -m1 '^mesh: auto chose' "$work/compiled4-mesh-auto.log")" &&
+   [ "$(grep -c '^  [0-9]* x [0-9]*: compiled step' "$work/compiled4-mesh-auto.log")" = 3 ] &&
+   grep -q "FSDP over mesh dp_replicate $(sed -E 's/^mesh: auto chose ([0-9]+)x([0-9]+) .*/\1 x dp_shard \2/' <<<"$chose")" \
+     "$work/compiled4-mesh-auto.log"; then
+  pass "dist.mesh auto: ${chose:0:160}"
+else
+  fail "dist.mesh auto: no choice of 3 candidates, or not the mesh in use: $(grep -E '^mesh|parallelism' "$work/compiled4-mesh-auto.log")"
+fi
+# A profile rank 0 cannot load fails every rank alike, naming the key, with the config exit code.
+if run mesh-auto-bad-profile 2 --set dist.mesh=auto --set dist.hardware_profile=nosuch-profile; then
+  fail "dist.mesh auto with an unknown profile trained"
+elif [ "$(grep -c "dist.hardware_profile': no built-in hardware profile 'nosuch-profile'" "$work/mesh-auto-bad-profile.log")" -ge 2 ]; then
+  pass "dist.mesh auto with an unknown profile: both ranks name dist.hardware_profile"
+else
+  fail "dist.mesh auto with an unknown profile: $(tail -5 "$work/mesh-auto-bad-profile.log")"
+fi
 # Compiled runs really ran a plan; --dump-plan printed the IR after every pass.
 for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard compiled1-single-process; do
   if line="$(grep -m1 '^compiled plan:' "$work/$name.log")"; then pass "$name: ${line:0:160}"; else fail "$name: no compiled plan in the log"; fi

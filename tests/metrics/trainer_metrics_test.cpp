@@ -168,11 +168,11 @@ TEST(TrainerMetricsTest, CommunicationAccumulatesAndStateBytesAreSet) {
 TEST(TrainerMetricsTest, SetInfoKeepsExactlyOneSeries) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
-  metrics.SetInfo("llama", "tiny", "cpu", 1);
-  metrics.SetInfo("llama", "small", "cuda", 8);
+  metrics.SetInfo("llama", "tiny", "cpu", 1, "1x1x1");
+  metrics.SetInfo("llama", "small", "cuda", 8, "2x4x1");
 
   const std::string text = Serialize(registry);
-  EXPECT_EQ(Sample(text, Series("meshwork_trainer_info", ",device=\"cuda\",model=\"llama\","
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_info", ",device=\"cuda\",mesh=\"2x4x1\",model=\"llama\","
                                                          "preset=\"small\",world_size=\"8\"")),
             1.0);
   EXPECT_THAT(text, ::testing::Not(HasSubstr("preset=\"tiny\"")));
@@ -181,7 +181,7 @@ TEST(TrainerMetricsTest, SetInfoKeepsExactlyOneSeries) {
 TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
-  metrics.SetInfo("llama", "tiny", "cpu", 1);
+  metrics.SetInfo("llama", "tiny", "cpu", 1, "1x1x1");
   const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
@@ -195,7 +195,7 @@ TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
 TEST(TrainerMetricsTest, DocsListNoMetricTheTrainerDoesNotExpose) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
-  metrics.SetInfo("llama", "tiny", "cpu", 1);  // the info family is empty until then
+  metrics.SetInfo("llama", "tiny", "cpu", 1, "1x1x1");  // the info family is empty until then
   const std::set<std::string> exposed = ExposedNames(registry);
   const std::string docs = ReadMetricsDocs();
   const std::regex name_re("meshwork_trainer_[a-z0-9_]+");

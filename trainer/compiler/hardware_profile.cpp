@@ -186,6 +186,12 @@ bool GroupsWithinNode(int group_size, int stride, int world, int gpus_per_node) 
   return true;
 }
 
+Result<HardwareProfile> FindHardwareProfile(const std::string& name_or_path) {
+  const bool path = name_or_path.find('/') != std::string::npos ||
+                    (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".yaml") == 0);
+  return path ? LoadHardwareProfile(name_or_path) : BuiltinProfile(name_or_path);
+}
+
 Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate, int dp_shard) {
   if (dp_shard < 1) return InvalidConfig("dp_shard must be >= 1, got " + std::to_string(dp_shard));
   if (dp_replicate < 1) return InvalidConfig("dp_replicate must be >= 1, got " + std::to_string(dp_replicate));

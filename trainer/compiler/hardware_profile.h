@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "trainer/compiler/cost_model.h"
@@ -39,6 +40,13 @@ struct HardwareProfile {
 Result<HardwareProfile> LoadHardwareProfile(const std::string& path);
 // The same from text; `source` names it in errors (a path, or "<string>").
 Result<HardwareProfile> ParseHardwareProfile(const std::string& yaml_text, const std::string& source);
+
+// The profiles of bench/profiles/, built into the binary, by file name without .yaml
+// ("h100-ib-400g"); an unknown name is kNotFound listing the built-in ones.
+std::vector<std::string> BuiltinProfileNames();
+Result<HardwareProfile> BuiltinProfile(const std::string& name);
+// A path (it contains '/' or ends in .yaml) is loaded as a file, anything else is a built-in name.
+Result<HardwareProfile> FindHardwareProfile(const std::string& name_or_path);
 
 // Whether every group of a mesh dimension stays inside one node. Ranks are numbered with
 // dp_shard innermost (a shard group is `group_size` consecutive ranks, a replicate group takes

@@ -28,7 +28,8 @@ namespace exit_code = meshwork::exit_code;
 
 constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --model NAME --gpus N [options]
 
-  --profile FILE          hardware profile (bench/profiles/*.yaml)
+  --profile FILE|NAME     hardware profile: a file, or the name of a built-in one (those of
+                          bench/profiles/: h100-nvlink-node, h100-ib-400g, cpu-gloo-local)
   --model NAME            llama3-70b, or a preset: tiny, llama-100m, llama3-1b, llama3-8b
   --gpus N                devices in the mesh
   --dp-shard N|auto       size of each shard group (default: N, fully sharded);
@@ -266,7 +267,7 @@ Result<int> ChooseDpShard(const Options& o, const meshwork::model::LlamaConfig& 
 }
 
 int Run(Options o) {
-  auto profile = compiler::LoadHardwareProfile(o.profile);
+  auto profile = compiler::FindHardwareProfile(o.profile);
   if (!profile.ok()) return Fail(profile.status());
   auto config = ModelConfig(o.model);
   if (!config.ok()) return Fail(config.status());

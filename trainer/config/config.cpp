@@ -198,6 +198,8 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       IntField("dist.timeout_seconds", &c.dist.timeout_seconds, 1, 86400),
       StringField("dist.gloo_hostname", &c.dist.gloo_hostname),
+      EnumField("dist.mesh", &c.dist.mesh, kMeshPolicyNames),
+      StringField("dist.hardware_profile", &c.dist.hardware_profile),
 
       IntField("metrics.port", &c.metrics.port, -1, 65535),
       StringField("metrics.host", &c.metrics.host),
@@ -331,6 +333,11 @@ Status ValidateCrossFields(const TrainConfig& c) {
     }
   }
   if (c.metrics.host.empty()) return InvalidConfig("key 'metrics.host': must not be empty");
+  if (c.dist.mesh == MeshPolicy::kAuto && (c.mesh.dp_shard != 0 || c.mesh.dp_replicate != 1)) {
+    return InvalidConfig("key 'dist.mesh': auto chooses the mesh itself, but mesh.dp_replicate=" +
+                         Str(c.mesh.dp_replicate) + " and mesh.dp_shard=" + Str(c.mesh.dp_shard) +
+                         " set one; leave them unset (1 and 0) or use dist.mesh: explicit");
+  }
   if (!c.fsdp.trace_out.empty() && c.schedule.steps < 3) {
     return InvalidConfig("key 'fsdp.trace_out': traces step 3, but schedule.steps is " + Str(c.schedule.steps));
   }

@@ -32,6 +32,10 @@ inline constexpr EnumName<DeviceProfileName> kDeviceProfileNames[] = {
     {DeviceProfileName::kAuto, "auto"}, {DeviceProfileName::kCpu, "cpu"},     {DeviceProfileName::kH100Sxm, "h100-sxm"},
     {DeviceProfileName::kH200, "h200"}, {DeviceProfileName::kA100, "a100"}, {DeviceProfileName::kL4, "l4"}};
 
+enum class MeshPolicy { kExplicit, kAuto };
+inline constexpr EnumName<MeshPolicy> kMeshPolicyNames[] = {{MeshPolicy::kExplicit, "explicit"},
+                                                            {MeshPolicy::kAuto, "auto"}};
+
 enum class ExportDtype { kFp32, kBf16 };
 inline constexpr EnumName<ExportDtype> kExportDtypeNames[] = {{ExportDtype::kFp32, "fp32"}, {ExportDtype::kBf16, "bf16"}};
 
@@ -110,6 +114,8 @@ struct FsdpConfig {
 struct DistConfig {
   int64_t timeout_seconds = 300;  // rendezvous and every collective
   std::string gloo_hostname;      // address Gloo binds to; "" = 127.0.0.1 for a local launch, else the host's
+  MeshPolicy mesh = MeshPolicy::kExplicit;  // auto: rank 0 picks dp_replicate x dp_shard (mesh.* unset)
+  std::string hardware_profile;   // dist.mesh: auto plans with this profile; "" = the built-in for the device
 };
 
 struct MetricsConfig {

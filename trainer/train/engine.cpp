@@ -16,6 +16,7 @@
 #include "common/file.h"
 #include "trainer/fsdp/compile.h"
 #include "trainer/fsdp/fully_shard.h"
+#include "trainer/train/mesh_auto.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
 #endif
@@ -219,11 +220,16 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     return MakeLocalEngine(std::move(model));
   }
 
-  MW_ASSIGN_OR_RETURN(dist::MeshShape shape,
-                      dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
-                                             static_cast<int>(cfg.mesh.dp_shard), 1));
+  dist::MeshShape shape;
+  if (cfg.dist.mesh == config::MeshPolicy::kExplicit) {
+    MW_ASSIGN_OR_RETURN(shape, dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
+                                                      static_cast<int>(cfg.mesh.dp_shard), 1));
+  }
   const std::chrono::milliseconds timeout(cfg.dist.timeout_seconds * 1000);
   MW_ASSIGN_OR_RETURN(auto store, dist::Rendezvous(env, timeout));
+  if (cfg.dist.mesh == config::MeshPolicy::kAuto) {
+    MW_ASSIGN_OR_RETURN(shape, AgreeOnAutoMesh(*store, env, cfg, device.is_cuda(), log));
+  }
 
   dist::CommunicatorOptions options;
   options.timeout = timeout;

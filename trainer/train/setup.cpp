@@ -60,8 +60,11 @@ Status StartMetrics(TrainingRun& r, const dist::DistEnv& env) {
   r.metrics = std::make_unique<metrics::TrainerMetrics>(
       *r.registry, std::map<std::string, std::string>{{"job", cfg.metrics.job}, {"rank", std::to_string(env.rank)}});
   r.metrics->SetTotalSteps(cfg.schedule.steps);
+  const dist::MeshShape mesh = r.engine->mesh_shape();
   r.metrics->SetInfo(cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from,
-                     cfg.model.init_from.empty() ? cfg.model.preset : "hf", r.device.str(), env.world_size);
+                     cfg.model.init_from.empty() ? cfg.model.preset : "hf", r.device.str(), env.world_size,
+                     std::to_string(mesh.dp_replicate) + "x" + std::to_string(mesh.dp_shard) + "x" +
+                         std::to_string(mesh.tp));
   return Status::Ok();
 }
 

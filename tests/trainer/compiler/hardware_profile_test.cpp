@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace meshwork::compiler {
 namespace {
@@ -233,6 +234,35 @@ TEST(HardwareProfileTest, CostModelRefusesAnEmptyMeshDimension) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(MakeCostModel(*p, 1, 0).status().code(), StatusCode::kInvalidConfig);
   EXPECT_EQ(MakeCostModel(*p, 0, 8).status().code(), StatusCode::kInvalidConfig);
+}
+
+}  // namespace
+}  // namespace meshwork::compiler
+
+namespace meshwork::compiler {
+namespace {
+
+// The files of bench/profiles/ are built in, by name, and parse as the files do.
+TEST(HardwareProfile, BuiltInProfilesAreTheShippedFiles) {
+  const std::vector<std::string> names = BuiltinProfileNames();
+  EXPECT_EQ(names, (std::vector<std::string>{"cpu-gloo-local", "h100-ib-400g", "h100-nvlink-node"}));
+  for (const std::string& name : names) {
+    auto built_in = FindHardwareProfile(name);
+    auto file = FindHardwareProfile(kProfiles + name + ".yaml");
+    ASSERT_TRUE(built_in.ok()) << built_in.status().ToString();
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    EXPECT_EQ(built_in->name, file->name);
+    EXPECT_EQ(built_in->memory_bytes, file->memory_bytes);
+    EXPECT_EQ(built_in->intra_node.bus_bytes_per_second, file->intra_node.bus_bytes_per_second);
+  }
+  auto unknown = FindHardwareProfile("h100-nvlnk-node");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("no built-in hardware profile 'h100-nvlnk-node' (built in: cpu-gloo-local, "
+                                            "h100-ib-400g, h100-nvlink-node"),
+            std::string::npos)
+      << unknown.status().message();
+  EXPECT_EQ(FindHardwareProfile("/nonexistent/profile.yaml").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -1,0 +1,42 @@
+#include "trainer/config/hardware.h"
+
+#include <algorithm>
+#include <string>
+
+namespace meshwork::config {
+
+Result<compiler::HardwareProfile> MeshProfile(const TrainConfig& cfg, bool cuda, int ranks_per_node) {
+  std::string name = cfg.dist.hardware_profile;
+  if (name.empty()) {
+    const DeviceProfileName device = cfg.metrics.device_profile;
+    if (!cuda) {
+      name = "cpu-gloo-local";
+    } else if (device == DeviceProfileName::kAuto || device == DeviceProfileName::kH100Sxm) {
+      name = "h100-ib-400g";
+    } else {
+      return InvalidConfig("key 'dist.hardware_profile': dist.mesh: auto has no built-in hardware profile for "
+                           "metrics.device_profile '" + std::string(NameOf(kDeviceProfileNames, device)) +
+                           "'; set dist.hardware_profile to a profile file (bench/profiles/*.yaml shows the keys)");
+    }
+  }
+  Result<compiler::HardwareProfile> profile = compiler::FindHardwareProfile(name);
+  if (!profile.ok()) {
+    return Status(profile.status().code(), "key 'dist.hardware_profile': " + profile.status().message());
+  }
+  profile->gpus_per_node = std::max(1, ranks_per_node);
+  return profile;
+}
+
+compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda) {
+  compiler::LlamaShape shape;
+  shape.config = cfg.model.dims;
+  shape.batch = cfg.data.batch_size;
+  shape.seq_len = cfg.data.seq_len;
+  const bool bf16 = cuda && cfg.training.dtype != Dtype::kFp32;
+  shape.param_bytes = bf16 ? 2 : 4;
+  shape.activation_bytes = bf16 ? 2 : 4;
+  shape.reduce_bytes = 4;
+  return shape;
+}
+
+}  // namespace meshwork::config

@@ -1,0 +1,22 @@
+// The hardware and the training shape a trainer config describes, as the compiler's cost model
+// needs them (dist.mesh: auto, and the operator's check of a TrainingJob with mesh: auto). No
+// libtorch: the operator links it.
+#pragma once
+
+#include "common/status.h"
+#include "trainer/compiler/frontend.h"
+#include "trainer/compiler/hardware_profile.h"
+#include "trainer/config/config.h"
+
+namespace meshwork::config {
+
+// The profile dist.mesh: auto plans with: dist.hardware_profile (a file or a built-in name),
+// else the built-in one for the device (h100-ib-400g on CUDA with metrics.device_profile auto
+// or h100-sxm, cpu-gloo-local on the CPU). Its gpus_per_node becomes `ranks_per_node` (the
+// ranks of one Pod share a node's link). Errors name dist.hardware_profile.
+Result<compiler::HardwareProfile> MeshProfile(const TrainConfig& cfg, bool cuda, int ranks_per_node);
+
+// What one rank trains, as the compiler's Llama model sees it (batch per rank, dtypes).
+compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda);
+
+}  // namespace meshwork::config
