@@ -135,10 +135,22 @@ Plan Begin(const Observed& in) {
 }
 
 // The spec's shape and the gang counters, shown as soon as the spec parses.
+// With spec.mesh.auto the dims are the trainer's to report (policy::RecordTrainerMesh): a
+// reported mesh stays while the world size does; before that, or after a resize, "auto".
 void RecordShape(const JobSpec& spec, json& status) {
   status["restartGeneration"] = policy::IntOr(status, "restartGeneration", 0);
   status["restarts"] = policy::IntOr(status, "restarts", 0);
+  const bool same_world = policy::IntOr(status, "worldSize", -1) == spec.WorldSize();
   status["worldSize"] = spec.WorldSize();
+  if (spec.mesh.chosen_by_trainer) {
+    const bool reported = same_world && status.contains("meshShape") && status["meshShape"] != "auto" &&
+                          status.contains("mesh");
+    if (!reported) {
+      status["meshShape"] = "auto";
+      status.erase("mesh");
+    }
+    return;
+  }
   status["mesh"] = {{"dpReplicate", spec.mesh.dp_replicate}, {"dpShard", spec.mesh.dp_shard}, {"tp", spec.mesh.tp}};
   status["meshShape"] = spec.mesh.ToString();
 }

@@ -30,6 +30,7 @@ struct TrainerReport {
   int64_t total_steps = 0;
   double loss = 0;
   double tokens_per_second = 0;  // rank 0's; the job's is about world_size times this
+  std::string mesh;  // "RxSxT" from meshwork_trainer_info's mesh label ("" when absent)
 };
 
 // The run's summary from rank 0's last log line (trainer_report.h parses it): the final loss and

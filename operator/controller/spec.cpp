@@ -4,7 +4,9 @@
 #include <limits>
 #include <sstream>
 
+#include "trainer/compiler/hardware_profile.h"
 #include "trainer/config/config.h"
+#include "trainer/config/hardware.h"
 
 namespace meshwork::op {
 namespace {
@@ -133,6 +135,7 @@ Status CheckJobName(const std::string& name) {
 }  // namespace
 
 std::string Mesh::ToString() const {
+  if (chosen_by_trainer) return "auto";
   return std::to_string(dp_replicate) + "x" + std::to_string(dp_shard) + "x" + std::to_string(tp);
 }
 
@@ -206,7 +209,18 @@ Result<JobSpec> ParseSpec(const json& job) {
   }
 
   // Mesh: explicit, or auto from the gang's shape.
-  if (const json* mesh = Field(spec, "mesh")) {
+  bool mesh_auto = false;
+  if (const json* mesh = Field(spec, "mesh")) MW_RETURN_IF_ERROR(ReadBool(*mesh, "auto", "spec.mesh.auto", &mesh_auto));
+  if (mesh_auto) {
+    const json& mesh = *Field(spec, "mesh");
+    for (const char* dim : {"dpReplicate", "dpShard", "tp"}) {
+      if (Field(mesh, dim)) {
+        return Bad(std::string("spec.mesh.") + dim,
+                   "must not be set with spec.mesh.auto: true (the trainer chooses dpReplicate x dpShard)");
+      }
+    }
+    s.mesh.chosen_by_trainer = true;
+  } else if (const json* mesh = Field(spec, "mesh")) {
     Mesh m;
     m.dp_shard = 0;
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "dpReplicate", "spec.mesh.dpReplicate", 1, 1 << 20, &m.dp_replicate));
@@ -305,11 +319,14 @@ Result<JobSpec> ParseSpec(const json& job) {
 
 std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string& ns, const std::string& name,
                                           const std::string& uid) {
-  std::vector<std::string> out = {
-      "mesh.dp_replicate=" + std::to_string(spec.mesh.dp_replicate),
-      "mesh.dp_shard=" + std::to_string(spec.mesh.dp_shard),
-      "metrics.job=" + name,
-  };
+  std::vector<std::string> out;
+  if (spec.mesh.chosen_by_trainer) {
+    out.push_back("dist.mesh=auto");
+  } else {
+    out.push_back("mesh.dp_replicate=" + std::to_string(spec.mesh.dp_replicate));
+    out.push_back("mesh.dp_shard=" + std::to_string(spec.mesh.dp_shard));
+  }
+  out.push_back("metrics.job=" + name);
   if (spec.metrics_port > 0) {
     // Bind the Pod's own address: on the local control plane every Pod shares the host's
     // network, and its loopback address is its own.
@@ -339,6 +356,21 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
   }
   auto loaded = config::LoadConfigFromString(config_yaml, overrides);
   if (!loaded.ok()) return Bad(field, "the trainer refuses this config: " + loaded.status().message());
+  if (spec.mesh.chosen_by_trainer) {
+    // mesh: auto is checked as an explicit mesh is: the profile the trainer will plan with
+    // exists and can build some mesh of this gang.
+    auto profile = config::MeshProfile(*loaded, spec.gpu, spec.processes_per_replica);
+    if (!profile.ok()) return Bad("spec.mesh.auto", "the trainer cannot choose a mesh: " + profile.status().message());
+    const int world = spec.WorldSize();
+    std::string why;
+    for (int dp_shard = 1; dp_shard <= world; ++dp_shard) {
+      if (world % dp_shard != 0) continue;
+      auto cost = compiler::MakeCostModel(*profile, world / dp_shard, dp_shard);
+      if (cost.ok()) return Status::Ok();
+      why = cost.status().message();
+    }
+    return Bad("spec.mesh.auto", "no mesh of " + std::to_string(world) + " ranks can be built: " + why);
+  }
   return Status::Ok();
 }
 

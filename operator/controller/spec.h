@@ -42,7 +42,10 @@ struct Mesh {
   int dp_replicate = 1;
   int dp_shard = 1;
   int tp = 1;
-  std::string ToString() const;  // "1x2x1"
+  // spec.mesh.auto: the trainer's rank 0 chooses the dims (dist.mesh: auto); the ones above are
+  // unknown until it reports them (TrainerReport::mesh).
+  bool chosen_by_trainer = false;
+  std::string ToString() const;  // "1x2x1", or "auto" when chosen by the trainer
 };
 
 struct JobSpec {

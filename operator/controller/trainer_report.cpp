@@ -45,6 +45,25 @@ int RemainingMs(Clock::time_point deadline) {
   return left > 0 ? static_cast<int>(left) : 0;
 }
 
+// The value of `label` on the first sample of `name` ("" when there is none).
+std::string Label(const std::string& text, const std::string& name, const std::string& label) {
+  std::istringstream in(text);
+  std::string line;
+  const std::string key = label + "=\"";
+  while (std::getline(in, line)) {
+    if (line.compare(0, name.size() + 1, name + "{") != 0) continue;
+    const size_t end = line.find('}');
+    size_t at = line.find(key, name.size());
+    // A label name, not the tail of a longer one ("amesh="): preceded by '{' or ','.
+    while (at != std::string::npos && at < end && line[at - 1] != '{' && line[at - 1] != ',') at = line.find(key, at + 1);
+    if (at == std::string::npos || at > end) return "";
+    const size_t value = at + key.size();
+    const size_t close = line.find('"', value);
+    return close == std::string::npos ? "" : line.substr(value, close - value);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text) {
@@ -55,6 +74,7 @@ std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text) {
   r.total_steps = static_cast<int64_t>(Sample(text, "meshwork_trainer_total_steps").value_or(0));
   r.loss = Sample(text, "meshwork_trainer_loss").value_or(0);
   r.tokens_per_second = Sample(text, "meshwork_trainer_tokens_per_second").value_or(0);
+  r.mesh = Label(text, "meshwork_trainer_info", "mesh");
   return r;
 }
 

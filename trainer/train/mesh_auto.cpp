@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trainer/compiler/mesh_choice.h"
@@ -54,9 +55,18 @@ Result<dist::MeshShape> AgreeOnAutoMesh(c10d::Store& store, const dist::DistEnv&
       return dist::MeshShape{choice.dp_replicate, choice.dp_shard, 1};
     }();
     published = shape.ok() ? "ok " + std::to_string(shape->dp_replicate) + " " + std::to_string(shape->dp_shard)
-                           : "error " + shape.status().message();
+                           : "error " + std::to_string(static_cast<int>(shape.status().code())) + " " +
+                                 shape.status().message();
     try {
       store.set(key, to_bytes(published));
+      // Rank 0 hosts the store: on an error it would exit and take the store with it before the
+      // others read why. It waits (bounded) until every rank has read the answer.
+      if (!shape.ok() && env.world_size > 1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(cfg.dist.timeout_seconds);
+        while (store.add(key + "/read", 0) < env.world_size - 1 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
     } catch (const std::exception& e) {
       return Unavailable(std::string("dist.mesh: auto: publishing the mesh to the other ranks: ") + e.what());
     }
@@ -67,6 +77,7 @@ Result<dist::MeshShape> AgreeOnAutoMesh(c10d::Store& store, const dist::DistEnv&
     store.wait({key}, std::chrono::seconds(cfg.dist.timeout_seconds));
     const std::vector<uint8_t> bytes = store.get(key);
     text.assign(bytes.begin(), bytes.end());
+    store.add(key + "/read", 1);
   } catch (const std::exception& e) {
     return Unavailable("dist.mesh: auto: waiting " + std::to_string(cfg.dist.timeout_seconds) +
                        " s for rank 0's mesh: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
@@ -75,7 +86,15 @@ Result<dist::MeshShape> AgreeOnAutoMesh(c10d::Store& store, const dist::DistEnv&
   std::istringstream in(text);
   std::string word;
   in >> word;
-  if (word == "error") return InvalidConfig("dist.mesh: auto: rank 0 could not choose a mesh: " + text.substr(6));
+  if (word == "error") {
+    // "error <code> <message>": the same error, so every rank exits with the same code.
+    int code = static_cast<int>(StatusCode::kInvalidConfig);
+    in >> code;
+    std::string message;
+    std::getline(in, message);
+    if (!message.empty() && message[0] == ' ') message.erase(0, 1);
+    return Status(static_cast<StatusCode>(code), "dist.mesh: auto: rank 0 could not choose a mesh: " + message);
+  }
   if (word != "ok" || !(in >> shape.dp_replicate >> shape.dp_shard) ||
       shape.dp_replicate * shape.dp_shard != env.world_size) {
     return Internal("dist.mesh: auto: rank 0 published '" + text + "', not a mesh of " +

@@ -4,6 +4,7 @@
 #include "operator/controller/policy/policy.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "operator/controller/desired.h"
 
@@ -36,7 +37,8 @@ Decision Launch(const JobState& job) {
                            });
   if (all_running) {
     const std::string msg = std::to_string(spec.replicas) + " pod(s) running " + std::to_string(spec.WorldSize()) +
-                            " rank(s), mesh " + spec.mesh.ToString() + " (dpReplicate x dpShard x tp)";
+                            " rank(s), mesh " + spec.mesh.ToString() +
+                            (spec.mesh.chosen_by_trainer ? " (rank 0 chooses dpReplicate x dpShard)" : " (dpReplicate x dpShard x tp)");
     if (!ConditionTrue(job.status, "Running")) d.events.push_back({"Normal", "Running", msg});
     d.conditions = {{"Running", "True", "AllPodsRunning", msg}};
     if (restarting) d.conditions.push_back({"Restarting", "False", "GangRunning", "the new gang is running"});
@@ -57,6 +59,16 @@ Decision Launch(const JobState& job) {
     d.phase = restarting ? "Restarting" : "Created";
   }
   if (in.report) d.status["trainer"] = ReportJson(*in.report, in.now, spec.WorldSize());
+  if (in.report && spec.mesh.chosen_by_trainer) {
+    // mesh: auto: the mesh rank 0 chose, as it reports it ("2x4x1").
+    int r = 0, s = 0, t = 0;
+    char x1 = 0, x2 = 0;
+    std::istringstream mesh(in.report->mesh);
+    if (mesh >> r >> x1 >> s >> x2 >> t && x1 == 'x' && x2 == 'x' && int64_t{r} * s * t == spec.WorldSize()) {
+      d.status["meshShape"] = in.report->mesh;
+      d.status["mesh"] = {{"dpReplicate", r}, {"dpShard", s}, {"tp", t}};
+    }
+  }
   if (!current.empty() && spec.metrics_port > 0) d.requeue_after = in.report_interval;
   return d;
 }

@@ -747,6 +747,19 @@ TEST(CrdRules, TheTrainingJobCrdRulesWork) {
             (std::vector<FieldCause>{{"FieldValueInvalid", "spec.mesh",
                                       "Invalid value: \"object\": mesh: dpReplicate x dpShard x tp must equal replicas x "
                                       "processesPerReplica"}}));
+  // mesh: auto, alone: admitted; with a dim beside it: refused with the rule's message.
+  json auto_mesh = job(json::parse(R"({"image": "i", "replicas": 2, "processesPerReplica": 4, "mesh": {"auto": true}})"));
+  EXPECT_TRUE(DefaultPruneAndValidate(schema, auto_mesh).empty()) << Describe(DefaultPruneAndValidate(schema, auto_mesh));
+  json auto_and_dim =
+      job(json::parse(R"({"image": "i", "replicas": 2, "processesPerReplica": 4, "mesh": {"auto": true, "dpShard": 4}})"));
+  EXPECT_EQ(DefaultPruneAndValidate(schema, auto_and_dim),
+            (std::vector<FieldCause>{{"FieldValueInvalid", "spec.mesh",
+                                      "Invalid value: \"object\": set either auto: true (the trainer chooses the mesh) or "
+                                      "dpShard (and optionally dpReplicate, tp), not both"}}));
+  json no_dims = job(json::parse(R"({"image": "i", "replicas": 2, "mesh": {}})"));
+  EXPECT_EQ(DefaultPruneAndValidate(schema, no_dims).size(), 1u) << Describe(DefaultPruneAndValidate(schema, no_dims));
+  json shard_only = job(json::parse(R"({"image": "i", "replicas": 2, "processesPerReplica": 4, "mesh": {"dpShard": 8}})"));
+  EXPECT_TRUE(DefaultPruneAndValidate(schema, shard_only).empty()) << Describe(DefaultPruneAndValidate(schema, shard_only));
   json changed = ok;
   changed["spec"]["processesPerReplica"] = 8;
   changed["spec"]["mesh"]["dpShard"] = 8;

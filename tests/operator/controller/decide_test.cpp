@@ -109,6 +109,24 @@ TEST(DecideTest, NewJobCreatesTheGangServiceAndConfigOnce) {
   EXPECT_EQ(p.events[0].reason, "Created");
 }
 
+// mesh: auto: "auto" until rank 0 reports its choice; a reported mesh stays while the world
+// size does, and goes back to "auto" when the gang changes size.
+TEST(DecideTest, MeshAutoShowsTheTrainersChoiceOnceReported) {
+  const json spec = {{"mesh", {{"auto", true}}}};
+  Plan p = Decide(In(Job(spec)));
+  EXPECT_EQ(p.status["meshShape"], "auto");
+  EXPECT_FALSE(p.status.contains("mesh"));
+  const json reported = {{"worldSize", 2}, {"meshShape", "2x1x1"}, {"mesh", {{"dpReplicate", 2}, {"dpShard", 1}, {"tp", 1}}}};
+  p = Decide(In(Job(spec, reported)));
+  EXPECT_EQ(p.status["meshShape"], "2x1x1");
+  EXPECT_EQ(p.status["mesh"]["dpReplicate"], 2);
+  json resized = reported;
+  resized["worldSize"] = 4;
+  p = Decide(In(Job(spec, resized)));
+  EXPECT_EQ(p.status["meshShape"], "auto");
+  EXPECT_FALSE(p.status.contains("mesh"));
+}
+
 TEST(DecideTest, RunningGangIsRunningAndIdempotent) {
   json job = After(Job(), Decide(In(Job())));
   std::vector<json> pods = {Pod(0, 0, "Running"), Pod(1, 0, "Running")};

@@ -119,6 +119,40 @@ TEST(SpecTest, AutoMeshIsFsdpForOneProcessPerPodAndHsdpOtherwise) {
   EXPECT_EQ(e->mesh.ToString(), "1x8x1");
 }
 
+// mesh: {auto: true}: the trainer's rank 0 chooses; the Pods say so and the config is checked
+// for a hardware profile that can build a mesh of the gang.
+TEST(SpecTest, MeshAutoLeavesTheChoiceToTheTrainer) {
+  json job = Job({{"replicas", 2}, {"processesPerReplica", 2}, {"device", "cpu"}, {"mesh", {{"auto", true}}}});
+  auto s = ParseSpec(job);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_TRUE(s->mesh.chosen_by_trainer);
+  EXPECT_EQ(s->mesh.ToString(), "auto");
+  const json pod = DesiredPod(job, *s, 0, 1);
+  const std::string cmd = pod["spec"]["containers"][0]["command"].dump();
+  EXPECT_THAT(cmd, HasSubstr("dist.mesh=auto"));
+  EXPECT_THAT(cmd, ::testing::Not(HasSubstr("mesh.dp_shard=")));
+  EXPECT_EQ(pod["metadata"]["labels"][kMeshLabel], "auto");
+  for (const auto& e : pod["spec"]["containers"][0]["env"])
+    if (e["name"] == "MESHWORK_MESH_DP_SHARD") EXPECT_EQ(e["value"], "auto");
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *s, "ns", "job", "spec.config.inline").ok());
+  // A profile the trainer cannot find is refused before any Pod exists, naming both fields.
+  Status missing = ValidateTrainerConfig("model:\n  preset: tiny\ndist:\n  hardware_profile: nosuch\n", *s, "ns",
+                                         "job", "spec.config.inline");
+  EXPECT_THAT(missing.message(), HasSubstr("spec.mesh.auto: the trainer cannot choose a mesh"));
+  EXPECT_THAT(missing.message(), HasSubstr("dist.hardware_profile"));
+  // The single-node profile cannot put a gang of 2 Pods of 2 in any mesh.
+  Status single = ValidateTrainerConfig("model:\n  preset: tiny\ndist:\n  hardware_profile: h100-nvlink-node\n", *s,
+                                        "ns", "job", "spec.config.inline");
+  EXPECT_THAT(single.message(), HasSubstr("spec.mesh.auto: no mesh of 4 ranks can be built"));
+  // auto with a dim beside it.
+  auto both = ParseSpec(Job({{"mesh", {{"auto", true}, {"dpShard", 1}}}}));
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(both.status().message(), HasSubstr("spec.mesh.dpShard: must not be set with spec.mesh.auto: true"));
+  auto not_bool = ParseSpec(Job({{"mesh", {{"auto", "yes"}}}}));
+  ASSERT_FALSE(not_bool.ok());
+  EXPECT_THAT(not_bool.status().message(), HasSubstr("spec.mesh.auto"));
+}
+
 TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"image", nullptr}}, "spec.image: is required"},
@@ -238,13 +272,16 @@ TEST(TrainerReportTest, ParsesTheTrainersSeries) {
       "meshwork_trainer_steps_total{job=\"tiny\"} 999\n"
       "meshwork_trainer_total_steps{job=\"tiny\"} 300\n"
       "meshwork_trainer_loss{job=\"tiny\"} 2.5\n"
-      "meshwork_trainer_tokens_per_second{job=\"tiny\"} 4096.5\n";
+      "meshwork_trainer_tokens_per_second{job=\"tiny\"} 4096.5\n"
+      "meshwork_trainer_info{amesh=\"no\",device=\"cpu\",job=\"tiny\",mesh=\"2x4x1\",model=\"tiny\"} 1\n";
   auto r = ParseTrainerMetrics(text);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->step, 120);
   EXPECT_EQ(r->total_steps, 300);
   EXPECT_DOUBLE_EQ(r->loss, 2.5);
   EXPECT_DOUBLE_EQ(r->tokens_per_second, 4096.5);
+  EXPECT_EQ(r->mesh, "2x4x1");
+  EXPECT_EQ(ParseTrainerMetrics("meshwork_trainer_step 1\n")->mesh, "") << "no info series: no mesh";
   EXPECT_FALSE(ParseTrainerMetrics("other_metric 1\n").has_value());
 }
 

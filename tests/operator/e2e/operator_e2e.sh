@@ -225,7 +225,7 @@ e2e_wait_for 90 "squat succeeds once the name is free" phase_is squat Succeeded 
 
 # ---- real training: one job killed mid-run, one clean run
 job kill-me 29610 60 "" | kubectl apply -f - >/dev/null
-job train-ok 29620 30 "" | kubectl apply -f - >/dev/null
+job train-ok 29620 30 '  mesh: {auto: true}' | kubectl apply -f - >/dev/null
 if e2e_wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.trainer.step}')\" -ge 15 ] 2>/dev/null"; then
   pkill -9 -f -- "--node-rank 1 --master-addr kill-me-0.kill-me.e2e.svc" && pass "SIGKILL rank 1 of kill-me at step $(jp kill-me '{.status.trainer.step}')" ||
     fail "no kill-me rank 1 process to kill"
@@ -253,6 +253,13 @@ if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   if [ "$step" = 30 ] && awk -v t="$tps" -v l="$loss" -v f="${final:-x}" 'BEGIN{exit !(t > 0 && f != "x" && l + 0 == f + 0)}'; then
     pass "Succeeded with step $step of 30, the final loss $loss of rank 0's log, $tps tokens/s in status"
   else fail "train-ok status.trainer: step=$step tps=$tps loss=$loss (log: final loss $final)"; fi
+  # mesh: auto: rank 0 chose the mesh, logged why, and status shows its choice.
+  shape="$(jp train-ok '{.status.meshShape}')"
+  chose="$(k logs train-ok-0 | grep -m1 '^mesh: auto chose' || true)"
+  if [[ "$shape" =~ ^([0-9]+)x([0-9]+)x1$ ]] && [ $((BASH_REMATCH[1] * BASH_REMATCH[2])) = 2 ] &&
+     [[ "$chose" == "mesh: auto chose ${BASH_REMATCH[1]}x${BASH_REMATCH[2]} "* ]]; then
+    pass "mesh auto: status.meshShape $shape is rank 0's choice (${chose:0:100})"
+  else fail "mesh auto: status.meshShape '$shape', rank 0 logged '$chose'"; fi
   [ "$(jp train-ok '{.status.restarts}')" = 0 ] && [ -n "$(jp train-ok '{.status.completionTime}')" ] &&
     pass "no restarts, completionTime set" || fail "train-ok: $(jp train-ok '{.status}')"
   ev="$(k get events --field-selector involvedObject.name=train-ok -o jsonpath='{range .items[*]}{.reason} {end}')"

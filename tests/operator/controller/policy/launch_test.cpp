@@ -91,6 +91,30 @@ TEST(LaunchTest, RankZerosReportGoesIntoTheStatus) {
   EXPECT_FALSE(d.requeue_after.has_value());  // metrics off: nothing to scrape
 }
 
+// mesh: auto: the status shows the mesh rank 0 chose, once it reports one of the gang's size.
+TEST(LaunchTest, WithMeshAutoTheReportedMeshGoesIntoTheStatus) {
+  State s(Job({{"metricsPort", 0}, {"mesh", {{"auto", true}}}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  TrainerReport report{120, 300, 2.5, 4000};
+  report.mesh = "2x1x1";
+  s.in().report = report;
+  Decision d = Launch(s.Get());
+  EXPECT_EQ(d.status["meshShape"], "2x1x1");
+  EXPECT_EQ(d.status["mesh"], json::parse(R"({"dpReplicate": 2, "dpShard": 1, "tp": 1})"));
+  EXPECT_THAT(d.conditions.at(0).message, ::testing::HasSubstr("mesh auto (rank 0 chooses dpReplicate x dpShard)"));
+  // A mesh of another size (a stale scrape) or none is not taken.
+  for (const std::string bad : {"1x4x1", "", "2x1"}) {
+    report.mesh = bad;
+    s.in().report = report;
+    d = Launch(s.Get());
+    EXPECT_FALSE(d.status.contains("meshShape")) << bad;
+  }
+  // An explicit mesh is the spec's, whatever the trainer says.
+  State e(Job({{"metricsPort", 0}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  report.mesh = "2x1x1";
+  e.in().report = report;
+  EXPECT_FALSE(Launch(e.Get()).status.contains("meshShape"));
+}
+
 TEST(AwaitConfigTest, TheGangWaitsForItsConfigMap) {
   const std::string why = "waiting for ConfigMap ml/cfg (spec.config.configMapRef.name)";
   for (const auto& [status, phase] : std::vector<std::pair<json, std::string>>{
