@@ -9,6 +9,7 @@
 # usage: bench/netlab_compiled_vs_eager.sh [build-dir]
 #   env: RATES="500mbit 1gbit 4gbit"  WORLDS="2"  PRESET=llama-100m  SEQ=256  BATCH=4 (global)  STEPS=8
 #        OUT=<file> (default bench/results/netlab_compiled_vs_eager.md)
+#        COMPILED_SETS="--set fsdp.memory_budget=1536" (extra trainer flags for the compiled runs)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +22,7 @@ preset=${PRESET:-llama-100m}
 seq=${SEQ:-256}
 batch=${BATCH:-4}
 steps=${STEPS:-8}
+read -r -a compiled_sets <<<"${COMPILED_SETS:-}"
 tmp="$(mktemp -d)"
 trap '"$netlab" down; rm -rf "$tmp"' EXIT
 # shellcheck source=bench/lib.sh
@@ -32,7 +34,8 @@ cores=$(nproc)
 
 # run_world WORLD MODE LOGPREFIX: every rank in its namespace, rank r on core r; waits for all.
 run_world() {
-  local world=$1 mode=$2 prefix=$3 r pids=() rc=0
+  local world=$1 mode=$2 prefix=$3 r pids=() rc=0 extra=()
+  [ "$mode" = compiled ] && extra=("${compiled_sets[@]}")
   for ((r = 0; r < world; r++)); do
     RANK=$r WORLD_SIZE=$world LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 \
       "$netlab" exec "$r" taskset -c "$r" "$bin" train --set model.preset="$preset" \
@@ -40,7 +43,7 @@ run_world() {
       --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set training.threads=1 \
       --set dist.gloo_hostname="$("$netlab" addr "$r")" --set dist.timeout_seconds=600 \
       --set metrics.port=-1 --set metrics.device_profile=cpu --set logging.every=1000 \
-      --set fsdp.mode="$mode" --set logging.jsonl="$prefix.jsonl" >"$prefix.rank$r.log" 2>&1 &
+      --set fsdp.mode="$mode" --set logging.jsonl="$prefix.jsonl" "${extra[@]}" >"$prefix.rank$r.log" 2>&1 &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=$?; done
@@ -67,6 +70,7 @@ print(f"{statistics.median(late):.3f}" if late else "-")' "$1"
   echo "step 2 and plans before step 3). Exposed comm: rank 0's time blocked in waits over the run. Predicted"
   echo "steps: the compiled plan's summary line (the simulator on the trainer's own link calibration),"
   echo "for the compiled plan and for the eager plan."
+  [ -z "${COMPILED_SETS:-}" ] || echo "Compiled runs add: \`${COMPILED_SETS}\`."
   echo
   echo "| link | world | mode | measured step (s) | predicted step (s) | exposed comm | tok/s | peak RSS rank 0 |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -94,6 +98,7 @@ for world in "${worlds[@]}"; do
         predicted[compiled]="$(sed -nE 's/.*predicted step ([0-9.]+) s \(eager ([0-9.]+)\).*/\1/p' <<<"$plan")"
         predicted[eager]="$(sed -nE 's/.*predicted step ([0-9.]+) s \(eager ([0-9.]+)\).*/\2/p' <<<"$plan")"
         echo "    $plan" >&2
+        grep -E '^(compiled plan chose|re-plan):' "$prefix.rank0.log" | sed 's/^/    /' >&2 || true
       fi
       echo "| $rate | $world | $mode | $(median_step "$prefix.jsonl") | @$mode@ | ${exposed:-0} | $tps | $peak |" >>"$tmp/table.md"
       echo "    $done_line" >&2

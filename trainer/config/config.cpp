@@ -191,7 +191,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       EnumField("fsdp.bucketing", &c.fsdp.bucketing, compiler::kBucketingNames),
       BoolField("fsdp.reorder", &c.fsdp.reorder),
       BoolField("fsdp.replan", &c.fsdp.replan),
-      IntField("fsdp.memory_budget", &c.fsdp.memory_budget, 0, int64_t{1} << 30),
+      IntField("fsdp.memory_budget", &c.fsdp.memory_budget, -1, int64_t{1} << 30),
       BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),
       StringField("fsdp.trace_out", &c.fsdp.trace_out),
       BoolField("fsdp.single_process", &c.fsdp.single_process),

@@ -105,7 +105,9 @@ struct FsdpConfig {
   compiler::Bucketing bucketing = compiler::Bucketing::kAuto;  // compiled
   bool reorder = true;                // compiled: run the reorder pass
   bool replan = true;                 // compiled: refit compute from two compiled steps, plan once more
-  int64_t memory_budget = 0;          // compiled: MiB of gathered weights + activations + grads; 0 = eager's peak
+  // compiled: MiB of gathered weights + activations + grads; 0 = the device's memory less the
+  // static state; -1 = the eager plan's peak
+  int64_t memory_budget = 0;
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
   std::string trace_out;              // Chrome trace of step 3 (every rank's lanes) written here by rank 0
   bool single_process = false;        // one process too runs FSDP, over a mesh of one rank

@@ -93,15 +93,33 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   return cost;
 }
 
-std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig& cfg, bool cpu, double scale,
-                     double measured_step_seconds) {
+// fsdp.memory_budget: MiB; 0: the device's memory less the static state (the eager plan's peak
+// where the device's memory is unknown); -1: the eager plan's peak.
+compiler::MemoryBudget BudgetOf(const config::FsdpConfig& cfg, int64_t device_memory_bytes) {
+  using Source = compiler::MemoryBudget::Source;
+  if (cfg.memory_budget > 0) return {Source::kFixed, cfg.memory_budget << 20};
+  if (cfg.memory_budget == 0 && device_memory_bytes > 0) return {Source::kDeviceMemory, device_memory_bytes};
+  return {Source::kEagerPeak, 0};
+}
+
+const char* BudgetSource(compiler::MemoryBudget::Source source) {
+  switch (source) {
+    case compiler::MemoryBudget::Source::kFixed: return "fsdp.memory_budget";
+    case compiler::MemoryBudget::Source::kDeviceMemory: return "the device's memory less the static state";
+    case compiler::MemoryBudget::Source::kEagerPeak: return "the eager plan's peak";
+  }
+  return "";
+}
+
+std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptions& options,
+                     const config::FsdpConfig& cfg, bool cpu, double scale, double measured_step_seconds) {
   const compiler::CostModel& cost = plans.ctx.cost;
   const compiler::SimResult p = compiler::Simulate(plans.compiled, cost);
   const compiler::SimResult e = compiler::Simulate(plans.eager, cost);
   std::ostringstream line;
   line << std::fixed << std::setprecision(4) << "compiled plan: passes " << plans.passes << "; bucketing "
        << compiler::BucketingName(cfg.bucketing) << ", budget " << Mib(plans.ctx.memory_budget_bytes)
-       << (cfg.memory_budget > 0 ? "" : " (the eager plan's peak)") << "; " << p.collectives
+       << " (" << BudgetSource(options.budget.source) << ")" << "; " << p.collectives
        << " collectives/step (eager " << e.collectives << "); predicted step " << p.step_seconds << " s (eager "
        << e.step_seconds << "), exposed comm " << p.exposed_comm_seconds << " s (eager " << e.exposed_comm_seconds
        << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes) << "); dp_shard link "
@@ -129,7 +147,8 @@ std::string Describe(const compiler::StepPlans& plans, const config::FsdpConfig&
 }  // namespace
 
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
-                                bool cpu, double measured_step_seconds, std::ostream& log) {
+                                bool cpu, double measured_step_seconds, int64_t device_memory_bytes,
+                                std::ostream& log) {
   Compilation c;
   c.skeleton = fsdp.Skeleton();
   // Every rank calibrates and the medians over the ranks (links and traced compute) go into
@@ -138,14 +157,14 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
   c.options.reshard_after_forward = cfg.reshard_after_forward;
-  if (cfg.memory_budget > 0) c.options.budget = {compiler::MemoryBudget::Source::kFixed, cfg.memory_budget << 20};
+  c.options.budget = BudgetOf(cfg, device_memory_bytes);
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {
     c.scale = compiler::FitComputeScale(c.skeleton, c.cost, c.options, measured_step_seconds);
     MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
                         compiler::PlanStep(compiler::ScaleCompute(c.skeleton, c.scale), c.cost, c.options,
                                            cfg.dump_plan ? &log : nullptr));
-    log << Describe(plans, cfg, cpu, c.scale, measured_step_seconds);
+    log << Describe(plans, c.options, cfg, cpu, c.scale, measured_step_seconds);
     c.predicted_step_seconds = compiler::Simulate(plans.compiled, c.cost).step_seconds;
     plan = std::move(plans.compiled);
   }

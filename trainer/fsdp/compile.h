@@ -29,8 +29,10 @@ struct Compilation {
 // the traced compute is scaled so that the simulated eager plan takes that long (the trace
 // already contains the slowdown the cost model charges again). Rank 0 logs one line
 // describing the plan (and, with fsdp.dump_plan, the IR after each pass) to `log`.
+// `device_memory_bytes`: what this rank's device holds for it (0: unknown), the default budget's
+// base (fsdp.memory_budget 0).
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
-                                bool cpu, double measured_step_seconds, std::ostream& log);
+                                bool cpu, double measured_step_seconds, int64_t device_memory_bytes, std::ostream& log);
 
 // Once, after compiled steps ran: the compute scale is refitted so that the simulated running
 // plan takes the measured compiled step (`measured_step_seconds`, this rank's; the median over

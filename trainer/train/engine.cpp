@@ -16,6 +16,7 @@
 #include "common/file.h"
 #include "trainer/fsdp/compile.h"
 #include "trainer/fsdp/fully_shard.h"
+#include "trainer/train/device.h"
 #include "trainer/train/mesh_auto.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
@@ -76,8 +77,13 @@ class LocalEngine : public Engine {
 class FsdpEngine : public Engine {
  public:
   FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp,
-             config::FsdpConfig fsdp_config, bool cpu, std::ostream& log)
-      : env_(std::move(env)), mesh_(std::move(mesh)), fsdp_(std::move(fsdp)), cfg_(std::move(fsdp_config)), cpu_(cpu),
+             config::FsdpConfig fsdp_config, bool cpu, int64_t device_memory_bytes, std::ostream& log)
+      : env_(std::move(env)),
+        mesh_(std::move(mesh)),
+        fsdp_(std::move(fsdp)),
+        cfg_(std::move(fsdp_config)),
+        cpu_(cpu),
+        device_memory_bytes_(device_memory_bytes),
         log_(log) {}
 
   int rank() const override { return env_.rank; }
@@ -97,7 +103,8 @@ class FsdpEngine : public Engine {
     // Compiled: the first steps run eager; the plan is made from the last one's trace (a
     // steady-state step: step 1's times include warm-up) and runs from the next step on.
     if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= kEagerStepsBeforePlan) {
-      MW_ASSIGN_OR_RETURN(compilation_, fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, last_sync_seconds_, log_));
+      MW_ASSIGN_OR_RETURN(compilation_, fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_, last_sync_seconds_,
+                                                          device_memory_bytes_, log_));
     } else if (compilation_ && cfg_.replan && !replanned_ &&
                steps_done_ >= kEagerStepsBeforePlan + kCompiledStepsBeforeReplan) {
       // The last compiled step's time (the first one pays for new buffers) refits the plan.
@@ -192,6 +199,7 @@ class FsdpEngine : public Engine {
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
   config::FsdpConfig cfg_;
   bool cpu_;  // CPU ranks (Gloo): the cost model charges copies and core sharing
+  int64_t device_memory_bytes_;  // what this rank's device holds for it (0: unknown)
   std::ostream& log_;
   int64_t steps_done_ = 0;
   std::optional<fsdp::Compilation> compilation_;  // compiled mode, once planned
@@ -269,7 +277,12 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
         << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
   }
-  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, !device.is_cuda(), log));
+  // The compiled plan's default budget: the device's memory, or on the CPU the machine's (or the
+  // container's) shared by this machine's ranks.
+  const int64_t limit = SampleMemory(device).limit_bytes;
+  const int64_t device_memory = device.is_cuda() ? limit : limit / std::max(1, env.local_world_size);
+  return std::unique_ptr<Engine>(
+      new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, !device.is_cuda(), device_memory, log));
 }
 
 }  // namespace meshwork::train
