@@ -124,8 +124,7 @@ std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& pla
   }
   if (layers > 0) {
     out.push_back(std::to_string(kept) + " of " + std::to_string(layers) +
-                  " layers kept gathered from forward to backward" +
-                  (kept > 0 ? " (their re-gather was exposed and the budget holds them)" : ""));
+                  " layers stay gathered from forward to backward (no re-gather in backward)");
   }
   // Buckets, prefetch depth (the most computes between an all-gather's issue and the first
   // compute that uses it), and how many reduce-scatters are waited for after the last backward.
