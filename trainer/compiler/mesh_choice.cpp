@@ -1,5 +1,6 @@
 #include "trainer/compiler/mesh_choice.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -11,26 +12,34 @@ Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& 
   MeshChoice out;
   const MeshCandidate* best = nullptr;
   auto total = [](const MeshCandidate& c) { return c.compiled.peak_bytes + c.compiled.static_bytes; };
+  std::vector<Graph> skeletons;  // by candidate, for the full plan of the chosen one
+  std::vector<CostModel> costs;
   for (int dp_shard = 1; dp_shard <= world; ++dp_shard) {
     if (world % dp_shard != 0) continue;
     MeshCandidate c;
     c.dp_shard = dp_shard;
     c.dp_replicate = world / dp_shard;
     Result<CostModel> cost = MakeCostModel(profile, c.dp_replicate, dp_shard);
+    LlamaShape s = shape;
+    s.dp_shard = dp_shard;
+    s.dp_replicate = c.dp_replicate;
+    skeletons.push_back(LlamaSkeleton(s));
+    costs.push_back(cost.ok() ? *cost : CostModel());
     if (!cost.ok()) {
       c.rejected = cost.status().message();
       out.candidates.push_back(std::move(c));
       continue;
     }
-    LlamaShape s = shape;
-    s.dp_shard = dp_shard;
-    s.dp_replicate = c.dp_replicate;
-    PlanOptions o = options;
-    o.budget = {MemoryBudget::Source::kDeviceMemory, profile.memory_bytes};
-    MW_ASSIGN_OR_RETURN(StepPlans plans, PlanStep(LlamaSkeleton(s), *cost, o));
-    c.compiled = Simulate(plans.compiled, plans.ctx.cost);
+    // Ranked by the quick plan (checkpointing to fit, FSDP2's order): the full pipeline's search
+    // under a tight budget takes minutes per mesh for a 70B model.
+    PassContext ctx;
+    ctx.cost = *cost;
+    ctx.bucketing = options.bucketing;
+    ctx.memory_budget_bytes = std::max<int64_t>(1, profile.memory_bytes - StaticBytes(skeletons.back()));
+    MW_ASSIGN_OR_RETURN(const Graph quick,
+                        QuickPlan(BuildNaiveProgram(skeletons.back(), {options.reshard_after_forward}), ctx));
+    c.compiled = Simulate(quick, ctx.cost);
     c.fits = total(c) <= profile.memory_bytes;
-    c.choices = std::move(plans.choices);
     out.candidates.push_back(std::move(c));
   }
   int buildable = 0, fitting = 0;
@@ -48,6 +57,15 @@ Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& 
     return InvalidConfig("mesh: auto: hardware profile '" + profile.name + "' cannot build any mesh of " +
                          std::to_string(world) + " ranks: " + out.candidates.front().rejected);
   }
+  // The chosen mesh, planned in full: its row shows the compiled plan and the plan's choices.
+  MeshCandidate& chosen = out.candidates[static_cast<size_t>(best - out.candidates.data())];
+  const size_t at = static_cast<size_t>(best - out.candidates.data());
+  PlanOptions o = options;
+  o.budget = {MemoryBudget::Source::kDeviceMemory, profile.memory_bytes};
+  MW_ASSIGN_OR_RETURN(StepPlans plans, PlanStep(skeletons[at], costs[at], o));
+  chosen.compiled = Simulate(plans.compiled, plans.ctx.cost);
+  chosen.fits = total(chosen) <= profile.memory_bytes;
+  chosen.choices = std::move(plans.choices);
   out.dp_replicate = best->dp_replicate;
   out.dp_shard = best->dp_shard;
   std::ostringstream why;

@@ -1,7 +1,8 @@
 // Choosing the device mesh (`mesh: auto`) with the same cost model that plans the step: every
-// dp_replicate x dp_shard factorisation of the world that the hardware profile can build is
-// planned (compiled plan, under the device's memory) and simulated; the fastest that fits the
-// device's memory wins, and the one with the least memory when none fits.
+// dp_replicate x dp_shard factorisation of the world that the hardware profile can build gets a
+// quick plan (passes.h's QuickPlan: checkpointing to fit the device's memory, FSDP2's order) and
+// is simulated; the fastest that fits the device's memory wins (the one with the least memory
+// when none fits), and only that one is planned in full.
 #pragma once
 
 #include <string>
@@ -19,9 +20,9 @@ struct MeshCandidate {
   int dp_replicate = 1;
   int dp_shard = 1;
   std::string rejected;  // why the profile cannot build this mesh; empty when it can
-  SimResult compiled;    // the compiled plan's predicted step (when not rejected)
+  SimResult compiled;    // the quick plan's predicted step; the chosen mesh's: the full plan's
   bool fits = false;     // peak dynamic + static within the device's memory
-  std::vector<std::string> choices;  // the plan's choices (StepPlans::choices)
+  std::vector<std::string> choices;  // the full plan's choices (StepPlans::choices), chosen mesh only
 };
 
 struct MeshChoice {

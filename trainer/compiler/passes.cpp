@@ -440,9 +440,9 @@ Graph KeepGathered(const Graph& g, int m) {
   return PlaceFrees(std::move(out));
 }
 
-// The quick stand-in for the pipeline's result that keep_gathered decides on: FSDP2's order
-// (block buckets, one-ahead prefetch, reduce-scatter waits delayed) within the budget.
-Graph QuickPlan(const Graph& g, const PassContext& ctx) {
+// FSDP2's order (block buckets, one-ahead prefetch, reduce-scatter waits delayed) within the
+// budget: what keep_gathered decides on.
+Graph QuickOrder(const Graph& g, const PassContext& ctx) {
   Graph q = BlockBuckets(g, OpKind::kAllGather);
   q = BlockBuckets(std::move(q), OpKind::kReduceScatter);
   return PrefetchOne(DelayReduceScatterWaits(std::move(q), ctx, false), ctx);
@@ -453,13 +453,13 @@ Graph QuickPlan(const Graph& g, const PassContext& ctx) {
 Result<Graph> KeepGatheredWithinBudget(const Graph& g, const PassContext& ctx) {
   if (ctx.memory_budget_bytes <= 0) return g;
   Graph best = g;
-  double best_seconds = Simulate(QuickPlan(best, ctx), ctx.cost).step_seconds;
+  double best_seconds = Simulate(QuickOrder(best, ctx), ctx.cost).step_seconds;
   // Last layer first: its forward and backward are closest, so it holds the memory least long.
   for (int m = static_cast<int>(g.modules.size()) - 1; m >= 0; --m) {
     if (g.modules[m].name.rfind("layers.", 0) != 0) continue;
     Graph candidate = KeepGathered(best, m);
     if (candidate.ops.size() == best.ops.size()) continue;  // not re-gathered: nothing to keep
-    const Graph quick = QuickPlan(candidate, ctx);
+    const Graph quick = QuickOrder(candidate, ctx);
     if (PeakBytes(quick) > ctx.memory_budget_bytes) break;
     const double seconds = Simulate(quick, ctx.cost).step_seconds;
     if (seconds >= best_seconds * (1 - 1e-3)) continue;  // the communication it saves was hidden
@@ -467,6 +467,11 @@ Result<Graph> KeepGatheredWithinBudget(const Graph& g, const PassContext& ctx) {
     best_seconds = seconds;
   }
   return best;
+}
+
+Result<Graph> QuickPlan(const Graph& naive, const PassContext& ctx) {
+  MW_ASSIGN_OR_RETURN(const Graph fitted, CheckpointToFit(naive, ctx));
+  return Checked(QuickOrder(fitted, ctx), "quick_plan");
 }
 
 Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx) {

@@ -61,6 +61,11 @@ Result<Graph> InsertFrees(const Graph& g, const PassContext& ctx);
 // plans with it, and its peak is the compiled plan's default budget.
 Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx);
 
+// A fast stand-in for the pipeline's result, with no search: checkpointing to fit the budget,
+// then FSDP2's order (block buckets, one-ahead prefetch, delayed reduce-scatter waits) within
+// it. ChooseMesh ranks meshes by it; the chosen one is then planned in full.
+Result<Graph> QuickPlan(const Graph& naive, const PassContext& ctx);
+
 struct Pass {
   std::string name;
   bool optional = true;  // can be disabled by name; required passes cannot

@@ -249,7 +249,8 @@ Result<int> ChooseDpShard(const Options& o, const meshwork::model::LlamaConfig& 
   options.bucketing = o.bucketing;
   MW_ASSIGN_OR_RETURN(const compiler::MeshChoice choice,
                       compiler::ChooseMesh(profile, ShapeOf(o, config, profile), o.gpus, options));
-  std::cout << "mesh: auto (simulated): " << choice.candidates.size() << " meshes of " << o.gpus << " GPUs\n";
+  std::cout << "mesh: auto (simulated): " << choice.candidates.size() << " meshes of " << o.gpus
+            << " GPUs, each by its quick plan (the chosen one by its full plan)\n";
   for (const auto& c : choice.candidates) {
     std::cout << "  " << std::right << std::setw(5) << c.dp_replicate << " x " << std::left << std::setw(5)
               << c.dp_shard << " ";

@@ -17,7 +17,7 @@ namespace {
 std::string Describe(const compiler::MeshChoice& choice, const compiler::HardwareProfile& profile, int world) {
   std::ostringstream out;
   out << std::fixed << "mesh: auto (" << world << " ranks, " << profile.gpus_per_node << " per node, profile '"
-      << profile.name << "'; simulated):\n";
+      << profile.name << "'; simulated, each mesh by its quick plan, the chosen one by its full plan):\n";
   for (const auto& c : choice.candidates) {
     out << "  " << c.dp_replicate << " x " << c.dp_shard << ": ";
     if (!c.rejected.empty()) {
