@@ -75,12 +75,21 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       out.ctx.memory_budget_bytes = options.budget.bytes;
       break;
     case MemoryBudget::Source::kDeviceMemory:
-      // At least a byte: 0 would mean no limit.
-      out.ctx.memory_budget_bytes = std::max<int64_t>(1, options.budget.bytes - StaticBytes(skeleton));
+      out.ctx.memory_budget_bytes = options.budget.bytes - StaticBytes(skeleton);
+      if (out.ctx.memory_budget_bytes <= 0) {
+        // The shards alone overflow the device: no plan fits, and planning for the least memory
+        // would only slow the step. Plan within the eager plan's peak and say so.
+        out.ctx.memory_budget_bytes = PeakBytes(out.eager);
+        out.static_exceeds_device = true;
+      }
       break;
   }
   MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump));
   out.choices = DescribeChoices(skeleton, out.compiled, out.ctx.memory_budget_bytes);
+  if (out.static_exceeds_device) {
+    out.choices.insert(out.choices.begin(), "the static state alone exceeds the device's memory: no plan fits; "
+                                            "planned within the eager plan's peak");
+  }
   return out;
 }
 

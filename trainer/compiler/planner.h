@@ -22,7 +22,8 @@ struct MemoryBudget {
                     // than eager, and faster only within that (the trainer's default)
     kFixed,         // `bytes`; 0: no limit
     kDeviceMemory,  // `bytes` of device memory less the static shards (the simulator): the
-                    // plan checkpoints activations and waits early where eager would not fit
+                    // plan checkpoints activations and waits early where eager would not fit;
+                    // where the shards alone overflow it, the eager plan's peak
   };
   Source source = Source::kEagerPeak;
   int64_t bytes = 0;
@@ -43,6 +44,7 @@ struct StepPlans {
   // What the planner chose and why, one clause each ("activation checkpointing on 23 of 80
   // layers: ..."); empty when it made no choice worth naming.
   std::vector<std::string> choices;
+  bool static_exceeds_device = false;  // kDeviceMemory: the shards alone overflow the device
 };
 
 // The plan's choices read back from it: activation checkpointing per layer, buckets, how far
