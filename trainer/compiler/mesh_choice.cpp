@@ -58,24 +58,26 @@ Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& 
                          std::to_string(world) + " ranks: " + out.candidates.front().rejected);
   }
   // The chosen mesh, planned in full: its row shows the compiled plan and the plan's choices.
-  MeshCandidate& chosen = out.candidates[static_cast<size_t>(best - out.candidates.data())];
   const size_t at = static_cast<size_t>(best - out.candidates.data());
+  MeshCandidate& chosen = out.candidates[at];
+  const int64_t quick_total = total(chosen);  // what "needs the least" compares, when none fits
   PlanOptions o = options;
   o.budget = {MemoryBudget::Source::kDeviceMemory, profile.memory_bytes};
   MW_ASSIGN_OR_RETURN(StepPlans plans, PlanStep(skeletons[at], costs[at], o));
   chosen.compiled = Simulate(plans.compiled, plans.ctx.cost);
   chosen.fits = total(chosen) <= profile.memory_bytes;
   chosen.choices = std::move(plans.choices);
-  out.dp_replicate = best->dp_replicate;
-  out.dp_shard = best->dp_shard;
+  out.dp_replicate = chosen.dp_replicate;
+  out.dp_shard = chosen.dp_shard;
   std::ostringstream why;
-  why << std::fixed << std::setprecision(4) << best->dp_replicate << "x" << best->dp_shard << " (dp_replicate x dp_shard): ";
-  if (best->fits) {
-    why << "the fastest predicted step, " << best->compiled.step_seconds << " s, of the " << fitting << " of "
+  why << std::fixed << std::setprecision(4) << chosen.dp_replicate << "x" << chosen.dp_shard
+      << " (dp_replicate x dp_shard): ";
+  if (chosen.fits) {
+    why << "the fastest predicted step, " << chosen.compiled.step_seconds << " s, of the " << fitting << " of "
         << buildable << " buildable meshes that fit the device's memory";
   } else {
     why << std::setprecision(2) << "no mesh fits the device's memory; this one needs the least, "
-        << static_cast<double>(total(*best)) / (1 << 30) << " GiB";
+        << static_cast<double>(quick_total) / (1 << 30) << " GiB";
   }
   out.reason = why.str();
   return out;
