@@ -7,7 +7,7 @@
 namespace meshwork::compiler {
 
 Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& shape, int world,
-                              const PlanOptions& options) {
+                              const PlanOptions& options, bool plan_chosen) {
   if (world < 1) return InvalidConfig("mesh: auto needs a world of at least 1 rank, got " + std::to_string(world));
   MeshChoice out;
   const MeshCandidate* best = nullptr;
@@ -61,12 +61,14 @@ Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& 
   const size_t at = static_cast<size_t>(best - out.candidates.data());
   MeshCandidate& chosen = out.candidates[at];
   const int64_t quick_total = total(chosen);  // what "needs the least" compares, when none fits
-  PlanOptions o = options;
-  o.budget = {MemoryBudget::Source::kDeviceMemory, profile.memory_bytes};
-  MW_ASSIGN_OR_RETURN(StepPlans plans, PlanStep(skeletons[at], costs[at], o));
-  chosen.compiled = Simulate(plans.compiled, plans.ctx.cost);
-  chosen.fits = total(chosen) <= profile.memory_bytes;
-  chosen.choices = std::move(plans.choices);
+  if (plan_chosen) {
+    PlanOptions o = options;
+    o.budget = {MemoryBudget::Source::kDeviceMemory, profile.memory_bytes};
+    MW_ASSIGN_OR_RETURN(StepPlans plans, PlanStep(skeletons[at], costs[at], o));
+    chosen.compiled = Simulate(plans.compiled, plans.ctx.cost);
+    chosen.fits = total(chosen) <= profile.memory_bytes;
+    chosen.choices = std::move(plans.choices);
+  }
   out.dp_replicate = chosen.dp_replicate;
   out.dp_shard = chosen.dp_shard;
   std::ostringstream why;

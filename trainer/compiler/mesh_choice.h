@@ -34,8 +34,10 @@ struct MeshChoice {
 
 // `shape`: the model, batch and dtypes per rank (its dp_shard and dp_replicate are set per
 // candidate); `options`: bucketing and reorder (the budget is the profile's device memory).
+// `plan_chosen`: plan the chosen mesh in full for its row and choices (seconds for a 70B model);
+// the trainer skips it, since it plans again from its own calibration anyway.
 // kInvalidConfig when world < 1 or no mesh can be built.
 Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& shape, int world,
-                              const PlanOptions& options);
+                              const PlanOptions& options, bool plan_chosen = true);
 
 }  // namespace meshwork::compiler

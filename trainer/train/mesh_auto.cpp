@@ -17,7 +17,7 @@ namespace {
 std::string Describe(const compiler::MeshChoice& choice, const compiler::HardwareProfile& profile, int world) {
   std::ostringstream out;
   out << std::fixed << "mesh: auto (" << world << " ranks, " << profile.gpus_per_node << " per node, profile '"
-      << profile.name << "'; simulated, each mesh by its quick plan, the chosen one by its full plan):\n";
+      << profile.name << "'; simulated, each mesh by its quick plan):\n";
   for (const auto& c : choice.candidates) {
     out << "  " << c.dp_replicate << " x " << c.dp_shard << ": ";
     if (!c.rejected.empty()) {
@@ -50,7 +50,7 @@ Result<dist::MeshShape> AgreeOnAutoMesh(c10d::Store& store, const dist::DistEnv&
       options.reorder = cfg.fsdp.reorder;
       options.reshard_after_forward = cfg.fsdp.reshard_after_forward;
       MW_ASSIGN_OR_RETURN(const compiler::MeshChoice choice,
-                          compiler::ChooseMesh(profile, llama, env.world_size, options));
+                          compiler::ChooseMesh(profile, llama, env.world_size, options, /*plan_chosen=*/false));
       log << Describe(choice, profile, env.world_size);
       return dist::MeshShape{choice.dp_replicate, choice.dp_shard, 1};
     }();

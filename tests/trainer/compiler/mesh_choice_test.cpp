@@ -50,6 +50,11 @@ TEST(MeshChoice, PicksTheFastestMeshThatFits) {
   EXPECT_NE(choice->dp_shard, 4);
   EXPECT_NE(choice->reason.find("the fastest predicted step"), std::string::npos) << choice->reason;
   EXPECT_NE(choice->reason.find("of the 3 of 3 buildable meshes"), std::string::npos) << choice->reason;
+  // Without the full plan of the winner (the trainer's way) the choice is the same.
+  auto quick_only = ChooseMesh(TwoPerNode(int64_t{80} << 30), Tiny(), 4, PlanOptions(), /*plan_chosen=*/false);
+  ASSERT_TRUE(quick_only.ok()) << quick_only.status().ToString();
+  EXPECT_EQ(quick_only->dp_shard, choice->dp_shard);
+  for (const auto& c : quick_only->candidates) EXPECT_TRUE(c.choices.empty());
 }
 
 TEST(MeshChoice, MemoryRulesOutMeshesThatShardTooLittle) {
