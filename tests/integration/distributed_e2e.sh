@@ -50,6 +50,9 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "compiled2-none-inorder 2 --set fsdp.mode=compiled --set fsdp.bucketing=none --set fsdp.reorder=false" \
     "compiled2-budget-noreshard 2 --set fsdp.mode=compiled --set fsdp.memory_budget=1 --set fsdp.reshard_after_forward=false" \
     "fsdp1-single-process 1 --set fsdp.single_process=true" \
+    "single-ckpt-all 1 --set training.activation_checkpointing=all" \
+    "fsdp2-ckpt-all 2 --set training.activation_checkpointing=all" \
+    "compiled2-ckpt-all 2 --set fsdp.mode=compiled --set training.activation_checkpointing=all" \
     "compiled1-single-process 1 --set fsdp.mode=compiled --set fsdp.single_process=true"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
@@ -66,6 +69,18 @@ for name in fsdp1-single-process compiled1-single-process; do
   grep -q "FSDP over mesh dp_replicate 1 x dp_shard 1" "$work/$name.log" && pass "$name: FSDP over a mesh of one" ||
     fail "$name: not FSDP: $(grep parallelism "$work/$name.log")"
 done
+# training.activation_checkpointing: all recomputes every layer (said on the parallelism line and,
+# compiled, in the plan); auto lets the plan checkpoint layers to fit fsdp.memory_budget (1 MiB
+# here: below eager's peak).
+for name in single-ckpt-all fsdp2-ckpt-all compiled2-ckpt-all; do
+  grep -q "activation checkpointing: every layer" "$work/$name.log" && pass "$name: every layer checkpointed" ||
+    fail "$name: checkpointing not reported: $(grep parallelism "$work/$name.log")"
+done
+if line="$(grep -m1 -E '^compiled plan chose: activation checkpointing on [1-9]' "$work/compiled2-budget-noreshard.log")"; then
+  pass "compiled2-budget-noreshard: ${line:0:160}"
+else
+  fail "compiled2-budget-noreshard: the plan checkpointed nothing under a 1 MiB budget: $(grep '^compiled plan chose' "$work/compiled2-budget-noreshard.log")"
+fi
 grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass "HSDP mesh 2x2 in use" ||
   fail "HSDP mesh not reported: $(grep parallelism "$work/hsdp2x2.log")"
 # dist.mesh: auto: rank 0 simulated every mesh of 4, chose one, and every rank trained on it.
@@ -86,7 +101,7 @@ else
   fail "dist.mesh auto with an unknown profile: $(tail -5 "$work/mesh-auto-bad-profile.log")"
 fi
 # Compiled runs really ran a plan; --dump-plan printed the IR after every pass.
-for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard compiled1-single-process; do
+for name in compiled2-auto compiled4-block compiled-hsdp2x2 compiled2-none-inorder compiled2-budget-noreshard compiled1-single-process compiled2-ckpt-all; do
   if line="$(grep -m1 '^compiled plan:' "$work/$name.log")"; then pass "$name: ${line:0:160}"; else fail "$name: no compiled plan in the log"; fi
   # fsdp.replan (default): after two compiled steps, one refit and re-plan.
   if line="$(grep -m1 '^re-plan:' "$work/$name.log")"; then pass "$name: ${line:0:200}"; else fail "$name: no re-plan line in the log"; fi

@@ -1,5 +1,6 @@
 #include "trainer/compiler/planner.h"
 
+#include "common/units.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/simulator.h"
 
@@ -95,11 +96,6 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
 
 std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& plan, int64_t budget_bytes) {
   std::vector<std::string> out;
-  auto gib = [](int64_t b) {
-    std::ostringstream s;
-    s << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1 << 30) << " GiB";
-    return s.str();
-  };
   // Activation checkpointing: which candidates the plan checkpointed, and the memory it saved.
   int candidates = 0;
   std::vector<std::string> chosen;
@@ -114,8 +110,8 @@ std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& pla
     if (!chosen.empty()) {
       s << " (" << chosen.front() << (chosen.size() > 1 ? " .. " + chosen.back() : "") << ")";
       const Graph least = BuildNaiveProgram(skeleton, {});
-      s << ": the least-memory order without it holds " << gib(PeakBytes(least)) << " of dynamic memory, over the "
-        << gib(budget_bytes) << " budget";
+      s << ": the least-memory order without it holds " << HumanBytes(PeakBytes(least)) << " of dynamic memory, over the "
+        << HumanBytes(budget_bytes) << " budget";
     } else {
       s << ": the budget holds every layer's activations";
     }

@@ -174,6 +174,8 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("training.grad_accum", &c.training.grad_accum, 1, 1 << 20),
       IntField("training.seed", &c.training.seed, 0, kMaxInt),
       IntField("training.threads", &c.training.threads, 0, 4096),
+      EnumField("training.activation_checkpointing", &c.training.activation_checkpointing,
+                kActivationCheckpointingNames),
 
       StringField("eval.data", &c.eval.data),
       IntField("eval.windows", &c.eval.windows, 1, kMaxInt),

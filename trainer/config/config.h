@@ -36,6 +36,10 @@ enum class MeshPolicy { kExplicit, kAuto };
 inline constexpr EnumName<MeshPolicy> kMeshPolicyNames[] = {{MeshPolicy::kExplicit, "explicit"},
                                                             {MeshPolicy::kAuto, "auto"}};
 
+enum class ActivationCheckpointing { kAuto, kNone, kAll };
+inline constexpr EnumName<ActivationCheckpointing> kActivationCheckpointingNames[] = {
+    {ActivationCheckpointing::kAuto, "auto"}, {ActivationCheckpointing::kNone, "none"}, {ActivationCheckpointing::kAll, "all"}};
+
 enum class ExportDtype { kFp32, kBf16 };
 inline constexpr EnumName<ExportDtype> kExportDtypeNames[] = {{ExportDtype::kFp32, "fp32"}, {ExportDtype::kBf16, "bf16"}};
 
@@ -80,6 +84,9 @@ struct TrainingConfig {
   int64_t grad_accum = 1;
   int64_t seed = 1234;
   int64_t threads = 0;  // CPU intra-op threads; 0 = libtorch's default
+  // Recompute decoder layers in backward: auto = the layers compiled FSDP's plan picks under its
+  // memory budget (otherwise none); none; all.
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
 };
 
 struct EvalConfig {

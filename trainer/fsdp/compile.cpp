@@ -144,6 +144,14 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
   return line.str();
 }
 
+// Whether two plans of one model run the same step: the same ops, and the same layers checkpointed.
+bool SameSchedule(const compiler::Graph& a, const compiler::Graph& b) {
+  if (a.ops != b.ops || a.modules.size() != b.modules.size()) return false;
+  for (size_t m = 0; m < a.modules.size(); ++m)
+    if (compiler::IsCheckpointed(a.modules[m]) != compiler::IsCheckpointed(b.modules[m])) return false;
+  return true;
+}
+
 }  // namespace
 
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
@@ -188,7 +196,7 @@ Status Replan(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, Compilation& c, d
     const double running = compiler::Simulate(compiler::ScaleCompute(c.plan, factor), c.cost).step_seconds;
     const double replanned = compiler::Simulate(plans.compiled, c.cost).step_seconds;
     // Only a plan predicted faster than the running one at the refitted compute replaces it.
-    const bool better = plans.compiled.ops != c.plan.ops && replanned < running;
+    const bool better = !SameSchedule(plans.compiled, c.plan) && replanned < running;
     std::ostringstream line;
     line << std::fixed << std::setprecision(3) << "re-plan: the compiled step measured " << measured
          << " s (median over ranks) against " << c.predicted_step_seconds << " s predicted; compute x"
@@ -202,7 +210,7 @@ Status Replan(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, Compilation& c, d
     plan = better ? std::move(plans.compiled) : compiler::ScaleCompute(c.plan, factor);
   }
   MW_ASSIGN_OR_RETURN(compiler::Graph agreed, AgreeOnPlan(world, plan));
-  const bool changed = agreed.ops != c.plan.ops;
+  const bool changed = !SameSchedule(agreed, c.plan);
   c.plan = std::move(agreed);
   return changed ? fsdp.UsePlan(c.plan) : Status::Ok();
 }

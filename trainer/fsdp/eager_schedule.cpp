@@ -44,7 +44,7 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens) {
             trace->mark = trace->clock.Now();
           });
         }
-        torch::Tensor out = layer.forward(h, rope);
+        torch::Tensor out = RunLayer(layer, h, rope, state->options.checkpointing == LayerCheckpointing::kAll);
         trace->fwd[i + 1] = {start, trace->clock.Now()};
         state->TraceCompute("fwd layers." + std::to_string(i), start.host, trace->fwd[i + 1].to.host);
         if (state->options.reshard_after_forward) unit->Free();

@@ -237,7 +237,20 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
     m.fwd_seconds = trace.clock.Seconds(trace.fwd[t].from, trace.fwd[t].to) * trace.fwd[t].share;
     m.bwd_seconds = trace.clock.Seconds(trace.bwd[t].from, trace.bwd[t].to) * trace.bwd[t].share;
     const int e = estimate.FindModule(name);
-    if (e >= 0) m.activation_bytes = estimate.modules[e].activation_bytes;
+    if (e >= 0) {
+      m.activation_bytes = estimate.modules[e].activation_bytes;
+      switch (state_->options.checkpointing) {
+        case LayerCheckpointing::kNone: break;
+        case LayerCheckpointing::kPlanned: m.checkpoint_input_bytes = estimate.modules[e].checkpoint_input_bytes; break;
+        case LayerCheckpointing::kAll:
+          // Checkpointed already: the traced backward has the recompute in it.
+          if (estimate.modules[e].checkpoint_input_bytes > 0) {
+            m.backward_workspace_bytes = m.activation_bytes;
+            m.activation_bytes = estimate.modules[e].checkpoint_input_bytes;
+          }
+          break;
+      }
+    }
     g.modules.push_back(std::move(m));
   };
   const int embed = index.at("model.embed_tokens.weight");

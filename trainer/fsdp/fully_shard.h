@@ -32,11 +32,19 @@
 
 namespace meshwork::fsdp {
 
+// Which decoder layers run checkpointed (model/recompute.h): their backward recomputes the forward.
+enum class LayerCheckpointing {
+  kNone,
+  kAll,      // every layer, in both schedules
+  kPlanned,  // the layers the compiled plan checkpoints (ws= in its IR); none in eager steps
+};
+
 struct FsdpOptions {
   bool reshard_after_forward = true;       // free each layer's gathered weights after forward
   torch::ScalarType param_dtype = torch::kFloat32;   // gathered weights (bf16 on GPU)
   torch::ScalarType reduce_dtype = torch::kFloat32;  // gradient reduction
   bool prefetch = true;  // issue the next unit's all-gather before computing the current one
+  LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
 };
 
 // One sharded parameter: the master shard the optimizer updates and the module parameter whose
@@ -113,7 +121,9 @@ class FullyShardedLlama {
   // --- Compiled mode (fsdp.mode: compiled) ---
   // The compiler's view of this model: parameters (HF order, bytes in param/reduce dtype, the
   // padded fp32 shard) and modules "embed", "layers.<i>", "head", with the compute seconds
-  // traced in the last eager step (zero before one ran) and estimated activation bytes.
+  // traced in the last eager step (zero before one ran) and estimated activation bytes. Decoder
+  // layers are checkpointing candidates (ckpt=) under LayerCheckpointing::kPlanned, and already
+  // checkpointed under kAll (their traced backward includes the recompute).
   compiler::Graph Skeleton() const;
   // From the next Forward on, every collective, wait and free follows `plan` (validated here
   // against this model); the eager hooks no longer schedule anything.

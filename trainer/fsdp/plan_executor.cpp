@@ -19,6 +19,11 @@ PlanExecutor::PlanExecutor(ShardedState& state, const compiler::Graph& plan) : s
     for (int i : m.params) ps.push_back(by_index[i]);
     module_params_.push_back(std::move(ps));
   }
+  const int64_t layers = state_.model->config().num_hidden_layers;
+  for (int64_t i = 0; i < layers; ++i) {
+    const int m = plan.FindModule("layers." + std::to_string(i));
+    recompute_.push_back(m >= 0 && compiler::IsCheckpointed(plan.modules[m]));
+  }
   std::map<std::string, std::string> all_reduce_source;  // %ar id -> %rs id
   for (const auto& op : plan.ops) {
     if (op.kind == compiler::OpKind::kAllReduce) all_reduce_source[op.id] = op.source;
@@ -121,7 +126,7 @@ torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens) {
           const std::string before = i > 0 ? "layers." + std::to_string(i - 1) : "embed";
           h.register_hook([this, before](const torch::Tensor&) { RunUntil(Phase::kBackward, before); });
         }
-        torch::Tensor out = layer.forward(h, rope);
+        torch::Tensor out = RunLayer(layer, h, rope, recompute_[i]);
         if (i + 1 == layers) {
           if (out.requires_grad()) {
             const std::string me = "layers." + std::to_string(i);

@@ -1,6 +1,7 @@
 // The compiled FSDP schedule: replays a compiler plan's ops (all-gathers, reduce-scatters,
 // all-reduces, waits, frees) in order, advancing to each compute the model reaches; the plan,
-// not autograd's hooks, decides when every collective runs.
+// not autograd's hooks, decides when every collective runs, and which decoder layers run
+// checkpointed (the modules with ws= in its IR).
 #pragma once
 
 #include <torch/types.h>
@@ -41,6 +42,7 @@ class PlanExecutor : public StepSchedule {
   std::vector<Unit*> unit_;
   std::vector<WaitFor> wait_for_;
   std::vector<std::vector<ShardedParam*>> module_params_;
+  std::vector<bool> recompute_;  // per decoder layer: the plan checkpoints it
   size_t pc_ = 0;
   // The compute the plan last let run (for the trace): its label and start time.
   std::string open_compute_;

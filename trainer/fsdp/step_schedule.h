@@ -16,6 +16,7 @@
 #include "trainer/fsdp/fully_shard.h"
 #include "trainer/fsdp/unit.h"
 #include "trainer/model/llama.h"
+#include "trainer/model/recompute.h"
 
 namespace meshwork::fsdp {
 
@@ -61,6 +62,13 @@ struct ShardedState {
   int64_t gathered_bytes = 0;  // parameter storage allocated now, over every unit
   StepTrace trace;
 };
+
+// One decoder layer's forward; with `recompute`, checkpointed (its backward runs it again).
+inline torch::Tensor RunLayer(model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope,
+                              bool recompute) {
+  if (!recompute) return layer.forward(h, rope);
+  return model::Recompute([&layer, rope](const torch::Tensor& in) { return layer.forward(in, rope); }, h);
+}
 
 // Decides when the units gather, reduce and free during one micro-batch's forward and backward.
 // Errors inside a schedule are thrown as StatusError (hooks run inside autograd).

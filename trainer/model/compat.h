@@ -34,6 +34,19 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, cons
 #endif
 }
 
+// Whether CUDA autocast is on, and to which dtype (what a recomputed block must run under again).
+struct AutocastState {
+  bool enabled = false;
+  at::ScalarType dtype = at::kBFloat16;
+};
+inline AutocastState CurrentCudaAutocast() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return {at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA)};
+#else
+  return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+#endif
+}
+
 // Turns CUDA autocast to `dtype` on for its lifetime (no-op when !enabled).
 class CudaAutocastGuard {
  public:

@@ -16,6 +16,7 @@
 #include "common/file.h"
 #include "trainer/fsdp/compile.h"
 #include "trainer/fsdp/fully_shard.h"
+#include "trainer/model/recompute.h"
 #include "trainer/train/device.h"
 #include "trainer/train/mesh_auto.h"
 #ifdef MESHWORK_HAVE_NCCL
@@ -27,7 +28,8 @@ namespace {
 
 class LocalEngine : public Engine {
  public:
-  explicit LocalEngine(model::LlamaForCausalLM model) : model_(std::move(model)) {
+  LocalEngine(model::LlamaForCausalLM model, bool checkpoint_layers)
+      : model_(std::move(model)), checkpoint_layers_(checkpoint_layers) {
     for (auto& p : model_->parameters()) (p.dim() >= 2 ? decay_ : no_decay_).push_back(p);
   }
   int rank() const override { return 0; }
@@ -37,7 +39,13 @@ class LocalEngine : public Engine {
   std::string Describe() const override { return "1 process"; }
   dist::MeshShape mesh_shape() const override { return {}; }
 
-  torch::Tensor Forward(const torch::Tensor& tokens, bool) override { return model_->forward(tokens); }
+  torch::Tensor Forward(const torch::Tensor& tokens, bool) override {
+    if (!checkpoint_layers_) return model_->forward(tokens);
+    return model_->ForwardWithLayerRunner(
+        tokens, [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
+          return model::Recompute([&layer, rope](const torch::Tensor& in) { return layer.forward(in, rope); }, h);
+        });
+  }
   Status AfterBackward(bool) override { return Status::Ok(); }
   Result<double> ClipGradNorm(double max_norm) override {
     return torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
@@ -71,6 +79,7 @@ class LocalEngine : public Engine {
 
  private:
   model::LlamaForCausalLM model_;
+  bool checkpoint_layers_;  // training.activation_checkpointing: all
   std::vector<torch::Tensor> decay_, no_decay_;
 };
 
@@ -216,8 +225,8 @@ bool IsLoopback(const std::string& host) { return host == "localhost" || host.rf
 
 }  // namespace
 
-std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model) {
-  return std::make_unique<LocalEngine>(std::move(model));
+std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, bool checkpoint_layers) {
+  return std::make_unique<LocalEngine>(std::move(model), checkpoint_layers);
 }
 
 Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
@@ -225,7 +234,8 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
   if (env.world_size == 1 && !cfg.fsdp.single_process) {
     if (!cfg.fsdp.trace_out.empty()) log << "trace: fsdp.trace_out ignored: one process runs no FSDP\n";
-    return MakeLocalEngine(std::move(model));
+    return MakeLocalEngine(std::move(model),
+                           cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll);
   }
 
   dist::MeshShape shape;
@@ -267,6 +277,11 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   fsdp::FsdpOptions fo;
   fo.reshard_after_forward = cfg.fsdp.reshard_after_forward;
   fo.prefetch = cfg.fsdp.prefetch;
+  switch (cfg.training.activation_checkpointing) {
+    case config::ActivationCheckpointing::kAuto: fo.checkpointing = fsdp::LayerCheckpointing::kPlanned; break;
+    case config::ActivationCheckpointing::kNone: fo.checkpointing = fsdp::LayerCheckpointing::kNone; break;
+    case config::ActivationCheckpointing::kAll: fo.checkpointing = fsdp::LayerCheckpointing::kAll; break;
+  }
   if (device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32) fo.param_dtype = torch::kBFloat16;
   fsdp::FsdpGroups groups;
   groups.shard = &mesh->group("dp_shard");

@@ -59,8 +59,8 @@ class Engine {
   virtual EngineStats TakeStats() = 0;
 };
 
-// One process, the plain model.
-std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model);
+// One process, the plain model; `checkpoint_layers`: every decoder layer recomputed in backward.
+std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, bool checkpoint_layers = false);
 
 // Reads the rendezvous environment (RANK, WORLD_SIZE, ...); when WORLD_SIZE > 1, joins the
 // rendezvous, builds the mesh (mesh.*) and shards `model` (fsdp.*); else a LocalEngine.

@@ -68,6 +68,18 @@ Status StartMetrics(TrainingRun& r, const dist::DistEnv& env) {
   return Status::Ok();
 }
 
+// training.activation_checkpointing as it applies to this run.
+std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engine) {
+  switch (cfg.training.activation_checkpointing) {
+    case config::ActivationCheckpointing::kAll: return "every layer";
+    case config::ActivationCheckpointing::kNone: return "off";
+    case config::ActivationCheckpointing::kAuto: break;
+  }
+  const bool fsdp = engine.world_size() > 1 || cfg.fsdp.single_process;
+  const bool planned = fsdp && cfg.fsdp.mode == config::FsdpMode::kCompiled;
+  return planned ? "the layers the compiled plan picks to fit its memory budget" : "off (auto: only a compiled plan uses it)";
+}
+
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
   const config::TrainConfig& cfg = r.cfg;
   r.log() << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
@@ -78,7 +90,8 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
           << cfg.training.grad_accum << " x ranks " << r.engine->dp_size() << " = " << tokens_per_step
           << " tokens/step\n"
           << "parallelism: " << r.engine->Describe() << "; parameters on this rank "
-          << Format("%.1f MiB", static_cast<double>(r.engine->ParamBytes()) / (1 << 20)) << "\n"
+          << Format("%.1f MiB", static_cast<double>(r.engine->ParamBytes()) / (1 << 20))
+          << "; activation checkpointing: " << CheckpointingNote(cfg, *r.engine) << "\n"
           << "device: " << r.device.str() << (r.autocast ? " (bf16 autocast)" : " (fp32)") << ", "
           << torch::get_num_threads() << " threads; mfu vs "
           << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "trainer/dist/device_mesh.h"
@@ -68,10 +69,13 @@ struct Compile {
   // Before step 3, switch to a plan made with these settings instead (a re-plan mid-run).
   std::optional<compiler::Bucketing> switch_to;
   int64_t budget = 0;  // the plan's memory budget in bytes; 0: none
+  // Eager steps too: kAll recomputes every layer from the first step.
+  LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
 };
 
 struct TrainRun {
   std::vector<std::string> plans;  // the plan each rank ran (compiled mode)
+  int recomputed_layers = 0;       // checkpointed blocks in rank 0's last autograd graph
   int64_t shard_bytes = 0;  // rank 0's parameter shards
   std::vector<double> losses;
   std::map<std::string, torch::Tensor> params;
@@ -102,6 +106,21 @@ TrainRun SingleProcess(bool tied, int accum) {
   return run;
 }
 
+// Checkpointed blocks (model::Recompute's autograd node) in the graph behind `loss`.
+int RecomputeNodes(const torch::Tensor& loss) {
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{loss.grad_fn().get()};
+  int n = 0;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    if (node->name().find("RecomputeFunction") != std::string::npos) ++n;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return n;
+}
+
 // `world` ranks as threads; mesh dp_replicate x dp_shard.
 TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile compile = {}) {
   const int world = dp_replicate * dp_shard;
@@ -125,9 +144,11 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
       };
       auto mesh = dist::DeviceMesh::Create(store, rank, {dp_replicate, dp_shard, 1}, factory, copts);
       if (!mesh.ok()) return fail(mesh.status());
+      FsdpOptions fo;
+      fo.checkpointing = compile.checkpointing;
       auto fsdp = FullyShardedLlama::Create(
           models[rank], {&(*mesh)->group("dp_shard"), &(*mesh)->group("dp_shard_reduce"), &(*mesh)->group("dp_replicate")},
-          FsdpOptions());
+          fo);
       if (!fsdp.ok()) return fail(fsdp.status());
       auto& f = **fsdp;
       auto opt = MakeOptimizer(f.DecayShards(), f.NoDecayShards());
@@ -164,6 +185,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           auto b = batches[step].narrow(0, first, rows);
           f.SetGradientSync(micro == accum - 1);
           auto loss = model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq)) / accum;
+          if (rank == 0 && step + 1 == kSteps) runs[rank].recomputed_layers = RecomputeNodes(loss);
           loss.backward();
           local += loss.item<double>();
           if (Status s = f.FinishBackward(); !s.ok()) return fail(s);
@@ -249,6 +271,47 @@ TEST(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
   EXPECT_NE(both.substr(0, second), both.substr(second)) << "the second plan must differ from the first";
   ExpectSame(want, Sharded(false, 2, 2, 1, {true, compiler::Bucketing::kBlock, false, true, compiler::Bucketing::kAuto}),
              "compiled HSDP 2x2, switching plans before step 3");
+}
+
+// How many modules of a printed plan are checkpointed (ws= in the IR).
+int CheckpointedModules(const std::string& plan) {
+  int n = 0;
+  for (size_t at = plan.find(" ws="); at != std::string::npos; at = plan.find(" ws=", at + 1)) ++n;
+  return n;
+}
+
+TEST(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
+  const TrainRun want = SingleProcess(/*tied=*/false, 1);
+  Compile all;
+  all.checkpointing = LayerCheckpointing::kAll;
+  const TrainRun eager_all = Sharded(false, 1, 2, 1, all);
+  ExpectSame(want, eager_all, "eager, every layer checkpointed");
+  EXPECT_EQ(eager_all.recomputed_layers, 2);
+  ExpectSame(want, Sharded(false, 2, 2, 1, all), "eager HSDP 2x2, every layer checkpointed");
+  all.on = true;
+  all.bucketing = compiler::Bucketing::kAuto;
+  const TrainRun compiled_all = Sharded(false, 1, 2, 1, all);
+  ExpectSame(want, compiled_all, "compiled, every layer checkpointed");
+  ASSERT_FALSE(compiled_all.plans.empty());
+  EXPECT_EQ(CheckpointedModules(compiled_all.plans[0]), 2) << compiled_all.plans[0];
+  EXPECT_EQ(compiled_all.recomputed_layers, 2);
+  // A budget no plan meets: the planner checkpoints layers (earliest first) as far as that
+  // lowers the peak, and the executor recomputes exactly those.
+  Compile tight{true, compiler::Bucketing::kAuto, true};
+  tight.budget = 1;
+  const TrainRun fitted = Sharded(false, 1, 2, 1, tight);
+  ExpectSame(want, fitted, "compiled under a budget below eager's peak");
+  ASSERT_FALSE(fitted.plans.empty());
+  EXPECT_GE(CheckpointedModules(fitted.plans[0]), 1) << fitted.plans[0];
+  EXPECT_EQ(fitted.recomputed_layers, CheckpointedModules(fitted.plans[0])) << "the executor recomputes what the plan says";
+  ExpectSame(want, Sharded(false, 2, 2, 1, tight), "compiled HSDP 2x2 under a budget below eager's peak");
+  // Without candidates (training.activation_checkpointing: none) the plan checkpoints nothing.
+  tight.checkpointing = LayerCheckpointing::kNone;
+  const TrainRun none = Sharded(false, 1, 2, 1, tight);
+  ExpectSame(want, none, "compiled, checkpointing off");
+  ASSERT_FALSE(none.plans.empty());
+  EXPECT_EQ(CheckpointedModules(none.plans[0]), 0) << none.plans[0];
+  EXPECT_EQ(none.recomputed_layers, 0);
 }
 
 TEST(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {
