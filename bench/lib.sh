@@ -10,12 +10,14 @@ bench_machine() {
   echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 }
 
-# parse_run LOG: sets done_line, tps, peak (rank 0's peak memory), comm (the communication
+# parse_run LOG: sets done_line, tps, peak (rank 0's peak memory), step_peak (the most tensor
+# memory one step held once the schedule settled, may be empty), comm (the communication
 # summary line, may be empty) and exposed (rank 0's exposed communication, may be empty).
 parse_run() {
   done_line="$(grep '^done:' "$1")"
   tps="$(sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/' <<<"$done_line")"
   peak="$(sed -E 's/.*peak mem ([0-9]+ MiB).*/\1/' <<<"$done_line")"
+  step_peak="$(sed -nE 's/.*step peak tensors ([0-9]+ MiB).*/\1/p' <<<"$done_line")"
   comm="$(grep '^communication' "$1" || true)"
   exposed="$(sed -nE 's/.*exposed ([0-9.]+ s \([0-9.]+% of the run\)).*/\1/p' <<<"$comm")"
 }

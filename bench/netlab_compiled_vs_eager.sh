@@ -3,13 +3,16 @@
 # namespace on a shaped link (bench/netlab/netlab.sh: tc token bucket at each rate, both
 # directions), pinned to its own core with one intra-op thread, so communication is wire time
 # and compute does not wait for a core. Side by side in one run, at each link rate: step time,
-# exposed communication, peak RSS, and the compiled plan's predictions (its own calibration of
-# the link) next to the measured steps.
+# exposed communication, memory (peak RSS, and the most tensor memory one step held once the
+# schedule settled), and the compiled plan's predictions (its own calibration of the link: step
+# time, and peak memory as static + peak dynamic) next to the measured figures.
 # Writes bench/results/netlab_compiled_vs_eager.md. Needs root and a build (scripts/setup.sh).
 # usage: bench/netlab_compiled_vs_eager.sh [build-dir]
 #   env: RATES="500mbit 1gbit 4gbit"  WORLDS="2"  PRESET=llama-100m  SEQ=256  BATCH=4 (global)  STEPS=8
 #        OUT=<file> (default bench/results/netlab_compiled_vs_eager.md)
 #        COMPILED_SETS="--set fsdp.memory_budget=1536" (extra trainer flags for the compiled runs)
+#        SHARE_CORES=1: run worlds larger than the core count anyway, rank r on core r % cores (the
+#        ranks of a core then take turns: communication is no longer free of CPU time)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,13 +35,14 @@ source "$root/bench/lib.sh"
 "$netlab" check || exit $?
 cores=$(nproc)
 
-# run_world WORLD MODE LOGPREFIX: every rank in its namespace, rank r on core r; waits for all.
+# run_world WORLD MODE LOGPREFIX: every rank in its namespace, rank r on core r (mod the cores);
+# waits for all.
 run_world() {
   local world=$1 mode=$2 prefix=$3 r pids=() rc=0 extra=()
   [ "$mode" = compiled ] && extra=("${compiled_sets[@]}")
   for ((r = 0; r < world; r++)); do
     RANK=$r WORLD_SIZE=$world LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 \
-      "$netlab" exec "$r" taskset -c "$r" "$bin" train --set model.preset="$preset" \
+      "$netlab" exec "$r" taskset -c "$((r % cores))" "$bin" train --set model.preset="$preset" \
       --set data.train=synthetic --set data.seq_len="$seq" --set data.batch_size=$((batch / world)) \
       --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set training.threads=1 \
       --set dist.gloo_hostname="$("$netlab" addr "$r")" --set dist.timeout_seconds=600 \
@@ -69,16 +73,19 @@ print(f"{statistics.median(late):.3f}" if late else "-")' "$1"
   echo "Measured step: median of rank 0's steps from step 4 on (compiled runs steps 1-2 eager, traces"
   echo "step 2 and plans before step 3). Exposed comm: rank 0's time blocked in waits over the run. Predicted"
   echo "steps: the compiled plan's summary line (the simulator on the trainer's own link calibration),"
-  echo "for the compiled plan and for the eager plan."
+  echo "for the compiled plan and for the eager plan. Step peak tensors: the most bytes rank 0's tensors held"
+  echo "within one step (libtorch's CPU allocator, counted), over the steps after the schedule settled (eager:"
+  echo "from step 2; compiled: from step 5, after the re-plan); predicted: the plan line's static + peak dynamic."
   [ -z "${COMPILED_SETS:-}" ] || echo "Compiled runs add: \`${COMPILED_SETS}\`."
+  [ "${SHARE_CORES:-0}" != 1 ] || echo "SHARE_CORES=1: a world larger than $cores cores puts rank r on core r % $cores; those ranks share a core."
   echo
-  echo "| link | world | mode | measured step (s) | predicted step (s) | exposed comm | tok/s | peak RSS rank 0 |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| link | world | mode | measured step (s) | predicted step (s) | exposed comm | tok/s | peak RSS rank 0 | step peak tensors | predicted peak |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$tmp/table.md"
 
 for world in "${worlds[@]}"; do
-  if ((world > cores)); then
-    echo "| - | $world | - | skipped: $cores cores cannot give $world ranks a core each | | | | |" >>"$tmp/table.md"
+  if ((world > cores)) && [ "${SHARE_CORES:-0}" != 1 ]; then
+    echo "| - | $world | - | skipped: $cores cores cannot give $world ranks a core each | | | | | | |" >>"$tmp/table.md"
     continue
   fi
   for rate in "${rates[@]}"; do
@@ -88,7 +95,7 @@ for world in "${worlds[@]}"; do
       prefix="$tmp/$rate-$world-$mode"
       echo "[netlab] $preset, world $world, $rate, $mode" >&2
       if ! run_world "$world" "$mode" "$prefix"; then
-        echo "| $rate | $world | $mode | failed: see below | | | | |" >>"$tmp/table.md"
+        echo "| $rate | $world | $mode | failed: see below | | | | | | |" >>"$tmp/table.md"
         for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
         continue
       fi
@@ -97,14 +104,18 @@ for world in "${worlds[@]}"; do
       if [ -n "$plan" ]; then
         predicted[compiled]="$(sed -nE 's/.*predicted step ([0-9.]+) s \(eager ([0-9.]+)\).*/\1/p' <<<"$plan")"
         predicted[eager]="$(sed -nE 's/.*predicted step ([0-9.]+) s \(eager ([0-9.]+)\).*/\2/p' <<<"$plan")"
+        # "peak dynamic A MiB (eager B MiB) + static S MiB": each plan's peak is its dynamic + S.
+        read -r dyn_c dyn_e stat < <(sed -nE 's/.*peak dynamic ([0-9]+) MiB \(eager ([0-9]+) MiB\) \+ static ([0-9]+) MiB.*/\1 \2 \3/p' <<<"$plan") || true
+        [ -n "${stat:-}" ] && predicted[mem_compiled]="$((dyn_c + stat)) MiB" && predicted[mem_eager]="$((dyn_e + stat)) MiB"
         echo "    $plan" >&2
         grep -E '^(compiled plan chose|re-plan):' "$prefix.rank0.log" | sed 's/^/    /' >&2 || true
       fi
-      echo "| $rate | $world | $mode | $(median_step "$prefix.jsonl") | @$mode@ | ${exposed:-0} | $tps | $peak |" >>"$tmp/table.md"
+      echo "| $rate | $world | $mode | $(median_step "$prefix.jsonl") | @$mode@ | ${exposed:-0} | $tps | $peak | ${step_peak:--} | @mem_$mode@ |" >>"$tmp/table.md"
       echo "    $done_line" >&2
     done
     # Predictions come from the compiled run's plan line: fill both rows of this rate.
-    sed -i -e "s|@eager@|${predicted[eager]:--}|" -e "s|@compiled@|${predicted[compiled]:--}|" "$tmp/table.md"
+    sed -i -e "s|@eager@|${predicted[eager]:--}|" -e "s|@compiled@|${predicted[compiled]:--}|" \
+      -e "s|@mem_eager@|${predicted[mem_eager]:--}|" -e "s|@mem_compiled@|${predicted[mem_compiled]:--}|" "$tmp/table.md"
     unset predicted
     "$netlab" down
   done

@@ -114,7 +114,8 @@ void Checkpoint(ModuleInfo& m) {
 std::string Print(const Graph& g) {
   std::ostringstream out;
   out << "meshwork-ir 1\n";
-  out << "mesh dp_shard=" << g.dp_shard << " dp_replicate=" << g.dp_replicate << "\n";
+  out << "mesh dp_shard=" << g.dp_shard << " dp_replicate=" << g.dp_replicate
+      << (g.reduce_scatter_receives_input ? " rs_recv=full" : "") << "\n";
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& p = g.params[i];
     out << "param " << i << " " << p.name << " gathered=" << p.gathered_bytes << " grad=" << p.grad_bytes
@@ -174,9 +175,11 @@ Result<Graph> Parse(std::string_view text) {
     std::string v;
     if (w[0] == "mesh") {
       int64_t s = 0, r = 0;
-      if (w.size() != 3 || !KeyValue(w[1], "dp_shard", &v) || !ParseInt64(v, &s) || s < 1 ||
-          !KeyValue(w[2], "dp_replicate", &v) || !ParseInt64(v, &r) || r < 1)
-        return err("expected 'mesh dp_shard=<n> dp_replicate=<n>'");
+      if (w.size() < 3 || w.size() > 4 || !KeyValue(w[1], "dp_shard", &v) || !ParseInt64(v, &s) || s < 1 ||
+          !KeyValue(w[2], "dp_replicate", &v) || !ParseInt64(v, &r) || r < 1 ||
+          (w.size() == 4 && w[3] != "rs_recv=full"))
+        return err("expected 'mesh dp_shard=<n> dp_replicate=<n> [rs_recv=full]'");
+      g.reduce_scatter_receives_input = w.size() == 4;
       g.dp_shard = static_cast<int>(s);
       g.dp_replicate = static_cast<int>(r);
       mesh = true;

@@ -7,7 +7,7 @@
 // Text form (print -> parse -> print is the identity; tests keep passes on golden text):
 //
 //   meshwork-ir 1
-//   mesh dp_shard=2 dp_replicate=1
+//   mesh dp_shard=2 dp_replicate=1          (then rs_recv=full if set)
 //   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768
 //   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, then ckpt=, before params= if set)
 //   ...
@@ -85,6 +85,10 @@ struct Op {
 struct Graph {
   int dp_shard = 1;
   int dp_replicate = 1;
+  // A reduce-scatter in flight also holds a receive buffer as large as its input (Gloo's, which
+  // all-to-alls the input and sums the chunks at the wait; NCCL receives only the shard).
+  // Printed as rs_recv=full on the mesh line.
+  bool reduce_scatter_receives_input = false;
   std::vector<ParamInfo> params;
   std::vector<ModuleInfo> modules;  // forward order
   std::vector<Op> ops;              // program order

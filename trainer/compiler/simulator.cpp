@@ -15,6 +15,7 @@ template <typename F>
 int64_t WalkMemory(const Graph& g, F&& on_step) {
   std::map<std::string, int64_t> gathered;  // all-gather id -> bytes held
   std::map<std::string, const Op*> reduce_scatters;  // id -> op, once issued
+  std::map<std::string, int64_t> receiving;          // id -> its receive buffer (rs_recv=full)
   std::vector<int64_t> grad_live(g.params.size(), 0);
   int64_t live = 0, peak = 0;
   for (size_t i = 0; i < g.ops.size(); ++i) {
@@ -56,6 +57,12 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
       }
       case OpKind::kReduceScatter:
         reduce_scatters[op.id] = &op;
+        if (g.reduce_scatter_receives_input) {
+          int64_t b = 0;
+          for (int p : op.params) b += g.params[p].grad_bytes;
+          receiving[op.id] = b;
+          live += b;
+        }
         break;
       case OpKind::kWait: {
         auto it = reduce_scatters.find(op.id);
@@ -66,6 +73,10 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
             grad_live[p] = 0;
           }
           reduce_scatters.erase(it);
+        }
+        if (auto r = receiving.find(op.id); r != receiving.end()) {
+          live -= r->second;
+          receiving.erase(r);
         }
         break;
       }

@@ -122,7 +122,8 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
        << " (" << BudgetSource(options.budget.source) << ")" << "; " << p.collectives
        << " collectives/step (eager " << e.collectives << "); predicted step " << p.step_seconds << " s (eager "
        << e.step_seconds << "), exposed comm " << p.exposed_comm_seconds << " s (eager " << e.exposed_comm_seconds
-       << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes) << "); dp_shard link "
+       << "), peak dynamic " << Mib(p.peak_bytes) << " (eager " << Mib(e.peak_bytes) << ") + static "
+       << Mib(compiler::StaticBytes(plans.compiled)) << "; dp_shard link "
        << std::setprecision(0) << cost.shard_link.latency_seconds * 1e6 << " us + " << std::setprecision(2)
        << cost.shard_link.bus_bytes_per_second / 1e9 << " GB/s";
   if (cost.shard_reduce_scatter_link) {

@@ -207,6 +207,7 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   compiler::Graph g;
   g.dp_shard = state_->shard_group->size();
   g.dp_replicate = state_->replicate_group != nullptr ? state_->replicate_group->size() : 1;
+  g.reduce_scatter_receives_input = std::string(state_->reduce_group->backend()) == "gloo";
   const int64_t param_bytes = c10::elementSize(state_->options.param_dtype);
   const int64_t reduce_bytes = c10::elementSize(state_->options.reduce_dtype);
   std::map<std::string, int> index;

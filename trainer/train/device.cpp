@@ -1,10 +1,14 @@
 #include "trainer/train/device.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 
 #include "metrics/process_memory.h"
 #include "trainer/dist/env.h"
@@ -111,6 +115,86 @@ DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_t
   return p;
 }
 
+namespace {
+
+void RaiseTo(std::atomic<int64_t>& v, int64_t x) {
+  int64_t seen = v.load();
+  while (x > seen && !v.compare_exchange_weak(seen, x)) {
+  }
+}
+
+// libtorch's CPU allocator, with the bytes its live allocations hold counted.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(size_t n) override { return Wrap(base_->allocate(n), n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Wrap(base_->allocate(n), n); }
+#endif
+
+  TensorBytes Sample() const { return {current_.load(), peak_.load()}; }
+  void ResetPeak() { peak_.store(current_.load()); }
+
+ private:
+  // The base allocation travels as the context; freeing it frees the memory and uncounts it.
+  struct Held {
+    c10::DataPtr inner;
+    int64_t bytes;
+    const CountingCpuAllocator* owner;
+  };
+
+  c10::DataPtr Wrap(c10::DataPtr inner, size_t n) const {
+    void* data = inner.get();
+    const int64_t bytes = static_cast<int64_t>(n);
+    auto* held = new Held{std::move(inner), bytes, this};
+    RaiseTo(peak_, current_.fetch_add(bytes) + bytes);
+    return {data, held, &Release, c10::Device(c10::kCPU)};
+  }
+  static void Release(void* ctx) {
+    auto* held = static_cast<Held*>(ctx);
+    held->owner->current_.fetch_sub(held->bytes);
+    delete held;
+  }
+
+  c10::Allocator* base_;
+  mutable std::atomic<int64_t> current_{0};  // allocate() is const in libtorch 1.13
+  mutable std::atomic<int64_t> peak_{0};
+};
+
+CountingCpuAllocator* cpu_counter = nullptr;  // set once by CountCpuTensorBytes
+#ifdef MESHWORK_TORCH_CUDA
+std::atomic<int64_t> cuda_process_peak{0};   // the allocator's peak, across ResetTensorPeak()s
+#endif
+
+}  // namespace
+
+void CountCpuTensorBytes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Never freed: tensors allocated through it may outlive everything else.
+    cpu_counter = new CountingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(cpu_counter, /*priority=*/1);
+  });
+}
+
+void ResetTensorPeak(const torch::Device& device) {
+#ifdef MESHWORK_TORCH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    RaiseTo(cuda_process_peak, stats.allocated_bytes[0].peak);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    return;
+  }
+#endif
+  (void)device;
+  if (cpu_counter != nullptr) cpu_counter->ResetPeak();
+}
+
 MemorySample SampleMemory(const torch::Device& device) {
   MemorySample s;
 #ifdef MESHWORK_TORCH_CUDA
@@ -118,7 +202,9 @@ MemorySample SampleMemory(const torch::Device& device) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     const auto& allocated = stats.allocated_bytes[0];  // StatType::AGGREGATE
     s.current_bytes = allocated.current;
-    s.peak_bytes = allocated.peak;
+    RaiseTo(cuda_process_peak, allocated.peak);
+    s.peak_bytes = cuda_process_peak.load();
+    s.tensors = {allocated.current, allocated.peak};
     s.device = "cuda";
     static const int64_t total = [&device] {
       cudaDeviceProp prop{};
@@ -136,6 +222,7 @@ MemorySample SampleMemory(const torch::Device& device) {
   static const int64_t limit = metrics::ReadMemoryLimit();
   s.limit_bytes = limit;
   s.device = "cpu";
+  if (cpu_counter != nullptr) s.tensors = cpu_counter->Sample();
   return s;
 }
 

@@ -39,15 +39,32 @@ DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_t
 // Best fp32 GEMM throughput of a few square matmuls on this CPU, in FLOP/s.
 double MeasureCpuMatmulFlops();
 
+// Bytes held by tensors: on CUDA the caching allocator's allocated bytes; on the CPU what
+// tensors took through libtorch's CPU allocator since CountCpuTensorBytes(). What the compiled
+// plan's memory predictions are about (RSS also holds code, libraries and freed heap).
+struct TensorBytes {
+  int64_t current = 0;
+  int64_t peak = 0;  // since the last ResetTensorPeak()
+};
+
 struct MemorySample {
   int64_t current_bytes = 0;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0;  // since the process started
   int64_t limit_bytes = 0;  // the most this device's memory can hold for us; 0: unknown
   std::string device;       // "cpu" or "cuda"
+  TensorBytes tensors;      // CPU: zero unless CountCpuTensorBytes() ran
 };
 // CUDA: bytes allocated by the caching allocator (current / peak since start), and the device's
 // total memory; CPU: process RSS (current / high-water mark), and the smaller of the machine's
 // memory and the cgroup (container) limit. The limits are read once per process.
 MemorySample SampleMemory(const torch::Device& device);
+
+// From now on, CPU tensors are allocated through a counting wrapper around libtorch's CPU
+// allocator (once per process; later calls do nothing). Tensors that already exist are not
+// counted, and their frees are not either.
+void CountCpuTensorBytes();
+// Starts a new tensor peak (a training step's) at the current bytes. The process's peak in
+// MemorySample::peak_bytes is kept.
+void ResetTensorPeak(const torch::Device& device);
 
 }  // namespace meshwork::train

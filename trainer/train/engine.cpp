@@ -127,6 +127,10 @@ class FsdpEngine : public Engine {
     }
     return Status::Ok();
   }
+  int64_t SteadyFromStep() const override {
+    if (cfg_.mode != config::FsdpMode::kCompiled) return 1;
+    return kEagerStepsBeforePlan + (cfg_.replan ? kCompiledStepsBeforeReplan : 0);
+  }
   torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
     if (sync) sync_started_ = NowSeconds();
     fsdp_->SetGradientSync(sync);

@@ -37,6 +37,9 @@ class Engine {
   // Once before each step's first micro-batch: compiled FSDP makes its plan here (from the
   // traced second step) and a step trace starts; errors are values, not exceptions from Forward.
   virtual Status BeginStep() { return Status::Ok(); }
+  // The first step (0-based) from which every step runs the same schedule: after warm-up, and
+  // in compiled FSDP after the plan (and the re-plan) took over. Steady-state figures start here.
+  virtual int64_t SteadyFromStep() const { return 1; }
   // Training forward of one micro-batch; `sync` = last micro-batch (gradients are reduced).
   virtual torch::Tensor Forward(const torch::Tensor& tokens, bool sync) = 0;
   virtual Status AfterBackward(bool sync) = 0;

@@ -71,6 +71,10 @@ void ProgressReport::Step(const StepRecord& r) {
   metrics_.RecordCommunication(r.comm.exposed_comm_seconds, sent);
   summary_.comm = r.comm.comm;
   summary_.peak_memory_bytes = std::max(summary_.peak_memory_bytes, r.memory.peak_bytes);
+  summary_.steady_from_step = run_.steady_from_step;
+  if (step >= run_.steady_from_step) {
+    summary_.steady_peak_tensor_bytes = std::max(summary_.steady_peak_tensor_bytes, r.memory.tensors.peak);
+  }
   summary_.memory_device = r.memory.device;
   const double rank_tokens = static_cast<double>(run_.tokens_per_step) / static_cast<double>(run_.world_size);
   metrics_.RecordStep({step + 1, r.loss, r.seconds, rank_tokens, rank_tokens / r.seconds, mfu, r.lr, r.grad_norm});
@@ -79,7 +83,8 @@ void ProgressReport::Step(const StepRecord& r) {
             << Format("%.17g", r.lr) << ",\"grad_norm\":" << Format("%.17g", r.grad_norm)
             << ",\"tokens_per_second\":" << Format("%.1f", tps) << ",\"step_seconds\":"
             << Format("%.6f", r.seconds) << ",\"exposed_comm_seconds\":"
-            << Format("%.6f", r.comm.exposed_comm_seconds) << "}\n";
+            << Format("%.6f", r.comm.exposed_comm_seconds) << ",\"peak_tensor_bytes\":" << r.memory.tensors.peak
+            << "}\n";
     jsonl_->flush();
   }
   metrics_.RecordMemory(r.memory.current_bytes, r.memory.peak_bytes, r.memory.limit_bytes, r.memory.device);
@@ -130,6 +135,10 @@ void ProgressReport::PrintSummary(bool has_eval) const {
        << (s.losses.empty() ? std::string("n/a") : Format("%.4f", s.losses.back())) << " | "
        << Format("%.0f", s.tokens_per_second) << " tok/s | mfu " << Format("%.2f", s.mean_mfu * 100)
        << "% | peak mem " << Mib(s.peak_memory_bytes) << " (" << s.memory_device << ")";
+  if (s.steady_peak_tensor_bytes > 0) {
+    out_ << " | step peak tensors " << Mib(s.steady_peak_tensor_bytes) << " (from step " << s.steady_from_step + 1
+         << ")";
+  }
   if (has_eval && s.initial_eval_loss >= 0) {
     out_ << " | eval loss " << SixDigits(s.initial_eval_loss) << " -> " << SixDigits(s.final_eval_loss);
   } else if (has_eval) {

@@ -41,6 +41,7 @@ class ProgressReport {
     int world_size = 1;
     double flops_per_token = 0;
     double peak_flops = 0;  // of one device, what MFU is relative to
+    int64_t steady_from_step = 1;  // Engine::SteadyFromStep()
   };
 
   // `jsonl_path` non-empty: appends one JSON object per step there (rank 0 passes

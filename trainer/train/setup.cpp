@@ -186,6 +186,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
                          cfg.training.device + "' resolved to " + r.device.str());
   }
   r.autocast = UseAutocast(cfg, r.device);
+  if (!r.device.is_cuda()) CountCpuTensorBytes();  // CUDA's allocator counts its own
   MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, r.device, log));
   r.dims = net->config();
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
@@ -217,6 +218,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   shape.world_size = r.engine->world_size();
   shape.flops_per_token = r.dims.TrainingFlopsPerToken(cfg.data.seq_len);
   shape.peak_flops = profile.peak_flops;
+  shape.steady_from_step = r.engine->SteadyFromStep();
   MW_ASSIGN_OR_RETURN(r.report, ProgressReport::Create(shape, r.engine->rank() == 0 ? cfg.logging.jsonl : std::string(),
                                                        *r.metrics, r.log(), r.summary));
   PrintRun(r, profile, tokens_per_step);

@@ -46,6 +46,7 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   const config::TrainConfig& cfg = r.cfg;
   Engine& engine = *r.engine;
   const auto t0 = Clock::now();
+  ResetTensorPeak(r.device);  // the record's tensor peak is this step's
   MW_RETURN_IF_ERROR(engine.BeginStep());  // compiled FSDP plans before step 2
   const double lr = LearningRate(cfg.schedule, cfg.optimizer.lr, step);
   for (auto& group : r.optimizer->param_groups()) group.options().set_lr(lr);

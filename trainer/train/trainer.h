@@ -23,6 +23,10 @@ struct TrainSummary {
   double tokens_per_second = 0;     // tokens / seconds, excluding the first (warm-up) step
   double mean_mfu = 0;
   int64_t peak_memory_bytes = 0;
+  // The most bytes tensors held within one step, over the steps from steady_from_step (0-based:
+  // the engine's SteadyFromStep()) on; 0 when the run ended before it, or on the CPU untracked.
+  int64_t steady_peak_tensor_bytes = 0;
+  int64_t steady_from_step = 0;
   std::string memory_device;        // "cpu" (RSS) or "cuda" (caching allocator)
   int64_t param_bytes = 0;          // this rank's parameters (FSDP: its shards)
   double exposed_comm_seconds = 0;  // blocked on collectives, whole run

@@ -181,5 +181,30 @@ free %ag0
   EXPECT_EQ(Print(*g).find("ws=100000") != std::string::npos, true);
 }
 
+// rs_recv=full (Gloo): a reduce-scatter in flight holds a receive buffer as large as its input,
+// from its issue to its wait.
+TEST(Simulator, ReduceScatterReceiveBufferCountsUntilItsWait) {
+  const std::string ops = R"(%ag0 = all_gather [3,4]
+wait %ag0
+compute fwd layers.1
+compute bwd layers.1
+%rs0 = reduce_scatter [3,4]
+wait %rs0
+free %ag0
+)";
+  auto nccl = Parse(kSmallModel + ops);
+  ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
+  // Peak at the end of the backward: gathered 4000, activations 5000, gradients 8000.
+  EXPECT_EQ(PeakBytes(*nccl), 4000 + 5000 + 8000);
+  std::string model = kSmallModel;
+  model.replace(model.find("dp_replicate=1"), 14, "dp_replicate=1 rs_recv=full");
+  auto gloo = Parse(model + ops);
+  ASSERT_TRUE(gloo.ok()) << gloo.status().ToString();
+  EXPECT_TRUE(gloo->reduce_scatter_receives_input);
+  EXPECT_EQ(Print(*gloo), model + ops);
+  // While the reduce-scatter runs: gathered 4000, the gradients 8000 and as much again.
+  EXPECT_EQ(PeakBytes(*gloo), 4000 + 8000 + 8000);
+}
+
 }  // namespace
 }  // namespace meshwork::compiler

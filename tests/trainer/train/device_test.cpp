@@ -1,9 +1,12 @@
 // Device selection: which GPU each process of a node takes (cuda:<LOCAL_RANK>), and the errors
-// for a local rank without a GPU of its own, no GPU at all, and bad specs. Pure: no GPU needed.
+// for a local rank without a GPU of its own, no GPU at all, and bad specs; the CPU tensor-bytes
+// counter behind a step's tensor peak. No GPU needed.
 #include "trainer/train/device.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <torch/torch.h>
 
 #include <cstdlib>
 
@@ -77,6 +80,32 @@ TEST(ResolveDevice, ReadsTheLocalRankFromTheEnvironment) {
   auto bad = ResolveDevice("cpu");
   EXPECT_FALSE(bad.ok()) << "a local rank beyond LOCAL_WORLD_SIZE is refused by the environment check";
   for (const char* v : {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"}) ::unsetenv(v);
+}
+
+TEST(TensorBytes, CountsCpuTensorsAndTheirPeakSinceTheLastReset) {
+  CountCpuTensorBytes();
+  CountCpuTensorBytes();  // a second call changes nothing
+  const torch::Device cpu(torch::kCPU);
+  const TensorBytes before = SampleMemory(cpu).tensors;
+  constexpr int64_t kMiB = 1 << 20;
+  {
+    torch::Tensor a = torch::empty({4 * kMiB / 4}, torch::kFloat);  // 4 MiB
+    const TensorBytes held = SampleMemory(cpu).tensors;
+    EXPECT_GE(held.current - before.current, 4 * kMiB);
+    EXPECT_GE(held.peak, held.current);
+    {
+      torch::Tensor b = torch::ones({2 * kMiB / 4}, torch::kFloat);  // 2 MiB more, then freed
+      EXPECT_GE(SampleMemory(cpu).tensors.current - held.current, 2 * kMiB);
+    }
+    const TensorBytes after_b = SampleMemory(cpu).tensors;
+    EXPECT_LT(after_b.current - held.current, kMiB) << "the freed tensor is uncounted";
+    EXPECT_GE(after_b.peak - held.current, 2 * kMiB) << "the peak remembers it";
+    ResetTensorPeak(cpu);
+    EXPECT_EQ(SampleMemory(cpu).tensors.peak, SampleMemory(cpu).tensors.current);
+  }
+  EXPECT_LT(SampleMemory(cpu).tensors.current - before.current, kMiB);
+  // The process's peak RSS is not the tensor peak and survives the reset.
+  EXPECT_GT(SampleMemory(cpu).peak_bytes, 0);
 }
 
 }  // namespace

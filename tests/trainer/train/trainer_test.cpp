@@ -64,6 +64,27 @@ TEST(Train, SameSeedGivesIdenticalLossesOnCpu) {
   EXPECT_NE(a->losses, c->losses);
 }
 
+// Activation checkpointing changes memory, not numerics: every layer recomputed gives the same
+// losses, and the steady step's tensor peak (counted on the CPU) is lower.
+TEST(Train, ActivationCheckpointingKeepsLossesAndLowersTheStepPeak) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  // Activations dominate here: a long sequence through a narrow model.
+  const std::vector<std::string> big = {"data.train=" + tokens, "data.seq_len=256", "data.batch_size=8"};
+  auto plain_cfg = big;
+  plain_cfg.push_back("training.activation_checkpointing=none");
+  auto all_cfg = big;
+  all_cfg.push_back("training.activation_checkpointing=all");
+  auto plain = TrainQuietly(Config(plain_cfg));
+  auto all = TrainQuietly(Config(all_cfg));
+  ASSERT_TRUE(plain.ok() && all.ok());
+  ASSERT_EQ(plain->losses.size(), all->losses.size());
+  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(all->losses[i], plain->losses[i], 1e-6) << i;
+  EXPECT_EQ(plain->steady_from_step, 1);
+  EXPECT_GT(plain->steady_peak_tensor_bytes, 0);
+  EXPECT_LT(all->steady_peak_tensor_bytes, plain->steady_peak_tensor_bytes);
+}
+
 TEST(Train, GradientAccumulationMatchesOneLargeBatch) {
   // Rows are indexed across micro-batches, so 2 x 4 rows see exactly the data of 1 x 8 rows.
   auto whole = TrainQuietly(Config({"data.batch_size=8", "training.grad_accum=1"}));
