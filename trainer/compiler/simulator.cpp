@@ -55,15 +55,21 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
         }
         break;
       }
-      case OpKind::kReduceScatter:
+      case OpKind::kReduceScatter: {
         reduce_scatters[op.id] = &op;
-        if (g.reduce_scatter_receives_input) {
-          int64_t b = 0;
-          for (int p : op.params) b += g.params[p].grad_bytes;
-          receiving[op.id] = b;
-          live += b;
+        int64_t b = 0;
+        for (int p : op.params) b += g.params[p].grad_bytes;
+        // The issue lays the gradients out rank-major in the collective's input: for a moment
+        // both are held, and the receive buffer (rs_recv=full) too; then the gradients go, and
+        // the input takes their place until the wait.
+        const int64_t receive = g.reduce_scatter_receives_input ? b : 0;
+        peak = std::max(peak, live + b + receive);
+        if (receive > 0) {
+          receiving[op.id] = receive;
+          live += receive;
         }
         break;
+      }
       case OpKind::kWait: {
         auto it = reduce_scatters.find(op.id);
         if (it != reduce_scatters.end()) {
