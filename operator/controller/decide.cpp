@@ -157,10 +157,18 @@ void RecordShape(const JobSpec& spec, json& status) {
 
 bool JobEnded(const std::string& phase) { return phase == "Succeeded" || phase == "Failed"; }
 
-// Applies a final decision; one that finishes the job also schedules its TTL.
+std::vector<PodView> Views(const Observed& in) {
+  std::vector<PodView> pods;
+  for (const auto& pod : in.pods) pods.push_back(ViewPod(pod));
+  return pods;
+}
+
+// Applies a final decision; one that finishes the job also schedules its TTL, and counts as
+// ready only the Pods that go on running after it.
 void End(Plan& plan, const policy::Decision& d, const Observed& in) {
   policy::Apply(d, plan, in.now);
   if (!JobEnded(plan.phase)) return;
+  plan.status.update(policy::FinishedCounts(plan.status, Views(in), d.remove));
   if (auto ttl = policy::Ttl(in.job, plan.status, in.now, /*may_delete=*/false)) policy::Apply(*ttl, plan, in.now);
 }
 
@@ -171,13 +179,14 @@ Plan Decide(const Observed& in) { return Decide(in, ParseSpec(in.job)); }
 Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
   const Plan begun = Begin(in);
   Plan plan = begun;
-  std::vector<PodView> pods;
-  for (const auto& pod : in.pods) pods.push_back(ViewPod(pod));
+  std::vector<PodView> pods = Views(in);
 
   // A finished job stays finished: its Pods are cleaned up and, after its TTL, it is deleted.
   if (ConditionTrue(plan.status, "Succeeded") || ConditionTrue(plan.status, "Failed")) {
     const CleanPodPolicy clean = spec.ok() ? spec->clean_pod_policy : CleanPodPolicy::kRunning;
-    policy::Apply(policy::Finished(plan.status, clean, pods), plan, in.now);
+    const policy::Decision finished = policy::Finished(plan.status, clean, pods);
+    policy::Apply(finished, plan, in.now);
+    plan.status.update(policy::FinishedCounts(plan.status, pods, finished.remove));
     if (auto ttl = policy::Ttl(in.job, plan.status, in.now, /*may_delete=*/true)) policy::Apply(*ttl, plan, in.now);
     return plan;
   }

@@ -2,6 +2,7 @@
 // cleanPodPolicy removes, the current gang and its counts.
 #include "operator/controller/policy/policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -113,6 +114,21 @@ json Counts(const JobState& job) {
           {"activeReplicas", active},
           {"succeededReplicas", succeeded},
           {"failedReplicas", failed},
+          {"ready", std::to_string(ready) + "/" + std::to_string(replicas)}};
+}
+
+json FinishedCounts(const json& status, const std::vector<PodView>& pods, const std::vector<PodView>& removed) {
+  if (!status.contains("replicas")) return json::object();  // never counted: nothing to correct
+  int ready = 0, active = 0;
+  for (const auto& p : pods) {
+    const bool going = std::any_of(removed.begin(), removed.end(), [&](const PodView& r) { return r.uid == p.uid; });
+    if (going || !Active(p)) continue;
+    ++active;
+    if (p.ready) ++ready;
+  }
+  const int64_t replicas = IntOr(status, "replicas", 0);
+  return {{"readyReplicas", ready},
+          {"activeReplicas", active},
           {"ready", std::to_string(ready) + "/" + std::to_string(replicas)}};
 }
 

@@ -73,6 +73,12 @@ bool Active(const PodView& pod);
 // status.replicas, readyReplicas, activeReplicas, succeededReplicas, failedReplicas and ready
 // ("1/2") of the current gang.
 nlohmann::json Counts(const JobState& job);
+// A finished job's readyReplicas, activeReplicas and ready: its Pods (any gang) still running
+// and not being removed, out of the `replicas` the status last showed. Its Pods only ever go
+// away, so the counts fall with them (a Failed job showed 1/2 with one Pod left in Error).
+// Empty when the status never had counts (a spec that failed before any gang).
+nlohmann::json FinishedCounts(const nlohmann::json& status, const std::vector<PodView>& pods,
+                              const std::vector<PodView>& removed);
 // status.trainer from rank 0's report, rounded for `kubectl get` (tokens/s to 0.1, loss to 1e-4).
 // The job's tokens/s is rank 0's times the world size: every rank processes the same batch.
 nlohmann::json ReportJson(const TrainerReport& r, SystemTime now, int world_size);

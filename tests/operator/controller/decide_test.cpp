@@ -230,6 +230,38 @@ TEST(DecideTest, CleanPodPolicyAppliesWhenTheBackoffLimitTrips) {
   }
 }
 
+TEST(DecideTest, AFinishedJobCountsAsReadyOnlyThePodsStillRunning) {
+  // Issue 20: a Failed job showed READY 1/2 with one Pod left in Error, and a DeadlineExceeded
+  // one 2/2 with no Pods.
+  for (const auto& [policy, ready_now] :
+       std::vector<std::pair<std::string, std::string>>{{"All", "0/2"}, {"Running", "0/2"}, {"None", "1/2"}}) {
+    json job = RunningJob({{"runPolicy", {{"backoffLimit", 0}, {"cleanPodPolicy", policy}}}});
+    Plan p = Decide(In(job, {Pod(0, 0, "Failed", 1), Pod(1, 0, "Running")}));
+    ASSERT_EQ(p.phase, "Failed") << policy;
+    EXPECT_EQ(p.status["ready"], ready_now) << policy << ": the running rank is being removed, or (None) runs on";
+    EXPECT_EQ(p.status["failedReplicas"], 1) << policy;
+    // Later, with what cleanPodPolicy left: the counts follow the Pods.
+    std::vector<json> left = {Pod(0, 0, "Failed", 1)};
+    if (policy == "None") left.push_back(Pod(1, 0, "Running"));
+    if (policy == "All") left.clear();
+    Plan q = Decide(In(After(job, p), left));
+    EXPECT_EQ(q.status["ready"], ready_now) << policy;
+    EXPECT_EQ(q.status["readyReplicas"], policy == "None" ? 1 : 0) << policy;
+    EXPECT_EQ(q.status["activeReplicas"], policy == "None" ? 1 : 0) << policy;
+    // The rank that kept running (None) finishes: nothing is ready any more.
+    if (policy == "None") {
+      Plan r = Decide(In(After(After(job, p), q), {Pod(0, 0, "Failed", 1), Pod(1, 0, "Succeeded", 0)}));
+      EXPECT_EQ(r.status["ready"], "0/2");
+    }
+  }
+  json deadline = RunningJob({{"runPolicy", {{"activeDeadlineSeconds", 60}}}});
+  deadline["status"]["activeSeconds"] = 60;
+  Plan d = Decide(In(deadline, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(1)));
+  ASSERT_EQ(ConditionReason(d.status, "Failed"), "DeadlineExceeded");
+  EXPECT_EQ(d.status["ready"], "0/2");
+  EXPECT_EQ(Decide(In(After(deadline, d), {})).status["ready"], "0/2");
+}
+
 TEST(DecideTest, NeverPolicyFailsOnTheFirstFailure) {
   json job = RunningJob({{"runPolicy", {{"restartPolicy", "Never"}}}});
   Plan p = Decide(In(job, {Pod(0, 0, "Failed", 137), Pod(1, 0, "Running")}));
