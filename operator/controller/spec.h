@@ -33,6 +33,8 @@ inline constexpr const char* kMeshLabel = "meshwork.dev/mesh";  // "1x2x1"
 // The trainer container's name, and the env var its config arrives in.
 inline constexpr const char* kTrainerContainer = "trainer";
 inline constexpr const char* kConfigEnv = "MESHWORK_CONFIG_YAML";
+// Linux's limit on one argument or environment string, its NUL included (MAX_ARG_STRLEN).
+inline constexpr size_t kMaxArgStrlen = 32 * 4096;
 inline constexpr const char* kDefaultConfigKey = "config.yaml";
 
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };

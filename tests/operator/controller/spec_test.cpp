@@ -193,6 +193,16 @@ TEST(SpecTest, TrainerConfigIsCheckedWithTheTrainersOwnRules) {
   Status bad = ValidateTrainerConfig("model:\n  preset: huge\n", *s, "ns", "job", "spec.config.inline");
   EXPECT_THAT(bad.message(), HasSubstr("spec.config.inline: the trainer refuses this config"));
   EXPECT_THAT(bad.message(), HasSubstr("huge"));
+  // Issue 20: a config over Linux's limit on one environment string could never start (every
+  // rank failed with "Argument list too long"); it is refused naming the field and the size.
+  const std::string big = "model:\n  preset: tiny\n#" + std::string(131072, 'x') + "\n";
+  Status too_big = ValidateTrainerConfig(big, *s, "ns", "job", "spec.config.inline");
+  EXPECT_THAT(too_big.message(), HasSubstr("spec.config.inline: " + std::to_string(big.size()) + " bytes of config"));
+  EXPECT_THAT(too_big.message(), HasSubstr("131050 bytes (MAX_ARG_STRLEN)"));
+  const std::string head = "model:\n  preset: tiny\n#";
+  const std::string fits = head + std::string(131050 - head.size() - 1, 'x') + "\n";
+  ASSERT_EQ(fits.size(), 131050u);
+  EXPECT_TRUE(ValidateTrainerConfig(fits, *s, "ns", "job", "spec.config.inline").ok());
   Status typo = ValidateTrainerConfig("optimizr:\n  lr: 1\n", *s, "ns", "job", "spec.config.inline");
   EXPECT_THAT(typo.message(), HasSubstr("optimizr"));
   s->args = {"--set", "optimizer.lr=-1"};
