@@ -60,6 +60,7 @@ Status StartMetrics(TrainingRun& r, const dist::DistEnv& env) {
   r.metrics = std::make_unique<metrics::TrainerMetrics>(
       *r.registry, std::map<std::string, std::string>{{"job", cfg.metrics.job}, {"rank", std::to_string(env.rank)}});
   r.metrics->SetTotalSteps(cfg.schedule.steps);
+  if (r.first_step() > 0) r.metrics->SetResumedStep(r.first_step());
   const dist::MeshShape mesh = r.engine->mesh_shape();
   r.metrics->SetInfo(cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from,
                      cfg.model.init_from.empty() ? cfg.model.preset : "hf", r.device.str(), env.world_size,
@@ -98,7 +99,6 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
                                          : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))
           << " (" << profile.basis << ")\n";
   if (r.first_step() > 0) {
-    r.metrics->SetResumedStep(r.first_step());
     r.log() << "resumed from " << r.resumed.step_dir << " (step " << r.first_step() << " of " << cfg.schedule.steps
             << ")\n";
     for (const auto& note : r.resumed.notes) r.log() << "resume: note: " << note << "\n";
@@ -199,7 +199,6 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   if (!cfg.data.val.empty() || !cfg.eval.data.empty()) {
     MW_ASSIGN_OR_RETURN(r.eval_file, OpenEvalFile(cfg));
   }
-  MW_RETURN_IF_ERROR(StartMetrics(r, env));
   const DeviceProfile profile = ResolveDeviceProfile(cfg.metrics.device_profile, cfg.metrics.peak_tflops, r.device);
 
   r.optimizer = MakeOptimizer(cfg.optimizer, *r.engine);
@@ -208,6 +207,9 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   // the step, so nothing else needs restoring).
   r.checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint, *r.engine, *r.optimizer, RunMeta(cfg, r.dims, *r.engine));
   MW_ASSIGN_OR_RETURN(r.resumed, r.checkpointer->Resume());
+  // /metrics opens only now, its step already the checkpoint's: a resumed gang never reports
+  // step 0 while it loads (the operator's STEP went 117 -> 0 -> 113; issue 20).
+  MW_RETURN_IF_ERROR(StartMetrics(r, env));
 
   const int64_t tokens_per_step = cfg.data.batch_size * cfg.training.grad_accum * r.engine->dp_size() * cfg.data.seq_len;
   ProgressReport::Run shape;

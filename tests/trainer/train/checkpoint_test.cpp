@@ -26,6 +26,7 @@ using meshwork::testing::ReadBytes;
 using meshwork::testing::TempDir;
 using meshwork::testing::WriteBytes;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 model::LlamaConfig SmallDims() {
   model::LlamaConfig d;
@@ -506,6 +507,30 @@ TEST(CheckpointTrain, ResumeAfterTheLastStepFinishesAtOnceAndStillExports) {
   EXPECT_TRUE(again->losses.empty());
   EXPECT_THAT(again_log.str(), HasSubstr("(step 8 of 8)"));
   EXPECT_TRUE(fs::exists(tmp.File("hf") + "/model.safetensors"));
+}
+
+// A resumed gang's /metrics opens only once the checkpoint has loaded, its step already the
+// checkpoint's: before, rank 0 served step 0 while it loaded and the operator's STEP column went
+// 117 -> 0 -> 113 (issue 20). Seen here through a resume that fails: /metrics never opened.
+TEST(CheckpointTrain, MetricsOpenOnlyOnceTheCheckpointHasLoaded) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  std::ostringstream log;
+  ASSERT_TRUE(Train(TrainCfg({"checkpoint.dir=" + dir, "schedule.steps=2"}), log).ok());
+  WriteBytes(dir + "/latest", "step-00000007\n");  // names a step that is not there
+  std::ostringstream failed_log;
+  auto failed = Train(TrainCfg({"checkpoint.dir=" + dir, "metrics.port=0", "metrics.host=127.0.0.1"}), failed_log);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("step-00000007"));
+  EXPECT_THAT(failed_log.str(), Not(HasSubstr("metrics: http://"))) << failed_log.str();
+  // A resume that loads: /metrics is announced, after the checkpoint was read.
+  WriteBytes(dir + "/latest", "step-00000002\n");
+  std::ostringstream resumed_log;
+  auto resumed = Train(TrainCfg({"checkpoint.dir=" + dir, "metrics.port=0", "metrics.host=127.0.0.1",
+                                 "schedule.steps=3"}), resumed_log);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_THAT(resumed_log.str(), HasSubstr("metrics: http://127.0.0.1:"));
+  EXPECT_EQ(resumed->resumed_from, 2);
 }
 
 TEST(CheckpointTrain, ACheckpointOfAnotherModelStopsTheRunWithExitCode3) {
