@@ -66,8 +66,7 @@ struct ShardedState {
 // One decoder layer's forward; with `recompute`, checkpointed (its backward runs it again).
 inline torch::Tensor RunLayer(model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope,
                               bool recompute) {
-  if (!recompute) return layer.forward(h, rope);
-  return model::Recompute([&layer, rope](const torch::Tensor& in) { return layer.forward(in, rope); }, h);
+  return recompute ? model::CheckpointedLayer(layer, h, rope) : layer.forward(h, rope);
 }
 
 // Decides when the units gather, reduce and free during one micro-batch's forward and backward.

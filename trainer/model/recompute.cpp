@@ -49,4 +49,8 @@ torch::Tensor Recompute(const Block& block, const torch::Tensor& input) {
   return RecomputeFunction::apply(input, c10::make_intrusive<Replay>(block, compat::CurrentCudaAutocast()));
 }
 
+torch::Tensor CheckpointedLayer(DecoderLayerImpl& layer, const torch::Tensor& h, const RopeTables& rope) {
+  return Recompute([&layer, rope](const torch::Tensor& in) { return layer.forward(in, rope); }, h);
+}
+
 }  // namespace meshwork::model

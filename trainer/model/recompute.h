@@ -15,6 +15,8 @@
 
 #include <functional>
 
+#include "trainer/model/llama.h"
+
 namespace meshwork::model {
 
 using Block = std::function<torch::Tensor(const torch::Tensor&)>;
@@ -23,5 +25,9 @@ using Block = std::function<torch::Tensor(const torch::Tensor&)>;
 // require grad: the parameters' gradients would then have no way back in) it simply runs
 // `block(input)`. `block` must stay callable until the backward has run.
 torch::Tensor Recompute(const Block& block, const torch::Tensor& input);
+
+// One decoder layer, checkpointed: Recompute over `layer.forward(h, rope)` (the layer must outlive
+// the backward; the rope tables are kept with it).
+torch::Tensor CheckpointedLayer(DecoderLayerImpl& layer, const torch::Tensor& h, const RopeTables& rope);
 
 }  // namespace meshwork::model

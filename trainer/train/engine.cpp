@@ -43,7 +43,7 @@ class LocalEngine : public Engine {
     if (!checkpoint_layers_) return model_->forward(tokens);
     return model_->ForwardWithLayerRunner(
         tokens, [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
-          return model::Recompute([&layer, rope](const torch::Tensor& in) { return layer.forward(in, rope); }, h);
+          return model::CheckpointedLayer(layer, h, rope);
         });
   }
   Status AfterBackward(bool) override { return Status::Ok(); }

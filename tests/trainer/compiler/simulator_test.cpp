@@ -160,20 +160,23 @@ free %ag0
   EXPECT_NEAR(r.ops[1].end, 0.007, 1e-12);  // the wait includes its copy-out
 }
 
-// A module's backward workspace (recomputed activations) counts toward the peak only while
-// that backward runs.
-TEST(Simulator, BackwardWorkspaceCountsOnlyDuringItsBackward) {
-  std::string model = kSmallModel;
-  const std::string from = "module layers.1 fwd=0.01 bwd=0.02 act=5000 params=[3,4]";
-  model.replace(model.find(from), from.size(), "module layers.1 fwd=0.01 bwd=0.02 act=5000 ws=100000 params=[3,4]");
-  auto g = Parse(model + R"(%ag0 = all_gather [3,4]
+// layers.1 alone: gathered, forward, backward, its reduce-scatter, free.
+const std::string kLayerOneStep = R"(%ag0 = all_gather [3,4]
 wait %ag0
 compute fwd layers.1
 compute bwd layers.1
 %rs0 = reduce_scatter [3,4]
 wait %rs0
 free %ag0
-)");
+)";
+
+// A module's backward workspace (recomputed activations) counts toward the peak only while
+// that backward runs.
+TEST(Simulator, BackwardWorkspaceCountsOnlyDuringItsBackward) {
+  std::string model = kSmallModel;
+  const std::string from = "module layers.1 fwd=0.01 bwd=0.02 act=5000 params=[3,4]";
+  model.replace(model.find(from), from.size(), "module layers.1 fwd=0.01 bwd=0.02 act=5000 ws=100000 params=[3,4]");
+  auto g = Parse(model + kLayerOneStep);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   // At the end of the backward: gathered 4000, activations 5000, the 100000 workspace and the
   // new gradients 6000 + 2000.
@@ -184,14 +187,7 @@ free %ag0
 // A reduce-scatter's issue copies the gradients into its input (both held for a moment); with
 // rs_recv=full (Gloo) it also holds a receive buffer as large as its input until its wait.
 TEST(Simulator, ReduceScatterReceiveBufferCountsUntilItsWait) {
-  const std::string ops = R"(%ag0 = all_gather [3,4]
-wait %ag0
-compute fwd layers.1
-compute bwd layers.1
-%rs0 = reduce_scatter [3,4]
-wait %rs0
-free %ag0
-)";
+  const std::string& ops = kLayerOneStep;
   auto nccl = Parse(kSmallModel + ops);
   ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
   // At the issue: gathered 4000, the gradients 8000 and their copy.

@@ -118,7 +118,7 @@ TEST(RecomputeTest, CheckpointedModelMatchesPlainModel) {
   const torch::Tensor logits = model->ForwardWithLayerRunner(
       tokens, [](int64_t i, DecoderLayerImpl& layer, const torch::Tensor& h, const RopeTables& rope) {
         if (i % 2 == 1) return layer.forward(h, rope);
-        return Recompute([&layer, rope](const torch::Tensor& in) { return layer.forward(in, rope); }, h);
+        return CheckpointedLayer(layer, h, rope);
       });
   const torch::Tensor loss = CausalLmLoss(logits, targets);
   EXPECT_NEAR(loss.item<double>(), plain_loss.item<double>(), 1e-6);
