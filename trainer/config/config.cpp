@@ -176,6 +176,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("training.threads", &c.training.threads, 0, 4096),
       EnumField("training.activation_checkpointing", &c.training.activation_checkpointing,
                 kActivationCheckpointingNames),
+      IntField("training.loss_chunk_mib", &c.training.loss_chunk_mib, 1, 1 << 20),
 
       StringField("eval.data", &c.eval.data),
       IntField("eval.windows", &c.eval.windows, 1, kMaxInt),

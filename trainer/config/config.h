@@ -87,6 +87,8 @@ struct TrainingConfig {
   // Recompute decoder layers in backward: auto = the layers compiled FSDP's plan picks under its
   // memory budget (otherwise none); none; all.
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
+  // MiB of fp32 logits per chunk of the fused output head + loss (model/linear_cross_entropy.h).
+  int64_t loss_chunk_mib = 256;
 };
 
 struct EvalConfig {

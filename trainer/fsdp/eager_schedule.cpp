@@ -6,7 +6,7 @@
 
 namespace meshwork::fsdp {
 
-torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens) {
+torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   ShardedState* state = &state_;
   std::vector<std::unique_ptr<Unit>>& units = state->units;
   units[0]->WaitGather();
@@ -17,7 +17,7 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens) {
   if (prefetch && units.size() > 1) units[1]->StartGather();
   const bool sync = state->sync;
   const int64_t layers = static_cast<int64_t>(units.size()) - 1;
-  torch::Tensor logits = state->model->ForwardWithLayerRunner(
+  torch::Tensor logits = state->model->ForwardWithLayerRunner(  // or the loss, with targets
       tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
         Unit* unit = units[i + 1].get();
         if (i == 0) {
@@ -48,6 +48,12 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens) {
         trace->fwd[i + 1] = {start, trace->clock.Now()};
         state->TraceCompute("fwd layers." + std::to_string(i), start.host, trace->fwd[i + 1].to.host);
         if (state->options.reshard_after_forward) unit->Free();
+        if (i + 1 == layers) {
+          // The last layer is the first one backward needs: gather it while the head and the
+          // loss run. The head's time counts from here.
+          if (prefetch) unit->StartGather();
+          trace->mark = trace->clock.Now();
+        }
         if (i + 1 == layers && out.requires_grad()) {
           // Pre-backward of the last layer (the others get theirs from the next layer's hook).
           Unit* before = prefetch && i > 0 ? units[i].get() : nullptr;
@@ -63,10 +69,9 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens) {
           });
         }
         return out;
-      });
-  // The last layer is the first one backward needs: gather it while the loss is computed.
-  if (prefetch && layers > 0) units.back()->StartGather();
-  trace->mark = trace->clock.Now();
+      },
+      targets);
+  if (layers == 0) trace->mark = trace->clock.Now();
   return logits;
 }
 

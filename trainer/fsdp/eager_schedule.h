@@ -13,7 +13,7 @@ class EagerSchedule : public StepSchedule {
  public:
   explicit EagerSchedule(ShardedState& state) : state_(state) {}
 
-  torch::Tensor Forward(const torch::Tensor& tokens) override;
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& targets) override;
   void FinishBackward() override;
 
  private:

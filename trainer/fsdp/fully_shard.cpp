@@ -99,15 +99,15 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
   return std::unique_ptr<FullyShardedLlama>(new FullyShardedLlama(std::move(state)));
 }
 
-torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens) {
+torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   state_->trace.batch = tokens.size(0);
   state_->trace.seq = tokens.size(1);
-  return schedule_->Forward(tokens);
+  return schedule_->Forward(tokens, targets);
 }
 
 void FullyShardedLlama::SetGradientSync(bool sync) { state_->sync = sync; }
 
-torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens) {
+torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   std::vector<std::unique_ptr<Unit>>& units = state_->units;
   units[0]->WaitGather();
@@ -120,7 +120,8 @@ torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens) {
         torch::Tensor out = layer.forward(h, rope);
         unit.Free();
         return out;
-      });
+      },
+      targets);
   units[0]->Free();
   return logits;
 }

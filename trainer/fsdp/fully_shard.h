@@ -83,8 +83,9 @@ class FullyShardedLlama {
                                                            const FsdpOptions& options);
   ~FullyShardedLlama();
 
-  // Forward of the whole model; keep the root unit gathered until FinishBackward().
-  torch::Tensor Forward(const torch::Tensor& tokens);
+  // Forward of the whole model; keep the root unit gathered until FinishBackward(). Returns the
+  // logits, or with `targets` the mean loss (the logits never whole: linear_cross_entropy.h).
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& targets = {});
   // Whether this micro-batch's backward reduces gradients (false until the last micro-batch of
   // gradient accumulation: full gradients accumulate locally instead).
   void SetGradientSync(bool sync);
@@ -92,7 +93,7 @@ class FullyShardedLlama {
   // shard gradients (HSDP: averaged over replicas) and free the root.
   Status FinishBackward();
   // Forward without gradients (evaluation); frees everything after.
-  torch::Tensor ForwardNoGrad(const torch::Tensor& tokens);
+  torch::Tensor ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets = {});
 
   // The master shards (optimizer parameters), split by whether weight decay applies.
   std::vector<torch::Tensor> DecayShards() const;

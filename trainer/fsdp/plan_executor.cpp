@@ -114,7 +114,7 @@ void PlanExecutor::RunOp(size_t at) {
   }
 }
 
-torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens) {
+torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   using compiler::Phase;
   pc_ = 0;
   RunUntil(Phase::kForward, "embed");
@@ -135,7 +135,8 @@ torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens) {
           RunUntil(Phase::kForward, "head");  // the model runs the head next
         }
         return out;
-      });
+      },
+      targets);
   // The head's backward runs before control comes back (at the last layer's backward hook):
   // what the plan schedules between the head's forward and backward is issued now.
   RunUntil(Phase::kBackward, "head");

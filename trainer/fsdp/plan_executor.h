@@ -22,7 +22,7 @@ class PlanExecutor : public StepSchedule {
   // valid) to `state`'s parameters: one unit per all-gather and per reduce-scatter value.
   PlanExecutor(ShardedState& state, const compiler::Graph& plan);
 
-  torch::Tensor Forward(const torch::Tensor& tokens) override;
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& targets) override;
   void FinishBackward() override;
 
  private:

@@ -74,8 +74,9 @@ inline torch::Tensor RunLayer(model::DecoderLayerImpl& layer, const torch::Tenso
 class StepSchedule {
  public:
   virtual ~StepSchedule() = default;
-  // Forward of the whole model, registering whatever backward hooks the schedule needs.
-  virtual torch::Tensor Forward(const torch::Tensor& tokens) = 0;
+  // Forward of the whole model, registering whatever backward hooks the schedule needs: the
+  // logits, or with `targets` the mean loss (LlamaForCausalLMImpl::ForwardWithLayerRunner).
+  virtual torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& targets) = 0;
   // After loss.backward(): what is left of the step's communication.
   virtual void FinishBackward() = 0;
 };

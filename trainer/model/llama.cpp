@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::model {
 
@@ -152,13 +153,22 @@ const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Devic
   return rope_;
 }
 
+namespace {
+torch::Tensor PlainLayer(int64_t, DecoderLayerImpl& layer, const torch::Tensor& h, const RopeTables& rope) {
+  return layer.forward(h, rope);
+}
+}  // namespace
+
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
-  return ForwardWithLayerRunner(tokens, [](int64_t, DecoderLayerImpl& layer, const torch::Tensor& h,
-                            const RopeTables& rope) { return layer.forward(h, rope); });
+  return ForwardWithLayerRunner(tokens, PlainLayer);
 }
 
-torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& tokens,
-                                                           const LayerRunner& run_layer) {
+torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
+  return ForwardWithLayerRunner(tokens, PlainLayer, targets);
+}
+
+torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer,
+                                                           const torch::Tensor& targets) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
@@ -168,6 +178,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
     h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
   }
   h = model->norm(h);
+  if (targets.defined()) return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_);
   return torch::matmul(h, OutputWeight().t());
 }
 

@@ -96,9 +96,16 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // tokens: int64 [batch, seq] -> logits [batch, seq, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
   // The same with each decoder layer run by `run_layer` (one name, not an overload of forward:
-  // ModuleHolder's operator() needs forward to be unique).
-  torch::Tensor ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer);
+  // ModuleHolder's operator() needs forward to be unique). With `targets` (int64 [batch, seq]),
+  // returns the mean loss instead of the logits, through LinearCrossEntropy: the logits never
+  // exist whole (linear_cross_entropy.h).
+  torch::Tensor ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer,
+                                       const torch::Tensor& targets = {});
+  // Mean token cross-entropy of the model on (tokens, targets), the logits never whole.
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
   const LlamaConfig& config() const { return config_; }
+  // Rows per chunk of the fused head + loss (<= 0: LossChunkRows(vocab)).
+  void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by
   // 1/sqrt(2·layers), as GPT-2 does) and norms to one. Deterministic under torch::manual_seed.
@@ -114,6 +121,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   LlamaConfig config_;
   RopeTables rope_;
   int64_t rope_len_ = 0;
+  int64_t loss_chunk_rows_ = 0;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

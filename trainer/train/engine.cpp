@@ -39,12 +39,14 @@ class LocalEngine : public Engine {
   std::string Describe() const override { return "1 process"; }
   dist::MeshShape mesh_shape() const override { return {}; }
 
-  torch::Tensor Forward(const torch::Tensor& tokens, bool) override {
-    if (!checkpoint_layers_) return model_->forward(tokens);
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool) override {
+    if (!checkpoint_layers_) return model_->Loss(tokens, targets);
     return model_->ForwardWithLayerRunner(
-        tokens, [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
+        tokens,
+        [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
           return model::CheckpointedLayer(layer, h, rope);
-        });
+        },
+        targets);
   }
   Status AfterBackward(bool) override { return Status::Ok(); }
   Result<double> ClipGradNorm(double max_norm) override {
@@ -65,9 +67,9 @@ class LocalEngine : public Engine {
     for (const auto& p : model_->parameters()) b += dist::TensorBytes(p);
     return b;
   }
-  torch::Tensor EvalForward(const torch::Tensor& tokens) override {
+  torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     torch::NoGradGuard no_grad;
-    return model_->forward(tokens);
+    return model_->Loss(tokens, targets);
   }
   Result<double> AverageAcrossRanks(double local) override { return local; }
   Result<std::map<std::string, torch::Tensor>> FullState() override {
@@ -131,10 +133,10 @@ class FsdpEngine : public Engine {
     if (cfg_.mode != config::FsdpMode::kCompiled) return 1;
     return kEagerStepsBeforePlan + (cfg_.replan ? kCompiledStepsBeforeReplan : 0);
   }
-  torch::Tensor Forward(const torch::Tensor& tokens, bool sync) override {
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool sync) override {
     if (sync) sync_started_ = NowSeconds();
     fsdp_->SetGradientSync(sync);
-    return fsdp_->Forward(tokens);
+    return fsdp_->Forward(tokens, targets);
   }
   Status AfterBackward(bool sync) override {
     MW_RETURN_IF_ERROR(fsdp_->FinishBackward());
@@ -160,7 +162,9 @@ class FsdpEngine : public Engine {
     return out;
   }
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
-  torch::Tensor EvalForward(const torch::Tensor& tokens) override { return fsdp_->ForwardNoGrad(tokens); }
+  torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
+    return fsdp_->ForwardNoGrad(tokens, targets);
+  }
   Result<double> AverageAcrossRanks(double local) override {
     MW_ASSIGN_OR_RETURN(const std::vector<double> mean,
                         dist::AllReduceValues(mesh_->group("world"), {local}, dist::ReduceOp::kAvg));

@@ -40,8 +40,9 @@ class Engine {
   // The first step (0-based) from which every step runs the same schedule: after warm-up, and
   // in compiled FSDP after the plan (and the re-plan) took over. Steady-state figures start here.
   virtual int64_t SteadyFromStep() const { return 1; }
-  // Training forward of one micro-batch; `sync` = last micro-batch (gradients are reduced).
-  virtual torch::Tensor Forward(const torch::Tensor& tokens, bool sync) = 0;
+  // Training forward of one micro-batch to its mean loss (the output head and the loss fused:
+  // the logits never exist whole); `sync` = last micro-batch (gradients are reduced).
+  virtual torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool sync) = 0;
   virtual Status AfterBackward(bool sync) = 0;
   // Clips to the global gradient norm (computed across shards); returns the norm before.
   virtual Result<double> ClipGradNorm(double max_norm) = 0;
@@ -54,7 +55,8 @@ class Engine {
   // Bytes of this rank's parameters (gradients are the same, AdamW state twice that).
   virtual int64_t ParamBytes() const = 0;
 
-  virtual torch::Tensor EvalForward(const torch::Tensor& tokens) = 0;
+  // Mean loss of one evaluation batch, without gradients.
+  virtual torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) = 0;
   // Mean of a per-rank value over the data-parallel ranks.
   virtual Result<double> AverageAcrossRanks(double local) = 0;
   // Full parameters by HF name (collective: every rank calls; only rank 0's result is used).

@@ -6,6 +6,7 @@
 #include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
+#include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::train {
 namespace {
@@ -134,6 +135,7 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
     log << "loaded weights from " << cfg.model.init_from << "\n";
   }
   net->to(device);
+  net->set_loss_chunk_rows(model::LossChunkRows(dims.vocab_size, cfg.training.loss_chunk_mib << 20));
   return net;
 }
 
@@ -151,9 +153,8 @@ Result<double> EvalLoss(Engine& engine, const model::LlamaConfig& dims, const da
     const int64_t n = std::min(batch, windows - first);
     MW_ASSIGN_OR_RETURN(data::Batch b, data::EvalWindows(file, seq_len, first, n, dims.vocab_size));
     compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
-    auto logits = engine.EvalForward(b.inputs.to(device));
     // Sum of per-window means, so every window weighs the same.
-    total += model::CausalLmLoss(logits, b.targets.to(device)).item<double>() * static_cast<double>(n);
+    total += engine.EvalBatchLoss(b.inputs.to(device), b.targets.to(device)).item<double>() * static_cast<double>(n);
   }
   return total / static_cast<double>(windows);
 }

@@ -40,6 +40,13 @@ Status ExportHf(Engine& engine, const config::TrainConfig& cfg, const model::Lla
   return io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *copy, dtype);
 }
 
+// A host batch on `device`. For a GPU it goes through page-locked memory first, so the copy is
+// asynchronous (from pageable memory `non_blocking` is not).
+torch::Tensor ToDevice(const torch::Tensor& host, const torch::Device& device) {
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 // One optimizer step: learning rate, forward and backward over the micro-batches (gradients
 // are reduced on the last), clip to the global norm, update, and the loss averaged over ranks.
 Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
@@ -54,7 +61,7 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
 
   const int64_t rows = cfg.data.batch_size;
   const int64_t accum = cfg.training.grad_accum;
-  double local_loss = 0;
+  torch::Tensor loss_sum;  // on the device: read once, after the optimizer step
   for (int64_t micro = 0; micro < accum; ++micro) {
     const bool sync = micro + 1 == accum;
     // Rows of the global batch: micro-batch by micro-batch, each split across the dp ranks.
@@ -63,14 +70,12 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
     torch::Tensor loss;
     {
       compat::CudaAutocastGuard amp(r.autocast, torch::kBFloat16);
-      auto logits = engine.Forward(batch.inputs.to(r.device, /*non_blocking=*/true), sync);
-      loss = model::CausalLmLoss(logits, batch.targets.to(r.device, /*non_blocking=*/true)) /
+      loss = engine.Loss(ToDevice(batch.inputs, r.device), ToDevice(batch.targets, r.device), sync) /
              static_cast<double>(accum);
     }
     loss.backward();
     MW_RETURN_IF_ERROR(engine.AfterBackward(sync));
-    // Host-device sync: the loss value is needed for the log, the NaN check and metrics.
-    local_loss += loss.item<double>();
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
 
   // Clip to the global norm (an infinite limit only measures it), then step.
@@ -79,7 +84,8 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   MW_ASSIGN_OR_RETURN(const double grad_norm, engine.ClipGradNorm(max_norm));
   r.optimizer->step();
 
-  MW_ASSIGN_OR_RETURN(const double loss, engine.AverageAcrossRanks(local_loss));
+  // The step's one host-device sync for the loss (the log, the NaN check and metrics need it).
+  MW_ASSIGN_OR_RETURN(const double loss, engine.AverageAcrossRanks(loss_sum.item<double>()));
   if (!std::isfinite(loss)) {
     return Internal("training diverged: loss is " + Format("%g", loss) + " at step " + std::to_string(step + 1) +
                     " (lower optimizer.lr or raise schedule.warmup_steps)");

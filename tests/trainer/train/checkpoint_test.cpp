@@ -75,8 +75,7 @@ void Step(TrainingState& r, int64_t step) {
   torch::manual_seed(static_cast<uint64_t>(1000 + step));
   torch::Tensor tokens = torch::randint(0, r.cfg.model.dims.vocab_size, {2, 9}, torch::kLong);
   r.engine->ZeroGrad();
-  auto logits = r.engine->Forward(tokens.narrow(1, 0, 8), true);
-  model::CausalLmLoss(logits, tokens.narrow(1, 1, 8)).backward();
+  r.engine->Loss(tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8), true).backward();
   r.optimizer->step();
 }
 

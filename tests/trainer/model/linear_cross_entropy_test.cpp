@@ -1,0 +1,141 @@
+// LinearCrossEntropy, the output head fused with the loss: its loss and both gradients equal
+// matmul + CausalLmLoss under plain autograd, in one chunk and in chunks that do not divide the
+// rows; the model's Loss equals forward + CausalLmLoss (tied and untied). That the logits never
+// exist whole is measured in train_test (the step's tensor peak).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "trainer/model/linear_cross_entropy.h"
+#include "trainer/model/llama.h"
+
+namespace meshwork::model {
+namespace {
+
+struct Result {
+  torch::Tensor loss, grad_hidden, grad_weight;
+};
+
+// matmul + cross-entropy (CausalLmLoss for fp32; in double, without its cast to fp32).
+Result Plain(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets) {
+  auto h = hidden.clone().requires_grad_(true);
+  auto w = weight.clone().requires_grad_(true);
+  auto logits = torch::matmul(h, w.t());
+  auto loss = hidden.scalar_type() == torch::kDouble
+                  ? torch::nn::functional::cross_entropy(logits.reshape({-1, w.size(0)}), targets.reshape({-1}))
+                  : CausalLmLoss(logits, targets);
+  loss.backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+Result Fused(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk) {
+  auto h = hidden.clone().requires_grad_(true);
+  auto w = weight.clone().requires_grad_(true);
+  auto loss = LinearCrossEntropy(h, w, targets, chunk);
+  loss.backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+class LinearCrossEntropyTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(LinearCrossEntropyTest, LossAndGradientsEqualTheComposition) {
+  torch::manual_seed(7);
+  // [batch 2, seq 5] tokens, hidden 16, vocab 37: 10 rows, chunks of 1, 3 (uneven), 10 and 64.
+  const auto hidden = torch::randn({2, 5, 16}, torch::kDouble);
+  const auto weight = torch::randn({37, 16}, torch::kDouble);
+  const auto targets = torch::randint(0, 37, {2, 5}, torch::kLong);
+  const Result want = Plain(hidden, weight, targets);
+  const Result got = Fused(hidden, weight, targets, GetParam());
+  EXPECT_EQ(got.loss.dim(), 0);
+  EXPECT_NEAR(got.loss.item<double>(), want.loss.item<double>(), 1e-12);
+  EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-10, 1e-12));
+  EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-10, 1e-12));
+  EXPECT_EQ(got.grad_hidden.sizes(), hidden.sizes());
+}
+
+INSTANTIATE_TEST_SUITE_P(ChunkRows, LinearCrossEntropyTest, ::testing::Values(1, 3, 10, 64));
+
+TEST(LinearCrossEntropyTest, Fp32MatchesWithinRounding) {
+  torch::manual_seed(8);
+  const auto hidden = torch::randn({3, 4, 32});
+  const auto weight = torch::randn({50, 32}) * 0.2;
+  const auto targets = torch::randint(0, 50, {3, 4}, torch::kLong);
+  const Result want = Plain(hidden, weight, targets);
+  const Result got = Fused(hidden, weight, targets, 5);
+  EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
+  EXPECT_NEAR(got.loss.item<float>(), want.loss.item<float>(), 1e-5);
+  EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-4, 1e-6));
+  EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-4, 1e-6));
+}
+
+TEST(LinearCrossEntropyTest, ScalesWithTheIncomingGradient) {
+  // Gradient accumulation divides the loss: the gradients must scale with it.
+  torch::manual_seed(9);
+  const auto hidden = torch::randn({6, 8}, torch::kDouble).requires_grad_(true);
+  const auto weight = torch::randn({11, 8}, torch::kDouble);
+  const auto targets = torch::randint(0, 11, {6}, torch::kLong);
+  (LinearCrossEntropy(hidden, weight, targets, 4) / 4.0).backward();
+  const auto quarter = hidden.grad().clone();
+  hidden.mutable_grad() = torch::Tensor();
+  LinearCrossEntropy(hidden, weight, targets, 4).backward();
+  EXPECT_TRUE(torch::allclose(quarter * 4.0, hidden.grad(), 1e-12, 1e-14));
+}
+
+TEST(LinearCrossEntropyTest, UniformLogitsGiveLogVocab) {
+  const auto hidden = torch::zeros({4, 8});
+  const auto weight = torch::randn({64, 8});
+  const auto targets = torch::randint(0, 64, {4}, torch::kLong);
+  EXPECT_NEAR(LinearCrossEntropy(hidden, weight, targets, 3).item<float>(), std::log(64.0), 1e-5);
+}
+
+TEST(LinearCrossEntropyTest, MismatchedShapesAreRefused) {
+  const auto hidden = torch::zeros({4, 8});
+  EXPECT_THROW(LinearCrossEntropy(hidden, torch::zeros({10, 7}), torch::zeros({4}, torch::kLong)), c10::Error);
+  EXPECT_THROW(LinearCrossEntropy(hidden, torch::zeros({10, 8}), torch::zeros({5}, torch::kLong)), c10::Error);
+}
+
+TEST(LinearCrossEntropyTest, ChunkRowsKeepAQuarterGibibyteOfLogits) {
+  EXPECT_EQ(LossChunkRows(128256), (int64_t{256} << 20) / (128256 * 4));  // Llama 3: 523 rows
+  EXPECT_EQ(LossChunkRows(int64_t{1} << 40), 1);
+}
+
+LlamaConfig TinyConfig() {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 16;
+  return c;
+}
+
+TEST(LlamaLossTest, EqualsForwardThenCausalLmLoss) {
+  for (const bool tied : {false, true}) {
+    torch::manual_seed(11);
+    LlamaConfig c = TinyConfig();
+    c.tie_word_embeddings = tied;
+    LlamaForCausalLM model(c);
+    model->InitWeights(0.1);
+    const auto tokens = torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
+    const auto inputs = tokens.narrow(1, 0, 8), targets = tokens.narrow(1, 1, 8);
+
+    auto plain = CausalLmLoss(model->forward(inputs), targets);
+    plain.backward();
+    std::vector<torch::Tensor> want;
+    for (auto& p : model->parameters()) {
+      want.push_back(p.grad().clone());
+      p.mutable_grad() = torch::Tensor();
+    }
+    auto fused = model->Loss(inputs, targets);
+    fused.backward();
+    EXPECT_NEAR(fused.item<float>(), plain.item<float>(), 1e-6) << "tied " << tied;
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(params[i].grad(), want[i], 1e-4, 1e-6)) << "parameter " << i << " tied " << tied;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshwork::model
