@@ -74,15 +74,16 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // term is absent. Per token, in activation dtype:
   //   2h  inputs of the two RMSNorms
   //   h   input of q/k/v projections (one tensor, shared)
-  //   4h  SDPA's saved q, k, v and output (k and v at full width: the model expands the kv
-  //       heads to all query heads before SDPA, see trainer/model/llama.cpp)
+  //   2h + 2kv  SDPA's saved q, k, v and output (k and v at kv width: libtorch >= 2.5 reads
+  //       grouped-query heads as they are, compat::CausalAttention)
   //   h   input of o_proj (the output made contiguous: a second copy)
   //   h   input of gate/up projections (shared)
   //   4i  gate output (SiLU input), SiLU output, up output, down_proj input
+  // (7h + 2kv + 4i in all)
   // plus SDPA's logsumexp, fp32 per head. RMSNorm's internal fp32 tensors, rotary tables and
   // residual adds (which keep nothing) are not counted.
   const double layer_activation =
-      tokens * ((9.0 * h + 4.0 * inter) * shape.activation_bytes + 4.0 * c.num_attention_heads);
+      tokens * ((7.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes + 4.0 * c.num_attention_heads);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     std::vector<int> params = {
@@ -102,12 +103,15 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
     if (shape.activation_checkpointing) Checkpoint(m);
   }
 
-  // Head: final norm and output projection (the embedding itself when tied). Keeps the inputs
-  // of the norm and of the projection, and the logits in fp32 for the loss's backward.
+  // Head: final norm and output projection (the embedding itself when tied), fused with the
+  // loss (model/linear_cross_entropy.h). Keeps the inputs of the norm and of the projection and
+  // one fp32 log-sum-exp per token, not the logits; its backward recomputes each chunk's logits
+  // (bwd = 3 x fwd). The chunk's transient logits (a few x training.loss_chunk_mib) are not
+  // modelled.
   const int norm = add_param({"model.norm.weight", h, 1});
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
-  add_module("head", {norm, output}, 2.0 * tokens * h * vocab,
-             tokens * (2.0 * h * shape.activation_bytes + 4.0 * vocab));
+  add_module("head", {norm, output}, 2.0 * tokens * h * vocab, tokens * (2.0 * h * shape.activation_bytes + 4.0));
+  g.modules.back().bwd_seconds = 3 * g.modules.back().fwd_seconds;
   return g;
 }
 

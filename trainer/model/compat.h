@@ -1,6 +1,6 @@
 // The one place where libtorch 1.13 (Debian, CPU) and libtorch 2.x (CUDA) differ for Meshwork:
-// fused attention, autocast and the optimizer's state keys. Everything else uses APIs both
-// versions share.
+// fused attention and RMSNorm, autocast and the optimizer's state keys. Everything else uses
+// APIs both versions share.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,6 +8,8 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -16,14 +18,31 @@ namespace meshwork::compat {
 
 inline constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
 
-// Causal scaled-dot-product attention over [batch, heads, seq, head_dim] tensors.
-// libtorch 2.x has a fused kernel (flash / memory-efficient on GPU); 1.13's is private, so the
-// math is spelled out there, with the softmax in fp32 as the fused kernels do.
-inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true);
+// Grouped-query attention's keys or values [batch, kv_heads, seq, head_dim] widened to
+// `heads` heads: query head h reads kv head h / (heads / kv_heads) (HF's repeat_kv order).
+inline at::Tensor RepeatKv(const at::Tensor& x, int64_t heads) {
+  const int64_t kv_heads = x.size(1);
+  if (kv_heads == heads) return x;
+  const int64_t b = x.size(0), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv_heads, heads / kv_heads, t, d}).reshape({b, heads, t, d});
+}
+
+// Causal scaled-dot-product attention: q [batch, heads, seq, head_dim], k and v with heads or
+// fewer (grouped-query: a divisor of heads) kv heads. libtorch >= 2.5 takes the kv heads as they
+// are (enable_gqa: no widened copies) into its fused kernel (flash / memory-efficient on GPU);
+// 2.0-2.4 widen them first; 1.13's kernel is private, so the math is spelled out there, with
+// the softmax in fp32 as the fused kernels do.
+inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  return at::scaled_dot_product_attention(q, k_in, v_in, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true, /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/k_in.size(1) != q.size(1));
+#elif TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, RepeatKv(k_in, q.size(1)), RepeatKv(v_in, q.size(1)),
+                                          /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
+  const at::Tensor k = RepeatKv(k_in, q.size(1));
+  const at::Tensor v = RepeatKv(v_in, q.size(1));
   const int64_t seq = q.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
@@ -32,6 +51,21 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, cons
   at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(v.scalar_type());
   return at::matmul(probs, v);
 #endif
+}
+
+// RMSNorm as Hugging Face's LlamaRMSNorm computes it: normalise in fp32, cast back to x's
+// dtype, scale by the weight (the product in the promoted dtype). libtorch >= 2.4 has it as
+// one op (fused on CUDA from 2.6), used where x and the weight are both fp32 (then the two
+// agree up to rounding); otherwise the composition.
+inline at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
+    return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  }
+#endif
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
 }
 
 // Whether CUDA autocast is on, and to which dtype (what a recomputed block must run under again).

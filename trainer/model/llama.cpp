@@ -17,9 +17,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // Normalise in fp32 whatever the activation dtype, as HF's LlamaRMSNorm does.
-  auto xf = x.to(torch::kFloat);
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  return compat::RmsNorm(x, weight, eps_);
 }
 
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
@@ -87,13 +85,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   auto v = v_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
   q = ApplyRope(q, rope);
   k = ApplyRope(k, rope);
-  if (num_kv_heads_ != num_heads_) {
-    // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads
-    // (HF's repeat_kv order: query head h uses kv head h / n_rep).
-    const int64_t rep = num_heads_ / num_kv_heads_;
-    k = k.unsqueeze(2).expand({b, num_kv_heads_, rep, t, head_dim_}).reshape({b, num_heads_, t, head_dim_});
-    v = v.unsqueeze(2).expand({b, num_kv_heads_, rep, t, head_dim_}).reshape({b, num_heads_, t, head_dim_});
-  }
+  // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
   auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
   y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
   return o_proj(y);

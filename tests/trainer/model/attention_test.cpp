@@ -78,6 +78,57 @@ TEST(CausalAttentionTest, MatchesHandWrittenMaskedSoftmax) {
   }
 }
 
+TEST(CausalAttentionTest, FewerKvHeadsEqualTheirRepeatKvWidening) {
+  // compat::CausalAttention takes grouped-query k and v as they are (libtorch >= 2.5: enable_gqa,
+  // no widened copies); the result and the gradients must be those of the widened heads.
+  torch::manual_seed(12);
+  auto q = torch::randn({2, 6, 5, 8}, torch::kDouble).requires_grad_(true);
+  auto k = torch::randn({2, 2, 5, 8}, torch::kDouble).requires_grad_(true);
+  auto v = torch::randn({2, 2, 5, 8}, torch::kDouble).requires_grad_(true);
+  auto y = compat::CausalAttention(q, k, v);
+  auto ref = ReferenceCausalAttention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1));
+  // The softmax runs in fp32 (as the fused kernels do), so double inputs agree to fp32 rounding.
+  EXPECT_TRUE(torch::allclose(y, ref, 1e-6, 1e-6)) << (y - ref).abs().max().item<double>();
+  auto w = torch::randn_like(y);
+  (y * w).sum().backward();
+  const auto gk = k.grad().clone(), gv = v.grad().clone(), gq = q.grad().clone();
+  auto q2 = q.detach().clone().requires_grad_(true);
+  auto k2 = k.detach().repeat_interleave(3, 1).requires_grad_(true);
+  auto v2 = v.detach().repeat_interleave(3, 1).requires_grad_(true);
+  (compat::CausalAttention(q2, k2, v2) * w).sum().backward();
+  EXPECT_TRUE(torch::allclose(gq, q2.grad(), 1e-10, 1e-10));
+  // A kv head's gradient is the sum over the query heads that read it.
+  EXPECT_TRUE(torch::allclose(gk, k2.grad().view({2, 2, 3, 5, 8}).sum(2), 1e-10, 1e-10));
+  EXPECT_TRUE(torch::allclose(gv, v2.grad().view({2, 2, 3, 5, 8}).sum(2), 1e-10, 1e-10));
+}
+
+TEST(RmsNormTest, EqualsHuggingFaceComposition) {
+  // LlamaRMSNorm: normalise in fp32, cast back to the input's dtype, multiply by the weight.
+  torch::manual_seed(13);
+  const auto weight = torch::rand({16}) + 0.5;
+  auto reference = [&](const torch::Tensor& x) {
+    auto xf = x.to(torch::kFloat);
+    return weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + 1e-5)).to(x.scalar_type());
+  };
+  const auto x = torch::randn({3, 4, 16}) * 3;
+  auto y = compat::RmsNorm(x, weight, 1e-5);
+  EXPECT_EQ(y.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::allclose(y, reference(x), 1e-5, 1e-6));
+  const auto xb = x.to(torch::kBFloat16);
+  auto yb = compat::RmsNorm(xb, weight, 1e-5);
+  EXPECT_EQ(yb.scalar_type(), torch::kFloat);  // bf16 x fp32 weight promotes, as in HF
+  EXPECT_TRUE(torch::equal(yb, reference(xb)));
+  // Gradients flow to the input and to the weight.
+  auto xg = x.clone().requires_grad_(true);
+  auto wg = weight.clone().requires_grad_(true);
+  compat::RmsNorm(xg, wg, 1e-5).sum().backward();
+  auto xr = x.clone().requires_grad_(true);
+  auto wr = weight.clone().requires_grad_(true);
+  (wr * (xr * torch::rsqrt(xr.pow(2).mean(-1, true) + 1e-5))).sum().backward();
+  EXPECT_TRUE(torch::allclose(xg.grad(), xr.grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(wg.grad(), wr.grad(), 1e-4, 1e-5));
+}
+
 TEST(CausalAttentionTest, SingleTokenReturnsItsValue) {
   torch::manual_seed(1);
   auto q = torch::randn({1, 2, 1, 4});
