@@ -1,6 +1,6 @@
 // The fused ops on a CUDA device against the plain composition they replace (ctest label gpu):
 // RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5) and the
-// fused output head + loss under bf16 autocast. Without a CUDA device it exits 77 (ctest:
+// fused output head + loss under bf16 autocast; and the fused AdamW against libtorch's. Without a CUDA device it exits 77 (ctest:
 // Skipped) after saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -11,11 +11,12 @@
 #include "trainer/model/compat.h"
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/llama.h"
+#include "trainer/train/adamw.h"
 
 namespace meshwork::model {
 namespace {
 
-const torch::Device kCuda(torch::kCUDA, 0);
+inline const torch::Device kCuda(torch::kCUDA, 0);
 
 TEST(FusedOpsGpu, RmsNormEqualsComposition) {
   torch::manual_seed(1);
@@ -64,6 +65,47 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
 
 }  // namespace
 }  // namespace meshwork::model
+
+namespace meshwork::train {
+namespace {
+
+TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) {
+  ASSERT_EQ(AdamW::KernelFor(model::kCuda), "fused");
+  torch::manual_seed(4);
+  std::vector<torch::Tensor> mine, theirs;
+  for (auto shape : std::vector<std::vector<int64_t>>{{256, 128}, {1000}, {3, 7}}) {
+    auto p = torch::randn(shape, model::kCuda);
+    mine.push_back(p.clone().requires_grad_(true));
+    theirs.push_back(p.clone().requires_grad_(true));
+  }
+  AdamW opt({{{mine[0], mine[2]}, 0.1}, {{mine[1]}, 0.0}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{theirs[0], theirs[2]},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+  groups.emplace_back(std::vector<torch::Tensor>{theirs[1]},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+  torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(1e-3));
+  for (int step = 0; step < 6; ++step) {
+    const double scale = step == 2 ? 0.5 : 1.0;  // a clipped step
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto g = torch::randn(mine[i].sizes(), model::kCuda);
+      mine[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = g * scale;
+    }
+    opt.Step(torch::full({1}, scale, torch::TensorOptions(model::kCuda).dtype(torch::kDouble)));
+    reference.step();
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(mine[i], theirs[i], 1e-5, 1e-6)) << i << ": "
+        << (mine[i] - theirs[i]).abs().max().item<float>();
+    EXPECT_EQ(opt.State(mine[i])->step, 6);
+  }
+}
+
+}  // namespace
+}  // namespace meshwork::train
 
 int main(int argc, char** argv) {
   if (!torch::cuda::is_available()) {

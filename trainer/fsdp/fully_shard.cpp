@@ -149,15 +149,18 @@ std::vector<torch::Tensor> FullyShardedLlama::NoDecayShards() const {
   return out;
 }
 
-Result<double> FullyShardedLlama::GradNormSquared() {
+Result<torch::Tensor> FullyShardedLlama::GradNormSquared() {
   torch::NoGradGuard no_grad;
-  torch::Tensor sum = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(state_->units[0]->device));
+  std::vector<torch::Tensor> grads;
   for (const auto& p : state_->params)
-    if (p.shard.grad().defined()) sum += p.shard.grad().to(torch::kDouble).pow(2).sum();
+    if (p.shard.grad().defined()) grads.push_back(p.shard.grad());
+  torch::Tensor sum = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(state_->units[0]->device));
+  // One norm per shard in one multi-tensor call, squared and summed in fp64.
+  if (!grads.empty()) sum += torch::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble).pow(2).sum();
   // Shards are disjoint within dp_shard (padding is zero); replicas hold the same values.
   MW_ASSIGN_OR_RETURN(auto work, state_->shard_group->AllReduce(sum, dist::ReduceOp::kSum));
   MW_RETURN_IF_ERROR(work->Wait());
-  return sum.item<double>();
+  return sum;
 }
 
 void FullyShardedLlama::ScaleGrads(double factor) {

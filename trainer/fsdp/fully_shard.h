@@ -99,8 +99,9 @@ class FullyShardedLlama {
   std::vector<torch::Tensor> DecayShards() const;
   std::vector<torch::Tensor> NoDecayShards() const;
   // Squared global gradient norm over the whole model (reduced across dp_shard), for exact
-  // clipping; then ScaleGrads(clip factor).
-  Result<double> GradNormSquared();
+  // clipping: a one-element fp64 tensor on the device, not read on the host here (the optimizer
+  // takes the clip factor as a tensor). ScaleGrads(clip factor) clips without the optimizer.
+  Result<torch::Tensor> GradNormSquared();
   void ScaleGrads(double factor);
   void ZeroGrad();
 

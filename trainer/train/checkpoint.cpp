@@ -17,6 +17,7 @@
 
 #include "common/file.h"
 #include "trainer/model/compat.h"
+#include "trainer/train/adamw.h"
 #include "trainer/train/engine.h"
 
 namespace meshwork::train {
@@ -183,34 +184,31 @@ Status Prune(const std::string& dir, int64_t current, int64_t keep) {
   return Status::Ok();
 }
 
-using AdamWState = torch::optim::AdamWParamState;
-
 // One parameter's AdamW state as read from a file, on the CPU.
-struct SavedAdamWState {
-  int64_t step = 0;
-  torch::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
-};
+using SavedAdamWState = AdamWParamState;
 
-const AdamWState* FindAdamWState(const torch::optim::AdamW& optimizer, const torch::Tensor& param) {
-  const auto& state = optimizer.state();
-  auto it = state.find(compat::OptimizerStateKey(state, param));
-  return it == state.end() ? nullptr : dynamic_cast<const AdamWState*>(it->second.get());
-}
-
-// A version-1 file's state: libtorch's optimizer archive, loaded (on the CPU) into `optimizer`,
-// which maps it to this run's parameters by position, then taken out per parameter.
+// A version-1 file's state: libtorch's optimizer archive, loaded (on the CPU) into a
+// torch::optim::AdamW with `optimizer`'s groups, which maps it to this run's parameters by
+// position, then taken out per parameter.
 Result<std::vector<std::optional<SavedAdamWState>>> ReadLibtorchOptimizerState(
     torch::serialize::InputArchive& archive, const std::vector<std::pair<std::string, torch::Tensor>>& params,
-    torch::optim::AdamW& optimizer) {
+    const AdamW& optimizer) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const AdamWGroup& g : optimizer.groups()) {
+    groups.emplace_back(g.params, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(optimizer.lr()).weight_decay(g.weight_decay)));
+  }
+  torch::optim::AdamW libtorch(groups, torch::optim::AdamWOptions(optimizer.lr()));
   torch::serialize::InputArchive optimizer_archive;
   archive.read("optimizer", optimizer_archive);
-  optimizer.load(optimizer_archive);
+  libtorch.load(optimizer_archive);
   std::vector<std::optional<SavedAdamWState>> saved(params.size());
+  const auto& state = libtorch.state();
   for (size_t i = 0; i < params.size(); ++i) {
-    const AdamWState* state = FindAdamWState(optimizer, params[i].second);
-    if (state == nullptr) continue;
-    saved[i] = SavedAdamWState{state->step(), state->exp_avg().cpu(), state->exp_avg_sq().cpu(),
-                               state->max_exp_avg_sq().defined() ? state->max_exp_avg_sq().cpu() : torch::Tensor()};
+    auto it = state.find(compat::OptimizerStateKey(state, params[i].second));
+    if (it == state.end()) continue;
+    const auto& s = dynamic_cast<const torch::optim::AdamWParamState&>(*it->second);
+    saved[i] = SavedAdamWState{s.step(), s.exp_avg().cpu(), s.exp_avg_sq().cpu()};
   }
   return saved;
 }
@@ -383,7 +381,7 @@ Result<std::optional<std::string>> FindLatest(const std::string& dir) {
 
 Status SaveRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    const torch::optim::AdamW& optimizer) {
+                    const AdamW& optimizer) {
   MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
   Status written;
   Checksum sum;
@@ -401,14 +399,11 @@ Status SaveRankFile(const std::string& path, int64_t step,
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string key = std::to_string(i);
       archive.write("param/" + key, params[i].second.detach().cpu());
-      const AdamWState* state = FindAdamWState(optimizer, params[i].second);
+      const AdamWParamState* state = optimizer.State(params[i].second);
       if (state == nullptr) continue;
-      adamw_steps[i] = state->step();
-      archive.write("adamw/" + key + "/exp_avg", state->exp_avg().detach().cpu());
-      archive.write("adamw/" + key + "/exp_avg_sq", state->exp_avg_sq().detach().cpu());
-      if (state->max_exp_avg_sq().defined()) {
-        archive.write("adamw/" + key + "/max_exp_avg_sq", state->max_exp_avg_sq().detach().cpu());
-      }
+      adamw_steps[i] = state->step;
+      archive.write("adamw/" + key + "/exp_avg", state->exp_avg.detach().cpu());
+      archive.write("adamw/" + key + "/exp_avg_sq", state->exp_avg_sq.detach().cpu());
     }
     archive.write("adamw/steps", torch::tensor(adamw_steps, torch::kLong));
     archive.save_to([&](const void* data, size_t size) -> size_t {
@@ -433,7 +428,7 @@ Status WriteChecksumFile(const std::string& path) {
 
 Status LoadRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    torch::optim::AdamW& optimizer) {
+                    AdamW& optimizer) {
   if (!fs::exists(path)) return NotFound("checkpoint file '" + path + "' does not exist");
   MW_RETURN_IF_ERROR(VerifyChecksum(path));
   auto corrupt = [&](const std::string& why) {
@@ -497,8 +492,7 @@ Status LoadRankFile(const std::string& path, int64_t step,
         const std::string key = "adamw/" + std::to_string(i) + "/";
         archive.read(key + "exp_avg", s.exp_avg);
         archive.read(key + "exp_avg_sq", s.exp_avg_sq);
-        torch::Tensor max_sq;
-        if (archive.try_read(key + "max_exp_avg_sq", max_sq)) s.max_exp_avg_sq = max_sq;
+        // Files may hold max_exp_avg_sq (AMSGrad), which Meshwork never enables: not read.
         saved[i] = std::move(s);
       }
     }
@@ -506,28 +500,13 @@ Status LoadRankFile(const std::string& path, int64_t step,
       if (!saved[i]) continue;
       MW_RETURN_IF_ERROR(check_shape(i, "the AdamW first moment", saved[i]->exp_avg));
       MW_RETURN_IF_ERROR(check_shape(i, "the AdamW second moment", saved[i]->exp_avg_sq));
-      if (saved[i]->max_exp_avg_sq.defined()) {
-        MW_RETURN_IF_ERROR(check_shape(i, "the AdamW max second moment", saved[i]->max_exp_avg_sq));
-      }
     }
     // Only now that everything was read: copy into the trainer's own tensors (the optimizer
     // keeps its parameters), and give the optimizer state made here, on the parameter's device.
     torch::NoGradGuard no_grad;
-    auto& state = optimizer.state();
     for (size_t i = 0; i < params.size(); ++i) {
-      const torch::Tensor& param = params[i].second;
-      param.copy_(loaded[i]);
-      const auto key = compat::OptimizerStateKey(state, param);
-      state.erase(key);
-      if (!saved[i]) continue;
-      auto fresh = std::make_unique<AdamWState>();
-      fresh->step(saved[i]->step);
-      fresh->exp_avg(torch::empty_like(param).copy_(saved[i]->exp_avg));
-      fresh->exp_avg_sq(torch::empty_like(param).copy_(saved[i]->exp_avg_sq));
-      if (saved[i]->max_exp_avg_sq.defined()) {
-        fresh->max_exp_avg_sq(torch::empty_like(param).copy_(saved[i]->max_exp_avg_sq));
-      }
-      state[key] = std::move(fresh);
+      params[i].second.copy_(loaded[i]);
+      optimizer.SetState(params[i].second, saved[i]);
     }
   } catch (const c10::Error& e) {
     return corrupt(FirstLine(e.what_without_backtrace()));
@@ -535,7 +514,7 @@ Status LoadRankFile(const std::string& path, int64_t step,
   return Status::Ok();
 }
 
-Checkpointer::Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::AdamW& optimizer,
+Checkpointer::Checkpointer(config::CheckpointConfig cfg, Engine& engine, AdamW& optimizer,
                            CheckpointMeta run)
     : cfg_(std::move(cfg)), engine_(engine), optimizer_(optimizer), run_(std::move(run)) {}
 

@@ -23,12 +23,9 @@
 #include "trainer/config/config.h"
 #include "trainer/model/llama_config.h"
 
-namespace torch::optim {
-class AdamW;
-}
-
 namespace meshwork::train {
 
+class AdamW;
 class Engine;
 
 // What a checkpoint records about the run that wrote it. World size, mesh and model dims must
@@ -74,10 +71,10 @@ Result<std::optional<std::string>> FindLatest(const std::string& dir);
 // (libtorch's optimizer archive) are still read.
 Status SaveRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    const torch::optim::AdamW& optimizer);
+                    const AdamW& optimizer);
 Status LoadRankFile(const std::string& path, int64_t step,
                     const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    torch::optim::AdamW& optimizer);
+                    AdamW& optimizer);
 
 // Records `path`'s size and checksum in its .sum file, as SaveRankFile does for what it writes
 // (for a rank file written or repaired by other means).
@@ -93,7 +90,7 @@ struct ResumePoint {
 // them at the same step, and all ranks fail together when one does.
 class Checkpointer {
  public:
-  Checkpointer(config::CheckpointConfig cfg, Engine& engine, torch::optim::AdamW& optimizer, CheckpointMeta run);
+  Checkpointer(config::CheckpointConfig cfg, Engine& engine, AdamW& optimizer, CheckpointMeta run);
 
   bool enabled() const { return !cfg_.dir.empty(); }
   // Whether to save after completing step `step` (1-based) of `total_steps`.
@@ -113,7 +110,7 @@ class Checkpointer {
  private:
   config::CheckpointConfig cfg_;
   Engine& engine_;
-  torch::optim::AdamW& optimizer_;
+  AdamW& optimizer_;
   CheckpointMeta run_;
 };
 

@@ -49,8 +49,14 @@ class LocalEngine : public Engine {
         targets);
   }
   Status AfterBackward(bool) override { return Status::Ok(); }
-  Result<double> ClipGradNorm(double max_norm) override {
-    return torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+  Result<torch::Tensor> GradNorm() override {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : model_->parameters())
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (grads.empty()) return torch::zeros({1}, torch::kDouble);
+    // One norm per parameter in one multi-tensor call, combined in fp64.
+    return torch::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble).pow(2).sum().sqrt().reshape({1});
   }
   void ZeroGrad() override {
     for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
@@ -145,13 +151,9 @@ class FsdpEngine : public Engine {
     if (sync && trace_ && steps_done_ == kTracedStep) MW_RETURN_IF_ERROR(WriteTrace());
     return Status::Ok();
   }
-  Result<double> ClipGradNorm(double max_norm) override {
-    MW_ASSIGN_OR_RETURN(double norm2, fsdp_->GradNormSquared());
-    const double norm = std::sqrt(norm2);
-    // The same rule as torch::nn::utils::clip_grad_norm_, so sharded and local runs agree.
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) fsdp_->ScaleGrads(coef);
-    return norm;
+  Result<torch::Tensor> GradNorm() override {
+    MW_ASSIGN_OR_RETURN(torch::Tensor norm2, fsdp_->GradNormSquared());
+    return norm2.sqrt();
   }
   void ZeroGrad() override { fsdp_->ZeroGrad(); }
   std::vector<torch::Tensor> DecayParams() const override { return fsdp_->DecayShards(); }

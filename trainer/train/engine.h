@@ -44,8 +44,9 @@ class Engine {
   // the logits never exist whole); `sync` = last micro-batch (gradients are reduced).
   virtual torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool sync) = 0;
   virtual Status AfterBackward(bool sync) = 0;
-  // Clips to the global gradient norm (computed across shards); returns the norm before.
-  virtual Result<double> ClipGradNorm(double max_norm) = 0;
+  // The global gradient norm (across shards): a one-element tensor on the device, read on the
+  // host only once the optimizer has stepped (its clip factor goes to the optimizer as a tensor).
+  virtual Result<torch::Tensor> GradNorm() = 0;
   virtual void ZeroGrad() = 0;
   virtual std::vector<torch::Tensor> DecayParams() const = 0;
   virtual std::vector<torch::Tensor> NoDecayParams() const = 0;

@@ -35,15 +35,11 @@ Status CheckDimsMatch(const model::LlamaConfig& want, const model::LlamaConfig& 
 
 // AdamW with decoupled weight decay on matrices only; norm gains are not decayed. Under FSDP
 // these are the ranks' shards: the optimizer state is sharded with them.
-std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const config::OptimizerConfig& o, Engine& engine) {
-  auto adamw = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(engine.DecayParams(), adamw(o.weight_decay));
-  groups.emplace_back(engine.NoDecayParams(), adamw(0.0));
-  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr));
+std::unique_ptr<AdamW> MakeOptimizer(const config::OptimizerConfig& o, Engine& engine) {
+  std::vector<AdamWGroup> groups;
+  groups.push_back({engine.DecayParams(), o.weight_decay});
+  groups.push_back({engine.NoDecayParams(), 0.0});
+  return std::make_unique<AdamW>(std::move(groups), AdamWOptions{o.lr, o.beta1, o.beta2, o.eps});
 }
 
 // Each rank serves its own /metrics; ranks on one machine take consecutive ports.

@@ -18,6 +18,7 @@
 #include "trainer/data/token_file.h"
 #include "trainer/data/token_source.h"
 #include "trainer/model/llama.h"
+#include "trainer/train/adamw.h"
 #include "trainer/train/checkpoint.h"
 #include "trainer/train/device.h"
 #include "trainer/train/engine.h"
@@ -42,7 +43,7 @@ struct TrainingRun {
   std::unique_ptr<metrics::MetricsServer> server;  // null: metrics.port -1
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<metrics::TrainerMetrics> metrics;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<Checkpointer> checkpointer;
   ResumePoint resumed;
   TrainSummary summary;

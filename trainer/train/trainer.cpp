@@ -56,7 +56,7 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   ResetTensorPeak(r.device);  // the record's tensor peak is this step's
   MW_RETURN_IF_ERROR(engine.BeginStep());  // compiled FSDP plans before step 2
   const double lr = LearningRate(cfg.schedule, cfg.optimizer.lr, step);
-  for (auto& group : r.optimizer->param_groups()) group.options().set_lr(lr);
+  r.optimizer->set_lr(lr);
   engine.ZeroGrad();
 
   const int64_t rows = cfg.data.batch_size;
@@ -78,19 +78,20 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
 
-  // Clip to the global norm (an infinite limit only measures it), then step.
+  // Clip to the global norm (an infinite limit only measures it) inside the optimizer's update,
+  // by torch::nn::utils::clip_grad_norm_'s rule (factor max / (norm + 1e-6) when below 1).
   const double max_norm =
       cfg.optimizer.grad_clip > 0 ? cfg.optimizer.grad_clip : std::numeric_limits<double>::infinity();
-  MW_ASSIGN_OR_RETURN(const double grad_norm, engine.ClipGradNorm(max_norm));
-  r.optimizer->step();
+  MW_ASSIGN_OR_RETURN(const torch::Tensor grad_norm, engine.GradNorm());
+  r.optimizer->Step((max_norm / (grad_norm + 1e-6)).clamp_max(1.0));
 
-  // The step's one host-device sync for the loss (the log, the NaN check and metrics need it).
+  // The step's host-device sync, for the loss and the norm (the log, the NaN check, metrics).
   MW_ASSIGN_OR_RETURN(const double loss, engine.AverageAcrossRanks(loss_sum.item<double>()));
   if (!std::isfinite(loss)) {
     return Internal("training diverged: loss is " + Format("%g", loss) + " at step " + std::to_string(step + 1) +
                     " (lower optimizer.lr or raise schedule.warmup_steps)");
   }
-  return StepRecord{step, loss, lr, grad_norm, Seconds(t0), engine.TakeStats(), SampleMemory(r.device)};
+  return StepRecord{step, loss, lr, grad_norm.item<double>(), Seconds(t0), engine.TakeStats(), SampleMemory(r.device)};
 }
 
 // Between steps: evaluation every eval.every steps (not after the last: the run ends with one),

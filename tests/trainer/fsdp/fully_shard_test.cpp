@@ -192,7 +192,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
         }
         auto norm2 = f.GradNormSquared();
         if (!norm2.ok()) return fail(norm2.status());
-        const double norm = std::sqrt(*norm2);
+        const double norm = std::sqrt(norm2->item<double>());
         if (norm > kClip) f.ScaleGrads(kClip / (norm + 1e-6));
         opt.step();
         // The global loss: average of the ranks' losses (equal batch sizes).

@@ -1,0 +1,154 @@
+#include "trainer/train/adamw.h"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+#include "trainer/model/compat.h"
+
+namespace meshwork::train {
+namespace {
+
+std::vector<torch::Tensor> Grads(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  out.reserve(params.size());
+  for (const auto& p : params) out.push_back(p.grad());
+  return out;
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<AdamWGroup> groups, AdamWOptions options)
+    : groups_(std::move(groups)), options_(options) {
+  for (const AdamWGroup& g : groups_) {
+    for (const torch::Tensor& p : g.params) {
+      TORCH_CHECK(index_.count(p.unsafeGetTensorImpl()) == 0, "AdamW: a parameter is in two groups");
+      index_[p.unsafeGetTensorImpl()] = slots_.size();
+      slots_.push_back(Slot{p, g.weight_decay, std::nullopt, torch::Tensor()});
+    }
+  }
+}
+
+std::string AdamW::KernelFor(const torch::Device& device) {
+  return compat::kTorch2 && device.is_cuda() ? "fused" : "foreach";
+}
+
+AdamW::Slot& AdamW::SlotOf(const torch::Tensor& param) {
+  auto it = index_.find(param.unsafeGetTensorImpl());
+  TORCH_CHECK(it != index_.end(), "AdamW: not one of the optimizer's parameters");
+  return slots_[it->second];
+}
+
+const AdamWParamState* AdamW::State(const torch::Tensor& param) const {
+  auto it = index_.find(param.unsafeGetTensorImpl());
+  if (it == index_.end() || !slots_[it->second].state) return nullptr;
+  return &*slots_[it->second].state;
+}
+
+void AdamW::SetState(const torch::Tensor& param, const std::optional<AdamWParamState>& state) {
+  Slot& slot = SlotOf(param);
+  slot.device_step = torch::Tensor();
+  if (!state) {
+    slot.state.reset();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  AdamWParamState mine;
+  mine.step = state->step;
+  mine.exp_avg = torch::empty_like(param).copy_(state->exp_avg);
+  mine.exp_avg_sq = torch::empty_like(param).copy_(state->exp_avg_sq);
+  slot.state = std::move(mine);
+}
+
+bool AdamW::HasState() const {
+  for (const Slot& s : slots_)
+    if (s.state) return true;
+  return false;
+}
+
+void AdamW::Step(const torch::Tensor& grad_scale) {
+  torch::NoGradGuard no_grad;
+  // Parameters with a gradient, by (weight decay, kernel): one update call each.
+  std::map<std::pair<double, std::string>, std::vector<Slot*>> batches;
+  for (Slot& s : slots_) {
+    if (!s.param.grad().defined()) continue;
+    if (!s.state) {
+      s.state = AdamWParamState{0, torch::zeros_like(s.param), torch::zeros_like(s.param)};
+    }
+    batches[{s.weight_decay, KernelFor(s.param.device())}].push_back(&s);
+  }
+  for (auto& [key, slots] : batches) {
+    if (key.second == "fused") {
+      StepFused(slots, key.first, grad_scale);
+    } else {
+      StepForeach(slots, key.first, grad_scale);
+    }
+  }
+}
+
+void AdamW::StepForeach(const std::vector<Slot*>& all, double weight_decay, const torch::Tensor& grad_scale) {
+  const double scale = grad_scale.defined() ? grad_scale.item<double>() : 1.0;
+  // Bias corrections depend on the step count: parameters that missed updates (no gradient in
+  // some step) form their own batch.
+  std::map<int64_t, std::vector<Slot*>> by_step;
+  for (Slot* s : all) by_step[s->state->step + 1].push_back(s);
+  const double b1 = options_.beta1, b2 = options_.beta2, lr = options_.lr;
+  for (auto& [step, slots] : by_step) {
+    std::vector<torch::Tensor> params, exp_avgs, exp_avg_sqs;
+    for (Slot* s : slots) {
+      s->state->step = step;
+      params.push_back(s->param);
+      exp_avgs.push_back(s->state->exp_avg);
+      exp_avg_sqs.push_back(s->state->exp_avg_sq);
+    }
+    const std::vector<torch::Tensor> grads = Grads(params);
+    // Multiplying by exactly 1 changes nothing, so an unclipped step skips the pass.
+    if (scale != 1.0) at::_foreach_mul_(grads, scale);
+    const double bias_correction1 = 1 - std::pow(b1, static_cast<double>(step));
+    const double bias_correction2 = 1 - std::pow(b2, static_cast<double>(step));
+    // torch::optim::AdamW's operations, in its order, over the whole batch.
+    if (weight_decay != 0) at::_foreach_mul_(params, 1 - lr * weight_decay);
+    at::_foreach_mul_(exp_avgs, b1);
+    at::_foreach_add_(exp_avgs, grads, 1 - b1);
+    at::_foreach_mul_(exp_avg_sqs, b2);
+    at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - b2);
+    std::vector<torch::Tensor> denom = at::_foreach_sqrt(exp_avg_sqs);
+    at::_foreach_div_(denom, std::sqrt(bias_correction2));
+    at::_foreach_add_(denom, options_.eps);
+    at::_foreach_addcdiv_(params, exp_avgs, denom, -lr / bias_correction1);
+  }
+}
+
+void AdamW::StepFused(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale) {
+#if TORCH_VERSION_MAJOR >= 2
+  std::vector<torch::Tensor> params, exp_avgs, exp_avg_sqs, steps;
+  for (Slot* s : slots) {
+    if (!s->device_step.defined()) {
+      s->device_step = torch::full({}, static_cast<double>(s->state->step),
+                                   torch::TensorOptions().dtype(torch::kFloat).device(s->param.device()));
+    }
+    ++s->state->step;  // the kernel increments its device copy
+    params.push_back(s->param);
+    exp_avgs.push_back(s->state->exp_avg);
+    exp_avg_sqs.push_back(s->state->exp_avg_sq);
+    steps.push_back(s->device_step);
+  }
+  // The kernel divides the gradients by grad_scale (it is AMP's unscale): pass the reciprocal.
+  std::optional<at::Tensor> inverse_scale;
+  if (grad_scale.defined()) inverse_scale = grad_scale.reciprocal().to(torch::kFloat).reshape({});
+  at::_fused_adamw_(params, Grads(params), exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options_.lr,
+                    options_.beta1, options_.beta2, weight_decay, options_.eps, /*amsgrad=*/false,
+                    /*maximize=*/false, inverse_scale, /*found_inf=*/std::nullopt);
+#else
+  (void)slots;
+  (void)weight_decay;
+  (void)grad_scale;
+  TORCH_CHECK(false, "AdamW: the fused kernel needs libtorch 2.x");
+#endif
+}
+
+}  // namespace meshwork::train
