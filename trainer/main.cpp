@@ -12,6 +12,7 @@
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
 #include "trainer/launch/launcher.h"
+#include "trainer/train/device.h"
 #include "trainer/train/trainer.h"
 
 #include <torch/cuda.h>
@@ -225,6 +226,8 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return exit_code::kOk;
   }
+  // Before anything touches CUDA (a no-op where PYTORCH_CUDA_ALLOC_CONF is already set).
+  meshwork::train::ConfigureCudaAllocator();
   try {
     if (command == "train" || command == "eval" || command == "config") return RunConfigCommand(command, args);
     if (command == "prepare-data") return RunPrepareData(args);

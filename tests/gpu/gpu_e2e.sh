@@ -9,6 +9,8 @@
 #       metrics-memory              /metrics while training reports CUDA memory in use and its limit
 #       fsdp-eager | fsdp-compiled  FSDP over NCCL on a mesh of one rank (fsdp.single_process): every
 #                                   collective through NCCL, losses within 1e-4 of the plain model
+#       bf16-follows-fp32           50 steps of tiny in bf16 autocast and in fp32: every step's loss
+#                                   within 2% relative
 # Without a CUDA device every case exits 77, which ctest reports as Skipped (SKIP_RETURN_CODE),
 # after saying why.
 set -euo pipefail
@@ -90,6 +92,19 @@ case "$case_name" in
     python3 "$root/tests/common/compare_losses.py" "$work/plain.jsonl" "$work/fsdp.jsonl" 20 1e-4 \
       || fail "FSDP $mode over NCCL differs from the plain model"
     echo "PASS: FSDP $mode over NCCL (one rank) follows the plain model"
+    ;;
+  bf16-follows-fp32)
+    # bf16 autocast over fp32 weights trains like fp32: every step's loss within 2% (docs/gpu.md),
+    # and the allocator's retries are reported on the done line.
+    run=(--set schedule.steps=50 --set logging.every=50)
+    "$bin" train "${tiny[@]}" "${run[@]}" --set training.dtype=fp32 --set logging.jsonl="$work/fp32.jsonl" \
+      >"$work/fp32.log" 2>&1 || fail "fp32: $(tail -5 "$work/fp32.log")"
+    "$bin" train "${tiny[@]}" "${run[@]}" --set training.dtype=bf16 --set logging.jsonl="$work/bf16.jsonl" \
+      >"$work/bf16.log" 2>&1 || fail "bf16: $(tail -5 "$work/bf16.log")"
+    grep -q "allocator retries" "$work/bf16.log" || fail "no allocator figures on the done line: $(grep '^done' "$work/bf16.log")"
+    python3 "$root/tests/common/compare_losses.py" "$work/fp32.jsonl" "$work/bf16.jsonl" 50 2e-2 \
+      || fail "bf16 strays from the fp32 loss curve"
+    echo "PASS: bf16 follows fp32 over 50 steps of tiny"
     ;;
   *) echo "unknown case '$case_name'"; exit 2 ;;
 esac

@@ -46,7 +46,10 @@ RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::De
   auto pos = torch::arange(seq_len, torch::kDouble);
   auto freqs = torch::outer(pos, inv_freq);  // [seq, head_dim/2]
   auto emb = torch::cat({freqs, freqs}, -1);  // [seq, head_dim]
-  return {emb.cos().to(torch::kFloat).to(device), emb.sin().to(torch::kFloat).to(device)};
+  RopeTables t{emb.cos().to(torch::kFloat).to(device), emb.sin().to(torch::kFloat).to(device), {}, {}};
+  t.cos_bf16 = t.cos.to(torch::kBFloat16);
+  t.sin_bf16 = t.sin.to(torch::kBFloat16);
+  return t;
 }
 
 namespace {
@@ -60,8 +63,10 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 
 torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope) {
   const int64_t seq = x.size(-2);
-  auto cos = rope.cos.narrow(0, 0, seq).to(x.scalar_type());
-  auto sin = rope.sin.narrow(0, 0, seq).to(x.scalar_type());
+  // The tables in x's dtype: cast when they were made, not at every call.
+  const bool bf16 = x.scalar_type() == torch::kBFloat16 && rope.cos_bf16.defined();
+  auto cos = (bf16 ? rope.cos_bf16 : rope.cos).narrow(0, 0, seq).to(x.scalar_type());
+  auto sin = (bf16 ? rope.sin_bf16 : rope.sin).narrow(0, 0, seq).to(x.scalar_type());
   return x * cos + RotateHalf(x) * sin;
 }
 

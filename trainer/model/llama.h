@@ -31,8 +31,10 @@ TORCH_MODULE(RMSNorm);
 // Rotary position embedding tables (cos, sin) for positions [0, seq_len), [seq_len, head_dim],
 // in HF's layout: the two halves of the head dim rotate together (rotate_half).
 struct RopeTables {
-  torch::Tensor cos;
+  torch::Tensor cos;  // fp32
   torch::Tensor sin;
+  torch::Tensor cos_bf16;  // the same, cast once: bf16 q and k (autocast) use these
+  torch::Tensor sin_bf16;
 };
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& c);
 RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::Device& device);

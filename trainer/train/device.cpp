@@ -195,6 +195,13 @@ void ResetTensorPeak(const torch::Device& device) {
   if (cpu_counter != nullptr) cpu_counter->ResetPeak();
 }
 
+std::string ConfigureCudaAllocator() {
+  constexpr const char* kVar = "PYTORCH_CUDA_ALLOC_CONF";
+  if (const char* set = std::getenv(kVar); set != nullptr && *set != '\0') return set;
+  ::setenv(kVar, "expandable_segments:True", /*overwrite=*/0);
+  return std::getenv(kVar);
+}
+
 MemorySample SampleMemory(const torch::Device& device) {
   MemorySample s;
 #ifdef MESHWORK_TORCH_CUDA
@@ -205,6 +212,8 @@ MemorySample SampleMemory(const torch::Device& device) {
     RaiseTo(cuda_process_peak, allocated.peak);
     s.peak_bytes = cuda_process_peak.load();
     s.tensors = {allocated.current, allocated.peak};
+    s.reserved_peak_bytes = stats.reserved_bytes[0].peak;
+    s.alloc_retries = stats.num_alloc_retries;
     s.device = "cuda";
     static const int64_t total = [&device] {
       cudaDeviceProp prop{};

@@ -53,6 +53,12 @@ struct MemorySample {
   int64_t limit_bytes = 0;  // the most this device's memory can hold for us; 0: unknown
   std::string device;       // "cpu" or "cuda"
   TensorBytes tensors;      // CPU: zero unless CountCpuTensorBytes() ran
+  // CUDA only (0 on the CPU): the caching allocator's peak reserved bytes (what it took from
+  // the device, fragmentation included) and its retries (allocations that first failed and
+  // succeeded only after freeing its cache: each one is a device-wide sync and a warning sign
+  // that memory is nearly full).
+  int64_t reserved_peak_bytes = 0;
+  int64_t alloc_retries = 0;
 };
 // CUDA: bytes allocated by the caching allocator (current / peak since start), and the device's
 // total memory; CPU: process RSS (current / high-water mark), and the smaller of the machine's
@@ -66,5 +72,11 @@ void CountCpuTensorBytes();
 // Starts a new tensor peak (a training step's) at the current bytes. The process's peak in
 // MemorySample::peak_bytes is kept.
 void ResetTensorPeak(const torch::Device& device);
+
+// The CUDA caching allocator's settings: PYTORCH_CUDA_ALLOC_CONF, set to
+// "expandable_segments:True" when the environment leaves it unset (segments that grow instead
+// of new fixed-size ones: less fragmentation, as torchtitan runs). Call before anything touches
+// CUDA. Returns the value in force, for the log.
+std::string ConfigureCudaAllocator();
 
 }  // namespace meshwork::train

@@ -76,6 +76,8 @@ void ProgressReport::Step(const StepRecord& r) {
     summary_.steady_peak_tensor_bytes = std::max(summary_.steady_peak_tensor_bytes, r.memory.tensors.peak);
   }
   summary_.memory_device = r.memory.device;
+  summary_.cuda_reserved_peak_bytes = std::max(summary_.cuda_reserved_peak_bytes, r.memory.reserved_peak_bytes);
+  summary_.cuda_alloc_retries = r.memory.alloc_retries;
   const double rank_tokens = static_cast<double>(run_.tokens_per_step) / static_cast<double>(run_.world_size);
   metrics_.RecordStep({step + 1, r.loss, r.seconds, rank_tokens, rank_tokens / r.seconds, mfu, r.lr, r.grad_norm});
   if (jsonl_) {
@@ -138,6 +140,9 @@ void ProgressReport::PrintSummary(bool has_eval) const {
   if (s.steady_peak_tensor_bytes > 0) {
     out_ << " | step peak tensors " << Mib(s.steady_peak_tensor_bytes) << " (from step " << s.steady_from_step + 1
          << ")";
+  }
+  if (s.memory_device == "cuda") {
+    out_ << " | reserved peak " << Mib(s.cuda_reserved_peak_bytes) << ", allocator retries " << s.cuda_alloc_retries;
   }
   if (has_eval && s.initial_eval_loss >= 0) {
     out_ << " | eval loss " << SixDigits(s.initial_eval_loss) << " -> " << SixDigits(s.final_eval_loss);

@@ -91,6 +91,7 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
           << Format("%.1f MiB", static_cast<double>(r.engine->ParamBytes()) / (1 << 20))
           << "; activation checkpointing: " << CheckpointingNote(cfg, *r.engine) << "\n"
           << "device: " << r.device.str() << (r.autocast ? " (bf16 autocast)" : " (fp32)") << ", "
+          << (r.device.is_cuda() ? "allocator " + ConfigureCudaAllocator() + ", " : std::string())
           << torch::get_num_threads() << " threads; mfu vs "
           << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)
                                          : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))

@@ -28,6 +28,8 @@ struct TrainSummary {
   int64_t steady_peak_tensor_bytes = 0;
   int64_t steady_from_step = 0;
   std::string memory_device;        // "cpu" (RSS) or "cuda" (caching allocator)
+  int64_t cuda_reserved_peak_bytes = 0;  // CUDA: the caching allocator's peak reserved bytes
+  int64_t cuda_alloc_retries = 0;        // CUDA: allocations that succeeded only after a cache flush
   int64_t param_bytes = 0;          // this rank's parameters (FSDP: its shards)
   double exposed_comm_seconds = 0;  // blocked on collectives, whole run
   dist::CommStats comm;             // this rank's collectives, whole run

@@ -108,5 +108,20 @@ TEST(TensorBytes, CountsCpuTensorsAndTheirPeakSinceTheLastReset) {
   EXPECT_GT(SampleMemory(cpu).peak_bytes, 0);
 }
 
+TEST(ConfigureCudaAllocator, ExpandableSegmentsUnlessTheEnvironmentSaysOtherwise) {
+  const char* before = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  const std::string saved = before != nullptr ? before : "";
+  ::unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  EXPECT_EQ(ConfigureCudaAllocator(), "expandable_segments:True");
+  EXPECT_STREQ(std::getenv("PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:True");
+  ::setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128", 1);
+  EXPECT_EQ(ConfigureCudaAllocator(), "max_split_size_mb:128");  // a user's setting stays
+  if (before != nullptr) {
+    ::setenv("PYTORCH_CUDA_ALLOC_CONF", saved.c_str(), 1);
+  } else {
+    ::unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  }
+}
+
 }  // namespace
 }  // namespace meshwork::train
