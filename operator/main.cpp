@@ -6,8 +6,8 @@
 //                     [--renew-deadline-s N] [--retry-period-s N] [--workers N]
 //                     [--report-interval-s N] [--pod-delete-grace-s N]
 //
-// Exit codes (docs/operator.md): 0 after SIGTERM/SIGINT (the lease is released first), 1 when
-// leadership was lost (a supervisor restarts it as a standby), 2 for a bad flag, kubeconfig or
+// Exit codes (docs/operator.md): 0 after SIGTERM/SIGINT (the lease is released first; a lost
+// lease does not end the process: it stops reconciling and campaigns again), 2 for a bad flag, kubeconfig or
 // leader-election timing, 5 when the metrics address cannot be bound. runtime::Manager
 // (operator/runtime/manager.h) owns the process's components; this file parses the flags.
 #include <chrono>
@@ -161,7 +161,6 @@ int main(int argc, char** argv) {
   if (!manager.ok()) return ExitCodeFor(manager.status().code());  // logged by the manager
   switch ((*manager)->Run()) {
     case runtime::StopReason::kSignal: return exit_code::kOk;
-    case runtime::StopReason::kLeadershipLost: return exit_code::kRuntime;
   }
   return exit_code::kRuntime;
 }

@@ -103,9 +103,10 @@ std::string Controller::NotSyncedReason() const {
 
 void Controller::StartWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (workers_started_ || stopped_) return;
-  workers_started_ = true;
+  if (stopped_) return;
   for (const auto& key : jobs_.store().Keys()) queue_.Add(key);
+  if (workers_started_) return;
+  workers_started_ = true;
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { Worker(); });
 }
 

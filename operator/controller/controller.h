@@ -49,7 +49,8 @@ class Controller {
   // Why the caches are not synced (for /readyz), "" when they are.
   std::string NotSyncedReason() const;
 
-  // Starts the workers (idempotent). Every job is queued once, so a new leader reconciles all.
+  // Starts the workers (once) and queues every job, so a new leader, or one that leads again
+  // after losing the lease, reconciles all.
   void StartWorkers();
   // Checked before every reconcile (e.g. "still the leader"); false skips it and retries the key
   // later. Set before StartWorkers.

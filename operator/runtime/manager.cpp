@@ -114,7 +114,7 @@ Status Manager::BuildElector(const k8s::Config& config) {
   LeaderElectionCallbacks cb;
   cb.on_leader_gauge = [this](bool leading) { metrics_->SetLeader(leading); };
   cb.on_started_leading = [this, identity = le.identity] {
-    Log("leader election: " + identity + " leads; starting the workers");
+    Log("leader election: " + identity + " leads; starting the workers (every job queued)");
     controller_->StartWorkers();
   };
   cb.on_stopped_leading = [this] { leadership_lost_ = true; };
@@ -167,22 +167,24 @@ StopReason Manager::Run() {
     controller_->StartWorkers();
   }
 
-  StopReason reason = StopReason::kSignal;
   while (true) {
     const int sig = WaitForSignal();
     if (sig == SIGTERM || sig == SIGINT) {
       Log(std::string("operator: ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ": shutting down");
       break;
     }
-    if (leadership_lost_) {
-      Log("operator: leadership lost; exiting so that a supervisor restarts this replica as a standby");
-      reason = StopReason::kLeadershipLost;
-      break;
+    if (leadership_lost_.exchange(false)) {
+      // A lost Lease stops the acting, not the process: the workers skip every reconcile while
+      // IsLeader() is false, the caches stay warm, and the elector campaigns again. After an
+      // API-server outage the Lease is still ours, so this replica takes it back at the first
+      // try once the server answers; after a takeover it is a standby.
+      Log("operator: leadership lost; standing by (no reconciles) and campaigning again");
+      elector_->Start();
     }
   }
   Stop();
   Log("operator: stopped");
-  return reason;
+  return StopReason::kSignal;
 }
 
 void Manager::Stop() {

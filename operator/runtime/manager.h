@@ -43,9 +43,9 @@ struct ManagerOptions {
 };
 
 // Why Run() returned.
+// A lost Lease is not one: the replica stops acting and campaigns again (Run() goes on).
 enum class StopReason {
-  kSignal,          // SIGTERM or SIGINT
-  kLeadershipLost,  // a supervisor should restart the process, which comes back as a standby
+  kSignal,  // SIGTERM or SIGINT
 };
 
 class Manager {
