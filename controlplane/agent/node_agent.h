@@ -16,19 +16,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/quantity.h"
 #include "common/status.h"
 
 namespace meshwork::controlplane::agent {
 
 // ---- nodes and quantities ------------------------------------------------------------------
 
-// Kubernetes resource quantities ("250m", "2", "1.5", "8Gi", "512M", "1e3"). Errors name the
-// value. ParseBytes rounds a fractional byte count up, as Kubernetes does.
-Result<double> ParseCpu(const std::string& quantity);
-Result<int64_t> ParseBytes(const std::string& quantity);
-// The same for a JSON value that may be a string ("500m") or a number (2).
-Result<double> ParseCpu(const nlohmann::json& quantity);
-Result<int64_t> ParseBytes(const nlohmann::json& quantity);
+// Kubernetes resource quantities: common/quantity.h.
+using meshwork::ParseBytes;
+using meshwork::ParseCpu;
 
 struct NodeConfig {
   std::string name;
@@ -65,10 +62,13 @@ Result<PodRequests> RequestsOf(const nlohmann::json& pod);
 struct Schedule {
   std::optional<std::string> node;  // set when a node fits
   std::string reason;               // otherwise: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+  bool gated = false;               // not considered: spec.schedulingGates is not empty
 };
 // Picks a node for `pod` against what `bound_pods` (pods with spec.nodeName; those in phase
 // Succeeded or Failed are ignored) already request. Honours spec.nodeSelector. Among the nodes
 // that fit, picks the least allocated (Kubernetes' default scoring); ties go to the earlier node.
+// A pod with scheduling gates is not considered at all (gated, as kube-scheduler's
+// SchedulingGates plugin keeps it out of the queue until every gate is removed).
 Schedule PickNode(const nlohmann::json& pod, const std::vector<NodeConfig>& nodes,
                   const std::vector<nlohmann::json>& bound_pods);
 

@@ -114,6 +114,12 @@ Result<PodRequests> RequestsOf(const json& pod) {
 
 Schedule PickNode(const json& pod, const std::vector<NodeConfig>& nodes, const std::vector<json>& bound_pods) {
   Schedule out;
+  const json gates = internal::ObjectAt(pod, "spec").value("schedulingGates", json::array());
+  if (gates.is_array() && !gates.empty()) {
+    out.gated = true;
+    out.reason = "Scheduling is blocked due to non-empty scheduling gates";
+    return out;
+  }
   if (nodes.empty()) {
     out.reason = "no nodes available to schedule pods";
     return out;

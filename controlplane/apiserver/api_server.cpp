@@ -1492,6 +1492,18 @@ ApiResult<json> ApiServer::UpdateObject(Request& req, json incoming) {
           return Fail<json>(InvalidErr(info, req.name, {{"FieldValueForbidden", "spec",
                                                            "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, `spec.activeDeadlineSeconds` or `spec.tolerations`"}}));
         }
+        // Scheduling gates can only be removed after creation (kube-apiserver's rule).
+        const json old_gates = cur.value("spec", json::object()).value("schedulingGates", json::array());
+        const json new_gates = next.value("spec", json::object()).value("schedulingGates", json::array());
+        if (new_gates.is_array() && old_gates.is_array()) {
+          for (const json& gate : new_gates) {
+            if (std::find(old_gates.begin(), old_gates.end(), gate) == old_gates.end()) {
+              return Fail<json>(InvalidErr(info, req.name, {{"FieldValueForbidden", "spec.schedulingGates",
+                                                               "Forbidden: only deletion is allowed, but found new scheduling gate '" +
+                                                                   gate.value("name", "") + "'"}}));
+            }
+          }
+        }
       }
       if (IsBuiltin(info, "apps", "deployments")) {
         auto causes = PrepareDeployment(next, &cur);

@@ -285,6 +285,7 @@ void PodController::SyncPod(const json& pod, const std::string& key, std::vector
       }
     } else {
       std::string reason = s.reason;
+      const std::string condition_reason = s.gated ? "SchedulingGated" : "Unschedulable";
       bool changed = false;
       auto r = api_->Mutate(key, [&](json& o) {
         for (const json& c : o["status"].value("conditions", json::array())) {
@@ -297,7 +298,7 @@ void PodController::SyncPod(const json& pod, const std::string& key, std::vector
         }
         conds.push_back({{"type", "PodScheduled"},
                          {"status", "False"},
-                         {"reason", "Unschedulable"},
+                         {"reason", condition_reason},
                          {"message", reason},
                          {"lastProbeTime", nullptr},
                          {"lastTransitionTime", Rfc3339(std::chrono::system_clock::now())}});
@@ -305,7 +306,10 @@ void PodController::SyncPod(const json& pod, const std::string& key, std::vector
         o["status"]["phase"] = "Pending";
         return true;
       });
-      if (r.ok() && changed) RecordEvent(api_->store(), pod, "Warning", "FailedScheduling", reason, "default-scheduler");
+      // A gated pod is waiting by design: kube-scheduler records no event for it.
+      if (r.ok() && changed && !s.gated) {
+        RecordEvent(api_->store(), pod, "Warning", "FailedScheduling", reason, "default-scheduler");
+      }
     }
     return;
   }

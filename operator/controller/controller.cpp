@@ -23,8 +23,10 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
       pods_(client, k8s::resources::Pods(), options_.ns, ChildInformer()),
       services_(client, k8s::resources::Services(), options_.ns, ChildInformer()),
       queue_(options_.queue) {
+  ReconcilerOptions reconciler_options = options_.reconciler;
+  reconciler_options.pods_namespace = options_.ns;
   reconciler_ = std::make_unique<Reconciler>(client_, &jobs_.store(), &pods_.store(), &services_.store(), &index_,
-                                             options_.reconciler, hooks_.reconciler);
+                                             reconciler_options, hooks_.reconciler);
 
   k8s::EventHandlers job_handlers;
   job_handlers.on_add = [this](const json& obj) { Enqueue(k8s::ObjectKey(obj)); };

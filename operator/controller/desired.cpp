@@ -1,5 +1,7 @@
 #include "operator/controller/desired.h"
 
+#include "operator/controller/gang.h"
+
 namespace meshwork::op {
 namespace {
 
@@ -203,6 +205,12 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   pod["metadata"]["labels"][kMeshLabel] = spec.mesh.ToString();
   pod["spec"] = pod_spec;
   MergeTemplate(pod, spec);
+  if (spec.gang_admission == GangAdmission::kOperator) {
+    // Held until the whole gang fits (gang.h); after the template, whose gates stay too.
+    json& gates = pod["spec"]["schedulingGates"];
+    if (!gates.is_array()) gates = json::array();
+    gates.push_back({{"name", kGangGate}});
+  }
   return pod;
 }
 

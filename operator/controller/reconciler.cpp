@@ -1,6 +1,7 @@
 #include "operator/controller/reconciler.h"
 
 #include "operator/controller/desired.h"
+#include "operator/controller/gang.h"
 #include "operator/controller/trainer_report.h"
 
 namespace meshwork::op {
@@ -76,6 +77,7 @@ void Reconciler::Forget(const std::string& key) {
   last_scrape_.erase(key);
   expected_.erase(key);
   written_from_.erase(key);
+  gang_waiting_.erase(key);
 }
 
 bool Reconciler::CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv) {
@@ -274,6 +276,62 @@ std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& ke
   return std::nullopt;
 }
 
+std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, const json& job, const JobSpec& spec,
+                                                      const std::vector<json>& pods, Created* created) {
+  const int64_t gen = job.value("status", json::object()).value("restartGeneration", int64_t{0});
+  std::vector<json> gang;
+  bool gated = false;
+  for (const auto& pod : pods) {
+    const PodView v = ViewPod(pod);
+    if (v.generation != gen || v.terminating) continue;
+    gang.push_back(pod);
+    gated = gated || HasGangGate(pod);
+  }
+  if (!gated || static_cast<int>(gang.size()) != spec.replicas) return std::nullopt;  // not all here yet
+  const std::string ns = job["metadata"].value("namespace", "default");
+  std::lock_guard<std::mutex> admission(admission_mu_);
+  auto nodes = api_->List(k8s::resources::Nodes(), "", {});
+  if (!nodes.ok()) return Failed(nodes.error(), "listing Nodes for gang admission of " + key);
+  auto all_pods = api_->List(k8s::resources::Pods(), options_.pods_namespace, {});
+  if (!all_pods.ok()) return Failed(all_pods.error(), "listing Pods for gang admission of " + key);
+  // This gang's own Pods are what is being placed, not what takes room.
+  json others = {{"items", json::array()}};
+  const std::string uid = job["metadata"].value("uid", "");
+  for (const auto& p : all_pods->value("items", json::array())) {
+    if (!OwnedBy(p, uid)) others["items"].push_back(p);
+  }
+  const GangFit fit = FitGang(*nodes, others, gang);
+  if (!fit.fits) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string& last = gang_waiting_[key];
+    if (last != fit.why) {
+      last = fit.why;
+      created->events.push_back({"Normal", "GangWaiting", "waiting until every Pod fits at once: " + fit.why});
+    }
+    created->requeue_after = std::chrono::seconds(3);
+    return std::nullopt;
+  }
+  for (const auto& pod : gang) {
+    if (!HasGangGate(pod)) continue;
+    json gates = json::array();
+    for (const auto& g : pod["spec"]["schedulingGates"]) {
+      if (g.value("name", "") != kGangGate) gates.push_back(g);
+    }
+    const json patch = {{"spec", {{"schedulingGates", gates.empty() ? json(nullptr) : gates}}}};
+    auto patched = api_->MergePatch(k8s::resources::Pods(), ns, pod["metadata"].value("name", ""), patch, "");
+    if (!patched.ok() && !k8s::IsNotFound(patched.error())) {
+      return Failed(patched.error(), "releasing the gang gate of Pod " + pod["metadata"].value("name", ""));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gang_waiting_.erase(key);
+  }
+  created->events.push_back({"Normal", "GangAdmitted",
+                             "all " + std::to_string(gang.size()) + " Pods fit: released to the scheduler together"});
+  return std::nullopt;
+}
+
 std::optional<ReconcileOutcome> Reconciler::DeletePods(const std::string& ns, const std::vector<PodView>& pods) {
   for (const auto& pod : pods) {
     k8s::DeleteOptions opts;
@@ -356,6 +414,12 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   if (auto failed = CreateChildren(key, job, spec, plan, &created)) return *failed;
   if (created.requeue_after) out.requeue_after = created.requeue_after;
   if (auto failed = DeletePods(meta.value("namespace", "default"), plan.remove)) return *failed;
+  if (spec.ok() && spec->gang_admission == GangAdmission::kOperator && plan.remove.empty() && !finished) {
+    if (auto failed = AdmitGang(key, job, *spec, in.pods, &created)) return *failed;
+    if (created.requeue_after && (!out.requeue_after || *created.requeue_after < *out.requeue_after)) {
+      out.requeue_after = created.requeue_after;
+    }
+  }
 
   // 4. The status, written once (here, unless it went first). launchedGeneration is recorded
   // only once every Pod of the gang has been created.

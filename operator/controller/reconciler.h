@@ -45,6 +45,9 @@ struct ReconcilerOptions {
   std::optional<int64_t> pod_delete_grace_seconds;  // nullopt = the Pod's own
   // How long a created Pod may stay unseen by the cache before the reconciler stops waiting.
   std::chrono::milliseconds expectation_timeout{30000};
+  // Where gang admission counts the Pods that take capacity: the namespace the operator watches
+  // ("" = all). Nodes are always listed cluster-wide.
+  std::string pods_namespace;
 };
 
 struct ReconcilerHooks {
@@ -98,6 +101,11 @@ class Reconciler {
   std::optional<ReconcileOutcome> CreateChildren(const std::string& key, const nlohmann::json& job,
                                                  const Result<JobSpec>& spec, const Plan& plan, Created* created);
   std::optional<ReconcileOutcome> DeletePods(const std::string& ns, const std::vector<PodView>& pods);
+  // Gang admission (gang.h): once every Pod of the current gang is in the cache, all behind the
+  // gang gate, releases them together if they fit, else says why in `created` (an Event, once per
+  // reason) and asks to look again.
+  std::optional<ReconcileOutcome> AdmitGang(const std::string& key, const nlohmann::json& job, const JobSpec& spec,
+                                            const std::vector<nlohmann::json>& pods, Created* created);
   // Writes `status` unless the cached job already has it.
   std::optional<ReconcileOutcome> WriteStatus(const std::string& key, const nlohmann::json& job,
                                               const nlohmann::json& status);
@@ -124,6 +132,9 @@ class Reconciler {
   // Job key -> uid of each Pod created by this process and not yet seen in the cache -> when
   // to stop waiting for it.
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> expected_;
+  // One gang admitted at a time, so two never count the same free room.
+  std::mutex admission_mu_;
+  std::map<std::string, std::string> gang_waiting_;  // job key -> the last reason given
 };
 
 }  // namespace meshwork::op

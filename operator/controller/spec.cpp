@@ -293,6 +293,14 @@ Result<JobSpec> ParseSpec(const json& job) {
                                                {"Running", CleanPodPolicy::kRunning},
                                                {"All", CleanPodPolicy::kAll}},
                                               &s.clean_pod_policy));
+  const json* scheduling = Field(rp, "schedulingPolicy");
+  if (scheduling && !scheduling->is_object()) {
+    return Bad("spec.runPolicy.schedulingPolicy", "must be an object, got " + Quote(*scheduling));
+  }
+  MW_RETURN_IF_ERROR(ReadEnum<GangAdmission>(scheduling ? *scheduling : empty, "gangAdmission",
+                                             "spec.runPolicy.schedulingPolicy.gangAdmission",
+                                             {{"Operator", GangAdmission::kOperator}, {"None", GangAdmission::kNone}},
+                                             &s.gang_admission));
 
   MW_RETURN_IF_ERROR(ReadIntAs(spec, "metricsPort", "spec.metricsPort", 0, 65535, &s.metrics_port));
   if (Field(spec, "masterPort")) {

@@ -39,6 +39,10 @@ inline constexpr const char* kDefaultConfigKey = "config.yaml";
 
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class CleanPodPolicy { kNone, kRunning, kAll };
+// spec.runPolicy.schedulingPolicy.gangAdmission: Operator = the gang's Pods wait behind a
+// scheduling gate until all of them fit (gang.h); None = straight to the scheduler (for a
+// cluster where Kueue, Volcano or the coscheduling plugin places gangs).
+enum class GangAdmission { kOperator, kNone };
 
 struct Mesh {
   int dp_replicate = 1;
@@ -79,6 +83,7 @@ struct JobSpec {
   std::optional<int64_t> ttl_seconds_after_finished;
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
+  GangAdmission gang_admission = GangAdmission::kOperator;
 
   int master_port = 0;  // spec.masterPort, else DefaultMasterPort(uid)
   int metrics_port = 9400;

@@ -45,7 +45,7 @@ class Client : public ObjectApi {
   // Every page (opts.limit is the page size; 0 = one request), items concatenated into one List
   // whose metadata.resourceVersion is the last page's. Items get apiVersion/kind filled in. If a
   // continue token expires (410), lists again without pagination, as client-go's pager does.
-  Result<nlohmann::json> List(const ResourceRef& ref, const std::string& ns, const ListOptions& opts = {});
+  Result<nlohmann::json> List(const ResourceRef& ref, const std::string& ns, const ListOptions& opts = {}) override;
   // POST. The namespace is `ns`, or the object's metadata.namespace when `ns` is "".
   Result<nlohmann::json> Create(const ResourceRef& ref, const std::string& ns, const nlohmann::json& obj) override;
   // PUT to metadata.name. Carries metadata.resourceVersion: a stale one answers Conflict.
@@ -55,7 +55,7 @@ class Client : public ObjectApi {
                                       const nlohmann::json& obj) override;
   // PATCH with application/merge-patch+json (RFC 7386); `subresource` e.g. "status".
   Result<nlohmann::json> MergePatch(const ResourceRef& ref, const std::string& ns, const std::string& name,
-                                    const nlohmann::json& patch, const std::string& subresource = "");
+                                    const nlohmann::json& patch, const std::string& subresource = "") override;
   // DELETE; the answer is the object (still there with a deletionTimestamp, e.g. finalizers) or a
   // Status. Deleting what is not there answers NotFound.
   Result<nlohmann::json> Delete(const ResourceRef& ref, const std::string& ns, const std::string& name,

@@ -5,6 +5,7 @@ namespace meshwork::k8s {
 
 namespace resources {
 ResourceRef Pods() { return {"", "v1", "pods", true}; }
+ResourceRef Nodes() { return {"", "v1", "nodes", false}; }
 ResourceRef Services() { return {"", "v1", "services", true}; }
 ResourceRef ConfigMaps() { return {"", "v1", "configmaps", true}; }
 ResourceRef Events() { return {"", "v1", "events", true}; }

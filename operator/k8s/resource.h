@@ -29,6 +29,7 @@ ResourceRef Services();
 ResourceRef ConfigMaps();
 ResourceRef Events();          // core/v1 events
 ResourceRef Namespaces();      // cluster-scoped
+ResourceRef Nodes();           // cluster-scoped
 ResourceRef Leases();          // coordination.k8s.io/v1
 ResourceRef CustomResourceDefinitions();  // apiextensions.k8s.io/v1, cluster-scoped
 ResourceRef Custom(std::string group, std::string version, std::string plural, bool namespaced = true);

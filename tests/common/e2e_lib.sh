@@ -57,12 +57,14 @@ e2e_wait_for() {
   return 1
 }
 
-# e2e_start_controlplane BINARY: starts it on a free port with its data in $work/cp, the
-# kubeconfig at $KUBECONFIG, run from $work (relative paths in Pods resolve there); returns once
-# it serves.
+# e2e_start_controlplane BINARY [FLAG...]: starts it on a free port with its data in $work/cp,
+# the kubeconfig at $KUBECONFIG, run from $work (relative paths in Pods resolve there), with any
+# further flags (e.g. --nodes FILE); returns once it serves.
 e2e_start_controlplane() {
   mkdir -p "$work/cp"
-  (cd "$work" && exec "$1" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
+  local bin="$1"
+  shift
+  (cd "$work" && exec "$bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" "$@" >"$work/cp.log" 2>&1) &
   e2e_track $!
   e2e_wait_for 30 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; return 1; }
 }
@@ -71,4 +73,23 @@ e2e_start_controlplane() {
 e2e_apply_crd() {
   kubectl apply -f "$1/crds/trainingjob.yaml" >/dev/null &&
     kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null
+}
+
+# e2e_require_kubectl: exits 0 with a SKIP line (and why) when kubectl is not installed.
+e2e_require_kubectl() {
+  command -v kubectl >/dev/null && return 0
+  echo "SKIP: kubectl is not installed (scripts/setup.sh installs it)"
+  exit 0
+}
+
+# pass MSG / fail MSG: one check's result, counted in $passed and $failed.
+passed=0
+failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+
+# e2e_summary NAME: the counts; returns 0 when no check failed.
+e2e_summary() {
+  echo "$1: $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
 }

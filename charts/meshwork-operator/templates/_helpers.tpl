@@ -77,7 +77,7 @@ app.kubernetes.io/part-of: meshwork
   verbs: [update]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]
@@ -90,6 +90,14 @@ app.kubernetes.io/part-of: meshwork
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- end }}
+
+{{/* Gang admission reads the Nodes' capacity: cluster-scoped, so a ClusterRole even when the
+operator watches one namespace. */}}
+{{- define "meshwork-operator.nodeRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
 {{- end }}
 
 {{/* Checks on values that the schema cannot express; each names the value. */}}

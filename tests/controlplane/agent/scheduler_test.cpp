@@ -72,6 +72,19 @@ TEST(PickNode, TakesLimitsWhenRequestsAreAbsent) {
             "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.");
 }
 
+TEST(PickNode, LeavesAGatedPodAlone) {
+  json pod = PodWith({{"cpu", "1"}});
+  pod["spec"]["schedulingGates"] = json::array({{{"name", "meshwork.dev/gang"}}});
+  Schedule s = PickNode(pod, TwoNodes(), {});
+  EXPECT_FALSE(s.node.has_value());
+  EXPECT_TRUE(s.gated);
+  EXPECT_EQ(s.reason, "Scheduling is blocked due to non-empty scheduling gates");
+  pod["spec"]["schedulingGates"] = json::array();  // every gate removed: scheduled
+  s = PickNode(pod, TwoNodes(), {});
+  EXPECT_TRUE(s.node.has_value()) << s.reason;
+  EXPECT_FALSE(s.gated);
+}
+
 TEST(PickNode, HonoursNodeSelector) {
   json pod = PodWith({});
   pod["spec"]["nodeSelector"] = {{"pool", "gpu"}};

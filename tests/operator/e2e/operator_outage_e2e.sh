@@ -12,17 +12,10 @@ cp_bin="$1"
 op_bin="$2"
 train_bin="$3"
 src="$4"
-if ! command -v kubectl >/dev/null; then
-  echo "SKIP: kubectl is not installed (scripts/setup.sh installs it)"
-  exit 0
-fi
 source "$src/tests/common/e2e_lib.sh"
+e2e_require_kubectl
 e2e_init
 export PATH="$(dirname "$train_bin"):$PATH"
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 k() { timeout 60 kubectl --request-timeout=30s -n e2e "$@"; }
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
 finish() {
@@ -31,8 +24,7 @@ finish() {
     echo "---- operator log"; tail -n 40 "$work/op.log"
     echo "---- kubectl get tj,pods"; k get tj,pods -o wide 2>&1
   fi
-  echo "operator_outage_e2e: $passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
+  e2e_summary operator_outage_e2e
   exit $?
 }
 cp_pid=""

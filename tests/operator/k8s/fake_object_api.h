@@ -104,6 +104,27 @@ class FakeObjectApi : public ObjectApi {
     return gone;
   }
 
+  Result<nlohmann::json> List(const ResourceRef& ref, const std::string& ns, const ListOptions&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto e = Call("list", ref.resource, ns, "")) return *e;
+    nlohmann::json items = nlohmann::json::array();
+    for (const auto& [key, obj] : objects_) {
+      if (std::get<0>(key) == ref.resource && (ns.empty() || std::get<1>(key) == ns)) items.push_back(obj);
+    }
+    return nlohmann::json{{"kind", "List"}, {"items", items}};
+  }
+
+  Result<nlohmann::json> MergePatch(const ResourceRef& ref, const std::string& ns, const std::string& name,
+                                    const nlohmann::json& patch, const std::string&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto e = Call("patch", ref.resource, ns, name)) return *e;
+    auto it = objects_.find({ref.resource, ns, name});
+    if (it == objects_.end()) return NotFound(ref, name);
+    it->second.merge_patch(patch);
+    it->second["metadata"]["resourceVersion"] = std::to_string(++serial_);
+    return it->second;
+  }
+
   Result<std::string> GetLog(const std::string& ns, const std::string& pod, const LogOptions& opts) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto e = Call("log", "pods", ns, pod)) return *e;

@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <limits>
 
-#include "controlplane/agent/node_agent.h"
+#include "common/quantity.h"
 
-namespace meshwork::controlplane::agent {
+namespace meshwork {
 namespace {
 
 // Parses <digits>[.<digits>][suffix] into a non-negative value; false for anything else.
@@ -100,4 +100,4 @@ Result<int64_t> ParseBytes(const nlohmann::json& quantity) {
   return ParseBytes(JsonText(quantity));
 }
 
-}  // namespace meshwork::controlplane::agent
+}  // namespace meshwork

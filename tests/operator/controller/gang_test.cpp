@@ -1,0 +1,78 @@
+// FitGang, gang admission's decision: a gang fits only if all of its Pods fit at once, after
+// what bound Pods and admitted-but-unbound Pods take; gated Pods and finished Pods take nothing;
+// nodeSelector, unschedulable nodes and GPUs count; the reason names what is needed and free.
+#include "operator/controller/gang.h"
+
+#include <gtest/gtest.h>
+
+namespace meshwork::op {
+namespace {
+
+using nlohmann::json;
+
+json Node(const std::string& name, const std::string& cpu, int gpus = 0, json labels = json::object()) {
+  json n = {{"metadata", {{"name", name}, {"labels", labels}}},
+            {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "16Gi"}}}}}};
+  if (gpus > 0) n["status"]["allocatable"]["nvidia.com/gpu"] = std::to_string(gpus);
+  return n;
+}
+
+json Pod(const std::string& name, const std::string& cpu, const std::string& node = "", bool gated = false,
+         const std::string& phase = "", bool ours = true) {
+  json p = {{"metadata", {{"name", name}, {"labels", json::object()}}},
+            {"spec", {{"containers", {{{"name", "trainer"}, {"resources", {{"requests", {{"cpu", cpu}}}}}}}}}}};
+  if (ours) p["metadata"]["labels"]["meshwork.dev/job"] = "j";
+  if (!node.empty()) p["spec"]["nodeName"] = node;
+  if (gated) p["spec"]["schedulingGates"] = json::array({{{"name", kGangGate}}});
+  if (!phase.empty()) p["status"]["phase"] = phase;
+  return p;
+}
+
+json List(std::vector<json> items) { return {{"items", items}}; }
+
+TEST(FitGang, FitsOnlyWhenEveryPodFitsAtOnce) {
+  const json nodes = List({Node("a", "2")});
+  EXPECT_TRUE(FitGang(nodes, List({}), {Pod("x-0", "1", "", true), Pod("x-1", "1", "", true)}).fits);
+  const GangFit three = FitGang(nodes, List({}), {Pod("x-0", "1"), Pod("x-1", "1"), Pod("x-2", "1")});
+  EXPECT_FALSE(three.fits);
+  EXPECT_NE(three.why.find("3 Pods need 3 cpu"), std::string::npos) << three.why;
+  EXPECT_NE(three.why.find("free on 1 schedulable node(s): 0 cpu"), std::string::npos) << three.why;
+}
+
+TEST(FitGang, BoundAndReleasedPodsTakeRoomGatedAndFinishedOnesDoNot) {
+  const json nodes = List({Node("a", "2")});
+  const std::vector<json> gang = {Pod("y-0", "1", "", true), Pod("y-1", "1", "", true)};
+  EXPECT_FALSE(FitGang(nodes, List({Pod("b-0", "1", "a")}), gang).fits) << "a bound Pod";
+  EXPECT_FALSE(FitGang(nodes, List({Pod("r-0", "1")}), gang).fits) << "released, not bound yet";
+  EXPECT_TRUE(FitGang(nodes, List({Pod("g-0", "1", "", true), Pod("g-1", "1", "", true)}), gang).fits) << "gated";
+  EXPECT_TRUE(FitGang(nodes, List({Pod("d-0", "2", "a", false, "Succeeded")}), gang).fits) << "finished";
+  // Someone else's Pod waiting for the scheduler is not ours to count; bound, it is.
+  EXPECT_TRUE(FitGang(nodes, List({Pod("o-0", "2", "", false, "", false)}), gang).fits);
+  EXPECT_FALSE(FitGang(nodes, List({Pod("o-0", "1", "a", false, "Running", false)}), gang).fits);
+}
+
+TEST(FitGang, SpreadsOverNodesAndHonoursSelectorsGpusAndUnschedulable) {
+  json cordoned = Node("c", "8");
+  cordoned["spec"]["unschedulable"] = true;
+  const json nodes = List({Node("a", "1"), Node("b", "1"), cordoned});
+  EXPECT_TRUE(FitGang(nodes, List({}), {Pod("x-0", "1"), Pod("x-1", "1")}).fits);  // one per node
+  EXPECT_FALSE(FitGang(nodes, List({}), {Pod("x-0", "1"), Pod("x-1", "1"), Pod("x-2", "1")}).fits);
+  json picky = Pod("p-0", "1");
+  picky["spec"]["nodeSelector"] = {{"pool", "gpu"}};
+  EXPECT_FALSE(FitGang(nodes, List({}), {picky}).fits);
+  const json gpu_nodes = List({Node("g", "8", 2, {{"pool", "gpu"}})});
+  EXPECT_TRUE(FitGang(gpu_nodes, List({}), {picky}).fits);
+  json gpu_pod = Pod("q-0", "1");
+  gpu_pod["spec"]["containers"][0]["resources"]["limits"] = {{"nvidia.com/gpu", 3}};
+  EXPECT_FALSE(FitGang(gpu_nodes, List({}), {gpu_pod}).fits);  // limits stand in for requests
+}
+
+TEST(FitGang, GateIsRecognisedAmongOthers) {
+  json p = Pod("x", "1");
+  EXPECT_FALSE(HasGangGate(p));
+  p["spec"]["schedulingGates"] = json::array({{{"name", "other"}}, {{"name", kGangGate}}});
+  EXPECT_TRUE(HasGangGate(p));
+}
+
+}  // namespace
+}  // namespace meshwork::op
