@@ -38,6 +38,7 @@ struct TrainerReport {
 struct FinalReport {
   double loss = 0;
   double tokens_per_second = 0;
+  int64_t last_step = 0;  // the step the run ended at: its steps plus the step it resumed at (0: unknown)
 };
 
 // What checking the trainer config found: nothing, a problem that fails the job (InvalidSpec), or

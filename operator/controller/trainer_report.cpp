@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -91,6 +92,13 @@ std::optional<FinalReport> ParseFinalLine(const std::string& log) {
     FinalReport r;
     r.loss = std::stod(line.substr(loss_at + 13));
     r.tokens_per_second = std::stod(line.substr(tps_start + 2, tps_end - tps_start - 2));
+    // "done: N steps (resumed at step R), ...": the run ended at step N + R.
+    long long steps = 0, resumed = 0;
+    if (std::sscanf(line.c_str(), "done: %lld steps", &steps) == 1) {
+      const size_t at = line.find("(resumed at step ");
+      if (at != std::string::npos) std::sscanf(line.c_str() + at, "(resumed at step %lld)", &resumed);
+      r.last_step = steps + resumed;
+    }
     return r;
   } catch (const std::exception&) {
     return std::nullopt;

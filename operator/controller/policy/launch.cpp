@@ -4,11 +4,15 @@
 #include "operator/controller/policy/policy.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "operator/controller/desired.h"
 
 namespace meshwork::op::policy {
+
+using nlohmann::json;
 
 Decision AwaitConfig(const JobState& job, const std::string& why) {
   Decision d;
@@ -18,6 +22,58 @@ Decision AwaitConfig(const JobState& job, const std::string& why) {
   d.requeue_after = std::chrono::seconds(10);
   return d;
 }
+
+namespace {
+
+// Rank 0's report into status.trainer, with the progress a person reads (percent, and an ETA
+// from the steps made since the last report), and what a step that went backwards means.
+void Progress(const JobState& job, const TrainerReport& report, Decision& d) {
+  json trainer = ReportJson(report, job.in.now, job.spec.WorldSize());
+  const json before = job.status.value("trainer", json::object());
+  const int64_t gen = job.generation();
+  trainer["generation"] = gen;
+  const bool same_gang = before.value("generation", int64_t{-1}) == gen;
+  const int64_t last_step = before.value("step", int64_t{0});
+  if (report.total_steps > 0) {
+    const double percent =
+        std::round(1000.0 * static_cast<double>(report.step) / static_cast<double>(report.total_steps)) / 10;
+    trainer["percent"] = percent;
+    char text[16];
+    std::snprintf(text, sizeof text, "%.1f%%", percent);
+    trainer["progress"] = text;
+  }
+  // ETA: the rate between the last report and this one, carried while no step was made.
+  const auto last_time = ParseTime(before.value("updateTime", ""));
+  if (same_gang && last_time && report.step > last_step && job.in.now > *last_time) {
+    const double seconds = std::chrono::duration<double>(job.in.now - *last_time).count();
+    const double per_step = seconds / static_cast<double>(report.step - last_step);
+    const int64_t eta = static_cast<int64_t>(std::llround(per_step * static_cast<double>(std::max<int64_t>(0, report.total_steps - report.step))));
+    trainer["etaSeconds"] = eta;
+    trainer["eta"] = FormatDuration(eta);
+  } else if (same_gang && report.step == last_step && before.contains("etaSeconds")) {
+    trainer["etaSeconds"] = before["etaSeconds"];
+    trainer["eta"] = before.value("eta", "");
+  }
+  if (same_gang && report.step < last_step) {
+    // The same gang's Pods, yet rank 0 is behind where it was: its processes restarted in place
+    // (a node or control-plane restart ran them again) and resumed from a checkpoint.
+    d.status["inPlaceRestarts"] = job.status.value("inPlaceRestarts", int64_t{0}) + 1;
+    d.events.push_back({"Warning", "GangRestartedInPlace",
+                        "rank 0 reports step " + std::to_string(report.step) + " after " + std::to_string(last_step) +
+                            ": the gang's processes restarted in place and resumed from the checkpoint of step " +
+                            std::to_string(report.step) + " (" + std::to_string(last_step - report.step) +
+                            " steps to redo)"});
+  } else if (!same_gang && report.step > 0 && last_step > 0) {
+    // A new gang after one that made progress, itself past step 0: it resumed from a checkpoint.
+    d.events.push_back({"Normal", "ResumedFromCheckpoint",
+                        "the new gang reports step " + std::to_string(report.step) + " of " +
+                            std::to_string(report.total_steps) + " (the previous one reached " +
+                            std::to_string(last_step) + "): it resumed from its checkpoint"});
+  }
+  d.status["trainer"] = trainer;
+}
+
+}  // namespace
 
 Decision Launch(const JobState& job) {
   const JobSpec& spec = job.spec;
@@ -58,7 +114,7 @@ Decision Launch(const JobState& job) {
                      std::to_string(started) + " of " + std::to_string(spec.replicas) + " pod(s) started" + waiting}};
     d.phase = restarting ? "Restarting" : "Created";
   }
-  if (in.report) d.status["trainer"] = ReportJson(*in.report, in.now, spec.WorldSize());
+  if (in.report) Progress(job, *in.report, d);
   if (in.report && spec.mesh.chosen_by_trainer) {
     // mesh: auto: the mesh rank 0 chose, as it reports it ("2x4x1").
     int r = 0, s = 0, t = 0;

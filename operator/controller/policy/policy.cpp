@@ -132,6 +132,13 @@ json FinishedCounts(const json& status, const std::vector<PodView>& pods, const 
           {"ready", std::to_string(ready) + "/" + std::to_string(replicas)}};
 }
 
+std::string FormatDuration(int64_t seconds) {
+  const int64_t h = seconds / 3600, m = seconds % 3600 / 60, s = seconds % 60;
+  if (h > 0) return std::to_string(h) + "h" + (m < 10 ? "0" : "") + std::to_string(m) + "m";
+  if (m > 0) return std::to_string(m) + "m" + (s < 10 ? "0" : "") + std::to_string(s) + "s";
+  return std::to_string(s) + "s";
+}
+
 json ReportJson(const TrainerReport& r, SystemTime now, int world_size) {
   return {{"step", r.step},
           {"totalSteps", r.total_steps},

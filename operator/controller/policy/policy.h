@@ -82,6 +82,8 @@ nlohmann::json FinishedCounts(const nlohmann::json& status, const std::vector<Po
 // status.trainer from rank 0's report, rounded for `kubectl get` (tokens/s to 0.1, loss to 1e-4).
 // The job's tokens/s is rank 0's times the world size: every rank processes the same batch.
 nlohmann::json ReportJson(const TrainerReport& r, SystemTime now, int world_size);
+// "42s", "3m05s", "2h07m": an ETA as a person reads it.
+std::string FormatDuration(int64_t seconds);
 // obj[key] when it is an integer, else `fallback`.
 int64_t IntOr(const nlohmann::json& obj, const char* key, int64_t fallback);
 

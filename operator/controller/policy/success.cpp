@@ -22,9 +22,27 @@ std::optional<Decision> Success(const JobState& job) {
                           " pod(s) exited 0",
                       job.in.now);
   d.remove = Clean(spec.clean_pod_policy, job.pods);
-  if (!job.in.report && !job.status.contains("trainer")) return d;
+  if (!job.in.report && !job.status.contains("trainer")) {
+    // A run that ended between two scrapes: its last log line still says how far it got.
+    const auto final_report = job.in.final_report ? job.in.final_report() : std::nullopt;
+    if (!final_report || final_report->last_step <= 0) return d;
+    d.status["trainer"] = {{"step", final_report->last_step},
+                           {"totalSteps", final_report->last_step},
+                           {"loss", std::round(final_report->loss * 1e4) / 1e4},
+                           {"tokensPerSecond", std::round(final_report->tokens_per_second * 10) / 10},
+                           {"percent", 100.0},
+                           {"progress", "100.0%"},
+                           {"updateTime", FormatTime(job.in.now)}};
+    return d;
+  }
   json trainer = job.in.report ? ReportJson(*job.in.report, job.in.now, spec.WorldSize()) : job.status["trainer"];
-  if (trainer.value("totalSteps", int64_t{0}) > 0) trainer["step"] = trainer["totalSteps"];
+  if (trainer.value("totalSteps", int64_t{0}) > 0) {
+    trainer["step"] = trainer["totalSteps"];
+    trainer["percent"] = 100.0;
+    trainer["progress"] = "100.0%";
+  }
+  trainer.erase("eta");  // nothing left
+  trainer.erase("etaSeconds");
   if (job.in.final_report) {
     if (const auto final_report = job.in.final_report()) {
       trainer["loss"] = std::round(final_report->loss * 1e4) / 1e4;

@@ -265,7 +265,7 @@ if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   ev="$(k get events --field-selector involvedObject.name=train-ok -o jsonpath='{range .items[*]}{.reason} {end}')"
   [[ "$ev" == *Created* && "$ev" == *Running* && "$ev" == *AllRanksSucceeded* ]] && pass "events Created, Running, AllRanksSucceeded" || fail "events: $ev"
   cols="$(k get tj train-ok 2>&1)"
-  [[ "$cols" == *PHASE*READY*STEP*TOKENS/S*RESTARTS*AGE*train-ok*Succeeded* ]] && pass "kubectl get shows the printer columns" || fail "get tj: $cols"
+  [[ "$cols" == *PHASE*READY*STEP*PROGRESS*ETA*TOKENS/S*RESTARTS*AGE*train-ok*Succeeded*100.0%* ]] && pass "kubectl get shows the printer columns" || fail "get tj: $cols"
 else fail "train-ok did not succeed: $(jp train-ok '{.status}')"; dump; fi
 
 # ---- SIGKILL the leading operator mid-run

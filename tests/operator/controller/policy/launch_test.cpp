@@ -91,6 +91,50 @@ TEST(LaunchTest, RankZerosReportGoesIntoTheStatus) {
   EXPECT_FALSE(d.requeue_after.has_value());  // metrics off: nothing to scrape
 }
 
+// Progress a person reads: percent of the steps, and an ETA from the rate since the last report.
+TEST(LaunchTest, ProgressAndEtaFromTwoReports) {
+  State first(Job({{"metricsPort", 0}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  first.in().report = TrainerReport{100, 400, 2.5, 4000};
+  Decision d = Launch(first.Get());
+  EXPECT_DOUBLE_EQ(d.status["trainer"]["percent"].get<double>(), 25.0);
+  EXPECT_EQ(d.status["trainer"]["progress"], "25.0%");
+  EXPECT_FALSE(d.status["trainer"].contains("eta"));  // one report gives no rate
+  EXPECT_THAT(Reasons(d.events), ElementsAre("Running"));  // a first gang past step 0 has not resumed
+  // 50 steps in 100 s later: 250 steps left at 2 s each.
+  json status = {{"trainer", d.status["trainer"]}};
+  State second(Job({{"metricsPort", 0}}, status), {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(100));
+  second.in().report = TrainerReport{150, 400, 2.4, 4000};
+  d = Launch(second.Get());
+  EXPECT_EQ(d.status["trainer"]["etaSeconds"], 500);
+  EXPECT_EQ(d.status["trainer"]["eta"], "8m20s");
+  EXPECT_EQ(d.status["trainer"]["progress"], "37.5%");
+  EXPECT_THAT(Reasons(d.events), ElementsAre("Running"));
+  EXPECT_EQ(FormatDuration(7620), "2h07m");
+  EXPECT_EQ(FormatDuration(42), "42s");
+}
+
+// STEP goes back only by a checkpoint, and an Event says which: a new gang that starts past 0
+// resumed; the same gang reporting less than before restarted in place (counted).
+TEST(LaunchTest, AStepThatGoesBackIsARestartInPlaceAndANewGangPastZeroResumed) {
+  json status = {{"trainer", {{"step", 88}, {"totalSteps", 200}, {"generation", 0}, {"updateTime", FormatTime(kT0)}}}};
+  State same(Job({{"metricsPort", 0}}, status), {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(30));
+  same.in().report = TrainerReport{50, 200, 3.0, 4000};
+  Decision d = Launch(same.Get());
+  EXPECT_EQ(d.status["inPlaceRestarts"], 1);
+  ASSERT_THAT(Reasons(d.events), ElementsAre("Running", "GangRestartedInPlace"));
+  EXPECT_THAT(d.events[1].message, ::testing::HasSubstr("step 50 after 88"));
+  EXPECT_FALSE(d.status["trainer"].contains("eta"));  // no rate across the restart
+
+  json restarted = {{"restartGeneration", 1}, {"restarts", 1}, {"trainer", status["trainer"]}};
+  State next(Job({{"metricsPort", 0}}, restarted), {Pod(0, 1, "Running"), Pod(1, 1, "Running")}, kT0 + seconds(60));
+  next.in().report = TrainerReport{80, 200, 3.0, 4000};
+  d = Launch(next.Get());
+  EXPECT_FALSE(d.status.contains("inPlaceRestarts"));
+  ASSERT_THAT(Reasons(d.events), ElementsAre("Running", "ResumedFromCheckpoint"));
+  EXPECT_THAT(d.events[1].message, ::testing::HasSubstr("step 80 of 200 (the previous one reached 88)"));
+  EXPECT_EQ(d.status["trainer"]["generation"], 1);
+}
+
 // mesh: auto: the status shows the mesh rank 0 chose, once it reports one of the gang's size.
 TEST(LaunchTest, WithMeshAutoTheReportedMeshGoesIntoTheStatus) {
   State s(Job({{"metricsPort", 0}, {"mesh", {{"auto", true}}}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "operator/controller/trainer_report.h"
 #include "tests/operator/controller/builders.h"
 
 namespace meshwork::op::policy {
@@ -42,9 +43,11 @@ TEST(SuccessTest, TheReportIsCompletedFromRankZerosFinalLine) {
   };
   const std::vector<Case> cases = {
       {"scraped, with a final line", TrainerReport{290, 300, 2.5, 4000}, json(), FinalReport{2.123456, 7777.77},
-       {{"step", 300}, {"totalSteps", 300}, {"loss", 2.1235}, {"tokensPerSecond", 7777.8}}},
+       {{"step", 300}, {"totalSteps", 300}, {"loss", 2.1235}, {"tokensPerSecond", 7777.8}, {"percent", 100.0},
+        {"progress", "100.0%"}}},
       {"scraped, no final line", TrainerReport{290, 300, 2.5, 4000}, json(), std::nullopt,
-       {{"step", 300}, {"totalSteps", 300}, {"loss", 2.5}, {"tokensPerSecond", 8000.0}}},
+       {{"step", 300}, {"totalSteps", 300}, {"loss", 2.5}, {"tokensPerSecond", 8000.0}, {"percent", 100.0},
+        {"progress", "100.0%"}}},
       {"an earlier scrape only", std::nullopt, {{"step", 10}, {"totalSteps", 0}, {"loss", 3.0}}, FinalReport{2.0, 10},
        {{"step", 10}, {"totalSteps", 0}, {"loss", 2.0}, {"tokensPerSecond", 10.0}}},
   };
@@ -67,17 +70,33 @@ TEST(SuccessTest, TheReportIsCompletedFromRankZerosFinalLine) {
   }
 }
 
-TEST(SuccessTest, WithNothingReportedTheLogIsNotRead) {
+// A run that ended between two scrapes (a short job): rank 0's last log line fills the status;
+// without one (not meshwork-train, or logs gone) there is none.
+TEST(SuccessTest, WithNothingScrapedTheFinalLineFillsTheStatus) {
   State s(Job(), {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)});
-  s.in().final_report = [] {
-    ADD_FAILURE() << "read rank 0's log";
-    return std::optional<FinalReport>();
-  };
-  const auto d = Success(s.Get());
+  s.in().final_report = [] { return std::optional<FinalReport>(FinalReport{2.345678, 1234.56, 20}); };
+  auto d = Success(s.Get());
   ASSERT_TRUE(d.has_value());
-  EXPECT_FALSE(d->status.contains("trainer"));
+  json trainer = d->status.at("trainer");
+  trainer.erase("updateTime");
+  EXPECT_EQ(trainer, json::parse(R"({"step": 20, "totalSteps": 20, "loss": 2.3457, "tokensPerSecond": 1234.6,
+                                    "percent": 100.0, "progress": "100.0%"})"));
   EXPECT_THAT(Reasons(d->events), ElementsAre("AllRanksSucceeded"));
   EXPECT_THAT(d->create, IsEmpty());
+  s.in().final_report = [] { return std::optional<FinalReport>(); };
+  d = Success(s.Get());
+  ASSERT_TRUE(d.has_value());
+  EXPECT_FALSE(d->status.contains("trainer"));
+}
+
+TEST(ParseFinalLineTest, StepsAndTheStepItResumedAt) {
+  auto r = ParseFinalLine("step 20/20 | ...\ndone: 20 steps, 5120 tokens in 3.1 s | final loss 2.5000 | 1650 tok/s | mfu 1.0%\n");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->last_step, 20);
+  EXPECT_DOUBLE_EQ(r->loss, 2.5);
+  r = ParseFinalLine("done: 5 steps (resumed at step 15), 1280 tokens in 1.0 s | final loss 2.1000 | 1280 tok/s | mfu 1%");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->last_step, 20);
 }
 
 }  // namespace
