@@ -93,6 +93,7 @@ PodView ViewPod(const json& pod) {
   for (const auto& c : status.value("conditions", json::array())) {
     const std::string type = c.value("type", "");
     if (type == "Ready") v.ready = c.value("status", "") == "True";
+    if (type == "DisruptionTarget" && c.value("status", "") == "True") v.disruption = c.value("reason", "Disruption");
     if (type == "PodScheduled" && c.value("status", "") == "False" && v.reason.empty()) {
       v.reason = c.value("reason", "");
       v.message = c.value("message", "");

@@ -62,6 +62,10 @@ struct PodView {
   std::optional<int> exit_code;          // the trainer container's, once terminated
   std::string reason;                    // why it ended or waits (OOMKilled, StartError, ...)
   std::string message;
+  // The reason of a True DisruptionTarget condition (PreemptionByScheduler, EvictionByEvictionAPI,
+  // DeletionByTaintManager, TerminationByKubelet): the Pod was stopped by the cluster, not by
+  // its own failure. "" when there is none.
+  std::string disruption;
 };
 PodView ViewPod(const nlohmann::json& pod);
 

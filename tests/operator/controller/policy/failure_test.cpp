@@ -98,5 +98,38 @@ TEST(FailureTest, APermanentExitCodeWinsOverAnEarlierRetryableOne) {
   EXPECT_THAT(d->events.at(0).message, HasSubstr("pod tiny-1 exited with code 2"));
 }
 
+// Preempted, evicted or drained (DisruptionTarget=True): the gang restarts without spending
+// backoffLimit, even at the limit and with restartPolicy Never; a rank that failed on its own
+// in the same gang still decides.
+json Disrupted(json pod, const std::string& reason) {
+  pod["status"]["conditions"] = json::array({{{"type", "DisruptionTarget"}, {"status", "True"}, {"reason", reason}}});
+  return pod;
+}
+
+TEST(FailureTest, ADisruptionRestartsTheGangWithoutCounting) {
+  for (const json& policy : {json{{"backoffLimit", 0}}, json{{"restartPolicy", "Never"}}}) {
+    const auto d = Failure(Launched(policy, {Disrupted(Pod(0, 0, "Failed", 143), "PreemptionByScheduler"),
+                                             Pod(1, 0, "Running")})
+                               .Get());
+    ASSERT_TRUE(d.has_value()) << policy;
+    EXPECT_EQ(d->phase, "Restarting");
+    EXPECT_FALSE(d->status.contains("restarts")) << "not counted";
+    EXPECT_EQ(d->status["disruptionRestarts"], 1);
+    EXPECT_EQ(d->status["restartGeneration"], 1);
+    EXPECT_EQ(d->events.at(0).reason, "GangRestartAfterDisruption");
+    EXPECT_THAT(d->events.at(0).message, HasSubstr("DisruptionTarget: PreemptionByScheduler"));
+    EXPECT_THAT(Names(d->remove), UnorderedElementsAre("tiny-0", "tiny-1"));
+  }
+  // The other rank failed by itself, before or after it in order: that failure counts (here: the
+  // limit is reached).
+  for (bool disrupted_first : {true, false}) {
+    std::vector<json> pods = {Disrupted(Pod(0, 0, "Failed", 143), "EvictionByEvictionAPI"), Pod(1, 0, "Failed", 1)};
+    if (!disrupted_first) pods = {Pod(0, 0, "Failed", 1), Disrupted(Pod(1, 0, "Failed", 143), "EvictionByEvictionAPI")};
+    const auto d = Failure(Launched({{"backoffLimit", 0}}, pods).Get());
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(ReasonOf(*d, "Failed"), "BackoffLimitExceeded") << disrupted_first;
+  }
+}
+
 }  // namespace
 }  // namespace meshwork::op::policy
