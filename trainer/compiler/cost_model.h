@@ -44,9 +44,9 @@ struct CostModel {
   // each goes at 1 / (1 + interference) of its own speed; 0 (GPUs, NCCL) = they do not slow
   // each other. Measured at start-up by timing matmuls with and without collectives in flight.
   double interference = 0;
-  // Host copies FSDP makes around its collectives (shards into a flat buffer before an
-  // all-gather, the gathered rows into parameters after its wait, gradients into rank-major
-  // order before a reduce-scatter), at this rate on the compute lane; 0 = free (GPU kernels).
+  // Host memory work around collectives, at this rate on the compute lane; 0 = free (GPU
+  // kernels). With the flat layout the only one left is Gloo's reduce-scatter summing the
+  // all-to-all's chunks into the shard at its wait.
   double host_copy_bytes_per_second = 0;
 
   // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the

@@ -1,5 +1,8 @@
 #include "trainer/compiler/frontend.h"
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <string>
 
 namespace meshwork::compiler {
@@ -20,25 +23,35 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
   for (int i = 0; i < static_cast<int>(seq.size()); ++i)
     for (int p : g.modules[seq[i].module].params) uses[p].push_back(i);
 
+  // Parameters of one flat group move together (ParamInfo::group); the others each alone.
+  auto group_of = [&](int p) { return g.params[p].group >= 0 ? g.params[p].group : -1 - p; };
   int next_ag = 0, next_rs = 0;
   std::vector<std::string> live(np);  // all-gather id holding p, or ""
   for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
     const ModuleInfo& m = g.modules[seq[i].module];
-    std::vector<std::string> issued;
+    // One all-gather per flat group this compute needs and nothing holds: the whole group.
+    std::vector<Op> gathers;
+    std::map<int, size_t> gather_of;  // group -> index in gathers
     for (int p : m.params) {
       if (!live[p].empty()) continue;
+      const int group = group_of(p);
+      if (gather_of.count(group)) continue;
       Op ag;
       ag.kind = OpKind::kAllGather;
       ag.id = "%ag" + std::to_string(next_ag++);
-      ag.params = {p};
-      live[p] = ag.id;
-      issued.push_back(ag.id);
-      g.ops.push_back(ag);
+      for (int q = 0; q < np; ++q)
+        if (group_of(q) == group) {
+          ag.params.push_back(q);
+          live[q] = ag.id;
+        }
+      gather_of[group] = gathers.size();
+      gathers.push_back(ag);
     }
-    for (const auto& id : issued) {
+    for (const Op& ag : gathers) g.ops.push_back(ag);
+    for (const Op& ag : gathers) {
       Op w;
       w.kind = OpKind::kWait;
-      w.id = id;
+      w.id = ag.id;
       g.ops.push_back(w);
     }
     Op c;
@@ -47,6 +60,7 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
     c.module = seq[i].module;
     g.ops.push_back(c);
     // Which parameters this compute releases, and which it finishes the gradients of.
+    std::set<int> release;
     std::vector<int> reduce;
     for (int p : m.params) {
       int next = -1;
@@ -58,23 +72,43 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
       const bool last_use = next < 0;
       const bool reshard_gap = options.reshard_after_forward && seq[i].phase == Phase::kForward &&
                                seq[next < 0 ? i : next].phase == Phase::kBackward && next != i + 1;
-      if (last_use || reshard_gap) {
-        if (!live[p].empty()) {
-          // A bucket of one parameter: freeing it frees p.
-          Op f;
-          f.kind = OpKind::kFree;
-          f.id = live[p];
-          g.ops.push_back(f);
-          live[p].clear();
-        }
-      }
+      if (last_use || reshard_gap) release.insert(p);
       if (last_use && seq[i].phase == Phase::kBackward) reduce.push_back(p);
     }
+    // A gathering is freed once every parameter it holds is released.
+    std::vector<std::string> freed;
+    for (int p : m.params) {
+      const std::string id = live[p];
+      if (id.empty() || std::find(freed.begin(), freed.end(), id) != freed.end()) continue;
+      bool all = true;
+      for (int q = 0; q < np; ++q)
+        if (live[q] == id && !release.count(q)) all = false;
+      if (!all) continue;
+      Op f;
+      f.kind = OpKind::kFree;
+      f.id = id;
+      g.ops.push_back(f);
+      freed.push_back(id);
+      for (int q = 0; q < np; ++q)
+        if (live[q] == id) live[q].clear();
+    }
+    // One reduce-scatter per flat group whose gradients are complete.
+    std::vector<std::vector<int>> buckets;
+    std::map<int, size_t> bucket_of;
     for (int p : reduce) {
+      const int group = group_of(p);
+      auto it = bucket_of.find(group);
+      if (it == bucket_of.end()) {
+        it = bucket_of.emplace(group, buckets.size()).first;
+        buckets.emplace_back();
+      }
+      buckets[it->second].push_back(p);
+    }
+    for (auto& params : buckets) {
       Op rs;
       rs.kind = OpKind::kReduceScatter;
       rs.id = "%rs" + std::to_string(next_rs++);
-      rs.params = {p};
+      rs.params = std::move(params);
       g.ops.push_back(rs);
       Op w;
       w.kind = OpKind::kWait;
@@ -97,6 +131,13 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
   step.kind = OpKind::kOptimizerStep;
   g.ops.push_back(step);
   return g;
+}
+
+void GroupByOwner(Graph& g) {
+  for (auto& p : g.params) p.group = -1;
+  for (int m = 0; m < static_cast<int>(g.modules.size()); ++m)
+    for (int p : g.modules[m].params)
+      if (g.params[p].group < 0) g.params[p].group = m;
 }
 
 }  // namespace meshwork::compiler

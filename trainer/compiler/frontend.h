@@ -1,8 +1,9 @@
 // The FSDP front end of the compiler: declares what is communicated and nothing about when.
 // From the module table (which parameters each module uses, in forward order) it emits the
 // naive program: before every compute that needs parameters not yet gathered, one all-gather
-// per parameter and its wait; after the last backward use of a parameter, one reduce-scatter
-// and its wait (and with HSDP one all-reduce and its wait); optimizer_step last. With
+// per flat group (ParamInfo::group; a parameter without one is its own) and its wait; after
+// the last backward use of a group's parameters, one reduce-scatter and its wait (and with HSDP
+// one all-reduce and its wait); optimizer_step last. With
 // reshard_after_forward, every module but the last (the head, whose backward follows its
 // forward directly) gathers again for backward; frees are left to the insert_frees pass.
 #pragma once
@@ -18,6 +19,12 @@ struct FrontEndOptions {
 
 // `skeleton` carries params, modules and mesh; its ops are replaced.
 Graph BuildNaiveProgram(Graph skeleton, const FrontEndOptions& options);
+
+// FSDP's flat groups, as the runtime shards them: each parameter in the group of the first
+// module (forward order) that uses it, numbered by that module. So a decoder layer is one
+// group, the embedding one, and the final norm with an untied output head one (a tied head
+// uses the embedding's group).
+void GroupByOwner(Graph& g);
 
 // The module table of a Llama model under FSDP, with compute modelled from FLOPs: modules
 // "embed", "layers.<i>", "head"; parameters in HF order with their byte sizes for the given

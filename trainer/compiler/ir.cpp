@@ -119,7 +119,9 @@ std::string Print(const Graph& g) {
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& p = g.params[i];
     out << "param " << i << " " << p.name << " gathered=" << p.gathered_bytes << " grad=" << p.grad_bytes
-        << " shard=" << p.shard_bytes << "\n";
+        << " shard=" << p.shard_bytes;
+    if (p.group >= 0) out << " group=" << p.group;
+    out << "\n";
   }
   for (const auto& m : g.modules) {
     out << "module " << m.name << " fwd=" << Num(m.fwd_seconds) << " bwd=" << Num(m.bwd_seconds)
@@ -186,13 +188,20 @@ Result<Graph> Parse(std::string_view text) {
     } else if (w[0] == "param") {
       int64_t index = 0;
       ParamInfo p;
-      if (w.size() != 6 || !ParseInt64(w[1], &index) || index != static_cast<int64_t>(g.params.size()))
+      if (w.size() < 6 || w.size() > 7 || !ParseInt64(w[1], &index) ||
+          index != static_cast<int64_t>(g.params.size()))
         return err("expected 'param " + std::to_string(g.params.size()) +
-                   " <name> gathered=<bytes> grad=<bytes> shard=<bytes>'");
+                   " <name> gathered=<bytes> grad=<bytes> shard=<bytes> [group=<n>]'");
       p.name = w[2];
       if (!KeyValue(w[3], "gathered", &v) || !ParseInt64(v, &p.gathered_bytes)) return err("bad gathered=");
       if (!KeyValue(w[4], "grad", &v) || !ParseInt64(v, &p.grad_bytes)) return err("bad grad=");
       if (!KeyValue(w[5], "shard", &v) || !ParseInt64(v, &p.shard_bytes)) return err("bad shard=");
+      if (w.size() == 7) {
+        int64_t group = -1;
+        if (!KeyValue(w[6], "group", &v) || !ParseInt64(v, &group) || group < 0 || group > 1000000)
+          return err("bad group= (a group number, 0 or more)");
+        p.group = static_cast<int>(group);
+      }
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
@@ -284,6 +293,9 @@ Status Validate(const Graph& g) {
         for (int p : g.modules[op.module].params) last_bwd[p] = static_cast<int>(i);
     }
   }
+  std::map<int, int> group_size;  // flat group -> its parameters
+  for (const auto& p : g.params)
+    if (p.group >= 0) ++group_size[p.group];
   struct Value {
     OpKind kind;
     std::vector<int> params;
@@ -319,6 +331,15 @@ Status Validate(const Graph& g) {
                                  std::to_string(last_bwd[p]) + ")");
           }
         }
+        // A flat group is communicated whole: its parameters share one sharded vector.
+        std::map<int, int> listed;  // group -> its parameters in this op
+        for (int p : op.params)
+          if (g.params[p].group >= 0) ++listed[g.params[p].group];
+        for (const auto& [group, n] : listed)
+          if (n != group_size[group])
+            return fail(i, "flat group " + std::to_string(group) + " has " + std::to_string(group_size[group]) +
+                               " parameters, this collective lists " + std::to_string(n) +
+                               " (a group is communicated whole)");
         values[op.id] = Value{op.kind, op.params, false, false, ""};
         break;
       }

@@ -8,7 +8,7 @@
 //
 //   meshwork-ir 1
 //   mesh dp_shard=2 dp_replicate=1          (then rs_recv=full if set)
-//   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768
+//   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768   (then group=<n> if set)
 //   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, then ckpt=, before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
@@ -35,6 +35,11 @@ struct ParamInfo {
   int64_t gathered_bytes = 0;  // the full tensor in param dtype (all-gather output)
   int64_t grad_bytes = 0;      // the full gradient in reduce dtype (reduce-scatter input)
   int64_t shard_bytes = 0;     // this rank's fp32 master shard, padded
+  // The flat group the parameter is sharded in (printed as group=, only when set): the
+  // parameters of one group are laid out back to back and sharded as one flat vector, so they
+  // are always gathered, freed and reduce-scattered together (the runtime's FlatGroup). -1: a
+  // group of its own.
+  int group = -1;
 };
 
 // A module the runtime can stop at: "embed", "layers.<i>", "head" (final norm + output head).

@@ -22,8 +22,9 @@ ParamInfo Describe(const ParamShape& s, const LlamaShape& shape) {
   p.name = s.name;
   p.gathered_bytes = numel * shape.param_bytes;
   p.grad_bytes = numel * shape.reduce_bytes;
-  // The fp32 master shard: dim 0 padded to a multiple of dp_shard, as the runtime shards.
-  p.shard_bytes = (s.rows + shard - 1) / shard * s.row_numel * 4;
+  // The fp32 master shard: the runtime shards each flat group (GroupByOwner) as one vector,
+  // padded to a multiple of dp_shard; a parameter's share of it.
+  p.shard_bytes = (numel + shard - 1) / shard * 4;
   return p;
 }
 
@@ -112,6 +113,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
   add_module("head", {norm, output}, 2.0 * tokens * h * vocab, tokens * (2.0 * h * shape.activation_bytes + 4.0));
   g.modules.back().bwd_seconds = 3 * g.modules.back().fwd_seconds;
+  GroupByOwner(g);
   return g;
 }
 

@@ -401,7 +401,7 @@ Result<Graph> InsertFrees(const Graph& g, const PassContext&) { return PlaceFree
 
 namespace {
 
-// `g` (unbucketed: one all-gather per parameter) with module `m`'s parameters kept gathered
+// `g` (unbucketed: one all-gather per flat group) with module `m`'s parameters kept gathered
 // from its forward to its backward: the re-gather before its backward (the all-gather and its
 // wait) is dropped and the frees placed again. Unchanged when a parameter of `m` is not
 // re-gathered in exactly that way (a bucket shared with other parameters, a tied weight used by
@@ -427,8 +427,10 @@ Graph KeepGathered(const Graph& g, int m) {
     if (o.kind != OpKind::kAllGather) continue;
     const bool any = std::any_of(o.params.begin(), o.params.end(), [&](int p) { return mine.count(p) > 0; });
     if (!any) continue;
-    if (o.params.size() != 1) return g;  // bucketed: not this pass's input
-    regathered.insert(o.params[0]);
+    for (int p : o.params) {
+      if (!mine.count(p)) return g;  // bucketed with other parameters: not this pass's input
+      regathered.insert(p);
+    }
     drop.insert(static_cast<size_t>(i));
     const int wait = IndexOf(g, OpKind::kWait, o.id, static_cast<size_t>(i));
     if (wait < 0 || wait > bwd) return g;

@@ -44,7 +44,9 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
           int64_t grads = 0;
           for (int p : m.params) {
             if (grad_live[p] == 0) {  // the first backward use allocates the full gradient
-              grad_live[p] = g.params[p].grad_bytes;
+              // Gradients accumulate in the parameters' dtype, in the buffer the
+              // reduce-scatter reads (in the reduce dtype after a cast, if they differ).
+              grad_live[p] = g.params[p].gathered_bytes;
               grads += grad_live[p];
             }
           }
@@ -57,13 +59,23 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
       }
       case OpKind::kReduceScatter: {
         reduce_scatters[op.id] = &op;
-        int64_t b = 0;
-        for (int p : op.params) b += g.params[p].grad_bytes;
-        // The issue lays the gradients out rank-major in the collective's input: for a moment
-        // both are held, and the receive buffer (rs_recv=full) too; then the gradients go, and
-        // the input takes their place until the wait.
+        int64_t b = 0, cast = 0, uncast = 0;
+        for (int p : op.params) {
+          b += g.params[p].grad_bytes;
+          // Gradients in another dtype than the reduction's are cast into a new input: for a
+          // moment both are held, then the cast takes their place until the wait.
+          if (g.params[p].grad_bytes != grad_live[p]) {
+            cast += g.params[p].grad_bytes;
+            uncast += grad_live[p];
+            grad_live[p] = g.params[p].grad_bytes;
+          }
+        }
+        // Otherwise the gradient buffer is the collective's input (no rank-major copy). A receive
+        // buffer as large as the input (rs_recv=full) is held from the issue until the wait.
         const int64_t receive = g.reduce_scatter_receives_input ? b : 0;
-        peak = std::max(peak, live + b + receive);
+        peak = std::max(peak, live + cast);
+        live += cast - uncast;
+        peak = std::max(peak, live + receive);
         if (receive > 0) {
           receiving[op.id] = receive;
           live += receive;
@@ -127,10 +139,9 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
   double blocked_since = 0;
   size_t pc = 0;
   auto bytes_of = [&](const Op& op) { return cost.CollectiveBytes(g, op, nullptr); };
-  constexpr size_t kNoOp = static_cast<size_t>(-1);
-  // Host work of `seconds` for op `i` (kNoOp: a collective's copy-in, which is not its timing).
+  // Host work of `seconds` for op `i`.
   auto start_host = [&](size_t i, double seconds) {
-    if (i != kNoOp) r.ops[i].start = r.ops[i].end = now;
+    r.ops[i].start = r.ops[i].end = now;
     if (seconds <= 0) return;
     host_work = seconds;
     host_op = i;
@@ -139,17 +150,12 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
   auto start_front = [&](const std::deque<Queued>& lane) {
     if (!lane.empty()) r.ops[lane.front().op].start = now;
   };
-  // Host copies around a collective: before it (the shards into a flat buffer for an
-  // all-gather, the gradients in rank-major order for a reduce-scatter) and after its wait (the
-  // gathered rows into the parameters, the reduced shard into the gradients).
-  auto copy_in = [&](const Op& op) {
-    if (op.kind == OpKind::kAllGather) return cost.CopySeconds(bytes_of(op) / std::max(1, cost.dp_shard));
-    if (op.kind == OpKind::kReduceScatter) return cost.CopySeconds(bytes_of(op));
-    return 0.0;
-  };
+  // Host work around a collective. The flat layout costs no copies: an all-gather reads the
+  // master shard and writes the parameters' storage, a reduce-scatter reads the gradient buffer
+  // and its shard is the gradient. What is left is the reduction a reduce-scatter on Gloo does
+  // at its wait (the all-to-all's chunks summed into the shard: rs_recv=full).
   auto copy_out = [&](const Op* op) {
-    if (op != nullptr && op->kind == OpKind::kAllGather) return cost.CopySeconds(bytes_of(*op));
-    if (op != nullptr && op->kind == OpKind::kReduceScatter)
+    if (op != nullptr && op->kind == OpKind::kReduceScatter && g.reduce_scatter_receives_input)
       return cost.CopySeconds(bytes_of(*op) / std::max(1, cost.dp_shard));
     return 0.0;
   };
@@ -167,9 +173,6 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
         auto& lane = lanes[LaneOf(op.kind)];
         lane.push_back({i, d});
         if (lane.size() == 1) start_front(lane);
-        const double copy = copy_in(op);
-        r.copy_seconds += copy;
-        start_host(kNoOp, copy);
       } else if (op.kind == OpKind::kWait) {
         r.ops[i].start = now;
         r.ops[i].end = now;
@@ -213,7 +216,7 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
       host_work -= dt * host_rate;
       if (host_work <= 1e-15) {
         host_busy = false;
-        if (host_op != kNoOp) r.ops[host_op].end = now;
+        r.ops[host_op].end = now;
       }
     }
     for (int l = 0; l < kNumLanes; ++l) {

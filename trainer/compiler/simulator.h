@@ -4,12 +4,14 @@
 // all-reduces: cost_model.h's Lane) and start when issued and their lane is free; the
 // all-gather and reduce-scatter lanes share the dp_shard link (CostModel::shard_lanes_share);
 // `wait` blocks the host until its collective ends, and that blocking is the exposed
-// communication. FSDP's copies around collectives are host work (CostModel::CopySeconds), and
+// communication. Gloo's reduction at a reduce-scatter's wait is host work (CostModel::CopySeconds; the
+// flat layout makes no other copies around collectives), and
 // on CPU ranks host work and communication share the cores: while both run, each progresses at
 // 1 / (1 + CostModel::interference) of its speed. Memory follows program order: an all-gather
 // allocates its output at issue and `free` releases it; forward compute adds the module's
-// activations and its backward releases them; backward adds full gradients, released when
-// their reduce-scatter has been waited for.
+// activations and its backward releases them; backward adds full gradients (in the parameters'
+// dtype: the buffer the reduce-scatter reads, or casts), released when their reduce-scatter has
+// been waited for.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +30,7 @@ struct OpTiming {
 struct SimResult {
   double step_seconds = 0;
   double compute_seconds = 0;       // the modules' compute alone (no copies, no slowdown)
-  double copy_seconds = 0;          // host copies around collectives, alone
+  double copy_seconds = 0;          // host work around collectives (Gloo's reduction at a wait), alone
   double comm_seconds = 0;          // the collectives' own durations, summed over the lanes
   double exposed_comm_seconds = 0;  // host blocked in waits
   int64_t peak_bytes = 0;           // gathered weights + activations + full gradients, at peak

@@ -20,9 +20,10 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
     return Internal("plan has " + std::to_string(plan.params.size()) + " parameters, the model " +
                     std::to_string(mine.params.size()));
   for (size_t i = 0; i < mine.params.size(); ++i)
-    if (plan.params[i].name != mine.params[i].name)
-      return Internal("plan parameter " + std::to_string(i) + " is '" + plan.params[i].name + "', the model's '" +
-                      mine.params[i].name + "'");
+    if (plan.params[i].name != mine.params[i].name || plan.params[i].group != mine.params[i].group)
+      return Internal("plan parameter " + std::to_string(i) + " is '" + plan.params[i].name + "' in flat group " +
+                      std::to_string(plan.params[i].group) + ", the model's '" + mine.params[i].name + "' in group " +
+                      std::to_string(mine.params[i].group));
   if (plan.modules.size() != mine.modules.size()) return Internal("plan modules do not match the model");
   for (size_t m = 0; m < mine.modules.size(); ++m)
     if (plan.modules[m].name != mine.modules[m].name || plan.modules[m].params != mine.modules[m].params)
@@ -33,30 +34,55 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
   return Status::Ok();
 }
 
-// Shards one parameter over `world` ranks: this rank's rows of Shard(0), zero-padded, as an fp32
-// master; the module parameter's storage becomes FSDP's (param_dtype, allocated only while
-// gathered).
-ShardedParam ShardParam(const std::string& name, const torch::Tensor& full, int world, int rank,
-                        torch::ScalarType param_dtype) {
-  ShardedParam p;
-  p.name = name;
-  p.full = full;
-  p.full_shape = p.full.sizes().vec();
-  const int64_t rows = p.full_shape[0];
-  p.rows_per_rank = (rows + world - 1) / world;
-  p.row_numel = p.full.numel() / rows;
-  // This rank's rows, zero-padded: Shard(0) with the last ranks holding padding.
-  auto shard_shape = p.full_shape;
-  shard_shape[0] = p.rows_per_rank;
-  torch::Tensor shard = torch::zeros(shard_shape, p.full.options().dtype(torch::kFloat));
-  const int64_t begin = rank * p.rows_per_rank;
-  const int64_t n = std::min(p.rows_per_rank, rows - begin);
-  if (n > 0) shard.narrow(0, 0, n).copy_(p.full.narrow(0, begin, n));
-  p.shard = shard.requires_grad_(true);
-  // From here on the parameter's storage is FSDP's: param_dtype, allocated only while gathered.
-  p.full.set_data(torch::empty(p.full_shape, p.full.options().dtype(param_dtype)));
-  ReleaseStorage(p.full);
-  return p;
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return strides;
+}
+
+// The flat group a parameter belongs to, by its name: the embedding (0), decoder layer i
+// (i + 1), or the final norm with an untied output head (layers + 1). The same grouping as
+// compiler::GroupByOwner over Skeleton()'s modules.
+size_t GroupOf(const std::string& name, int64_t layers) {
+  const std::string prefix = "model.layers.";
+  if (name == "model.embed_tokens.weight") return 0;
+  if (name.rfind(prefix, 0) == 0) return static_cast<size_t>(std::stoll(name.substr(prefix.size())) + 1);
+  return static_cast<size_t>(layers + 1);
+}
+
+// Shards `g` (its parameters listed, holding the full, identical-on-every-rank initial values)
+// over `world` ranks as one flat vector: this rank's elements become the fp32 master shard, and
+// the parameters become views of one param_dtype storage, allocated only while gathered.
+void ShardGroup(FlatGroup& g, int group_index, int world, int rank, torch::ScalarType param_dtype) {
+  int64_t numel = 0;
+  for (ShardedParam* p : g.params) {
+    p->group = group_index;
+    p->full_shape = p->full.sizes().vec();
+    p->numel = p->full.numel();
+    p->flat_offset = numel;
+    numel += p->numel;
+  }
+  g.shard_numel = (numel + world - 1) / world;
+  const int64_t begin = rank * g.shard_numel, end = begin + g.shard_numel;
+  const torch::TensorOptions options = g.params.front()->full.options();
+  g.master = torch::zeros({g.shard_numel}, options.dtype(torch::kFloat));  // padding stays zero
+  g.storage = torch::empty({world * g.shard_numel}, options.dtype(param_dtype));
+  for (ShardedParam* p : g.params) {
+    const int64_t from = std::max(begin, p->flat_offset), to = std::min(end, p->flat_offset + p->numel);
+    const int64_t n = std::max<int64_t>(0, to - from);
+    p->shard_begin = n > 0 ? from - p->flat_offset : 0;
+    p->shard_offset = n > 0 ? from - begin : 0;
+    if (n > 0) g.master.narrow(0, p->shard_offset, n).copy_(p->full.reshape({-1}).narrow(0, p->shard_begin, n));
+    // A leaf of its own over the master's storage: the optimizer updates it in place.
+    const std::vector<int64_t> shape = n == p->numel ? p->full_shape : std::vector<int64_t>{n};
+    p->shard = torch::empty({0}, g.master.options())
+                   .set_(g.master.storage(), g.master.storage_offset() + p->shard_offset, shape,
+                         ContiguousStrides(shape))
+                   .requires_grad_(true);
+    // From here on the parameter is a view of the group's storage.
+    p->full.set_data(g.storage.narrow(0, p->flat_offset, p->numel).view(p->full_shape));
+  }
+  ReleaseStorage(g.storage);
 }
 
 }  // namespace
@@ -76,26 +102,46 @@ Result<std::unique_ptr<FullyShardedLlama>> FullyShardedLlama::Create(model::Llam
     return Internal("fully_shard: the reduce-scatter communicator is not over dp_shard's ranks");
   auto state = std::make_unique<ShardedState>(std::move(model), shard_group, reduce_group, groups.replicate, options);
   const int64_t layers = state->model->config().num_hidden_layers;
+  for (int64_t g = 0; g <= layers + 1; ++g) {
+    state->groups.emplace_back();
+    state->groups.back().name = g == 0 ? "embed" : g <= layers ? "model.layers." + std::to_string(g - 1) : "head";
+  }
+  for (auto& item : state->model->named_parameters()) {
+    state->params.push_back(ShardedParam{});
+    ShardedParam& p = state->params.back();
+    p.name = item.key();
+    p.full = item.value();
+    state->groups[GroupOf(p.name, layers)].params.push_back(&p);
+  }
+  const int world = shard_group->size();
+  const int rank = shard_group->rank();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t g = 0; g < state->groups.size(); ++g) {
+      FlatGroup& group = state->groups[g];
+      if (group.params.empty()) return Internal("fully_shard: no parameters in group " + group.name);
+      ShardGroup(group, static_cast<int>(g), world, rank, options.param_dtype);
+    }
+  }
+  // Gradients accumulate into the group's flat buffer: before autograd adds one, the buffer
+  // exists and the parameter's .grad is a view of it.
+  for (FlatGroup& group : state->groups) {
+    FlatGroup* g = &group;
+    for (ShardedParam* p : g->params) p->full.register_hook([g](const torch::Tensor&) { g->OnGradient(); });
+  }
+  // Units: the root (embedding and head groups), then one per decoder layer.
   for (int64_t u = 0; u <= layers; ++u) {
-    const std::string name = u == 0 ? "root" : "model.layers." + std::to_string(u - 1);
-    state->units.push_back(std::make_unique<Unit>(name, state->unit_context(), torch::kCPU));
+    state->units.push_back(std::make_unique<Unit>(u == 0 ? "root" : state->groups[u].name, state->unit_context()));
+    if (u == 0) {
+      state->units[0]->AddGroup(&state->groups.front());
+      state->units[0]->AddGroup(&state->groups.back());
+    } else {
+      state->units[u]->AddGroup(&state->groups[u]);
+    }
   }
   state->trace.fwd.assign(layers + 2, StepTrace::Span());
   state->trace.bwd.assign(layers + 2, StepTrace::Span());
-  const int world = shard_group->size();
-  const int rank = shard_group->rank();
-  torch::NoGradGuard no_grad;
-  for (auto& item : state->model->named_parameters()) {
-    const std::string& name = item.key();
-    int64_t u = 0;
-    const std::string prefix = "model.layers.";
-    if (name.rfind(prefix, 0) == 0) u = std::stoll(name.substr(prefix.size())) + 1;
-    Unit& unit = *state->units[u];
-    unit.device = item.value().device();
-    state->params.push_back(ShardParam(name, item.value(), world, rank, options.param_dtype));
-    unit.AddParam(&state->params.back());
-  }
-  state->trace.clock = ComputeClock(state->units[0]->device);
+  state->trace.clock = ComputeClock(state->groups.front().master.device());
   return std::unique_ptr<FullyShardedLlama>(new FullyShardedLlama(std::move(state)));
 }
 
@@ -138,14 +184,14 @@ Status FullyShardedLlama::FinishBackward() {
 std::vector<torch::Tensor> FullyShardedLlama::DecayShards() const {
   std::vector<torch::Tensor> out;
   for (const auto& p : state_->params)
-    if (p.full_shape.size() >= 2) out.push_back(p.shard);
+    if (p.full_shape.size() >= 2 && p.shard.numel() > 0) out.push_back(p.shard);
   return out;
 }
 
 std::vector<torch::Tensor> FullyShardedLlama::NoDecayShards() const {
   std::vector<torch::Tensor> out;
   for (const auto& p : state_->params)
-    if (p.full_shape.size() < 2) out.push_back(p.shard);
+    if (p.full_shape.size() < 2 && p.shard.numel() > 0) out.push_back(p.shard);
   return out;
 }
 
@@ -154,7 +200,8 @@ Result<torch::Tensor> FullyShardedLlama::GradNormSquared() {
   std::vector<torch::Tensor> grads;
   for (const auto& p : state_->params)
     if (p.shard.grad().defined()) grads.push_back(p.shard.grad());
-  torch::Tensor sum = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(state_->units[0]->device));
+  torch::Tensor sum =
+      torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(state_->groups.front().master.device()));
   // One norm per shard in one multi-tensor call, squared and summed in fp64.
   if (!grads.empty()) sum += torch::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble).pow(2).sum();
   // Shards are disjoint within dp_shard (padding is zero); replicas hold the same values.
@@ -178,7 +225,8 @@ Result<std::map<std::string, torch::Tensor>> FullyShardedLlama::GatherFullState(
   try {
     for (auto& unit : state_->units) {
       unit->WaitGather();
-      for (ShardedParam* p : unit->params) state[p->name] = p->full.detach().to(torch::kFloat).clone();
+      for (FlatGroup* g : unit->groups)
+        for (ShardedParam* p : g->params) state[p->name] = p->full.detach().to(torch::kFloat).clone();
       unit->Free();
     }
   } catch (const StatusError& e) {
@@ -203,7 +251,7 @@ FsdpStats FullyShardedLlama::TakeStats() {
 
 int64_t FullyShardedLlama::ShardBytes() const {
   int64_t bytes = 0;
-  for (const auto& p : state_->params) bytes += dist::TensorBytes(p.shard);
+  for (const auto& g : state_->groups) bytes += dist::TensorBytes(g.master);
   return bytes;
 }
 
@@ -218,11 +266,10 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   for (const auto& p : state_->params) {
     compiler::ParamInfo info;
     info.name = p.name;
-    int64_t numel = 1;
-    for (int64_t d : p.full_shape) numel *= d;
-    info.gathered_bytes = numel * param_bytes;
-    info.grad_bytes = numel * reduce_bytes;
-    info.shard_bytes = p.shard_numel() * 4;
+    info.gathered_bytes = p.numel * param_bytes;
+    info.grad_bytes = p.numel * reduce_bytes;
+    info.shard_bytes = p.shard.numel() * 4;
+    info.group = p.group;
     index[p.name] = static_cast<int>(g.params.size());
     g.params.push_back(info);
   }

@@ -1,11 +1,14 @@
-// FSDP for the Llama model, eager schedule (FSDP2-like): every parameter is sharded on dim 0
-// over the dp_shard group (padded to a multiple of the group size) and kept as an fp32 master
-// shard; a unit (one decoder layer, or the root: embeddings, final norm, output head) is
-// all-gathered before use and freed after; gradients are reduce-scattered per unit and
-// all-reduced over dp_replicate (HSDP). The optimizer only ever sees the shards.
+// FSDP for the Llama model, eager schedule (FSDP2-like): the parameters of each module (a
+// decoder layer, the embedding, the final norm with an untied head) form a flat group, laid out
+// back to back and sharded as one flat vector over the dp_shard group (padded to a multiple of
+// its size), kept as an fp32 master shard (unit.h); a unit (one decoder layer, or the root:
+// embeddings, final norm, output head) is all-gathered before use and freed after; gradients are
+// reduce-scattered per unit and all-reduced over dp_replicate (HSDP). The optimizer only ever
+// sees the shards. No copies around collectives: the all-gather writes the parameters' storage
+// and the reduce-scatter reads the buffer autograd accumulated the gradients in.
 //
 // The model runs with ordinary autograd, as in FSDP2: a layer's gathered weights live in one
-// storage per parameter that is freed after the layer's forward (reshard_after_forward) and
+// storage per group that is freed after the layer's forward (reshard_after_forward) and
 // refilled before its backward, so autograd's saved tensors stay valid and nothing is
 // recomputed. Hooks on each layer's input and output tensors drive backward: the pre-backward
 // waits for the layer's all-gather and prefetches the previous layer's; the post-backward
@@ -47,20 +50,27 @@ struct FsdpOptions {
   LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
 };
 
-// One sharded parameter: the master shard the optimizer updates and the module parameter whose
-// storage holds the gathered value.
+// One sharded parameter: its slice of its flat group's master shard, which the optimizer
+// updates, and the module parameter, a view of the group's gathered storage.
 struct ShardedParam {
   std::string name;          // HF name, e.g. "model.layers.0.mlp.up_proj.weight"
-  torch::Tensor full;        // the module's parameter; data swapped in when gathered
-  torch::Tensor shard;       // [rows_per_rank, ...] fp32 master, requires grad, zero padding rows
+  torch::Tensor full;        // the module's parameter; its group's storage holds data when gathered
+  // This rank's elements of the parameter (fp32 master, requires grad), a view of its group's
+  // master shard: the parameter's shape when the rank holds all of it, else 1-D (maybe empty).
+  torch::Tensor shard;
   std::vector<int64_t> full_shape;
-  int64_t rows_per_rank = 0;
-  int64_t row_numel = 0;
-  int64_t shard_numel() const { return rows_per_rank * row_numel; }
+  int64_t numel = 0;
+  int group = 0;             // index of its flat group (FullyShardedLlama's order)
+  int64_t flat_offset = 0;   // where it starts in its group's flat layout
+  int64_t shard_begin = 0;   // the first of its (flattened) elements this rank holds
+  int64_t shard_offset = 0;  // where those start in the group's master shard
 };
 
 struct FsdpStats {
   double exposed_comm_seconds = 0;  // time blocked in Wait(), summed since the last reset
+  // Parameter gradients autograd left outside their group's flat buffer, copied in before the
+  // reduce-scatter (0 when the accumulation hooks work, as they should).
+  int64_t gradient_copies = 0;
 };
 
 // The communicators FSDP runs on. All-gathers and reduce-scatters are separate lanes (each its
@@ -95,7 +105,8 @@ class FullyShardedLlama {
   // Forward without gradients (evaluation); frees everything after.
   torch::Tensor ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets = {});
 
-  // The master shards (optimizer parameters), split by whether weight decay applies.
+  // The master shards (optimizer parameters, the empty ones left out), split by whether weight
+  // decay applies.
   std::vector<torch::Tensor> DecayShards() const;
   std::vector<torch::Tensor> NoDecayShards() const;
   // Squared global gradient norm over the whole model (reduced across dp_shard), for exact
@@ -109,7 +120,8 @@ class FullyShardedLlama {
   Result<std::map<std::string, torch::Tensor>> GatherFullState();
 
   // Every parameter with its master shard, in the module's order (checkpoints read and write
-  // the shards in place, so the optimizer keeps holding the same tensors).
+  // the shards in place, so the optimizer keeps holding the same tensors). A shard may be empty
+  // (the rank holds none of that parameter).
   const std::deque<ShardedParam>& sharded_params() const;
   const model::LlamaConfig& config() const;
   model::LlamaForCausalLM& module();
@@ -121,8 +133,8 @@ class FullyShardedLlama {
   int64_t ShardBytes() const;
 
   // --- Compiled mode (fsdp.mode: compiled) ---
-  // The compiler's view of this model: parameters (HF order, bytes in param/reduce dtype, the
-  // padded fp32 shard) and modules "embed", "layers.<i>", "head", with the compute seconds
+  // The compiler's view of this model: parameters (HF order, bytes in param/reduce dtype, this
+  // rank's fp32 shard, the flat group) and modules "embed", "layers.<i>", "head", with the compute seconds
   // traced in the last eager step (zero before one ran) and estimated activation bytes. Decoder
   // layers are checkpointing candidates (ckpt=) under LayerCheckpointing::kPlanned, and already
   // checkpointed under kAll (their traced backward includes the recompute).

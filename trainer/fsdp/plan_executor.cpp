@@ -28,8 +28,11 @@ PlanExecutor::PlanExecutor(ShardedState& state, const compiler::Graph& plan) : s
   for (const auto& op : plan.ops) {
     if (op.kind == compiler::OpKind::kAllReduce) all_reduce_source[op.id] = op.source;
     if (op.kind != compiler::OpKind::kAllGather && op.kind != compiler::OpKind::kReduceScatter) continue;
-    auto unit = std::make_unique<Unit>(op.id, state_.unit_context(), state_.units[0]->device);
-    for (int i : op.params) unit->AddParam(by_index[i]);
+    // Whole flat groups (Validate checked it against the groups the plan was made with).
+    auto unit = std::make_unique<Unit>(op.id, state_.unit_context());
+    std::set<int> added;
+    for (int i : op.params)
+      if (added.insert(by_index[i]->group).second) unit->AddGroup(&state_.groups[by_index[i]->group]);
     buckets_[op.id] = std::move(unit);
   }
   std::map<std::string, compiler::OpKind> kind_of;

@@ -56,7 +56,8 @@ struct ShardedState {
   FsdpOptions options;
   bool sync = true;  // whether this micro-batch's backward reduces gradients
   std::deque<ShardedParam> params;         // every parameter, in the module's order
-  std::vector<std::unique_ptr<Unit>> units;  // [0] = root, then layer i at [i + 1]
+  std::deque<FlatGroup> groups;            // embed, layer i at [i + 1], head
+  std::vector<std::unique_ptr<Unit>> units;  // [0] = root (embed + head), then layer i at [i + 1]
   FsdpStats stats;
   ChromeTrace* tracer = nullptr;
   int64_t gathered_bytes = 0;  // parameter storage allocated now, over every unit

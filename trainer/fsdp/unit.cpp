@@ -35,29 +35,47 @@ void AllocateStorage(const torch::Tensor& t) {
   s->set_nbytes(bytes);
 }
 
-Unit::Unit(std::string name, const UnitContext& context, torch::Device device)
-    : name(std::move(name)), context(context), device(device) {}
-
-void Unit::AddParam(ShardedParam* p) {
-  params.push_back(p);
-  offsets.push_back(shard_numel);
-  shard_numel += p->shard_numel();
+void FlatGroup::OnGradient() {
+  received = true;
+  EnsureGrad();
 }
 
-void Unit::Await(std::unique_ptr<dist::Work>& work, const char* collective, double issued, int64_t bytes,
-                 const dist::Communicator& on) {
+int FlatGroup::EnsureGrad() {
+  if (grad.defined()) return 0;
+  torch::NoGradGuard no_grad;
+  grad = torch::zeros({storage.numel()}, storage.options());
+  int copies = 0;
+  for (ShardedParam* p : params) {
+    torch::Tensor view = grad.narrow(0, p->flat_offset, p->numel).view(p->full_shape);
+    if (p->full.grad().defined()) {  // accumulated elsewhere (no hook ran): copied in
+      view.copy_(p->full.grad());
+      ++copies;
+    }
+    p->full.mutable_grad() = view;
+  }
+  return copies;
+}
+
+int64_t FlatGroup::StorageBytes() const { return storage.numel() * storage.element_size(); }
+
+Unit::Unit(std::string name, const UnitContext& context) : name(std::move(name)), context(context) {}
+
+void Unit::AddGroup(FlatGroup* g) { groups.push_back(g); }
+
+void Unit::Await(std::vector<std::unique_ptr<dist::Work>>& works, const char* collective, double issued,
+                 int64_t bytes, const dist::Communicator& on) {
   const double t0 = Now();
-  ThrowIfError(work->Wait());
+  for (auto& work : works) ThrowIfError(work->Wait());
   const double t1 = Now();
   context.stats->exposed_comm_seconds += t1 - t0;
   if (ChromeTrace* trace = *context.tracer) {
-    const double done = std::min(t1, work->CompletedAt().value_or(t1));
+    double done = issued;
+    for (auto& work : works) done = std::max(done, std::min(t1, work->CompletedAt().value_or(t1)));
     const std::string what = std::string(collective) + " " + name;
-    trace->Span("communication", what, issued, std::max(issued, done),
-                {{"bytes", std::to_string(bytes)}, {"group", on.group_name()}});
+    trace->Span("communication", what, issued, done, {{"bytes", std::to_string(bytes)}, {"group", on.group_name()}});
     if (t1 - t0 > 1e-6) trace->Span("blocked on communication", "wait " + what, t0, t1);
   }
-  work.reset();
+  works.clear();
 }
 
 void Unit::CountGathered(int64_t delta) {
@@ -68,52 +86,35 @@ void Unit::CountGathered(int64_t delta) {
 
 int64_t Unit::GatheredBytes() const {
   int64_t bytes = 0;
-  for (const ShardedParam* p : params) bytes += dist::TensorBytes(p->full);
+  for (const FlatGroup* g : groups) bytes += g->StorageBytes();
   return bytes;
 }
 
 void Unit::StartGather() {
-  if (gathered || gather_work) return;
+  if (gathered || !gather_works.empty()) return;
   torch::NoGradGuard no_grad;
-  const int world = context.group->size();
-  auto opts = torch::TensorOptions().dtype(context.options->param_dtype).device(device);
-  torch::Tensor flat = torch::empty({shard_numel}, opts);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ShardedParam& p = *params[i];
-    flat.narrow(0, offsets[i], p.shard_numel()).copy_(p.shard.detach().reshape({-1}));
-  }
-  gather_out = torch::empty({world * shard_numel}, opts);
   gather_issued = Now();
-  auto work = context.group->AllGatherInto(gather_out, flat);
-  ThrowIfError(work.status());
-  gather_work = std::move(work).value();
+  for (FlatGroup* g : groups) {
+    AllocateStorage(g->storage);
+    // The master shard itself when the parameters are fp32; else its one cast.
+    torch::Tensor send = g->master.to(context.options->param_dtype);
+    auto work = context.group->AllGatherInto(WriteAlias(g->storage), send);
+    ThrowIfError(work.status());
+    gather_works.push_back(std::move(work).value());
+  }
+  CountGathered(GatheredBytes());
 }
 
 void Unit::WaitGather() {
   if (gathered) return;
   StartGather();
-  Await(gather_work, "all_gather", gather_issued, dist::TensorBytes(gather_out), *context.group);
-  torch::NoGradGuard no_grad;
-  const int world = context.group->size();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ShardedParam& p = *params[i];
-    AllocateStorage(p.full);
-    torch::Tensor dst = WriteAlias(p.full).view({-1});
-    for (int r = 0; r < world; ++r) {
-      const int64_t rows = std::min(p.rows_per_rank, p.full_shape[0] - r * p.rows_per_rank);
-      if (rows <= 0) continue;  // only padding on this rank
-      dst.narrow(0, r * p.rows_per_rank * p.row_numel, rows * p.row_numel)
-          .copy_(gather_out.narrow(0, r * shard_numel + offsets[i], rows * p.row_numel));
-    }
-  }
-  gather_out = torch::Tensor();
+  Await(gather_works, "all_gather", gather_issued, GatheredBytes(), *context.group);
   gathered = true;
-  CountGathered(GatheredBytes());
 }
 
 void Unit::Free() {
   if (!gathered) return;
-  for (ShardedParam* p : params) ReleaseStorage(p->full);
+  for (FlatGroup* g : groups) ReleaseStorage(g->storage);
   gathered = false;
   CountGathered(-GatheredBytes());
 }
@@ -125,55 +126,66 @@ void Unit::PostBackward(bool sync) {
 
 void Unit::ReduceGrads(bool sync) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  grads.reserve(params.size());
-  for (ShardedParam* p : params) {
-    grads.push_back(p->full.grad());
-    p->full.mutable_grad() = torch::Tensor();
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!grads[i].defined()) grads[i] = torch::zeros(params[i]->full_shape, torch::TensorOptions().device(device));
-    grads[i] = grads[i].to(context.options->reduce_dtype);
-    if (grad_accum.size() == params.size()) grads[i] = grads[i] + grad_accum[i];
-  }
-  if (!sync) {
-    grad_accum = std::move(grads);
-    return;
-  }
-  grad_accum.clear();
-  const int world = context.group->size();
-  torch::Tensor input =
-      torch::zeros({world * shard_numel}, torch::TensorOptions().dtype(context.options->reduce_dtype).device(device));
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ShardedParam& p = *params[i];
-    const int64_t rows = p.full_shape[0];
-    for (int r = 0; r < world; ++r) {
-      const int64_t begin = r * p.rows_per_rank;
-      const int64_t n = std::min(p.rows_per_rank, rows - begin);
-      if (n <= 0) continue;  // only padding on this rank
-      input.narrow(0, r * shard_numel + offsets[i], n * p.row_numel)
-          .copy_(grads[i].narrow(0, begin, n).reshape({-1}));
+  const torch::ScalarType reduce_dtype = context.options->reduce_dtype;
+  std::vector<torch::Tensor> inputs;
+  for (FlatGroup* g : groups) {
+    // A group no gradient reached this micro-batch reduces zeros: every rank issues the same
+    // collectives.
+    int copies = g->EnsureGrad();
+    g->received = false;
+    for (ShardedParam* p : g->params) {
+      // Autograd added into the views unless something replaced a parameter's .grad: then
+      // that gradient is copied in (not expected, and counted; the result stays right).
+      const torch::Tensor& pg = p->full.grad();
+      torch::Tensor view = g->grad.narrow(0, p->flat_offset, p->numel);
+      if (pg.defined() && pg.data_ptr() != view.data_ptr()) {
+        view.copy_(pg.reshape({-1}));
+        p->full.mutable_grad() = view.view(p->full_shape);
+        ++copies;
+      }
     }
+    context.stats->gradient_copies += copies;
+    const bool cast = g->grad.scalar_type() != reduce_dtype;
+    if (!sync) {
+      // Same dtype: the next micro-batch adds into the same buffer. Else sum in the reduce
+      // dtype, as one reduction of every micro-batch would.
+      if (cast) {
+        g->grad_accum = g->grad_accum.defined() ? g->grad_accum.add_(g->grad) : g->grad.to(reduce_dtype);
+        g->grad.zero_();
+      }
+      continue;
+    }
+    torch::Tensor input = g->grad;
+    if (cast) input = g->grad_accum.defined() ? g->grad_accum.add_(g->grad) : g->grad.to(reduce_dtype);
+    for (ShardedParam* p : g->params) p->full.mutable_grad() = torch::Tensor();
+    g->grad = torch::Tensor();
+    g->grad_accum = torch::Tensor();
+    inputs.push_back(std::move(input));
   }
-  reduce_out = torch::empty({shard_numel}, input.options());
+  if (!sync) return;
+  reduce_out.clear();
   reduce_issued = Now();
-  auto work = context.reduce_group->ReduceScatter(reduce_out, input, dist::ReduceOp::kAvg);
-  ThrowIfError(work.status());
-  reduce_work = std::move(work).value();
+  reduce_bytes = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    reduce_out.push_back(torch::empty({groups[i]->shard_numel}, inputs[i].options()));
+    auto work = context.reduce_group->ReduceScatter(reduce_out.back(), inputs[i], dist::ReduceOp::kAvg);
+    ThrowIfError(work.status());
+    reduce_works.push_back(std::move(work).value());
+    reduce_bytes += dist::TensorBytes(inputs[i]);
+  }
   reduce_kind = "reduce_scatter";
   reduce_group = context.reduce_group;
-  reduce_bytes = dist::TensorBytes(input);
 }
 
 bool Unit::PendingGrads() const {
-  for (const ShardedParam* p : params)
-    if (p->full.grad().defined()) return true;
+  for (const FlatGroup* g : groups)
+    if (g->received) return true;
   return false;
 }
 
 void Unit::FinishReduce(dist::Communicator* replicate) {
-  if (!reduce_work) return;
-  Await(reduce_work, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
+  if (reduce_works.empty()) return;
+  Await(reduce_works, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
   if (replicate != nullptr && replicate->size() > 1) {
     StartReplicaReduce(replicate);
     return;
@@ -182,37 +194,44 @@ void Unit::FinishReduce(dist::Communicator* replicate) {
 }
 
 void Unit::WaitReduce(bool all_reduce_follows) {
-  if (!reduce_work) return;  // gradient sync off: nothing was sent
-  Await(reduce_work, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
+  if (reduce_works.empty()) return;  // gradient sync off: nothing was sent
+  Await(reduce_works, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
   if (!all_reduce_follows) AddReducedGrads();
 }
 
 void Unit::StartReplicaReduce(dist::Communicator* replicate) {
-  if (!reduce_out.defined()) return;  // gradient sync off
+  if (reduce_out.empty()) return;  // gradient sync off
   reduce_issued = Now();
-  auto work = replicate->AllReduce(reduce_out, dist::ReduceOp::kAvg);
-  ThrowIfError(work.status());
-  reduce_work = std::move(work).value();
+  reduce_bytes = 0;
+  for (torch::Tensor& out : reduce_out) {
+    auto work = replicate->AllReduce(out, dist::ReduceOp::kAvg);
+    ThrowIfError(work.status());
+    reduce_works.push_back(std::move(work).value());
+    reduce_bytes += dist::TensorBytes(out);
+  }
   reduce_kind = "all_reduce";
   reduce_group = replicate;
-  reduce_bytes = dist::TensorBytes(reduce_out);
 }
 
 void Unit::FinishReplicaReduce() {
-  if (!reduce_work) return;
-  Await(reduce_work, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
+  if (reduce_works.empty()) return;
+  Await(reduce_works, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
   AddReducedGrads();
 }
 
 void Unit::AddReducedGrads() {
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) {
-    ShardedParam& p = *params[i];
-    torch::Tensor g = reduce_out.narrow(0, offsets[i], p.shard_numel()).view(p.shard.sizes()).to(torch::kFloat);
-    auto& grad = p.shard.mutable_grad();
-    grad = grad.defined() ? grad + g : g.clone();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    // fp32 reduction: the gradients are views of the reduced shard, no copy.
+    const torch::Tensor reduced = reduce_out[i].to(torch::kFloat);
+    for (ShardedParam* p : groups[i]->params) {
+      if (p->shard.numel() == 0) continue;  // none of this parameter is on this rank
+      torch::Tensor g = reduced.narrow(0, p->shard_offset, p->shard.numel()).view(p->shard.sizes());
+      auto& grad = p->shard.mutable_grad();
+      grad = grad.defined() ? grad + g : g;
+    }
   }
-  reduce_out = torch::Tensor();
+  reduce_out.clear();
 }
 
 }  // namespace meshwork::fsdp

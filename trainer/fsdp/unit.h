@@ -1,6 +1,17 @@
-// An FSDP unit (internal to trainer/fsdp): parameters all-gathered before use, freed after, and
-// whose gradients are reduce-scattered together. Both schedules (eager hooks, compiled plan) drive
-// the same units; only when each step happens differs.
+// FSDP's flat groups and units (internal to trainer/fsdp).
+//
+// A flat group is the parameters one module owns (a decoder layer; the embedding; the final
+// norm with an untied output head), laid out back to back in one flat vector, padded to a
+// multiple of dp_shard and sharded as that vector: rank r holds elements [r S, (r + 1) S) as
+// its fp32 master shard. So communication costs no copies:
+//   - the all-gather reads the master shard (or its param_dtype cast) and writes straight into
+//     the storage the module's parameters are views of;
+//   - autograd accumulates the parameters' gradients into views of one flat buffer, which is
+//     the reduce-scatter's input (cast once when the reduction runs in another dtype), and the
+//     reduced shard's slices are the master shards' gradients.
+//
+// A unit is what one collective moves: one or more whole groups. Both schedules (eager hooks,
+// compiled plan) drive units over the same groups; only when each step happens differs.
 #pragma once
 
 #include <torch/types.h>
@@ -18,12 +29,32 @@ namespace meshwork::fsdp {
 // Steady-clock seconds (the trace's timeline).
 double Now();
 
-// A gathered parameter keeps one TensorImpl and one StorageImpl for the whole run; freeing and
-// re-gathering swap the memory under the storage (what FSDP2 does with storage resize). Tensors
-// that autograd saved in forward (the weight, views of it) hold that storage, so after the
-// re-gather in backward they read the right values without recomputing the layer.
+// A gathered group keeps one StorageImpl for the whole run; freeing and re-gathering swap the
+// memory under the storage (what FSDP2 does with storage resize). Tensors that autograd saved
+// in forward (the weights, views of them) hold that storage, so after the re-gather in backward
+// they read the right values without recomputing the layer.
 void ReleaseStorage(const torch::Tensor& t);
 void AllocateStorage(const torch::Tensor& t);
+
+struct FlatGroup {
+  std::string name;                   // "model.layers.3", "embed", "head"
+  std::vector<ShardedParam*> params;  // owned by FullyShardedLlama, in layout order
+  int64_t shard_numel = 0;            // S: this rank's flat shard length (the same on every rank)
+  torch::Tensor master;   // [S] fp32: this rank's elements; the params' shards are views of it
+  torch::Tensor storage;  // [world S] param_dtype: the params' storage, allocated while gathered
+  torch::Tensor grad;     // [world S] param_dtype: the params' gradients (views), while accumulating
+  torch::Tensor grad_accum;  // [world S] reduce dtype: earlier micro-batches, when it differs
+
+  bool received = false;  // a gradient arrived since the last ReduceGrads
+
+  // Before a gradient reaches one of the group's parameters (a hook on each): marks the group
+  // received and makes sure of EnsureGrad.
+  void OnGradient();
+  // A zeroed buffer, with every parameter's .grad a view of it, so autograd adds into it. A
+  // gradient a parameter already had is copied in; returns how many were.
+  int EnsureGrad();
+  int64_t StorageBytes() const;
+};
 
 // What every unit of one model reports into and reads; owned by FullyShardedLlama.
 struct UnitContext {
@@ -36,48 +67,42 @@ struct UnitContext {
 };
 
 struct Unit {
-  Unit(std::string name, const UnitContext& context, torch::Device device);
+  Unit(std::string name, const UnitContext& context);
 
-  // Appends `p`'s shard to the unit's flat shard.
-  void AddParam(ShardedParam* p);
+  void AddGroup(FlatGroup* g);
 
   std::string name;
-  std::vector<ShardedParam*> params;  // owned by FullyShardedLlama
-  std::vector<int64_t> offsets;       // of each parameter's shard in the unit's flat shard
-  int64_t shard_numel = 0;  // this rank's flat shard length (the same on every rank)
+  std::vector<FlatGroup*> groups;  // owned by FullyShardedLlama
   UnitContext context;
-  torch::Device device = torch::kCPU;
 
   bool gathered = false;
-  torch::Tensor gather_out;
-  std::unique_ptr<dist::Work> gather_work;
+  std::vector<std::unique_ptr<dist::Work>> gather_works;  // one per group
   double gather_issued = 0;
 
-  std::vector<torch::Tensor> grad_accum;  // full gradients held back while sync is off
-  torch::Tensor reduce_out;
-  std::unique_ptr<dist::Work> reduce_work;
-  const char* reduce_kind = "";  // what reduce_work is: "reduce_scatter" or "all_reduce"
+  std::vector<torch::Tensor> reduce_out;  // per group: this rank's reduced shard
+  std::vector<std::unique_ptr<dist::Work>> reduce_works;
+  const char* reduce_kind = "";  // what reduce_works are: "reduce_scatter" or "all_reduce"
   double reduce_issued = 0;
-  int64_t reduce_bytes = 0;      // its logical size (a reduce-scatter's input)
-  const dist::Communicator* reduce_group = nullptr;  // the group it runs on
+  int64_t reduce_bytes = 0;      // their logical size (a reduce-scatter's input)
+  const dist::Communicator* reduce_group = nullptr;  // the group they run on
 
-  // Copy-in of the shards and an async all-gather into one flat buffer.
+  // Allocates the groups' storage and all-gathers into it (async).
   void StartGather();
-  // Waits for the all-gather and copies every rank's rows into the parameters' own storage
-  // (re-allocated if freed), so tensors autograd saved from an earlier forward see them again.
+  // Waits for the all-gather: the parameters hold their full values (tensors autograd saved
+  // from an earlier forward see them again).
   void WaitGather();
   void Free();
 
-  // After this unit's backward: its parameters' full gradients (accumulated by autograd) go to
-  // the reduce-scatter, or are held back while sync is off; then the unit is freed.
+  // After this unit's backward: its gradients go to the reduce-scatter, or are held back while
+  // sync is off; then the unit is freed.
   void PostBackward(bool sync);
-  // Takes this unit's full gradients (accumulated by autograd) for one micro-batch: held back
-  // without sync, else laid out rank-major and reduce-scattered (async).
+  // Takes this unit's gradients (accumulated by autograd into the groups' buffers) for one
+  // micro-batch: held back without sync, else reduce-scattered (async).
   void ReduceGrads(bool sync);
   bool PendingGrads() const;
 
   // Waits for the reduce-scatter; with HSDP, starts averaging the reduced shard across replicas
-  // (one all-reduce per unit), else adds it to the shards' gradients.
+  // (one all-reduce per group), else adds it to the shards' gradients.
   void FinishReduce(dist::Communicator* replicate);
   // Plan mode: wait for the reduce-scatter; add the result now unless an all-reduce follows.
   void WaitReduce(bool all_reduce_follows);
@@ -85,9 +110,9 @@ struct Unit {
   void FinishReplicaReduce();
 
  private:
-  // Waits for `work` (issued at `issued`), counting the time blocked as exposed communication.
+  // Waits for `works` (issued at `issued`), counting the time blocked as exposed communication.
   // When tracing: the collective from issue to completion, and the time blocked.
-  void Await(std::unique_ptr<dist::Work>& work, const char* collective, double issued, int64_t bytes,
+  void Await(std::vector<std::unique_ptr<dist::Work>>& works, const char* collective, double issued, int64_t bytes,
              const dist::Communicator& on);
   void CountGathered(int64_t delta);
   int64_t GatheredBytes() const;

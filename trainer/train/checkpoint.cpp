@@ -255,6 +255,7 @@ std::string MetaToJson(const CheckpointMeta& m) {
       {"world_size", m.world_size},
       {"mesh", {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}}},
       {"fsdp_mode", m.fsdp_mode},
+      {"shard_layout", m.shard_layout},
       {"model",
        {{"vocab_size", m.dims.vocab_size},
         {"hidden_size", m.dims.hidden_size},
@@ -294,6 +295,7 @@ Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
     m.dp_replicate = doc.at("mesh").at("dp_replicate").get<int>();
     m.dp_shard = doc.at("mesh").at("dp_shard").get<int>();
     m.fsdp_mode = doc.at("fsdp_mode").get<std::string>();
+    m.shard_layout = doc.value("shard_layout", std::string("rows"));
     const json& d = doc.at("model");
     m.dims.vocab_size = d.at("vocab_size").get<int64_t>();
     m.dims.hidden_size = d.at("hidden_size").get<int64_t>();
@@ -333,6 +335,11 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
   check("model.num_attention_heads", saved.dims.num_attention_heads, now.dims.num_attention_heads);
   check("model.num_key_value_heads", saved.dims.num_key_value_heads, now.dims.num_key_value_heads);
   check("model.tie_word_embeddings", saved.dims.tie_word_embeddings, now.dims.tie_word_embeddings);
+  if ((saved.dp_shard > 1 || now.dp_shard > 1) && saved.shard_layout != now.shard_layout) {
+    diffs.push_back("shard layout '" + saved.shard_layout + "' in the checkpoint, '" + now.shard_layout +
+                    "' in this run (a checkpoint sharded by rows was written by a Meshwork before the flat FSDP "
+                    "layout; resume it with that release)");
+  }
   if (diffs.empty()) return Status::Ok();
   std::string msg = "checkpoint '" + step_dir + "' does not match this run: ";
   for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];

@@ -37,6 +37,10 @@ struct CheckpointMeta {
   int dp_replicate = 1;
   int dp_shard = 1;
   std::string fsdp_mode = "none";  // "none" (one process), "eager" or "compiled"
+  // How FSDP shards: "flat" (each module's parameters as one flat vector: fsdp/unit.h), or
+  // "rows" (each parameter's dim 0: checkpoints written before the flat layout, which have no
+  // shard_layout key). With dp_shard 1 both are whole parameters.
+  std::string shard_layout = "flat";
   model::LlamaConfig dims;
   std::string data_train;
   int64_t seed = 0;

@@ -160,7 +160,10 @@ class FsdpEngine : public Engine {
   std::vector<torch::Tensor> NoDecayParams() const override { return fsdp_->NoDecayShards(); }
   std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& p : fsdp_->sharded_params()) out.emplace_back(p.name, p.shard);
+    // A rank that holds none of a parameter (flat groups split where they fall) has nothing
+    // of it to save.
+    for (const auto& p : fsdp_->sharded_params())
+      if (p.shard.numel() > 0) out.emplace_back(p.name, p.shard);
     return out;
   }
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
@@ -176,7 +179,14 @@ class FsdpEngine : public Engine {
   EngineStats TakeStats() override {
     EngineStats s;
     // Gloo: the time the host blocked in waits; NCCL: the time the compute stream stood waiting.
-    s.exposed_comm_seconds = fsdp_->TakeStats().exposed_comm_seconds;
+    const fsdp::FsdpStats fs = fsdp_->TakeStats();
+    s.exposed_comm_seconds = fs.exposed_comm_seconds;
+    if (fs.gradient_copies > 0 && !warned_gradient_copies_) {
+      warned_gradient_copies_ = true;
+      log_ << "warning: fsdp: " << fs.gradient_copies
+           << " parameter gradients were accumulated outside their flat group's buffer and copied in before the "
+              "reduce-scatter (the accumulation hook did not run); results are right, the copies cost time\n";
+    }
     for (const std::string& dim : dist::DeviceMesh::DimNames()) {
       s.exposed_comm_seconds += mesh_->group(dim).TakeDeviceStallSeconds();
       const dist::CommStats c = mesh_->group(dim).stats();
@@ -223,6 +233,7 @@ class FsdpEngine : public Engine {
   int64_t steps_done_ = 0;
   std::optional<fsdp::Compilation> compilation_;  // compiled mode, once planned
   bool replanned_ = false;
+  bool warned_gradient_copies_ = false;
   // The last micro-batch with gradient reduction, forward to the end of FinishBackward: what a
   // simulated step covers, measured (CompileFsdp fits the traced compute to it).
   double sync_started_ = 0;

@@ -50,8 +50,9 @@ class Engine {
   virtual void ZeroGrad() = 0;
   virtual std::vector<torch::Tensor> DecayParams() const = 0;
   virtual std::vector<torch::Tensor> NoDecayParams() const = 0;
-  // This rank's parameters by HF name, the very tensors the optimizer updates (FSDP: the fp32
-  // master shards, zero-padded to rows_per_rank). A training checkpoint saves and restores these.
+  // This rank's parameters by HF name, the very tensors the optimizer updates (FSDP: the
+  // non-empty fp32 master shards, slices of the flat groups' shards). A training checkpoint saves
+  // and restores these.
   virtual std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const = 0;
   // Bytes of this rank's parameters (gradients are the same, AdamW state twice that).
   virtual int64_t ParamBytes() const = 0;

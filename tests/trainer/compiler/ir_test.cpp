@@ -162,5 +162,54 @@ TEST(ScheduleIr, NaiveProgramIsValidAndDeclaresOneCollectivePerParameterUse) {
   }
 }
 
+// With flat groups (the runtime's layout: GroupByOwner), one collective per group: a layer's
+// parameters travel together; group= round-trips; a collective that splits a group is invalid.
+TEST(ScheduleIr, FlatGroupsAreCommunicatedWhole) {
+  auto g = Parse(kSmallModel);
+  ASSERT_TRUE(g.ok());
+  GroupByOwner(*g);
+  EXPECT_EQ(g->params[1].group, 1);
+  EXPECT_EQ(g->params[2].group, 1);
+  EXPECT_EQ(g->params[5].group, 3);
+  const std::string text = Print(*g);
+  EXPECT_NE(text.find("param 2 model.layers.0.v gathered=1000 grad=2000 shard=1000 group=1\n"), std::string::npos)
+      << text;
+  auto back = Parse(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(Print(*back), text);
+  for (bool reshard : {true, false}) {
+    Graph naive = BuildNaiveProgram(*g, {reshard});
+    EXPECT_TRUE(Validate(naive).ok()) << Validate(naive).ToString();
+    int ag = 0, rs = 0;
+    for (const auto& op : naive.ops) {
+      if (op.kind == OpKind::kAllGather) ++ag;
+      if (op.kind == OpKind::kReduceScatter) ++rs;
+      if (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter) {
+        for (int p : op.params) EXPECT_EQ(g->params[p].group, g->params[op.params[0]].group) << Print(naive);
+        const size_t want = g->params[op.params[0]].group == 1 || g->params[op.params[0]].group == 2 ? 2u : 1u;
+        EXPECT_EQ(op.params.size(), want) << Print(naive);
+      }
+    }
+    // Four groups gathered in forward; with reshard, all but the head's again for backward.
+    EXPECT_EQ(ag, reshard ? 7 : 4);
+    EXPECT_EQ(rs, 4);
+  }
+  // Half of layers.0's group in one all-gather, half in another: refused.
+  auto split = Parse(text + R"(%ag0 = all_gather [0]
+wait %ag0
+compute fwd embed
+%ag1 = all_gather [1]
+%ag2 = all_gather [2]
+wait %ag1
+wait %ag2
+compute fwd layers.0
+)");
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  const Status s = Validate(*split);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("flat group 1 has 2 parameters, this collective lists 1"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(Parse(std::string(kSmallModel).replace(kSmallModel.find("shard=1000\n"), 11, "shard=1000 group=-2\n")).ok());
+}
+
 }  // namespace
 }  // namespace meshwork::compiler

@@ -103,7 +103,7 @@ TEST(LlamaSkeletonTest, BytesFollowTheDtypes) {
   EXPECT_EQ(bf16.params[2].grad_bytes, 128 * 128 * 4);
 }
 
-TEST(LlamaSkeletonTest, ShardsAreFp32WithDimZeroPadding) {
+TEST(LlamaSkeletonTest, ShardsAreFp32FlatGroupsByOwner) {
   const model::LlamaConfig c = Preset("tiny");  // vocab 320, hidden 128, kv dim 64
   LlamaShape s = ShapeOf(c);
   s.dp_shard = 3;
@@ -111,9 +111,20 @@ TEST(LlamaSkeletonTest, ShardsAreFp32WithDimZeroPadding) {
   const Graph g = LlamaSkeleton(s);
   EXPECT_EQ(g.dp_shard, 3);
   EXPECT_EQ(g.dp_replicate, 2);
-  EXPECT_EQ(g.params[0].shard_bytes, 107 * 128 * 4);  // ceil(320 / 3) rows of 128
-  EXPECT_EQ(g.params[1].shard_bytes, 43 * 4);         // input_layernorm: ceil(128 / 3)
-  EXPECT_EQ(g.params[3].shard_bytes, 22 * 128 * 4);   // k_proj: ceil(64 / 3) rows
+  // A parameter's share of its flat group, sharded as one vector over dp_shard.
+  EXPECT_EQ(g.params[0].shard_bytes, (320 * 128 + 2) / 3 * 4);
+  EXPECT_EQ(g.params[1].shard_bytes, (128 + 2) / 3 * 4);      // input_layernorm
+  EXPECT_EQ(g.params[3].shard_bytes, (64 * 128 + 2) / 3 * 4);  // k_proj
+  // Flat groups by owner: the embedding, each layer, the final norm and the untied head.
+  EXPECT_EQ(g.params[0].group, 0);
+  for (size_t i = 1; i < g.params.size(); ++i) {
+    const std::string& name = g.params[i].name;
+    if (name.rfind("model.layers.", 0) == 0) {
+      EXPECT_EQ(g.params[i].group, 1 + std::stoi(name.substr(13))) << name;
+    } else {
+      EXPECT_EQ(g.params[i].group, g.FindModule("head")) << name;
+    }
+  }
   s.dp_shard = 1;
   const Graph whole = LlamaSkeleton(s);
   for (const auto& p : whole.params) EXPECT_EQ(p.shard_bytes, p.gathered_bytes * 2) << p.name;  // bf16 -> fp32

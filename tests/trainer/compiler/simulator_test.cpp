@@ -75,9 +75,9 @@ optimizer_step
   EXPECT_NEAR(r.comm_seconds, 0.003 * 4 + 0.017, 1e-12);
   EXPECT_EQ(r.collectives, 5);
   // Peak: all 16000 gathered bytes stay; backward trades each module's activations for its
-  // full gradients (larger here), held until the one reduce-scatter, whose issue copies all
-  // 32000 gradient bytes into its input: both are held for a moment.
-  EXPECT_EQ(r.peak_bytes, 16000 + 32000 + 32000);
+  // full gradients (16000, in the parameters' dtype), held until the one reduce-scatter, whose
+  // issue casts them to the reduction's dtype (32000): both are held for a moment.
+  EXPECT_EQ(r.peak_bytes, 16000 + 16000 + 32000);
   EXPECT_EQ(r.static_bytes, 4 * 16000);
 }
 
@@ -140,26 +140,6 @@ wait %rs0
   EXPECT_NEAR(r.comm_seconds, 0.011, 1e-12);  // the collectives' own durations
 }
 
-// FSDP's copies around collectives are host work: copy-in of the shard before the all-gather,
-// copy-out of the gathered rows after its wait.
-TEST(Simulator, HostCopiesAroundCollectives) {
-  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [3,4]
-wait %ag0
-compute fwd layers.1
-free %ag0
-)");
-  ASSERT_TRUE(g.ok()) << g.status().ToString();
-  CostModel c = Cost();
-  c.host_copy_bytes_per_second = 1e6;
-  // Copy-in 2000 B (this rank's shard) 0 -> 2 ms while ag0 runs 0 -> 3; blocked 2 -> 3;
-  // copy-out 4000 B 3 -> 7; layers.1 7 -> 17.
-  const SimResult r = Simulate(*g, c);
-  EXPECT_NEAR(r.step_seconds, 0.017, 1e-12);
-  EXPECT_NEAR(r.exposed_comm_seconds, 0.001, 1e-12);
-  EXPECT_NEAR(r.copy_seconds, 0.006, 1e-12);
-  EXPECT_NEAR(r.ops[1].end, 0.007, 1e-12);  // the wait includes its copy-out
-}
-
 // layers.1 alone: gathered, forward, backward, its reduce-scatter, free.
 const std::string kLayerOneStep = R"(%ag0 = all_gather [3,4]
 wait %ag0
@@ -179,27 +159,55 @@ TEST(Simulator, BackwardWorkspaceCountsOnlyDuringItsBackward) {
   auto g = Parse(model + kLayerOneStep);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   // At the end of the backward: gathered 4000, activations 5000, the 100000 workspace and the
-  // new gradients 6000 + 2000.
-  EXPECT_EQ(PeakBytes(*g), 4000 + 5000 + 100000 + 8000);
+  // new gradients, in the parameters' dtype, 3000 + 1000.
+  EXPECT_EQ(PeakBytes(*g), 4000 + 5000 + 100000 + 4000);
   EXPECT_EQ(Print(*g).find("ws=100000") != std::string::npos, true);
 }
 
-// A reduce-scatter's issue copies the gradients into its input (both held for a moment); with
-// rs_recv=full (Gloo) it also holds a receive buffer as large as its input until its wait.
+// The gradients accumulate in the parameters' dtype, in the buffer a reduce-scatter reads. When
+// the reduction runs in another dtype (bf16 weights, fp32 reduction: grad = 2 x gathered here)
+// its issue casts them (both held for a moment); with rs_recv=full (Gloo) it also holds a
+// receive buffer as large as its input until its wait.
 TEST(Simulator, ReduceScatterReceiveBufferCountsUntilItsWait) {
   const std::string& ops = kLayerOneStep;
   auto nccl = Parse(kSmallModel + ops);
   ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
-  // At the issue: gathered 4000, the gradients 8000 and their copy.
-  EXPECT_EQ(PeakBytes(*nccl), 4000 + 8000 + 8000);
+  // At the issue: gathered 4000, the bf16 gradients 4000 and their fp32 cast 8000.
+  EXPECT_EQ(PeakBytes(*nccl), 4000 + 4000 + 8000);
   std::string model = kSmallModel;
   model.replace(model.find("dp_replicate=1"), 14, "dp_replicate=1 rs_recv=full");
   auto gloo = Parse(model + ops);
   ASSERT_TRUE(gloo.ok()) << gloo.status().ToString();
   EXPECT_TRUE(gloo->reduce_scatter_receives_input);
   EXPECT_EQ(Print(*gloo), model + ops);
-  // At the issue, the receive buffer as well.
-  EXPECT_EQ(PeakBytes(*gloo), 4000 + 8000 + 8000 + 8000);
+  // Then the bf16 gradients go and the receive buffer comes: gathered, the cast, the receive.
+  EXPECT_EQ(PeakBytes(*gloo), 4000 + 8000 + 8000);
+  // Reduced in the parameters' dtype, the gradient buffer itself is the input: no copy. The
+  // peak is the end of the backward (gathered, activations, gradients).
+  Graph same = *nccl;
+  for (auto& p : same.params) p.grad_bytes = p.gathered_bytes;
+  EXPECT_EQ(PeakBytes(same), 4000 + 5000 + 4000);
+}
+
+// The flat layout makes no copies around collectives: the all-gather costs the host nothing.
+// Gloo's reduce-scatter sums the all-to-all's chunks into the shard at its wait: host work.
+TEST(Simulator, GlooReductionAtTheWaitIsTheOnlyHostWorkAroundCollectives) {
+  std::string model = kSmallModel;
+  model.replace(model.find("dp_replicate=1"), 14, "dp_replicate=1 rs_recv=full");
+  auto g = Parse(model + kLayerOneStep);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  CostModel c = Cost();
+  c.host_copy_bytes_per_second = 1e6;
+  // ag0 (4000 B) 0 -> 3 ms, blocked all of it; forward 3 -> 13; backward 13 -> 33; rs0 (8000 B
+  // input) 33 -> 38, blocked; its reduction (8000 / 2 B) 38 -> 42.
+  const SimResult r = Simulate(*g, c);
+  EXPECT_NEAR(r.step_seconds, 0.042, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_seconds, 0.008, 1e-12);
+  EXPECT_NEAR(r.copy_seconds, 0.004, 1e-12);
+  EXPECT_NEAR(r.ops[1].end, 0.003, 1e-12);  // the all-gather's wait: no copy-out
+  Graph nccl = *g;
+  nccl.reduce_scatter_receives_input = false;
+  EXPECT_NEAR(Simulate(nccl, c).copy_seconds, 0, 1e-12);
 }
 
 }  // namespace

@@ -262,7 +262,7 @@ TEST(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
   EXPECT_LT(gathers(kept.plans[0]), gathers(resharded.plans[0])) << kept.plans[0];
   // A re-plan between steps: the executor switches plans and training goes on unchanged.
   const TrainRun switched =
-      Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kNone, true, true, compiler::Bucketing::kBlock});
+      Sharded(false, 1, 2, 1, {true, compiler::Bucketing::kNone, true, true, compiler::Bucketing::kAuto});
   ExpectSame(want, switched, "compiled, switching plans before step 3");
   ASSERT_FALSE(switched.plans.empty());
   const std::string& both = switched.plans[0];  // the two plans rank 0 ran, one after the other
@@ -362,7 +362,36 @@ size_t StorageBytes(FullyShardedLlama& f, const std::string& name) {
 struct Lifecycle {
   size_t layer0_after_forward = 0, last_after_forward = 0, layer0_after_backward = 0, root_after_backward = 0;
   int64_t reduce_scatters_without_sync = 0, reduce_scatters_with_sync = 0, all_gathers_per_step = 0;
+  // The flat layout: the last layer's parameters after forward (its all-gather's output), layer
+  // 0's gradients after an unsynced backward (the reduce-scatter's input to be), and layer 0's
+  // shard gradients after the step (the reduced shard) are each one storage, back to back.
+  bool params_one_storage = false, grads_one_storage = false, shard_grads_one_storage = false;
+  int64_t gradient_copies = -1;
 };
+
+// Whether `ts` are views of one storage, each starting where the one before ends.
+bool BackToBack(const std::vector<torch::Tensor>& ts) {
+  if (ts.empty() || !ts[0].defined()) return false;
+  int64_t next = ts[0].storage_offset();
+  for (const auto& t : ts) {
+    if (!t.defined() || !t.is_contiguous() || t.storage().data() != ts[0].storage().data() ||
+        t.storage_offset() != next)
+      return false;
+    next += t.numel();
+  }
+  return true;
+}
+
+std::vector<torch::Tensor> Prefixed(FullyShardedLlama& f, const std::string& prefix, bool grads, bool shards) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : f.sharded_params()) {
+    if (p.name.rfind(prefix, 0) != 0) continue;
+    if (shards && p.shard.numel() == 0) continue;
+    const torch::Tensor& t = shards ? p.shard : p.full;
+    out.push_back(grads ? t.grad() : t);
+  }
+  return out;
+}
 
 Lifecycle Observe(const FsdpOptions& options) {
   std::vector<model::LlamaForCausalLM> models{MakeModel(false), MakeModel(false)};
@@ -389,9 +418,11 @@ Lifecycle Observe(const FsdpOptions& options) {
         if (rank == 0 && sync) {
           seen.layer0_after_forward = StorageBytes(f, layer0);
           seen.last_after_forward = StorageBytes(f, last);
+          seen.params_one_storage = BackToBack(Prefixed(f, "model.layers.1.", false, false));
         }
         loss.backward();
         if (Status s = f.FinishBackward(); !s.ok()) fail(s);
+        if (rank == 0 && !sync) seen.grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, false));
       };
       const int64_t rs0 = count(dist::Collective::kReduceScatter), ag0 = count(dist::Collective::kAllGather);
       micro(false);
@@ -403,6 +434,8 @@ Lifecycle Observe(const FsdpOptions& options) {
       seen.all_gathers_per_step = (count(dist::Collective::kAllGather) - ag0) / 2;
       seen.layer0_after_backward = StorageBytes(f, layer0);
       seen.root_after_backward = StorageBytes(f, "model.embed_tokens.weight");
+      seen.shard_grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, true));
+      seen.gradient_copies = f.TakeStats().gradient_copies;
     });
   }
   for (auto& t : threads) t.join();
@@ -410,29 +443,42 @@ Lifecycle Observe(const FsdpOptions& options) {
   return seen;
 }
 
+// Bytes of one decoder layer's flat group, gathered in fp32 over 2 ranks (padded to even).
+size_t LayerGroupBytes() {
+  int64_t numel = 0;
+  for (auto& item : MakeModel(false)->named_parameters())
+    if (item.key().rfind("model.layers.0.", 0) == 0) numel += item.value().numel();
+  return static_cast<size_t>((numel + 1) / 2 * 2 * 4);
+}
+
 TEST(FullyShard, ReshardAfterForwardFreesLayersUntilTheirBackward) {
   const Lifecycle seen = Observe(FsdpOptions());
   EXPECT_EQ(seen.layer0_after_forward, 0u) << "layer 0 stays gathered after its forward";
-  // The last layer's all-gather is started at the end of forward (backward needs it first), but
-  // its weights are only materialised when its backward begins.
-  EXPECT_EQ(seen.last_after_forward, 0u);
+  // The last layer's all-gather is started at the end of forward (backward needs it first):
+  // it writes straight into the layer's storage, allocated at its issue.
+  EXPECT_EQ(seen.last_after_forward, LayerGroupBytes());
   EXPECT_EQ(seen.layer0_after_backward, 0u);
   EXPECT_EQ(seen.root_after_backward, 0u);
-  // Forward gathers root + 2 layers; backward gathers the 2 layers again.
-  EXPECT_EQ(seen.all_gathers_per_step, 5);
-  // Gradient accumulation: no reduce-scatter until the last micro-batch, then one per unit.
+  // Forward gathers the root (embedding and head groups) + 2 layers; backward the 2 layers again.
+  EXPECT_EQ(seen.all_gathers_per_step, 6);
+  // Gradient accumulation: no reduce-scatter until the last micro-batch, then one per group.
   EXPECT_EQ(seen.reduce_scatters_without_sync, 0);
-  EXPECT_EQ(seen.reduce_scatters_with_sync, 3);
+  EXPECT_EQ(seen.reduce_scatters_with_sync, 4);
+  // No copies around the collectives: what they write and read is the parameters' own memory.
+  EXPECT_TRUE(seen.params_one_storage) << "the all-gather writes the parameters' storage";
+  EXPECT_TRUE(seen.grads_one_storage) << "autograd accumulates into the reduce-scatter's input";
+  EXPECT_EQ(seen.gradient_copies, 0) << "gradients copied into the flat buffers after the fact";
+  EXPECT_TRUE(seen.shard_grads_one_storage) << "the shard gradients are views of the reduced shard";
 }
 
 TEST(FullyShard, WithoutReshardLayersStayGatheredUntilTheirBackward) {
   FsdpOptions options;
   options.reshard_after_forward = false;
   const Lifecycle seen = Observe(options);
-  EXPECT_EQ(seen.layer0_after_forward, 50u * 40 * 4);  // intermediate x hidden, fp32
-  EXPECT_EQ(seen.last_after_forward, 50u * 40 * 4);
+  EXPECT_EQ(seen.layer0_after_forward, LayerGroupBytes());  // the whole layer, fp32
+  EXPECT_EQ(seen.last_after_forward, LayerGroupBytes());
   EXPECT_EQ(seen.layer0_after_backward, 0u) << "freed after backward";
-  EXPECT_EQ(seen.all_gathers_per_step, 3) << "one gather per unit, none again in backward";
+  EXPECT_EQ(seen.all_gathers_per_step, 4) << "one gather per group, none again in backward";
 }
 
 }  // namespace

@@ -466,6 +466,30 @@ TEST_F(DamagedCheckpoint, LatestThatNamesNoStepDirectoryIsNamed) {
   EXPECT_THAT(s.message(), HasSubstr("step-00000007"));
 }
 
+// A checkpoint from before the flat FSDP layout (no shard_layout key: sharded by rows) cannot
+// resume a sharded run, and says why; with dp_shard 1 every shard is a whole parameter.
+TEST(Checkpoint, ShardLayoutMustMatchWhenSharded) {
+  TempDir tmp;
+  const std::string& dir = tmp.path();
+  CheckpointMeta flat;
+  flat.world_size = 2;
+  flat.dp_shard = 2;
+  std::string json = MetaToJson(flat);
+  EXPECT_THAT(json, HasSubstr("\"shard_layout\": \"flat\""));
+  json.replace(json.find("\"shard_layout\": \"flat\","), 26, "");
+  WriteBytes(dir + "/meta.json", json);
+  auto old = ReadMeta(dir);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->shard_layout, "rows");
+  const Status s = CheckCompatible(*old, flat, dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr("shard layout 'rows' in the checkpoint, 'flat' in this run"));
+  old->world_size = flat.world_size = 1;
+  old->dp_shard = flat.dp_shard = 1;
+  EXPECT_TRUE(CheckCompatible(*old, flat, dir).ok());
+}
+
 // --- through Train() ------------------------------------------------------------------------
 
 config::TrainConfig TrainCfg(std::vector<std::string> extra) {
