@@ -11,6 +11,7 @@
 #   env: RATES="500mbit 1gbit 4gbit"  WORLDS="2"  PRESET=llama-100m  SEQ=256  BATCH=4 (global)  STEPS=8
 #        OUT=<file> (default bench/results/netlab_compiled_vs_eager.md)
 #        COMPILED_SETS="--set fsdp.memory_budget=1536" (extra trainer flags for the compiled runs)
+#        SETS="--set training.memory_limit_mib=1400" (extra trainer flags for both modes)
 #        SHARE_CORES=1: run worlds larger than the core count anyway, rank r on core r % cores (the
 #        ranks of a core then take turns: communication is no longer free of CPU time)
 set -euo pipefail
@@ -26,6 +27,7 @@ seq=${SEQ:-256}
 batch=${BATCH:-4}
 steps=${STEPS:-8}
 read -r -a compiled_sets <<<"${COMPILED_SETS:-}"
+read -r -a both_sets <<<"${SETS:-}"
 tmp="$(mktemp -d)"
 trap '"$netlab" down; rm -rf "$tmp"' EXIT
 # shellcheck source=bench/lib.sh
@@ -38,8 +40,8 @@ cores=$(nproc)
 # run_world WORLD MODE LOGPREFIX: every rank in its namespace, rank r on core r (mod the cores);
 # waits for all.
 run_world() {
-  local world=$1 mode=$2 prefix=$3 r pids=() rc=0 extra=()
-  [ "$mode" = compiled ] && extra=("${compiled_sets[@]}")
+  local world=$1 mode=$2 prefix=$3 r pids=() rc=0 extra=("${both_sets[@]}")
+  [ "$mode" = compiled ] && extra+=("${compiled_sets[@]}")
   for ((r = 0; r < world; r++)); do
     RANK=$r WORLD_SIZE=$world LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 \
       "$netlab" exec "$r" taskset -c "$((r % cores))" "$bin" train --set model.preset="$preset" \
@@ -54,12 +56,12 @@ run_world() {
   return $rc
 }
 
-median_step() {  # median step seconds from step 4 on (no compile, no warm-up)
+median_step() {  # median_step JSONL KEY: median of KEY over the steps from step 4 on (no compile, no warm-up)
   python3 -c '
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1])]
-late = [s["step_seconds"] for s in steps if s["step"] >= 4]
-print(f"{statistics.median(late):.3f}" if late else "-")' "$1"
+late = [s[sys.argv[2]] for s in steps if s["step"] >= 4]
+print(f"{statistics.median(late):.3f}" if late else "-")' "$1" "${2:-step_seconds}"
 }
 
 {
@@ -71,21 +73,23 @@ print(f"{statistics.median(late):.3f}" if late else "-")' "$1"
   echo "in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core, training.threads=1."
   echo "$preset, seq $seq, global batch $batch, $steps steps, synthetic tokens, fp32, Gloo."
   echo "Measured step: median of rank 0's steps from step 4 on (compiled runs steps 1-2 eager, traces"
-  echo "step 2 and plans before step 3). Exposed comm: rank 0's time blocked in waits over the run. Predicted"
+  echo "step 2 and plans before step 3). Exposed comm per step: the median of rank 0's time blocked in waits in"
+  echo "each step, from step 4 on; over the run: its total, steps 1-2, the calibration and the compile included. Predicted"
   echo "steps: the compiled plan's summary line (the simulator on the trainer's own link calibration),"
   echo "for the compiled plan and for the eager plan. Step peak tensors: the most bytes rank 0's tensors held"
   echo "within one step (libtorch's CPU allocator, counted), over the steps after the schedule settled (eager:"
   echo "from step 2; compiled: from step 5, after the re-plan); predicted: the plan line's static + peak dynamic."
   [ -z "${COMPILED_SETS:-}" ] || echo "Compiled runs add: \`${COMPILED_SETS}\`."
+  [ -z "${SETS:-}" ] || echo "Both modes add: \`${SETS}\`."
   [ "${SHARE_CORES:-0}" != 1 ] || echo "SHARE_CORES=1: a world larger than $cores cores puts rank r on core r % $cores; those ranks share a core."
   echo
-  echo "| link | world | mode | measured step (s) | predicted step (s) | exposed comm | tok/s | peak RSS rank 0 | step peak tensors | predicted peak |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| link | world | mode | measured step (s) | predicted step (s) | exposed comm per step (s) | exposed comm over the run | tok/s | peak RSS rank 0 | step peak tensors | predicted peak |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$tmp/table.md"
 
 for world in "${worlds[@]}"; do
   if ((world > cores)) && [ "${SHARE_CORES:-0}" != 1 ]; then
-    echo "| - | $world | - | skipped: $cores cores cannot give $world ranks a core each | | | | | | |" >>"$tmp/table.md"
+    echo "| - | $world | - | skipped: $cores cores cannot give $world ranks a core each | | | | | | | |" >>"$tmp/table.md"
     continue
   fi
   for rate in "${rates[@]}"; do
@@ -95,7 +99,8 @@ for world in "${worlds[@]}"; do
       prefix="$tmp/$rate-$world-$mode"
       echo "[netlab] $preset, world $world, $rate, $mode" >&2
       if ! run_world "$world" "$mode" "$prefix"; then
-        echo "| $rate | $world | $mode | failed: see below | | | | | | |" >>"$tmp/table.md"
+        why="$(grep -m1 -ohE 'out of device memory[^(]*' "$prefix".rank*.log || true)"
+        echo "| $rate | $world | $mode | failed: ${why:-see the log} | | | | | | | |" >>"$tmp/table.md"
         for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
         continue
       fi
@@ -110,7 +115,7 @@ for world in "${worlds[@]}"; do
         echo "    $plan" >&2
         grep -E '^(compiled plan chose|re-plan):' "$prefix.rank0.log" | sed 's/^/    /' >&2 || true
       fi
-      echo "| $rate | $world | $mode | $(median_step "$prefix.jsonl") | @$mode@ | ${exposed:-0} | $tps | $peak | ${step_peak:--} | @mem_$mode@ |" >>"$tmp/table.md"
+      echo "| $rate | $world | $mode | $(median_step "$prefix.jsonl") | @$mode@ | $(median_step "$prefix.jsonl" exposed_comm_seconds) | ${exposed:-0} | $tps | $peak | ${step_peak:--} | @mem_$mode@ |" >>"$tmp/table.md"
       echo "    $done_line" >&2
     done
     # Predictions come from the compiled run's plan line: fill both rows of this rate.

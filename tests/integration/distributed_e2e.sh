@@ -151,6 +151,28 @@ else
   fail "compiled --trace-out: $msg"
 fi
 
+# training.memory_limit_mib: ranks whose device holds 56 MiB of tensors. Activations dominate
+# here (8 layers, seq 256; eager's step peak is about 80 MiB). Eager FSDP has no plan and runs out
+# (exit 5, naming the key); compiled FSDP warms up with every layer checkpointed, then plans
+# within the limit (checkpointing some layers) and trains to the single process's losses.
+deep=(--set model.hidden_size=64 --set model.intermediate_size=128 --set model.num_hidden_layers=8
+      --set data.seq_len=256 --set training.loss_chunk_mib=1 --set schedule.steps=8)
+if run deep-single 1 "${deep[@]}"; then pass "deep model, single process"; else fail "deep-single: $(tail -3 "$work/deep-single.log")"; fi
+if run deep-eager2-limit 2 "${deep[@]}" --set training.memory_limit_mib=56; then
+  fail "eager FSDP trained within 56 MiB: the limit is not below its peak ($(grep -o 'step peak tensors [0-9]* MiB' "$work/deep-eager2-limit.log"))"
+elif [ $? -eq 5 ] && grep -q "out of device memory: .*training.memory_limit_mib is 56" "$work/deep-eager2-limit.log"; then
+  pass "eager FSDP past training.memory_limit_mib: exit 5, $(grep -m1 -o 'out of device memory: [^(]*' "$work/deep-eager2-limit.log")"
+else
+  fail "eager FSDP past the limit: not an out-of-device-memory exit 5: $(tail -3 "$work/deep-eager2-limit.log")"
+fi
+if ! run deep-compiled2-limit 2 "${deep[@]}" --set fsdp.mode=compiled --set training.memory_limit_mib=56; then
+  fail "compiled FSDP within 56 MiB: $(tail -3 "$work/deep-compiled2-limit.log")"
+elif msg="$(python3 "$(dirname "${BASH_SOURCE[0]}")/../common/compare_losses.py" "$work/deep-single.jsonl"               "$work/deep-compiled2-limit.jsonl" 8 1e-5 2>&1)"; then
+  pass "compiled FSDP within 56 MiB equals single process: $msg; $(grep -m1 -o 'activation checkpointing on [0-9]* of [0-9]*'     "$work/deep-compiled2-limit.log"), $(grep -o 'step peak tensors [0-9]* MiB' "$work/deep-compiled2-limit.log")"
+else
+  fail "compiled FSDP within 56 MiB differs from single process: $msg"
+fi
+
 # A rank killed mid-run: the launcher stops the job, names the rank and the signal, exits 137.
 port=$((port + 1))
 "$bin" launch --nproc 2 --master-port "$port" train "${common[@]}" --set data.batch_size=4 \

@@ -44,6 +44,9 @@ struct LlamaShape {
   // only its input; its backward recomputes the forward first (one more forward of compute)
   // and holds the layer's full activations while it runs.
   bool activation_checkpointing = false;
+  // Attention without a fused kernel (libtorch 1.13 on the CPU) keeps its fp32 probabilities,
+  // batch x heads x seq², and grouped-query k and v widened to every head, for backward.
+  bool attention_keeps_probabilities = false;
 };
 Graph LlamaSkeleton(const LlamaShape& shape);
 

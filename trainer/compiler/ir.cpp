@@ -128,6 +128,7 @@ std::string Print(const Graph& g) {
         << " act=" << m.activation_bytes;
     if (m.backward_workspace_bytes != 0) out << " ws=" << m.backward_workspace_bytes;
     if (m.checkpoint_input_bytes != 0) out << " ckpt=" << m.checkpoint_input_bytes;
+    if (m.backward_temp_bytes != 0) out << " tmp=" << m.backward_temp_bytes;
     out << " params=" << IntList(m.params) << "\n";
   }
   for (const auto& op : g.ops) {
@@ -205,8 +206,10 @@ Result<Graph> Parse(std::string_view text) {
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() < 6 || w.size() > 8) {
-        return err("expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] params=[..]'");
+      if (w.size() < 6 || w.size() > 9) {
+        return err(
+            "expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] [tmp=<bytes>] "
+            "params=[..]'");
       }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
@@ -223,7 +226,11 @@ Result<Graph> Parse(std::string_view text) {
         if (!ParseInt64(v, &m.checkpoint_input_bytes)) return err("bad ckpt=");
         ++k;
       }
-      if (k + 1 != w.size()) return err("unexpected '" + w[k] + "' (optional keys: ws=, then ckpt=)");
+      if (k + 1 < w.size() && KeyValue(w[k], "tmp", &v)) {
+        if (!ParseInt64(v, &m.backward_temp_bytes)) return err("bad tmp=");
+        ++k;
+      }
+      if (k + 1 != w.size()) return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, then tmp=)");
       if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
       for (int p : m.params)
         if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));

@@ -9,7 +9,7 @@
 //   meshwork-ir 1
 //   mesh dp_shard=2 dp_replicate=1          (then rs_recv=full if set)
 //   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768   (then group=<n> if set)
-//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, then ckpt=, before params= if set)
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
 //   wait %ag0
@@ -55,6 +55,10 @@ struct ModuleInfo {
   // A module that activation checkpointing can apply to: what it keeps when checkpointed (its
   // input), printed as ckpt=; 0 = not a candidate, or already checkpointed.
   int64_t checkpoint_input_bytes = 0;
+  // Held only while its backward runs, checkpointed or not: gradients of intermediates the
+  // backward makes and drops (attention's score gradients when attention is not fused). Printed
+  // as tmp=, only when non-zero.
+  int64_t backward_temp_bytes = 0;
 };
 
 // Activation checkpointing applied to `m` (a candidate): it keeps only its input from forward,

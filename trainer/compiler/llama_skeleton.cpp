@@ -83,8 +83,16 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // (7h + 2kv + 4i in all)
   // plus SDPA's logsumexp, fp32 per head. RMSNorm's internal fp32 tensors, rotary tables and
   // residual adds (which keep nothing) are not counted.
+  // Attention spelled out (libtorch 1.13 on the CPU: compat::CausalAttention) keeps instead the
+  // fp32 probabilities, batch x heads x seq², and k and v widened to every head.
+  const double heads = static_cast<double>(c.num_attention_heads);
+  const double attention_extra =
+      shape.attention_keeps_probabilities
+          ? static_cast<double>(shape.batch) * heads * seq * seq * 4.0 + tokens * 2.0 * (h - kv) * shape.activation_bytes -
+                tokens * 4.0 * heads
+          : 0.0;
   const double layer_activation =
-      tokens * ((7.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes + 4.0 * c.num_attention_heads);
+      tokens * ((7.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes + 4.0 * heads) + attention_extra;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     std::vector<int> params = {
@@ -101,6 +109,10 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
     add_module("layers." + std::to_string(i), std::move(params), linear_flops + attention_flops, layer_activation);
     ModuleInfo& m = g.modules.back();
     m.checkpoint_input_bytes = static_cast<int64_t>(tokens * h * shape.activation_bytes);  // the layer's input
+    // Unfused attention's backward holds the gradients of the probabilities and of the scores
+    // (fp32, batch x heads x seq² each) for a moment.
+    if (shape.attention_keeps_probabilities)
+      m.backward_temp_bytes = static_cast<int64_t>(2.0 * static_cast<double>(shape.batch) * heads * seq * seq * 4.0);
     if (shape.activation_checkpointing) Checkpoint(m);
   }
 

@@ -52,7 +52,7 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
           }
           // At the end of the backward its activations, any recomputed ones (checkpointing)
           // and the new gradients are all held; then the activations go.
-          peak = std::max(peak, live + m.backward_workspace_bytes + grads);
+          peak = std::max(peak, live + m.backward_workspace_bytes + m.backward_temp_bytes + grads);
           live += grads - m.activation_bytes;
         }
         break;

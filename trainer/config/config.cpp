@@ -177,6 +177,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       EnumField("training.activation_checkpointing", &c.training.activation_checkpointing,
                 kActivationCheckpointingNames),
       IntField("training.loss_chunk_mib", &c.training.loss_chunk_mib, 1, 1 << 20),
+      IntField("training.memory_limit_mib", &c.training.memory_limit_mib, 0, 1 << 30),
 
       StringField("eval.data", &c.eval.data),
       IntField("eval.windows", &c.eval.windows, 1, kMaxInt),

@@ -89,6 +89,10 @@ struct TrainingConfig {
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
   // MiB of fp32 logits per chunk of the fused output head + loss (model/linear_cross_entropy.h).
   int64_t loss_chunk_mib = 256;
+  // The most tensor memory this process may hold, in MiB; 0 = what the device has. On the CPU
+  // the counting allocator refuses more (as a smaller device would run out); on CUDA the
+  // caching allocator's memory fraction. The compiled plan's default budget follows it.
+  int64_t memory_limit_mib = 0;
 };
 
 struct EvalConfig {

@@ -289,6 +289,8 @@ class GlooCommunicator final : public Communicator {
       }
       return std::unique_ptr<Work>(
           std::make_unique<GlooWork>(std::move(work), std::move(finish), std::move(what)));
+    } catch (const c10::OutOfMemoryError& e) {  // its buffers did not fit: a resource, not a bug
+      return Unavailable(what + ": issuing it failed: " + ExceptionText(e));
     } catch (const std::exception& e) {
       return Internal(what + ": issuing it failed: " + ExceptionText(e));
     } catch (...) {

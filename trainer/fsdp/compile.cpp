@@ -169,7 +169,12 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   c.options.budget = BudgetOf(cfg, device_memory_bytes);
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {
-    c.scale = compiler::FitComputeScale(c.skeleton, c.cost, c.options, measured_step_seconds);
+    // The measured eager step recomputed every layer when the warm-up was checkpointed: fit the
+    // compute to that program, then plan the plain one.
+    compiler::Graph measured = c.skeleton;
+    if (fsdp.checkpointing() == LayerCheckpointing::kAllUntilPlanned)
+      for (auto& m : measured.modules) compiler::Checkpoint(m);
+    c.scale = compiler::FitComputeScale(measured, c.cost, c.options, measured_step_seconds);
     MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
                         compiler::PlanStep(compiler::ScaleCompute(c.skeleton, c.scale), c.cost, c.options,
                                            cfg.dump_plan ? &log : nullptr));

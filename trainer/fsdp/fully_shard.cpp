@@ -10,6 +10,7 @@
 #include "trainer/fsdp/eager_schedule.h"
 #include "trainer/fsdp/plan_executor.h"
 #include "trainer/fsdp/step_schedule.h"
+#include "trainer/model/compat.h"
 
 namespace meshwork::fsdp {
 namespace {
@@ -239,6 +240,8 @@ const std::deque<ShardedParam>& FullyShardedLlama::sharded_params() const { retu
 
 const model::LlamaConfig& FullyShardedLlama::config() const { return state_->model->config(); }
 
+LayerCheckpointing FullyShardedLlama::checkpointing() const { return state_->options.checkpointing; }
+
 model::LlamaForCausalLM& FullyShardedLlama::module() { return state_->model; }
 
 void FullyShardedLlama::TraceInto(ChromeTrace* trace) { state_->tracer = trace; }
@@ -281,6 +284,7 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   shape.batch = std::max<int64_t>(trace.batch, 1);
   shape.seq_len = std::max<int64_t>(trace.seq, 1);
   shape.activation_bytes = static_cast<int>(param_bytes);
+  shape.attention_keeps_probabilities = !compat::kTorch2;
   const compiler::Graph estimate = compiler::LlamaSkeleton(shape);
   auto add_module = [&](const std::string& name, std::vector<int> params, size_t t) {
     compiler::ModuleInfo m;
@@ -291,9 +295,16 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
     const int e = estimate.FindModule(name);
     if (e >= 0) {
       m.activation_bytes = estimate.modules[e].activation_bytes;
+      m.backward_temp_bytes = estimate.modules[e].backward_temp_bytes;
       switch (state_->options.checkpointing) {
         case LayerCheckpointing::kNone: break;
         case LayerCheckpointing::kPlanned: m.checkpoint_input_bytes = estimate.modules[e].checkpoint_input_bytes; break;
+        case LayerCheckpointing::kAllUntilPlanned:
+          // A candidate, timed as if it had run plainly: its traced backward recomputed the
+          // forward first.
+          m.checkpoint_input_bytes = estimate.modules[e].checkpoint_input_bytes;
+          if (m.checkpoint_input_bytes > 0) m.bwd_seconds = std::max(0.0, m.bwd_seconds - m.fwd_seconds);
+          break;
         case LayerCheckpointing::kAll:
           // Checkpointed already: the traced backward has the recompute in it.
           if (estimate.modules[e].checkpoint_input_bytes > 0) {

@@ -40,6 +40,11 @@ enum class LayerCheckpointing {
   kNone,
   kAll,      // every layer, in both schedules
   kPlanned,  // the layers the compiled plan checkpoints (ws= in its IR); none in eager steps
+  // Every layer in eager steps (the warm-up and the traced step), then the layers the compiled
+  // plan checkpoints: for compiled FSDP under a memory limit that the eager steps, holding every
+  // layer's activations, would overrun. The traced backward then includes a recompute, which
+  // Skeleton() takes out (one forward per layer).
+  kAllUntilPlanned,
 };
 
 struct FsdpOptions {
@@ -143,6 +148,7 @@ class FullyShardedLlama {
   // against this model); the eager hooks no longer schedule anything.
   Status UsePlan(const compiler::Graph& plan);
   bool compiled() const { return compiled_; }
+  LayerCheckpointing checkpointing() const;
 
  private:
   explicit FullyShardedLlama(std::unique_ptr<ShardedState> state);

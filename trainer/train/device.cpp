@@ -58,9 +58,23 @@ Result<torch::Device> ResolveDevice(const std::string& spec) {
   return PickDevice(spec, env.local_rank, cuda_devices, visible == nullptr ? "" : visible);
 }
 
+namespace {
+// While alive, training.memory_limit_mib does not apply on the CPU (measurements of the machine,
+// which a device with that little memory would not make).
+class LiftCpuLimit {
+ public:
+  LiftCpuLimit();
+  ~LiftCpuLimit();
+
+ private:
+  int64_t saved_;
+};
+}  // namespace
+
 double MeasureCpuMatmulFlops() {
   // Large square GEMMs: small ones (512) reach under half the throughput the model's own
   // matmuls get, which would put MFU above 100%. About 0.3 s on a 2-core VM.
+  LiftCpuLimit unlimited;
   torch::NoGradGuard no_grad;
   const int64_t n = 2048;
   auto a = torch::randn({n, n});
@@ -129,16 +143,24 @@ class CountingCpuAllocator final : public c10::Allocator {
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
 #if TORCH_VERSION_MAJOR >= 2
-  c10::DataPtr allocate(size_t n) override { return Wrap(base_->allocate(n), n); }
+  c10::DataPtr allocate(size_t n) override {
+    CheckLimit(n);
+    return Wrap(base_->allocate(n), n);
+  }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
 #else
-  c10::DataPtr allocate(size_t n) const override { return Wrap(base_->allocate(n), n); }
+  c10::DataPtr allocate(size_t n) const override {
+    CheckLimit(n);
+    return Wrap(base_->allocate(n), n);
+  }
 #endif
 
   TensorBytes Sample() const { return {current_.load(), peak_.load()}; }
   void ResetPeak() { peak_.store(current_.load()); }
+  void SetLimit(int64_t bytes) { limit_.store(bytes); }
+  int64_t limit() const { return limit_.load(); }
 
  private:
   // The base allocation travels as the context; freeing it frees the memory and uncounts it.
@@ -147,6 +169,15 @@ class CountingCpuAllocator final : public c10::Allocator {
     int64_t bytes;
     const CountingCpuAllocator* owner;
   };
+
+  void CheckLimit(size_t n) const {
+    const int64_t limit = limit_.load();
+    if (limit <= 0) return;
+    const int64_t now = current_.load();
+    TORCH_CHECK_WITH(OutOfMemoryError, now + static_cast<int64_t>(n) <= limit,
+                     "CPU tensor memory limit reached: ", n >> 20, " MiB more requested with ", now >> 20,
+                     " MiB held, training.memory_limit_mib is ", limit >> 20);
+  }
 
   c10::DataPtr Wrap(c10::DataPtr inner, size_t n) const {
     void* data = inner.get();
@@ -164,9 +195,17 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
   mutable std::atomic<int64_t> current_{0};  // allocate() is const in libtorch 1.13
   mutable std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> limit_{0};  // 0: none
 };
 
 CountingCpuAllocator* cpu_counter = nullptr;  // set once by CountCpuTensorBytes
+
+LiftCpuLimit::LiftCpuLimit() : saved_(cpu_counter != nullptr ? cpu_counter->limit() : 0) {
+  if (cpu_counter != nullptr) cpu_counter->SetLimit(0);
+}
+LiftCpuLimit::~LiftCpuLimit() {
+  if (cpu_counter != nullptr) cpu_counter->SetLimit(saved_);
+}
 #ifdef MESHWORK_TORCH_CUDA
 std::atomic<int64_t> cuda_process_peak{0};   // the allocator's peak, across ResetTensorPeak()s
 #endif
@@ -181,6 +220,40 @@ void CountCpuTensorBytes() {
     c10::SetCPUAllocator(cpu_counter, /*priority=*/1);
   });
 }
+
+namespace {
+std::atomic<int64_t> tensor_memory_limit{0};
+}  // namespace
+
+Status LimitTensorMemory(const torch::Device& device, int64_t bytes) {
+  if (bytes <= 0) {  // no limit (a CUDA memory fraction set earlier stays)
+    if (cpu_counter != nullptr) cpu_counter->SetLimit(0);
+    tensor_memory_limit.store(0);
+    return Status::Ok();
+  }
+#ifdef MESHWORK_TORCH_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device.index()) != cudaSuccess)
+      return Unavailable("training.memory_limit_mib: cannot read the memory of " + device.str());
+    const auto total = static_cast<int64_t>(prop.totalGlobalMem);
+    if (bytes > total)
+      return InvalidConfig("key 'training.memory_limit_mib': " + std::to_string(bytes >> 20) + " MiB is more than " +
+                           device.str() + " has (" + std::to_string(total >> 20) + " MiB)");
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
+                                                       device.index());
+    tensor_memory_limit.store(bytes);
+    return Status::Ok();
+  }
+#endif
+  (void)device;
+  if (cpu_counter == nullptr) return Internal("LimitTensorMemory before CountCpuTensorBytes");
+  cpu_counter->SetLimit(bytes);
+  tensor_memory_limit.store(bytes);
+  return Status::Ok();
+}
+
+int64_t TensorMemoryLimit() { return tensor_memory_limit.load(); }
 
 void ResetTensorPeak(const torch::Device& device) {
 #ifdef MESHWORK_TORCH_CUDA

@@ -69,6 +69,13 @@ MemorySample SampleMemory(const torch::Device& device);
 // allocator (once per process; later calls do nothing). Tensors that already exist are not
 // counted, and their frees are not either.
 void CountCpuTensorBytes();
+// training.memory_limit_mib: at most `bytes` of tensors in this process from now on (0: no
+// limit). On the CPU (after CountCpuTensorBytes) an allocation past it throws
+// c10::OutOfMemoryError naming the key, as a device that small would run out; on CUDA it sets
+// the caching allocator's memory fraction. InvalidConfig when it exceeds the CUDA device.
+Status LimitTensorMemory(const torch::Device& device, int64_t bytes);
+// The limit LimitTensorMemory set, in bytes; 0: none.
+int64_t TensorMemoryLimit();
 // Starts a new tensor peak (a training step's) at the current bytes. The process's peak in
 // MemorySample::peak_bytes is kept.
 void ResetTensorPeak(const torch::Device& device);

@@ -299,7 +299,13 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   fo.reshard_after_forward = cfg.fsdp.reshard_after_forward;
   fo.prefetch = cfg.fsdp.prefetch;
   switch (cfg.training.activation_checkpointing) {
-    case config::ActivationCheckpointing::kAuto: fo.checkpointing = fsdp::LayerCheckpointing::kPlanned; break;
+    case config::ActivationCheckpointing::kAuto:
+      // Under a memory limit the eager steps before the plan checkpoint every layer, so that
+      // they fit where the plan will.
+      fo.checkpointing = cfg.fsdp.mode == config::FsdpMode::kCompiled && TensorMemoryLimit() > 0
+                             ? fsdp::LayerCheckpointing::kAllUntilPlanned
+                             : fsdp::LayerCheckpointing::kPlanned;
+      break;
     case config::ActivationCheckpointing::kNone: fo.checkpointing = fsdp::LayerCheckpointing::kNone; break;
     case config::ActivationCheckpointing::kAll: fo.checkpointing = fsdp::LayerCheckpointing::kAll; break;
   }
@@ -313,10 +319,12 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
         << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
   }
-  // The compiled plan's default budget: the device's memory, or on the CPU the machine's (or the
-  // container's) shared by this machine's ranks.
+  // The compiled plan's default budget: training.memory_limit_mib, else the device's memory, or
+  // on the CPU the machine's (or the container's) shared by this machine's ranks.
   const int64_t limit = SampleMemory(device).limit_bytes;
-  const int64_t device_memory = device.is_cuda() ? limit : limit / std::max(1, env.local_world_size);
+  const int64_t device_memory = TensorMemoryLimit() > 0 ? TensorMemoryLimit()
+                                : device.is_cuda()      ? limit
+                                                        : limit / std::max(1, env.local_world_size);
   return std::unique_ptr<Engine>(
       new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, !device.is_cuda(), device_memory, log));
 }

@@ -75,7 +75,10 @@ std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engi
   }
   const bool fsdp = engine.world_size() > 1 || cfg.fsdp.single_process;
   const bool planned = fsdp && cfg.fsdp.mode == config::FsdpMode::kCompiled;
-  return planned ? "the layers the compiled plan picks to fit its memory budget" : "off (auto: only a compiled plan uses it)";
+  if (!planned) return "off (auto: only a compiled plan uses it)";
+  return cfg.training.memory_limit_mib > 0
+             ? "every layer until the plan, then the layers the compiled plan picks to fit training.memory_limit_mib"
+             : "the layers the compiled plan picks to fit its memory budget";
 }
 
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
@@ -185,6 +188,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   }
   r.autocast = UseAutocast(cfg, r.device);
   if (!r.device.is_cuda()) CountCpuTensorBytes();  // CUDA's allocator counts its own
+  MW_RETURN_IF_ERROR(LimitTensorMemory(r.device, cfg.training.memory_limit_mib << 20));
   MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, r.device, log));
   r.dims = net->config();
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());

@@ -173,6 +173,10 @@ auto Guard(const char* what, F&& f) -> decltype(f()) {
     return f();
   } catch (const StatusError& e) {
     return Status(e.status().code(), std::string(what) + ": " + e.status().message());
+  } catch (const c10::OutOfMemoryError& e) {
+    return Unavailable(std::string(what) + ": out of device memory: " + e.what_without_backtrace() +
+                       " (lower data.batch_size, or let compiled FSDP plan within the memory: fsdp.mode: compiled, "
+                       "training.activation_checkpointing: auto)");
   } catch (const c10::Error& e) {
     return Internal(std::string(what) + ": libtorch error: " + e.what_without_backtrace());
   } catch (const std::bad_alloc&) {

@@ -108,6 +108,28 @@ TEST(TensorBytes, CountsCpuTensorsAndTheirPeakSinceTheLastReset) {
   EXPECT_GT(SampleMemory(cpu).peak_bytes, 0);
 }
 
+TEST(TensorBytes, AnAllocationPastTheLimitIsOutOfMemoryAndZeroLifts) {
+  CountCpuTensorBytes();
+  const torch::Device cpu(torch::kCPU);
+  constexpr int64_t kMiB = 1 << 20;
+  const int64_t held = SampleMemory(cpu).tensors.current;
+  ASSERT_TRUE(LimitTensorMemory(cpu, held + 8 * kMiB).ok());
+  EXPECT_EQ(TensorMemoryLimit(), held + 8 * kMiB);
+  {
+    torch::Tensor fits = torch::empty({4 * kMiB / 4}, torch::kFloat);  // 4 MiB of 8
+    try {
+      torch::Tensor over = torch::empty({8 * kMiB / 4}, torch::kFloat);
+      ADD_FAILURE() << "8 MiB more fitted under the limit";
+    } catch (const c10::OutOfMemoryError& e) {
+      EXPECT_NE(std::string(e.what()).find("training.memory_limit_mib"), std::string::npos) << e.what();
+    }
+  }
+  ASSERT_TRUE(LimitTensorMemory(cpu, 0).ok());
+  EXPECT_EQ(TensorMemoryLimit(), 0);
+  torch::Tensor big = torch::empty({16 * kMiB / 4}, torch::kFloat);
+  EXPECT_EQ(big.numel(), 4 * kMiB);
+}
+
 TEST(ConfigureCudaAllocator, ExpandableSegmentsUnlessTheEnvironmentSaysOtherwise) {
   const char* before = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
   const std::string saved = before != nullptr ? before : "";

@@ -107,6 +107,35 @@ TEST(Train, LossChunksBoundTheLogitsMemory) {
       << "chunked " << chunked->steady_peak_tensor_bytes << " whole " << whole->steady_peak_tensor_bytes;
 }
 
+// training.memory_limit_mib: as if the device held only that much. Past it the run stops as out
+// of device memory (exit 5) naming the key; within it nothing changes.
+TEST(Train, PastTheMemoryLimitIsOutOfDeviceMemory) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  const std::vector<std::string> big = {"data.train=" + tokens, "data.seq_len=256", "data.batch_size=8",
+                                        "schedule.steps=3"};
+  auto free_run = TrainQuietly(Config(big));
+  ASSERT_TRUE(free_run.ok()) << free_run.status().ToString();
+  const int64_t peak_mib = free_run->steady_peak_tensor_bytes >> 20;
+  ASSERT_GT(peak_mib, 8);
+  auto tight_cfg = big;
+  tight_cfg.push_back("training.memory_limit_mib=" + std::to_string(peak_mib / 2));
+  std::ostringstream log;
+  auto tight = Train(Config(tight_cfg), log);
+  ASSERT_FALSE(tight.ok());
+  EXPECT_EQ(tight.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(ExitCodeFor(tight.status().code()), 5);
+  EXPECT_NE(tight.status().message().find("out of device memory"), std::string::npos) << tight.status().message();
+  EXPECT_NE(tight.status().message().find("training.memory_limit_mib is " + std::to_string(peak_mib / 2)),
+            std::string::npos)
+      << tight.status().message();
+  auto roomy_cfg = big;
+  roomy_cfg.push_back("training.memory_limit_mib=" + std::to_string(peak_mib * 2 + 64));
+  auto roomy = TrainQuietly(Config(roomy_cfg));
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  EXPECT_EQ(roomy->losses, free_run->losses);
+}
+
 TEST(Train, GradientAccumulationMatchesOneLargeBatch) {
   // Rows are indexed across micro-batches, so 2 x 4 rows see exactly the data of 1 x 8 rows.
   auto whole = TrainQuietly(Config({"data.batch_size=8", "training.grad_accum=1"}));
