@@ -99,7 +99,7 @@ for world in "${worlds[@]}"; do
       prefix="$tmp/$rate-$world-$mode"
       echo "[netlab] $preset, world $world, $rate, $mode" >&2
       if ! run_world "$world" "$mode" "$prefix"; then
-        why="$(grep -m1 -ohE 'out of device memory[^(]*' "$prefix".rank*.log || true)"
+        why="$(cat "$prefix".rank*.log | grep -m1 -oE 'out of device memory[^(]*' || true)"
         echo "| $rate | $world | $mode | failed: ${why:-see the log} | | | | | | | |" >>"$tmp/table.md"
         for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
         continue

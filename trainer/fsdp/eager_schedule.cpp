@@ -34,11 +34,18 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens, const torch::T
         if (h.requires_grad()) {
           Unit* prev = i > 0 ? units[i].get() : nullptr;
           Unit* before_prev = prefetch && i > 1 ? units[i - 1].get() : nullptr;
-          h.register_hook([state, unit, prev, before_prev, sync, trace, i](const torch::Tensor&) {
+          // Under a memory limit (the warm-up before a plan) one reduce-scatter at a time: the
+          // one the layer after this issued is waited for once this one is issued, so their
+          // gradients do not pile up until the end of backward.
+          Unit* reduced_before = state->options.checkpointing == LayerCheckpointing::kAllUntilPlanned && i + 2 < static_cast<int64_t>(units.size())
+                                     ? units[i + 2].get()
+                                     : nullptr;
+          h.register_hook([state, unit, prev, before_prev, reduced_before, sync, trace, i](const torch::Tensor&) {
             trace->bwd[i + 1] = {trace->mark, trace->clock.Now()};
             state->TraceCompute("bwd layers." + std::to_string(i), trace->bwd[i + 1].from.host,
                                 trace->bwd[i + 1].to.host);
             unit->PostBackward(sync);
+            if (reduced_before != nullptr && sync) reduced_before->FinishReduce(state->replicate_group);
             if (prev != nullptr) prev->WaitGather();
             if (before_prev != nullptr) before_prev->StartGather();
             trace->mark = trace->clock.Now();

@@ -42,8 +42,9 @@ enum class LayerCheckpointing {
   kPlanned,  // the layers the compiled plan checkpoints (ws= in its IR); none in eager steps
   // Every layer in eager steps (the warm-up and the traced step), then the layers the compiled
   // plan checkpoints: for compiled FSDP under a memory limit that the eager steps, holding every
-  // layer's activations, would overrun. The traced backward then includes a recompute, which
-  // Skeleton() takes out (one forward per layer).
+  // layer's activations, would overrun. The eager steps also keep one reduce-scatter in flight at
+  // a time (not every layer's gradients until the end of backward). The traced backward then
+  // includes a recompute, which Skeleton() takes out (one forward per layer).
   kAllUntilPlanned,
 };
 

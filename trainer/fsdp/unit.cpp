@@ -184,7 +184,8 @@ bool Unit::PendingGrads() const {
 }
 
 void Unit::FinishReduce(dist::Communicator* replicate) {
-  if (reduce_works.empty()) return;
+  // Nothing in flight, or already at the replicas' all-reduce (FinishReplicaReduce's).
+  if (reduce_works.empty() || std::string(reduce_kind) != "reduce_scatter") return;
   Await(reduce_works, reduce_kind, reduce_issued, reduce_bytes, *reduce_group);
   if (replicate != nullptr && replicate->size() > 1) {
     StartReplicaReduce(replicate);
