@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -294,7 +295,8 @@ MemorySample SampleMemory(const torch::Device& device) {
                  ? static_cast<int64_t>(prop.totalGlobalMem)
                  : int64_t{0};
     }();
-    s.limit_bytes = total;
+    // training.memory_limit_mib caps what the allocator may take: that is the limit to watch.
+    s.limit_bytes = TensorMemoryLimit() > 0 ? std::min(total, TensorMemoryLimit()) : total;
     return s;
   }
 #endif
