@@ -5,7 +5,7 @@
 
 namespace meshwork::compiler {
 
-double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes) const {
+double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes, int calls) const {
   const bool replicate = kind == OpKind::kAllReduce;
   const int n = replicate ? dp_replicate : dp_shard;
   if (n <= 1) return 0;
@@ -13,7 +13,21 @@ double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes) const {
                          : kind == OpKind::kReduceScatter && shard_reduce_scatter_link ? *shard_reduce_scatter_link
                                                                                        : shard_link;
   const double factor = (replicate ? 2.0 : 1.0) * (n - 1) / n;
-  return link.latency_seconds + factor * static_cast<double>(bytes) / link.bus_bytes_per_second;
+  return std::max(1, calls) * link.latency_seconds + factor * static_cast<double>(bytes) / link.bus_bytes_per_second;
+}
+
+int CostModel::CollectiveCalls(const Graph& g, const Op& op, const Op* source) {
+  const Op& of = op.kind == OpKind::kAllReduce && source != nullptr ? *source : op;
+  std::set<int> groups;
+  bool ungrouped = false;
+  for (int p : of.params) {
+    if (g.params[p].group >= 0) {
+      groups.insert(g.params[p].group);
+    } else {
+      ungrouped = true;
+    }
+  }
+  return std::max(1, static_cast<int>(groups.size()) + (ungrouped ? 1 : 0));
 }
 
 int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op, const Op* source) const {

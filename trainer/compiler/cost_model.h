@@ -50,8 +50,13 @@ struct CostModel {
   double host_copy_bytes_per_second = 0;
 
   // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the
-  // reduced shard. A group of one moves nothing and costs nothing.
-  double CollectiveSeconds(OpKind kind, int64_t bytes) const;
+  // reduced shard. A group of one moves nothing and costs nothing. `calls`: how many collectives
+  // the runtime issues for it back to back (one per flat group), each paying the latency.
+  double CollectiveSeconds(OpKind kind, int64_t bytes, int calls = 1) const;
+  // How many collectives the runtime issues for `op`: one per flat group among its parameters
+  // (ParamInfo::group), the parameters without a group together one more; an all_reduce as many
+  // as its `source` reduce-scatter.
+  static int CollectiveCalls(const Graph& g, const Op& op, const Op* source = nullptr);
   // Bytes a collective moves, from the IR's parameter table: an all_gather's output, a
   // reduce_scatter's full input; an all_reduce moves its `source` reduce_scatter's output shard.
   int64_t CollectiveBytes(const Graph& g, const Op& op, const Op* source = nullptr) const;

@@ -167,7 +167,8 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
       if (op.is_collective()) {
         issued[op.id] = &op;
         const Op* source = op.kind == OpKind::kAllReduce && issued.count(op.source) ? issued[op.source] : nullptr;
-        const double d = cost.CollectiveSeconds(op.kind, cost.CollectiveBytes(g, op, source));
+        const double d = cost.CollectiveSeconds(op.kind, cost.CollectiveBytes(g, op, source),
+                                                CostModel::CollectiveCalls(g, op, source));
         r.comm_seconds += d;
         ++r.collectives;
         auto& lane = lanes[LaneOf(op.kind)];

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/trainer/compiler/small_graph.h"
+#include "trainer/compiler/frontend.h"
 
 namespace meshwork::compiler {
 namespace {
@@ -138,6 +139,25 @@ wait %rs0
   EXPECT_NEAR(r.step_seconds, 0.011, 1e-12);
   EXPECT_NEAR(r.exposed_comm_seconds, 0.011, 1e-12);
   EXPECT_NEAR(r.comm_seconds, 0.011, 1e-12);  // the collectives' own durations
+}
+
+// The runtime issues one collective per flat group: a bucket of two groups pays two latencies
+// (one ring's bandwidth for the bytes either way); parameters without a group are one collective.
+TEST(CostModel, ABucketOfFlatGroupsPaysOneLatencyPerGroup) {
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [1,2,3,4]
+wait %ag0
+compute fwd layers.0
+compute fwd layers.1
+free %ag0
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const CostModel c = Cost();
+  EXPECT_EQ(CostModel::CollectiveCalls(*g, g->ops[0]), 1);
+  EXPECT_NEAR(Simulate(*g, c).comm_seconds, 0.001 + 0.5 * 8000 / 1e6, 1e-12);
+  Graph grouped = *g;
+  GroupByOwner(grouped);
+  EXPECT_EQ(CostModel::CollectiveCalls(grouped, grouped.ops[0]), 2);
+  EXPECT_NEAR(Simulate(grouped, c).comm_seconds, 2 * 0.001 + 0.5 * 8000 / 1e6, 1e-12);
 }
 
 // layers.1 alone: gathered, forward, backward, its reduce-scatter, free.

@@ -66,7 +66,8 @@ struct Compile {
   compiler::Bucketing bucketing = compiler::Bucketing::kBlock;
   bool reorder = true;
   bool reshard = true;
-  // Before step 3, switch to a plan made with these settings instead (a re-plan mid-run).
+  // Before step 3, switch to a plan made with this bucketing and the other `reorder` instead (a
+  // re-plan mid-run, to a different schedule).
   std::optional<compiler::Bucketing> switch_to;
   int64_t budget = 0;  // the plan's memory budget in bytes; 0: none
   // Eager steps too: kAll recomputes every layer from the first step.
@@ -156,7 +157,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
       const int rows = kRowsPerStep / world / accum;
       for (int step = 0; step < kSteps; ++step) {
         if (compile.on && (step == 1 || (step == 2 && compile.switch_to))) {
-          if (step == 2) compile.bucketing = *compile.switch_to;
+          const bool switching = step == 2;  // `compile` is shared by the rank threads: read only
           compiler::Graph skeleton = f.Skeleton();
           // Each rank's own timings, made to differ: the agreed plan must still be rank 0's.
           for (auto& m : skeleton.modules) m.fwd_seconds = m.bwd_seconds = 0.001 * (1 + rank * (&m - &skeleton.modules[0]));
@@ -166,8 +167,8 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           cost.shard_link = {0.002, 1e8};
           cost.replicate_link = {0.002, 1e8};
           compiler::PlanOptions options;
-          options.bucketing = compile.bucketing;
-          options.reorder = compile.reorder;
+          options.bucketing = switching ? *compile.switch_to : compile.bucketing;
+          options.reorder = switching ? !compile.reorder : compile.reorder;
           options.reshard_after_forward = compile.reshard;
           options.budget = {compiler::MemoryBudget::Source::kFixed, compile.budget};  // 0: no limit
           auto planned = compiler::PlanStep(skeleton, cost, options);
