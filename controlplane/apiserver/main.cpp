@@ -18,7 +18,7 @@
 #include "controlplane/agent/node_agent.h"
 #include "controlplane/apiserver/api_server.h"
 #include "controlplane/apiserver/controllers.h"
-#include "controlplane/apiserver/tls_front.h"
+#include "controlplane/net/tls_front.h"
 #include "controlplane/net/http_server.h"
 #include "controlplane/store/store.h"
 #include "common/base64.h"

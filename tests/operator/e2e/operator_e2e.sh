@@ -178,9 +178,12 @@ if e2e_wait_for 90 "flaky fails" phase_is flaky Failed; then
 else fail "flaky did not fail"; dump; fi
 
 if e2e_wait_for 60 "ttl deleted" bash -c "! kubectl -n e2e get tj ttl >/dev/null 2>&1"; then
+  # The garbage collector removes the Pods after their owner, asynchronously (seconds on a real
+  # kube-controller-manager).
+  e2e_wait_for 30 "ttl pods garbage-collected" no_pods ttl
   sleep 5
   if ! k get tj ttl >/dev/null 2>&1 && no_pods ttl; then
-    pass "ttlSecondsAfterFinished deletes the job; 5 s later it has not come back"
+    pass "ttlSecondsAfterFinished deletes the job and its Pods; 5 s later none has come back"
   else fail "ttl job or pods came back: $(k get tj ttl 2>&1) $(pods_of ttl)"; fi
 else fail "ttl job not deleted"; dump; fi
 

@@ -1,5 +1,5 @@
 // Self-signed serving certificate and the TLS-terminating relay (see tls_front.h).
-#include "controlplane/apiserver/tls_front.h"
+#include "controlplane/net/tls_front.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -233,6 +233,19 @@ Result<std::unique_ptr<TlsFront>> TlsFront::Start(int port, const TlsMaterial& m
   }
   X509_free(cert);
   EVP_PKEY_free(key);
+  if (!material.client_ca_pem.empty()) {
+    BIO* ca_bio = BIO_new_mem_buf(material.client_ca_pem.data(), static_cast<int>(material.client_ca_pem.size()));
+    X509* ca = PEM_read_bio_X509(ca_bio, nullptr, nullptr, nullptr);
+    BIO_free(ca_bio);
+    X509_STORE* trusted = SSL_CTX_get_cert_store(impl->ctx);
+    if (ca == nullptr || X509_STORE_add_cert(trusted, ca) != 1) {
+      X509_free(ca);
+      SSL_CTX_free(impl->ctx);
+      return InvalidConfig("the client CA certificate is unusable: " + OpenSslError());
+    }
+    X509_free(ca);
+    SSL_CTX_set_verify(impl->ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  }
   impl->listen_fd = ::socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   setsockopt(impl->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));

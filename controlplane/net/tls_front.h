@@ -18,6 +18,9 @@ namespace meshwork::controlplane {
 struct TlsMaterial {
   std::string cert_pem;  // also the CA a client trusts (certificate-authority-data)
   std::string key_pem;
+  // Set: every client must present a certificate this CA (PEM) signed, or the handshake fails
+  // (the kubelet API: only the API server, with its kubelet client certificate, gets in).
+  std::string client_ca_pem;
 };
 
 // Loads <dir>/tls.crt and <dir>/tls.key, or creates them: an ECDSA P-256 self-signed

@@ -1,0 +1,467 @@
+// meshwork-cluster: a local Kubernetes cluster of real parts (docs/controlplane.md). It supervises
+// etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from their Go modules
+// by scripts/setup.sh, and the Meshwork node agent, as child processes on loopback: makes their
+// certificates, writes an admin kubeconfig, restarts what dies, stops them all on SIGTERM, and
+// keeps its data directory (etcd's data included) across restarts.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/base64.h"
+#include "common/file.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "controlplane/cluster/pki.h"
+#include "operator/k8s/client.h"
+#include "operator/k8s/config.h"
+
+namespace cluster = meshwork::controlplane::cluster;
+namespace exit_code = meshwork::exit_code;
+namespace k8s = meshwork::k8s;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+const char* kUsage =
+    "usage: meshwork-cluster --data-dir DIR [--port N] [--kubeconfig FILE] [--nodes FILE]\n"
+    "                        [--kube-bin DIR] [--node-agent FILE]\n"
+    "  --data-dir DIR      certificates, etcd's data, logs, pods' files and the kubeconfig (required)\n"
+    "  --port N            kube-apiserver's port on 127.0.0.1 (default: the one used last time in\n"
+    "                      DIR, else a free one)\n"
+    "  --kubeconfig FILE   admin kubeconfig to write (default DIR/kubeconfig)\n"
+    "  --nodes FILE        the node agent's nodes config (default: one node \"local\")\n"
+    "  --kube-bin DIR      where etcd, kube-apiserver, kube-controller-manager and kube-scheduler\n"
+    "                      are (default $MESHWORK_KUBE_BIN, else what scripts/setup.sh built)\n"
+    "  --node-agent FILE   the meshwork-node-agent binary (default: the one built with this)\n";
+
+const char* kServiceCidr = "10.0.0.0/24";
+const char* kServiceIp = "10.0.0.1";  // the kubernetes Service's address in that range
+
+void Log(const std::string& message) { std::cout << "meshwork-cluster: " << message << std::endl; }
+
+int Usage(const std::string& message) {
+  std::cerr << "meshwork-cluster: " << message << "\n" << kUsage;
+  return exit_code::kConfig;
+}
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(addr.sin_port) : -1;
+}
+
+bool PortOpen(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+meshwork::Status WriteFile(const std::string& path, const std::string& text, mode_t mode) {
+  auto writer = meshwork::AtomicFileWriter::Create(path);
+  if (!writer.ok()) return writer.status();
+  MW_RETURN_IF_ERROR(writer->Write(text.data(), text.size()));
+  MW_RETURN_IF_ERROR(writer->Commit());
+  if (::chmod(path.c_str(), mode) != 0) return meshwork::IOError(path + ": " + std::strerror(errno));
+  return meshwork::Status::Ok();
+}
+
+// A kubeconfig with the certificates inline, so it stays valid wherever it is copied.
+std::string Kubeconfig(const std::string& server, const std::string& pki, const std::string& identity) {
+  using meshwork::Base64Encode;
+  std::ostringstream out;
+  out << "apiVersion: v1\nkind: Config\nclusters:\n- name: meshwork-local\n  cluster:\n"
+      << "    server: " << server << "\n"
+      << "    certificate-authority-data: " << Base64Encode(ReadAll(pki + "/ca.crt")) << "\n"
+      << "users:\n- name: " << identity << "\n  user:\n"
+      << "    client-certificate-data: " << Base64Encode(ReadAll(pki + "/" + identity + ".crt")) << "\n"
+      << "    client-key-data: " << Base64Encode(ReadAll(pki + "/" + identity + ".key")) << "\n"
+      << "contexts:\n- name: meshwork-local\n  context:\n    cluster: meshwork-local\n    user: " << identity
+      << "\n    namespace: default\ncurrent-context: meshwork-local\n";
+  return out.str();
+}
+
+// One supervised process.
+struct Component {
+  std::string name;
+  std::vector<std::string> argv;
+  pid_t pid = -1;
+  int restarts = 0;
+  int backoff_seconds = 0;
+  Clock::time_point started{};
+  Clock::time_point next_start{};
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(std::string log_dir) : log_dir_(std::move(log_dir)) {}
+  ~Supervisor() { StopAll(); }
+
+  meshwork::Status Start(Component* c) {
+    const std::string log = log_dir_ + "/" + c->name + ".log";
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return meshwork::IOError(log + ": " + std::strerror(errno));
+    meshwork::SpawnOptions options;
+    options.program = c->argv[0];
+    options.argv = c->argv;
+    for (char** e = environ; *e != nullptr; ++e) options.env.emplace_back(*e);
+    options.new_session = true;
+    options.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    options.stdout_fd = options.stderr_fd = fd;
+    options.close_other_fds = true;
+    meshwork::Spawned child = meshwork::SpawnProcess(options);
+    ::close(fd);
+    if (options.stdin_fd >= 0) ::close(options.stdin_fd);
+    if (!child.ok()) {
+      if (child.pid > 0) ::waitpid(child.pid, nullptr, 0);
+      return meshwork::Unavailable(c->name + ": cannot start " + c->argv[0] + ": " +
+                                   (child.failure ? child.failure->ToString() : std::string("fork failed")));
+    }
+    c->pid = child.pid;
+    c->started = Clock::now();
+    if (std::find(order_.begin(), order_.end(), c) == order_.end()) order_.push_back(c);
+    return meshwork::Status::Ok();
+  }
+
+  // Reaps children that exited and restarts them after a backoff (1 s, doubling to 30 s; reset
+  // once one ran a minute). Returns false while a component is down.
+  bool Monitor() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (Component* c : order_) {
+        if (c->pid != pid) continue;
+        c->pid = -1;
+        const bool long_run = Clock::now() - c->started > std::chrono::minutes(1);
+        c->backoff_seconds = long_run || c->backoff_seconds == 0 ? 1 : std::min(30, c->backoff_seconds * 2);
+        c->next_start = Clock::now() + std::chrono::seconds(c->backoff_seconds);
+        std::ostringstream why;
+        if (WIFEXITED(status)) why << "exited with code " << WEXITSTATUS(status);
+        else why << "was killed by signal " << WTERMSIG(status);
+        Log(c->name + " " + why.str() + "; restarting in " + std::to_string(c->backoff_seconds) + " s (log: " +
+            log_dir_ + "/" + c->name + ".log)");
+      }
+    }
+    bool all_up = true;
+    for (Component* c : order_) {
+      if (c->pid > 0) continue;
+      all_up = false;
+      if (Clock::now() < c->next_start) continue;
+      ++c->restarts;
+      meshwork::Status s = Start(c);
+      if (!s.ok()) Log(s.message());
+    }
+    return all_up;
+  }
+
+  // SIGTERM to each in reverse start order, SIGKILL after its grace.
+  void StopAll() {
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Component* c = *it;
+      if (c->pid <= 0) continue;
+      ::kill(-c->pid, SIGTERM);
+      // The node agent stops its pods first (their grace is up to 30 s).
+      const auto grace = c->name == "node-agent" ? std::chrono::seconds(40) : std::chrono::seconds(10);
+      const auto deadline = Clock::now() + grace;
+      while (Clock::now() < deadline) {
+        if (::waitpid(c->pid, nullptr, WNOHANG) == c->pid) {
+          c->pid = -1;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (c->pid > 0) {
+        ::kill(-c->pid, SIGKILL);
+        ::waitpid(c->pid, nullptr, 0);
+        c->pid = -1;
+      }
+    }
+  }
+
+  bool Running(const Component& c) {
+    if (c.pid <= 0) return false;
+    return ::waitpid(c.pid, nullptr, WNOHANG) == 0;
+  }
+
+ private:
+  std::string log_dir_;
+  std::vector<Component*> order_;
+};
+
+// Polls `ready` every 200 ms until it answers true, `component` dies, `timeout` passes or a
+// signal arrives. The error says which and where the log is.
+meshwork::Status WaitReady(Supervisor* sup, const Component& component, const std::string& what,
+                           std::chrono::seconds timeout, const std::function<bool()>& ready,
+                           const sigset_t& signals, const std::string& log_dir) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (ready()) return meshwork::Status::Ok();
+    if (!sup->Running(component)) {
+      return meshwork::Unavailable(component.name + " exited before " + what + "; see " + log_dir + "/" +
+                                   component.name + ".log");
+    }
+    timespec wait{0, 200 * 1000 * 1000};
+    if (sigtimedwait(&signals, nullptr, &wait) > 0) return meshwork::Unavailable("interrupted by a signal");
+  }
+  return meshwork::Unavailable(component.name + ": no " + what + " after " + std::to_string(timeout.count()) +
+                               " s; see " + log_dir + "/" + component.name + ".log");
+}
+
+std::string DefaultKubeBin() {
+  if (const char* env = std::getenv("MESHWORK_KUBE_BIN"); env != nullptr && *env != '\0') return env;
+  return MESHWORK_KUBE_BIN_DEFAULT;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string data_dir, kubeconfig_path, nodes, kube_bin = DefaultKubeBin(), agent = MESHWORK_NODE_AGENT_DEFAULT;
+  int port = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (i + 1 >= argc) return Usage(arg + " needs a value");
+    const std::string value = argv[++i];
+    if (arg == "--data-dir") data_dir = value;
+    else if (arg == "--kubeconfig") kubeconfig_path = value;
+    else if (arg == "--nodes") nodes = value;
+    else if (arg == "--kube-bin") kube_bin = value;
+    else if (arg == "--node-agent") agent = value;
+    else if (arg == "--port") {
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v < 1 || v > 65535) return Usage("--port " + value + ": expected 1-65535");
+      port = static_cast<int>(v);
+    } else {
+      return Usage("unknown flag " + arg);
+    }
+  }
+  if (data_dir.empty()) return Usage("--data-dir is required");
+  for (const char* binary : {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}) {
+    const std::string path = kube_bin + "/" + binary;
+    if (::access(path.c_str(), X_OK) != 0) {
+      std::cerr << "meshwork-cluster: --kube-bin " << kube_bin << ": no " << binary
+                << " there; scripts/setup.sh builds the Kubernetes components into .meshwork/kube/bin\n";
+      return exit_code::kConfig;
+    }
+  }
+  if (::access(agent.c_str(), X_OK) != 0) {
+    std::cerr << "meshwork-cluster: --node-agent " << agent << ": not an executable\n";
+    return exit_code::kConfig;
+  }
+  for (const std::string& dir : {data_dir, data_dir + "/logs", data_dir + "/etcd"}) {
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      std::cerr << "meshwork-cluster: --data-dir: " << dir << ": " << std::strerror(errno) << "\n";
+      return exit_code::kIO;
+    }
+  }
+  const std::string pki = data_dir + "/pki";
+  const std::string logs = data_dir + "/logs";
+  if (kubeconfig_path.empty()) kubeconfig_path = data_dir + "/kubeconfig";
+
+  // The same ports as last time, so a restart keeps etcd's member URLs and clients' kubeconfigs.
+  json ports = json::object();
+  if (std::string text = ReadAll(data_dir + "/ports.json"); !text.empty()) ports = json::parse(text, nullptr, false);
+  if (!ports.is_object()) ports = json::object();
+  if (port != 0) ports["apiserver"] = port;
+  for (const char* name : {"apiserver", "etcd-client", "etcd-peer", "kubelet"}) {
+    if (!ports.contains(name) || !ports[name].is_number_integer()) ports[name] = FreePort();
+  }
+  if (meshwork::Status s = WriteFile(data_dir + "/ports.json", ports.dump() + "\n", 0600); !s.ok()) {
+    std::cerr << "meshwork-cluster: " << s.message() << "\n";
+    return exit_code::kIO;
+  }
+  const std::string api_port = std::to_string(ports["apiserver"].get<int>());
+  const std::string etcd_client = "http://127.0.0.1:" + std::to_string(ports["etcd-client"].get<int>());
+  const std::string etcd_peer = "http://127.0.0.1:" + std::to_string(ports["etcd-peer"].get<int>());
+  const std::string server = "https://127.0.0.1:" + api_port;
+  if (PortOpen(ports["apiserver"].get<int>())) {
+    std::cerr << "meshwork-cluster: port " << api_port << " on 127.0.0.1 is taken (another meshwork-cluster on "
+              << data_dir << "?); pass --port\n";
+    return exit_code::kUnavailable;
+  }
+
+  Log("certificates in " + pki);
+  const std::vector<cluster::ClientIdentity> identities = {
+      {"admin", "meshwork-admin", {"system:masters"}},
+      {"controller-manager", "system:kube-controller-manager", {}},
+      {"scheduler", "system:kube-scheduler", {}},
+      // One agent serves every configured node, so it cannot be one system:node:<name>: it acts
+      // as a cluster admin (docs/controlplane.md says what this leaves out).
+      {"node-agent", "meshwork-node-agent", {"system:masters"}},
+      {"apiserver-kubelet-client", "kube-apiserver-kubelet-client", {"system:masters"}},
+  };
+  if (meshwork::Status s = cluster::EnsurePki(pki, kServiceIp, identities); !s.ok()) {
+    std::cerr << "meshwork-cluster: " << s.message() << "\n";
+    return exit_code::kIO;
+  }
+  for (const char* identity : {"controller-manager", "scheduler", "node-agent"}) {
+    if (meshwork::Status s = WriteFile(pki + "/" + identity + ".kubeconfig", Kubeconfig(server, pki, identity), 0600);
+        !s.ok()) {
+      std::cerr << "meshwork-cluster: " << s.message() << "\n";
+      return exit_code::kIO;
+    }
+  }
+  const std::string audit_policy = data_dir + "/audit-policy.yaml";
+  if (meshwork::Status s = WriteFile(audit_policy,
+                                     "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
+                                     "rules:\n- level: Metadata\n",
+                                     0600);
+      !s.ok()) {
+    std::cerr << "meshwork-cluster: " << s.message() << "\n";
+    return exit_code::kIO;
+  }
+
+  // Signals are taken by sigwait on this thread; every child gets a clean mask from SpawnProcess.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Component etcd{"etcd",
+                 {kube_bin + "/etcd", "--name", "meshwork", "--data-dir", data_dir + "/etcd", "--listen-client-urls",
+                  etcd_client, "--advertise-client-urls", etcd_client, "--listen-peer-urls", etcd_peer,
+                  "--initial-advertise-peer-urls", etcd_peer, "--initial-cluster", "meshwork=" + etcd_peer,
+                  "--log-level", "warn", "--quota-backend-bytes", "8589934592"}};
+  Component apiserver{
+      "kube-apiserver",
+      {kube_bin + "/kube-apiserver", "--etcd-servers", etcd_client, "--bind-address", "127.0.0.1",
+       "--advertise-address", "127.0.0.1", "--secure-port", api_port, "--tls-cert-file", pki + "/apiserver.crt",
+       "--tls-private-key-file", pki + "/apiserver.key", "--client-ca-file", pki + "/ca.crt",
+       "--service-account-issuer", "https://kubernetes.default.svc.cluster.local", "--service-account-key-file",
+       pki + "/sa.pub", "--service-account-signing-key-file", pki + "/sa.key", "--service-cluster-ip-range",
+       kServiceCidr, "--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+       "--audit-policy-file", audit_policy, "--audit-log-path", logs + "/audit.log", "--audit-log-maxsize", "100",
+       "--audit-log-maxbackup", "3", "--kubelet-client-certificate", pki + "/apiserver-kubelet-client.crt",
+       "--kubelet-client-key", pki + "/apiserver-kubelet-client.key", "--kubelet-certificate-authority",
+       pki + "/ca.crt", "--kubelet-preferred-address-types", "InternalIP",
+       // The kubernetes Service's endpoints would be 127.0.0.1, which EndpointSlices refuse.
+       "--endpoint-reconciler-type", "none", "--allow-privileged=true", "--profiling=false"}};
+  Component controller_manager{
+      "kube-controller-manager",
+      {kube_bin + "/kube-controller-manager", "--kubeconfig", pki + "/controller-manager.kubeconfig",
+       "--authentication-kubeconfig", pki + "/controller-manager.kubeconfig", "--authorization-kubeconfig",
+       pki + "/controller-manager.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
+       "--leader-elect=false", "--service-account-private-key-file", pki + "/sa.key", "--root-ca-file",
+       pki + "/ca.crt", "--use-service-account-credentials=true", "--service-cluster-ip-range", kServiceCidr,
+       "--controllers", "*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller"}};
+  Component scheduler{"kube-scheduler",
+                      {kube_bin + "/kube-scheduler", "--kubeconfig", pki + "/scheduler.kubeconfig",
+                       "--authentication-kubeconfig", pki + "/scheduler.kubeconfig", "--authorization-kubeconfig",
+                       pki + "/scheduler.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
+                       "--leader-elect=false"}};
+  Component node_agent{"node-agent",
+                       {agent, "--kubeconfig", pki + "/node-agent.kubeconfig", "--state-dir", data_dir + "/agent",
+                        "--kubelet-port", std::to_string(ports["kubelet"].get<int>()), "--tls-cert-file",
+                        pki + "/kubelet.crt", "--tls-private-key-file", pki + "/kubelet.key", "--client-ca-file",
+                        pki + "/ca.crt"}};
+  if (!nodes.empty()) node_agent.argv.insert(node_agent.argv.end(), {"--nodes", nodes});
+
+  auto admin_config = k8s::LoadKubeconfig(pki + "/node-agent.kubeconfig");
+  if (!admin_config.ok()) {
+    std::cerr << "meshwork-cluster: " << admin_config.error().ToString() << "\n";
+    return exit_code::kRuntime;
+  }
+  k8s::ClientOptions client_options;
+  client_options.max_retries = 0;
+  client_options.request_timeout = std::chrono::milliseconds(5000);
+  client_options.user_agent = "meshwork-cluster/0.1";
+  auto client = k8s::Client::FromConfig(admin_config.value(), client_options);
+  if (!client.ok()) {
+    std::cerr << "meshwork-cluster: " << client.error().ToString() << "\n";
+    return exit_code::kRuntime;
+  }
+  k8s::Client* api = client.value().get();
+
+  Supervisor sup(logs);
+  auto start = [&](Component* c, const std::string& what, std::chrono::seconds timeout,
+                   const std::function<bool()>& ready) -> meshwork::Status {
+    MW_RETURN_IF_ERROR(sup.Start(c));
+    MW_RETURN_IF_ERROR(WaitReady(&sup, *c, what, timeout, ready, signals, logs));
+    Log(c->name + " " + what);
+    return meshwork::Status::Ok();
+  };
+  const int etcd_port = ports["etcd-client"].get<int>();
+  meshwork::Status st = start(&etcd, "listening on " + etcd_client, std::chrono::seconds(60),
+                              [&] { return PortOpen(etcd_port); });
+  if (st.ok()) {
+    st = start(&apiserver, "answering on " + server, std::chrono::seconds(180), [&] {
+      return api->Get(k8s::resources::Namespaces(), "", "default").ok();
+    });
+  }
+  if (st.ok()) {
+    // Pods need their namespace's default ServiceAccount, which the controller manager makes.
+    st = start(&controller_manager, "running (default ServiceAccount present)", std::chrono::seconds(180), [&] {
+      return api->Get(k8s::ResourceRef{"", "v1", "serviceaccounts", true}, "default", "default").ok();
+    });
+  }
+  if (st.ok()) st = start(&scheduler, "running", std::chrono::seconds(5), [] { return true; });
+  if (st.ok()) {
+    st = start(&node_agent, "registered its nodes", std::chrono::seconds(60), [&] {
+      auto list = api->List(k8s::resources::Nodes(), "", {});
+      return list.ok() && !list->value("items", json::array()).empty();
+    });
+  }
+  if (st.ok()) st = WriteFile(kubeconfig_path, Kubeconfig(server, pki, "admin"), 0600);
+  if (!st.ok()) {
+    std::cerr << "meshwork-cluster: " << st.message() << "\n";
+    sup.StopAll();
+    return exit_code::kUnavailable;
+  }
+  Log("ready, serving on " + server + ": kubectl --kubeconfig " + kubeconfig_path + " (logs in " + logs + ")");
+
+  while (true) {
+    timespec wait{0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &wait);
+    if (sig > 0) {
+      Log("signal " + std::to_string(sig) + ": stopping the node agent's pods, then the control plane");
+      break;
+    }
+    sup.Monitor();
+  }
+  sup.StopAll();
+  Log("stopped");
+  return 0;
+}
