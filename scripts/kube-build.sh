@@ -18,11 +18,11 @@ export GOTOOLCHAIN=local
 mkdir -p "$out"
 
 # build MODULE-DIR "BINARIES" GO-BUILD-ARGS...: go build in tools/MODULE-DIR, unless its stamp
-# says the same go.mod, go.sum and Go built every one of BINARIES already.
+# says the same go.mod, go.sum, arguments and Go built every one of BINARIES already.
 build() {
   local dir="$root/tools/$1" binaries=$2 stamp="$out/.stamp-$1" want have="" missing=0 b
   shift 2
-  want="$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
+  want="$({ cat "$dir/go.mod" "$dir/go.sum"; echo "$*"; } | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
   [ -f "$stamp" ] && have="$(cat "$stamp")"
   for b in $binaries; do [ -x "$out/$b" ] || missing=1; done
   if [ "$want" = "$have" ] && [ $missing = 0 ]; then
@@ -36,9 +36,19 @@ build() {
   echo "[kube-build] built $binaries in $((SECONDS - start)) s"
 }
 
-build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" -o "$out/" \
+# The release, stamped as Kubernetes' own build does (hack/lib/version.sh): without it the
+# components report v0.0.0, and clients that check the server's version (helm's kubeVersion) refuse.
+kube_version="$(awk '$1 == "k8s.io/kubernetes" {print $2}' "$root/tools/kubernetes/go.mod" | head -1)"
+[ -n "$kube_version" ] || { echo "[kube-build] no k8s.io/kubernetes version in tools/kubernetes/go.mod" >&2; exit 1; }
+kube_minor="$(cut -d. -f2 <<<"$kube_version")"
+kube_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$kube_minor"
+  kube_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" -ldflags "$kube_ldflags" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 # etcd's main package is its module's root: named explicitly, or go would call it "server".
-build etcd etcd -o "$out/etcd" go.etcd.io/etcd/server/v3
-build helm helm -o "$out/" helm.sh/helm/v3/cmd/helm
+build etcd etcd -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
+build helm helm -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm

@@ -192,13 +192,42 @@ void Kubelet::SyncPod(const json& pod) {
   }
   const std::string phase = internal::StringAt(internal::ObjectAt(pod, "status"), "phase");
   if (started_.count(uid) || phase == "Succeeded" || phase == "Failed") return;
-  Status st = runtime_->Start(pod);
+  auto token = ServiceAccountToken(pod);
+  if (!token.ok()) {
+    Log("pod " + ns + "/" + name + ": service account token: " + token.status().message() + " (retrying)");
+    return;
+  }
+  Status st = runtime_->Start(pod, token.value());
   started_.insert(uid);
   if (!st.ok()) {
     json status = {{"phase", "Failed"}, {"reason", "CreateContainerConfigError"}, {"message", st.message()}};
     auto r = client_->MergePatch(resources::Pods(), ns, name, {{"status", status}}, "status");
     if (!r.ok()) Log("pod " + ns + "/" + name + ": status: " + r.error().ToString());
   }
+}
+
+Result<std::string> Kubelet::ServiceAccountToken(const json& pod) {
+  const json spec = internal::ObjectAt(pod, "spec");
+  if (!options_.service_account_tokens ||
+      (spec.contains("automountServiceAccountToken") && spec["automountServiceAccountToken"] == false)) {
+    return std::string();
+  }
+  std::string account = internal::StringAt(spec, "serviceAccountName");
+  if (account.empty()) account = "default";
+  // 3607 s is kubelet's request: the API server recognises it and extends a Pod-bound token's
+  // life (--service-account-extend-token-expiration), so a long Pod needs no rotation here.
+  const json request = {
+      {"apiVersion", "authentication.k8s.io/v1"},
+      {"kind", "TokenRequest"},
+      {"spec",
+       {{"expirationSeconds", 3607},
+        {"boundObjectRef", {{"apiVersion", "v1"}, {"kind", "Pod"}, {"name", Md(pod, "name")}, {"uid", Md(pod, "uid")}}}}}};
+  auto answer = client_->CreateSubresource(k8s::ResourceRef{"", "v1", "serviceaccounts", true}, Md(pod, "namespace"),
+                                           account, "token", request);
+  if (!answer.ok()) return Unavailable("serviceaccount " + account + ": " + answer.error().ToString());
+  const std::string token = internal::StringAt(internal::ObjectAt(answer.value(), "status"), "token");
+  if (token.empty()) return Unavailable("serviceaccount " + account + ": the TokenRequest answer has no status.token");
+  return token;
 }
 
 void Kubelet::WriteStatuses(const std::map<std::string, json>& pod_by_uid) {

@@ -30,6 +30,9 @@ struct KubeletOptions {
   std::chrono::seconds lease_renew{10};
   std::chrono::seconds status_report{60};              // Node Ready heartbeat
   int kubelet_port = 0;  // the kubelet API's port (status.daemonEndpoints); 0: not served
+  // Ask the API server for each Pod's bound service-account token (TokenRequest) and hand it to
+  // the runtime, as kubelet's projected token volume does. Needs RuntimeOptions::service_account.
+  bool service_account_tokens = false;
 };
 
 class Kubelet {
@@ -54,6 +57,8 @@ class Kubelet {
   void SyncLoop();
   void SyncOnce();
   void SyncPod(const nlohmann::json& pod);
+  // The Pod's bound token ("" when it mounts none); an error leaves the Pod for the next pass.
+  Result<std::string> ServiceAccountToken(const nlohmann::json& pod);
   void WriteStatuses(const std::map<std::string, nlohmann::json>& pod_by_uid);
   void Heartbeat(bool force);
   nlohmann::json NodeStatus(const NodeConfig& node) const;

@@ -153,6 +153,8 @@ int main(int argc, char** argv) {
   // server's own here: there is no kube-proxy).
   auto [host, port] = HostPort(config->server);
   runtime_options.extra_env = {{"KUBERNETES_SERVICE_HOST", host}, {"KUBERNETES_SERVICE_PORT", port}};
+  // Each Pod's service-account directory: its own bound token (Kubelet asks for it) and the CA.
+  runtime_options.service_account = agent::ServiceAccountCredentials{"", config->ca_pem};
   runtime_options.env_source = [api](const std::string& kind, const std::string& ns, const std::string& name,
                                      const std::string& key) -> meshwork::Result<std::string> {
     const bool secret = kind == "Secret";
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
   agent::KubeletOptions options;
   options.nodes = nodes;
   options.kubelet_port = kubelet_port;
+  options.service_account_tokens = true;
   agent::Kubelet kubelet(api, runtime.value().get(), options);
   if (meshwork::Status st = kubelet.Register(); !st.ok()) {
     std::cerr << "meshwork-node-agent: " << st.message() << "\n";

@@ -149,7 +149,9 @@ class PodRuntime {
   // Needs metadata.uid, metadata.name and spec.containers[].name; errors name the field. GPUs
   // are handed out here (RuntimeOptions::node_gpus); more than the node has free is kUnavailable.
   // Starting a uid that is already known does nothing and returns Ok.
-  Status Start(const nlohmann::json& pod);
+  // `service_account_token`, when not empty, is the token written to this Pod's service-account
+  // directory instead of RuntimeOptions::service_account's (a real API server's bound token).
+  Status Start(const nlohmann::json& pod, const std::string& service_account_token = "");
   // SIGTERM to every container's process group, SIGKILL after the grace period (grace_seconds,
   // else spec.terminationGracePeriodSeconds, else the default; 0 = SIGKILL now). No restarts
   // after this. Does not block. Unknown uids are ignored.

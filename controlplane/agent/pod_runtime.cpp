@@ -253,14 +253,15 @@ struct PodRuntime::Impl {
            "/serviceaccount";
   }
 
-  Status WriteServiceAccountDir(const Pod& pod) const {
+  Status WriteServiceAccountDir(const Pod& pod, const std::string& token_override) const {
     std::string dir = ServiceAccountDir(pod.object);
     if (dir.empty()) return Status::Ok();
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return IOError("cannot create service account directory " + dir + ": " + ec.message());
     const ServiceAccountCredentials& sa = *options.service_account;
-    for (const auto& [file, text, mode] : {std::make_tuple("token", sa.token, 0600),
+    const std::string& token = token_override.empty() ? sa.token : token_override;
+    for (const auto& [file, text, mode] : {std::make_tuple("token", token, 0600),
                                            std::make_tuple("ca.crt", sa.ca_pem, 0644),
                                            std::make_tuple("namespace", pod.ns, 0644)}) {
       std::string path = dir + "/" + file;
@@ -1019,7 +1020,7 @@ PodRuntime::~PodRuntime() {
   impl_->monitor.join();
 }
 
-Status PodRuntime::Start(const json& pod) {
+Status PodRuntime::Start(const json& pod, const std::string& service_account_token) {
   if (!pod.is_object()) return InvalidInput("pod must be a JSON object");
   const json meta = internal::ObjectAt(pod, "metadata");
   const json spec = internal::ObjectAt(pod, "spec");
@@ -1086,7 +1087,7 @@ Status PodRuntime::Start(const json& pod) {
   fs::create_directories(p.dir, ec);
   if (ec) return IOError("cannot create pod directory " + p.dir + ": " + ec.message());
   MW_RETURN_IF_ERROR(impl_->WriteHostsFile(p));
-  MW_RETURN_IF_ERROR(impl_->WriteServiceAccountDir(p));
+  MW_RETURN_IF_ERROR(impl_->WriteServiceAccountDir(p, service_account_token));
   impl_->ips_in_use.insert(p.ip_slot);
   std::string uid = p.uid;
   impl_->pods.emplace(uid, std::move(p));

@@ -304,6 +304,13 @@ Result<json> Client::Create(const ResourceRef& ref, const std::string& ns, const
   return impl_->DoJson(http::methods::POST, path, &obj);
 }
 
+Result<json> Client::CreateSubresource(const ResourceRef& ref, const std::string& ns, const std::string& name,
+                                       const std::string& subresource, const json& body) {
+  if (!body.is_object()) return Error(ErrorKind::kBadRequest, "CreateSubresource: the body is not a JSON object");
+  MW_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref, ns, name, subresource));
+  return impl_->DoJson(http::methods::POST, path, &body);
+}
+
 Result<json> Client::Update(const ResourceRef& ref, const std::string& ns, const json& obj) {
   MW_ASSIGN_OR_RETURN(std::string name, NameOf(obj, "Update"));
   MW_ASSIGN_OR_RETURN(std::string target_ns, WriteNamespace(ref, ns, obj));

@@ -53,6 +53,9 @@ class Client : public ObjectApi {
   // PUT .../status: only the status is written.
   Result<nlohmann::json> UpdateStatus(const ResourceRef& ref, const std::string& ns,
                                       const nlohmann::json& obj) override;
+  // POST to a subresource of one object, e.g. serviceaccounts/{name}/token (a TokenRequest).
+  Result<nlohmann::json> CreateSubresource(const ResourceRef& ref, const std::string& ns, const std::string& name,
+                                           const std::string& subresource, const nlohmann::json& body);
   // PATCH with application/merge-patch+json (RFC 7386); `subresource` e.g. "status".
   Result<nlohmann::json> MergePatch(const ResourceRef& ref, const std::string& ns, const std::string& name,
                                     const nlohmann::json& patch, const std::string& subresource = "") override;

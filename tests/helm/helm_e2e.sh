@@ -13,6 +13,9 @@
 #     and no ReplicaSets (`--wait` reads them): hence --disable-openapi-validation and no --wait.
 # The `helm test` Pod is not run here: it reaches the operator through its Service's DNS name,
 # and the local control plane has no Service routing (docs/controlplane.md).
+# On meshwork-cluster (CONTROLPLANE named so), the same checks run against the real kube-apiserver,
+# which enforces RBAC: its audit log must show every operator call allowed and none denied, and
+# the helm is the one scripts/kube-build.sh built (3.22).
 # usage: helm_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
 set -uo pipefail
 
@@ -46,10 +49,25 @@ dump() {
 # on PATH (images are ignored locally), and no KUBECONFIG, so that the operator can only reach
 # the API through the service account the node agent gives each Pod.
 mkdir -p "$work/cp" "$work/data"
+if [ "$(basename "$cp_bin")" = meshwork-cluster ]; then
+  # The real kube-apiserver: its own audit log, RBAC enforced, and the helm and kubectl of its
+  # release (scripts/kube-build.sh).
+  [ -x "${MESHWORK_KUBE_BIN:-}/kube-apiserver" ] ||
+    { echo "SKIP: no kube-apiserver in MESHWORK_KUBE_BIN='${MESHWORK_KUBE_BIN:-}' (scripts/setup.sh builds it)"; exit 0; }
+  export PATH="$MESHWORK_KUBE_BIN:$PATH"
+  helm="$MESHWORK_KUBE_BIN/helm"
+  audit="$work/cp/logs/audit.log"
+  cp_flags=()
+  cp_start_limit=180
+else
+  audit="$work/audit.jsonl"
+  cp_flags=(--audit-log "$audit")
+  cp_start_limit=30
+fi
 (cd "$work" && exec env -u KUBECONFIG PATH="$(dirname "$op_bin"):$(dirname "$train_bin"):$PATH" \
-  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" --audit-log "$work/audit.jsonl" >"$work/cp.log" 2>&1) &
+  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" "${cp_flags[@]}" >"$work/cp.log" 2>&1) &
 e2e_track $!
-e2e_wait_for 30 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
+e2e_wait_for "$cp_start_limit" "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
   fail "prepare-data"
 
@@ -151,7 +169,7 @@ fi
 
 # ---- the chart's RBAC allows every API call the operator made (the control plane's audit log;
 # RBAC is not enforced here). The operator's client sends User-Agent meshwork-operator/<version>.
-out="$(python3 "$src/tests/helm/rbac_audit_check.py" "$work/audit.jsonl" "$work/rendered.yaml" meshwork-operator/ 2>&1)"
+out="$(python3 "$src/tests/helm/rbac_audit_check.py" "$audit" "$work/rendered.yaml" meshwork-operator/ 2>&1)"
 if [ $? = 0 ]; then
   pass "every API call the operator made is allowed by the chart's RBAC ($(sed -n 's/^\([0-9]*\) distinct API calls.*/\1/p' <<<"$out") distinct calls)"
   echo "$out"

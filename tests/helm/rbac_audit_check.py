@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Checks that a rendered chart's RBAC allows every API call a client really made.
 
-The local control plane stores RBAC objects but does not enforce them; its audit log
+The home-made control plane stores RBAC objects but does not enforce them; its audit log
 (meshwork-controlplane --audit-log, docs/controlplane.md) records each request with its
-authorization attributes. This takes the calls whose userAgent starts with USER_AGENT_PREFIX and
+authorization attributes. kube-apiserver's audit log (meshwork-cluster's DIR/logs/audit.log,
+audit.k8s.io/v1 Events) is read too; there RBAC is enforced, and a call it denied (403) fails
+the check as well. This takes the calls whose userAgent starts with USER_AGENT_PREFIX and
 matches each (apiGroup, resource[/subresource], verb, namespace) against the rules of every
 ClusterRole (any namespace) and Role (its own namespace) in the rendered YAML, as Kubernetes' RBAC
 authorizer matches rules ("*" wildcards, "*/subresource"). resourceNames and bindings are not
@@ -78,8 +80,10 @@ def covering_role(roles, call):
 
 
 def load_calls(path, prefix):
-    """Counter of (verb, apiGroup, resource, subresource, namespace) for lines from the user agent."""
+    """Counters of (verb, apiGroup, resource, subresource, namespace) for lines from the user agent:
+    every call, and those the API server answered 403 (kube-apiserver's log only)."""
     calls = collections.Counter()
+    denied = collections.Counter()
     try:
         with open(path) as f:
             for number, line in enumerate(f, 1):
@@ -89,13 +93,24 @@ def load_calls(path, prefix):
                     event = json.loads(line)
                     if not event.get("userAgent", "").startswith(prefix):
                         continue
+                    if event.get("kind") == "Event" and event.get("apiVersion") == "audit.k8s.io/v1":
+                        # kube-apiserver's audit log (meshwork-cluster): one event per stage.
+                        ref = event.get("objectRef")
+                        if ref is None:
+                            continue  # a non-resource URL (discovery, /version)
+                        call = (event["verb"], ref.get("apiGroup", ""), ref["resource"],
+                                ref.get("subresource", ""), ref.get("namespace", ""))
+                        calls[call] += 1
+                        if event.get("responseStatus", {}).get("code") == 403:
+                            denied[call] += 1
+                        continue
                     calls[(event["verb"], event["apiGroup"], event["resource"], event["subresource"],
                            event["namespace"])] += 1
                 except (ValueError, KeyError, AttributeError) as e:
                     fatal(f"{path}:{number}: not an audit line ({e!r}): {line.strip()[:200]}")
     except OSError as e:
         fatal(f"{path}: {e}")
-    return calls
+    return calls, denied
 
 
 def describe(call):
@@ -112,7 +127,7 @@ def main(argv):
     if not prefix:
         fatal("USER_AGENT_PREFIX must not be empty")
     roles = load_roles(rendered)
-    calls = load_calls(audit, prefix)
+    calls, denied = load_calls(audit, prefix)
     if not calls:
         print(f"rbac_audit_check: no API call with a user agent starting with {prefix!r} in {audit}: "
               "nothing was checked")
@@ -125,11 +140,16 @@ def main(argv):
         if by is None:
             uncovered.append(call)
         status = f"covered by {by}" if by else "NOT COVERED"
+        if denied[call]:
+            status += f", DENIED {denied[call]}x by the API server"
         print(f"  {describe(call)}  x{calls[call]:<5} {status}")
     if uncovered:
         print(f"{len(uncovered)} of {len(calls)} distinct calls are not allowed by any rule:")
         for call in uncovered:
             print(f"  {describe(call).rstrip()}")
+        return 1
+    if denied:
+        print(f"{len(denied)} distinct calls were denied (403) by the API server's RBAC")
         return 1
     return 0
 
