@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: install and build (scripts/setup.sh), start a local Kubernetes control plane
-# (meshwork-controlplane) and the operator (meshwork-operator), `kubectl apply` the CPU example
+# The main job: install and build (scripts/setup.sh), start a local Kubernetes cluster
+# (meshwork-cluster: the real kube-apiserver, etcd, controller-manager and scheduler, plus
+# Meshwork's node agent) and the operator (meshwork-operator), `kubectl apply` the CPU example
 # TrainingJob (examples/trainingjob-tiny-cpu.yaml: the tiny Llama, FSDP over 2 Pods), and follow
 # it to Succeeded. The control plane and the operator keep running afterwards so that kubectl
 # works; `scripts/demo.sh --stop` stops them (a new run also replaces them).
@@ -18,7 +19,8 @@ stop() {
     pid="$(cat "$pidfile")"
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      # meshwork-cluster stops its Pods (their grace period) and then its components.
+      for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -9 "$pid" 2>/dev/null || true
     fi
     rm -f "$pidfile"
@@ -33,7 +35,8 @@ fi
 "$root/scripts/setup.sh"
 build="${MESHWORK_BUILD_DIR:-$root/build}"
 train="$build/trainer/meshwork-train"
-export PATH="$build/trainer:$PATH"   # the Pods run meshwork-train from PATH
+# The Pods run meshwork-train from PATH; kubectl and helm of the cluster's release come first.
+export PATH="$root/.meshwork/kube/bin:$build/trainer:$PATH"
 export KUBECONFIG="$state/controlplane/kubeconfig"
 
 echo
@@ -51,11 +54,13 @@ echo "== starting the local control plane and the operator (a fresh cluster in $
 stop
 rm -rf "$state" /tmp/meshwork-checkpoints/default/tiny
 mkdir -p "$state"
-setsid "$build/controlplane/apiserver/meshwork-controlplane" --data-dir "$state/controlplane" \
+setsid "$build/controlplane/cluster/meshwork-cluster" --data-dir "$state/controlplane" \
   >"$state/controlplane.log" 2>&1 </dev/null &
 echo $! >"$state/controlplane.pid"
-for _ in $(seq 300); do grep -q "serving on" "$state/controlplane.log" 2>/dev/null && break; sleep 0.1; done
+# A cold start takes 25-40 s on 2 cores (kube-apiserver's start-up, mostly).
+for _ in $(seq 1800); do grep -q "serving on" "$state/controlplane.log" 2>/dev/null && break; sleep 0.1; done
 grep -q "serving on" "$state/controlplane.log" || { cat "$state/controlplane.log"; exit 1; }
+cat "$state/controlplane.log"
 kubectl apply -f crds/trainingjob.yaml
 kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
 setsid "$build/operator/meshwork-operator" --metrics-bind-address 127.0.0.1:8080 --report-interval-s 2 \
@@ -94,7 +99,7 @@ kubectl logs tiny-0 | tail -n 3
 cat <<MSG
 
 Done: the TrainingJob 'tiny' Succeeded. The control plane and the operator are still running:
-  export KUBECONFIG=$KUBECONFIG
+  export KUBECONFIG=$KUBECONFIG PATH=$root/.meshwork/kube/bin:\$PATH   # kubectl 1.37, the cluster's release
   kubectl get tj,pods,svc                   # the job, its 2 Pods and its headless Service
   kubectl describe tj tiny                  # status, conditions and events
   kubectl logs tiny-0                       # rank 0's log (tiny-1 for rank 1)
