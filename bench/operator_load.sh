@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # meshwork-operator under a burst: N TrainingJobs (default 500) applied at once, with one
-# `kubectl apply -f` of a multi-document YAML, to a fresh local control plane and one operator.
+# `kubectl apply -f` of a multi-document YAML, to a fresh local cluster (meshwork-cluster: the
+# real kube-apiserver, etcd, controller-manager and scheduler, and the node agent) and one operator.
 # Each job's Pods run `true` and exit at once, so what is measured is the control loop (operator,
 # API server, node agent), not training. One row per replicas value (1, then 2 Pods per job),
 # each on a fresh control plane: time until every Pod exists, time until every job is Succeeded,
 # reconciles/s, reconcile errors by reason, pods created/deleted, the deepest work queue seen,
-# CPU time and peak RSS of the operator and of the control plane.
+# CPU time and peak RSS of the operator and of the cluster's components (summed; each one in the
+# details). The home-made meshwork-controlplane's rows from before it was retired (issue 19) stay
+# in the table for comparison.
 # Writes bench/results/operator_load.md. Needs a build and kubectl (scripts/setup.sh).
 # usage: bench/operator_load.sh [build-dir] [jobs] [replicas...]
 #   build-dir defaults to $MESHWORK_BUILD_DIR, else build/; jobs to $N, else 500; replicas to "1 2".
@@ -65,13 +68,15 @@ source "$root/bench/lib.sh"
 
 # Copies, so that a rebuild of $build during the run changes nothing.
 mkdir -p "$tmp/bin"
-cp -p "$build/controlplane/apiserver/meshwork-controlplane" "$build/operator/meshwork-operator" "$tmp/bin/"
-cp_bin="$tmp/bin/meshwork-controlplane"
+cp -p "$build/controlplane/cluster/meshwork-cluster" "$build/controlplane/agent/meshwork-node-agent" \
+  "$build/operator/meshwork-operator" "$tmp/bin/"
+cp_bin="$tmp/bin/meshwork-cluster"
+export PATH="$root/.meshwork/kube/bin:$PATH"  # kubectl of the cluster's release
 op_bin="$tmp/bin/meshwork-operator"
 # bin_line FILE: "name (built <mtime>, sha256 <12 hex>)", for the results: the build dir may be
 # rebuilt from a working tree that is not the commit named in the results.
 bin_line() { echo "\`$(basename "$1")\` (built $(date -u -r "$1" '+%H:%M:%S UTC'), sha256 $(sha256sum "$1" | cut -c1-12))"; }
-binaries="$(bin_line "$cp_bin"), $(bin_line "$op_bin")"
+binaries="$(bin_line "$cp_bin"), $(bin_line "$tmp/bin/meshwork-node-agent"), $(bin_line "$op_bin")"
 export HOME="$tmp"  # kubectl's discovery cache
 
 now() { date +%s.%N; }
@@ -81,6 +86,14 @@ cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) /
 # children_cpu_s PID: user + system seconds of its reaped children (the Pods' processes).
 children_cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($14 + $15) / hz}' "/proc/$1/stat"; }
 hwm_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+# The cluster's components: the supervisor's children (etcd, kube-apiserver, ...).
+components() { pgrep -P "$cp_pid" 2>/dev/null || true; }
+# cluster_cpu_s: user + system seconds of every component.
+cluster_cpu_s() { local p t=0; for p in $(components); do t="$(awk -v a="$t" -v b="$(cpu_s "$p")" 'BEGIN {print a + b}')"; done; echo "$t"; }
+# cluster_hwm_kib: the sum of the components' peak RSS.
+cluster_hwm_kib() { local p t=0; for p in $(components); do t=$((t + $(hwm_kib "$p"))); done; echo "$t"; }
+# agent_pid: the node agent, whose reaped children are the Pods' processes.
+agent_pid() { pgrep -P "$cp_pid" -x meshwork-node-a | head -1; }
 
 # jobs_yaml COUNT REPLICAS: COUNT TrainingJobs whose Pods run `true`, as one multi-document YAML.
 jobs_yaml() {
@@ -106,8 +119,8 @@ EOF
 }
 
 {
-  echo "| jobs | Pods/job | apply returned | all Pods created | all Succeeded | reconciles | reconciles/s | errors (conflict/api/other) | Pods created/deleted | queue depth max | operator CPU | control plane CPU | Pods' CPU | operator peak RSS | control plane peak RSS |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| control plane | jobs | Pods/job | apply returned | all Pods created | all Succeeded | reconciles | reconciles/s | errors (conflict/api/other) | Pods created/deleted | queue depth max | operator CPU | control plane CPU | Pods' CPU | operator peak RSS | control plane peak RSS |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$tmp/table.md"
 : >"$tmp/details.md"
 load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -120,9 +133,9 @@ for r in "${replicas_list[@]}"; do
   k() { kubectl --request-timeout=60s "$@"; }
 
   # ---- a fresh control plane, the CRD, a namespace, one operator
-  (cd "$run" && exec "$cp_bin" --data-dir "$run/cp" >"$run/cp.log" 2>&1) &
+  (cd "$run" && exec "$cp_bin" --data-dir "$run/cp" --node-agent "$tmp/bin/meshwork-node-agent" >"$run/cp.log" 2>&1) &
   cp_pid=$!
-  for _ in $(seq 1 300); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
+  for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
   grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; exit 1; }
   k apply -f "$root/crds/trainingjob.yaml" >/dev/null
   k wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
@@ -136,7 +149,8 @@ for r in "${replicas_list[@]}"; do
   curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$run/op.log" >&2; exit 1; }
   jobs_yaml "$njobs" "$r" >"$run/jobs.yaml"
   op_cpu0="$(cpu_s "$op_pid")"
-  cp_cpu0="$(cpu_s "$cp_pid")"
+  cp_cpu0="$(cluster_cpu_s)"
+  pods_cpu0="$(children_cpu_s "$(agent_pid)")"
 
   # ---- the burst. Progress is read every 0.5 s from the operator's /metrics (Pods created, jobs
   # Succeeded as the operator last wrote them): cheap, where a kubectl list of 1,500 objects takes
@@ -156,7 +170,7 @@ for r in "${replicas_list[@]}"; do
       END {print int(p), int(s), int(d)}' <<<"$metrics")"
     ((depth > depth_max)) && depth_max=$depth
     t="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
-    echo "$t $n_pods $n_ok $depth $(awk -v a="$op_cpu0" -v b="$(cpu_s "$op_pid")" 'BEGIN {printf "%.1f", b - a}') $(awk -v a="$cp_cpu0" -v b="$(cpu_s "$cp_pid")" 'BEGIN {printf "%.1f", b - a}')" >>"$run/timeline.txt"
+    echo "$t $n_pods $n_ok $depth $(awk -v a="$op_cpu0" -v b="$(cpu_s "$op_pid")" 'BEGIN {printf "%.1f", b - a}') $(awk -v a="$cp_cpu0" -v b="$(cluster_cpu_s)" 'BEGIN {printf "%.1f", b - a}')" >>"$run/timeline.txt"
     if [ -z "$t_pods" ] && ((n_pods >= want_pods)); then
       t_pods="$t"
       pods_metrics="$metrics"
@@ -176,10 +190,13 @@ for r in "${replicas_list[@]}"; do
   elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')"
   curl -s "http://127.0.0.1:$port/metrics" >"$run/metrics.txt"
   op_cpu="$(awk -v a="$op_cpu0" -v b="$(cpu_s "$op_pid")" 'BEGIN {printf "%.1f", b - a}')"
-  cp_cpu="$(awk -v a="$cp_cpu0" -v b="$(cpu_s "$cp_pid")" 'BEGIN {printf "%.1f", b - a}')"
-  pods_cpu="$(children_cpu_s "$cp_pid")"
+  cp_cpu="$(awk -v a="$cp_cpu0" -v b="$(cluster_cpu_s)" 'BEGIN {printf "%.1f", b - a}')"
+  pods_cpu="$(awk -v a="$pods_cpu0" -v b="$(children_cpu_s "$(agent_pid)")" 'BEGIN {printf "%.1f", b - a}')"
   op_hwm="$(hwm_kib "$op_pid")"
-  cp_hwm="$(hwm_kib "$cp_pid")"
+  cp_hwm="$(cluster_hwm_kib)"
+  per_component="$(for p in $(components); do
+    printf '%s %.1f s CPU, peak %.0f MiB; ' "$(cat "/proc/$p/comm")" "$(cpu_s "$p")" "$(($(hwm_kib "$p") / 1024))"
+  done)"
   for _ in $(seq 1 600); do [ -s "$run/apply.done" ] && break; sleep 0.5; done
   read -r apply_rc apply_end <"$run/apply.done" || { apply_rc="?"; apply_end=""; }
   t_apply="$( [ -n "$apply_end" ] && awk -v a="$t0" -v b="$apply_end" 'BEGIN {printf "%.1f s", b - a}' || echo "did not return")"
@@ -187,7 +204,7 @@ for r in "${replicas_list[@]}"; do
   # Evidence for the notes, while everything is still up.
   k get tj -n bench -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.metadata.creationTimestamp} {.status.completionTime}{"\n"}{end}' >"$run/jobs.txt" 2>&1 || true
   n_events="$(k get events -n bench -o name 2>/dev/null | wc -l)"
-  store_kib="$(du -sk "$run/cp/store" | cut -f1)"
+  store_kib="$(du -sk "$run/cp/etcd" | cut -f1)"
   agent_kib="$(du -sk "$run/cp/agent" 2>/dev/null | cut -f1 || echo 0)"
   for task in /proc/"$cp_pid"/task/*; do
     echo "cp $(cat "$task/comm") $(awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "$task/stat")"
@@ -213,7 +230,7 @@ rec = sum(x for k, x in vals.items() if k.startswith("meshwork_operator_reconcil
 err = "/".join(str(v('meshwork_operator_reconcile_errors_total{reason="%s"}' % x)) for x in ("conflict", "api", "other"))
 span = float(t_done or elapsed)
 cell = lambda t: f"{float(t):.1f} s" if t else f"not after {float(elapsed):.0f} s"
-print(f"| {jobs} | {r} | {t_apply} | {cell(t_pods)} | {cell(t_done)} | {rec:.0f} | {rec / span:.1f} | {err} | "
+print(f"| meshwork-cluster (kube 1.37.2) | {jobs} | {r} | {t_apply} | {cell(t_pods)} | {cell(t_done)} | {rec:.0f} | {rec / span:.1f} | {err} | "
       f"{v('meshwork_operator_pods_created_total')}/{v('meshwork_operator_pods_deleted_total')} | {depth} | "
       f"{op_cpu} s | {cp_cpu} s | {float(pods_cpu):.1f} s | {int(op_hwm) / 1024:.1f} MiB | {int(cp_hwm) / 1024:.1f} MiB |")
 PY
@@ -243,7 +260,8 @@ PY
     echo "- errors by reason: $(sed -nE 's/^meshwork_operator_reconcile_errors_total\{reason="([a-z_]+)"\} ([0-9.e+]+)$/\1 \2/p' "$run/metrics.txt" | awk '{printf "%s%s %d", (NR > 1 ? ", " : ""), $1, $2}')"
     echo "- operator log: $(wc -l <"$run/op.log") lines, $(grep -c 'reconcile ' "$run/op.log" || true) reconcile lines, $(grep -c 'events: ' "$run/op.log" || true) from the event recorder$(grep -m1 'events: ' "$run/op.log" | cut -c1-160 | sed 's/^/ (first: /; s/$/)/' || true); first error line: $(grep -m1 -iE 'error|fail|conflict' "$run/op.log" | cut -c1-200 || echo none)"
     echo "- control plane log: $(wc -l <"$run/cp.log") lines$( [ "$(wc -l <"$run/cp.log")" -gt 1 ] && echo ": $(grep -v 'serving on' "$run/cp.log" | head -n 2 | cut -c1-200 | tr '\n' ' ')")"
-    echo "- events in namespace bench: $n_events; store $((store_kib / 1024)) MiB, agent dir (Pod logs, hosts files) $((agent_kib / 1024)) MiB"
+    echo "- events in namespace bench: $n_events; etcd $((store_kib / 1024)) MiB, agent dir (Pod logs, hosts files) $((agent_kib / 1024)) MiB"
+    echo "- components since their start (CPU) and peak RSS: $per_component"
     echo "- timeline (s since the apply; operator metrics: Pods created, jobs Succeeded, queue depth; CPU seconds since the apply), one line per 10 s:"
     echo
     echo '```'
@@ -253,6 +271,24 @@ PY
   } >>"$tmp/details.md"
 done
 load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+# The home-made server's rows from the results this replaces, kept for comparison (rows of the
+# old format get the control plane column).
+python3 - "$out" >"$tmp/home.md" <<'PY'
+import os, re, sys
+path = sys.argv[1]
+if not os.path.exists(path):
+    sys.exit()
+text = open(path).read()
+commit = re.search(r"commit ([0-9a-f]{7,})", text)
+label = f"home-made meshwork-controlplane (commit {commit.group(1)})" if commit else "home-made meshwork-controlplane"
+table = text.split("\n## Details")[0].split("### The earlier run")[0]
+for line in table.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if re.fullmatch(r"\d+", cells[0]) and len(cells) == 15:
+        print("| " + label + " | " + " | ".join(cells) + " |")
+    elif cells[0].startswith("home-made"):
+        print(line)
+PY
 
 {
   echo "# meshwork-operator under a burst of TrainingJobs"
@@ -262,7 +298,8 @@ load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "Machine: $(bench_machine), $(free -g | awk '/^Mem:/ {print $2}') GiB memory; the cores are shared with other"
   echo "engineers' builds: load average (1/5/15 min) $load_start at the start, $load_end at the end."
   echo "Binaries, copied from \`$build\` at the start: $binaries."
-  echo "A fresh meshwork-controlplane (HTTPS, fsync per write, one node \`local\`) per row, one"
+  echo "A fresh meshwork-cluster (kube-apiserver, etcd, controller-manager, scheduler, node agent"
+  echo "with one node \`local\`; control plane CPU and peak RSS are summed over them) per row, one"
   echo "meshwork-operator (\`--leader-elect false\`, 4 workers), both on this machine. All jobs are"
   echo "applied by one \`kubectl apply -f\` of a multi-document YAML (kubectl sends a GET and a POST"
   echo "per object, one after another); each job runs \`command: [\"true\"]\`, \`device: cpu\`, no"
@@ -274,6 +311,10 @@ load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "\"Pods' CPU\" is the reaped Pod processes'. Peak RSS is VmHWM."
   echo
   cat "$tmp/table.md"
+  cat "$tmp/home.md"
+  echo
+  echo "The home-made rows are the retired meshwork-controlplane's (one process: API server, store with"
+  echo "fsync per write, scheduler and node agent) last measurement, from the results this run replaced."
   echo
   echo "## Details"
   echo
