@@ -33,8 +33,8 @@ void Log(const std::string& message) { std::cerr << "meshwork-node-agent: " << m
 
 }  // namespace
 
-Kubelet::Kubelet(k8s::Client* client, PodRuntime* runtime, KubeletOptions options)
-    : client_(client), runtime_(runtime), options_(std::move(options)) {
+Kubelet::Kubelet(k8s::Client* client, k8s::Client* names_client, PodRuntime* runtime, KubeletOptions options)
+    : client_(client), names_client_(names_client), runtime_(runtime), options_(std::move(options)) {
   for (const NodeConfig& n : options_.nodes) node_names_.insert(n.name);
 }
 
@@ -133,10 +133,17 @@ std::optional<json> Kubelet::FindPod(const std::string& ns, const std::string& n
 void Kubelet::Start() {
   k8s::InformerOptions opts;
   opts.watch_timeout_seconds = 300;
-  // Every pod, not only this node's: headless Service names point at pods on any node.
-  pods_ = std::make_unique<k8s::Informer>(client_, resources::Pods(), "", opts);
-  services_ = std::make_unique<k8s::Informer>(client_, resources::Services(), "", opts);
+  // This node's Pods. A node's identity may list only those (the Node authorizer wants the
+  // spec.nodeName selector), so an agent of one node asks for them by name.
+  k8s::InformerOptions mine = opts;
+  if (options_.nodes.size() == 1) mine.field_selector = "spec.nodeName=" + options_.nodes[0].name;
+  pods_ = std::make_unique<k8s::Informer>(client_, resources::Pods(), "", mine);
+  // Every Pod and Service, through the names identity: headless Service names point at Pods on
+  // any node (EndpointSlices would be the source, but they refuse the Pods' loopback addresses).
+  all_pods_ = std::make_unique<k8s::Informer>(names_client_, resources::Pods(), "", opts);
+  services_ = std::make_unique<k8s::Informer>(names_client_, resources::Services(), "", opts);
   pods_->Start();
+  all_pods_->Start();
   services_->Start();
   stop_ = false;
   thread_ = std::thread([this] { SyncLoop(); });
@@ -146,13 +153,14 @@ void Kubelet::Stop() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   if (pods_) pods_->Stop();
+  if (all_pods_) all_pods_->Stop();
   if (services_) services_->Stop();
 }
 
 void Kubelet::SyncLoop() {
   while (!stop_) {
     try {
-      if (pods_->HasSynced() && services_->HasSynced()) SyncOnce();
+      if (pods_->HasSynced() && all_pods_->HasSynced() && services_->HasSynced()) SyncOnce();
       Heartbeat(false);
     } catch (const std::exception& e) {
       // One object of an unexpected shape must not stop the node.
@@ -290,7 +298,7 @@ void Kubelet::SyncOnce() {
     }
   }
   WriteStatuses(mine);
-  auto hosts = HeadlessServiceHosts(pods, services_->store().List());
+  auto hosts = HeadlessServiceHosts(all_pods_->store().List(), services_->store().List());
   if (hosts != hosts_) {
     runtime_->SetHosts(hosts);
     hosts_ = std::move(hosts);

@@ -37,8 +37,10 @@ struct KubeletOptions {
 
 class Kubelet {
  public:
-  // `client` and `runtime` must outlive the Kubelet.
-  Kubelet(k8s::Client* client, PodRuntime* runtime, KubeletOptions options);
+  // `client` (the node's identity: its Node, Lease and Pods) and `names_client` (reads every Pod
+  // and Service for headless-Service names, as a cluster DNS does; may be the same client) and
+  // `runtime` must outlive the Kubelet.
+  Kubelet(k8s::Client* client, k8s::Client* names_client, PodRuntime* runtime, KubeletOptions options);
   ~Kubelet();  // Stop()
   Kubelet(const Kubelet&) = delete;
   Kubelet& operator=(const Kubelet&) = delete;
@@ -65,11 +67,13 @@ class Kubelet {
   Status RenewLease(const NodeConfig& node, const std::string& node_uid);
 
   k8s::Client* client_;
+  k8s::Client* names_client_;
   PodRuntime* runtime_;
   KubeletOptions options_;
   std::set<std::string> node_names_;
   std::map<std::string, std::string> node_uids_;  // for the Leases' owner references
-  std::unique_ptr<k8s::Informer> pods_;
+  std::unique_ptr<k8s::Informer> pods_;       // this agent's Pods (spec.nodeName, with one node)
+  std::unique_ptr<k8s::Informer> all_pods_;   // every Pod, for names
   std::unique_ptr<k8s::Informer> services_;
 
   std::set<std::string> started_;          // uids handed to the runtime

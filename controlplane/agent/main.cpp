@@ -28,13 +28,20 @@ namespace {
 
 const char* kUsage =
     "usage: meshwork-node-agent --kubeconfig FILE --state-dir DIR [--nodes FILE] [--node-name NAME]\n"
+    "                           [--first-pod-ip IP] [--names-kubeconfig FILE]\n"
     "                           [--resolution auto|mount|preload|none] [--kubelet-port N\n"
     "                           --tls-cert-file FILE --tls-private-key-file FILE --client-ca-file FILE]\n"
     "  --kubeconfig FILE   the API server and the agent's credentials (required)\n"
     "  --state-dir DIR     pod logs and hosts files live under DIR/pods/<uid>/ (required)\n"
     "  --nodes FILE        nodes config, YAML or JSON (default: one node with this machine's\n"
     "                      cores and memory)\n"
-    "  --node-name NAME    the default node's name (default \"local\"); not with --nodes\n"
+    "  --node-name NAME    with --nodes: serve only that node of the file (as kubelet serves one\n"
+    "                      node, with the credentials of system:node:NAME); without: the default\n"
+    "                      node's name (default \"local\")\n"
+    "  --names-kubeconfig FILE  the identity that reads every Pod and Service for headless-Service\n"
+    "                      names, as a cluster DNS would (default: --kubeconfig's)\n"
+    "  --first-pod-ip IP   the first Pod address handed out (default: a random one in 127.1-254.x.x);\n"
+    "                      agents on one machine get distinct ranges this way\n"
     "  --resolution MODE   how pods resolve headless Service names (default auto)\n"
     "  --kubelet-port N    serve the kubelet API (logs) over TLS on 127.0.0.1:N, with this serving\n"
     "                      certificate and key, to clients whose certificate --client-ca-file signed\n";
@@ -57,7 +64,7 @@ std::pair<std::string, std::string> HostPort(const std::string& server) {
 
 int main(int argc, char** argv) {
   namespace exit_code = meshwork::exit_code;
-  std::string kubeconfig, state_dir, nodes_file, node_name, resolution = "auto";
+  std::string kubeconfig, names_kubeconfig, state_dir, nodes_file, node_name, first_pod_ip, resolution = "auto";
   std::string tls_cert, tls_key, client_ca;
   int kubelet_port = 0;
   for (int i = 1; i < argc; ++i) {
@@ -72,6 +79,8 @@ int main(int argc, char** argv) {
     else if (arg == "--state-dir") state_dir = value;
     else if (arg == "--nodes") nodes_file = value;
     else if (arg == "--node-name") node_name = value;
+    else if (arg == "--first-pod-ip") first_pod_ip = value;
+    else if (arg == "--names-kubeconfig") names_kubeconfig = value;
     else if (arg == "--resolution") resolution = value;
     else if (arg == "--tls-cert-file") tls_cert = value;
     else if (arg == "--tls-private-key-file") tls_key = value;
@@ -86,7 +95,6 @@ int main(int argc, char** argv) {
   }
   if (kubeconfig.empty()) return Usage("--kubeconfig is required");
   if (state_dir.empty()) return Usage("--state-dir is required");
-  if (!nodes_file.empty() && !node_name.empty()) return Usage("--node-name and --nodes do not go together");
   if (kubelet_port != 0 && (tls_cert.empty() || tls_key.empty() || client_ca.empty())) {
     return Usage("--kubelet-port needs --tls-cert-file, --tls-private-key-file and --client-ca-file");
   }
@@ -108,6 +116,7 @@ int main(int argc, char** argv) {
 
   agent::RuntimeOptions runtime_options;
   runtime_options.state_dir = state_dir;
+  runtime_options.first_pod_ip = first_pod_ip;
   if (resolution == "auto") runtime_options.resolution = agent::Resolution::kAuto;
   else if (resolution == "mount") runtime_options.resolution = agent::Resolution::kMountNamespace;
   else if (resolution == "preload") runtime_options.resolution = agent::Resolution::kPreload;
@@ -129,6 +138,17 @@ int main(int argc, char** argv) {
       return exit_code::kConfig;
     }
     nodes = std::move(parsed).value();
+    if (!node_name.empty()) {
+      std::vector<agent::NodeConfig> one;
+      for (const auto& n : nodes) {
+        if (n.name == node_name) one.push_back(n);
+      }
+      if (one.empty()) {
+        std::cerr << "meshwork-node-agent: --node-name " << node_name << ": no such node in --nodes " << nodes_file << "\n";
+        return exit_code::kConfig;
+      }
+      nodes = std::move(one);
+    }
   } else {
     nodes.push_back(agent::DefaultNode());
     if (!node_name.empty()) nodes.back().name = node_name;
@@ -148,6 +168,23 @@ int main(int argc, char** argv) {
     return exit_code::kConfig;
   }
   k8s::Client* api = client.value().get();
+  k8s::Client* names_api = api;
+  std::unique_ptr<k8s::Client> names_client;
+  if (!names_kubeconfig.empty()) {
+    auto names_config = k8s::LoadKubeconfig(names_kubeconfig);
+    if (!names_config.ok()) {
+      std::cerr << "meshwork-node-agent: --names-kubeconfig " << names_kubeconfig << ": "
+                << names_config.error().ToString() << "\n";
+      return exit_code::kConfig;
+    }
+    auto made = k8s::Client::FromConfig(names_config.value(), client_options);
+    if (!made.ok()) {
+      std::cerr << "meshwork-node-agent: --names-kubeconfig " << names_kubeconfig << ": " << made.error().ToString() << "\n";
+      return exit_code::kConfig;
+    }
+    names_client = std::move(made).value();
+    names_api = names_client.get();
+  }
 
   // In-cluster clients find the API server as in a cluster (the Service's address is the
   // server's own here: there is no kube-proxy).
@@ -188,7 +225,7 @@ int main(int argc, char** argv) {
   options.nodes = nodes;
   options.kubelet_port = kubelet_port;
   options.service_account_tokens = true;
-  agent::Kubelet kubelet(api, runtime.value().get(), options);
+  agent::Kubelet kubelet(api, names_api, runtime.value().get(), options);
   if (meshwork::Status st = kubelet.Register(); !st.ok()) {
     std::cerr << "meshwork-node-agent: " << st.message() << "\n";
     return exit_code::kUnavailable;

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -30,10 +31,12 @@
 #include "common/file.h"
 #include "common/status.h"
 #include "common/subprocess.h"
+#include "controlplane/agent/node_agent.h"
 #include "controlplane/cluster/pki.h"
 #include "operator/k8s/client.h"
 #include "operator/k8s/config.h"
 
+namespace agent = meshwork::controlplane::agent;
 namespace cluster = meshwork::controlplane::cluster;
 namespace exit_code = meshwork::exit_code;
 namespace k8s = meshwork::k8s;
@@ -198,7 +201,7 @@ class Supervisor {
       if (c->pid <= 0) continue;
       ::kill(-c->pid, SIGTERM);
       // The node agent stops its pods first (their grace is up to 30 s).
-      const auto grace = c->name == "node-agent" ? std::chrono::seconds(40) : std::chrono::seconds(10);
+      const auto grace = c->name.rfind("node-agent", 0) == 0 ? std::chrono::seconds(40) : std::chrono::seconds(10);
       const auto deadline = Clock::now() + grace;
       while (Clock::now() < deadline) {
         if (::waitpid(c->pid, nullptr, WNOHANG) == c->pid) {
@@ -242,6 +245,29 @@ meshwork::Status WaitReady(Supervisor* sup, const Component& component, const st
   }
   return meshwork::Unavailable(component.name + ": no " + what + " after " + std::to_string(timeout.count()) +
                                " s; see " + log_dir + "/" + component.name + ".log");
+}
+
+// The ClusterRole and binding of the node agents' names identity: get, list and watch Pods and
+// Services everywhere, nothing else. Made once; kept across restarts (AlreadyExists is fine).
+meshwork::Status BootstrapNamesRole(k8s::Client* api) {
+  const json role = {{"apiVersion", "rbac.authorization.k8s.io/v1"},
+                     {"kind", "ClusterRole"},
+                     {"metadata", {{"name", "meshwork:names"}}},
+                     {"rules", {{{"apiGroups", {""}}, {"resources", {"pods", "services"}}, {"verbs", {"get", "list", "watch"}}}}}};
+  const json binding = {{"apiVersion", "rbac.authorization.k8s.io/v1"},
+                        {"kind", "ClusterRoleBinding"},
+                        {"metadata", {{"name", "meshwork:names"}}},
+                        {"roleRef", {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "meshwork:names"}}},
+                        {"subjects", {{{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "User"}, {"name", "meshwork:names"}}}}};
+  const k8s::ResourceRef roles{"rbac.authorization.k8s.io", "v1", "clusterroles", false};
+  const k8s::ResourceRef bindings{"rbac.authorization.k8s.io", "v1", "clusterrolebindings", false};
+  for (const auto& [ref, obj] : {std::pair{roles, role}, std::pair{bindings, binding}}) {
+    auto made = api->Create(ref, "", obj);
+    if (!made.ok() && !k8s::IsAlreadyExists(made.error())) {
+      return meshwork::Unavailable("creating " + ref.resource + " meshwork:names: " + made.error().ToString());
+    }
+  }
+  return meshwork::Status::Ok();
 }
 
 std::string DefaultKubeBin() {
@@ -289,11 +315,28 @@ int main(int argc, char** argv) {
     std::cerr << "meshwork-cluster: --node-agent " << agent << ": not an executable\n";
     return exit_code::kConfig;
   }
-  for (const std::string& dir : {data_dir, data_dir + "/logs", data_dir + "/etcd"}) {
+  for (const std::string& dir : {data_dir, data_dir + "/logs", data_dir + "/etcd", data_dir + "/agent"}) {
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       std::cerr << "meshwork-cluster: --data-dir: " << dir << ": " << std::strerror(errno) << "\n";
       return exit_code::kIO;
     }
+  }
+  // The nodes, to give each its own agent and identity (the agent validates the file the same way).
+  std::vector<agent::NodeConfig> node_configs;
+  if (!nodes.empty()) {
+    std::string text = ReadAll(nodes);
+    if (text.empty()) {
+      std::cerr << "meshwork-cluster: --nodes " << nodes << ": cannot read it, or it is empty\n";
+      return exit_code::kConfig;
+    }
+    auto parsed = agent::ParseNodes(text);
+    if (!parsed.ok()) {
+      std::cerr << "meshwork-cluster: --nodes " << nodes << ": " << parsed.status().message() << "\n";
+      return exit_code::kConfig;
+    }
+    node_configs = std::move(parsed).value();
+  } else {
+    node_configs.push_back(agent::DefaultNode());
   }
   const std::string pki = data_dir + "/pki";
   const std::string logs = data_dir + "/logs";
@@ -304,7 +347,9 @@ int main(int argc, char** argv) {
   if (std::string text = ReadAll(data_dir + "/ports.json"); !text.empty()) ports = json::parse(text, nullptr, false);
   if (!ports.is_object()) ports = json::object();
   if (port != 0) ports["apiserver"] = port;
-  for (const char* name : {"apiserver", "etcd-client", "etcd-peer", "kubelet"}) {
+  std::vector<std::string> port_names = {"apiserver", "etcd-client", "etcd-peer"};
+  for (const agent::NodeConfig& node : node_configs) port_names.push_back("kubelet-" + node.name);
+  for (const std::string& name : port_names) {
     if (!ports.contains(name) || !ports[name].is_number_integer()) ports[name] = FreePort();
   }
   if (meshwork::Status s = WriteFile(data_dir + "/ports.json", ports.dump() + "\n", 0600); !s.ok()) {
@@ -322,20 +367,27 @@ int main(int argc, char** argv) {
   }
 
   Log("certificates in " + pki);
-  const std::vector<cluster::ClientIdentity> identities = {
+  std::vector<cluster::ClientIdentity> identities = {
       {"admin", "meshwork-admin", {"system:masters"}},
       {"controller-manager", "system:kube-controller-manager", {}},
       {"scheduler", "system:kube-scheduler", {}},
-      // One agent serves every configured node, so it cannot be one system:node:<name>: it acts
-      // as a cluster admin (docs/controlplane.md says what this leaves out).
-      {"node-agent", "meshwork-node-agent", {"system:masters"}},
       {"apiserver-kubelet-client", "kube-apiserver-kubelet-client", {"system:masters"}},
+      // The node agents' cluster-DNS role: read every Pod and Service for headless-Service names
+      // (bound to the meshwork:names ClusterRole below), as CoreDNS reads them in a cluster.
+      {"names", "meshwork:names", {}},
   };
+  // One node agent per node, each with the node's own identity, as kubelets have: the Node
+  // authorizer and NodeRestriction then confine it to its Node, its Lease and its Pods.
+  for (const agent::NodeConfig& node : node_configs) {
+    identities.push_back({"node-" + node.name, "system:node:" + node.name, {"system:nodes"}});
+  }
   if (meshwork::Status s = cluster::EnsurePki(pki, kServiceIp, identities); !s.ok()) {
     std::cerr << "meshwork-cluster: " << s.message() << "\n";
     return exit_code::kIO;
   }
-  for (const char* identity : {"controller-manager", "scheduler", "node-agent"}) {
+  std::vector<std::string> kubeconfig_users = {"admin", "controller-manager", "scheduler", "names"};
+  for (const agent::NodeConfig& node : node_configs) kubeconfig_users.push_back("node-" + node.name);
+  for (const std::string& identity : kubeconfig_users) {
     if (meshwork::Status s = WriteFile(pki + "/" + identity + ".kubeconfig", Kubeconfig(server, pki, identity), 0600);
         !s.ok()) {
       std::cerr << "meshwork-cluster: " << s.message() << "\n";
@@ -392,14 +444,22 @@ int main(int argc, char** argv) {
                        "--authentication-kubeconfig", pki + "/scheduler.kubeconfig", "--authorization-kubeconfig",
                        pki + "/scheduler.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
                        "--leader-elect=false"}};
-  Component node_agent{"node-agent",
-                       {agent, "--kubeconfig", pki + "/node-agent.kubeconfig", "--state-dir", data_dir + "/agent",
-                        "--kubelet-port", std::to_string(ports["kubelet"].get<int>()), "--tls-cert-file",
-                        pki + "/kubelet.crt", "--tls-private-key-file", pki + "/kubelet.key", "--client-ca-file",
-                        pki + "/ca.crt"}};
-  if (!nodes.empty()) node_agent.argv.insert(node_agent.argv.end(), {"--nodes", nodes});
+  std::vector<std::unique_ptr<Component>> node_agents;
+  for (size_t i = 0; i < node_configs.size(); ++i) {
+    const std::string& name = node_configs[i].name;
+    auto c = std::make_unique<Component>();
+    c->name = "node-agent-" + name;
+    c->argv = {agent, "--kubeconfig", pki + "/node-" + name + ".kubeconfig", "--state-dir", data_dir + "/agent/" + name,
+               "--kubelet-port", std::to_string(ports["kubelet-" + name].get<int>()), "--tls-cert-file",
+               pki + "/kubelet.crt", "--tls-private-key-file", pki + "/kubelet.key", "--client-ca-file",
+               pki + "/ca.crt", "--node-name", name, "--names-kubeconfig", pki + "/names.kubeconfig",
+               // Distinct Pod address ranges: 127.<10+i>.0.1 upwards for node i.
+               "--first-pod-ip", "127." + std::to_string(10 + i % 240) + ".0.1"};
+    if (!nodes.empty()) c->argv.insert(c->argv.end(), {"--nodes", nodes});
+    node_agents.push_back(std::move(c));
+  }
 
-  auto admin_config = k8s::LoadKubeconfig(pki + "/node-agent.kubeconfig");
+  auto admin_config = k8s::LoadKubeconfig(pki + "/admin.kubeconfig");
   if (!admin_config.ok()) {
     std::cerr << "meshwork-cluster: " << admin_config.error().ToString() << "\n";
     return exit_code::kRuntime;
@@ -438,11 +498,11 @@ int main(int argc, char** argv) {
     });
   }
   if (st.ok()) st = start(&scheduler, "running", std::chrono::seconds(5), [] { return true; });
-  if (st.ok()) {
-    st = start(&node_agent, "registered its nodes", std::chrono::seconds(60), [&] {
-      auto list = api->List(k8s::resources::Nodes(), "", {});
-      return list.ok() && !list->value("items", json::array()).empty();
-    });
+  if (st.ok()) st = BootstrapNamesRole(api);
+  for (size_t i = 0; i < node_agents.size() && st.ok(); ++i) {
+    const std::string node = node_configs[i].name;
+    st = start(node_agents[i].get(), "registered node " + node, std::chrono::seconds(60),
+               [&] { return api->Get(k8s::resources::Nodes(), "", node).ok(); });
   }
   if (st.ok()) st = WriteFile(kubeconfig_path, Kubeconfig(server, pki, "admin"), 0600);
   if (!st.ok()) {
