@@ -202,9 +202,15 @@ void Kubelet::SyncPod(const json& pod) {
   if (started_.count(uid) || phase == "Succeeded" || phase == "Failed") return;
   auto token = ServiceAccountToken(pod);
   if (!token.ok()) {
-    Log("pod " + ns + "/" + name + ": service account token: " + token.status().message() + " (retrying)");
+    // Retried every pass (100 ms); said at most every 30 s per Pod.
+    auto& last = token_errors_[uid];
+    if (std::chrono::steady_clock::now() - last > std::chrono::seconds(30)) {
+      last = std::chrono::steady_clock::now();
+      Log("pod " + ns + "/" + name + ": service account token: " + token.status().message() + " (retrying)");
+    }
     return;
   }
+  token_errors_.erase(uid);
   Status st = runtime_->Start(pod, token.value());
   started_.insert(uid);
   if (!st.ok()) {

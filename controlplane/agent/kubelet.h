@@ -80,6 +80,7 @@ class Kubelet {
   std::set<std::string> stopping_;         // uids Stop was called for
   std::set<std::string> released_;         // uids whose final DELETE went out
   std::map<std::string, nlohmann::json> unwritten_;  // uid -> status not yet accepted by the API
+  std::map<std::string, std::chrono::steady_clock::time_point> token_errors_;  // uid -> last logged
   std::map<std::string, std::string> hosts_;
   std::chrono::steady_clock::time_point last_lease_{};
   std::chrono::steady_clock::time_point last_status_{};
