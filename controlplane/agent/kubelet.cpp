@@ -142,6 +142,15 @@ void Kubelet::Start() {
   // any node (EndpointSlices would be the source, but they refuse the Pods' loopback addresses).
   all_pods_ = std::make_unique<k8s::Informer>(names_client_, resources::Pods(), "", opts);
   services_ = std::make_unique<k8s::Informer>(names_client_, resources::Services(), "", opts);
+  // Passes act on what changed: copying every cached Pod each 100 ms cost a burst of 500 jobs
+  // more CPU than the API server.
+  auto mark = [](std::atomic<bool>* flag) {
+    return k8s::EventHandlers{[flag](const json&) { *flag = true; }, [flag](const json&, const json&) { *flag = true; },
+                              [flag](const json&) { *flag = true; }};
+  };
+  pods_->AddEventHandlers(mark(&pods_changed_));
+  all_pods_->AddEventHandlers(mark(&names_changed_));
+  services_->AddEventHandlers(mark(&names_changed_));
   pods_->Start();
   all_pods_->Start();
   services_->Start();
@@ -271,12 +280,20 @@ void Kubelet::WriteStatuses(const std::map<std::string, json>& pod_by_uid) {
 }
 
 void Kubelet::SyncOnce() {
-  const std::vector<json> pods = pods_->store().List();
-  std::map<std::string, json> mine;  // uid -> pod bound to one of this agent's nodes
-  for (const json& pod : pods) {
-    const std::string node = internal::StringAt(internal::ObjectAt(pod, "spec"), "nodeName");
-    if (node_names_.count(node)) mine[Md(pod, "uid")] = pod;
+  // The node's Pods are walked when one changed, while any is stopping, and once a second.
+  const auto now = std::chrono::steady_clock::now();
+  const bool walk = pods_changed_.exchange(false) || !stopping_.empty() || now - last_walk_ >= std::chrono::seconds(1);
+  if (!walk) {
+    WriteStatuses(mine_);
+    return;
   }
+  last_walk_ = now;
+  mine_.clear();  // uid -> pod bound to one of this agent's nodes
+  for (const json& pod : pods_->store().List()) {
+    const std::string node = internal::StringAt(internal::ObjectAt(pod, "spec"), "nodeName");
+    if (node_names_.count(node)) mine_[Md(pod, "uid")] = pod;
+  }
+  const std::map<std::string, json>& mine = mine_;
   for (const auto& [uid, pod] : mine) {
     try {
       SyncPod(pod);
@@ -304,10 +321,12 @@ void Kubelet::SyncOnce() {
     }
   }
   WriteStatuses(mine);
-  auto hosts = HeadlessServiceHosts(all_pods_->store().List(), services_->store().List());
-  if (hosts != hosts_) {
-    runtime_->SetHosts(hosts);
-    hosts_ = std::move(hosts);
+  if (names_changed_.exchange(false)) {
+    auto hosts = HeadlessServiceHosts(all_pods_->store().List(), services_->store().List());
+    if (hosts != hosts_) {
+      runtime_->SetHosts(hosts);
+      hosts_ = std::move(hosts);
+    }
   }
 }
 

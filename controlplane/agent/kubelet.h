@@ -82,6 +82,10 @@ class Kubelet {
   std::map<std::string, nlohmann::json> unwritten_;  // uid -> status not yet accepted by the API
   std::map<std::string, std::chrono::steady_clock::time_point> token_errors_;  // uid -> last logged
   std::map<std::string, std::string> hosts_;
+  std::map<std::string, nlohmann::json> mine_;  // uid -> this node's Pod, as of the last walk
+  std::atomic<bool> pods_changed_{true};         // set by the informers' handlers
+  std::atomic<bool> names_changed_{true};
+  std::chrono::steady_clock::time_point last_walk_{};
   std::chrono::steady_clock::time_point last_lease_{};
   std::chrono::steady_clock::time_point last_status_{};
 

@@ -292,7 +292,11 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
   std::lock_guard<std::mutex> admission(admission_mu_);
   auto nodes = api_->List(k8s::resources::Nodes(), "", {});
   if (!nodes.ok()) return Failed(nodes.error(), "listing Nodes for gang admission of " + key);
-  auto all_pods = api_->List(k8s::resources::Pods(), options_.pods_namespace, {});
+  // Only Pods that hold room: the server leaves finished ones out, which on a busy cluster are
+  // most of them (a list of every Pod per admission made a burst of 500 jobs quadratic).
+  k8s::ListOptions holding;
+  holding.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
+  auto all_pods = api_->List(k8s::resources::Pods(), options_.pods_namespace, holding);
   if (!all_pods.ok()) return Failed(all_pods.error(), "listing Pods for gang admission of " + key);
   // This gang's own Pods are what is being placed, not what takes room.
   json others = {{"items", json::array()}};
