@@ -77,21 +77,7 @@ done
 
 # The home-made server's rows from the results this replaces (its last measurement), kept for
 # comparison: rows of the old format get the server column.
-python3 - "$out" >"$tmp/home.md" <<'PY'
-import os, re, sys
-path = sys.argv[1]
-if not os.path.exists(path):
-    sys.exit()
-text = open(path).read()
-commit = re.search(r"commit ([0-9a-f]{7,})", text)
-label = f"home-made meshwork-controlplane (commit {commit.group(1)})" if commit else "home-made meshwork-controlplane"
-for line in text.splitlines():
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    if re.fullmatch(r"\d+", cells[0]) and len(cells) == 16:
-        print("| " + label + " | " + " | ".join(cells) + " |")
-    elif cells[0].startswith("home-made"):
-        print(line)
-PY
+bench_home_made_rows "$out" 16 >"$tmp/home.md"
 
 {
   echo "# The local cluster's API server under load"

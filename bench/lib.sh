@@ -21,3 +21,26 @@ parse_run() {
   comm="$(grep '^communication' "$1" || true)"
   exposed="$(sed -nE 's/.*exposed ([0-9.]+ s \([0-9.]+% of the run\)).*/\1/p' <<<"$comm")"
 }
+
+# bench_home_made_rows RESULTS CELLS: the retired home-made meshwork-controlplane's rows of the table
+# in RESULTS (its last measurement, kept beside the meshwork-cluster rows that replace it): rows of
+# the old format (CELLS cells, the first a number) get a first column naming it and the commit its
+# results name; rows that already have it are kept as they are. Nothing when RESULTS is missing.
+bench_home_made_rows() {
+  python3 - "$1" "$2" <<'PY'
+import os, re, sys
+path, cells_wanted = sys.argv[1], int(sys.argv[2])
+if not os.path.exists(path):
+    sys.exit()
+text = open(path).read()
+commit = re.search(r"commit ([0-9a-f]{7,})", text)
+label = f"home-made meshwork-controlplane (commit {commit.group(1)})" if commit else "home-made meshwork-controlplane"
+table = text.split("\n## ")[0].split("### The earlier run")[0]
+for line in table.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if re.fullmatch(r"\d+", cells[0]) and len(cells) == cells_wanted:
+        print("| " + label + " | " + " | ".join(cells) + " |")
+    elif cells[0].startswith("home-made"):
+        print(line)
+PY
+}

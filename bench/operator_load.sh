@@ -273,22 +273,7 @@ done
 load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
 # The home-made server's rows from the results this replaces, kept for comparison (rows of the
 # old format get the control plane column).
-python3 - "$out" >"$tmp/home.md" <<'PY'
-import os, re, sys
-path = sys.argv[1]
-if not os.path.exists(path):
-    sys.exit()
-text = open(path).read()
-commit = re.search(r"commit ([0-9a-f]{7,})", text)
-label = f"home-made meshwork-controlplane (commit {commit.group(1)})" if commit else "home-made meshwork-controlplane"
-table = text.split("\n## Details")[0].split("### The earlier run")[0]
-for line in table.splitlines():
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    if re.fullmatch(r"\d+", cells[0]) and len(cells) == 15:
-        print("| " + label + " | " + " | ".join(cells) + " |")
-    elif cells[0].startswith("home-made"):
-        print(line)
-PY
+bench_home_made_rows "$out" 15 >"$tmp/home.md"
 
 {
   echo "# meshwork-operator under a burst of TrainingJobs"
