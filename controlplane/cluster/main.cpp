@@ -3,11 +3,8 @@
 // by scripts/setup.sh, and the Meshwork node agent, as child processes on loopback: makes their
 // certificates, writes an admin kubeconfig, restarts what dies, stops them all on SIGTERM, and
 // keeps its data directory (etcd's data included) across restarts.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +26,7 @@
 
 #include "common/base64.h"
 #include "common/file.h"
+#include "common/loopback_port.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "controlplane/agent/node_agent.h"
@@ -65,31 +63,6 @@ void Log(const std::string& message) { std::cout << "meshwork-cluster: " << mess
 int Usage(const std::string& message) {
   std::cerr << "meshwork-cluster: " << message << "\n" << kUsage;
   return exit_code::kConfig;
-}
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(addr.sin_port) : -1;
-}
-
-bool PortOpen(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
 }
 
 std::string ReadAll(const std::string& path) {
@@ -350,7 +323,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> port_names = {"apiserver", "etcd-client", "etcd-peer"};
   for (const agent::NodeConfig& node : node_configs) port_names.push_back("kubelet-" + node.name);
   for (const std::string& name : port_names) {
-    if (!ports.contains(name) || !ports[name].is_number_integer()) ports[name] = FreePort();
+    if (!ports.contains(name) || !ports[name].is_number_integer()) ports[name] = meshwork::FreeLoopbackPort();
   }
   if (meshwork::Status s = WriteFile(data_dir + "/ports.json", ports.dump() + "\n", 0600); !s.ok()) {
     std::cerr << "meshwork-cluster: " << s.message() << "\n";
@@ -360,7 +333,7 @@ int main(int argc, char** argv) {
   const std::string etcd_client = "http://127.0.0.1:" + std::to_string(ports["etcd-client"].get<int>());
   const std::string etcd_peer = "http://127.0.0.1:" + std::to_string(ports["etcd-peer"].get<int>());
   const std::string server = "https://127.0.0.1:" + api_port;
-  if (PortOpen(ports["apiserver"].get<int>())) {
+  if (meshwork::LoopbackPortListening(ports["apiserver"].get<int>())) {
     std::cerr << "meshwork-cluster: port " << api_port << " on 127.0.0.1 is taken (another meshwork-cluster on "
               << data_dir << "?); pass --port\n";
     return exit_code::kUnavailable;
@@ -485,7 +458,7 @@ int main(int argc, char** argv) {
   };
   const int etcd_port = ports["etcd-client"].get<int>();
   meshwork::Status st = start(&etcd, "listening on " + etcd_client, std::chrono::seconds(60),
-                              [&] { return PortOpen(etcd_port); });
+                              [&] { return meshwork::LoopbackPortListening(etcd_port); });
   if (st.ok()) {
     st = start(&apiserver, "answering on " + server, std::chrono::seconds(180), [&] {
       return api->Get(k8s::resources::Namespaces(), "", "default").ok();

@@ -40,6 +40,16 @@ e2e_cleanup() {
   rm -rf "$work"
 }
 
+# e2e_require_kube_bin: exits 0 with a SKIP line (and why) when MESHWORK_KUBE_BIN has no
+# kube-apiserver; else puts it first on PATH (kubectl and helm of meshwork-cluster's release).
+e2e_require_kube_bin() {
+  if [ ! -x "${MESHWORK_KUBE_BIN:-}/kube-apiserver" ]; then
+    echo "SKIP: no kube-apiserver in MESHWORK_KUBE_BIN='${MESHWORK_KUBE_BIN:-}' (scripts/setup.sh builds the Kubernetes components there)"
+    exit 0
+  fi
+  export PATH="$MESHWORK_KUBE_BIN:$PATH"
+}
+
 e2e_free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
@@ -68,11 +78,7 @@ e2e_start_controlplane() {
   local limit=30
   if [ "$(basename "$bin")" = meshwork-cluster ]; then
     limit=180
-    if [ ! -x "${MESHWORK_KUBE_BIN:-}/kube-apiserver" ]; then
-      echo "SKIP: no kube-apiserver in MESHWORK_KUBE_BIN='${MESHWORK_KUBE_BIN:-}' (scripts/setup.sh builds the Kubernetes components there)"
-      exit 0
-    fi
-    export PATH="$MESHWORK_KUBE_BIN:$PATH"
+    e2e_require_kube_bin
   fi
   (cd "$work" && exec "$bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" "$@" >"$work/cp.log" 2>&1) &
   e2e_track $!

@@ -1,25 +1,11 @@
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and released), for tests
-// that start servers on a known port. Another process may take it in between; tests accept that.
+// A TCP port on 127.0.0.1 that was free a moment ago, for tests that start servers on a known
+// port (common/loopback_port.h; another process may take it in between, which tests accept).
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "common/loopback_port.h"
 
 namespace meshwork::testing {
 
-inline int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(addr.sin_port) : -1;
-}
+inline int FreePort() { return FreeLoopbackPort(); }
 
 }  // namespace meshwork::testing

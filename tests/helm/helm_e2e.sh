@@ -52,9 +52,7 @@ mkdir -p "$work/cp" "$work/data"
 if [ "$(basename "$cp_bin")" = meshwork-cluster ]; then
   # The real kube-apiserver: its own audit log, RBAC enforced, and the helm and kubectl of its
   # release (scripts/kube-build.sh).
-  [ -x "${MESHWORK_KUBE_BIN:-}/kube-apiserver" ] ||
-    { echo "SKIP: no kube-apiserver in MESHWORK_KUBE_BIN='${MESHWORK_KUBE_BIN:-}' (scripts/setup.sh builds it)"; exit 0; }
-  export PATH="$MESHWORK_KUBE_BIN:$PATH"
+  e2e_require_kube_bin
   helm="$MESHWORK_KUBE_BIN/helm"
   audit="$work/cp/logs/audit.log"
   cp_flags=()

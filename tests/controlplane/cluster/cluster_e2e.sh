@@ -15,11 +15,7 @@ set -uo pipefail
 cluster_bin="$1"
 src="$4"
 source "$src/tests/common/e2e_lib.sh"
-if [ ! -x "${MESHWORK_KUBE_BIN:-}/kube-apiserver" ]; then
-  echo "SKIP: no kube-apiserver in MESHWORK_KUBE_BIN='${MESHWORK_KUBE_BIN:-}' (scripts/setup.sh builds the Kubernetes components there)"
-  exit 0
-fi
-export PATH="$MESHWORK_KUBE_BIN:$PATH"
+e2e_require_kube_bin
 e2e_init
 passed=0
 failed=0
