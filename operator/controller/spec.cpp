@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/quantity.h"
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/config/config.h"
 #include "trainer/config/hardware.h"
@@ -159,6 +160,27 @@ Mesh AutoMesh(int replicas, int processes_per_replica) {
   return m;
 }
 
+// Requests and limits are maps of quantities, as in a Pod: the CRD refuses others at admission,
+// and this catches them where an older CRD is installed (the Pod would be refused, and the job
+// would wait for ever).
+Status CheckResources(const json& resources) {
+  for (const char* kind : {"requests", "limits"}) {
+    const json* values = Field(resources, kind);
+    if (values == nullptr) continue;
+    const std::string path = std::string("spec.resources.") + kind;
+    if (!values->is_object()) return Bad(path, "must be a map of resource name to quantity, got " + Quote(*values));
+    for (const auto& [name, value] : values->items()) {
+      if (!value.is_string() && !value.is_number()) {
+        return Bad(path + "." + name, "must be a quantity, got " + Quote(value));
+      }
+      const bool bytes = name == "memory" || name == "ephemeral-storage" || name.rfind("hugepages-", 0) == 0;
+      const Status parsed = bytes ? ParseBytes(value).status() : ParseCpu(value).status();
+      if (!parsed.ok()) return Bad(path + "." + name, parsed.message());
+    }
+  }
+  return Status::Ok();
+}
+
 Result<JobSpec> ParseSpec(const json& job) {
   JobSpec s;
   const json& meta = job.contains("metadata") ? job["metadata"] : json::object();
@@ -185,6 +207,7 @@ Result<JobSpec> ParseSpec(const json& job) {
   }
   s.gpu = device == "gpu";
   MW_RETURN_IF_ERROR(ReadObject(spec, "resources", "spec.resources", &s.resources));
+  MW_RETURN_IF_ERROR(CheckResources(s.resources));
   MW_RETURN_IF_ERROR(ReadObject(spec, "template", "spec.template", &s.pod_template));
   if (s.pod_template.contains("spec") && !s.pod_template["spec"].is_object()) {
     return Bad("spec.template.spec", "must be an object, got " + Quote(s.pod_template["spec"]));

@@ -169,6 +169,13 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
       {{{"runPolicy", {{"permanentExitCodes", {0}}}}}, "spec.runPolicy.permanentExitCodes[0]: 0 must be an exit code"},
       {{{"runPolicy", {{"backoffLimit", -1}}}}, "spec.runPolicy.backoffLimit: -1 is outside"},
       {{{"masterPort", 9400}}, "spec.masterPort: 9400 collides with the metrics ports"},
+      // The drill's job that stayed Created 0/2 for ever: the Pod it makes is refused.
+      {{{"resources", {{"requests", {{"cpu", "abc"}, {"memory", "1Gi"}}}}}},
+       "spec.resources.requests.cpu: invalid quantity \"abc\""},
+      {{{"resources", {{"requests", {{"memory", "-5Gi"}}}}}}, "spec.resources.requests.memory: invalid quantity \"-5Gi\""},
+      {{{"resources", {{"limits", {{"nvidia.com/gpu", -1}}}}}}, "spec.resources.limits.nvidia.com/gpu: invalid quantity \"-1\""},
+      {{{"resources", {{"limits", {{"cpu", true}}}}}}, "spec.resources.limits.cpu: must be a quantity, got true"},
+      {{{"resources", {{"requests", "2"}}}}, "spec.resources.requests: must be a map of resource name to quantity"},
   };
   for (const auto& [spec, message] : cases) {
     auto s = ParseSpec(Job(spec));
