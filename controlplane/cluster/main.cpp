@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -50,7 +51,8 @@ const char* kUsage =
     "  --port N            kube-apiserver's port on 127.0.0.1 (default: the one used last time in\n"
     "                      DIR, else a free one)\n"
     "  --kubeconfig FILE   admin kubeconfig to write (default DIR/kubeconfig)\n"
-    "  --nodes FILE        the node agent's nodes config (default: one node \"local\")\n"
+    "  --nodes FILE        the node agent's nodes config (default: one node \"local\"); \"none\":\n"
+    "                      no node agents (an API-only cluster, for clients' tests)\n"
     "  --kube-bin DIR      where etcd, kube-apiserver, kube-controller-manager and kube-scheduler\n"
     "                      are (default $MESHWORK_KUBE_BIN, else what scripts/setup.sh built)\n"
     "  --node-agent FILE   the meshwork-node-agent binary (default: the one built with this)\n";
@@ -107,7 +109,9 @@ struct Component {
 
 class Supervisor {
  public:
-  explicit Supervisor(std::string log_dir) : log_dir_(std::move(log_dir)) {}
+  // Logs go to LOG_DIR/<name>.log; each running component's pid is in RUN_DIR/<name>.pid, for
+  // scripts and tests that signal one (freeze or kill the API server).
+  Supervisor(std::string log_dir, std::string run_dir) : log_dir_(std::move(log_dir)), run_dir_(std::move(run_dir)) {}
   ~Supervisor() { StopAll(); }
 
   meshwork::Status Start(Component* c) {
@@ -132,6 +136,7 @@ class Supervisor {
     }
     c->pid = child.pid;
     c->started = Clock::now();
+    if (std::ofstream pid_file(PidFile(*c)); pid_file) pid_file << c->pid << "\n";
     if (std::find(order_.begin(), order_.end(), c) == order_.end()) order_.push_back(c);
     return meshwork::Status::Ok();
   }
@@ -145,6 +150,7 @@ class Supervisor {
       for (Component* c : order_) {
         if (c->pid != pid) continue;
         c->pid = -1;
+        std::remove(PidFile(*c).c_str());
         const bool long_run = Clock::now() - c->started > std::chrono::minutes(1);
         c->backoff_seconds = long_run || c->backoff_seconds == 0 ? 1 : std::min(30, c->backoff_seconds * 2);
         c->next_start = Clock::now() + std::chrono::seconds(c->backoff_seconds);
@@ -188,6 +194,7 @@ class Supervisor {
         ::waitpid(c->pid, nullptr, 0);
         c->pid = -1;
       }
+      std::remove(PidFile(*c).c_str());
     }
   }
 
@@ -197,7 +204,10 @@ class Supervisor {
   }
 
  private:
+  std::string PidFile(const Component& c) const { return run_dir_ + "/" + c.name + ".pid"; }
+
   std::string log_dir_;
+  std::string run_dir_;
   std::vector<Component*> order_;
 };
 
@@ -288,7 +298,7 @@ int main(int argc, char** argv) {
     std::cerr << "meshwork-cluster: --node-agent " << agent << ": not an executable\n";
     return exit_code::kConfig;
   }
-  for (const std::string& dir : {data_dir, data_dir + "/logs", data_dir + "/etcd", data_dir + "/agent"}) {
+  for (const std::string& dir : {data_dir, data_dir + "/logs", data_dir + "/etcd", data_dir + "/agent", data_dir + "/run"}) {
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       std::cerr << "meshwork-cluster: --data-dir: " << dir << ": " << std::strerror(errno) << "\n";
       return exit_code::kIO;
@@ -296,7 +306,9 @@ int main(int argc, char** argv) {
   }
   // The nodes, to give each its own agent and identity (the agent validates the file the same way).
   std::vector<agent::NodeConfig> node_configs;
-  if (!nodes.empty()) {
+  if (nodes == "none") {
+    nodes.clear();  // no agents, so none of their identities or ports
+  } else if (!nodes.empty()) {
     std::string text = ReadAll(nodes);
     if (text.empty()) {
       std::cerr << "meshwork-cluster: --nodes " << nodes << ": cannot read it, or it is empty\n";
@@ -448,7 +460,7 @@ int main(int argc, char** argv) {
   }
   k8s::Client* api = client.value().get();
 
-  Supervisor sup(logs);
+  Supervisor sup(logs, data_dir + "/run");
   auto start = [&](Component* c, const std::string& what, std::chrono::seconds timeout,
                    const std::function<bool()>& ready) -> meshwork::Status {
     MW_RETURN_IF_ERROR(sup.Start(c));

@@ -11,7 +11,7 @@
 
 #include "operator/k8s/informer.h"
 #include "operator/runtime/health.h"
-#include "tests/operator/runtime/controlplane_fixture.h"
+#include "tests/operator/local_cluster.h"
 #include "tests/operator/runtime/http_get.h"
 
 namespace meshwork::runtime {
@@ -19,16 +19,16 @@ namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using testing::ControlPlaneFixture;
-using testing::Eventually;
+using meshwork::testing::LocalClusterTest;
+using meshwork::testing::Eventually;
 
-class EventRecorderTest : public ControlPlaneFixture {
+class EventRecorderTest : public LocalClusterTest {
  protected:
   void SetUp() override {
-    ControlPlaneFixture::SetUp();
+    LocalClusterTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    EnsureNamespace("team");
-    auto cm = client_->Create(k8s::resources::ConfigMaps(), "team",
+    EnsureNamespace(ns_);
+    auto cm = client_->Create(k8s::resources::ConfigMaps(), ns_,
                               {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "job-1"}}}});
     ASSERT_TRUE(cm.ok()) << cm.error().ToString();
     object_ = *cm;
@@ -46,7 +46,7 @@ class EventRecorderTest : public ControlPlaneFixture {
   std::vector<json> EventsFor(const std::string& name) {
     k8s::ListOptions lo;
     lo.field_selector = "involvedObject.name=" + name;
-    auto list = client_->List(k8s::resources::Events(), "team", lo);
+    auto list = client_->List(k8s::resources::Events(), ns_, lo);
     EXPECT_TRUE(list.ok()) << list.error().ToString();
     std::vector<json> out;
     if (list.ok()) {
@@ -80,13 +80,13 @@ TEST_F(EventRecorderTest, EventHasTheInvolvedObjectAndRecorderFields) {
   EXPECT_EQ(e["reason"], "CreatedPod");
   EXPECT_EQ(e["message"], "Created pod job-1-worker-0");
   EXPECT_EQ(e["count"], 1);
-  EXPECT_EQ(e["metadata"]["namespace"], "team");
+  EXPECT_EQ(e["metadata"]["namespace"], ns_);
   EXPECT_EQ(e["source"]["component"], "meshwork-operator");
   EXPECT_EQ(e["reportingComponent"], "meshwork-operator");
   const json& io = e["involvedObject"];
   EXPECT_EQ(io["kind"], "ConfigMap");
   EXPECT_EQ(io["apiVersion"], "v1");
-  EXPECT_EQ(io["namespace"], "team");
+  EXPECT_EQ(io["namespace"], ns_);
   EXPECT_EQ(io["name"], "job-1");
   EXPECT_EQ(io["uid"], object_["metadata"]["uid"]);
   EXPECT_EQ(io["resourceVersion"], object_["metadata"]["resourceVersion"]);
@@ -195,7 +195,7 @@ TEST_F(EventRecorderTest, UnresponsiveApiNeitherBlocksRecordingNorShutdown) {
 TEST_F(EventRecorderTest, ReadyzIsServiceUnavailableUntilTheInformerHasSynced) {
   auto server = metrics::MetricsServer::Start("127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  k8s::Informer informer(client_.get(), k8s::resources::ConfigMaps(), "team");
+  k8s::Informer informer(client_.get(), k8s::resources::ConfigMaps(), ns_);
   HealthChecks health;
   health.AddReadinessCheck("informers", InformerSyncedCheck(&informer, "configmaps informer"));
   ASSERT_TRUE(health.Install(**server).ok());

@@ -10,15 +10,15 @@
 #include <regex>
 #include <vector>
 
-#include "tests/operator/runtime/controlplane_fixture.h"
+#include "tests/operator/local_cluster.h"
 
 namespace meshwork::runtime {
 namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using testing::ControlPlaneFixture;
-using testing::Eventually;
+using meshwork::testing::LocalClusterTest;
+using meshwork::testing::Eventually;
 using SteadyClock = std::chrono::steady_clock;
 
 // Short timings so the tests take seconds (the lease is written as 3 s), with room for a loaded
@@ -51,15 +51,22 @@ struct Candidate {
   }
 };
 
-class LeaderElectionTest : public ControlPlaneFixture {
+// Each test has its own namespace, and so its own Lease, on the binary's shared cluster.
+class LeaderElectionTest : public LocalClusterTest {
  protected:
+  void SetUp() override {
+    LocalClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    EnsureNamespace(ns_);
+  }
+
   std::unique_ptr<Candidate> MakeCandidate(const std::string& identity, bool release_on_cancel,
                                            std::chrono::milliseconds lease = kLease,
                                            std::chrono::milliseconds request_timeout = 1000ms) {
     auto c = std::make_unique<Candidate>();
     c->client = NewClient(request_timeout);  // by default well inside the renew deadline
     LeaderElectionOptions o;
-    o.lease_namespace = "default";
+    o.lease_namespace = ns_;
     o.lease_name = "meshwork-operator-test";
     o.identity = identity;
     o.lease_duration = lease;
@@ -86,7 +93,7 @@ class LeaderElectionTest : public ControlPlaneFixture {
   }
 
   json Lease() {
-    auto got = client_->Get(k8s::resources::Leases(), "default", "meshwork-operator-test");
+    auto got = client_->Get(k8s::resources::Leases(), ns_, "meshwork-operator-test");
     EXPECT_TRUE(got.ok()) << got.error().ToString();
     return got.ok() ? got->value("spec", json::object()) : json::object();
   }
@@ -210,13 +217,13 @@ TEST_F(LeaderElectionTest, LeaderThatFindsTheLeaseOverwrittenStepsDown) {
 
   bool written = false;
   for (int i = 0; i < 20 && !written; ++i) {  // a renewal may race us: retry on 409
-    auto got = client_->Get(k8s::resources::Leases(), "default", "meshwork-operator-test");
+    auto got = client_->Get(k8s::resources::Leases(), ns_, "meshwork-operator-test");
     ASSERT_TRUE(got.ok()) << got.error().ToString();
     json lease = *got;
     lease["spec"]["holderIdentity"] = "intruder";
     lease["spec"]["leaseDurationSeconds"] = 30;
     lease["spec"]["renewTime"] = FormatMicroTime(std::chrono::system_clock::now());
-    auto upd = client_->Update(k8s::resources::Leases(), "default", lease);
+    auto upd = client_->Update(k8s::resources::Leases(), ns_, lease);
     written = upd.ok();
     if (!written) {
       ASSERT_TRUE(k8s::IsConflict(upd.error())) << upd.error().ToString();
@@ -238,15 +245,15 @@ TEST_F(LeaderElectionTest, LeaderThatFindsTheLeaseOverwrittenStepsDown) {
 }
 
 // Overwrites the lease with another holder; retries when a renewal races the write.
-void Overwrite(k8s::Client* client, const std::string& holder, int duration_s) {
+void Overwrite(k8s::Client* client, const std::string& ns, const std::string& holder, int duration_s) {
   for (int i = 0; i < 20; ++i) {
-    auto got = client->Get(k8s::resources::Leases(), "default", "meshwork-operator-test");
+    auto got = client->Get(k8s::resources::Leases(), ns, "meshwork-operator-test");
     ASSERT_TRUE(got.ok()) << got.error().ToString();
     json lease = *got;
     lease["spec"]["holderIdentity"] = holder;
     lease["spec"]["leaseDurationSeconds"] = duration_s;
     lease["spec"]["renewTime"] = FormatMicroTime(std::chrono::system_clock::now());
-    auto upd = client->Update(k8s::resources::Leases(), "default", lease);
+    auto upd = client->Update(k8s::resources::Leases(), ns, lease);
     if (upd.ok()) return;
     ASSERT_TRUE(k8s::IsConflict(upd.error())) << upd.error().ToString();
   }
@@ -260,7 +267,7 @@ TEST_F(LeaderElectionTest, ElectorCanCampaignAgainAfterALoss) {
   ASSERT_TRUE(a->elector);
   a->elector->Start();
   ASSERT_TRUE(Eventually([&] { return a->elector->IsLeader(); }, 10s));
-  Overwrite(client_.get(), "intruder", 1);
+  Overwrite(client_.get(), ns_, "intruder", 1);
   const auto overwritten = SteadyClock::now();
   ASSERT_TRUE(Eventually([&] { return a->stopped.load() == 1; }, 5s));
 
@@ -286,13 +293,13 @@ TEST_F(LeaderElectionTest, IsLeaderTurnsFalseWhenRenewalsStallPastTheDeadline) {
   ASSERT_TRUE(Eventually([&] { return a->elector->IsLeader(); }, 10s));
   std::this_thread::sleep_for(300ms);
 
-  cp_->Signal(SIGSTOP);
+  cluster_->SignalApiServer(SIGSTOP);
   const auto frozen = SteadyClock::now();
   ASSERT_TRUE(Eventually([&] { return !a->elector->IsLeader(); }, 10s));
   const auto noticed = SteadyClock::now() - frozen;
   EXPECT_LE(noticed, kRenewDeadline + 300ms) << std::chrono::duration<double>(noticed).count() << " s";
   EXPECT_EQ(a->stopped.load(), 0);  // the stuck request has not returned yet
-  cp_->Signal(SIGCONT);
+  cluster_->SignalApiServer(SIGCONT);
   ASSERT_TRUE(Eventually([&] { return a->stopped.load() == 1; }, 15s));
   a->elector->Stop();
 }
