@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# What a user sees with kubectl 1.37 when the TrainingJob CRD is on the real kube-apiserver
+# (meshwork-cluster, no operator running), so the CRD's schema and CEL rules are enforced by the
+# API server itself:
+#   - the CRD is Established, `kubectl explain` shows its field docs, and every example job passes
+#     a server-side dry run;
+#   - bad TrainingJobs are refused with the server's message naming the field: each CEL rule, the
+#     schema's ranges and enums, unknown fields (strict field validation), and quantities
+#     (the drill's `cpu: abc, memory: -5Gi` job);
+#   - updates the CRD forbids (processesPerReplica; replicas with checkpoints on) are refused,
+#     and the ones it allows are stored with a new generation;
+#   - printer columns in `get` and `get -o wide`, `kubectl wait` on a status condition written
+#     through the status subresource, the scale subresource;
+#   - a Pod through the node agent: `kubectl run`, logs of the running Pod, describe with the
+#     scheduler's event, delete stops its process.
+# usage: kubectl_e2e.sh CLUSTER OPERATOR TRAIN SOURCE_DIR (OPERATOR and TRAIN are unused)
+set -uo pipefail
+
+cluster_bin="$1"
+src="$4"
+source "$src/tests/common/e2e_lib.sh"
+e2e_require_kube_bin
+e2e_init
+passed=0
+failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+k() { timeout 60 kubectl --request-timeout=30s "$@"; }
+
+e2e_start_controlplane "$cluster_bin" || exit 1
+e2e_apply_crd "$src" && pass "CRD applied and Established" || fail "CRD: $(kubectl get crd -o yaml 2>&1 | tail -20)"
+
+# The API server publishes a new CRD's OpenAPI a moment after it is Established.
+e2e_wait_for 60 "the CRD's OpenAPI" kubectl explain trainingjob.spec.replicas >/dev/null
+out="$(k explain trainingjob.spec.replicas 2>&1)"
+[[ "$out" == *"FIELD: replicas <integer>"* && "$out" == *"DESCRIPTION"* ]] && pass "kubectl explain shows the CRD's field docs" ||
+  fail "explain: $out"
+examples=("$src"/examples/trainingjob-*.yaml)
+n=${#examples[@]}
+out="$(for f in "${examples[@]}"; do k apply --dry-run=server -f "$f" || echo "FAILED: $f"; done 2>&1)"
+rc=0
+[[ "$out" == *FAILED* ]] && rc=1
+[ $rc = 0 ] && [ "$(grep -c 'created (server dry run)' <<<"$out")" = "$n" ] &&
+  pass "all $n example files pass a server-side dry run" || fail "examples (rc $rc): $out"
+
+# A valid job to derive the bad ones from (no operator runs: nothing acts on it).
+job() {
+  cat <<EOF
+apiVersion: meshwork.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: ${1:-bad}
+spec:
+  image: ghcr.io/meshwork/trainer:0.1.0
+  device: cpu
+  replicas: 2
+  processesPerReplica: 1
+  resources: {requests: {cpu: "1", memory: 1Gi}}
+  checkpoint: {path: /tmp/ckpt, every: 50}
+  config: {inline: "model: {preset: tiny}"}
+EOF
+}
+# refused DESCRIPTION SED_EXPRESSION EXPECTED...: the edited job is refused, the message has each
+# EXPECTED, and nothing was stored.
+refused() {
+  local what="$1" edit="$2"
+  shift 2
+  local out rc
+  out="$(job | sed -e "$edit" | k apply -f - 2>&1)"; rc=$?
+  local missing=""
+  for want in "$@"; do [[ "$out" == *"$want"* ]] || missing+=" [$want]"; done
+  if [ $rc != 0 ] && [ -z "$missing" ] && ! k get trainingjob bad >/dev/null 2>&1; then
+    pass "refused: $what"
+  else
+    fail "$what (rc $rc, missing$missing): $out"
+    k delete trainingjob bad --wait=false >/dev/null 2>&1
+  fi
+}
+refused "cpu: abc, memory: -5Gi" 's|cpu: "1", memory: 1Gi|cpu: abc, memory: "-5Gi"|' \
+  'spec.resources.requests[cpu]: Invalid value: "abc": must be a non-negative quantity' \
+  'spec.resources.requests[memory]: Invalid value: "-5Gi"'
+refused "a mesh that does not multiply to the world" 's|^  checkpoint:.*|  mesh: {dpShard: 3}|' \
+  "mesh: dpReplicate x dpShard x tp must equal replicas x processesPerReplica"
+refused "mesh auto with dpShard" 's|^  checkpoint:.*|  mesh: {auto: true, dpShard: 2}|' \
+  "set either auto: true (the trainer chooses the mesh) or dpShard"
+refused "both inline and configMapRef" 's|config: {inline: "model: {preset: tiny}"}|config: {inline: x, configMapRef: {name: c}}|' \
+  "spec.config: Invalid value" "set exactly one of inline and configMapRef"
+refused "a relative checkpoint path" 's|path: /tmp/ckpt|path: ckpt|' "spec.checkpoint" "path must be absolute"
+refused "permanentExitCodes without ExitCode" 's|^  checkpoint:.*|  runPolicy: {restartPolicy: OnFailure, permanentExitCodes: [3]}|' \
+  "permanentExitCodes needs restartPolicy ExitCode"
+refused "exit code 0 as permanent" 's|^  checkpoint:.*|  runPolicy: {restartPolicy: ExitCode, permanentExitCodes: [0]}|' \
+  "0 is success, not a permanent failure"
+refused "replicas: 0" 's|replicas: 2|replicas: 0|' "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"
+refused "device: tpu" 's|device: cpu|device: tpu|' 'spec.device: Unsupported value: "tpu"'
+refused "an unknown field" 's|^  device: cpu|  device: cpu\n  replica: 2|' 'unknown field "spec.replica"'
+
+# Updates: what the CRD forbids and what it allows.
+job ok | k apply -f - >/dev/null 2>&1 && pass "a valid TrainingJob is created" || fail "create ok: $(job ok | k apply -f - 2>&1)"
+out="$(job ok | sed 's|processesPerReplica: 1|processesPerReplica: 2|' | k apply -f - 2>&1)"
+[[ "$out" == *"processesPerReplica is immutable; create a new TrainingJob"* ]] && pass "processesPerReplica is immutable" ||
+  fail "ppr update: $out"
+out="$(job ok | sed 's|replicas: 2|replicas: 4|' | k apply -f - 2>&1)"
+[[ "$out" == *"with checkpoints on, replicas and mesh cannot change"* ]] && pass "replicas fixed while checkpointing" ||
+  fail "replicas update: $out"
+job ok | sed 's|every: 50|every: 25|' | k apply -f - >/dev/null 2>&1
+out="$(k get trainingjob ok -o jsonpath='{.metadata.generation} {.spec.checkpoint.every} {.spec.runPolicy.backoffLimit} {.spec.imagePullPolicy}' 2>&1)"
+[[ "$out" == "2 25 "* ]] && pass "an allowed update is stored as generation 2 (defaults: $out)" || fail "update: $out"
+
+# Columns, status, wait, scale.
+out="$(k get trainingjobs 2>&1)"
+[[ "$out" == *"NAME"*"PHASE"*"READY"*"STEP"*"PROGRESS"*"ETA"*"TOKENS/S"*"RESTARTS"*"AGE"* && "$out" == *ok* ]] &&
+  pass "get shows the printer columns" || fail "columns: $out"
+k patch trainingjob ok --subresource=status --type=merge \
+  -p '{"status":{"phase":"Running","ready":"2/2","trainer":{"step":42},"conditions":[{"type":"Running","status":"True","reason":"GangRunning","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}' >/dev/null 2>&1
+out="$(k wait trainingjob/ok --for=condition=Running --timeout=20s 2>&1)"
+[[ "$out" == *"condition met"* ]] && pass "kubectl wait on a condition written through the status subresource" || fail "wait: $out"
+out="$(k get trainingjob ok --no-headers 2>&1)"
+[[ "$out" == *Running*2/2*42* ]] && pass "columns show the status: $(echo $out | cut -c1-60)" || fail "status columns: $out"
+out="$(k get trainingjob ok -o wide 2>&1)"
+[[ "$(head -1 <<<"$out" | wc -w)" -gt "$(k get trainingjob ok 2>&1 | head -1 | wc -w)" ]] && pass "-o wide adds the priority-1 columns" ||
+  fail "wide: $out"
+k apply -f - >/dev/null 2>&1 <<EOF
+$(job elastic | sed '/checkpoint:/d')
+EOF
+out="$(k scale trainingjob elastic --replicas=4 2>&1; k get trainingjob elastic -o jsonpath='{.spec.replicas}')"
+[[ "$out" == *scaled*4 ]] && pass "kubectl scale through the scale subresource" || fail "scale: $out"
+
+# A Pod through the node agent.
+k run sleeper --image=busybox --restart=Never --command -- sh -c 'echo started; exec sleep 6017' >/dev/null 2>&1
+e2e_wait_for 60 "sleeper Running" bash -c '[ "$(kubectl get pod sleeper -o jsonpath={.status.phase})" = Running ]' &&
+  pass "kubectl run: the Pod runs on the node agent" || fail "run: $(k get pod sleeper -o yaml 2>&1 | tail -20)"
+e2e_wait_for 20 "sleeper's log" bash -c 'kubectl logs sleeper | grep -q started' && pass "kubectl logs of a running Pod" ||
+  fail "logs: $(k logs sleeper 2>&1)"
+out="$(k describe pod sleeper 2>&1)"
+[[ "$out" == *"Status:"*"Running"* && "$out" == *"Scheduled"*"default-scheduler"* ]] &&
+  pass "describe pod: its phase and the scheduler's event" || fail "describe: $out"
+pid="$(pgrep -f 'sleep 6017' | head -1)"
+k delete pod sleeper --grace-period=1 >/dev/null 2>&1
+e2e_wait_for 30 "sleeper's process gone" bash -c "! kill -0 ${pid:-0} 2>/dev/null" && [ -n "$pid" ] &&
+  pass "delete stops the Pod's process" || fail "delete: pid '$pid' still there"
+
+echo "kubectl e2e: $passed passed, $failed failed"
+[ "$failed" = 0 ]
