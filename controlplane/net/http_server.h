@@ -1,4 +1,4 @@
-// A small HTTP/1.1 server on POSIX sockets for the local control plane (docs/controlplane-storage.md):
+// A small HTTP/1.1 server on POSIX sockets for the node agent's kubelet API (docs/cluster.md):
 // loopback only, keep-alive, Content-Length and chunked request bodies, chunked streaming
 // responses (watch), one thread per connection with a bounded connection count.
 #pragma once

@@ -1,4 +1,4 @@
-// Self-signed serving certificate and the TLS-terminating relay (see tls_front.h).
+// The TLS-terminating relay (see tls_front.h).
 #include "controlplane/net/tls_front.h"
 
 #include <arpa/inet.h>
@@ -34,83 +34,6 @@ std::string OpenSslError() {
   return buf;
 }
 
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream s;
-  s << in.rdbuf();
-  *out = s.str();
-  return !out->empty();
-}
-
-Status WriteFile(const std::string& path, const std::string& content) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << content;
-    if (!out.flush()) return IOError("cannot write " + tmp);
-  }
-  chmod(tmp.c_str(), 0600);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return IOError("cannot rename " + tmp + " to " + path);
-  return Status::Ok();
-}
-
-bool AddExt(X509* cert, int nid, const char* value) {
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
-  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-  if (ext == nullptr) return false;
-  bool ok = X509_add_ext(cert, ext, -1) == 1;
-  X509_EXTENSION_free(ext);
-  return ok;
-}
-
-Result<TlsMaterial> CreateSelfSigned() {
-  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), EVP_PKEY_free);
-  if (!key) return Internal("cannot generate a P-256 key: " + OpenSslError());
-  std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), X509_free);
-  X509_set_version(cert.get(), 2);
-  unsigned char serial[16];
-  RAND_bytes(serial, sizeof(serial));
-  serial[0] &= 0x7F;
-  BIGNUM* bn = BN_bin2bn(serial, sizeof(serial), nullptr);
-  BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(cert.get()));
-  BN_free(bn);
-  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);
-  X509_gmtime_adj(X509_getm_notAfter(cert.get()), 10L * 365 * 24 * 3600);
-  X509_set_pubkey(cert.get(), key.get());
-  X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("meshwork"), -1, -1, 0);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("meshwork-controlplane"), -1, -1, 0);
-  X509_set_issuer_name(cert.get(), name);
-  if (!AddExt(cert.get(), NID_basic_constraints, "critical,CA:TRUE") ||
-      !AddExt(cert.get(), NID_key_usage, "critical,digitalSignature,keyEncipherment,keyCertSign") ||
-      !AddExt(cert.get(), NID_ext_key_usage, "serverAuth") ||
-      !AddExt(cert.get(), NID_subject_key_identifier, "hash") ||
-      !AddExt(cert.get(), NID_subject_alt_name, "IP:127.0.0.1,IP:::1,DNS:localhost")) {
-    return Internal("cannot add certificate extensions: " + OpenSslError());
-  }
-  if (X509_sign(cert.get(), key.get(), EVP_sha256()) == 0) {
-    return Internal("cannot sign the certificate: " + OpenSslError());
-  }
-  TlsMaterial m;
-  BIO* b = BIO_new(BIO_s_mem());
-  PEM_write_bio_X509(b, cert.get());
-  char* data;
-  long n = BIO_get_mem_data(b, &data);
-  m.cert_pem.assign(data, static_cast<size_t>(n));
-  BIO_free(b);
-  b = BIO_new(BIO_s_mem());
-  PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
-  n = BIO_get_mem_data(b, &data);
-  m.key_pem.assign(data, static_cast<size_t>(n));
-  BIO_free(b);
-  return m;
-}
-
 bool WriteAll(int fd, const char* data, size_t n) {
   while (n > 0) {
     ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
@@ -123,19 +46,6 @@ bool WriteAll(int fd, const char* data, size_t n) {
 }
 
 }  // namespace
-
-Result<TlsMaterial> LoadOrCreateServingCert(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return IOError("cannot create " + dir + ": " + std::strerror(errno));
-  }
-  TlsMaterial m;
-  if (ReadFile(dir + "/tls.crt", &m.cert_pem) && ReadFile(dir + "/tls.key", &m.key_pem)) return m;
-  auto created = CreateSelfSigned();
-  if (!created.ok()) return created.status();
-  MW_RETURN_IF_ERROR(WriteFile(dir + "/tls.key", created->key_pem));
-  MW_RETURN_IF_ERROR(WriteFile(dir + "/tls.crt", created->cert_pem));
-  return created;
-}
 
 struct TlsFront::Impl {
   SSL_CTX* ctx = nullptr;

@@ -1,7 +1,6 @@
-// HTTPS for the control plane: a self-signed serving certificate kept in the data directory, and
-// a TLS front on 127.0.0.1 that terminates TLS (OpenSSL) and relays each connection to the
-// plain-HTTP API server on a loopback port. kubectl sends bearer tokens only over TLS, so this is
-// what makes token authentication usable with kubectl.
+// HTTPS for the node agent's kubelet API: a TLS front on 127.0.0.1 that terminates TLS (OpenSSL)
+// with the certificate meshwork-cluster made, checks the client's certificate against the
+// cluster CA, and relays each connection to the plain-HTTP server on a loopback port.
 #pragma once
 
 #include <atomic>
@@ -16,16 +15,12 @@
 namespace meshwork::controlplane {
 
 struct TlsMaterial {
-  std::string cert_pem;  // also the CA a client trusts (certificate-authority-data)
+  std::string cert_pem;  // the serving certificate (PEM)
   std::string key_pem;
   // Set: every client must present a certificate this CA (PEM) signed, or the handshake fails
   // (the kubelet API: only the API server, with its kubelet client certificate, gets in).
   std::string client_ca_pem;
 };
-
-// Loads <dir>/tls.crt and <dir>/tls.key, or creates them: an ECDSA P-256 self-signed
-// certificate for 127.0.0.1, ::1 and localhost, valid 10 years. IOError names the file.
-Result<TlsMaterial> LoadOrCreateServingCert(const std::string& dir);
 
 class TlsFront {
  public:

@@ -1,4 +1,4 @@
-# Shared helpers for bash end-to-end tests on the local control plane (meshwork-controlplane):
+# Shared helpers for bash end-to-end tests on the local cluster (meshwork-cluster, docs/cluster.md):
 # a temp work dir cleaned up on exit, free ports, polling, and starting the control plane.
 # Source it, then call e2e_init. Callers: the operator, helm and Prometheus e2e tests.
 # shellcheck shell=bash
@@ -67,22 +67,18 @@ e2e_wait_for() {
   return 1
 }
 
-# e2e_start_controlplane BINARY [FLAG...]: starts it on a free port with its data in $work/cp,
+# e2e_start_controlplane BINARY [FLAG...]: starts meshwork-cluster with its data in $work/cp,
 # the kubeconfig at $KUBECONFIG, run from $work (relative paths in Pods resolve there), with any
-# further flags (e.g. --nodes FILE); returns once it serves.
+# further flags (e.g. --nodes FILE); returns once it serves. kubectl and helm of its release
+# (MESHWORK_KUBE_BIN) come first on PATH.
 e2e_start_controlplane() {
   mkdir -p "$work/cp"
   local bin="$1"
   shift
-  # meshwork-cluster (real Kubernetes components) is driven by the kubectl of its own release.
-  local limit=30
-  if [ "$(basename "$bin")" = meshwork-cluster ]; then
-    limit=180
-    e2e_require_kube_bin
-  fi
+  e2e_require_kube_bin
   (cd "$work" && exec "$bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" "$@" >"$work/cp.log" 2>&1) &
   e2e_track $!
-  e2e_wait_for $limit "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; return 1; }
+  e2e_wait_for 180 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; return 1; }
 }
 
 # e2e_apply_crd SOURCE_DIR: applies crds/trainingjob.yaml and waits until it is Established.

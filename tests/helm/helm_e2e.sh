@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Helm chart on the local control plane, with the real helm and kubectl:
+# The Helm chart on the local cluster (meshwork-cluster: real kube-apiserver), with helm and kubectl:
 #   - `helm template --include-crds` of charts/meshwork-operator applies with `kubectl apply`
 #     (CRD, ServiceAccount, ClusterRole and bindings, Lease Role, Service, Deployment);
 #   - the Deployment rolls out: its Pod runs meshwork-operator with the chart's flags, and the
@@ -9,14 +9,13 @@
 #   - deleting the operator Pod: the Deployment replaces it, and the new Pod takes the Lease;
 #   - then `helm install` itself (release stored in ConfigMaps), `helm upgrade` (the Pod is
 #     replaced with the new flags and takes the Lease) and `helm uninstall` (everything but the
-#     CRD is gone). The local control plane serves no /openapi/v2 (helm 3.6 validates against it)
-#     and no ReplicaSets (`--wait` reads them): hence --disable-openapi-validation and no --wait.
-# The `helm test` Pod is not run here: it reaches the operator through its Service's DNS name,
-# and the local control plane has no Service routing (docs/controlplane.md).
-# On meshwork-cluster (CONTROLPLANE named so), the same checks run against the real kube-apiserver,
-# which enforces RBAC: its audit log must show every operator call allowed and none denied, and
-# the helm is the one scripts/kube-build.sh built (3.22).
-# usage: helm_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
+#     CRD is gone);
+#   - kube-apiserver enforces RBAC: its audit log must show every operator call allowed by the
+#     chart's rendered RBAC and none denied.
+# helm and kubectl are the ones scripts/kube-build.sh built (3.22, 1.37). The `helm test` Pod is
+# not run here: it reaches the operator through its Service's DNS name, and the local cluster has
+# no Service routing (no kube-proxy; docs/cluster.md).
+# usage: helm_e2e.sh CLUSTER OPERATOR TRAIN SOURCE_DIR
 set -uo pipefail
 
 cp_bin="$1"
@@ -24,11 +23,9 @@ op_bin="$2"
 train_bin="$3"
 src="$4"
 chart="$src/charts/meshwork-operator"
-helm="$src/.meshwork/tools/node_modules/.bin/helm"
-[ -x "$helm" ] || helm="$(command -v helm)" || { echo "FATAL: helm not found: run scripts/setup.sh"; exit 2; }
-command -v kubectl >/dev/null || { echo "FATAL: kubectl not found: run scripts/setup.sh"; exit 2; }
-
 source "$src/tests/common/e2e_lib.sh"
+e2e_require_kube_bin
+helm="$MESHWORK_KUBE_BIN/helm"
 e2e_init
 passed=0
 failed=0
@@ -49,23 +46,11 @@ dump() {
 # on PATH (images are ignored locally), and no KUBECONFIG, so that the operator can only reach
 # the API through the service account the node agent gives each Pod.
 mkdir -p "$work/cp" "$work/data"
-if [ "$(basename "$cp_bin")" = meshwork-cluster ]; then
-  # The real kube-apiserver: its own audit log, RBAC enforced, and the helm and kubectl of its
-  # release (scripts/kube-build.sh).
-  e2e_require_kube_bin
-  helm="$MESHWORK_KUBE_BIN/helm"
-  audit="$work/cp/logs/audit.log"
-  cp_flags=()
-  cp_start_limit=180
-else
-  audit="$work/audit.jsonl"
-  cp_flags=(--audit-log "$audit")
-  cp_start_limit=30
-fi
+audit="$work/cp/logs/audit.log"   # kube-apiserver's (meshwork-cluster writes it there)
 (cd "$work" && exec env -u KUBECONFIG PATH="$(dirname "$op_bin"):$(dirname "$train_bin"):$PATH" \
-  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" "${cp_flags[@]}" >"$work/cp.log" 2>&1) &
+  "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
 e2e_track $!
-e2e_wait_for "$cp_start_limit" "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
+e2e_wait_for 180 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
   fail "prepare-data"
 
@@ -176,7 +161,6 @@ else
 fi
 
 # ---- helm install, upgrade, uninstall
-export HELM_DRIVER=configmap   # the local control plane serves no Secrets
 "$helm" template meshwork "$chart" -n "$ns" --kube-version 1.29.0 --skip-tests --set metricsPort="$port" >"$work/no-crd.yaml"
 k delete -f "$work/no-crd.yaml" --wait=true >/dev/null 2>&1
 gone() { [ -z "$(k -n "$ns" get pods -o name 2>/dev/null)" ]; }
@@ -186,7 +170,7 @@ release=meshwork-operator
 lease=$release
 leader_pod() { k -n "$ns" get pods -l app.kubernetes.io/instance=$release -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | head -n 1; }
 holds_lease() { local p; p="$(leader_pod)"; [ -n "$p" ] && holder_is "$p"; }
-out="$("$helm" install "$release" "$chart" -n "$ns" --disable-openapi-validation --set metricsPort="$port2" \
+out="$("$helm" install "$release" "$chart" -n "$ns" --set metricsPort="$port2" \
   --set operator.leaderElection.leaseDurationSeconds=4 --set operator.leaderElection.renewDeadlineSeconds=3 \
   --set operator.leaderElection.retryPeriodSeconds=1 2>&1)"
 [[ "$out" == *"STATUS: deployed"* && "$out" == *"helm test $release -n $ns"* ]] &&
@@ -194,7 +178,7 @@ out="$("$helm" install "$release" "$chart" -n "$ns" --disable-openapi-validation
 out="$(k -n "$ns" rollout status deployment/$release --timeout=90s 2>&1)"
 [[ "$out" == *"successfully rolled out"* ]] && e2e_wait_for 30 "the installed operator leads" holds_lease &&
   pass "the installed operator ($(leader_pod)) rolls out and takes the Lease" || { fail "after helm install: $out, Lease '$(holder)'"; dump; }
-out="$("$helm" upgrade "$release" "$chart" -n "$ns" --disable-openapi-validation --reuse-values --set operator.workers=2 2>&1)"
+out="$("$helm" upgrade "$release" "$chart" -n "$ns" --reuse-values --set operator.workers=2 2>&1)"
 args_of_leader() { k -n "$ns" get pod "$(leader_pod)" -o jsonpath='{.spec.containers[0].args}' 2>/dev/null; }
 upgraded() { [[ "$(args_of_leader)" == *'"--workers=2"'* ]] && holds_lease; }
 [[ "$out" == *"has been upgraded"* ]] && e2e_wait_for 90 "the upgraded Pod leads" upgraded &&
