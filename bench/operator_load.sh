@@ -215,6 +215,11 @@ for r in "${replicas_list[@]}"; do
   pods_by_phase="$(k get pods -n bench -o jsonpath='{range .items[*]}{.status.phase}/{.spec.nodeName}{"\n"}{end}' 2>/dev/null |
     sed 's|/$|/unscheduled|; s|/local$||' | sort | uniq -c | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $1}')"
   stuck="$(awk '$2 != "Succeeded" {print $1 "(" ($2 == "" ? "no phase" : $2) ")"}' "$run/jobs.txt" | head -n 20 | xargs)"
+  # kube-apiserver's own request latency histogram, every client's requests since it started.
+  api_port="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["apiserver"])' "$run/cp/ports.json")"
+  curl -s --max-time 30 --cacert "$run/cp/pki/ca.crt" --cert "$run/cp/pki/admin.crt" --key "$run/cp/pki/admin.key" \
+    "https://127.0.0.1:$api_port/metrics" >"$run/apiserver-metrics.txt" || true
+  api_latency="$(python3 "$root/bench/apiserver_latency.py" "$run/apiserver-metrics.txt" 2>&1)"
   stop_all
 
   python3 - "$run/metrics.txt" "$njobs" "$r" "$t_apply" "${t_pods:-}" "${t_done:-}" "$elapsed" "$depth_max" \
@@ -260,6 +265,7 @@ PY
     echo "- errors by reason: $(sed -nE 's/^meshwork_operator_reconcile_errors_total\{reason="([a-z_]+)"\} ([0-9.e+]+)$/\1 \2/p' "$run/metrics.txt" | awk '{printf "%s%s %d", (NR > 1 ? ", " : ""), $1, $2}')"
     echo "- operator log: $(wc -l <"$run/op.log") lines, $(grep -c 'reconcile ' "$run/op.log" || true) reconcile lines, $(grep -c 'events: ' "$run/op.log" || true) from the event recorder$(grep -m1 'events: ' "$run/op.log" | cut -c1-160 | sed 's/^/ (first: /; s/$/)/' || true); first error line: $(grep -m1 -iE 'error|fail|conflict' "$run/op.log" | cut -c1-200 || echo none)"
     echo "- control plane log: $(wc -l <"$run/cp.log") lines$( [ "$(wc -l <"$run/cp.log")" -gt 1 ] && echo ": $(grep -v 'serving on' "$run/cp.log" | head -n 2 | cut -c1-200 | tr '\n' ' ')")"
+    echo "- kube-apiserver request latency (apiserver_request_duration_seconds, all clients, since its start; p50/p99 interpolated within buckets): $api_latency"
     echo "- events in namespace bench: $n_events; etcd $((store_kib / 1024)) MiB, agent dir (Pod logs, hosts files) $((agent_kib / 1024)) MiB"
     echo "- components since their start (CPU) and peak RSS: $per_component"
     echo "- timeline (s since the apply; operator metrics: Pods created, jobs Succeeded, queue depth; CPU seconds since the apply), one line per 10 s:"

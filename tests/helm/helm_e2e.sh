@@ -7,7 +7,7 @@
 #   - the Pod holds the Lease named in values and answers /readyz on the chart's metrics port;
 #   - a TrainingJob applied with kubectl is reconciled by that operator to Succeeded;
 #   - deleting the operator Pod: the Deployment replaces it, and the new Pod takes the Lease;
-#   - then `helm install` itself (release stored in ConfigMaps), `helm upgrade` (the Pod is
+#   - then `helm install` itself (release stored in Secrets), `helm upgrade` (the Pod is
 #     replaced with the new flags and takes the Lease) and `helm uninstall` (everything but the
 #     CRD is gone);
 #   - kube-apiserver enforces RBAC: its audit log must show every operator call allowed by the
@@ -150,8 +150,9 @@ else
   dump
 fi
 
-# ---- the chart's RBAC allows every API call the operator made (the control plane's audit log;
-# RBAC is not enforced here). The operator's client sends User-Agent meshwork-operator/<version>.
+# ---- the chart's RBAC allows every API call the operator made, and kube-apiserver, which
+# enforces RBAC, denied none (its audit log). The operator's client sends User-Agent
+# meshwork-operator/<version>.
 out="$(python3 "$src/tests/helm/rbac_audit_check.py" "$audit" "$work/rendered.yaml" meshwork-operator/ 2>&1)"
 if [ $? = 0 ]; then
   pass "every API call the operator made is allowed by the chart's RBAC ($(sed -n 's/^\([0-9]*\) distinct API calls.*/\1/p' <<<"$out") distinct calls)"

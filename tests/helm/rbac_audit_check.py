@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
 """Checks that a rendered chart's RBAC allows every API call a client really made.
 
-The home-made control plane stores RBAC objects but does not enforce them; its audit log
-(meshwork-controlplane --audit-log, docs/controlplane.md) records each request with its
-authorization attributes. kube-apiserver's audit log (meshwork-cluster's DIR/logs/audit.log,
-audit.k8s.io/v1 Events) is read too; there RBAC is enforced, and a call it denied (403) fails
-the check as well. This takes the calls whose userAgent starts with USER_AGENT_PREFIX and
-matches each (apiGroup, resource[/subresource], verb, namespace) against the rules of every
-ClusterRole (any namespace) and Role (its own namespace) in the rendered YAML, as Kubernetes' RBAC
-authorizer matches rules ("*" wildcards, "*/subresource"). resourceNames and bindings are not
-looked at: the chart uses no resourceNames, and binds each of its roles to the operator.
+Reads kube-apiserver's audit log (meshwork-cluster's DIR/logs/audit.log, audit.k8s.io/v1
+Events, one JSON object a line), which records each request with its authorization attributes.
+kube-apiserver enforces RBAC, so a call it denied (403) fails the check as well. This takes the
+calls whose userAgent starts with USER_AGENT_PREFIX and matches each (apiGroup,
+resource[/subresource], verb, namespace) against the rules of every ClusterRole (any namespace)
+and Role (its own namespace) in the rendered YAML, as Kubernetes' RBAC authorizer matches rules
+("*" wildcards, "*/subresource"). resourceNames and bindings are not looked at: the chart uses
+no resourceNames, and binds each of its roles to the operator.
 
 usage: rbac_audit_check.py AUDIT_JSONL RENDERED_YAML USER_AGENT_PREFIX
 Prints every distinct call and whether it is covered. Exit 0: all covered; 1: some call is not

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian's real Prometheus server against real TrainingJobs on the local control plane: it
+# Debian's real Prometheus server against real TrainingJobs on the local cluster: it
 # scrapes the trainer Pods (discovered from the Pod list, relabelled as kubernetes_sd would be)
 # and the operator, and every query of metrics/dashboards/*.json (panel targets and query
 # variables, with Grafana's variables substituted) must return data:
