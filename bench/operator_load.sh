@@ -12,6 +12,7 @@
 # Writes bench/results/operator_load.md. Needs a build and kubectl (scripts/setup.sh).
 # usage: bench/operator_load.sh [build-dir] [jobs] [replicas...]
 #   build-dir defaults to $MESHWORK_BUILD_DIR, else build/; jobs to $N, else 500; replicas to "1 2".
+#   ROWS="500x1 500x2 2000x1": rows of JOBSxPODS_PER_JOB instead (overrides jobs and replicas).
 #   TIMEOUT_S (default 900): give up on a row after this many seconds and report what is stuck.
 #   KEEP_DIR: copy each row's logs, metrics, timeline and data dir there at the end.
 set -euo pipefail
@@ -24,6 +25,15 @@ njobs="${2:-${N:-500}}"
 shift $(($# > 2 ? 2 : $#))
 replicas_list=(1 2)
 [ $# -gt 0 ] && replicas_list=("$@")
+rows=()
+for r in "${replicas_list[@]}"; do rows+=("${njobs}x$r"); done
+if [ -n "${ROWS:-}" ]; then
+  read -r -a rows <<<"$ROWS"
+  cmdline="ROWS=\"$ROWS\" $cmdline"
+fi
+for row in "${rows[@]}"; do
+  [[ "$row" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "ROWS: \"$row\" is not JOBSxPODS (e.g. 2000x1)" >&2; exit 2; }
+done
 timeout_s="${TIMEOUT_S:-900}"
 out="$root/bench/results/operator_load.md"
 command -v kubectl >/dev/null || { echo "kubectl is not installed (scripts/setup.sh)" >&2; exit 1; }
@@ -125,8 +135,10 @@ EOF
 : >"$tmp/details.md"
 load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-for r in "${replicas_list[@]}"; do
-  run="$tmp/run-$r"
+for row in "${rows[@]}"; do
+  njobs="${row%x*}"
+  r="${row#*x}"
+  run="$tmp/run-$row"
   mkdir -p "$run"
   want_pods=$((njobs * r))
   export KUBECONFIG="$run/cp/kubeconfig"

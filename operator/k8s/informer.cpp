@@ -150,6 +150,12 @@ void Informer::Emit(const Delta& d) {
   }
 }
 
+void Informer::Trim(json* obj) const {
+  if (!options_.strip_managed_fields) return;
+  auto meta = obj->find("metadata");
+  if (meta != obj->end() && meta->is_object()) meta->erase("managedFields");
+}
+
 Error Informer::ListAndReplace() {
   ListOptions lo;
   lo.label_selector = options_.label_selector;
@@ -158,6 +164,7 @@ Error Informer::ListAndReplace() {
   auto list = client_->List(ref_, ns_, lo);
   if (!list.ok()) return list.error();
   std::vector<json> items = std::move(list.value()["items"].get_ref<json::array_t&>());
+  for (json& obj : items) Trim(&obj);
   std::string rv = list.value()["metadata"].value("resourceVersion", std::string());
   std::vector<Delta> deltas = DiffOnRelist(store_.Snapshot(), items);
   std::map<std::string, json> fresh;
@@ -186,18 +193,20 @@ void Informer::Apply(const WatchEvent& ev) {
     last_rv_ = ev.resource_version;
   }
   if (ev.type == WatchEvent::Type::kBookmark) return;
-  std::string key = ObjectKey(ev.object);
+  json obj = ev.object;
+  Trim(&obj);
+  std::string key = ObjectKey(obj);
   std::optional<json> old = store_.Get(key);
   if (ev.type == WatchEvent::Type::kDeleted) {
     store_.Remove(key);
-    Emit({Delta::Type::kDeleted, key, ev.object, json()});
+    Emit({Delta::Type::kDeleted, key, obj, json()});
     return;
   }
-  store_.Upsert(key, ev.object);
+  store_.Upsert(key, obj);
   if (old) {
-    Emit({Delta::Type::kUpdated, key, *old, ev.object});
+    Emit({Delta::Type::kUpdated, key, *old, obj});
   } else {
-    Emit({Delta::Type::kAdded, key, json(), ev.object});
+    Emit({Delta::Type::kAdded, key, json(), obj});
   }
 }
 

@@ -68,6 +68,10 @@ struct InformerOptions {
   std::chrono::milliseconds resync_period{0};     // 0 = off; else on_update(obj, obj) for all
   std::chrono::milliseconds initial_backoff{200};  // after a failed list/watch; doubles ...
   std::chrono::milliseconds max_backoff{30000};    // ... up to this
+  // Drop metadata.managedFields (server-side apply's bookkeeping, often half of a small object's
+  // bytes) before caching and before handlers see the object. An Update of a cached object that
+  // has none leaves the server's as they are.
+  bool strip_managed_fields = true;
 };
 
 class Informer {
@@ -100,6 +104,8 @@ class Informer {
  private:
   void Run();
   void ResyncLoop();
+  // Drops what options_ says the cache does not keep (managedFields).
+  void Trim(nlohmann::json* obj) const;
   Error ListAndReplace();
   void Apply(const WatchEvent& ev);
   bool SleepUnlessStopped(std::chrono::milliseconds d);

@@ -295,6 +295,33 @@ TEST_F(ClusterTest, InformerStaysInSyncAcrossAnApiServerKillAndRestart) {
   EXPECT_TRUE(rec.Has("update a"));
 }
 
+// The server records managedFields on every write; the informer's cache drops them (they are
+// often half of a small object's bytes), and an Update of a cached object keeps the server's.
+TEST_F(ClusterTest, InformerCacheDropsManagedFieldsAndUpdatesKeepThem) {
+  EnsureNamespace("mf");
+  ASSERT_TRUE(client_->Create(resources::ConfigMaps(), "mf", Cm("mf", "a", "1")).ok());
+  auto got = client_->Get(resources::ConfigMaps(), "mf", "a");
+  ASSERT_TRUE(got.ok()) << got.error().ToString();
+  ASSERT_TRUE((*got)["metadata"].contains("managedFields")) << got->dump();
+  Informer informer(client_.get(), resources::ConfigMaps(), "mf");
+  Recorder rec;
+  informer.AddEventHandlers(rec.Handlers());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(kEventually));
+  auto cached = informer.store().Get("mf/a");
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_FALSE((*cached)["metadata"].contains("managedFields")) << cached->dump();
+  json upd = *cached;
+  upd["data"]["v"] = "2";
+  ASSERT_TRUE(client_->Update(resources::ConfigMaps(), "mf", upd).ok());
+  ASSERT_TRUE(Eventually([&] { return CacheValues(informer)["mf/a"] == "2"; }));
+  EXPECT_FALSE((*informer.store().Get("mf/a"))["metadata"].contains("managedFields"));
+  informer.Stop();
+  auto after = client_->Get(resources::ConfigMaps(), "mf", "a");
+  ASSERT_TRUE(after.ok()) << after.error().ToString();
+  EXPECT_FALSE((*after)["metadata"].value("managedFields", json::array()).empty()) << after->dump();
+}
+
 // While the informer is cut off (kube-apiserver killed, the informer's retry backing off), the
 // restarted API server takes writes. Its watch cache starts at etcd's revision when it starts,
 // which a write elsewhere has moved past the informer's last version, so the informer's watch
