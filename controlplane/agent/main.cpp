@@ -192,20 +192,31 @@ int main(int argc, char** argv) {
   runtime_options.extra_env = {{"KUBERNETES_SERVICE_HOST", host}, {"KUBERNETES_SERVICE_PORT", port}};
   // Each Pod's service-account directory: its own bound token (Kubelet asks for it) and the CA.
   runtime_options.service_account = agent::ServiceAccountCredentials{"", config->ca_pem};
-  runtime_options.env_source = [api](const std::string& kind, const std::string& ns, const std::string& name,
-                                     const std::string& key) -> meshwork::Result<std::string> {
+  // ConfigMaps and Secrets for env references and volumes (the Node authorizer lets a node read
+  // those its Pods name).
+  runtime_options.data_source = [api](const std::string& kind, const std::string& ns, const std::string& name)
+      -> meshwork::Result<std::map<std::string, std::string>> {
     const bool secret = kind == "Secret";
     auto obj = api->Get(secret ? k8s::ResourceRef{"", "v1", "secrets", true} : k8s::resources::ConfigMaps(), ns,
                         name);
-    if (!obj.ok()) return meshwork::NotFound(kind + " \"" + name + "\": " + obj.error().message());
-    const auto& data = obj->value("data", nlohmann::json::object());
-    if (!data.contains(key) || !data[key].is_string()) {
-      return meshwork::NotFound("couldn't find key " + key + " in " + kind + " " + ns + "/" + name);
+    if (!obj.ok()) return meshwork::NotFound(kind + " " + ns + "/" + name + ": " + obj.error().message());
+    std::map<std::string, std::string> out;
+    // A ConfigMap's data is text, its binaryData base64; a Secret's data is base64.
+    for (const char* section : {"data", "binaryData"}) {
+      const bool base64 = secret || std::string(section) == "binaryData";
+      const nlohmann::json values = obj->value(section, nlohmann::json::object());  // (items() of a temporary dangles)
+      for (const auto& [key, value] : values.items()) {
+        if (!value.is_string()) continue;
+        if (!base64) {
+          out[key] = value.get<std::string>();
+          continue;
+        }
+        auto decoded = k8s::DecodeBase64(value.get<std::string>());
+        if (!decoded.ok()) return meshwork::InvalidInput(kind + " " + ns + "/" + name + " key " + key + ": not base64");
+        out[key] = std::move(decoded).value();
+      }
     }
-    if (!secret) return data[key].get<std::string>();
-    auto decoded = k8s::DecodeBase64(data[key].get<std::string>());
-    if (!decoded.ok()) return meshwork::InvalidInput(kind + " " + ns + "/" + name + " key " + key + ": not base64");
-    return decoded.value();
+    return out;
   };
 
   // Signals are taken by sigwait on this thread; every thread started after this inherits the mask.

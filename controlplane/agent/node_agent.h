@@ -78,11 +78,12 @@ enum class Resolution {
 };
 const char* ResolutionName(Resolution r);
 
-// Looks up configMapKeyRef / secretKeyRef env sources: (kind "ConfigMap" or "Secret", namespace,
-// name, key) -> value (a Secret's value decoded), or an error that becomes the container's
-// CreateContainerConfigError message.
-using EnvSourceResolver = std::function<Result<std::string>(
-    const std::string& kind, const std::string& ns, const std::string& name, const std::string& key)>;
+// Reads a ConfigMap's or Secret's data for env references (configMapKeyRef, secretKeyRef) and
+// volumes (configMap, secret): (kind "ConfigMap" or "Secret", namespace, name) -> key -> value
+// (a ConfigMap's binaryData and a Secret's data decoded), or an error that becomes the
+// container's CreateContainerConfigError message.
+using DataSource = std::function<Result<std::map<std::string, std::string>>(
+    const std::string& kind, const std::string& ns, const std::string& name)>;
 
 // What a Pod's service-account directory holds (docs/controlplane-agent.md): in a cluster kubelet
 // mounts these at /var/run/secrets/kubernetes.io/serviceaccount; here all Pods share one
@@ -110,7 +111,8 @@ struct RuntimeOptions {
   // CUDA_VISIBLE_DEVICES="" and NVIDIA_VISIBLE_DEVICES=void, so it sees no GPU. The container's
   // own env entries still win. A container's devices are free again once it has stopped for good.
   std::map<std::string, int64_t> node_gpus;
-  EnvSourceResolver env_source;     // unset: configMapKeyRef/secretKeyRef are a config error
+  // Unset: configMapKeyRef/secretKeyRef and configMap/secret volumes are a config error.
+  DataSource data_source;
   // Set: every Pod but those with spec.automountServiceAccountToken false gets
   // <state_dir>/pods/<uid>/serviceaccount/{token,ca.crt,namespace} and
   // MESHWORK_SERVICE_ACCOUNT_DIR naming it in every container.
@@ -129,7 +131,8 @@ class PodRuntime {
   PodRuntime& operator=(const PodRuntime&) = delete;
 
   // Starts every container of the pod as a local process group (command+args with $(VAR)
-  // expansion, env incl. valueFrom.fieldRef, workingDir), stdout+stderr to its log file, and
+  // expansion, env incl. valueFrom.fieldRef, workingDir, volumes: see below), stdout+stderr to
+  // its log file, and
   // assigns the pod its own loopback address (127.a.b.c, never 127.0.x.x), which status.podIP
   // reports. Returns at once; the processes start on the monitor thread and Poll reports them.
   // Needs metadata.uid, metadata.name and spec.containers[].name; errors name the field. GPUs
@@ -137,6 +140,12 @@ class PodRuntime {
   // Starting a uid that is already known does nothing and returns Ok.
   // `service_account_token`, when not empty, is the token written to this Pod's service-account
   // directory instead of RuntimeOptions::service_account's (a real API server's bound token).
+  // Volumes (all containers share the machine's filesystem, so nothing is mounted): configMap
+  // and secret volumes are written to <state_dir>/pods/<uid>/volumes/<name>/ (items, mode,
+  // optional) when a container starts, emptyDir is that directory, and hostPath is its path. A
+  // volumeMount maps its mountPath (plus subPath) to that directory, and every path under a
+  // mountPath in the container's command, args, env values and workingDir is rewritten to it.
+  // Other volume types are not provided: their mountPath is the machine's own.
   Status Start(const nlohmann::json& pod, const std::string& service_account_token = "");
   // SIGTERM to every container's process group, SIGKILL after the grace period (grace_seconds,
   // else spec.terminationGracePeriodSeconds, else the default; 0 = SIGKILL now). No restarts

@@ -274,7 +274,157 @@ struct PodRuntime::Impl {
     return pod.dir + "/" + container + (previous ? ".previous.log" : ".log");
   }
 
-  // ---- preparing a container (no lock: may call the env source resolver) ----
+  // ---- preparing a container (no lock: may call the data source) ----
+
+  // A volumeMount's mountPath and the directory (or file, with subPath) it stands for here.
+  struct Mount {
+    std::string path;
+    std::string host;
+  };
+
+  // Replaces every path under a mount's path in `text` with the mount's host path: where the
+  // mount path starts the text or follows a separator (= : , ; | & ( ) < > quotes, white space),
+  // and ends it or is followed by / or a separator other than = ("--config=/etc/cfg/a.yaml",
+  // "/etc/cfg:/x", "cat /etc/cfg/a; ls /etc/cfg").
+  static std::string RewritePaths(const std::string& text, const std::vector<Mount>& mounts) {
+    if (mounts.empty()) return text;
+    static const char* kSeparators = "=:,;|&()<>'\" \t\n";
+    std::string out;
+    size_t i = 0;
+    while (i < text.size()) {
+      bool replaced = false;
+      if (text[i] == '/' && (i == 0 || std::strchr(kSeparators, text[i - 1]) != nullptr)) {
+        for (const Mount& m : mounts) {  // longest path first
+          if (text.compare(i, m.path.size(), m.path) != 0) continue;
+          const size_t end = i + m.path.size();
+          if (end < text.size() && text[end] != '/' && (text[end] == '=' || std::strchr(kSeparators, text[end]) == nullptr)) {
+            continue;
+          }
+          out += m.host;
+          i = end;
+          replaced = true;
+          break;
+        }
+      }
+      if (!replaced) out += text[i++];
+    }
+    return out;
+  }
+
+  // Writes a configMap or secret volume's files (its items, or every key) into `dir`; returns
+  // "" or the config error.
+  std::string WriteDataVolume(const json& source, bool secret, const std::string& ns, const std::string& dir,
+                              const std::string& field) const {
+    const std::string kind = secret ? "Secret" : "ConfigMap";
+    const std::string name = internal::StringAt(source, secret ? "secretName" : "name");
+    const bool optional = source.contains("optional") && source["optional"].is_boolean() && source["optional"].get<bool>();
+    int default_mode = 0644;
+    if (source.contains("defaultMode") && source["defaultMode"].is_number_integer()) {
+      default_mode = source["defaultMode"].get<int>() & 0777;
+    }
+    if (!options.data_source) return field + ": " + kind + " volumes are not available in this node agent";
+    std::map<std::string, std::string> data;
+    auto got = options.data_source(kind, ns, name);
+    if (got.ok()) data = std::move(got).value();
+    else if (!optional) return field + ": " + got.status().message();
+    std::vector<std::tuple<std::string, std::string, int>> files;  // relative path, contents, mode
+    const json items = internal::ArrayAt(source, "items");
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string key = internal::StringAt(items[i], "key"), path = internal::StringAt(items[i], "path");
+      const std::string item = field + ".items[" + std::to_string(i) + "]";
+      if (path.empty() || path[0] == '/' || path == ".." || path.rfind("../", 0) == 0 ||
+          path.find("/../") != std::string::npos || (path.size() >= 3 && path.compare(path.size() - 3, 3, "/..") == 0)) {
+        return item + ".path \"" + path + "\" must be a relative path without ..";
+      }
+      auto it = data.find(key);
+      if (it == data.end()) {
+        if (optional) continue;
+        return item + ": couldn't find key " + key + " in " + kind + " " + ns + "/" + name;
+      }
+      int mode = default_mode;
+      if (items[i].contains("mode") && items[i]["mode"].is_number_integer()) mode = items[i]["mode"].get<int>() & 0777;
+      files.emplace_back(path, it->second, mode);
+    }
+    if (items.empty()) {
+      for (const auto& [key, value] : data) files.emplace_back(key, value, default_mode);
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) return field + ": cannot create " + dir + ": " + ec.message();
+    for (const auto& [path, text, mode] : files) {
+      const std::string file = dir + "/" + path;
+      fs::create_directories(fs::path(file).parent_path(), ec);
+      Status st = WriteFileInPlace(file, text, mode, file);
+      if (!st.ok()) return field + ": " + st.message();
+    }
+    return "";
+  }
+
+  // The container's volumeMounts, resolved to this machine's paths (longest mountPath first);
+  // returns "" or the config error, which names the field.
+  std::string PrepareVolumes(const json& pod, const json& c, const std::string& ns, std::vector<Mount>* mounts) const {
+    const json spec = internal::ObjectAt(pod, "spec");
+    const std::string volume_root =
+        options.state_dir + "/pods/" + internal::StringAt(internal::ObjectAt(pod, "metadata"), "uid") + "/volumes";
+    std::map<std::string, std::pair<json, size_t>> volumes;  // name -> (volume, index)
+    const json list = internal::ArrayAt(spec, "volumes");
+    for (size_t i = 0; i < list.size(); ++i) volumes[internal::StringAt(list[i], "name")] = {list[i], i};
+    const json volume_mounts = internal::ArrayAt(c, "volumeMounts");
+    std::set<std::string> written;
+    for (size_t i = 0; i < volume_mounts.size(); ++i) {
+      const json& m = volume_mounts[i];
+      const std::string field = "volumeMounts[" + std::to_string(i) + "]";
+      const std::string name = internal::StringAt(m, "name");
+      std::string path = internal::StringAt(m, "mountPath");
+      while (path.size() > 1 && path.back() == '/') path.pop_back();
+      if (path.empty() || path[0] != '/' || path == "/") {
+        return field + ".mountPath \"" + path + "\" must be an absolute path other than /";
+      }
+      auto v = volumes.find(name);
+      if (v == volumes.end()) return field + ": no volume named \"" + name + "\" in spec.volumes";
+      const json& volume = v->second.first;
+      const std::string vfield = "spec.volumes[" + std::to_string(v->second.second) + "]";
+      const std::string dir = volume_root + "/" + name;
+      std::string host;
+      if (volume.contains("configMap") || volume.contains("secret")) {
+        const bool secret = volume.contains("secret");
+        if (written.insert(name).second) {
+          std::string err = WriteDataVolume(internal::ObjectAt(volume, secret ? "secret" : "configMap"), secret, ns,
+                                            dir, vfield + (secret ? ".secret" : ".configMap"));
+          if (!err.empty()) return err;
+        }
+        host = dir;
+      } else if (volume.contains("emptyDir")) {
+        std::error_code ec;
+        fs::create_directories(dir, ec);  // kept across container restarts, as in a cluster
+        if (ec) return vfield + ".emptyDir: cannot create " + dir + ": " + ec.message();
+        host = dir;
+      } else if (volume.contains("hostPath")) {
+        const json hp = internal::ObjectAt(volume, "hostPath");
+        host = internal::StringAt(hp, "path");
+        if (host.empty() || host[0] != '/') return vfield + ".hostPath.path \"" + host + "\" must be absolute";
+        if (internal::StringAt(hp, "type") == "DirectoryOrCreate") {
+          std::error_code ec;
+          fs::create_directories(host, ec);
+          if (ec) return vfield + ".hostPath: cannot create " + host + ": " + ec.message();
+        }
+      } else {
+        continue;  // not provided here (persistentVolumeClaim, nfs, ...): the machine's own path
+      }
+      const std::string sub = internal::StringAt(m, "subPath");
+      if (!sub.empty()) {
+        if (sub[0] == '/' || sub == ".." || sub.rfind("../", 0) == 0 || sub.find("/../") != std::string::npos) {
+          return field + ".subPath \"" + sub + "\" must be a relative path without ..";
+        }
+        host += "/" + sub;
+      }
+      mounts->push_back({path, host});
+    }
+    std::sort(mounts->begin(), mounts->end(),
+              [](const Mount& a, const Mount& b) { return a.path.size() > b.path.size(); });
+    return "";
+  }
 
   Prepared Prepare(const json& pod, const json& c, const std::string& ip, const std::string& hostname,
                    const std::string& hosts_path) const {
@@ -376,18 +526,21 @@ struct PodRuntime::Impl {
         const json ref = internal::ObjectAt(from, is_cm ? "configMapKeyRef" : "secretKeyRef");
         std::string kind = is_cm ? "ConfigMap" : "Secret";
         bool optional = ref.contains("optional") && ref["optional"].is_boolean() && ref["optional"].get<bool>();
-        if (!options.env_source) {
+        if (!options.data_source) {
           if (optional) continue;
           p.config_error = field + " (" + name + "): " + kind + " references are not available in this node agent";
           return p;
         }
-        auto v = options.env_source(kind, ns, internal::StringAt(ref, "name"), internal::StringAt(ref, "key"));
-        if (!v.ok()) {
+        const std::string object = internal::StringAt(ref, "name"), key = internal::StringAt(ref, "key");
+        auto data = options.data_source(kind, ns, object);
+        auto value = data.ok() ? data->find(key) : std::map<std::string, std::string>::const_iterator();
+        if (!data.ok() || value == data->end()) {
           if (optional) continue;
-          p.config_error = v.status().message();
+          p.config_error = data.ok() ? "couldn't find key " + key + " in " + kind + " " + ns + "/" + object
+                                     : data.status().message();
           return p;
         }
-        env.Set(name, *v);
+        env.Set(name, value->second);
       } else {
         p.config_error = field + " (" + name + "): valueFrom needs fieldRef, resourceFieldRef, configMapKeyRef or secretKeyRef";
         return p;
@@ -403,12 +556,15 @@ struct PodRuntime::Impl {
       env.Set("LD_PRELOAD", preload_library + (existing.empty() ? "" : ":" + existing));
     }
     env.Set("MESHWORK_HOSTS_FILE", hosts_path);
-    p.env = env.Strings();
-    p.working_dir = internal::StringAt(c, "workingDir");
+    std::vector<Mount> mounts;
+    p.config_error = PrepareVolumes(pod, c, ns, &mounts);
+    if (!p.config_error.empty()) return p;
+    for (std::string kv : env.Strings()) p.env.push_back(RewritePaths(kv, mounts));
+    p.working_dir = RewritePaths(internal::StringAt(c, "workingDir"), mounts);
 
     for (const char* key : {"command", "args"}) {
       const json list = internal::ArrayAt(c, key);
-      for (const json& a : list) p.argv.push_back(Expand(JsonToText(a), env.values()));
+      for (const json& a : list) p.argv.push_back(RewritePaths(Expand(JsonToText(a), env.values()), mounts));
     }
     // No image is pulled, so there is no entrypoint: without `command`, `args` is the command
     // line (what `kubectl run NAME --image=x -- sh -c ...` sends).
@@ -646,7 +802,7 @@ struct PodRuntime::Impl {
           Prepared p;
           try {
             p = Prepare(job.pod, job.container, job.ip, job.hostname, job.hosts_path);
-          } catch (const std::exception& e) {  // a throwing env_source must not end the monitor
+          } catch (const std::exception& e) {  // a throwing data source must not end the monitor
             p = Prepared();
             p.config_error = std::string("cannot build the container's environment: ") + e.what();
           }

@@ -13,6 +13,14 @@ k8s::InformerOptions ChildInformer() {
   return o;
 }
 
+// The Pods that hold room on a node, whoever owns them (the API server drops one from the watch
+// when it finishes).
+k8s::InformerOptions HoldingPodsInformer() {
+  k8s::InformerOptions o;
+  o.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
+  return o;
+}
+
 }  // namespace
 
 Controller::Controller(k8s::Client* client, ControllerOptions options, ControllerHooks hooks)
@@ -22,11 +30,13 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
       jobs_(client, k8s::resources::Custom(kGroup, kVersion, kPlural), options_.ns),
       pods_(client, k8s::resources::Pods(), options_.ns, ChildInformer()),
       services_(client, k8s::resources::Services(), options_.ns, ChildInformer()),
+      holding_pods_(client, k8s::resources::Pods(), options_.ns, HoldingPodsInformer()),
       queue_(options_.queue) {
   ReconcilerOptions reconciler_options = options_.reconciler;
   reconciler_options.pods_namespace = options_.ns;
   reconciler_ = std::make_unique<Reconciler>(client_, &jobs_.store(), &pods_.store(), &services_.store(), &index_,
                                              reconciler_options, hooks_.reconciler);
+  reconciler_->SetHoldingPods(&holding_pods_.store());
 
   k8s::EventHandlers job_handlers;
   job_handlers.on_add = [this](const json& obj) { Enqueue(k8s::ObjectKey(obj)); };
@@ -80,16 +90,19 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
 Controller::~Controller() { Stop(); }
 
 void Controller::StartInformers() {
+  holding_pods_.Start();
   pods_.Start();
   services_.Start();
   jobs_.Start();
 }
 
-bool Controller::HasSynced() const { return jobs_.HasSynced() && pods_.HasSynced() && services_.HasSynced(); }
+bool Controller::HasSynced() const {
+  return jobs_.HasSynced() && pods_.HasSynced() && services_.HasSynced() && holding_pods_.HasSynced();
+}
 
 bool Controller::WaitForSync(std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (const k8s::Informer* inf : {&jobs_, &pods_, &services_}) {
+  for (const k8s::Informer* inf : {&jobs_, &pods_, &services_, &holding_pods_}) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (!inf->WaitForSync(std::max(left, std::chrono::milliseconds(0)))) return false;
   }
@@ -100,6 +113,7 @@ std::string Controller::NotSyncedReason() const {
   if (!jobs_.HasSynced()) return "TrainingJob cache not synced: " + jobs_.LastError();
   if (!pods_.HasSynced()) return "Pod cache not synced: " + pods_.LastError();
   if (!services_.HasSynced()) return "Service cache not synced: " + services_.LastError();
+  if (!holding_pods_.HasSynced()) return "cache of Pods holding room not synced: " + holding_pods_.LastError();
   return "";
 }
 
@@ -125,6 +139,7 @@ void Controller::Stop() {
   jobs_.Stop();
   pods_.Stop();
   services_.Stop();
+  holding_pods_.Stop();
 }
 
 void Controller::SetPhase(const std::string& key, const std::string& phase) {

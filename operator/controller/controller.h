@@ -71,6 +71,7 @@ class Controller {
   k8s::Informer jobs_;
   k8s::Informer pods_;
   k8s::Informer services_;
+  k8s::Informer holding_pods_;  // every Pod not Succeeded or Failed, for gang admission
   PodIndex index_;
   k8s::WorkQueue queue_;
   std::unique_ptr<Reconciler> reconciler_;

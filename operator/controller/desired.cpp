@@ -147,8 +147,7 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   });
   const std::string cm_name = spec.config_map_name.empty() ? ConfigMapName(name) : spec.config_map_name;
   const std::string cm_key = spec.config_map_name.empty() ? std::string(kDefaultConfigKey) : spec.config_map_key;
-  env.push_back({{"name", kConfigEnv},
-                 {"valueFrom", {{"configMapKeyRef", {{"name", cm_name}, {"key", cm_key}}}}}});
+  env.push_back(EnvValue(kConfigFileEnv, kConfigFile));
 
   json container = {{"name", kTrainerContainer}, {"image", spec.image}, {"env", env}};
   if (!spec.image_pull_policy.empty()) container["imagePullPolicy"] = spec.image_pull_policy;
@@ -156,7 +155,7 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
     json cmd = json::array({"meshwork-train", "launch", "--nproc", std::to_string(nproc), "--nnodes",
                             std::to_string(spec.replicas), "--node-rank", std::to_string(index),
                             "--master-addr", master, "--master-port", std::to_string(spec.master_port),
-                            "--", "meshwork-train", "train", "--config-env", kConfigEnv});
+                            "--", "meshwork-train", "train", "--config", kConfigFile});
     for (const auto& o : TrainerOverrides(spec, ns, name, job["metadata"].value("uid", ""))) {
       cmd.push_back("--set");
       cmd.push_back(o);
@@ -186,17 +185,23 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   }
   container["ports"] = ports;
 
-  json pod_spec = {{"restartPolicy", "Never"},
-                   {"hostname", PodName(name, index)},
-                   {"subdomain", name},
-                   {"containers", json::array({container})}};
+  // The config as a file: a ConfigMap's data may be 1 MiB, where an environment variable is
+  // limited to 128 KiB (MAX_ARG_STRLEN) and a bigger one fails every exec.
+  json volumes = json::array({{{"name", kConfigVolume},
+                               {"configMap", {{"name", cm_name}, {"items", {{{"key", cm_key}, {"path", kDefaultConfigKey}}}}}}}});
+  json mounts = json::array({{{"name", kConfigVolume}, {"mountPath", kConfigDir}, {"readOnly", true}}});
   if (spec.checkpoint_path && !spec.checkpoint_volume.is_null()) {
     json volume = spec.checkpoint_volume;
     volume["name"] = "checkpoints";
-    pod_spec["volumes"] = json::array({volume});
-    pod_spec["containers"][0]["volumeMounts"] =
-        json::array({{{"name", "checkpoints"}, {"mountPath", *spec.checkpoint_path}}});
+    volumes.push_back(volume);
+    mounts.push_back({{"name", "checkpoints"}, {"mountPath", *spec.checkpoint_path}});
   }
+  container["volumeMounts"] = mounts;
+  json pod_spec = {{"restartPolicy", "Never"},
+                   {"hostname", PodName(name, index)},
+                   {"subdomain", name},
+                   {"containers", json::array({container})},
+                   {"volumes", volumes}};
 
   json pod = {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", ChildMetadata(job, PodName(name, index))}};
   pod["metadata"]["labels"][kIndexLabel] = std::to_string(index);

@@ -29,7 +29,8 @@ nlohmann::json DesiredService(const nlohmann::json& job, const JobSpec& spec);
 nlohmann::json DesiredConfigMap(const nlohmann::json& job, const JobSpec& spec);
 
 // Replica `index` of restart generation `generation`: the launcher with --nproc
-// processesPerReplica running `meshwork-train train --config-env MESHWORK_CONFIG_YAML` and the
+// processesPerReplica running `meshwork-train train --config /etc/meshwork/config/config.yaml`
+// (the config's ConfigMap key, mounted as a configMap volume) and the
 // operator's overrides (or spec.command), the rank environment (Meshwork's and torchrun's),
 // restartPolicy Never (the operator restarts whole gangs), and spec.template merged in.
 nlohmann::json DesiredPod(const nlohmann::json& job, const JobSpec& spec, int index, int64_t generation);

@@ -1,5 +1,8 @@
 #include "operator/controller/reconciler.h"
 
+#include <chrono>
+#include <thread>
+
 #include "operator/controller/desired.h"
 #include "operator/controller/gang.h"
 #include "operator/controller/trainer_report.h"
@@ -19,6 +22,15 @@ bool OwnedBy(const json& pod, const std::string& uid) {
     if (ref.is_object() && ref.value("uid", "") == uid) return true;
   }
   return false;
+}
+
+// Whether resourceVersion `a` is `b` or later. They are opaque to clients in general; the API
+// server's are etcd revisions, decimal, so compare them as numbers when both are.
+bool NotOlder(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const bool numbers = !a.empty() && !b.empty() && a.find_first_not_of("0123456789") == std::string::npos &&
+                       b.find_first_not_of("0123456789") == std::string::npos;
+  return numbers && (a.size() != b.size() ? a.size() > b.size() : a > b);
 }
 
 ReconcileOutcome Failed(const k8s::Error& e, const std::string& what) {
@@ -292,17 +304,23 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
   std::lock_guard<std::mutex> admission(admission_mu_);
   auto nodes = api_->List(k8s::resources::Nodes(), "", {});
   if (!nodes.ok()) return Failed(nodes.error(), "listing Nodes for gang admission of " + key);
-  // Only Pods that hold room: the server leaves finished ones out, which on a busy cluster are
-  // most of them (a list of every Pod per admission made a burst of 500 jobs quadratic).
-  k8s::ListOptions holding;
-  holding.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
-  auto all_pods = api_->List(k8s::resources::Pods(), options_.pods_namespace, holding);
-  if (!all_pods.ok()) return Failed(all_pods.error(), "listing Pods for gang admission of " + key);
+  // Only Pods that hold room (finished ones are most of a busy cluster's): from the informer's
+  // cache, else one list (unit tests).
+  std::vector<json> holding;
+  if (holding_pods_ != nullptr) {
+    holding = holding_pods_->List();
+  } else {
+    k8s::ListOptions lo;
+    lo.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
+    auto listed = api_->List(k8s::resources::Pods(), options_.pods_namespace, lo);
+    if (!listed.ok()) return Failed(listed.error(), "listing Pods for gang admission of " + key);
+    holding = std::move(listed.value()["items"].get_ref<json::array_t&>());
+  }
   // This gang's own Pods are what is being placed, not what takes room.
   json others = {{"items", json::array()}};
   const std::string uid = job["metadata"].value("uid", "");
-  for (const auto& p : all_pods->value("items", json::array())) {
-    if (!OwnedBy(p, uid)) others["items"].push_back(p);
+  for (auto& p : holding) {
+    if (!OwnedBy(p, uid)) others["items"].push_back(std::move(p));
   }
   const GangFit fit = FitGang(*nodes, others, gang);
   if (!fit.fits) {
@@ -315,6 +333,7 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
     created->requeue_after = std::chrono::seconds(3);
     return std::nullopt;
   }
+  std::vector<std::pair<std::string, std::string>> released;  // Pod key, resourceVersion after the patch
   for (const auto& pod : gang) {
     if (!HasGangGate(pod)) continue;
     json gates = json::array();
@@ -325,6 +344,19 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
     auto patched = api_->MergePatch(k8s::resources::Pods(), ns, pod["metadata"].value("name", ""), patch, "");
     if (!patched.ok() && !k8s::IsNotFound(patched.error())) {
       return Failed(patched.error(), "releasing the gang gate of Pod " + pod["metadata"].value("name", ""));
+    }
+    if (patched.ok()) released.emplace_back(k8s::ObjectKey(*patched), k8s::ResourceVersionOf(*patched));
+  }
+  // The next admission must count these Pods as released: wait (still holding admission_mu_)
+  // until the cache has each one at the patch's version or later, or gone; a few milliseconds.
+  if (holding_pods_ != nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (const auto& [pod_key, version] : released) {
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto cached = holding_pods_->Get(pod_key);
+        if (!cached || NotOlder(k8s::ResourceVersionOf(*cached), version)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     }
   }
   {

@@ -376,14 +376,13 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
 
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
                              const std::string& name, const std::string& field) {
-  // The config reaches the trainer as "MESHWORK_CONFIG_YAML=<text>" in its environment, and
-  // Linux refuses to exec a process with one environment string over MAX_ARG_STRLEN (32 pages):
-  // every rank would fail with "Argument list too long" and spend the backoff limit.
-  const size_t max_bytes = kMaxArgStrlen - std::string(kConfigEnv).size() - 2;  // '=' and the NUL
-  if (config_yaml.size() > max_bytes) {
-    return Bad(field, std::to_string(config_yaml.size()) + " bytes of config; it reaches the trainer in the environment "
-                      "variable " + kConfigEnv + ", which Linux limits to " + std::to_string(max_bytes) +
-                      " bytes (MAX_ARG_STRLEN): keep long lists (data files, overrides) out of the config");
+  // The config reaches the trainer as a file of a ConfigMap volume; an inline config is first
+  // written to the job's ConfigMap, which the API server refuses over 1 MiB (the job would wait
+  // for ever). A configMapRef's ConfigMap exists, so it is within the limit.
+  if (config_yaml.size() > kMaxConfigMapBytes) {
+    return Bad(field, std::to_string(config_yaml.size()) + " bytes of config; it reaches the trainer through a "
+                      "ConfigMap, which holds at most " + std::to_string(kMaxConfigMapBytes) +
+                      " bytes: keep long lists (data files, overrides) out of the config");
   }
   std::vector<std::string> overrides = TrainerOverrides(spec, ns, name, "uid");
   for (auto& o : overrides) {

@@ -30,12 +30,16 @@ inline constexpr const char* kGenerationLabel = "meshwork.dev/restart-generation
 inline constexpr const char* kWorldSizeLabel = "meshwork.dev/world-size";
 inline constexpr const char* kMeshLabel = "meshwork.dev/mesh";  // "1x2x1"
 
-// The trainer container's name, and the env var its config arrives in.
+// The trainer container's name, and where its config arrives: the ConfigMap's key mounted as
+// kConfigFile (a configMap volume), named by kConfigFileEnv too.
 inline constexpr const char* kTrainerContainer = "trainer";
-inline constexpr const char* kConfigEnv = "MESHWORK_CONFIG_YAML";
-// Linux's limit on one argument or environment string, its NUL included (MAX_ARG_STRLEN).
-inline constexpr size_t kMaxArgStrlen = 32 * 4096;
+inline constexpr const char* kConfigVolume = "meshwork-config";
+inline constexpr const char* kConfigDir = "/etc/meshwork/config";
+inline constexpr const char* kConfigFile = "/etc/meshwork/config/config.yaml";
+inline constexpr const char* kConfigFileEnv = "MESHWORK_CONFIG_FILE";
 inline constexpr const char* kDefaultConfigKey = "config.yaml";
+// The most data a ConfigMap holds (the API server refuses a larger one).
+inline constexpr size_t kMaxConfigMapBytes = 1024 * 1024;
 
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class CleanPodPolicy { kNone, kRunning, kAll };

@@ -294,10 +294,10 @@ TEST_F(PodRuntimeTest, BadEnvIsAContainerConfigErrorNotACrash) {
 
 TEST_F(PodRuntimeTest, ConfigMapRefsGoThroughTheResolver) {
   RuntimeOptions o = Options();
-  o.env_source = [](const std::string& kind, const std::string& ns, const std::string& name,
-                    const std::string& key) -> Result<std::string> {
-    if (kind == "ConfigMap" && ns == "team" && name == "cfg" && key == "lr") return std::string("0.1");
-    return NotFound(kind + " " + ns + "/" + name + " has no key " + key);
+  o.data_source = [](const std::string& kind, const std::string& ns,
+                     const std::string& name) -> Result<std::map<std::string, std::string>> {
+    if (kind == "ConfigMap" && ns == "team" && name == "cfg") return std::map<std::string, std::string>{{"lr", "0.1"}};
+    return NotFound(kind + " " + ns + "/" + name + " not found");
   };
   auto rt = PodRuntime::Create(o);
   ASSERT_TRUE(rt.ok());
@@ -311,10 +311,92 @@ TEST_F(PodRuntimeTest, ConfigMapRefsGoThroughTheResolver) {
   EXPECT_EQ(Log(Uid(pod)), "lr=0.1\n");
 }
 
+// configMap and secret volumes become files in the Pod's directory (items, modes, subPath), an
+// emptyDir is a directory there, and paths under a mountPath in args, env and workingDir lead
+// there.
+TEST_F(PodRuntimeTest, VolumesAreWrittenAndTheirMountPathsLeadToThem) {
+  RuntimeOptions o = Options();
+  o.data_source = [](const std::string& kind, const std::string& ns,
+                     const std::string& name) -> Result<std::map<std::string, std::string>> {
+    if (kind == "ConfigMap" && ns == "team" && name == "cfg") {
+      return std::map<std::string, std::string>{{"config.yaml", "lr: 0.1\n"}, {"other", "x"}};
+    }
+    if (kind == "Secret" && ns == "team" && name == "creds") return std::map<std::string, std::string>{{"token", "s3cr3t"}};
+    return NotFound(kind + " " + ns + "/" + name + " not found");
+  };
+  auto rt = PodRuntime::Create(o);
+  ASSERT_TRUE(rt.ok());
+  runtime_ = std::move(rt).value();
+  json pod = MakePod("vol", Sh("cat /etc/cfg/config.yaml; cat $TOKEN_FILE; ls /etc/cfg; "
+                               "stat -c %a /etc/cfg/config.yaml /run/creds/token; cat /etc/single; pwd | grep -c /volumes/scratch; "
+                               "echo run >> /scratch/runs; cat /scratch/runs; ls /data 2>&1 | grep -c 'No such file'"));
+  pod["metadata"]["namespace"] = "team";
+  pod["spec"]["volumes"] = json::parse(R"([
+    {"name": "config", "configMap": {"name": "cfg", "items": [{"key": "config.yaml", "path": "config.yaml", "mode": 384}]}},
+    {"name": "creds", "secret": {"secretName": "creds", "defaultMode": 256}},
+    {"name": "scratch", "emptyDir": {}},
+    {"name": "whole", "configMap": {"name": "cfg"}},
+    {"name": "claim", "persistentVolumeClaim": {"claimName": "data"}}])");
+  pod["spec"]["containers"][0]["volumeMounts"] = json::parse(R"([
+    {"name": "config", "mountPath": "/etc/cfg/"},
+    {"name": "creds", "mountPath": "/run/creds", "readOnly": true},
+    {"name": "whole", "mountPath": "/etc/single", "subPath": "other"},
+    {"name": "scratch", "mountPath": "/scratch"},
+    {"name": "claim", "mountPath": "/data"}])");
+  pod["spec"]["containers"][0]["env"] = json::parse(R"([{"name": "TOKEN_FILE", "value": "/run/creds/token"}])");
+  pod["spec"]["containers"][0]["workingDir"] = "/scratch";
+  ASSERT_TRUE(runtime_->Start(pod).ok());
+  WaitForPhase(Uid(pod), "Succeeded");
+  // (/data, a persistentVolumeClaim, is not provided: the machine's own /data, which is not there.)
+  // (The secret's and the subPath file's values have no newline of their own.)
+  EXPECT_EQ(Log(Uid(pod)), "lr: 0.1\ns3cr3tconfig.yaml\n600\n400\nx1\nrun\n1\n");
+}
+
+TEST_F(PodRuntimeTest, BadVolumeMountsAreConfigErrorsNamingTheField) {
+  RuntimeOptions o = Options();
+  o.data_source = [](const std::string& kind, const std::string& ns,
+                     const std::string& name) -> Result<std::map<std::string, std::string>> {
+    return NotFound(kind + " " + ns + "/" + name + " not found");
+  };
+  auto rt = PodRuntime::Create(o);
+  ASSERT_TRUE(rt.ok());
+  runtime_ = std::move(rt).value();
+  const std::vector<std::pair<json, std::string>> cases = {
+      {json::parse(R"({"volumes": [], "mounts": [{"name": "x", "mountPath": "/x"}]})"),
+       "volumeMounts[0]: no volume named \"x\" in spec.volumes"},
+      {json::parse(R"({"volumes": [{"name": "x", "emptyDir": {}}], "mounts": [{"name": "x", "mountPath": "rel"}]})"),
+       "volumeMounts[0].mountPath \"rel\" must be an absolute path other than /"},
+      {json::parse(R"({"volumes": [{"name": "x", "configMap": {"name": "gone"}}], "mounts": [{"name": "x", "mountPath": "/x"}]})"),
+       "spec.volumes[0].configMap: ConfigMap team/gone not found"},
+      {json::parse(R"({"volumes": [{"name": "x", "emptyDir": {}}], "mounts": [{"name": "x", "mountPath": "/x", "subPath": "../up"}]})"),
+       "volumeMounts[0].subPath \"../up\" must be a relative path without .."},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    json pod = MakePod("badvol" + std::to_string(i), Sh("exit 0"));
+    pod["spec"]["volumes"] = cases[i].first["volumes"];
+    pod["spec"]["containers"][0]["volumeMounts"] = cases[i].first["mounts"];
+    ASSERT_TRUE(runtime_->Start(pod).ok());
+    json st = WaitForStatus(Uid(pod), [](const json& s) {
+      return s["containerStatuses"][0]["state"].contains("waiting") &&
+             s["containerStatuses"][0]["state"]["waiting"]["reason"] == "CreateContainerConfigError";
+    });
+    EXPECT_EQ(st["containerStatuses"][0]["state"]["waiting"]["message"], cases[i].second);
+  }
+  // An optional ConfigMap that is missing is an empty directory.
+  json pod = MakePod("optional", Sh("ls -A /x | wc -l"));
+  pod["spec"]["volumes"] = json::parse(R"([{"name": "x", "configMap": {"name": "gone", "optional": true}}])");
+  pod["spec"]["containers"][0]["volumeMounts"] = json::parse(R"([{"name": "x", "mountPath": "/x"}])");
+  ASSERT_TRUE(runtime_->Start(pod).ok());
+  WaitForPhase(Uid(pod), "Succeeded");
+  EXPECT_EQ(Log(Uid(pod)), "0\n");
+}
+
 TEST_F(PodRuntimeTest, AThrowingResolverIsAConfigErrorNotACrash) {
   RuntimeOptions o = Options();
-  o.env_source = [](const std::string&, const std::string&, const std::string&,
-                    const std::string&) -> Result<std::string> { throw std::runtime_error("store exploded"); };
+  o.data_source = [](const std::string&, const std::string&,
+                     const std::string&) -> Result<std::map<std::string, std::string>> {
+    throw std::runtime_error("store exploded");
+  };
   auto rt = PodRuntime::Create(o);
   ASSERT_TRUE(rt.ok());
   runtime_ = std::move(rt).value();

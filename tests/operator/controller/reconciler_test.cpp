@@ -253,5 +253,30 @@ TEST_F(ReconcilerTest, AFailedCreateIsRetriedWithoutAStatusWrite) {
   EXPECT_THAT(events_, Not(Contains("Created")));
 }
 
+// Gang admission counts the Pods that hold room from the informer's cache (SetHoldingPods), with
+// no list per admission: a foreign Pod there keeps the gang gated until it is gone.
+TEST_F(ReconcilerTest, GangAdmissionReadsTheHoldingPodsCacheNotAList) {
+  k8s::Store holding;
+  reconciler_->SetHoldingPods(&holding);
+  api_.Add(k8s::resources::Nodes(), json::parse(R"({"metadata": {"name": "n1"},
+    "status": {"allocatable": {"cpu": "2", "memory": "8Gi", "pods": "110"}}})"));
+  SetJob(Job({{"resources", {{"requests", {{"cpu", "1"}}}}}}));
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);  // the gang's Pods, behind their gate
+  SyncJob();
+  SyncPods();
+  holding.Upsert("other/big", json::parse(R"({"metadata": {"name": "big", "namespace": "other", "uid": "big-uid"},
+    "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
+    "status": {"phase": "Running"}})"));
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(events_, Contains("GangWaiting"));
+  EXPECT_THAT(Calls("patch pods"), IsEmpty());
+  holding.Remove("other/big");
+  SyncJob();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(events_, Contains("GangAdmitted"));
+  EXPECT_THAT(Calls("patch pods"), ElementsAre("patch pods ml/tiny-0", "patch pods ml/tiny-1"));
+  EXPECT_THAT(Calls("list pods"), IsEmpty());
+}
+
 }  // namespace
 }  // namespace meshwork::op

@@ -200,16 +200,17 @@ TEST(SpecTest, TrainerConfigIsCheckedWithTheTrainersOwnRules) {
   Status bad = ValidateTrainerConfig("model:\n  preset: huge\n", *s, "ns", "job", "spec.config.inline");
   EXPECT_THAT(bad.message(), HasSubstr("spec.config.inline: the trainer refuses this config"));
   EXPECT_THAT(bad.message(), HasSubstr("huge"));
-  // Issue 20: a config over Linux's limit on one environment string could never start (every
-  // rank failed with "Argument list too long"); it is refused naming the field and the size.
-  const std::string big = "model:\n  preset: tiny\n#" + std::string(131072, 'x') + "\n";
+  // Issue 20: a config reaches the trainer as a ConfigMap volume's file, so one over 128 KiB (the
+  // old environment variable's limit) runs; one over a ConfigMap's 1 MiB is refused naming the
+  // field and the size.
+  const std::string head = "model:\n  preset: tiny\n#";
+  const std::string fits = head + std::string(1048576 - head.size() - 1, 'x') + "\n";
+  ASSERT_EQ(fits.size(), 1048576u);
+  EXPECT_TRUE(ValidateTrainerConfig(fits, *s, "ns", "job", "spec.config.inline").ok());
+  const std::string big = fits + "#\n";
   Status too_big = ValidateTrainerConfig(big, *s, "ns", "job", "spec.config.inline");
   EXPECT_THAT(too_big.message(), HasSubstr("spec.config.inline: " + std::to_string(big.size()) + " bytes of config"));
-  EXPECT_THAT(too_big.message(), HasSubstr("131050 bytes (MAX_ARG_STRLEN)"));
-  const std::string head = "model:\n  preset: tiny\n#";
-  const std::string fits = head + std::string(131050 - head.size() - 1, 'x') + "\n";
-  ASSERT_EQ(fits.size(), 131050u);
-  EXPECT_TRUE(ValidateTrainerConfig(fits, *s, "ns", "job", "spec.config.inline").ok());
+  EXPECT_THAT(too_big.message(), HasSubstr("a ConfigMap, which holds at most 1048576 bytes"));
   Status typo = ValidateTrainerConfig("optimizr:\n  lr: 1\n", *s, "ns", "job", "spec.config.inline");
   EXPECT_THAT(typo.message(), HasSubstr("optimizr"));
   s->args = {"--set", "optimizer.lr=-1"};
@@ -231,7 +232,7 @@ TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
   const std::string cmd = c["command"].dump();
   EXPECT_THAT(cmd, HasSubstr(R"("meshwork-train","launch","--nproc","2","--nnodes","2","--node-rank","1")"));
   EXPECT_THAT(cmd, HasSubstr(R"("--master-addr","job-0.job.ns.svc","--master-port","29500")"));
-  EXPECT_THAT(cmd, HasSubstr(R"("train","--config-env","MESHWORK_CONFIG_YAML")"));
+  EXPECT_THAT(cmd, HasSubstr(R"("train","--config","/etc/meshwork/config/config.yaml")"));
   EXPECT_THAT(cmd, HasSubstr("mesh.dp_replicate=2"));
   EXPECT_THAT(cmd, HasSubstr("checkpoint.dir=/checkpoints/ns/job/u"));
   EXPECT_THAT(cmd, HasSubstr("checkpoint.every=50"));
@@ -243,7 +244,12 @@ TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
   EXPECT_EQ(env["PET_NPROC_PER_NODE"]["value"], "2");
   EXPECT_EQ(env["MESHWORK_RESTART_GENERATION"]["value"], "3");
   EXPECT_EQ(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
-  EXPECT_EQ(env["MESHWORK_CONFIG_YAML"]["valueFrom"]["configMapKeyRef"]["name"], "job-config");
+  EXPECT_EQ(env["MESHWORK_CONFIG_FILE"]["value"], "/etc/meshwork/config/config.yaml");
+  // The config's ConfigMap as a volume, its key as config.yaml; the checkpoint volume after it.
+  EXPECT_EQ(pod["spec"]["volumes"][0], json::parse(R"({"name": "meshwork-config", "configMap": {"name": "job-config",
+    "items": [{"key": "config.yaml", "path": "config.yaml"}]}})"));
+  EXPECT_EQ(c["volumeMounts"][0],
+            json::parse(R"({"name": "meshwork-config", "mountPath": "/etc/meshwork/config", "readOnly": true})"));
   EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], 2);
   // One metrics port per local rank (the trainer serves rank i on metricsPort + i).
   EXPECT_EQ(c["ports"], json::parse(R"([
