@@ -163,11 +163,38 @@ cmd_job ttl 'exit 0' '  runPolicy: {ttlSecondsAfterFinished: 3}' | kubectl apply
 cmd_job deadline 'sleep 300' '  runPolicy: {activeDeadlineSeconds: 5}' | kubectl apply -f - >/dev/null
 cmd_job sleeper 'sleep 300' "" | kubectl apply -f - >/dev/null
 
+# Issue 20: a config over 128 KiB (an environment variable's limit) reaches the Pods as the file
+# of the ConfigMap volume; the command checks the size of what it got.
+{
+  cat <<EOF
+apiVersion: meshwork.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: bigconfig
+  namespace: e2e
+spec:
+  image: busybox
+  device: cpu
+  replicas: 2
+  command: ["sh", "-c", "n=\$(wc -c < \$MESHWORK_CONFIG_FILE); echo config bytes \$n; test \$n -gt 200000"]
+  config:
+    inline: |
+      model: {preset: tiny}
+EOF
+  for i in $(seq 2500); do echo "      # padding line $i: a config this long used to fail every rank with Argument list too long"; done
+} >"$work/bigconfig.yaml"
+out="$(kubectl apply -f "$work/bigconfig.yaml" 2>&1)"
+[[ "$out" == *created* ]] || fail "bigconfig apply: $out"
+
 if e2e_wait_for 60 "permanent fails" phase_is permanent Failed; then
   [ "$(reason_of permanent Failed)" = PermanentExitCode ] && [ "$(jp permanent '{.status.restarts}')" = 0 ] &&
     pass "exit code 3 (permanent by default): Failed/PermanentExitCode, 0 restarts" ||
     fail "permanent: $(reason_of permanent Failed) restarts $(jp permanent '{.status.restarts}')"
 else fail "permanent did not fail"; dump; fi
+
+if e2e_wait_for 90 "bigconfig succeeds" phase_is bigconfig Succeeded; then
+  pass "a job whose config is $(wc -c <"$work/bigconfig.yaml") bytes (over 128 KiB) runs: the config arrives as a ConfigMap volume file"
+else fail "bigconfig: phase $(jp bigconfig '{.status.phase}') $(jp bigconfig '{.status.conditions[*].message}')"; dump; fi
 
 if e2e_wait_for 90 "flaky fails" phase_is flaky Failed; then
   [ "$(reason_of flaky Failed)" = BackoffLimitExceeded ] && [ "$(jp flaky '{.status.restarts}')" = 1 ] &&
