@@ -143,18 +143,19 @@ void Controller::Stop() {
 }
 
 void Controller::SetPhase(const std::string& key, const std::string& phase) {
-  std::map<std::string, int> counts;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (phase.empty()) {
-      if (!phases_.erase(key)) return;
-    } else {
-      auto [it, inserted] = phases_.emplace(key, phase);
-      if (!inserted && it->second == phase) return;
-      it->second = phase;
-    }
-    for (const auto& [k, p] : phases_) ++counts[p];
+  // The hook runs under the lock: called after it, a worker's counts could reach the gauges after
+  // a later worker's and leave them stale for good (seen: 1,999 of 2,000 Succeeded jobs counted,
+  // one still Created, once the last job had finished).
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase.empty()) {
+    if (!phases_.erase(key)) return;
+  } else {
+    auto [it, inserted] = phases_.emplace(key, phase);
+    if (!inserted && it->second == phase) return;
+    it->second = phase;
   }
+  std::map<std::string, int> counts;
+  for (const auto& [k, p] : phases_) ++counts[p];
   if (hooks_.jobs_by_phase) hooks_.jobs_by_phase(counts);
 }
 

@@ -31,7 +31,8 @@ struct ControllerHooks {
   ReconcilerHooks reconciler;
   // After every reconcile: its outcome and how long it took.
   std::function<void(const ReconcileOutcome& outcome, double seconds)> observe_reconcile;
-  // Jobs per phase, after every change.
+  // Jobs per phase, after every change; called under the controller's lock, in order (it must
+  // not call back into the controller).
   std::function<void(const std::map<std::string, int>& jobs_by_phase)> jobs_by_phase;
 };
 
