@@ -50,8 +50,26 @@ e2e_require_kube_bin() {
   export PATH="$MESHWORK_KUBE_BIN:$PATH"
 }
 
+# e2e_free_port: a port that is free on every address, from 61000-64999, above the kernel's
+# ephemeral range (32768-60999 here): a port the kernel picked could be taken by any outgoing
+# connection before the test binds it (seen: a Pod's 0.0.0.0 metrics port taken under load).
 e2e_free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 - <<'PY'
+import random, socket
+for _ in range(200):
+    port = random.randrange(61000, 65000)
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free port in 61000-64999")
+PY
 }
 
 # e2e_wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND until it succeeds.

@@ -70,15 +70,24 @@ EOF
 { for i in 1 2 3 4; do job "gang-$i" $((23000 + 10 * i)); done; } >"$work/jobs.yaml"
 k apply -f "$work/jobs.yaml" >/dev/null || { fail "kubectl apply of four jobs"; finish; }
 
-# Watch the Pods until every job finished: a job must never be half placed.
+# Watch the Pods until every job finished: a job must never be half placed, that is one of its
+# Pods bound while another is not (behind the gang gate, or unschedulable). The gates of a gang
+# come off in one PATCH per Pod, so the scheduler may bind the first a few milliseconds before
+# the second is released: only a state seen in two samples a second apart counts.
 half=""
+declare -A half_before=()
 end=$((SECONDS + ${GANG_E2E_WAIT_S:-400}))
 while ((SECONDS < end)); do
-  pods="$(k get pods -o jsonpath='{range .items[*]}{.metadata.labels.meshwork\.dev/job}{" "}{.spec.nodeName}{" "}{.spec.schedulingGates[*].name}{" "}{.status.phase}{"\n"}{end}' 2>/dev/null)"
+  pods="$(k get pods -o jsonpath='{range .items[*]}{.metadata.labels.meshwork\.dev/job}{"|"}{.spec.nodeName}{"|"}{.spec.schedulingGates[*].name}{"|"}{.status.phase}{"\n"}{end}' 2>/dev/null)"
   for j in 1 2 3 4; do
-    bound="$(awk -v j="gang-$j" '$1 == j && $2 == "node-a" && $3 != "Succeeded" && $4 != "Succeeded"' <<<"$pods" | wc -l)"
-    gated="$(awk -v j="gang-$j" '$1 == j && $2 != "node-a"' <<<"$pods" | wc -l)"
-    [ "$bound" -ge 1 ] && [ "$gated" -ge 1 ] && half+=" gang-$j"
+    bound="$(awk -F'|' -v j="gang-$j" '$1 == j && $2 != "" && $4 != "Succeeded"' <<<"$pods" | wc -l)"
+    waiting="$(awk -F'|' -v j="gang-$j" '$1 == j && $2 == ""' <<<"$pods" | wc -l)"
+    if [ "$bound" -ge 1 ] && [ "$waiting" -ge 1 ]; then
+      [ -n "${half_before[$j]:-}" ] && [[ "$half" != *"gang-$j"* ]] && half+=" gang-$j"
+      half_before[$j]=1
+    else
+      half_before[$j]=""
+    fi
   done
   done_count=0
   for j in 1 2 3 4; do
