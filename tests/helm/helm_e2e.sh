@@ -27,10 +27,6 @@ source "$src/tests/common/e2e_lib.sh"
 e2e_require_kube_bin
 helm="$MESHWORK_KUBE_BIN/helm"
 e2e_init
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 ns=meshwork-system
 k() { timeout 60 kubectl --request-timeout=30s "$@"; }
 dump() {
@@ -192,5 +188,4 @@ nothing_left() { [ -z "$(left)" ] && gone; }
   k get crd trainingjobs.meshwork.dev >/dev/null 2>&1 &&
   pass "helm uninstall removes every object but the CRD" || fail "helm uninstall: $out; left: $(left)"
 
-echo "helm_e2e: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+e2e_summary helm_e2e

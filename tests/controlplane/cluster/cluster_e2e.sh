@@ -17,10 +17,6 @@ src="$4"
 source "$src/tests/common/e2e_lib.sh"
 e2e_require_kube_bin
 e2e_init
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 k() { timeout 60 kubectl --request-timeout=30s "$@"; }
 
 # ---- bad input
@@ -116,5 +112,4 @@ e2e_start_controlplane "$cluster_bin" --nodes "$work/nodes.yaml" || exit 1
   k get svc s >/dev/null 2>&1 && pass "restarted on the same data dir: same port $port, the Service is still there" ||
   fail "after restart: $(k get svc s 2>&1)"
 
-echo "cluster_e2e: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+e2e_summary cluster_e2e

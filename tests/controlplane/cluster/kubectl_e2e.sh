@@ -21,10 +21,6 @@ src="$4"
 source "$src/tests/common/e2e_lib.sh"
 e2e_require_kube_bin
 e2e_init
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 k() { timeout 60 kubectl --request-timeout=30s "$@"; }
 
 e2e_start_controlplane "$cluster_bin" || exit 1
@@ -139,5 +135,4 @@ k delete pod sleeper --grace-period=1 >/dev/null 2>&1
 e2e_wait_for 30 "sleeper's process gone" bash -c "! kill -0 ${pid:-0} 2>/dev/null" && [ -n "$pid" ] &&
   pass "delete stops the Pod's process" || fail "delete: pid '$pid' still there"
 
-echo "kubectl e2e: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+e2e_summary kubectl_e2e

@@ -30,10 +30,6 @@ fi
 source "$src/tests/common/e2e_lib.sh"
 e2e_init   # $work, HOME and KUBECONFIG in it, and the cleanup of every process of this run
 export PATH="$(dirname "$train_bin"):$PATH"
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
 k() { timeout 60 kubectl --request-timeout=30s -n e2e "$@"; }
 jp() { k get tj "$1" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
@@ -336,5 +332,4 @@ if e2e_wait_for 10 "operator a takes over at once" bash -c "[ \$(grep -c 'became
   pass "the released lease was taken over within seconds"
 else fail "no takeover after release: $(tail -5 "$work/op-a.log")"; fi
 
-echo "operator e2e: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+e2e_summary operator_e2e
