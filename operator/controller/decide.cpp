@@ -90,9 +90,18 @@ PodView ViewPod(const json& pod) {
   v.phase = status.value("phase", "Pending");
   v.reason = status.value("reason", "");
   v.message = status.value("message", "");
+  auto say = [&v](const std::string& reason, const std::string& message) {
+    for (const std::string* part : {&reason, &message}) {
+      if (part->empty()) continue;
+      if (!v.failure_text.empty()) v.failure_text += '\n';
+      v.failure_text += *part;
+    }
+  };
+  say(v.reason, v.message);
   for (const auto& c : status.value("conditions", json::array())) {
     const std::string type = c.value("type", "");
     if (type == "Ready") v.ready = c.value("status", "") == "True";
+    if (c.value("status", "") == "True") v.true_conditions.emplace_back(type, c.value("reason", ""));
     if (type == "DisruptionTarget" && c.value("status", "") == "True") v.disruption = c.value("reason", "Disruption");
     if (type == "PodScheduled" && c.value("status", "") == "False" && v.reason.empty()) {
       v.reason = c.value("reason", "");
@@ -105,6 +114,7 @@ PodView ViewPod(const json& pod) {
     if (state.contains("terminated")) {
       const json& t = state["terminated"];
       if (t.contains("exitCode") && t["exitCode"].is_number_integer()) v.exit_code = t["exitCode"].get<int>();
+      say(t.value("reason", ""), t.value("message", ""));
       if (v.reason.empty()) v.reason = t.value("reason", "");
       if (v.message.empty()) v.message = t.value("message", "");
     } else if (state.contains("waiting") && v.reason.empty()) {
@@ -112,6 +122,8 @@ PodView ViewPod(const json& pod) {
       v.message = state["waiting"].value("message", "");
     }
   }
+  constexpr size_t kMaxFailureText = 4096;
+  if (v.failure_text.size() > kMaxFailureText) v.failure_text.erase(0, v.failure_text.size() - kMaxFailureText);
   return v;
 }
 
@@ -219,7 +231,9 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     return plan;
   }
   decided(policy::Resize(job));
-  if (decided(policy::StaleGang(job)) || decided(policy::Failure(job)) || decided(policy::Success(job))) return plan;
+  // Success first: with successPolicy Rank0 a rank that failed once rank 0 was done does not
+  // matter (with AllRanks, success leaves no failed rank to judge).
+  if (decided(policy::StaleGang(job)) || decided(policy::Success(job)) || decided(policy::Failure(job))) return plan;
 
   // The trainer config is checked only when a gang is about to start: an edit applies to the
   // next gang and must not fail a running one. A bad config fails the job as a bad spec does,

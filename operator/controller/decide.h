@@ -66,6 +66,13 @@ struct PodView {
   // DeletionByTaintManager, TerminationByKubelet): the Pod was stopped by the cluster, not by
   // its own failure. "" when there is none.
   std::string disruption;
+  // Every condition that is True on the Pod: (type, reason). failurePolicy rules match these.
+  std::vector<std::pair<std::string, std::string>> true_conditions;
+  // What the Pod and its trainer container said about how it ended, one per line: the Pod's
+  // reason and message, the container's terminated reason and message (with the container's
+  // terminationMessagePolicy FallbackToLogsOnError, the tail of its log). failurePolicy's
+  // onMessagePattern searches this; at most 4 KiB.
+  std::string failure_text;
 };
 PodView ViewPod(const nlohmann::json& pod);
 

@@ -210,6 +210,10 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   pod["metadata"]["labels"][kMeshLabel] = spec.mesh.ToString();
   pod["spec"] = pod_spec;
   MergeTemplate(pod, spec);
+  // A failed rank's termination message is the tail of its log unless the template says
+  // otherwise: the trainer's last lines say why it failed, and failurePolicy rules match them.
+  json& trainer = pod["spec"]["containers"][0];
+  if (!trainer.contains("terminationMessagePolicy")) trainer["terminationMessagePolicy"] = "FallbackToLogsOnError";
   if (spec.gang_admission == GangAdmission::kOperator) {
     // Held until the whole gang fits (gang.h); after the template, whose gates stay too.
     json& gates = pod["spec"]["schedulingGates"];

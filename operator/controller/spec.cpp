@@ -1,5 +1,7 @@
 #include "operator/controller/spec.h"
 
+#include <regex.h>
+
 #include <cctype>
 #include <limits>
 #include <sstream>
@@ -112,6 +114,77 @@ Status ReadEnum(const json& obj, const char* key, const std::string& path,
   return Bad(path, "unsupported value " + Quote(s) + " (supported: " + known + ")");
 }
 
+// spec.runPolicy.failurePolicy: at most kMaxFailureRules rules, each with at least one matcher.
+constexpr size_t kMaxFailureRules = 16;
+constexpr size_t kMaxPatternLength = 256;
+
+Status ReadFailureRule(const json& r, const std::string& path, FailureRule* rule) {
+  if (!r.is_object()) return Bad(path, "must be an object, got " + Quote(r));
+  MW_RETURN_IF_ERROR(ReadString(r, "name", path + ".name", &rule->name));
+  if (!Field(r, "action")) return Bad(path + ".action", "is required");
+  MW_RETURN_IF_ERROR(ReadEnum<FailureAction>(r, "action", path + ".action",
+                                             {{"FailJob", FailureAction::kFailJob},
+                                              {"RestartGang", FailureAction::kRestartGang},
+                                              {"RestartGangAndIgnoreBackoff",
+                                               FailureAction::kRestartGangAndIgnoreBackoff}},
+                                             &rule->action));
+  bool matcher = false;
+  if (const json* codes = Field(r, "onExitCodes")) {
+    const std::string cpath = path + ".onExitCodes";
+    if (!codes->is_object()) return Bad(cpath, "must be an object {operator, values}, got " + Quote(*codes));
+    std::string op = "In";
+    MW_RETURN_IF_ERROR(ReadString(*codes, "operator", cpath + ".operator", &op));
+    if (op != "In" && op != "NotIn") {
+      return Bad(cpath + ".operator", "unsupported value " + Quote(op) + " (supported: In, NotIn)");
+    }
+    rule->exit_code_in = op == "In";
+    const json* values = Field(*codes, "values");
+    if (!values || !values->is_array() || values->empty()) {
+      return Bad(cpath + ".values", "must be a non-empty list of exit codes, got " + (values ? Quote(*values) : "nothing"));
+    }
+    for (size_t i = 0; i < values->size(); ++i) {
+      const json& c = (*values)[i];
+      if (!c.is_number_integer() || c.get<int64_t>() < 0 || c.get<int64_t>() > 255 ||
+          (op == "In" && c.get<int64_t>() == 0)) {
+        return Bad(cpath + ".values[" + std::to_string(i) + "]",
+                   Quote(c) + (op == "In" ? " must be an exit code in [1, 255] (0 is success)"
+                                          : " must be an exit code in [0, 255]"));
+      }
+      rule->exit_codes.insert(c.get<int>());
+    }
+    matcher = true;
+  }
+  if (const json* conds = Field(r, "onPodConditions")) {
+    const std::string cpath = path + ".onPodConditions";
+    if (!conds->is_array() || conds->empty()) return Bad(cpath, "must be a non-empty list, got " + Quote(*conds));
+    for (size_t i = 0; i < conds->size(); ++i) {
+      const std::string ipath = cpath + "[" + std::to_string(i) + "]";
+      const json& c = (*conds)[i];
+      if (!c.is_object()) return Bad(ipath, "must be an object {type, reason}, got " + Quote(c));
+      std::string type, reason;
+      MW_RETURN_IF_ERROR(ReadString(c, "type", ipath + ".type", &type));
+      MW_RETURN_IF_ERROR(ReadString(c, "reason", ipath + ".reason", &reason));
+      if (type.empty()) return Bad(ipath + ".type", "is required (a Pod condition type such as DisruptionTarget)");
+      rule->pod_conditions.emplace_back(type, reason);
+    }
+    matcher = true;
+  }
+  if (Field(r, "onMessagePattern")) {
+    const std::string ppath = path + ".onMessagePattern";
+    MW_RETURN_IF_ERROR(ReadString(r, "onMessagePattern", ppath, &rule->message_pattern));
+    if (rule->message_pattern.empty() || rule->message_pattern.size() > kMaxPatternLength) {
+      return Bad(ppath, Quote(rule->message_pattern) + " must be 1-" + std::to_string(kMaxPatternLength) +
+                            " characters");
+    }
+    if (const auto compiled = FindPattern(rule->message_pattern, ""); !compiled.ok()) {
+      return Bad(ppath, Quote(rule->message_pattern) + " is " + compiled.status().message());
+    }
+    matcher = true;
+  }
+  if (!matcher) return Bad(path, "needs at least one of onExitCodes, onPodConditions and onMessagePattern");
+  return Status::Ok();
+}
+
 // Pod names are <job>-<index> and double as hostnames (DNS-1123 labels, 63 at most), and the
 // headless Service is named after the job (a DNS-1035 label: starts with a letter).
 Status CheckJobName(const std::string& name) {
@@ -138,6 +211,27 @@ Status CheckJobName(const std::string& name) {
 std::string Mesh::ToString() const {
   if (chosen_by_trainer) return "auto";
   return std::to_string(dp_replicate) + "x" + std::to_string(dp_shard) + "x" + std::to_string(tp);
+}
+
+const char* FailureActionName(FailureAction a) {
+  switch (a) {
+    case FailureAction::kFailJob: return "FailJob";
+    case FailureAction::kRestartGang: return "RestartGang";
+    case FailureAction::kRestartGangAndIgnoreBackoff: return "RestartGangAndIgnoreBackoff";
+  }
+  return "?";
+}
+
+Result<bool> FindPattern(const std::string& pattern, const std::string& text) {
+  regex_t re;
+  if (const int rc = regcomp(&re, pattern.c_str(), REG_EXTENDED | REG_NOSUB); rc != 0) {
+    char why[256];
+    regerror(rc, &re, why, sizeof(why));
+    return InvalidConfig(std::string("not a POSIX extended regular expression: ") + why);
+  }
+  const bool found = regexec(&re, text.c_str(), 0, nullptr, 0) == 0;
+  regfree(&re);
+  return found;
 }
 
 int DefaultMasterPort(const std::string& uid) {
@@ -324,6 +418,24 @@ Result<JobSpec> ParseSpec(const json& job) {
                                              "spec.runPolicy.schedulingPolicy.gangAdmission",
                                              {{"Operator", GangAdmission::kOperator}, {"None", GangAdmission::kNone}},
                                              &s.gang_admission));
+  MW_RETURN_IF_ERROR(ReadEnum<SuccessPolicy>(rp, "successPolicy", "spec.runPolicy.successPolicy",
+                                             {{"AllRanks", SuccessPolicy::kAllRanks}, {"Rank0", SuccessPolicy::kRank0}},
+                                             &s.success_policy));
+  if (const json* fp = Field(rp, "failurePolicy")) {
+    if (!fp->is_object()) return Bad("spec.runPolicy.failurePolicy", "must be an object, got " + Quote(*fp));
+    if (const json* rules = Field(*fp, "rules")) {
+      const std::string path = "spec.runPolicy.failurePolicy.rules";
+      if (!rules->is_array()) return Bad(path, "must be a list, got " + Quote(*rules));
+      if (rules->size() > kMaxFailureRules) {
+        return Bad(path, std::to_string(rules->size()) + " rules; at most " + std::to_string(kMaxFailureRules));
+      }
+      for (size_t i = 0; i < rules->size(); ++i) {
+        FailureRule rule;
+        MW_RETURN_IF_ERROR(ReadFailureRule((*rules)[i], path + "[" + std::to_string(i) + "]", &rule));
+        s.failure_rules.push_back(std::move(rule));
+      }
+    }
+  }
 
   MW_RETURN_IF_ERROR(ReadIntAs(spec, "metricsPort", "spec.metricsPort", 0, 65535, &s.metrics_port));
   if (Field(spec, "masterPort")) {

@@ -47,6 +47,26 @@ enum class CleanPodPolicy { kNone, kRunning, kAll };
 // scheduling gate until all of them fit (gang.h); None = straight to the scheduler (for a
 // cluster where Kueue, Volcano or the coscheduling plugin places gangs).
 enum class GangAdmission { kOperator, kNone };
+// spec.runPolicy.successPolicy: AllRanks = every rank exits 0; Rank0 = the Pod of replica 0 (which
+// holds rank 0) exits 0, and the others are then stopped as cleanPodPolicy says.
+enum class SuccessPolicy { kAllRanks, kRank0 };
+
+// spec.runPolicy.failurePolicy.rules: what a failed rank means, by its exit code, a condition on
+// its Pod, or its termination message. The first rule that matches a rank decides for it.
+enum class FailureAction { kFailJob, kRestartGang, kRestartGangAndIgnoreBackoff };
+const char* FailureActionName(FailureAction a);
+struct FailureRule {
+  std::string name;              // optional, for messages
+  FailureAction action = FailureAction::kRestartGang;
+  // onExitCodes: the trainer container's exit code is In (or NotIn) `exit_codes`. Unset = any.
+  std::optional<bool> exit_code_in;
+  std::set<int> exit_codes;
+  // onPodConditions: any of these is True on the Pod (reason "" = any reason). Empty = any.
+  std::vector<std::pair<std::string, std::string>> pod_conditions;
+  // onMessagePattern: a POSIX extended regular expression found in the rank's failure text (its
+  // reasons and messages: the Pod's, and the container's termination message). "" = any.
+  std::string message_pattern;
+};
 
 struct Mesh {
   int dp_replicate = 1;
@@ -88,6 +108,8 @@ struct JobSpec {
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
   GangAdmission gang_admission = GangAdmission::kOperator;
+  SuccessPolicy success_policy = SuccessPolicy::kAllRanks;
+  std::vector<FailureRule> failure_rules;
 
   int master_port = 0;  // spec.masterPort, else DefaultMasterPort(uid)
   int metrics_port = 9400;
@@ -103,6 +125,10 @@ std::set<int> DefaultPermanentExitCodes();
 // the job's life (every gang of it), and different for most pairs of jobs: on the local control
 // plane all Pods share the host's network, and rank 0's TCP store listens on every address.
 int DefaultMasterPort(const std::string& uid);
+
+// Whether the POSIX extended regular expression `pattern` occurs in `text` (glibc's matcher: no
+// backtracking blow-up on a long message). An invalid pattern is kInvalidConfig naming why.
+Result<bool> FindPattern(const std::string& pattern, const std::string& text);
 
 // The auto mesh: FSDP over every rank with one process per Pod (or one Pod); otherwise HSDP,
 // sharded over the processes of a Pod and replicated across Pods.

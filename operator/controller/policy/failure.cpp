@@ -1,9 +1,14 @@
 // Gang failure: a failed rank, or a rank deleted after the whole gang was created (an eviction,
 // or a user's `kubectl delete pod`), fails the gang, since a lone new rank cannot rejoin a running
-// job. The whole gang restarts with the next generation, up to backoffLimit times, unless the
-// failure is permanent (restartPolicy Never, or an exit code in permanentExitCodes). A rank the
-// cluster stopped (its Pod has DisruptionTarget=True: preemption, eviction, a drain) restarts the
-// gang without counting, as JobSet's and Job's pod failure policies let one say.
+// job. What follows is decided per failed rank, then the most severe outcome wins:
+//  - the first of spec.runPolicy.failurePolicy.rules that matches the rank (by exit code, a
+//    condition on its Pod, or its termination message) says FailJob, RestartGang (counted
+//    against backoffLimit) or RestartGangAndIgnoreBackoff;
+//  - else a rank the cluster stopped (its Pod has DisruptionTarget=True: preemption, eviction,
+//    a drain) restarts the gang without counting, as JobSet's and Job's pod failure policies
+//    let one say;
+//  - else restartPolicy and permanentExitCodes decide between the end and a counted restart.
+// A counted restart past backoffLimit ends the job.
 #include "operator/controller/policy/policy.h"
 
 #include "operator/controller/desired.h"
@@ -24,61 +29,116 @@ std::string DescribeFailure(const PodView& p) {
   return s;
 }
 
+bool Matches(const FailureRule& rule, const PodView& pod) {
+  if (rule.exit_code_in) {
+    if (!pod.exit_code) return false;  // no exit code (never started, or deleted): no match
+    if (rule.exit_codes.count(*pod.exit_code) != (*rule.exit_code_in ? 1u : 0u)) return false;
+  }
+  if (!rule.pod_conditions.empty()) {
+    bool any = false;
+    for (const auto& [type, reason] : rule.pod_conditions) {
+      for (const auto& [t, r] : pod.true_conditions) any = any || (t == type && (reason.empty() || r == reason));
+    }
+    if (!any) return false;
+  }
+  if (!rule.message_pattern.empty()) {
+    const auto found = FindPattern(rule.message_pattern, pod.failure_text);
+    if (!found.ok() || !*found) return false;  // ParseSpec refused a bad pattern already
+  }
+  return true;
+}
+
+// What one failed rank means for the gang, most severe last.
+enum class Outcome { kUncounted, kCounted, kEnd };
+
+struct RankVerdict {
+  Outcome outcome = Outcome::kCounted;
+  std::string failure;  // DescribeFailure
+  std::string reason;   // the condition reason: GangRestart, Disruption, FailurePolicy, PermanentExitCode, ...
+  std::string why;      // appended to the message
+  bool disruption = false;  // an uncounted restart by the DisruptionTarget default, not by a rule
+};
+
+RankVerdict Judge(const JobSpec& spec, const PodView& pod) {
+  RankVerdict v;
+  v.failure = DescribeFailure(pod);
+  for (size_t i = 0; i < spec.failure_rules.size(); ++i) {
+    const FailureRule& rule = spec.failure_rules[i];
+    if (!Matches(rule, pod)) continue;
+    const std::string which = "failurePolicy rule " + std::to_string(i) +
+                              (rule.name.empty() ? "" : " (" + rule.name + ")") + " matched: " +
+                              FailureActionName(rule.action);
+    v.reason = "FailurePolicy";
+    v.why = which;
+    v.outcome = rule.action == FailureAction::kFailJob       ? Outcome::kEnd
+                : rule.action == FailureAction::kRestartGang ? Outcome::kCounted
+                                                             : Outcome::kUncounted;
+    return v;
+  }
+  if (!pod.disruption.empty()) {
+    v.outcome = Outcome::kUncounted;
+    v.reason = "Disruption";
+    v.why = "DisruptionTarget: " + pod.disruption;
+    v.disruption = true;
+  } else if (spec.restart_policy == RestartPolicy::kNever) {
+    v.outcome = Outcome::kEnd;
+    v.reason = "RestartPolicyNever";
+    v.why = "restartPolicy is Never";
+  } else if (spec.restart_policy == RestartPolicy::kExitCode && pod.exit_code &&
+             spec.permanent_exit_codes.count(*pod.exit_code)) {
+    v.outcome = Outcome::kEnd;
+    v.reason = "PermanentExitCode";
+    v.why = "the exit code is in permanentExitCodes, so the gang is not restarted";
+  } else {
+    v.reason = "GangRestart";
+  }
+  return v;
+}
+
 }  // namespace
 
 std::optional<Decision> Failure(const JobState& job) {
   const JobSpec& spec = job.spec;
-  std::optional<std::string> failure;
-  bool permanent = false;
-  std::string disruption;  // a failure the cluster caused: restarts without counting
-  std::optional<std::string> disrupted;
+  std::optional<RankVerdict> worst;  // the first rank with the most severe outcome
   for (const auto& pod : job.Current()) {
     if (pod.phase != "Failed") continue;
-    if (!pod.disruption.empty()) {  // a rank that failed on its own, if any, decides instead
-      if (!disrupted) {
-        disrupted = DescribeFailure(pod);
-        disruption = pod.disruption;
-      }
-      continue;
-    }
-    failure = DescribeFailure(pod);
-    if (spec.restart_policy == RestartPolicy::kNever) {
-      permanent = true;
-    } else if (spec.restart_policy == RestartPolicy::kExitCode && pod.exit_code &&
-               spec.permanent_exit_codes.count(*pod.exit_code)) {
-      permanent = true;
-    }
-    if (permanent) break;
-  }
-  if (failure) {
-    disruption.clear();
-  } else {
-    failure = disrupted;
+    RankVerdict v = Judge(spec, pod);
+    if (!worst || v.outcome > worst->outcome) worst = std::move(v);
   }
   const std::vector<int> missing = job.Missing();
   const bool launched = IntOr(job.status, "launchedGeneration", -1) == job.generation();
-  if (!failure && launched && !missing.empty()) {
-    failure = "pod " + PodName(job.name(), missing.front()) + " was deleted";
-    permanent = spec.restart_policy == RestartPolicy::kNever;
+  if (!worst && launched && !missing.empty()) {
+    // A deleted rank: nothing to match rules against (no exit code, no Pod left).
+    RankVerdict v;
+    v.failure = "pod " + PodName(job.name(), missing.front()) + " was deleted";
+    v.reason = spec.restart_policy == RestartPolicy::kNever ? "RestartPolicyNever" : "GangRestart";
+    v.outcome = spec.restart_policy == RestartPolicy::kNever ? Outcome::kEnd : Outcome::kCounted;
+    if (v.outcome == Outcome::kEnd) v.why = "restartPolicy is Never";
+    worst = std::move(v);
   }
-  if (!failure) return std::nullopt;
+  if (!worst) return std::nullopt;
+  const RankVerdict& w = *worst;
 
-  const int64_t restarts = job.restarts();
-  if (!disruption.empty() && !permanent) {
-    // Preempted, evicted or drained: not the job's failure. The gang restarts whatever
-    // restartPolicy and backoffLimit say, and restarts does not move.
-    const int64_t count = IntOr(job.status, "disruptionRestarts", 0) + 1;
-    const std::string msg = *failure + " (DisruptionTarget: " + disruption +
-                            "); restarting the gang, which does not count against backoffLimit (disruption " +
-                            std::to_string(count) + ")";
+  auto restart = [&](const std::string& reason, const std::string& event, const std::string& msg) {
     Decision d;
     d.phase = "Restarting";
-    d.status["disruptionRestarts"] = count;
     d.status["restartGeneration"] = job.generation() + 1;
-    d.conditions = {{"Restarting", "True", "Disruption", msg}, {"Running", "False", "Disruption", msg}};
-    d.events.push_back({"Warning", "GangRestartAfterDisruption", msg});
+    d.conditions = {{"Restarting", "True", reason, msg}, {"Running", "False", reason, msg}};
+    d.events.push_back({"Warning", event, msg});
     d.remove = NotTerminating(job.pods);
     d.status_first = true;
+    return d;
+  };
+  if (w.outcome == Outcome::kUncounted) {
+    // Preempted, evicted or drained, or a rule says so: not the job's failure. The gang restarts
+    // whatever restartPolicy and backoffLimit say, and restarts does not move.
+    const char* counter = w.disruption ? "disruptionRestarts" : "uncountedRestarts";
+    const int64_t count = IntOr(job.status, counter, 0) + 1;
+    const std::string msg = w.failure + " (" + w.why +
+                            "); restarting the gang, which does not count against backoffLimit (" +
+                            (w.disruption ? "disruption " : "uncounted restart ") + std::to_string(count) + ")";
+    Decision d = restart(w.reason, w.disruption ? "GangRestartAfterDisruption" : "GangRestartUncounted", msg);
+    d.status[counter] = count;
     return d;
   }
   auto fail = [&](const std::string& reason, const std::string& message) {
@@ -86,27 +146,17 @@ std::optional<Decision> Failure(const JobState& job) {
     d.remove = Clean(spec.clean_pod_policy, job.pods);
     return d;
   };
-  if (permanent) {
-    const bool by_code = spec.restart_policy == RestartPolicy::kExitCode;
-    return fail(by_code ? "PermanentExitCode" : "RestartPolicyNever",
-                *failure + (by_code ? "; the exit code is in permanentExitCodes, so the gang is not restarted"
-                                    : "; restartPolicy is Never"));
-  }
+  if (w.outcome == Outcome::kEnd) return fail(w.reason, w.failure + "; " + w.why);
+  const int64_t restarts = job.restarts();
+  const std::string by_rule = w.why.empty() ? "" : " (" + w.why + ")";
   if (restarts >= spec.backoff_limit) {
-    return fail("BackoffLimitExceeded", *failure + "; the gang was restarted " + std::to_string(restarts) +
+    return fail("BackoffLimitExceeded", w.failure + by_rule + "; the gang was restarted " + std::to_string(restarts) +
                                             " time(s), backoffLimit is " + std::to_string(spec.backoff_limit));
   }
-  const int64_t gen = job.generation() + 1;
-  const std::string msg = *failure + "; restarting the gang (restart " + std::to_string(restarts + 1) + " of " +
-                          std::to_string(spec.backoff_limit) + ")";
-  Decision d;
-  d.phase = "Restarting";
+  const std::string msg = w.failure + by_rule + "; restarting the gang (restart " + std::to_string(restarts + 1) +
+                          " of " + std::to_string(spec.backoff_limit) + ")";
+  Decision d = restart("GangRestart", "GangRestart", msg);
   d.status["restarts"] = restarts + 1;
-  d.status["restartGeneration"] = gen;
-  d.conditions = {{"Restarting", "True", "GangRestart", msg}, {"Running", "False", "GangRestart", msg}};
-  d.events.push_back({"Warning", "GangRestart", msg});
-  d.remove = NotTerminating(job.pods);
-  d.status_first = true;
   return d;
 }
 

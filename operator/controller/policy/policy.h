@@ -111,10 +111,12 @@ std::optional<Decision> ResizeWithCheckpoints(const JobState& job);
 std::optional<Decision> Resize(const JobState& job);
 // stale_gang.cpp: Pods of an older gang, or beyond the replica count, go before anything starts.
 std::optional<Decision> StaleGang(const JobState& job);
-// failure.cpp: a failed or deleted rank restarts the gang, up to backoffLimit, unless permanent.
-std::optional<Decision> Failure(const JobState& job);
-// success.cpp: every rank of the current gang exited 0.
+// success.cpp: every rank of the current gang exited 0 (successPolicy AllRanks), or rank 0's
+// Pod did (Rank0).
 std::optional<Decision> Success(const JobState& job);
+// failure.cpp: a failed or deleted rank restarts the gang, up to backoffLimit, unless
+// failurePolicy's rules, a disruption, restartPolicy or permanentExitCodes say otherwise.
+std::optional<Decision> Failure(const JobState& job);
 // launch.cpp: the trainer config cannot be read yet (`why`): the gang waits.
 Decision AwaitConfig(const JobState& job, const std::string& why);
 // launch.cpp: the Service, the config and every missing rank; the gang's progress in the status.

@@ -4,7 +4,8 @@
 # API server itself:
 #   - the CRD is Established, `kubectl explain` shows its field docs, and every example job passes
 #     a server-side dry run;
-#   - bad TrainingJobs are refused with the server's message naming the field: each CEL rule, the
+#   - bad TrainingJobs are refused with the server's message naming the field: each CEL rule (the
+#     failurePolicy rules' too), the
 #     schema's ranges and enums, unknown fields (strict field validation), and quantities
 #     (the drill's `cpu: abc, memory: -5Gi` job);
 #   - updates the CRD forbids (processesPerReplica; replicas with checkpoints on) are refused,
@@ -86,6 +87,15 @@ refused "permanentExitCodes without ExitCode" 's|^  checkpoint:.*|  runPolicy: {
   "permanentExitCodes needs restartPolicy ExitCode"
 refused "exit code 0 as permanent" 's|^  checkpoint:.*|  runPolicy: {restartPolicy: ExitCode, permanentExitCodes: [0]}|' \
   "0 is success, not a permanent failure"
+refused "a failurePolicy rule that matches nothing" 's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: FailJob}]}}|' \
+  "a rule needs at least one of onExitCodes, onPodConditions and onMessagePattern"
+refused "a failurePolicy rule for exit code 0" \
+  's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: FailJob, onExitCodes: {values: [0, 3]}}]}}|' \
+  "0 is success; it cannot be In a failure rule"
+refused "an unknown failurePolicy action" \
+  's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: Retry, onExitCodes: {values: [3]}}]}}|' \
+  'action: Unsupported value: "Retry"'
+refused "successPolicy: Rank1" 's|^  checkpoint:.*|  runPolicy: {successPolicy: Rank1}|' 'successPolicy: Unsupported value: "Rank1"'
 refused "replicas: 0" 's|replicas: 2|replicas: 0|' "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"
 refused "device: tpu" 's|device: cpu|device: tpu|' 'spec.device: Unsupported value: "tpu"'
 refused "an unknown field" 's|^  device: cpu|  device: cpu\n  replica: 2|' 'unknown field "spec.replica"'

@@ -274,6 +274,17 @@ TEST(DecideTest, OnFailureRetriesEvenConfigExitCodes) {
   EXPECT_EQ(p.phase, "Restarting");
 }
 
+TEST(DecideTest, WithSuccessPolicyRank0ARankFailingAfterRankZeroDoesNotMatter) {
+  // The other rank lost rank 0's store as rank 0 exited, and failed: the job still succeeded.
+  json job = RunningJob({{"runPolicy", {{"successPolicy", "Rank0"}, {"restartPolicy", "Never"}}}});
+  Plan p = Decide(In(job, {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Failed", 5)}));
+  EXPECT_EQ(p.phase, "Succeeded");
+  EXPECT_EQ(ConditionReason(p.status, "Succeeded"), "Rank0Succeeded");
+  // With AllRanks (the default) that failure fails the job.
+  json all = RunningJob({{"runPolicy", {{"restartPolicy", "Never"}}}});
+  EXPECT_EQ(Decide(In(all, {Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Failed", 5)})).phase, "Failed");
+}
+
 TEST(DecideTest, APodDeletedAfterLaunchRestartsTheGang) {
   json job = RunningJob();
   Plan p = Decide(In(job, {Pod(0, 0, "Running")}));

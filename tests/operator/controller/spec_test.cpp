@@ -154,6 +154,8 @@ TEST(SpecTest, MeshAutoLeavesTheChoiceToTheTrainer) {
 }
 
 TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
+  json seventeen_rules = json::array();
+  for (int i = 0; i < 17; ++i) seventeen_rules.push_back({{"action", "FailJob"}, {"onExitCodes", {{"values", {1}}}}});
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"image", nullptr}}, "spec.image: is required"},
       {{{"replicas", 0}}, "spec.replicas: 0 is outside [1, 4096]"},
@@ -176,6 +178,30 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
       {{{"resources", {{"limits", {{"nvidia.com/gpu", -1}}}}}}, "spec.resources.limits.nvidia.com/gpu: invalid quantity \"-1\""},
       {{{"resources", {{"limits", {{"cpu", true}}}}}}, "spec.resources.limits.cpu: must be a quantity, got true"},
       {{{"resources", {{"requests", "2"}}}}, "spec.resources.requests: must be a map of resource name to quantity"},
+      {{{"runPolicy", {{"successPolicy", "Rank1"}}}},
+       "spec.runPolicy.successPolicy: unsupported value \"Rank1\" (supported: AllRanks, Rank0)"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"onExitCodes", {{"values", {1}}}}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].action: is required"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "Retry"}, {"onExitCodes", {{"values", {1}}}}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].action: unsupported value \"Retry\" (supported: FailJob, RestartGang, "
+       "RestartGangAndIgnoreBackoff)"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0]: needs at least one of onExitCodes, onPodConditions and onMessagePattern"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onExitCodes", {{"values", {0}}}}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].onExitCodes.values[0]: 0 must be an exit code in [1, 255] (0 is success)"},
+      {{{"runPolicy",
+         {{"failurePolicy",
+           {{"rules", {{{"action", "FailJob"}, {"onExitCodes", {{"operator", "Equals"}, {"values", {3}}}}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].onExitCodes.operator: unsupported value \"Equals\""},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onExitCodes", {{"values", json::array()}}}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].onExitCodes.values: must be a non-empty list of exit codes, got []"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onPodConditions", {{{"reason", "X"}}}}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].onPodConditions[0].type: is required"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onMessagePattern", "NCCL(timeout"}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].onMessagePattern: \"NCCL(timeout\" is not a POSIX extended regular "
+       "expression"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", seventeen_rules}}}}}},
+       "spec.runPolicy.failurePolicy.rules: 17 rules; at most 16"},
   };
   for (const auto& [spec, message] : cases) {
     auto s = ParseSpec(Job(spec));
@@ -183,6 +209,41 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidConfig);
     EXPECT_THAT(s.status().message(), HasSubstr(message));
   }
+}
+
+TEST(SpecTest, FailurePolicyRulesAndSuccessPolicyAreRead) {
+  const json rules = json::array(
+      {{{"name", "bad-data"}, {"action", "FailJob"}, {"onExitCodes", {{"values", {42, 43}}}}},
+       {{"action", "RestartGangAndIgnoreBackoff"},
+        {"onPodConditions", {{{"type", "DisruptionTarget"}, {"reason", "PreemptionByScheduler"}}, {{"type", "Evicted"}}}}},
+       {{"action", "RestartGang"}, {"onExitCodes", {{"operator", "NotIn"}, {"values", {0, 1}}}},
+        {"onMessagePattern", "NCCL.*(timeout|timed out)"}}});
+  auto s = ParseSpec(Job({{"runPolicy", {{"successPolicy", "Rank0"}, {"failurePolicy", {{"rules", rules}}}}}}));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->success_policy, SuccessPolicy::kRank0);
+  ASSERT_EQ(s->failure_rules.size(), 3u);
+  EXPECT_EQ(s->failure_rules[0].name, "bad-data");
+  EXPECT_EQ(s->failure_rules[0].action, FailureAction::kFailJob);
+  EXPECT_EQ(s->failure_rules[0].exit_code_in, true);
+  EXPECT_EQ(s->failure_rules[0].exit_codes, (std::set<int>{42, 43}));
+  EXPECT_FALSE(s->failure_rules[1].exit_code_in.has_value());
+  EXPECT_EQ(s->failure_rules[1].pod_conditions,
+            (std::vector<std::pair<std::string, std::string>>{{"DisruptionTarget", "PreemptionByScheduler"}, {"Evicted", ""}}));
+  EXPECT_EQ(s->failure_rules[2].exit_code_in, false);
+  EXPECT_EQ(s->failure_rules[2].message_pattern, "NCCL.*(timeout|timed out)");
+  auto d = ParseSpec(Job({}));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->success_policy, SuccessPolicy::kAllRanks);
+  EXPECT_TRUE(d->failure_rules.empty());
+}
+
+TEST(SpecTest, FindPatternIsAnExtendedRegexSearch) {
+  EXPECT_TRUE(*FindPattern("NCCL.*timeout", "Error\nwatchdog: NCCL collective timeout after 600 s"));
+  EXPECT_FALSE(*FindPattern("^timeout", "NCCL timeout"));
+  EXPECT_TRUE(*FindPattern("out of memory|OOM", "OOMKilled"));
+  // A long message with a pattern that would make a backtracking matcher crawl.
+  EXPECT_FALSE(*FindPattern("(a|aa)*c", std::string(4096, 'a')));
+  EXPECT_FALSE(FindPattern("(", "x").ok());
 }
 
 TEST(SpecTest, JobNamesMustMakeHostnames) {
@@ -256,6 +317,8 @@ TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
     {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"},
     {"name": "metrics", "containerPort": 9400, "protocol": "TCP"},
     {"name": "metrics-1", "containerPort": 9401, "protocol": "TCP"}])"));
+  // A failed rank's log tail becomes its termination message (failurePolicy's onMessagePattern).
+  EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError");
 }
 
 TEST(DesiredTest, CommandOverrideTemplateAndService) {
@@ -267,7 +330,7 @@ TEST(DesiredTest, CommandOverrideTemplateAndService) {
                      {{"nodeSelector", {{"pool", "gpu"}}},
                       {"restartPolicy", "Always"},
                       {"containers",
-                       {{{"name", "trainer"}, {"env", {{{"name", "X"}, {"value", "1"}}}}},
+                       {{{"name", "trainer"}, {"env", {{{"name", "X"}, {"value", "1"}}}}, {"terminationMessagePolicy", "File"}},
                         {{"name", "sidecar"}, {"image", "s"}}}}}}}}});
   auto s = ParseSpec(job);
   ASSERT_TRUE(s.ok()) << s.status().message();
@@ -280,6 +343,7 @@ TEST(DesiredTest, CommandOverrideTemplateAndService) {
   EXPECT_EQ(pod["spec"]["nodeSelector"]["pool"], "gpu");
   EXPECT_EQ(pod["spec"]["containers"].size(), 2u);
   EXPECT_EQ(pod["spec"]["containers"][0]["env"].back()["name"], "X");
+  EXPECT_EQ(pod["spec"]["containers"][0]["terminationMessagePolicy"], "File");  // the template's
 
   json svc = DesiredService(job, *s);
   EXPECT_EQ(svc["metadata"]["name"], "job");

@@ -6,6 +6,8 @@
 #     checkpoint and succeeds (kubeflow/training-operator#1478: a restarted worker that could
 #     not rejoin)
 #   - a permanent exit code -> Failed, no restart
+#   - failurePolicy rules (a message rule on the log tail: FailJob; an exit-code rule:
+#     RestartGangAndIgnoreBackoff) and successPolicy Rank0
 #   - retryable failures with ExitCode policy -> exactly backoffLimit restarts, then Failed, and
 #     cleanPodPolicy All still deletes the Pods (#2045 ExitCode ignoring backoffLimit, #3419
 #     cleanPodPolicy ignored when the backoff limit trips)
@@ -158,6 +160,17 @@ cmd_job flaky 'exit 1' '  runPolicy: {restartPolicy: ExitCode, backoffLimit: 1, 
 cmd_job ttl 'exit 0' '  runPolicy: {ttlSecondsAfterFinished: 3}' | kubectl apply -f - >/dev/null
 cmd_job deadline 'sleep 300' '  runPolicy: {activeDeadlineSeconds: 5}' | kubectl apply -f - >/dev/null
 cmd_job sleeper 'sleep 300' "" | kubectl apply -f - >/dev/null
+# Issue 20: failure-policy rules and successPolicy. A rank whose log ends with an NCCL timeout
+# fails the job by a message rule (the node agent's FallbackToLogsOnError termination message);
+# an exit code a rule says to ignore restarts without counting (backoffLimit 0); with Rank0,
+# rank 0's exit 0 ends the job while rank 1 still runs.
+cmd_job ncclhang 'echo step 10; echo watchdog: NCCL collective operation timeout after 600000 ms >&2; exit 7' \
+  '  runPolicy: {backoffLimit: 3, failurePolicy: {rules: [{name: nccl-hang, action: FailJob, onMessagePattern: "NCCL.*timeout"}]}}' |
+  kubectl apply -f - >/dev/null
+cmd_job ignored '[ $MESHWORK_RESTART_GENERATION = 0 ] && exit 9; exit 0' \
+  '  runPolicy: {backoffLimit: 0, failurePolicy: {rules: [{action: RestartGangAndIgnoreBackoff, onExitCodes: {values: [9]}}]}}' |
+  kubectl apply -f - >/dev/null
+cmd_job rankzero '[ $RANK = 0 ] && exit 0; sleep 300' '  runPolicy: {successPolicy: Rank0}' | kubectl apply -f - >/dev/null
 
 # Issue 20: a config over 128 KiB (an environment variable's limit) reaches the Pods as the file
 # of the ConfigMap volume; the command checks the size of what it got.
@@ -187,6 +200,28 @@ if e2e_wait_for 60 "permanent fails" phase_is permanent Failed; then
     pass "exit code 3 (permanent by default): Failed/PermanentExitCode, 0 restarts" ||
     fail "permanent: $(reason_of permanent Failed) restarts $(jp permanent '{.status.restarts}')"
 else fail "permanent did not fail"; dump; fi
+
+if e2e_wait_for 60 "ncclhang fails" phase_is ncclhang Failed; then
+  msg="$(jp ncclhang '{.status.conditions[?(@.type=="Failed")].message}')"
+  [ "$(reason_of ncclhang Failed)" = FailurePolicy ] && [ "$(jp ncclhang '{.status.restarts}')" = 0 ] &&
+    [[ "$msg" == *"NCCL collective operation timeout"*"failurePolicy rule 0 (nccl-hang) matched: FailJob"* ]] &&
+    pass "a failurePolicy message rule fails the job on the rank's log tail, with no restart" ||
+    fail "ncclhang: $(reason_of ncclhang Failed) restarts $(jp ncclhang '{.status.restarts}'): $msg"
+else fail "ncclhang did not fail"; dump; fi
+
+if e2e_wait_for 90 "ignored succeeds" phase_is ignored Succeeded; then
+  [ "$(jp ignored '{.status.uncountedRestarts}')" = 1 ] && [ "$(jp ignored '{.status.restarts}')" = 0 ] &&
+    k get events --field-selector involvedObject.name=ignored -o jsonpath='{.items[*].reason}' | grep -q GangRestartUncounted &&
+    pass "RestartGangAndIgnoreBackoff: with backoffLimit 0 the gang restarted once (uncountedRestarts 1, restarts 0) and succeeded" ||
+    fail "ignored: $(jp ignored '{.status}')"
+else fail "ignored: phase $(jp ignored '{.status.phase}') $(jp ignored '{.status.conditions[*].message}')"; dump; fi
+
+if e2e_wait_for 60 "rankzero succeeds" phase_is rankzero Succeeded; then
+  [ "$(reason_of rankzero Succeeded)" = Rank0Succeeded ] &&
+    e2e_wait_for 30 "rankzero's running rank stopped" bash -c "[ \"\$(kubectl -n e2e get pods -l meshwork.dev/job=rankzero -o name 2>/dev/null)\" = pod/rankzero-0 ]" &&
+    pass "successPolicy Rank0: rank 0's exit 0 ends the job, the rank still running is stopped" ||
+    fail "rankzero: $(reason_of rankzero Succeeded) pods $(pods_of rankzero)"
+else fail "rankzero: phase $(jp rankzero '{.status.phase}')"; dump; fi
 
 if e2e_wait_for 90 "bigconfig succeeds" phase_is bigconfig Succeeded; then
   pass "a job whose config is $(wc -c <"$work/bigconfig.yaml") bytes (over 128 KiB) runs: the config arrives as a ConfigMap volume file"

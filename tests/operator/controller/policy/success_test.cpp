@@ -18,6 +18,23 @@ TEST(SuccessTest, NoOpinionUntilEveryRankOfTheGangSucceeded) {
   EXPECT_FALSE(Success(State(Job(), {Pod(0, 7, "Succeeded", 0), Pod(1, 7, "Succeeded", 0)}).Get()).has_value());
 }
 
+TEST(SuccessTest, Rank0IsEnoughWithSuccessPolicyRank0) {
+  const json rank0 = {{"runPolicy", {{"successPolicy", "Rank0"}}}};
+  EXPECT_FALSE(Success(State(Job(rank0), {Pod(0, 0, "Running"), Pod(1, 0, "Succeeded", 0)}).Get()).has_value());
+  EXPECT_FALSE(Success(State(Job(rank0), {Pod(0, 7, "Succeeded", 0), Pod(1, 0, "Running")}).Get()).has_value());
+  // Rank 0 done: the job succeeded, whatever the others are doing; cleanPodPolicy Running stops them.
+  for (const char* other : {"Running", "Failed"}) {
+    State s(Job(rank0), {Pod(0, 0, "Succeeded", 0), Pod(1, 0, other, std::string(other) == "Failed" ? std::optional<int>(1) : std::nullopt)});
+    const auto d = Success(s.Get());
+    ASSERT_TRUE(d.has_value()) << other;
+    EXPECT_EQ(ReasonOf(*d, "Succeeded"), "Rank0Succeeded");
+    EXPECT_EQ(d->events.at(0).message, "pod tiny-0 (rank 0) exited 0; successPolicy is Rank0");
+    EXPECT_EQ(Names(d->remove), std::string(other) == "Running" ? std::vector<std::string>{"tiny-1"}
+                                                                 : std::vector<std::string>{})
+        << other;
+  }
+}
+
 TEST(SuccessTest, EndsTheJobAndCleanPodPolicyApplies) {
   for (const auto& [clean, removed] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"Running", {}}, {"All", {"tiny-0", "tiny-1"}}}) {
