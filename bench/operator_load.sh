@@ -149,7 +149,7 @@ for row in "${rows[@]}"; do
   cp_pid=$!
   for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
   grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; exit 1; }
-  k apply -f "$root/crds/trainingjob.yaml" >/dev/null
+  k apply -f "$root/crds/" >/dev/null
   k wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
   k create namespace bench >/dev/null
   port="$(free_port)"

@@ -61,8 +61,9 @@ echo $! >"$state/controlplane.pid"
 for _ in $(seq 1800); do grep -q "serving on" "$state/controlplane.log" 2>/dev/null && break; sleep 0.1; done
 grep -q "serving on" "$state/controlplane.log" || { cat "$state/controlplane.log"; exit 1; }
 cat "$state/controlplane.log"
-kubectl apply -f crds/trainingjob.yaml
-kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
+kubectl apply -f crds/
+kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev crd/trainingruntimes.meshwork.dev \
+  --timeout=30s >/dev/null
 setsid "$build/operator/meshwork-operator" --metrics-bind-address 127.0.0.1:8080 --report-interval-s 2 \
   >"$state/operator.log" 2>&1 </dev/null &
 echo $! >"$state/operator.pid"

@@ -203,6 +203,10 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     if (auto ttl = policy::Ttl(in.job, plan.status, in.now, /*may_delete=*/true)) policy::Apply(*ttl, plan, in.now);
     return plan;
   }
+  if (in.runtime_wait) {
+    policy::Apply(policy::AwaitRuntime(plan.status, *in.runtime_wait), plan, in.now);
+    return plan;
+  }
   if (!spec.ok()) {
     End(plan, policy::InvalidSpec(plan.status, pods, spec.status().message(), in.now), in);
     return plan;

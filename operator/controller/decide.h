@@ -87,6 +87,9 @@ struct Observed {
   // Why the config cannot be read yet (a ConfigMap that does not exist): no Pods are created,
   // the job waits.
   std::optional<std::string> config_wait;
+  // Why the job's TrainingRuntime (spec.runtimeRef) cannot be read: the job waits, its Pods
+  // untouched (a running gang runs on), until it can.
+  std::optional<std::string> runtime_wait;
   // When set, makes the check (the reconciler's reads a ConfigMap) and its answer replaces the two
   // fields above. Decide calls it at most once, and only when it is about to create Pods.
   std::function<ConfigCheck()> check_config;

@@ -6,6 +6,7 @@
 #include "operator/controller/desired.h"
 #include "operator/controller/gang.h"
 #include "operator/controller/trainer_report.h"
+#include "operator/controller/training_runtime.h"
 
 namespace meshwork::op {
 namespace {
@@ -412,6 +413,21 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   if (CacheBehindOwnWrite(key, meta.value("resourceVersion", ""))) return look_again;
   Observed in;
   in.job = job;
+  // The job's TrainingRuntime, merged under its spec: what every decision below reads. (The
+  // status is written on the object as cached, `job`.)
+  std::optional<Status> runtime_error;
+  if (const std::string runtime = RuntimeName(job); !runtime.empty()) {
+    auto rt = api_->Get(Runtimes(), "", runtime);
+    if (!rt.ok()) {
+      in.runtime_wait = k8s::IsNotFound(rt.error())
+                            ? "waiting for TrainingRuntime " + runtime + " (spec.runtimeRef.name): it does not exist"
+                            : "reading TrainingRuntime " + runtime + ": " + rt.error().ToString();
+    } else if (auto merged = ApplyRuntime(job, *rt); merged.ok()) {
+      in.job = std::move(*merged);
+    } else {
+      runtime_error = merged.status();
+    }
+  }
   in.now = std::chrono::system_clock::now();
   in.report_interval = options_.report_interval;
   std::set<std::string> seen_uids;
@@ -420,7 +436,14 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   // for deleted ones (client-go's "expectations").
   if (!ExpectationsMet(key, seen_uids)) return look_again;
   in.service_exists = services_->Get(key).has_value();
-  const Result<JobSpec> spec = ParseSpec(job);
+  const Result<JobSpec> spec = [&]() -> Result<JobSpec> {
+    if (runtime_error) return *runtime_error;
+    Result<JobSpec> parsed = ParseSpec(in.job);
+    if (parsed.ok() || RuntimeName(job).empty() || in.runtime_wait) return parsed;
+    // The value at fault may be the runtime's: say that the spec was merged with it.
+    return Status(parsed.status().code(), parsed.status().message() + " (in the spec merged with TrainingRuntime " +
+                                              RuntimeName(job) + ")");
+  }();
   const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
   if (!finished && spec.ok()) in.report = Scrape(key, job, *spec, in.pods);
   // Reads that cost an API call, made by Decide only when a decision needs them: the trainer

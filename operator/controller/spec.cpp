@@ -284,6 +284,11 @@ Result<JobSpec> ParseSpec(const json& job) {
   if (!spec_ptr || !spec_ptr->is_object()) return Bad("spec", "is required");
   const json& spec = *spec_ptr;
 
+  if (const json* ref = Field(spec, "runtimeRef")) {
+    if (!ref->is_object()) return Bad("spec.runtimeRef", "must be an object {name}, got " + Quote(*ref));
+    MW_RETURN_IF_ERROR(ReadString(*ref, "name", "spec.runtimeRef.name", &s.runtime_name));
+    if (s.runtime_name.empty()) return Bad("spec.runtimeRef.name", "is required (a TrainingRuntime's name)");
+  }
   MW_RETURN_IF_ERROR(ReadString(spec, "image", "spec.image", &s.image));
   if (s.image.empty()) {
     return Bad("spec.image", "is required: the container image that has meshwork-train on its PATH");

@@ -79,6 +79,7 @@ struct Mesh {
 };
 
 struct JobSpec {
+  std::string runtime_name;  // spec.runtimeRef.name: the TrainingRuntime merged under this spec
   std::string image;
   std::string image_pull_policy;
   std::vector<std::string> command;  // replaces the launcher + trainer when not empty

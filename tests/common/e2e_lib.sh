@@ -99,10 +99,12 @@ e2e_start_controlplane() {
   e2e_wait_for 180 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; return 1; }
 }
 
-# e2e_apply_crd SOURCE_DIR: applies crds/trainingjob.yaml and waits until it is Established.
+# e2e_apply_crd SOURCE_DIR: applies the CRDs (crds/: TrainingJob, TrainingRuntime) and waits until
+# they are Established.
 e2e_apply_crd() {
-  kubectl apply -f "$1/crds/trainingjob.yaml" >/dev/null &&
-    kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null
+  kubectl apply -f "$1/crds/" >/dev/null &&
+    kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev crd/trainingruntimes.meshwork.dev \
+      --timeout=20s >/dev/null
 }
 
 # e2e_require_kubectl: exits 0 with a SKIP line (and why) when kubectl is not installed.

@@ -191,15 +191,19 @@ def main():
     if docs:
         dep = check_deployment("namespaced", docs, 1)
         cluster_roles = objects(docs, "ClusterRole")
-        check("namespaced: one ClusterRole, which only lists Nodes (gang admission), and its binding",
-              [r["metadata"]["name"] for r in cluster_roles] == ["meshwork-meshwork-operator-nodes"]
-              and cluster_roles[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
-              and [b["metadata"]["name"] for b in objects(docs, "ClusterRoleBinding")] == ["meshwork-meshwork-operator-nodes"],
+        cluster_scoped = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+                          {"apiGroups": ["meshwork.dev"], "resources": ["trainingruntimes"], "verbs": ["get"]}]
+        check("namespaced: one ClusterRole, which only lists Nodes (gang admission) and gets TrainingRuntimes, "
+              "and its binding",
+              [r["metadata"]["name"] for r in cluster_roles] == ["meshwork-meshwork-operator-cluster-scoped"]
+              and cluster_roles[0]["rules"] == cluster_scoped
+              and [b["metadata"]["name"] for b in objects(docs, "ClusterRoleBinding")]
+              == ["meshwork-meshwork-operator-cluster-scoped"],
               [r["metadata"]["name"] for r in cluster_roles])
         roles = {r["metadata"]["namespace"] + "/" + r["metadata"]["name"]: r for r in objects(docs, "Role")}
         jobs_role = roles.get("ml-jobs/meshwork-meshwork-operator")
-        namespaced_rules = [r for r in docs_rbac_rules() if r["resources"] != ["nodes"]]  # cluster-scoped
-        check("namespaced: a Role in the watched namespace with docs/operator.md's rules (less Nodes)",
+        namespaced_rules = [r for r in docs_rbac_rules() if r not in cluster_scoped]
+        check("namespaced: a Role in the watched namespace with docs/operator.md's rules (less the cluster-scoped)",
               jobs_role is not None and normalize(jobs_role["rules"]) == normalize(namespaced_rules), sorted(roles))
         binding = [b for b in objects(docs, "RoleBinding") if b["metadata"]["namespace"] == "ml-jobs"]
         check("namespaced: the RoleBinding there binds the ServiceAccount from the release namespace",
@@ -367,8 +371,12 @@ def main():
     def same(a, b):
         return open(a, "rb").read() == open(b, "rb").read()
     fix = " (run scripts/sync-chart.sh)"
-    check("crds/trainingjob.yaml in the chart equals the repository's" + fix,
-          same(os.path.join(CHART, "crds/trainingjob.yaml"), os.path.join(SRC, "crds/trainingjob.yaml")))
+    for crd in ("trainingjob.yaml", "trainingruntime.yaml"):
+        check(f"crds/{crd} in the chart equals the repository's" + fix,
+              same(os.path.join(CHART, "crds", crd), os.path.join(SRC, "crds", crd)))
+    r = subprocess.run([sys.executable, os.path.join(SRC, "scripts/gen_runtime_crd.py"), "--check"],
+                       capture_output=True, text=True)
+    check("crds/trainingruntime.yaml is generated from crds/trainingjob.yaml" + fix, r.returncode == 0, r.stderr.strip())
     check("files/meshwork-alerts.yaml equals metrics/alerts/meshwork-alerts.yaml" + fix,
           same(os.path.join(CHART, "files/meshwork-alerts.yaml"), os.path.join(SRC, "metrics/alerts/meshwork-alerts.yaml")))
     chart_dash = sorted(os.listdir(os.path.join(CHART, "files/dashboards")))

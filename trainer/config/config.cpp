@@ -437,6 +437,48 @@ Result<TrainConfig> LoadConfigFromEnv(const std::string& var, const std::vector<
   return result;
 }
 
+namespace {
+
+Result<YAML::Node> ParseMapping(const std::string& text, const std::string& name) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidConfig(name + ": not valid YAML: " + e.what());
+  }
+  if (node.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!node.IsMap()) return InvalidConfig(name + ": the config must be a mapping of keys at the top");
+  return node;
+}
+
+void MergeInto(YAML::Node base, const YAML::Node& overlay) {
+  for (const auto& kv : overlay) {
+    const std::string key = kv.first.as<std::string>();
+    YAML::Node mine = base[key];
+    if (mine.IsMap() && kv.second.IsMap()) {
+      MergeInto(mine, kv.second);
+    } else {
+      base[key] = YAML::Clone(kv.second);
+    }
+  }
+}
+
+}  // namespace
+
+Result<std::string> MergeYaml(const std::string& base, const std::string& overlay, const std::string& base_name,
+                              const std::string& overlay_name) {
+  MW_ASSIGN_OR_RETURN(YAML::Node merged, ParseMapping(base, base_name));
+  MW_ASSIGN_OR_RETURN(YAML::Node top, ParseMapping(overlay, overlay_name));
+  try {
+    MergeInto(merged, top);
+  } catch (const YAML::Exception& e) {  // a key that is not a scalar
+    return InvalidConfig(overlay_name + ": cannot be merged onto " + base_name + ": " + e.what());
+  }
+  YAML::Emitter out;
+  out << merged;
+  return std::string(out.c_str()) + "\n";
+}
+
 std::string ToYaml(const TrainConfig& c) {
   TrainConfig copy = c;
   std::vector<Field> fields = Fields(copy);

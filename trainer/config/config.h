@@ -174,6 +174,13 @@ Result<TrainConfig> LoadConfigFromString(const std::string& yaml_text,
 // ConfigMap passed through the pod's environment). Unset or empty is InvalidConfig naming it.
 Result<TrainConfig> LoadConfigFromEnv(const std::string& var, const std::vector<std::string>& overrides);
 
+// `overlay` on top of `base`, both YAML config texts: mappings merge key by key, recursively, and
+// anything else in `overlay` (a scalar, a list) replaces `base`'s value. A TrainingRuntime's
+// default config under a job's own. Text that is not YAML, or not a mapping at the top, is
+// InvalidConfig naming `base_name` or `overlay_name`. An empty text counts as an empty mapping.
+Result<std::string> MergeYaml(const std::string& base, const std::string& overlay, const std::string& base_name,
+                              const std::string& overlay_name);
+
 // The resolved config as YAML (every key, defaults included).
 std::string ToYaml(const TrainConfig& c);
 

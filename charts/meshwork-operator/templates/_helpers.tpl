@@ -94,10 +94,13 @@ app.kubernetes.io/part-of: meshwork
 
 {{/* Gang admission reads the Nodes' capacity: cluster-scoped, so a ClusterRole even when the
 operator watches one namespace. */}}
-{{- define "meshwork-operator.nodeRules" -}}
+{{- define "meshwork-operator.clusterScopedRules" -}}
 - apiGroups: [""]
   resources: [nodes]
   verbs: [list]
+- apiGroups: [meshwork.dev]
+  resources: [trainingruntimes]
+  verbs: [get]
 {{- end }}
 
 {{/* Checks on values that the schema cannot express; each names the value. */}}

@@ -23,6 +23,15 @@ Decision AwaitConfig(const JobState& job, const std::string& why) {
   return d;
 }
 
+Decision AwaitRuntime(const json& status, const std::string& why) {
+  Decision d;
+  d.phase = status.value("phase", "Created");
+  if (d.phase == "Created") d.conditions = {{"Running", "False", "RuntimeNotFound", why}};
+  d.events.push_back({"Warning", "RuntimeNotFound", why});
+  d.requeue_after = std::chrono::seconds(10);
+  return d;
+}
+
 namespace {
 
 // Rank 0's report into status.trainer, with the progress a person reads (percent, and an ETA

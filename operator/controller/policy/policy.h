@@ -119,6 +119,9 @@ std::optional<Decision> Success(const JobState& job);
 std::optional<Decision> Failure(const JobState& job);
 // launch.cpp: the trainer config cannot be read yet (`why`): the gang waits.
 Decision AwaitConfig(const JobState& job, const std::string& why);
+// launch.cpp: the job's TrainingRuntime cannot be read (`why`): nothing changes until it can; a
+// job with no gang yet shows Running=False/RuntimeNotFound.
+Decision AwaitRuntime(const nlohmann::json& status, const std::string& why);
 // launch.cpp: the Service, the config and every missing rank; the gang's progress in the status.
 Decision Launch(const JobState& job);
 

@@ -32,7 +32,7 @@ e2e_wait_for 60 "the CRD's OpenAPI" kubectl explain trainingjob.spec.replicas >/
 out="$(k explain trainingjob.spec.replicas 2>&1)"
 [[ "$out" == *"FIELD: replicas <integer>"* && "$out" == *"DESCRIPTION"* ]] && pass "kubectl explain shows the CRD's field docs" ||
   fail "explain: $out"
-examples=("$src"/examples/trainingjob-*.yaml)
+examples=("$src"/examples/trainingjob-*.yaml "$src"/examples/trainingruntime-*.yaml)
 n=${#examples[@]}
 out="$(for f in "${examples[@]}"; do k apply --dry-run=server -f "$f" || echo "FAILED: $f"; done 2>&1)"
 rc=0

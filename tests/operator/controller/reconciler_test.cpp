@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "operator/controller/desired.h"
+#include "operator/controller/training_runtime.h"
 #include "tests/operator/controller/builders.h"
 #include "tests/operator/k8s/fake_object_api.h"
 
@@ -170,6 +171,56 @@ TEST_F(ReconcilerTest, TheTrainerConfigIsCheckedOnlyWhenAGangIsAboutToStart) {
   EXPECT_EQ(out.requeue_after, seconds(10));
   EXPECT_THAT(events_, ElementsAre("Created", "ConfigMapNotReady"));
   EXPECT_THAT(log_, Contains(HasSubstr("waiting for ConfigMap ml/cfg (spec.config.configMapRef.name)")));
+}
+
+TEST_F(ReconcilerTest, AJobWaitsForItsRuntimeThenRunsWithItMergedUnderItsSpec) {
+  const k8s::ResourceRef runtimes = Runtimes();
+  // The job says only its size and steps; the image, device and model are the runtime's.
+  SetJob(Job({{"image", nullptr},
+              {"device", nullptr},
+              {"runtimeRef", {{"name", "cpu-pool"}}},
+              {"config", {{"inline", "schedule: {steps: 7}\n"}}}}));
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.requeue_after, seconds(10));
+  EXPECT_THAT(Calls("create"), IsEmpty());
+  EXPECT_THAT(events_, ElementsAre("Created", "RuntimeNotFound"));
+  json status = Status();
+  EXPECT_EQ(status["phase"], "Created");
+  EXPECT_THAT(status["conditions"].dump(), HasSubstr("waiting for TrainingRuntime cpu-pool (spec.runtimeRef.name)"));
+
+  api_.Add(runtimes, {{"metadata", {{"name", "cpu-pool"}}},
+                      {"spec",
+                       {{"image", "registry/trainer:9"},
+                        {"device", "cpu"},
+                        {"template", {{"metadata", {{"labels", {{"team", "platform"}}}}}}},
+                        {"config", {{"inline", "model: {preset: tiny}\nschedule: {steps: 100}\n"}}}}}});
+  SyncJob();
+  api_.ClearCalls();
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("get trainingruntimes"), ElementsAre("get trainingruntimes /cpu-pool"));
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-0");
+  ASSERT_TRUE(pod.has_value());
+  EXPECT_EQ((*pod)["spec"]["containers"][0]["image"], "registry/trainer:9");
+  EXPECT_EQ((*pod)["metadata"]["labels"]["team"], "platform");
+  EXPECT_THAT((*pod)["spec"]["containers"][0]["command"].dump(), HasSubstr("training.device=cpu"));
+  const auto cm = api_.Find(k8s::resources::ConfigMaps(), "ml", "tiny-config");
+  ASSERT_TRUE(cm.has_value());
+  const std::string config = (*cm)["data"]["config.yaml"];
+  EXPECT_THAT(config, HasSubstr("preset: tiny"));
+  EXPECT_THAT(config, HasSubstr("steps: 7"));
+
+}
+
+TEST_F(ReconcilerTest, ASpecWrongOnlyOnceMergedNamesTheRuntime) {
+  api_.Add(Runtimes(),
+           {{"metadata", {{"name", "cpu-pool"}}}, {"spec", {{"device", "cpu"}}}});  // no image
+  SetJob(Job({{"image", nullptr}, {"device", nullptr}, {"runtimeRef", {{"name", "cpu-pool"}}}}));
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_TRUE(out.invalid_spec);
+  EXPECT_THAT(Status().dump(), HasSubstr("spec.image: is required"));
+  EXPECT_THAT(Status().dump(), HasSubstr("(in the spec merged with TrainingRuntime cpu-pool)"));
 }
 
 TEST_F(ReconcilerTest, ABadTrainerConfigFailsTheJobWithoutCreatingAnything) {

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "operator/controller/desired.h"
+#include "operator/controller/training_runtime.h"
 #include "operator/controller/trainer_report.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
+#include <map>
 
 namespace meshwork::op {
 namespace {
@@ -49,6 +51,14 @@ json ToJson(const YAML::Node& n) {
 }
 
 TEST(SpecTest, EveryExampleJobParsesAndItsInlineConfigLoads) {
+  // The example runtimes by name: a job on one is parsed with it merged, as the operator does.
+  std::map<std::string, json> runtimes;
+  for (const auto& entry : std::filesystem::directory_iterator(MESHWORK_SOURCE_DIR "/examples")) {
+    if (entry.path().filename().string().rfind("trainingruntime-", 0) != 0) continue;
+    json rt = ToJson(YAML::LoadFile(entry.path().string()));
+    runtimes[rt["metadata"]["name"]] = rt;
+  }
+  EXPECT_GE(runtimes.size(), 1u);
   int checked = 0;
   for (const auto& entry : std::filesystem::directory_iterator(MESHWORK_SOURCE_DIR "/examples")) {
     const std::string name = entry.path().filename().string();
@@ -56,6 +66,12 @@ TEST(SpecTest, EveryExampleJobParsesAndItsInlineConfigLoads) {
     json job = ToJson(YAML::LoadFile(entry.path().string()));
     job["metadata"]["namespace"] = "default";
     job["metadata"]["uid"] = "uid";
+    if (const std::string runtime = RuntimeName(job); !runtime.empty()) {
+      ASSERT_TRUE(runtimes.count(runtime)) << name << ": no example TrainingRuntime " << runtime;
+      auto merged = ApplyRuntime(job, runtimes[runtime]);
+      ASSERT_TRUE(merged.ok()) << name << ": " << merged.status().message();
+      job = *merged;
+    }
     auto spec = ParseSpec(job);
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status().message();
     if (!spec->config_inline.empty()) {

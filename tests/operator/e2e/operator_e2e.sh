@@ -6,6 +6,7 @@
 #     checkpoint and succeeds (kubeflow/training-operator#1478: a restarted worker that could
 #     not rejoin)
 #   - a permanent exit code -> Failed, no restart
+#   - a job on a TrainingRuntime (the example files): waits for it, then runs with it merged
 #   - failurePolicy rules (a message rule on the log tail: FailJob; an exit-code rule:
 #     RestartGangAndIgnoreBackoff) and successPolicy Rank0
 #   - retryable failures with ExitCode policy -> exactly backoffLimit restarts, then Failed, and
@@ -57,11 +58,13 @@ start_operator() {
 # ---- control plane, CRD, data, two operators
 mkdir -p "$work/data"
 e2e_start_controlplane "$cp_bin" || exit 1
-out="$(kubectl apply -f "$src/crds/trainingjob.yaml" 2>&1)"
-[[ "$out" == *"created"* ]] && pass "the TrainingJob CRD applies" || fail "apply CRD: $out"
-kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=20s >/dev/null 2>&1
+out="$(kubectl apply -f "$src/crds/" 2>&1)"
+[[ "$out" == *"trainingjobs.meshwork.dev created"* && "$out" == *"trainingruntimes.meshwork.dev created"* ]] &&
+  pass "the TrainingJob and TrainingRuntime CRDs apply" || fail "apply CRDs: $out"
+kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev crd/trainingruntimes.meshwork.dev \
+  --timeout=20s >/dev/null 2>&1
 kubectl create namespace e2e >/dev/null
-for f in "$src"/examples/trainingjob-*.yaml; do
+for f in "$src"/examples/trainingjob-*.yaml "$src"/examples/trainingruntime-*.yaml; do
   out="$(kubectl apply --dry-run=server -f "$f" 2>&1)"
   [[ "$out" == *"(server dry run)"* ]] && pass "the schema accepts $(basename "$f")" || fail "dry run of $f: $out"
 done
@@ -283,6 +286,32 @@ else fail "no PodNameTaken event: $(k get events --field-selector involvedObject
 k delete pod squat-0 --wait=false >/dev/null
 e2e_wait_for 90 "squat succeeds once the name is free" phase_is squat Succeeded &&
   [ "$(jp squat '{.status.restarts}')" = 0 ] && pass "then the job starts and succeeds" || fail "squat: $(jp squat '{.status}')"
+
+# ---- a job on a TrainingRuntime (issue 20): the example files as they are, the job first. It
+# waits for its runtime (RuntimeNotFound), then runs with the runtime's image, label, device and
+# default config under its own keys (60 steps, not the runtime's 150). The runtime's data paths
+# are relative to the control plane's directory ($work).
+mkdir -p "$work/.meshwork" && ln -sfn "$work/data" "$work/.meshwork/data"
+rt_metrics="$(e2e_free_port)"
+sed "s|^  replicas: 2|  replicas: 2\n  metricsPort: $rt_metrics|" "$src/examples/trainingjob-on-runtime.yaml" |
+  k apply -f - >/dev/null
+if e2e_wait_for 30 "tiny-on-runtime waits for its runtime" bash -c \
+  "[ \"\$(kubectl -n e2e get tj tiny-on-runtime -o jsonpath='{.status.conditions[?(@.type==\"Running\")].reason}')\" = RuntimeNotFound ]"; then
+  no_pods tiny-on-runtime && pass "a job whose TrainingRuntime does not exist waits (Running=False/RuntimeNotFound), no Pods" ||
+    fail "tiny-on-runtime made Pods before its runtime existed: $(pods_of tiny-on-runtime)"
+else fail "tiny-on-runtime: $(jp tiny-on-runtime '{.status}')"; fi
+out="$(kubectl apply -f "$src/examples/trainingruntime-cpu-small.yaml" 2>&1)"
+[[ "$out" == *"trainingruntime.meshwork.dev/cpu-small created"* ]] || fail "apply the runtime: $out"
+if e2e_wait_for 120 "tiny-on-runtime succeeds" phase_is tiny-on-runtime Succeeded; then
+  image="$(k get pod tiny-on-runtime-0 -o jsonpath='{.spec.containers[0].image} {.metadata.labels.platform\.example\.com/runtime}')"
+  config="$(k get cm tiny-on-runtime-config -o jsonpath='{.data.config\.yaml}')"
+  [ "$image" = "ghcr.io/meshwork/trainer:0.1.0 cpu-small" ] && [ "$(jp tiny-on-runtime '{.status.trainer.step}')" = 60 ] &&
+    [[ "$config" == *"preset: tiny"* && "$config" == *"steps: 60"* && "$config" == *"warmup_steps: 20"* ]] &&
+    [[ "$(k get tj tiny-on-runtime -o wide)" == *RUNTIME*cpu-small* ]] &&
+    pass "the job ran with its runtime merged under it: image and label from the runtime, 60 of its own steps, the runtime's model" ||
+    fail "tiny-on-runtime: image/label '$image', step $(jp tiny-on-runtime '{.status.trainer.step}'), config: $config"
+else fail "tiny-on-runtime: $(jp tiny-on-runtime '{.status}')"; dump; fi
+rm -rf /tmp/meshwork-checkpoints/e2e/tiny-on-runtime
 
 # ---- real training: one job killed mid-run, one clean run
 job kill-me 29610 60 "" | kubectl apply -f - >/dev/null
