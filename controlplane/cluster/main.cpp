@@ -58,6 +58,9 @@ const char* kUsage =
     "  --node-agent FILE   the meshwork-node-agent binary (default: the one built with this)\n";
 
 const char* kServiceCidr = "10.0.0.0/24";
+// The feature gates of every control-plane component: GenericWorkload turns on the PodGroup API
+// and the scheduler's GangScheduling plugin (all-or-nothing placement of a PodGroup's Pods).
+const char* kFeatureGates = "--feature-gates=GenericWorkload=true";
 const char* kServiceIp = "10.0.0.1";  // the kubernetes Service's address in that range
 
 void Log(const std::string& message) { std::cout << "meshwork-cluster: " << message << std::endl; }
@@ -415,7 +418,10 @@ int main(int argc, char** argv) {
        "--kubelet-client-key", pki + "/apiserver-kubelet-client.key", "--kubelet-certificate-authority",
        pki + "/ca.crt", "--kubelet-preferred-address-types", "InternalIP",
        // The kubernetes Service's endpoints would be 127.0.0.1, which EndpointSlices refuse.
-       "--endpoint-reconciler-type", "none", "--allow-privileged=true", "--profiling=false"}};
+       "--endpoint-reconciler-type", "none", "--allow-privileged=true", "--profiling=false",
+       // Kubernetes' own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1; beta, off by
+       // default in 1.37): a TrainingJob's gangAdmission PodGroup uses it.
+       kFeatureGates, "--runtime-config", "scheduling.k8s.io/v1beta1=true"}};
   Component controller_manager{
       "kube-controller-manager",
       {kube_bin + "/kube-controller-manager", "--kubeconfig", pki + "/controller-manager.kubeconfig",
@@ -423,12 +429,13 @@ int main(int argc, char** argv) {
        pki + "/controller-manager.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
        "--leader-elect=false", "--service-account-private-key-file", pki + "/sa.key", "--root-ca-file",
        pki + "/ca.crt", "--use-service-account-credentials=true", "--service-cluster-ip-range", kServiceCidr,
-       "--controllers", "*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller"}};
+       "--controllers", "*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller",
+       kFeatureGates}};
   Component scheduler{"kube-scheduler",
                       {kube_bin + "/kube-scheduler", "--kubeconfig", pki + "/scheduler.kubeconfig",
                        "--authentication-kubeconfig", pki + "/scheduler.kubeconfig", "--authorization-kubeconfig",
                        pki + "/scheduler.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
-                       "--leader-elect=false"}};
+                       "--leader-elect=false", kFeatureGates}};
   std::vector<std::unique_ptr<Component>> node_agents;
   for (size_t i = 0; i < node_configs.size(); ++i) {
     const std::string& name = node_configs[i].name;

@@ -114,6 +114,13 @@ json DesiredConfigMap(const json& job, const JobSpec& spec) {
           {"data", {{kDefaultConfigKey, spec.config_inline}}}};
 }
 
+json DesiredPodGroup(const json& job, const JobSpec& spec) {
+  return {{"apiVersion", kPodGroupApiVersion},
+          {"kind", "PodGroup"},
+          {"metadata", ChildMetadata(job, job["metadata"].value("name", ""))},
+          {"spec", {{"schedulingPolicy", {{"gang", {{"minCount", spec.replicas}}}}}}}};
+}
+
 json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generation) {
   const std::string name = job["metadata"].value("name", "");
   const std::string ns = job["metadata"].value("namespace", "default");
@@ -214,7 +221,9 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   // otherwise: the trainer's last lines say why it failed, and failurePolicy rules match them.
   json& trainer = pod["spec"]["containers"][0];
   if (!trainer.contains("terminationMessagePolicy")) trainer["terminationMessagePolicy"] = "FallbackToLogsOnError";
-  if (spec.gang_admission == GangAdmission::kOperator) {
+  if (spec.gang_admission == GangAdmission::kPodGroup) {
+    pod["spec"]["schedulingGroup"] = {{"podGroupName", name}};
+  } else if (spec.gang_admission == GangAdmission::kOperator) {
     // Held until the whole gang fits (gang.h); after the template, whose gates stay too.
     json& gates = pod["spec"]["schedulingGates"];
     if (!gates.is_array()) gates = json::array();

@@ -28,6 +28,11 @@ nlohmann::json DesiredService(const nlohmann::json& job, const JobSpec& spec);
 // Holds spec.config.inline under key config.yaml.
 nlohmann::json DesiredConfigMap(const nlohmann::json& job, const JobSpec& spec);
 
+// With gangAdmission PodGroup: the PodGroup `<name>` (scheduling.k8s.io/v1beta1) that every Pod
+// of the job names in spec.schedulingGroup; gang policy, minCount = replicas. Owned by the job.
+inline constexpr const char* kPodGroupApiVersion = "scheduling.k8s.io/v1beta1";
+nlohmann::json DesiredPodGroup(const nlohmann::json& job, const JobSpec& spec);
+
 // Replica `index` of restart generation `generation`: the launcher with --nproc
 // processesPerReplica running `meshwork-train train --config /etc/meshwork/config/config.yaml`
 // (the config's ConfigMap key, mounted as a configMap volume) and the

@@ -14,6 +14,7 @@ namespace {
 using nlohmann::json;
 
 k8s::ResourceRef Jobs() { return k8s::resources::Custom(kGroup, kVersion, kPlural); }
+k8s::ResourceRef PodGroups() { return k8s::resources::Custom("scheduling.k8s.io", "v1beta1", "podgroups"); }
 
 std::string ReasonOf(const k8s::Error& e) { return k8s::IsConflict(e) ? "conflict" : "api"; }
 
@@ -232,6 +233,28 @@ k8s::Error Reconciler::EnsureConfigMap(const json& job, const JobSpec& spec) {
   return put.ok() ? k8s::Error::Ok() : put.error();
 }
 
+k8s::Error Reconciler::EnsurePodGroup(const json& job, const JobSpec& spec) {
+  const json want = DesiredPodGroup(job, spec);
+  auto created = api_->Create(PodGroups(), "", want);
+  if (created.ok()) return k8s::Error::Ok();
+  if (!k8s::IsAlreadyExists(created.error())) return created.error();
+  // A resize changes the gang's size: minCount is the one field of a gang policy that may change.
+  const std::string ns = want["metadata"]["namespace"];
+  auto have = api_->Get(PodGroups(), ns, want["metadata"]["name"]);
+  if (!have.ok()) return have.error();
+  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) {
+    return k8s::Error(k8s::ErrorKind::kAlreadyExists,
+                      "PodGroup " + ns + "/" + want["metadata"].value("name", "") +
+                          " exists and is not owned by this TrainingJob");
+  }
+  const json min_count = want["spec"]["schedulingPolicy"]["gang"]["minCount"];
+  json updated = *have;
+  if (updated["spec"]["schedulingPolicy"]["gang"]["minCount"] == min_count) return k8s::Error::Ok();
+  updated["spec"]["schedulingPolicy"]["gang"]["minCount"] = min_count;
+  auto put = api_->Update(PodGroups(), ns, updated);
+  return put.ok() ? k8s::Error::Ok() : put.error();
+}
+
 std::optional<ReconcileOutcome> Reconciler::DeleteJob(const std::string& key, const json& job) {
   const json& meta = job["metadata"];
   k8s::DeleteOptions opts;
@@ -256,6 +279,15 @@ std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& ke
     }
     if (plan.ensure_config_map) {
       if (auto e = EnsureConfigMap(job, *spec); !e.ok()) return Failed(e, "writing ConfigMap " + ConfigMapName(name));
+    }
+    if (plan.ensure_pod_group) {
+      if (auto e = EnsurePodGroup(job, *spec); !e.ok()) {
+        return Failed(e, "writing PodGroup " + key +
+                             (k8s::IsNotFound(e) ? " (spec.runPolicy.schedulingPolicy.gangAdmission PodGroup needs the "
+                                                   "PodGroup API, scheduling.k8s.io/v1beta1: Kubernetes 1.37 with the "
+                                                   "GenericWorkload feature gate)"
+                                                 : ""));
+      }
     }
   }
   const std::string uid = job["metadata"].value("uid", "");

@@ -116,6 +116,9 @@ class Reconciler {
                                               const nlohmann::json& status);
   k8s::Error EnsureService(const nlohmann::json& job, const JobSpec& spec);
   k8s::Error EnsureConfigMap(const nlohmann::json& job, const JobSpec& spec);
+  // Creates the job's PodGroup, or sets its minCount to the gang's size; one of the same name
+  // that the job does not own is an error, not taken over.
+  k8s::Error EnsurePodGroup(const nlohmann::json& job, const JobSpec& spec);
   void Log(const std::string& line) const;
   bool CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv);
   void WroteStatus(const std::string& key, const std::string& based_on_rv);

@@ -421,7 +421,9 @@ Result<JobSpec> ParseSpec(const json& job) {
   }
   MW_RETURN_IF_ERROR(ReadEnum<GangAdmission>(scheduling ? *scheduling : empty, "gangAdmission",
                                              "spec.runPolicy.schedulingPolicy.gangAdmission",
-                                             {{"Operator", GangAdmission::kOperator}, {"None", GangAdmission::kNone}},
+                                             {{"Operator", GangAdmission::kOperator},
+                                              {"PodGroup", GangAdmission::kPodGroup},
+                                              {"None", GangAdmission::kNone}},
                                              &s.gang_admission));
   MW_RETURN_IF_ERROR(ReadEnum<SuccessPolicy>(rp, "successPolicy", "spec.runPolicy.successPolicy",
                                              {{"AllRanks", SuccessPolicy::kAllRanks}, {"Rank0", SuccessPolicy::kRank0}},

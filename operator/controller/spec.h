@@ -44,9 +44,12 @@ inline constexpr size_t kMaxConfigMapBytes = 1024 * 1024;
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class CleanPodPolicy { kNone, kRunning, kAll };
 // spec.runPolicy.schedulingPolicy.gangAdmission: Operator = the gang's Pods wait behind a
-// scheduling gate until all of them fit (gang.h); None = straight to the scheduler (for a
-// cluster where Kueue, Volcano or the coscheduling plugin places gangs).
-enum class GangAdmission { kOperator, kNone };
+// scheduling gate until all of them fit (gang.h); PodGroup = Kubernetes' own gang scheduling:
+// a PodGroup (scheduling.k8s.io/v1beta1, minCount = replicas) that every Pod names in
+// spec.schedulingGroup, placed all or nothing by kube-scheduler's GangScheduling plugin
+// (GenericWorkload feature gate, 1.35+); None = straight to the scheduler (for a cluster where
+// Kueue, Volcano or the coscheduling plugin places gangs).
+enum class GangAdmission { kOperator, kPodGroup, kNone };
 // spec.runPolicy.successPolicy: AllRanks = every rank exits 0; Rank0 = the Pod of replica 0 (which
 // holds rank 0) exits 0, and the others are then stopped as cleanPodPolicy says.
 enum class SuccessPolicy { kAllRanks, kRank0 };

@@ -90,6 +90,9 @@ app.kubernetes.io/part-of: meshwork
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [scheduling.k8s.io]
+  resources: [podgroups]
+  verbs: [get, create, update]
 {{- end }}
 
 {{/* Gang admission reads the Nodes' capacity: cluster-scoped, so a ClusterRole even when the

@@ -56,6 +56,7 @@ void Apply(const Decision& d, Plan& plan, SystemTime now) {
   plan.events.insert(plan.events.end(), d.events.begin(), d.events.end());
   plan.ensure_service = plan.ensure_service || d.ensure_service;
   plan.ensure_config_map = plan.ensure_config_map || d.ensure_config_map;
+  plan.ensure_pod_group = plan.ensure_pod_group || d.ensure_pod_group;
   plan.status_first = plan.status_first || d.status_first;
   plan.delete_job = plan.delete_job || d.delete_job;
   if (d.requeue_after) {

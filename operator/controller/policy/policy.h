@@ -34,6 +34,7 @@ struct Decision {
   std::vector<nlohmann::json> create;
   bool ensure_service = false;
   bool ensure_config_map = false;
+  bool ensure_pod_group = false;
   std::vector<EventToRecord> events;
   bool status_first = false;  // write the status before deleting anything
   std::optional<std::chrono::seconds> requeue_after;

@@ -213,6 +213,51 @@ TEST_F(ReconcilerTest, AJobWaitsForItsRuntimeThenRunsWithItMergedUnderItsSpec) {
 
 }
 
+TEST_F(ReconcilerTest, WithGangAdmissionPodGroupThePodsNameTheJobsPodGroup) {
+  const k8s::ResourceRef pod_groups = k8s::resources::Custom("scheduling.k8s.io", "v1beta1", "podgroups");
+  const json spec = {{"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "PodGroup"}}}}}};
+  SetJob(Job(spec));
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(api_.calls(), ElementsAre("create services ml/tiny", "create configmaps ml/tiny-config",
+                                        "create podgroups ml/tiny", "create pods ml/tiny-0", "create pods ml/tiny-1",
+                                        "update-status trainingjobs ml/tiny"));
+  const auto group = api_.Find(pod_groups, "ml", "tiny");
+  ASSERT_TRUE(group.has_value());
+  EXPECT_EQ((*group)["apiVersion"], "scheduling.k8s.io/v1beta1");
+  EXPECT_EQ((*group)["spec"], json::parse(R"({"schedulingPolicy": {"gang": {"minCount": 2}}})"));
+  EXPECT_EQ((*group)["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-1");
+  ASSERT_TRUE(pod.has_value());
+  EXPECT_EQ((*pod)["spec"]["schedulingGroup"], json({{"podGroupName", "tiny"}}));
+  EXPECT_FALSE((*pod)["spec"].contains("schedulingGates"));  // the scheduler gangs them, not the operator
+
+  // A resized gang: the same PodGroup, its minCount the new size.
+  api_.Add(pod_groups, *group);
+  json resized = Job(spec);
+  resized["spec"]["replicas"] = 3;
+  SetJob(resized);
+  SetPods({});
+  api_.ClearCalls();
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("update podgroups"), ElementsAre("update podgroups ml/tiny"));
+  EXPECT_EQ((*api_.Find(pod_groups, "ml", "tiny"))["spec"]["schedulingPolicy"]["gang"]["minCount"], 3);
+
+  // One of that name the job does not own is not taken over.
+  json foreign = *group;
+  foreign["metadata"]["ownerReferences"] = json::array();
+  api_.Add(pod_groups, foreign);
+  SetJob(Job(spec));
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("PodGroup ml/tiny exists and is not owned by this TrainingJob"));
+}
+
 TEST_F(ReconcilerTest, ASpecWrongOnlyOnceMergedNamesTheRuntime) {
   api_.Add(Runtimes(),
            {{"metadata", {{"name", "cpu-pool"}}}, {"spec", {{"device", "cpu"}}}});  // no image

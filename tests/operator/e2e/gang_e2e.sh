@@ -5,7 +5,8 @@
 # needed and both failed after the timeout; with gang admission every Pod waits behind the
 # meshwork.dev/gang scheduling gate until its whole gang fits. Checks: all four Succeeded with
 # 0 restarts; no job ever had one Pod bound and another gated or Pending; GangWaiting and
-# GangAdmitted Events; a job with gangAdmission None gets no gate.
+# GangAdmitted Events. Then the same with gangAdmission PodGroup (kube-scheduler's own gang
+# scheduling), and a job with gangAdmission None gets no gate.
 # usage: gang_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
 set -uo pipefail
 
@@ -67,48 +68,66 @@ spec:
       dist: {timeout_seconds: 30}
 EOF
 }
-{ for i in 1 2 3 4; do job "gang-$i" $((23000 + 10 * i)); done; } >"$work/jobs.yaml"
-k apply -f "$work/jobs.yaml" >/dev/null || { fail "kubectl apply of four jobs"; finish; }
+# four_gangs PREFIX PORT_BASE GANG_ADMISSION: the repro, four jobs PREFIX-1..4 in one apply.
+# Watches the Pods until every job finished: a job must never be half placed, that is one of its
+# Pods bound while another is not (behind the gang gate, unschedulable, or waiting in the
+# scheduler's Permit). The gates of a gang come off in one PATCH per Pod, so the scheduler may
+# bind the first a few milliseconds before the second is released: only a state seen in two
+# samples a second apart counts.
+four_gangs() {
+  local prefix="$1" base="$2" admission="$3"
+  { for i in 1 2 3 4; do job "$prefix-$i" $((base + 10 * i)); done; } |
+    sed "s/runPolicy: {backoffLimit: 0}/runPolicy: {backoffLimit: 0, schedulingPolicy: {gangAdmission: $admission}}/" \
+      >"$work/$prefix.yaml"
+  k apply -f "$work/$prefix.yaml" >/dev/null || { fail "$admission: kubectl apply of four jobs"; return; }
+  local half="" pods bound waiting done_count phase restarts
+  declare -A half_before=()
+  local end=$((SECONDS + ${GANG_E2E_WAIT_S:-400}))
+  while ((SECONDS < end)); do
+    pods="$(k get pods -o jsonpath='{range .items[*]}{.metadata.labels.meshwork\.dev/job}{"|"}{.spec.nodeName}{"|"}{.spec.schedulingGates[*].name}{"|"}{.status.phase}{"\n"}{end}' 2>/dev/null)"
+    for j in 1 2 3 4; do
+      bound="$(awk -F'|' -v j="$prefix-$j" '$1 == j && $2 != "" && $4 != "Succeeded"' <<<"$pods" | wc -l)"
+      waiting="$(awk -F'|' -v j="$prefix-$j" '$1 == j && $2 == ""' <<<"$pods" | wc -l)"
+      if [ "$bound" -ge 1 ] && [ "$waiting" -ge 1 ]; then
+        [ -n "${half_before[$j]:-}" ] && [[ "$half" != *"$prefix-$j"* ]] && half+=" $prefix-$j"
+        half_before[$j]=1
+      else
+        half_before[$j]=""
+      fi
+    done
+    done_count=0
+    for j in 1 2 3 4; do
+      phase="$(k get tj "$prefix-$j" -o jsonpath='{.status.phase}' 2>/dev/null)"
+      [ "$phase" = Succeeded ] || [ "$phase" = Failed ] && done_count=$((done_count + 1))
+    done
+    [ "$done_count" = 4 ] && break
+    sleep 1
+  done
+  for j in 1 2 3 4; do
+    phase="$(k get tj "$prefix-$j" -o jsonpath='{.status.phase}')"
+    restarts="$(k get tj "$prefix-$j" -o jsonpath='{.status.restarts}')"
+    [ "$phase" = Succeeded ] && [ "${restarts:-0}" = 0 ] && pass "$admission: $prefix-$j Succeeded with 0 restarts" ||
+      fail "$admission: $prefix-$j: phase '$phase', restarts '${restarts}'"
+  done
+  [ -z "$half" ] && pass "$admission: no job was ever half placed (one Pod bound while another waited)" ||
+    fail "$admission: half-placed jobs seen:$(tr ' ' '\n' <<<"$half" | sort -u | tr '\n' ' ')"
+}
 
-# Watch the Pods until every job finished: a job must never be half placed, that is one of its
-# Pods bound while another is not (behind the gang gate, or unschedulable). The gates of a gang
-# come off in one PATCH per Pod, so the scheduler may bind the first a few milliseconds before
-# the second is released: only a state seen in two samples a second apart counts.
-half=""
-declare -A half_before=()
-end=$((SECONDS + ${GANG_E2E_WAIT_S:-400}))
-while ((SECONDS < end)); do
-  pods="$(k get pods -o jsonpath='{range .items[*]}{.metadata.labels.meshwork\.dev/job}{"|"}{.spec.nodeName}{"|"}{.spec.schedulingGates[*].name}{"|"}{.status.phase}{"\n"}{end}' 2>/dev/null)"
-  for j in 1 2 3 4; do
-    bound="$(awk -F'|' -v j="gang-$j" '$1 == j && $2 != "" && $4 != "Succeeded"' <<<"$pods" | wc -l)"
-    waiting="$(awk -F'|' -v j="gang-$j" '$1 == j && $2 == ""' <<<"$pods" | wc -l)"
-    if [ "$bound" -ge 1 ] && [ "$waiting" -ge 1 ]; then
-      [ -n "${half_before[$j]:-}" ] && [[ "$half" != *"gang-$j"* ]] && half+=" gang-$j"
-      half_before[$j]=1
-    else
-      half_before[$j]=""
-    fi
-  done
-  done_count=0
-  for j in 1 2 3 4; do
-    phase="$(k get tj "gang-$j" -o jsonpath='{.status.phase}' 2>/dev/null)"
-    [ "$phase" = Succeeded ] || [ "$phase" = Failed ] && done_count=$((done_count + 1))
-  done
-  [ "$done_count" = 4 ] && break
-  sleep 1
-done
-for j in 1 2 3 4; do
-  phase="$(k get tj "gang-$j" -o jsonpath='{.status.phase}')"
-  restarts="$(k get tj "gang-$j" -o jsonpath='{.status.restarts}')"
-  [ "$phase" = Succeeded ] && [ "${restarts:-0}" = 0 ] && pass "gang-$j Succeeded with 0 restarts" ||
-    fail "gang-$j: phase '$phase', restarts '${restarts}'"
-done
-[ -z "$half" ] && pass "no job was ever half placed (one Pod bound while another waited)" ||
-  fail "half-placed jobs seen:$(tr ' ' '\n' <<<"$half" | sort -u | tr '\n' ' ')"
+four_gangs gang 23000 Operator
 events="$(k get events -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}')"
 grep -q GangWaiting <<<"$events" && pass "a gang that did not fit waited (GangWaiting Event)" || fail "no GangWaiting Event"
 [ "$(grep -c GangAdmitted <<<"$events")" -ge 4 ] && pass "every gang was admitted (GangAdmitted Events)" ||
   fail "GangAdmitted Events: $(grep -c GangAdmitted <<<"$events")"
+
+# Kubernetes' own gang scheduling: the same repro with gangAdmission PodGroup. The operator sets
+# no gate; kube-scheduler's GangScheduling plugin (GenericWorkload, on in meshwork-cluster) places
+# each job's PodGroup all or nothing.
+four_gangs pg 23200 PodGroup
+group="$(k get podgroup pg-1 -o jsonpath='{.spec.schedulingPolicy.gang.minCount} {.metadata.ownerReferences[0].kind}' 2>&1)"
+refs="$(k get pods -l meshwork.dev/job=pg-1 -o jsonpath='{.items[*].spec.schedulingGroup.podGroupName} {.items[*].spec.schedulingGates}')"
+[ "$group" = "2 TrainingJob" ] && [ "$refs" = "pg-1 pg-1 " ] &&
+  pass "PodGroup: the job owns PodGroup pg-1 (gang, minCount 2) and its Pods name it, with no gate" ||
+  fail "PodGroup: podgroup '$group', pods '$refs'"
 
 # gangAdmission None: no gate, straight to the scheduler.
 job gang-none 23500 | sed 's/runPolicy: {backoffLimit: 0}/runPolicy: {backoffLimit: 0, schedulingPolicy: {gangAdmission: None}}/' |
