@@ -316,6 +316,11 @@ std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& ke
       }
       continue;
     }
+    if (made.error().kind() == k8s::ErrorKind::kInvalid || made.error().kind() == k8s::ErrorKind::kBadRequest) {
+      created->refused = "spec.template: the API server refused Pod " + pod["metadata"].value("name", "") +
+                         " that the job's spec makes: " + made.error().message();
+      return std::nullopt;
+    }
     return Failed(made.error(), "creating Pod " + pod["metadata"].value("name", ""));
   }
   return std::nullopt;
@@ -484,7 +489,7 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   in.final_report = [&] { return ReadFinalReport(job); };
 
   // 2. Decide, once.
-  const Plan plan = Decide(in, spec);
+  Plan plan = Decide(in, spec);
   ReconcileOutcome out;
   out.phase = plan.phase;
   out.requeue_after = plan.requeue_after;
@@ -503,9 +508,26 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
   }
   Created created;
   if (auto failed = CreateChildren(key, job, spec, plan, &created)) return *failed;
+  if (created.refused) {
+    // Retrying the same invalid Pod for ever would leave the job Created without a word: it is
+    // the spec's fault, as a bad trainer config is. Decide again with that as the config error.
+    Log(key + ": " + *created.refused);
+    Observed refused = in;
+    refused.check_config = nullptr;
+    refused.config_error = created.refused;
+    refused.config_wait.reset();
+    plan = Decide(refused, spec);
+    out.phase = plan.phase;
+    out.requeue_after = plan.requeue_after;
+    created = Created{};
+    if (plan.status_first) {
+      if (auto failed = WriteStatus(key, job, plan.status)) return *failed;
+    }
+  }
   if (created.requeue_after) out.requeue_after = created.requeue_after;
   if (auto failed = DeletePods(meta.value("namespace", "default"), plan.remove)) return *failed;
-  if (spec.ok() && spec->gang_admission == GangAdmission::kOperator && plan.remove.empty() && !finished) {
+  if (spec.ok() && spec->gang_admission == GangAdmission::kOperator && plan.remove.empty() && !finished &&
+      !created.refused && plan.phase != "Failed") {
     if (auto failed = AdmitGang(key, job, *spec, in.pods, &created)) return *failed;
     if (created.requeue_after && (!out.requeue_after || *created.requeue_after < *out.requeue_after)) {
       out.requeue_after = created.requeue_after;

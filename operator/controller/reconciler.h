@@ -90,6 +90,8 @@ class Reconciler {
     bool all = false;                                   // every Pod of the plan was created
     std::vector<EventToRecord> events;                  // PodNameTaken
     std::optional<std::chrono::seconds> requeue_after;  // a Pod name is still taken
+    // The API server refused a Pod as invalid (422, 400): no retry can fix the spec that made it.
+    std::optional<std::string> refused;
   };
 
   // The job's Pods in the cache: labelled with its name and owned by its `uid`. Their uids go to

@@ -268,6 +268,29 @@ TEST_F(ReconcilerTest, ASpecWrongOnlyOnceMergedNamesTheRuntime) {
   EXPECT_THAT(Status().dump(), HasSubstr("(in the spec merged with TrainingRuntime cpu-pool)"));
 }
 
+TEST_F(ReconcilerTest, APodTheApiServerRefusesAsInvalidFailsTheJobInsteadOfRetryingForEver) {
+  SetJob(Job());
+  api_.FailNext("create", "pods",
+                k8s::Error(k8s::ErrorKind::kInvalid,
+                           "Pod \"tiny-0\" is invalid: spec.containers[0].securityContext.runAsUser: Invalid value: -5")
+                    .set_http_code(422));
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_TRUE(out.invalid_spec);
+  EXPECT_EQ(out.phase, "Failed");
+  EXPECT_THAT(Calls("create pods"), ElementsAre("create pods ml/tiny-0"));  // not tiny-1 too
+  EXPECT_THAT(Status().dump(), HasSubstr("spec.template: the API server refused Pod tiny-0 that the job's spec makes: "
+                                         "Pod \\\"tiny-0\\\" is invalid: spec.containers[0].securityContext.runAsUser"));
+  EXPECT_THAT(events_, ElementsAre("Created", "InvalidSpec"));
+  // A Pod refused for another reason (a quota, RBAC, an outage) is retried, not the spec's fault.
+  SetJob(Job());
+  SetPods({});
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  api_.FailNext("create", "pods", k8s::Error(k8s::ErrorKind::kForbidden, "exceeded quota").set_http_code(403));
+  EXPECT_FALSE(reconciler_->Reconcile(kKey).ok);
+}
+
 TEST_F(ReconcilerTest, ABadTrainerConfigFailsTheJobWithoutCreatingAnything) {
   SetJob(Job({{"config", {{"inline", "model:\n  preset: no-such-preset\n"}}}}));
   const ReconcileOutcome out = reconciler_->Reconcile(kKey);

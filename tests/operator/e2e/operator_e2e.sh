@@ -17,7 +17,7 @@
 #   - SIGKILL the leading operator mid-run -> the standby takes over, no duplicate Pods, the job
 #     succeeds; the killed one comes back as a standby
 #   - invalid specs: refused by the schema (and its CEL rules), or Failed with InvalidSpec and an
-#     Event, without a reconcile loop
+#     Event, without a reconcile loop; a template whose Pod the API server refuses (422) too
 #   - operator /metrics counters move (#2408), /healthz, /readyz, SIGTERM releases the lease
 # usage: operator_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
 set -uo pipefail
@@ -156,6 +156,18 @@ if e2e_wait_for 30 "bad-preset fails" phase_is bad-preset Failed && e2e_wait_for
 else
   fail "invalid jobs did not fail"; dump
 fi
+# A template the CRD takes (free-form) but whose Pod the API server refuses (422): Failed/
+# InvalidSpec with the server's message, not a Pod create retried for ever (the job used to sit
+# Created 0/2 without a word).
+cmd_job bad-template true '  template: {spec: {containers: [{name: trainer, securityContext: {runAsUser: -5}}]}}' |
+  kubectl apply -f - >/dev/null
+if e2e_wait_for 30 "bad-template fails" phase_is bad-template Failed; then
+  msg="$(jp bad-template '{.status.conditions[?(@.type=="Failed")].message}')"
+  [ "$(reason_of bad-template Failed)" = InvalidSpec ] &&
+    [[ "$msg" == "spec.template: the API server refused Pod bad-template-0"*"runAsUser"* ]] && no_pods bad-template &&
+    pass "a template whose Pod the API server refuses: Failed/InvalidSpec with the server's message" ||
+    fail "bad-template: $(reason_of bad-template Failed): $msg; pods $(pods_of bad-template)"
+else fail "bad-template: phase $(jp bad-template '{.status.phase}')"; dump; fi
 
 # ---- jobs that run commands
 cmd_job permanent 'exit 3' "" | kubectl apply -f - >/dev/null
