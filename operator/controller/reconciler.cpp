@@ -386,13 +386,16 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
     if (patched.ok()) released.emplace_back(k8s::ObjectKey(*patched), k8s::ResourceVersionOf(*patched));
   }
   // The next admission must count these Pods as released: wait (still holding admission_mu_)
-  // until the cache has each one at the patch's version or later, or gone; a few milliseconds.
+  // until the cache has each one at the patch's version or later; a few milliseconds. A Pod
+  // absent from it is not taken for done: that cache may not have seen it yet (it lags the
+  // own-Pods cache the gang was read from), and the next admission would miss its requests and
+  // count its room twice. (A released Pod that finished or went within the wait costs the 5 s cap.)
   if (holding_pods_ != nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     for (const auto& [pod_key, version] : released) {
       while (std::chrono::steady_clock::now() < deadline) {
         auto cached = holding_pods_->Get(pod_key);
-        if (!cached || NotOlder(k8s::ResourceVersionOf(*cached), version)) break;
+        if (cached && NotOlder(k8s::ResourceVersionOf(*cached), version)) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     }

@@ -4,6 +4,9 @@
 // then the Events), the expectations, and the reads made only when a decision needs them.
 #include "operator/controller/reconciler.h"
 
+#include <atomic>
+#include <thread>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -391,7 +394,21 @@ TEST_F(ReconcilerTest, GangAdmissionReadsTheHoldingPodsCacheNotAList) {
   EXPECT_THAT(Calls("patch pods"), IsEmpty());
   holding.Remove("other/big");
   SyncJob();
-  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  // The holding cache shows the released Pods only a while after their PATCH (the watch): the
+  // admission must not end before it does, or the next one would count their room as free.
+  std::atomic<bool> returned{false};
+  std::atomic<bool> returned_before_cache{false};
+  std::thread watch([&] {
+    while (Calls("patch pods").size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    returned_before_cache = returned.load();
+    for (const char* name : {"tiny-0", "tiny-1"}) holding.Upsert(std::string("ml/") + name, *api_.Find(k8s::resources::Pods(), "ml", name));
+  });
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  returned = true;
+  watch.join();
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_FALSE(returned_before_cache) << "the admission ended before the holding cache showed the released Pods";
   EXPECT_THAT(events_, Contains("GangAdmitted"));
   EXPECT_THAT(Calls("patch pods"), ElementsAre("patch pods ml/tiny-0", "patch pods ml/tiny-1"));
   EXPECT_THAT(Calls("list pods"), IsEmpty());
