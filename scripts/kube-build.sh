@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the local cluster runs (docs/cluster.md) from their
 # Go modules, pinned in tools/*/go.mod: kube-apiserver, kube-controller-manager, kube-scheduler
-# and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16) and helm
-# (helm.sh/helm/v3 v3.22.0), into .meshwork/kube/bin. Go's module and build caches live in
+# and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16), helm
+# (helm.sh/helm/v3 v3.22.0) and Kueue (sigs.k8s.io/kueue v0.17.0, with its CRDs in kueue-crds/),
+# into .meshwork/kube/bin. Go's module and build caches live in
 # .meshwork/go, so a second run only relinks what changed; a module whose go.mod, go.sum and Go
 # version are unchanged since its last build is skipped. Called by scripts/setup.sh.
 #
@@ -52,3 +53,9 @@ build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl"
 # etcd's main package is its module's root: named explicitly, or go would call it "server".
 build etcd etcd -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
 build helm helm -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
+# Kueue's controller manager (sigs.k8s.io/kueue), for the e2e test of TrainingJobs queued by it,
+# and its CRDs from the same module, into $out/kueue-crds/.
+build kueue kueue -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
+kueue_version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$root/tools/kueue/go.mod" | head -1)"
+rm -rf "$out/kueue-crds" && mkdir -p "$out/kueue-crds"
+cp "$GOMODCACHE/sigs.k8s.io/kueue@$kueue_version"/config/components/crd/bases/*.yaml "$out/kueue-crds/"

@@ -204,7 +204,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     return plan;
   }
   if (in.runtime_wait) {
-    policy::Apply(policy::AwaitRuntime(plan.status, *in.runtime_wait), plan, in.now);
+    policy::Apply(policy::AwaitRuntime(plan.status, in.runtime_wait_reason, *in.runtime_wait), plan, in.now);
     return plan;
   }
   if (!spec.ok()) {

@@ -90,6 +90,12 @@ struct Observed {
   // Why the job's TrainingRuntime (spec.runtimeRef) cannot be read: the job waits, its Pods
   // untouched (a running gang runs on), until it can.
   std::optional<std::string> runtime_wait;
+  // RuntimeNotFound (it cannot be read), or RuntimeInvalid (merged under a running gang's spec it
+  // makes a spec that does not parse: the gang runs on, no new one starts).
+  std::string runtime_wait_reason = "RuntimeNotFound";
+  // Why Kueue holds the job (its Workload is not admitted, or was evicted): the job is suspended
+  // as with runPolicy.suspend, its Suspended condition saying this (reason Queued).
+  std::optional<std::string> queued;
   // When set, makes the check (the reconciler's reads a ConfigMap) and its answer replaces the two
   // fields above. Decide calls it at most once, and only when it is about to create Pods.
   std::function<ConfigCheck()> check_config;

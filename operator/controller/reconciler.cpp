@@ -1,10 +1,12 @@
 #include "operator/controller/reconciler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "operator/controller/desired.h"
 #include "operator/controller/gang.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/trainer_report.h"
 #include "operator/controller/training_runtime.h"
 
@@ -316,7 +318,7 @@ std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& ke
       }
       continue;
     }
-    if (made.error().kind() == k8s::ErrorKind::kInvalid || made.error().kind() == k8s::ErrorKind::kBadRequest) {
+    if (made.error().http_code() == 422 || made.error().http_code() == 400) {
       created->refused = "spec.template: the API server refused Pod " + pod["metadata"].value("name", "") +
                          " that the job's spec makes: " + made.error().message();
       return std::nullopt;
@@ -389,13 +391,18 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
   // until the cache has each one at the patch's version or later; a few milliseconds. A Pod
   // absent from it is not taken for done: that cache may not have seen it yet (it lags the
   // own-Pods cache the gang was read from), and the next admission would miss its requests and
-  // count its room twice. (A released Pod that finished or went within the wait costs the 5 s cap.)
+  // count its room twice, unless the own-Pods cache says it finished or went (it then holds none).
   if (holding_pods_ != nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     for (const auto& [pod_key, version] : released) {
       while (std::chrono::steady_clock::now() < deadline) {
         auto cached = holding_pods_->Get(pod_key);
         if (cached && NotOlder(k8s::ResourceVersionOf(*cached), version)) break;
+        if (!cached) {
+          const auto own = pods_->Get(pod_key);
+          const std::string phase = own ? own->value("status", json::object()).value("phase", "") : "";
+          if (!own || phase == "Succeeded" || phase == "Failed") break;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     }
@@ -485,11 +492,63 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
                                               RuntimeName(job) + ")");
   }();
   const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
+  // A runtime edit (or a merge of it with the job's config) that makes the spec wrong must not kill
+  // a running gang: as a bad config edit, it applies to the next gang, which waits until it is fixed.
+  if (!spec.ok() && !finished && !in.runtime_wait && !RuntimeName(job).empty()) {
+    const bool gang_running = std::any_of(in.pods.begin(), in.pods.end(), [](const json& p) {
+      const PodView v = ViewPod(p);
+      return !v.terminating && v.phase != "Succeeded" && v.phase != "Failed";
+    });
+    if (gang_running) {
+      in.runtime_wait = spec.status().message() + "; the running gang goes on, and no new gang starts until this is fixed";
+      in.runtime_wait_reason = "RuntimeInvalid";
+    }
+  }
   if (!finished && spec.ok()) in.report = Scrape(key, job, *spec, in.pods);
   // Reads that cost an API call, made by Decide only when a decision needs them: the trainer
   // config when a gang is about to start, rank 0's log when the job has just succeeded.
   if (spec.ok()) in.check_config = [&] { return CheckConfig(key, job, *spec); };
   in.final_report = [&] { return ReadFinalReport(job); };
+
+  // Kueue: the job's Workload, made here; until Kueue admits it the job is held (suspended).
+  std::optional<json> workload;
+  WorkloadState queue_state;
+  if (const std::string queue = KueueQueue(job); !queue.empty() && spec.ok()) {
+    const std::string ns = meta.value("namespace", "default");
+    auto wl = api_->Get(KueueWorkloads(), ns, WorkloadName(job));
+    if (!wl.ok() && !k8s::IsNotFound(wl.error())) return Failed(wl.error(), "reading Workload of " + key);
+    if (wl.ok()) {
+      workload = *wl;
+      queue_state = ReadWorkload(*wl);
+    }
+    if (!finished) {
+      // A Workload of another size (a resize while queued) is replaced, as Kueue's job framework does.
+      const json pod_sets = workload ? workload->value("spec", json::object()).value("podSets", json::array()) : json();
+      if (workload && !queue_state.has_admission &&
+          !(pod_sets.is_array() && pod_sets.size() == 1 && pod_sets[0].value("count", -1) == spec->replicas)) {
+        k8s::DeleteOptions opts;
+        opts.precondition_uid = (*workload)["metadata"].value("uid", "");
+        auto deleted = api_->Delete(KueueWorkloads(), ns, WorkloadName(job), opts);
+        if (!deleted.ok() && !k8s::IsNotFound(deleted.error())) return Failed(deleted.error(), "replacing Workload of " + key);
+        workload.reset();
+      }
+      if (!workload) {
+        const int64_t gen = status.value("restartGeneration", int64_t{0});
+        auto made = api_->Create(KueueWorkloads(), ns, DesiredWorkload(in.job, *spec, DesiredPod(in.job, *spec, 0, gen)));
+        if (!made.ok() && !k8s::IsAlreadyExists(made.error())) {
+          return Failed(made.error(), "creating Workload of " + key +
+                                          (k8s::IsNotFound(made.error())
+                                               ? " (the job's label " + std::string(kKueueQueueLabel) +
+                                                     " asks for Kueue, whose Workload API kueue.x-k8s.io/v1beta2 is not installed)"
+                                               : ""));
+        }
+        in.queued = "queued by Kueue in LocalQueue " + queue + ": Workload " + WorkloadName(job) +
+                    " is created and waits for admission";
+      } else if (!queue_state.admitted || queue_state.evicted) {
+        in.queued = queue_state.why;
+      }
+    }
+  }
 
   // 2. Decide, once.
   Plan plan = Decide(in, spec);
@@ -535,6 +594,24 @@ ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
     if (created.requeue_after && (!out.requeue_after || *created.requeue_after < *out.requeue_after)) {
       out.requeue_after = created.requeue_after;
     }
+  }
+
+  // Kueue: an evicted gang, once gone, hands its quota back; a finished job's Workload is Finished.
+  if (workload) {
+    const std::string now = FormatTime(in.now);
+    std::optional<json> update;
+    if (plan.phase == "Succeeded" || plan.phase == "Failed") {
+      update = FinishWorkload(*workload, plan.phase == "Succeeded", "TrainingJob " + key + " " + plan.phase, now);
+    } else if (queue_state.evicted && queue_state.has_admission && in.pods.empty()) {
+      update = ClearAdmission(*workload, now);
+    }
+    if (update) {
+      auto put = api_->UpdateStatus(KueueWorkloads(), meta.value("namespace", "default"), *update);
+      if (!put.ok()) return Failed(put.error(), "writing the status of Workload " + WorkloadName(job));
+    }
+  }
+  if (in.queued && (!out.requeue_after || *out.requeue_after > std::chrono::seconds(2))) {
+    out.requeue_after = std::chrono::seconds(2);  // no Workload informer yet: look for the admission
   }
 
   // 4. The status, written once (here, unless it went first). launchedGeneration is recorded

@@ -176,6 +176,23 @@ Status ReadFailureRule(const json& r, const std::string& path, FailureRule* rule
       return Bad(ppath, Quote(rule->message_pattern) + " must be 1-" + std::to_string(kMaxPatternLength) +
                             " characters");
     }
+    // glibc's matcher backtracks on back-references, and expands bounded repetitions when it
+    // compiles ("((a{1,255}){1,255}){1,255}"): one job's pattern could stall every reconcile.
+    for (size_t i = 0; i + 1 < rule->message_pattern.size(); ++i) {
+      if (rule->message_pattern[i] == '\\' && rule->message_pattern[i + 1] >= '1' && rule->message_pattern[i + 1] <= '9') {
+        return Bad(ppath, Quote(rule->message_pattern) + " has a back-reference (\\" +
+                              std::string(1, rule->message_pattern[i + 1]) + "), which is not supported");
+      }
+      if (rule->message_pattern[i] == '\\') ++i;  // an escaped character, such as \{
+    }
+    for (size_t i = 0; i < rule->message_pattern.size(); ++i) {
+      if (rule->message_pattern[i] == '\\') {
+        ++i;
+      } else if (rule->message_pattern[i] == '{') {
+        return Bad(ppath, Quote(rule->message_pattern) +
+                              " has a bounded repetition ({m,n}), which is not supported; use *, + or ?, or \\{ for a brace");
+      }
+    }
     if (const auto compiled = FindPattern(rule->message_pattern, ""); !compiled.ok()) {
       return Bad(ppath, Quote(rule->message_pattern) + " is " + compiled.status().message());
     }
@@ -224,7 +241,7 @@ const char* FailureActionName(FailureAction a) {
 
 Result<bool> FindPattern(const std::string& pattern, const std::string& text) {
   regex_t re;
-  if (const int rc = regcomp(&re, pattern.c_str(), REG_EXTENDED | REG_NOSUB); rc != 0) {
+  if (const int rc = regcomp(&re, pattern.c_str(), REG_EXTENDED | REG_NOSUB | REG_NEWLINE); rc != 0) {
     char why[256];
     regerror(rc, &re, why, sizeof(why));
     return InvalidConfig(std::string("not a POSIX extended regular expression: ") + why);

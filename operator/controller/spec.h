@@ -47,7 +47,7 @@ enum class CleanPodPolicy { kNone, kRunning, kAll };
 // scheduling gate until all of them fit (gang.h); PodGroup = Kubernetes' own gang scheduling:
 // a PodGroup (scheduling.k8s.io/v1beta1, minCount = replicas) that every Pod names in
 // spec.schedulingGroup, placed all or nothing by kube-scheduler's GangScheduling plugin
-// (GenericWorkload feature gate, 1.35+); None = straight to the scheduler (for a cluster where
+// (GenericWorkload feature gate; PodGroup is scheduling.k8s.io/v1beta1 from 1.37); None = straight to the scheduler (for a cluster where
 // Kueue, Volcano or the coscheduling plugin places gangs).
 enum class GangAdmission { kOperator, kPodGroup, kNone };
 // spec.runPolicy.successPolicy: AllRanks = every rank exits 0; Rank0 = the Pod of replica 0 (which
@@ -130,8 +130,10 @@ std::set<int> DefaultPermanentExitCodes();
 // plane all Pods share the host's network, and rank 0's TCP store listens on every address.
 int DefaultMasterPort(const std::string& uid);
 
-// Whether the POSIX extended regular expression `pattern` occurs in `text` (glibc's matcher: no
-// backtracking blow-up on a long message). An invalid pattern is kInvalidConfig naming why.
+// Whether the POSIX extended regular expression `pattern` occurs in `text`, ^ and $ matching at
+// each line. An invalid pattern is kInvalidConfig naming why. (ParseSpec refuses back-references
+// and bounded repetitions in failurePolicy patterns: with those glibc's matcher can take
+// exponential time or memory.)
 Result<bool> FindPattern(const std::string& pattern, const std::string& text);
 
 // The auto mesh: FSDP over every rank with one process per Pod (or one Pod); otherwise HSDP,

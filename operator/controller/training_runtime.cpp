@@ -74,9 +74,10 @@ json MergePodTemplates(const json& base, const json& overlay) {
   json out = base;
   if (overlay.contains("metadata")) out["metadata"] = MergeObjects(base.value("metadata", json()), overlay["metadata"]);
   if (!overlay.contains("spec") || !overlay["spec"].is_object()) return out;
-  const json base_spec = base.value("spec", json::object());
+  const json base_value = base.value("spec", json::object());
+  const json base_spec = base_value.is_object() ? base_value : json::object();  // free-form: may be anything
   const json& over_spec = overlay["spec"];
-  json spec = base_spec.is_object() ? base_spec : json::object();
+  json spec = base_spec;
   for (auto it = over_spec.begin(); it != over_spec.end(); ++it) {
     if (it.key() == "containers") {
       spec["containers"] = MergeByKey(base_spec.value("containers", json()), *it, "name", true, MergeContainer);
@@ -104,6 +105,11 @@ Result<json> ApplyRuntime(const json& job, const json& runtime) {
   }
   for (const char* key : {"resources", "checkpoint", "runPolicy"}) {
     if (rt.contains(key)) spec[key] = MergeObjects(rt[key], spec.value(key, json()));
+  }
+  // A volume source names one type: the job's replaces the runtime's whole (nfs over a PVC).
+  const json job_checkpoint = job["spec"].value("checkpoint", json());
+  if (job_checkpoint.is_object() && job_checkpoint.contains("volume") && !job_checkpoint["volume"].is_null()) {
+    spec["checkpoint"]["volume"] = job_checkpoint["volume"];
   }
   if (rt.contains("template")) spec["template"] = MergePodTemplates(rt["template"], spec.value("template", json()));
   const json rt_config = rt.value("config", json::object());

@@ -455,6 +455,7 @@ void MergeInto(YAML::Node base, const YAML::Node& overlay) {
   for (const auto& kv : overlay) {
     const std::string key = kv.first.as<std::string>();
     YAML::Node mine = base[key];
+    if (mine.IsMap() && kv.second.IsNull()) continue;  // "model:" with nothing under it: the base's stays
     if (mine.IsMap() && kv.second.IsMap()) {
       MergeInto(mine, kv.second);
     } else {

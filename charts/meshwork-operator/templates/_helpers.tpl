@@ -93,6 +93,12 @@ app.kubernetes.io/part-of: meshwork
 - apiGroups: [scheduling.k8s.io]
   resources: [podgroups]
   verbs: [get, create, update]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, create, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [update]
 {{- end }}
 
 {{/* Gang admission reads the Nodes' capacity: cluster-scoped, so a ClusterRole even when the

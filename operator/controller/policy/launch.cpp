@@ -23,11 +23,11 @@ Decision AwaitConfig(const JobState& job, const std::string& why) {
   return d;
 }
 
-Decision AwaitRuntime(const json& status, const std::string& why) {
+Decision AwaitRuntime(const json& status, const std::string& reason, const std::string& why) {
   Decision d;
   d.phase = status.value("phase", "Created");
-  if (d.phase == "Created") d.conditions = {{"Running", "False", "RuntimeNotFound", why}};
-  d.events.push_back({"Warning", "RuntimeNotFound", why});
+  if (d.phase == "Created") d.conditions = {{"Running", "False", reason, why}};
+  d.events.push_back({"Warning", reason, why});
   d.requeue_after = std::chrono::seconds(10);
   return d;
 }

@@ -122,7 +122,7 @@ std::optional<Decision> Failure(const JobState& job);
 Decision AwaitConfig(const JobState& job, const std::string& why);
 // launch.cpp: the job's TrainingRuntime cannot be read (`why`): nothing changes until it can; a
 // job with no gang yet shows Running=False/RuntimeNotFound.
-Decision AwaitRuntime(const nlohmann::json& status, const std::string& why);
+Decision AwaitRuntime(const nlohmann::json& status, const std::string& reason, const std::string& why);
 // launch.cpp: the Service, the config and every missing rank; the gang's progress in the status.
 Decision Launch(const JobState& job);
 

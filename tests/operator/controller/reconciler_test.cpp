@@ -261,6 +261,20 @@ TEST_F(ReconcilerTest, WithGangAdmissionPodGroupThePodsNameTheJobsPodGroup) {
   EXPECT_THAT(out.message, HasSubstr("PodGroup ml/tiny exists and is not owned by this TrainingJob"));
 }
 
+TEST_F(ReconcilerTest, ARuntimeEditThatBreaksTheSpecDoesNotKillARunningGang) {
+  api_.Add(Runtimes(), {{"metadata", {{"name", "cpu-pool"}}},
+                        {"spec", {{"device", "cpu"}, {"config", {{"inline", "model: [unclosed"}}}}}});
+  SetJob(Job({{"runtimeRef", {{"name", "cpu-pool"}}}}, {{"launchedGeneration", 0}, {"restartGeneration", 0}, {"phase", "Running"}}));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  api_.ClearCalls();
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_FALSE(out.invalid_spec);
+  EXPECT_THAT(Calls("delete"), IsEmpty());
+  EXPECT_THAT(events_, Contains("RuntimeInvalid"));
+  EXPECT_EQ(out.requeue_after, seconds(10));
+}
+
 TEST_F(ReconcilerTest, ASpecWrongOnlyOnceMergedNamesTheRuntime) {
   api_.Add(Runtimes(),
            {{"metadata", {{"name", "cpu-pool"}}}, {"spec", {{"device", "cpu"}}}});  // no image

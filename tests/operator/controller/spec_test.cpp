@@ -216,6 +216,11 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
       {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onMessagePattern", "NCCL(timeout"}}}}}}}}},
        "spec.runPolicy.failurePolicy.rules[0].onMessagePattern: \"NCCL(timeout\" is not a POSIX extended regular "
        "expression"},
+      {{{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onMessagePattern", "(a)\\1"}}}}}}}}},
+       "spec.runPolicy.failurePolicy.rules[0].onMessagePattern: \"(a)\\\\1\" has a back-reference (\\1), which is not supported"},
+      {{{"runPolicy",
+         {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onMessagePattern", "((a{1,255}){1,255}){1,255}"}}}}}}}}},
+       "has a bounded repetition ({m,n}), which is not supported"},
       {{{"runPolicy", {{"failurePolicy", {{"rules", seventeen_rules}}}}}},
        "spec.runPolicy.failurePolicy.rules: 17 rules; at most 16"},
   };
@@ -260,6 +265,10 @@ TEST(SpecTest, FindPatternIsAnExtendedRegexSearch) {
   // A long message with a pattern that would make a backtracking matcher crawl.
   EXPECT_FALSE(*FindPattern("(a|aa)*c", std::string(4096, 'a')));
   EXPECT_FALSE(FindPattern("(", "x").ok());
+  EXPECT_TRUE(*FindPattern("^RuntimeError", "Error\nRuntimeError: boom"));  // ^ at each line
+  // An escaped brace is a brace, not a repetition.
+  json ok = Job({{"runPolicy", {{"failurePolicy", {{"rules", {{{"action", "FailJob"}, {"onMessagePattern", "\\{x\\}"}}}}}}}}});
+  EXPECT_TRUE(ParseSpec(ok).ok()) << ParseSpec(ok).status().message();
 }
 
 TEST(SpecTest, JobNamesMustMakeHostnames) {

@@ -125,6 +125,19 @@ TEST(TrainingRuntimeTest, PodTemplatesMergeByName) {
   EXPECT_EQ(MergePodTemplates(json(), overlay), overlay);
 }
 
+TEST(TrainingRuntimeTest, AJobsCheckpointVolumeReplacesTheRuntimesAndOddTemplatesDoNotThrow) {
+  json rt_spec = json::object();
+  rt_spec["checkpoint"] = json::parse(R"({"path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "c"}}})");
+  rt_spec["template"] = json::parse(R"({"spec": "not an object"})");
+  json job_spec = json::object();
+  job_spec["checkpoint"] = json::parse(R"({"volume": {"nfs": {"server": "s", "path": "/p"}}})");
+  job_spec["template"] = json::parse(R"({"spec": {"containers": [{"name": "trainer"}]}})");
+  auto merged = ApplyRuntime(Job(job_spec), Runtime(rt_spec));
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  EXPECT_EQ((*merged)["spec"]["checkpoint"], json::parse(R"({"path": "/ckpt", "volume": {"nfs": {"server": "s", "path": "/p"}}})"));
+  EXPECT_EQ((*merged)["spec"]["template"]["spec"]["containers"][0]["name"], "trainer");
+}
+
 TEST(TrainingRuntimeTest, RuntimeNameAndMergeYaml) {
   EXPECT_EQ(RuntimeName(Job({})), "gpu-pool");
   EXPECT_EQ(RuntimeName({{"spec", {{"image", "x"}}}}), "");
@@ -137,6 +150,8 @@ TEST(TrainingRuntimeTest, RuntimeNameAndMergeYaml) {
   ASSERT_TRUE(merged.ok());
   EXPECT_EQ(*merged, "a: {b: 1, c: [3]}\nd: x\ne: y\n");
   EXPECT_EQ(*config::MergeYaml("", "a: 1", "base", "top"), "a: 1\n");
+  // An empty section in the job ("model:") keeps the runtime's.
+  EXPECT_EQ(*config::MergeYaml("model: {preset: tiny}\n", "model:\n", "base", "top"), "model: {preset: tiny}\n");
 }
 
 }  // namespace

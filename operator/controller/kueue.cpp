@@ -1,0 +1,138 @@
+#include "operator/controller/kueue.h"
+
+namespace meshwork::op {
+namespace {
+
+using nlohmann::json;
+
+const json* FindCondition(const json& status, const std::string& type) {
+  if (!status.is_object() || !status.contains("conditions") || !status["conditions"].is_array()) return nullptr;
+  for (const auto& c : status["conditions"]) {
+    if (c.is_object() && c.value("type", "") == type) return &c;
+  }
+  return nullptr;
+}
+
+bool IsTrue(const json& status, const std::string& type) {
+  const json* c = FindCondition(status, type);
+  return c != nullptr && c->value("status", "") == "True";
+}
+
+// Sets condition `type` on `status` (metav1.Condition: lastTransitionTime moves when status
+// does); true when something changed.
+bool Set(json& status, const std::string& type, const std::string& value, const std::string& reason,
+         const std::string& message, const std::string& now, int64_t generation) {
+  if (!status.contains("conditions") || !status["conditions"].is_array()) status["conditions"] = json::array();
+  for (auto& c : status["conditions"]) {
+    if (!c.is_object() || c.value("type", "") != type) continue;
+    const bool moved = c.value("status", "") != value;
+    if (!moved && c.value("reason", "") == reason && c.value("message", "") == message) return false;
+    c["status"] = value;
+    c["reason"] = reason;
+    c["message"] = message;
+    c["observedGeneration"] = generation;
+    if (moved) c["lastTransitionTime"] = now;
+    return true;
+  }
+  status["conditions"].push_back({{"type", type},
+                                  {"status", value},
+                                  {"reason", reason},
+                                  {"message", message},
+                                  {"observedGeneration", generation},
+                                  {"lastTransitionTime", now}});
+  return true;
+}
+
+}  // namespace
+
+k8s::ResourceRef KueueWorkloads() { return k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads"); }
+
+std::string KueueQueue(const json& job) {
+  const json labels = job.value("metadata", json::object()).value("labels", json::object());
+  if (!labels.is_object() || !labels.contains(kKueueQueueLabel) || !labels[kKueueQueueLabel].is_string()) return "";
+  return labels[kKueueQueueLabel].get<std::string>();
+}
+
+std::string WorkloadName(const json& job) { return "trainingjob-" + job["metadata"].value("name", ""); }
+
+json DesiredWorkload(const json& job, const JobSpec& spec, const json& pod) {
+  const json& meta = job["metadata"];
+  json tmpl_spec = pod.value("spec", json::object());
+  for (const char* k : {"schedulingGates", "schedulingGroup", "hostname", "subdomain", "nodeName"}) tmpl_spec.erase(k);
+  json tmpl = {{"metadata", {{"labels", pod["metadata"].value("labels", json::object())}}}, {"spec", tmpl_spec}};
+  json workload = {{"apiVersion", kKueueApiVersion},
+                   {"kind", "Workload"},
+                   {"metadata",
+                    {{"name", WorkloadName(job)},
+                     {"namespace", meta.value("namespace", "default")},
+                     {"labels", {{kKueueJobUidLabel, meta.value("uid", "")}}},
+                     {"ownerReferences",
+                      json::array({{{"apiVersion", kApiVersion},
+                                    {"kind", kKind},
+                                    {"name", meta.value("name", "")},
+                                    {"uid", meta.value("uid", "")},
+                                    {"controller", true},
+                                    {"blockOwnerDeletion", true}}})}}},
+                   {"spec",
+                    {{"queueName", KueueQueue(job)},
+                     {"podSets", json::array({{{"name", "trainer"}, {"count", spec.replicas}, {"template", tmpl}}})}}}};
+  return workload;
+}
+
+WorkloadState ReadWorkload(const json& workload) {
+  WorkloadState s;
+  const json status = workload.value("status", json::object());
+  s.has_admission = status.is_object() && status.contains("admission") && !status["admission"].is_null();
+  s.admitted = s.has_admission && IsTrue(status, "Admitted");
+  s.evicted = IsTrue(status, "Evicted");
+  s.finished = IsTrue(status, "Finished");
+  const std::string name = workload["metadata"].value("name", "");
+  const std::string queue = workload.value("spec", json::object()).value("queueName", "");
+  if (s.evicted) {
+    const json* c = FindCondition(status, "Evicted");
+    s.why = "evicted by Kueue (" + c->value("reason", "") + "): " + c->value("message", "") + "; Workload " + name +
+            " waits in LocalQueue " + queue + " to be admitted again";
+  } else if (!s.admitted) {
+    const json* pending = FindCondition(status, "QuotaReserved");
+    s.why = "queued by Kueue in LocalQueue " + queue + ": Workload " + name + " is not admitted yet" +
+            (pending && !pending->value("message", "").empty() ? " (" + pending->value("message", "") + ")" : "");
+  }
+  return s;
+}
+
+std::optional<json> ClearAdmission(const json& workload, const std::string& now) {
+  json updated = workload;
+  json& status = updated["status"];
+  if (!status.is_object()) status = json::object();
+  const json* evicted = FindCondition(status, "Evicted");
+  const std::string reason = evicted ? evicted->value("reason", "") : "";
+  const std::string message = evicted ? evicted->value("message", "") : "the job stopped";
+  const int64_t generation = workload["metadata"].value("generation", int64_t{0});
+  bool changed = false;
+  if (reason == "Preempted" || reason == "NodeFailures") {
+    changed = Set(status, "Requeued", "True", reason, message, now, generation) || changed;
+  }
+  changed = Set(status, "QuotaReserved", "False", "Pending", message, now, generation) || changed;
+  if (status.contains("admission")) {
+    status.erase("admission");
+    changed = true;
+  }
+  if (IsTrue(status, "Admitted")) {
+    changed = Set(status, "Admitted", "False", "NoReservation", "The workload has no reservation", now, generation) ||
+              changed;
+  }
+  if (!changed) return std::nullopt;
+  return updated;
+}
+
+std::optional<json> FinishWorkload(const json& workload, bool succeeded, const std::string& message,
+                                   const std::string& now) {
+  if (IsTrue(workload.value("status", json::object()), "Finished")) return std::nullopt;
+  json updated = workload;
+  if (!updated.contains("status") || !updated["status"].is_object()) updated["status"] = json::object();
+  Set(updated["status"], "Finished", "True", succeeded ? "Succeeded" : "Failed", message, now,
+      workload["metadata"].value("generation", int64_t{0}));
+  return updated;
+}
+
+}  // namespace meshwork::op

@@ -1,0 +1,58 @@
+// Kueue (kueue.sigs.k8s.io) as the queue of TrainingJobs: the operator is Kueue's integration for
+// its own kind, as Kueue's job framework is for batch Jobs ("external framework",
+// `integrations.externalFrameworks: [TrainingJob.v1alpha1.meshwork.dev]` in Kueue's
+// configuration). A job labelled kueue.x-k8s.io/queue-name gets a Workload (one pod set, the
+// gang: count = replicas, the trainer Pod's template and requests) owned by it; the job is held,
+// as if suspended, until Kueue admits that Workload; an eviction (preemption, deactivation) stops
+// the gang, then clears the Workload's admission so that Kueue can queue it again; a finished job
+// marks its Workload Finished (docs/trainingjob.md, "Kueue").
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/controller/spec.h"
+#include "operator/k8s/resource.h"
+
+namespace meshwork::op {
+
+inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
+inline constexpr const char* kKueueJobUidLabel = "kueue.x-k8s.io/job-uid";
+inline constexpr const char* kKueueApiVersion = "kueue.x-k8s.io/v1beta2";
+
+// kueue.x-k8s.io/v1beta2 workloads.
+k8s::ResourceRef KueueWorkloads();
+
+// The LocalQueue the job names in its kueue.x-k8s.io/queue-name label, "" when none (the job is
+// not Kueue's).
+std::string KueueQueue(const nlohmann::json& job);
+
+// "trainingjob-<name>": the Workload of a job.
+std::string WorkloadName(const nlohmann::json& job);
+
+// The job's Workload: queueName, one pod set "trainer" of `replicas` Pods whose template is
+// `pod` (a Pod DesiredPod made) without what only a created Pod has (its name, gates, group).
+nlohmann::json DesiredWorkload(const nlohmann::json& job, const JobSpec& spec, const nlohmann::json& pod);
+
+// What a Workload's status says to the job.
+struct WorkloadState {
+  bool admitted = false;       // Admitted=True (quota reserved, admission checks passed)
+  bool has_admission = false;  // status.admission is set (quota reserved)
+  bool evicted = false;        // Evicted=True: the gang must stop
+  bool finished = false;       // Finished=True
+  std::string why;             // for the job's Suspended condition while it is held
+};
+WorkloadState ReadWorkload(const nlohmann::json& workload);
+
+// `workload` with its admission cleared after an eviction, as Kueue's job framework does once
+// the job has stopped: QuotaReserved=False (Pending), Admitted=False, Requeued=True when Kueue
+// preempted it (or a node failed), status.admission removed. nullopt when nothing changes.
+std::optional<nlohmann::json> ClearAdmission(const nlohmann::json& workload, const std::string& now);
+
+// `workload` with Finished=True (reason Succeeded or Failed), nullopt when it already is.
+std::optional<nlohmann::json> FinishWorkload(const nlohmann::json& workload, bool succeeded, const std::string& message,
+                                             const std::string& now);
+
+}  // namespace meshwork::op

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# TrainingJobs queued by the real Kueue (sigs.k8s.io/kueue v0.17.0, built by scripts/kube-build.sh
+# with its CRDs) on meshwork-cluster, with the operator as Kueue's integration for TrainingJob
+# (Kueue's externalFrameworks; docs/trainingjob.md, "Kueue"):
+#   - a ClusterQueue with 2 CPUs of quota, three jobs of 2 x 1 CPU labelled with its LocalQueue:
+#     each gets a Workload (count 2, the Pod's requests), at most one runs at a time, the others
+#     wait Suspended (reason Queued, the quota Kueue reports), all three Succeed, every Workload
+#     ends Finished;
+#   - a job without the label is not Kueue's: no Workload, it runs at once;
+#   - eviction: a running job's Workload deactivated (spec.active false) stops the gang, the job
+#     goes Suspended saying why, the Workload's quota is given back; reactivated, it runs again
+#     and succeeds.
+# Kueue with its internal certificate management off reads a metrics certificate from the fixed
+# path /etc/kueue/metrics/certs: the test writes a self-signed one there when none exists (as
+# root, which CI is) and removes what it made.
+# usage: kueue_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
+set -uo pipefail
+
+cp_bin="$1"
+op_bin="$2"
+src="$4"
+source "$src/tests/common/e2e_lib.sh"
+e2e_require_kube_bin
+if [ ! -x "$MESHWORK_KUBE_BIN/kueue" ] || [ ! -d "$MESHWORK_KUBE_BIN/kueue-crds" ]; then
+  echo "SKIP: no kueue (and kueue-crds/) in MESHWORK_KUBE_BIN='$MESHWORK_KUBE_BIN' (scripts/kube-build.sh builds them)"
+  exit 0
+fi
+command -v openssl >/dev/null || { echo "SKIP: openssl is not installed (the Kueue metrics certificate needs it)"; exit 0; }
+e2e_init
+k() { timeout 60 kubectl --request-timeout=30s -n kq "$@"; }
+jp() { k get tj "$1" -o jsonpath="$2" 2>/dev/null; }
+made_certs=""
+finish() {
+  if [ "$failed" -gt 0 ]; then
+    echo "---- kubectl get tj,workloads,pods"; k get tj,workloads.kueue.x-k8s.io,pods -o wide 2>&1
+    echo "---- operator log"; tail -n 30 "$work/op.log"
+    echo "---- kueue errors"; grep '"level":"error"' "$work/kueue.log" | tail -n 10 | cut -c1-400
+  fi
+  [ -n "$made_certs" ] && rm -rf "$made_certs"
+  e2e_summary kueue_e2e
+  exit $?
+}
+
+# Kueue's metrics certificate (fixed path) and its webhook server's (the API server calls no
+# webhook here: Kueue's webhook configurations are not installed).
+if [ ! -f /etc/kueue/metrics/certs/tls.crt ]; then
+  [ -d /etc/kueue ] || made_certs=/etc/kueue
+  [ -z "$made_certs" ] && [ ! -d /etc/kueue/metrics ] && made_certs=/etc/kueue/metrics
+  [ -z "$made_certs" ] && made_certs=/etc/kueue/metrics/certs
+  mkdir -p /etc/kueue/metrics/certs || { echo "SKIP: cannot write /etc/kueue/metrics/certs (not root?)"; exit 0; }
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kueue-metrics \
+    -keyout /etc/kueue/metrics/certs/tls.key -out /etc/kueue/metrics/certs/tls.crt 2>/dev/null
+fi
+mkdir -p "$work/certs"
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kueue-webhook \
+  -keyout "$work/certs/tls.key" -out "$work/certs/tls.crt" 2>/dev/null
+
+cat >"$work/nodes.yaml" <<'EOF'
+nodes:
+- {name: node-a, cpu: "4", memory: 16Gi}
+EOF
+e2e_start_controlplane "$cp_bin" --nodes "$work/nodes.yaml" || exit 1
+e2e_apply_crd "$src" || { fail "the Meshwork CRDs did not apply"; finish; }
+out="$(kubectl apply --server-side -f "$MESHWORK_KUBE_BIN/kueue-crds/" 2>&1)" || { fail "Kueue's CRDs: $out"; finish; }
+kubectl wait --for=condition=Established crd/workloads.kueue.x-k8s.io crd/clusterqueues.kueue.x-k8s.io \
+  crd/localqueues.kueue.x-k8s.io crd/resourceflavors.kueue.x-k8s.io --timeout=30s >/dev/null
+kubectl create namespace kueue-system >/dev/null
+kubectl create namespace kq >/dev/null
+cat >"$work/kueue.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+manageJobsWithoutQueueName: false
+internalCertManagement: {enable: false}
+leaderElection: {leaderElect: false}
+health: {healthProbeBindAddress: "127.0.0.1:0"}
+metrics: {bindAddress: "0"}
+webhook: {port: 0, host: 127.0.0.1, certDir: $work/certs}
+featureGates: {VisibilityOnDemand: false}
+integrations:
+  frameworks: ["batch/job"]
+  externalFrameworks: ["TrainingJob.v1alpha1.meshwork.dev"]
+EOF
+"$MESHWORK_KUBE_BIN/kueue" --config "$work/kueue.yaml" --kubeconfig "$KUBECONFIG" >"$work/kueue.log" 2>&1 &
+e2e_track $!
+e2e_wait_for 60 "Kueue's controllers" grep -q '"msg":"Starting workers"' "$work/kueue.log" ||
+  { fail "Kueue did not start: $(grep '"level":"error"' "$work/kueue.log" | tail -3)"; finish; }
+port="$(e2e_free_port)"
+"$op_bin" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$port" --leader-elect false \
+  --report-interval-s 2 --pod-delete-grace-s 2 >>"$work/op.log" 2>&1 &
+e2e_track $!
+
+out="$(kubectl apply -f - 2>&1 <<'EOF'
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: default-flavor}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: cq}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {name: cpu, nominalQuota: 2}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: lq, namespace: kq}
+spec: {clusterQueue: cq}
+EOF
+)" || { fail "queues: $out"; finish; }
+
+# job NAME SECONDS QUEUE: 2 Pods x 1 CPU that sleep; QUEUE "" = no Kueue label.
+job() {
+  local labels="{}"
+  [ -n "$3" ] && labels="{kueue.x-k8s.io/queue-name: $3}"
+  cat <<EOF
+---
+apiVersion: meshwork.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1, namespace: kq, labels: $labels}
+spec:
+  image: busybox
+  device: cpu
+  replicas: 2
+  resources: {requests: {cpu: "1"}}
+  command: ["sh", "-c", "sleep $2"]
+  config: {inline: "model: {preset: tiny}"}
+EOF
+}
+{ job q1 6 lq; job q2 6 lq; job q3 6 lq; } | k apply -f - >/dev/null || { fail "apply of the queued jobs"; finish; }
+
+# Until all three finish: never more than one running (2 CPUs of quota), and the waiting ones
+# Suspended with reason Queued.
+most=0
+queued_seen=""
+end=$((SECONDS + 180))
+while ((SECONDS < end)); do
+  running="$(k get pods -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.labels.meshwork\.dev/job}{"\n"}{end}' 2>/dev/null | sort -u | grep -c .)"
+  ((running > most)) && most=$running
+  reasons="$(k get tj -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Suspended")].reason}{"\n"}{end}' 2>/dev/null)"
+  grep -q '^Queued$' <<<"$reasons" && queued_seen=1
+  done_count="$(k get tj q1 q2 q3 -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^Succeeded$')"
+  [ "$done_count" = 3 ] && break
+  sleep 1
+done
+[ "$done_count" = 3 ] && pass "three queued jobs all Succeeded" || fail "queued jobs: $(k get tj 2>&1)"
+[ "$most" = 1 ] && pass "Kueue's quota (2 CPUs) ran one 2 x 1-CPU job at a time" || fail "at most $most jobs ran at once"
+[ -n "$queued_seen" ] && pass "the jobs Kueue had not admitted waited Suspended (reason Queued)" || fail "no job was seen Queued"
+msg="$(grep -h 'reconcile kq/q[123]: Queued: .*insufficient unused quota' "$work/op.log" | head -1)"
+[ -n "$msg" ] && pass "the job says why it waits, from Kueue: ${msg#*Queued: }" || fail "no Queued message with Kueue's reason in the operator log"
+wl="$(k get workloads.kueue.x-k8s.io trainingjob-q1 -o jsonpath='{.spec.queueName} {.spec.podSets[0].count} {.spec.podSets[0].template.spec.containers[0].resources.requests.cpu} {.metadata.ownerReferences[0].kind} {.status.conditions[?(@.type=="Finished")].status} {.status.conditions[?(@.type=="Finished")].reason}' 2>&1)"
+[ "$wl" = "lq 2 1 TrainingJob True Succeeded" ] && pass "Workload trainingjob-q1: LocalQueue lq, 2 Pods of 1 CPU, owned by the job, Finished (Succeeded)" ||
+  fail "Workload trainingjob-q1: '$wl'"
+
+# Not Kueue's: no label, no Workload, runs at once.
+job free 2 "" | k apply -f - >/dev/null
+e2e_wait_for 60 "free succeeds" bash -c "[ \"\$(kubectl -n kq get tj free -o jsonpath='{.status.phase}')\" = Succeeded ]" &&
+  ! k get workloads.kueue.x-k8s.io trainingjob-free >/dev/null 2>&1 &&
+  pass "a job without the queue-name label is not Kueue's: no Workload, it ran" || fail "free: $(jp free '{.status}')"
+
+# Eviction: deactivate a running job's Workload, then reactivate it.
+job ev 15 lq | k apply -f - >/dev/null
+if e2e_wait_for 60 "ev runs" bash -c "[ \"\$(kubectl -n kq get tj ev -o jsonpath='{.status.phase}')\" = Running ]"; then
+  k patch workloads.kueue.x-k8s.io trainingjob-ev --type=merge -p '{"spec":{"active":false}}' >/dev/null
+  if e2e_wait_for 30 "ev suspended" bash -c "[ \"\$(kubectl -n kq get tj ev -o jsonpath='{.status.phase}')\" = Suspended ] && [ -z \"\$(kubectl -n kq get pods -l meshwork.dev/job=ev -o name)\" ]"; then
+    msg="$(jp ev '{.status.conditions[?(@.type=="Suspended")].message}')"
+    e2e_wait_for 30 "ev's quota given back" bash -c "[ -z \"\$(kubectl -n kq get workloads.kueue.x-k8s.io trainingjob-ev -o jsonpath='{.status.admission}')\" ]"
+    [[ "$msg" == "evicted by Kueue (Deactivated)"* ]] &&
+      [ -z "$(k get workloads.kueue.x-k8s.io trainingjob-ev -o jsonpath='{.status.admission}')" ] &&
+      pass "an evicted Workload stops the gang, the job says why ($msg), the quota is given back" ||
+      fail "eviction: message '$msg', admission '$(k get workloads.kueue.x-k8s.io trainingjob-ev -o jsonpath='{.status.admission}')'"
+  else fail "ev was not stopped: $(jp ev '{.status.phase}') $(k get pods -l meshwork.dev/job=ev -o name)"; fi
+  k patch workloads.kueue.x-k8s.io trainingjob-ev --type=merge -p '{"spec":{"active":true}}' >/dev/null
+  e2e_wait_for 90 "ev succeeds" bash -c "[ \"\$(kubectl -n kq get tj ev -o jsonpath='{.status.phase}')\" = Succeeded ]" &&
+    [ "$(jp ev '{.status.restarts}')" = 0 ] &&
+    pass "reactivated, Kueue admits it again and it succeeds, no restart counted" || fail "ev: $(jp ev '{.status}')"
+else fail "ev did not run: $(jp ev '{.status}')"; fi
+finish
