@@ -442,6 +442,17 @@ std::optional<ReconcileOutcome> Reconciler::WriteStatus(const std::string& key, 
 }
 
 ReconcileOutcome Reconciler::Reconcile(const std::string& key) {
+  ReconcileOutcome out = ReconcileJob(key);
+  // An API error that is not the stale cache's (a conflict, retried at once) is also a Warning
+  // Event on the job, so that `kubectl describe tj` shows why nothing happens (a PodGroup of that
+  // name the job does not own, a missing PodGroup or Kueue API, RBAC); repeats are aggregated.
+  if (!out.ok && out.error_reason != "conflict" && hooks_.record_event) {
+    if (auto job = jobs_->Get(key)) hooks_.record_event(*job, {"Warning", "ReconcileError", out.message});
+  }
+  return out;
+}
+
+ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   // 1. Observe: the job and its Pods as the caches show them, the spec parsed once.
   auto cached = jobs_->Get(key);
   if (!cached) {

@@ -85,6 +85,8 @@ class Reconciler {
   void Forget(const std::string& key);
 
  private:
+  // Reconcile's work; Reconcile adds the ReconcileError Event.
+  ReconcileOutcome ReconcileJob(const std::string& key);
   // What creating the plan's children found, for the status write and the Events.
   struct Created {
     bool all = false;                                   // every Pod of the plan was created

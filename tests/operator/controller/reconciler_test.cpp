@@ -256,9 +256,15 @@ TEST_F(ReconcilerTest, WithGangAdmissionPodGroupThePodsNameTheJobsPodGroup) {
   SetJob(Job(spec));
   reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
                                              ReconcilerHooks{});
+  std::vector<std::string> recorded;
+  ReconcilerHooks hooks;
+  hooks.record_event = [&](const json&, const EventToRecord& ev) { recorded.push_back(ev.reason + ": " + ev.message); };
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{}, hooks);
   out = reconciler_->Reconcile(kKey);
   EXPECT_FALSE(out.ok);
   EXPECT_THAT(out.message, HasSubstr("PodGroup ml/tiny exists and is not owned by this TrainingJob"));
+  // ... and the job says so (kubectl describe), not only the operator's log.
+  EXPECT_THAT(recorded, Contains(HasSubstr("ReconcileError: writing PodGroup ml/tiny: AlreadyExists")));
 }
 
 TEST_F(ReconcilerTest, ARuntimeEditThatBreaksTheSpecDoesNotKillARunningGang) {

@@ -62,8 +62,12 @@ EOF
 e2e_start_controlplane "$cp_bin" --nodes "$work/nodes.yaml" || exit 1
 e2e_apply_crd "$src" || { fail "the Meshwork CRDs did not apply"; finish; }
 out="$(kubectl apply --server-side -f "$MESHWORK_KUBE_BIN/kueue-crds/" 2>&1)" || { fail "Kueue's CRDs: $out"; finish; }
-kubectl wait --for=condition=Established crd/workloads.kueue.x-k8s.io crd/clusterqueues.kueue.x-k8s.io \
-  crd/localqueues.kueue.x-k8s.io crd/resourceflavors.kueue.x-k8s.io --timeout=30s >/dev/null
+# Kueue maps its kinds through discovery once, at start: wait until the API server serves them
+# (Established comes a moment before discovery shows a new CRD, longer under load).
+e2e_wait_for 60 "Kueue's API in discovery" bash -c \
+  "kubectl get --raw /apis/kueue.x-k8s.io/v1beta2 2>/dev/null | grep -q '\"name\":\"workloads\"' &&
+   kubectl get --raw /apis/kueue.x-k8s.io/v1beta2 | grep -q '\"name\":\"clusterqueues\"'" ||
+  { fail "Kueue's CRDs are not served: $(kubectl get crd 2>&1 | grep kueue)"; finish; }
 kubectl create namespace kueue-system >/dev/null
 kubectl create namespace kq >/dev/null
 cat >"$work/kueue.yaml" <<EOF
