@@ -1,5 +1,8 @@
 #include "operator/controller/kueue.h"
 
+#include "operator/controller/decide.h"
+#include "operator/controller/desired.h"
+
 namespace meshwork::op {
 namespace {
 
@@ -13,33 +16,13 @@ const json* FindCondition(const json& status, const std::string& type) {
   return nullptr;
 }
 
-bool IsTrue(const json& status, const std::string& type) {
-  const json* c = FindCondition(status, type);
-  return c != nullptr && c->value("status", "") == "True";
-}
-
-// Sets condition `type` on `status` (metav1.Condition: lastTransitionTime moves when status
-// does); true when something changed.
+// The job's SetCondition, plus metav1.Condition's observedGeneration (the Workload's).
 bool Set(json& status, const std::string& type, const std::string& value, const std::string& reason,
-         const std::string& message, const std::string& now, int64_t generation) {
-  if (!status.contains("conditions") || !status["conditions"].is_array()) status["conditions"] = json::array();
+         const std::string& message, SystemTime now, int64_t generation) {
+  if (!SetCondition(status, type, value, reason, message, now)) return false;
   for (auto& c : status["conditions"]) {
-    if (!c.is_object() || c.value("type", "") != type) continue;
-    const bool moved = c.value("status", "") != value;
-    if (!moved && c.value("reason", "") == reason && c.value("message", "") == message) return false;
-    c["status"] = value;
-    c["reason"] = reason;
-    c["message"] = message;
-    c["observedGeneration"] = generation;
-    if (moved) c["lastTransitionTime"] = now;
-    return true;
+    if (c.value("type", "") == type) c["observedGeneration"] = generation;
   }
-  status["conditions"].push_back({{"type", type},
-                                  {"status", value},
-                                  {"reason", reason},
-                                  {"message", message},
-                                  {"observedGeneration", generation},
-                                  {"lastTransitionTime", now}});
   return true;
 }
 
@@ -66,13 +49,7 @@ json DesiredWorkload(const json& job, const JobSpec& spec, const json& pod) {
                     {{"name", WorkloadName(job)},
                      {"namespace", meta.value("namespace", "default")},
                      {"labels", {{kKueueJobUidLabel, meta.value("uid", "")}}},
-                     {"ownerReferences",
-                      json::array({{{"apiVersion", kApiVersion},
-                                    {"kind", kKind},
-                                    {"name", meta.value("name", "")},
-                                    {"uid", meta.value("uid", "")},
-                                    {"controller", true},
-                                    {"blockOwnerDeletion", true}}})}}},
+                     {"ownerReferences", json::array({OwnerReference(job)})}}},
                    {"spec",
                     {{"queueName", KueueQueue(job)},
                      {"podSets", json::array({{{"name", "trainer"}, {"count", spec.replicas}, {"template", tmpl}}})}}}};
@@ -83,9 +60,9 @@ WorkloadState ReadWorkload(const json& workload) {
   WorkloadState s;
   const json status = workload.value("status", json::object());
   s.has_admission = status.is_object() && status.contains("admission") && !status["admission"].is_null();
-  s.admitted = s.has_admission && IsTrue(status, "Admitted");
-  s.evicted = IsTrue(status, "Evicted");
-  s.finished = IsTrue(status, "Finished");
+  s.admitted = s.has_admission && ConditionTrue(status, "Admitted");
+  s.evicted = ConditionTrue(status, "Evicted");
+  s.finished = ConditionTrue(status, "Finished");
   const std::string name = workload["metadata"].value("name", "");
   const std::string queue = workload.value("spec", json::object()).value("queueName", "");
   if (s.evicted) {
@@ -100,7 +77,7 @@ WorkloadState ReadWorkload(const json& workload) {
   return s;
 }
 
-std::optional<json> ClearAdmission(const json& workload, const std::string& now) {
+std::optional<json> ClearAdmission(const json& workload, SystemTime now) {
   json updated = workload;
   json& status = updated["status"];
   if (!status.is_object()) status = json::object();
@@ -117,7 +94,7 @@ std::optional<json> ClearAdmission(const json& workload, const std::string& now)
     status.erase("admission");
     changed = true;
   }
-  if (IsTrue(status, "Admitted")) {
+  if (ConditionTrue(status, "Admitted")) {
     changed = Set(status, "Admitted", "False", "NoReservation", "The workload has no reservation", now, generation) ||
               changed;
   }
@@ -126,8 +103,8 @@ std::optional<json> ClearAdmission(const json& workload, const std::string& now)
 }
 
 std::optional<json> FinishWorkload(const json& workload, bool succeeded, const std::string& message,
-                                   const std::string& now) {
-  if (IsTrue(workload.value("status", json::object()), "Finished")) return std::nullopt;
+                                   SystemTime now) {
+  if (ConditionTrue(workload.value("status", json::object()), "Finished")) return std::nullopt;
   json updated = workload;
   if (!updated.contains("status") || !updated["status"].is_object()) updated["status"] = json::object();
   Set(updated["status"], "Finished", "True", succeeded ? "Succeeded" : "Failed", message, now,

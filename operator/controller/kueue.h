@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/controller/decide.h"
 #include "operator/controller/spec.h"
 #include "operator/k8s/resource.h"
 
@@ -49,10 +50,10 @@ WorkloadState ReadWorkload(const nlohmann::json& workload);
 // `workload` with its admission cleared after an eviction, as Kueue's job framework does once
 // the job has stopped: QuotaReserved=False (Pending), Admitted=False, Requeued=True when Kueue
 // preempted it (or a node failed), status.admission removed. nullopt when nothing changes.
-std::optional<nlohmann::json> ClearAdmission(const nlohmann::json& workload, const std::string& now);
+std::optional<nlohmann::json> ClearAdmission(const nlohmann::json& workload, SystemTime now);
 
 // `workload` with Finished=True (reason Succeeded or Failed), nullopt when it already is.
 std::optional<nlohmann::json> FinishWorkload(const nlohmann::json& workload, bool succeeded, const std::string& message,
-                                             const std::string& now);
+                                             SystemTime now);
 
 }  // namespace meshwork::op

@@ -609,7 +609,7 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
 
   // Kueue: an evicted gang, once gone, hands its quota back; a finished job's Workload is Finished.
   if (workload) {
-    const std::string now = FormatTime(in.now);
+    const SystemTime now = in.now;
     std::optional<json> update;
     if (plan.phase == "Succeeded" || plan.phase == "Failed") {
       update = FinishWorkload(*workload, plan.phase == "Succeeded", "TrainingJob " + key + " " + plan.phase, now);
