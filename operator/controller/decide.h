@@ -118,7 +118,7 @@ struct Plan {
   bool status_first = false;             // write status before deleting (a gang restart)
   bool ensure_service = false;
   bool ensure_config_map = false;
-  bool ensure_pod_group = false;  // gangAdmission PodGroup: create it, or set its minCount
+  bool ensure_pod_group = false;  // gangAdmission PodGroup, Volcano, Coscheduling: create it, or set its size
   std::vector<nlohmann::json> create;    // Pods to create
   std::vector<PodView> remove;           // Pods to delete (by name, with their uid as precondition)
   std::vector<EventToRecord> events;

@@ -1,5 +1,6 @@
 #include "operator/controller/desired.h"
 
+#include "common/base64.h"
 #include "operator/controller/gang.h"
 
 namespace meshwork::op {
@@ -78,6 +79,8 @@ std::string PodName(const std::string& job, int index) { return job + "-" + std:
 
 std::string ConfigMapName(const std::string& job) { return job + "-config"; }
 
+std::string RendezvousSecretName(const std::string& job) { return job + "-rendezvous"; }
+
 std::string MasterAddr(const std::string& job, const std::string& ns) {
   return PodName(job, 0) + "." + job + "." + ns + ".svc";
 }
@@ -114,11 +117,37 @@ json DesiredConfigMap(const json& job, const JobSpec& spec) {
           {"data", {{kDefaultConfigKey, spec.config_inline}}}};
 }
 
+json DesiredRendezvousSecret(const json& job, const std::string& token) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", ChildMetadata(job, RendezvousSecretName(job["metadata"].value("name", "")))},
+          {"type", "Opaque"},
+          {"data", {{kRendezvousTokenKey, Base64Encode(token)}}}};
+}
+
 json DesiredPodGroup(const json& job, const JobSpec& spec) {
-  return {{"apiVersion", kPodGroupApiVersion},
-          {"kind", "PodGroup"},
-          {"metadata", ChildMetadata(job, job["metadata"].value("name", ""))},
-          {"spec", {{"schedulingPolicy", {{"gang", {{"minCount", spec.replicas}}}}}}}};
+  json group = {{"kind", "PodGroup"}, {"metadata", ChildMetadata(job, job["metadata"].value("name", ""))}};
+  switch (spec.gang_admission) {
+    case GangAdmission::kPodGroup:
+      group["apiVersion"] = kPodGroupApiVersion;
+      group["spec"] = {{"schedulingPolicy", {{"gang", {{"minCount", spec.replicas}}}}}};
+      return group;
+    case GangAdmission::kVolcano:
+      group["apiVersion"] = kVolcanoPodGroupApiVersion;
+      group["spec"] = {{"minMember", spec.replicas}};
+      if (!spec.scheduling_queue.empty()) group["spec"]["queue"] = spec.scheduling_queue;
+      if (!spec.scheduling_priority_class.empty()) group["spec"]["priorityClassName"] = spec.scheduling_priority_class;
+      return group;
+    case GangAdmission::kCoscheduling:
+      group["apiVersion"] = kCoschedulingPodGroupApiVersion;
+      group["spec"] = {{"minMember", spec.replicas}};
+      if (spec.schedule_timeout_seconds) group["spec"]["scheduleTimeoutSeconds"] = *spec.schedule_timeout_seconds;
+      return group;
+    case GangAdmission::kOperator:
+    case GangAdmission::kNone:
+      break;
+  }
+  return nullptr;
 }
 
 json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generation) {
@@ -155,6 +184,9 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   const std::string cm_name = spec.config_map_name.empty() ? ConfigMapName(name) : spec.config_map_name;
   const std::string cm_key = spec.config_map_name.empty() ? std::string(kDefaultConfigKey) : spec.config_map_key;
   env.push_back(EnvValue(kConfigFileEnv, kConfigFile));
+  // Rank 0's store binds POD_IP and admits only ranks with this job's token.
+  env.push_back({{"name", kRendezvousTokenEnv},
+                 {"valueFrom", {{"secretKeyRef", {{"name", RendezvousSecretName(name)}, {"key", kRendezvousTokenKey}}}}}});
 
   json container = {{"name", kTrainerContainer}, {"image", spec.image}, {"env", env}};
   if (!spec.image_pull_policy.empty()) container["imagePullPolicy"] = spec.image_pull_policy;
@@ -223,6 +255,13 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   if (!trainer.contains("terminationMessagePolicy")) trainer["terminationMessagePolicy"] = "FallbackToLogsOnError";
   if (spec.gang_admission == GangAdmission::kPodGroup) {
     pod["spec"]["schedulingGroup"] = {{"podGroupName", name}};
+  } else if (spec.gang_admission == GangAdmission::kVolcano) {
+    pod["metadata"]["annotations"][kVolcanoGroupAnnotation] = name;
+    // Volcano places only the Pods it schedules; a template that names a scheduler keeps it.
+    if (!pod["spec"].contains("schedulerName")) pod["spec"]["schedulerName"] = "volcano";
+  } else if (spec.gang_admission == GangAdmission::kCoscheduling) {
+    // The plugin runs in kube-scheduler or a second scheduler: the template names which.
+    pod["metadata"]["labels"][kCoschedulingGroupLabel] = name;
   } else if (spec.gang_admission == GangAdmission::kOperator) {
     // Held until the whole gang fits (gang.h); after the template, whose gates stay too.
     json& gates = pod["spec"]["schedulingGates"];

@@ -15,6 +15,11 @@ namespace meshwork::op {
 std::string PodName(const std::string& job, int index);
 // The ConfigMap the operator writes for spec.config.inline.
 std::string ConfigMapName(const std::string& job);
+// The Secret holding the job's rendezvous token: "<job>-rendezvous", key "token". Every Pod
+// reads it into MESHWORK_RENDEZVOUS_TOKEN; rank 0's store admits only ranks that present it.
+std::string RendezvousSecretName(const std::string& job);
+inline constexpr const char* kRendezvousTokenKey = "token";
+inline constexpr const char* kRendezvousTokenEnv = "MESHWORK_RENDEZVOUS_TOKEN";
 // Rank 0's stable DNS name, MASTER_ADDR for every rank.
 std::string MasterAddr(const std::string& job, const std::string& ns);
 
@@ -28,9 +33,22 @@ nlohmann::json DesiredService(const nlohmann::json& job, const JobSpec& spec);
 // Holds spec.config.inline under key config.yaml.
 nlohmann::json DesiredConfigMap(const nlohmann::json& job, const JobSpec& spec);
 
-// With gangAdmission PodGroup: the PodGroup `<name>` (scheduling.k8s.io/v1beta1) that every Pod
-// of the job names in spec.schedulingGroup; gang policy, minCount = replicas. Owned by the job.
+// The rendezvous Secret with `token` (the caller draws it), owned by the job.
+nlohmann::json DesiredRendezvousSecret(const nlohmann::json& job, const std::string& token);
+
+// The PodGroup `<name>` that the gang's Pods name, owned by the job, in the API that
+// spec.runPolicy.schedulingPolicy.gangAdmission picks:
+//   PodGroup:     scheduling.k8s.io/v1beta1, spec.schedulingPolicy.gang.minCount = replicas;
+//   Volcano:      scheduling.volcano.sh/v1beta1, spec.minMember = replicas, spec.queue and
+//                 spec.priorityClassName from schedulingPolicy;
+//   Coscheduling: scheduling.x-k8s.io/v1alpha1, spec.minMember = replicas,
+//                 spec.scheduleTimeoutSeconds from schedulingPolicy.
+// null for the other admissions.
 inline constexpr const char* kPodGroupApiVersion = "scheduling.k8s.io/v1beta1";
+inline constexpr const char* kVolcanoPodGroupApiVersion = "scheduling.volcano.sh/v1beta1";
+inline constexpr const char* kCoschedulingPodGroupApiVersion = "scheduling.x-k8s.io/v1alpha1";
+inline constexpr const char* kVolcanoGroupAnnotation = "scheduling.k8s.io/group-name";
+inline constexpr const char* kCoschedulingGroupLabel = "scheduling.x-k8s.io/pod-group";
 nlohmann::json DesiredPodGroup(const nlohmann::json& job, const JobSpec& spec);
 
 // Replica `index` of restart generation `generation`: the launcher with --nproc

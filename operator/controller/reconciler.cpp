@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "operator/controller/desired.h"
@@ -16,7 +17,29 @@ namespace {
 using nlohmann::json;
 
 k8s::ResourceRef Jobs() { return k8s::resources::Custom(kGroup, kVersion, kPlural); }
-k8s::ResourceRef PodGroups() { return k8s::resources::Custom("scheduling.k8s.io", "v1beta1", "podgroups"); }
+// What to say when a gang admission's PodGroup API is not served.
+std::string PodGroupApiMissing(GangAdmission admission) {
+  switch (admission) {
+    case GangAdmission::kVolcano:
+      return " (spec.runPolicy.schedulingPolicy.gangAdmission Volcano needs Volcano installed: its PodGroup API, "
+             "scheduling.volcano.sh/v1beta1)";
+    case GangAdmission::kCoscheduling:
+      return " (spec.runPolicy.schedulingPolicy.gangAdmission Coscheduling needs the scheduler-plugins PodGroup CRD, "
+             "scheduling.x-k8s.io/v1alpha1, and a scheduler running the Coscheduling plugin)";
+    default:
+      return " (spec.runPolicy.schedulingPolicy.gangAdmission PodGroup needs the PodGroup API, scheduling.k8s.io/v1beta1: "
+             "Kubernetes 1.37 with the GenericWorkload feature gate)";
+  }
+}
+
+// The PodGroup API of a gang admission (desired.h, DesiredPodGroup).
+k8s::ResourceRef PodGroups(GangAdmission admission) {
+  switch (admission) {
+    case GangAdmission::kVolcano: return k8s::resources::Custom("scheduling.volcano.sh", "v1beta1", "podgroups");
+    case GangAdmission::kCoscheduling: return k8s::resources::Custom("scheduling.x-k8s.io", "v1alpha1", "podgroups");
+    default: return k8s::resources::Custom("scheduling.k8s.io", "v1beta1", "podgroups");
+  }
+}
 
 std::string ReasonOf(const k8s::Error& e) { return k8s::IsConflict(e) ? "conflict" : "api"; }
 
@@ -237,24 +260,72 @@ k8s::Error Reconciler::EnsureConfigMap(const json& job, const JobSpec& spec) {
 
 k8s::Error Reconciler::EnsurePodGroup(const json& job, const JobSpec& spec) {
   const json want = DesiredPodGroup(job, spec);
-  auto created = api_->Create(PodGroups(), "", want);
+  const k8s::ResourceRef ref = PodGroups(spec.gang_admission);
+  auto created = api_->Create(ref, "", want);
   if (created.ok()) return k8s::Error::Ok();
   if (!k8s::IsAlreadyExists(created.error())) return created.error();
-  // A resize changes the gang's size: minCount is the one field of a gang policy that may change.
   const std::string ns = want["metadata"]["namespace"];
-  auto have = api_->Get(PodGroups(), ns, want["metadata"]["name"]);
+  auto have = api_->Get(ref, ns, want["metadata"]["name"]);
   if (!have.ok()) return have.error();
   if (!OwnedBy(*have, job["metadata"].value("uid", ""))) {
     return k8s::Error(k8s::ErrorKind::kAlreadyExists,
-                      "PodGroup " + ns + "/" + want["metadata"].value("name", "") +
-                          " exists and is not owned by this TrainingJob");
+                      "PodGroup " + ns + "/" + want["metadata"].value("name", "") + " (" + ref.ApiVersion() +
+                          ") exists and is not owned by this TrainingJob");
   }
-  const json min_count = want["spec"]["schedulingPolicy"]["gang"]["minCount"];
+  // A resize changes the gang's size (minCount, minMember), an edit the queue or timeout: the
+  // fields the operator sets follow the spec; any others (a scheduler's) stay.
   json updated = *have;
-  if (updated["spec"]["schedulingPolicy"]["gang"]["minCount"] == min_count) return k8s::Error::Ok();
-  updated["spec"]["schedulingPolicy"]["gang"]["minCount"] = min_count;
-  auto put = api_->Update(PodGroups(), ns, updated);
+  bool changed = false;
+  for (const auto& [key, value] : want["spec"].items()) {
+    if (updated["spec"].value(key, json()) != value) {
+      updated["spec"][key] = value;
+      changed = true;
+    }
+  }
+  if (!changed) return k8s::Error::Ok();
+  auto put = api_->Update(ref, ns, updated);
   return put.ok() ? k8s::Error::Ok() : put.error();
+}
+
+namespace {
+
+// 32 bytes from the kernel's generator as hex: the job's rendezvous token.
+Result<std::string> RandomToken() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[32];
+  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) return IOError("reading /dev/urandom failed");
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
+  return token;
+}
+
+}  // namespace
+
+k8s::Error Reconciler::EnsureRendezvousSecret(const json& job) {
+  auto token = RandomToken();
+  if (!token.ok()) return k8s::Error(k8s::ErrorKind::kInvalidConfig, token.status().message());
+  const json want = DesiredRendezvousSecret(job, *token);
+  auto created = api_->Create(k8s::resources::Secrets(), "", want);
+  if (created.ok()) return k8s::Error::Ok();
+  if (!k8s::IsAlreadyExists(created.error())) return created.error();
+  // Made for an earlier gang of this job (the token stays for the job's life), or not ours.
+  const std::string ns = want["metadata"]["namespace"];
+  const std::string name = want["metadata"]["name"];
+  auto have = api_->Get(k8s::resources::Secrets(), ns, name);
+  if (!have.ok()) return have.error();
+  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) {
+    return k8s::Error(k8s::ErrorKind::kAlreadyExists,
+                      "Secret " + ns + "/" + name + " exists and is not owned by this TrainingJob");
+  }
+  if (!have->value("data", json::object()).contains(kRendezvousTokenKey)) {
+    return k8s::Error(k8s::ErrorKind::kInvalid, "Secret " + ns + "/" + name + " has no key '" + kRendezvousTokenKey +
+                                                    "'; delete it and the operator makes a new one");
+  }
+  return k8s::Error::Ok();
 }
 
 std::optional<ReconcileOutcome> Reconciler::DeleteJob(const std::string& key, const json& job) {
@@ -284,12 +355,14 @@ std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& ke
     }
     if (plan.ensure_pod_group) {
       if (auto e = EnsurePodGroup(job, *spec); !e.ok()) {
-        return Failed(e, "writing PodGroup " + key +
-                             (k8s::IsNotFound(e) ? " (spec.runPolicy.schedulingPolicy.gangAdmission PodGroup needs the "
-                                                   "PodGroup API, scheduling.k8s.io/v1beta1: Kubernetes 1.37 with the "
-                                                   "GenericWorkload feature gate)"
-                                                 : ""));
+        return Failed(e, "writing PodGroup " + key + (k8s::IsNotFound(e) ? PodGroupApiMissing(spec->gang_admission) : ""));
       }
+    }
+  }
+  if (!plan.create.empty()) {
+    // Before the Pods that read it: a Pod whose Secret is missing cannot start.
+    if (auto e = EnsureRendezvousSecret(job); !e.ok()) {
+      return Failed(e, "writing Secret " + ns + "/" + RendezvousSecretName(name));
     }
   }
   const std::string uid = job["metadata"].value("uid", "");
@@ -462,6 +535,11 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   const json& job = *cached;
   const json& meta = job["metadata"];
   if (meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null()) return {};
+  // Another controller runs this job (spec.managedBy, immutable): nothing here touches it.
+  if (!OtherManager(job).empty()) {
+    Forget(key);
+    return {};
+  }
   const json status = job.value("status", json::object());
   ReconcileOutcome look_again;
   look_again.phase = status.value("phase", "Created");

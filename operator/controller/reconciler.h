@@ -123,6 +123,9 @@ class Reconciler {
   // Creates the job's PodGroup, or sets its minCount to the gang's size; one of the same name
   // that the job does not own is an error, not taken over.
   k8s::Error EnsurePodGroup(const nlohmann::json& job, const JobSpec& spec);
+  // Creates the rendezvous Secret with a fresh random token, once; a Secret of that name that
+  // the job does not own, or that has no token, is an error naming it (never taken over).
+  k8s::Error EnsureRendezvousSecret(const nlohmann::json& job);
   void Log(const std::string& line) const;
   bool CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv);
   void WroteStatus(const std::string& key, const std::string& based_on_rv);

@@ -440,8 +440,31 @@ Result<JobSpec> ParseSpec(const json& job) {
                                              "spec.runPolicy.schedulingPolicy.gangAdmission",
                                              {{"Operator", GangAdmission::kOperator},
                                               {"PodGroup", GangAdmission::kPodGroup},
+                                              {"Volcano", GangAdmission::kVolcano},
+                                              {"Coscheduling", GangAdmission::kCoscheduling},
                                               {"None", GangAdmission::kNone}},
                                              &s.gang_admission));
+  {
+    const json& sp = scheduling ? *scheduling : empty;
+    const std::string base = "spec.runPolicy.schedulingPolicy.";
+    MW_RETURN_IF_ERROR(ReadString(sp, "queue", base + "queue", &s.scheduling_queue));
+    MW_RETURN_IF_ERROR(ReadString(sp, "priorityClass", base + "priorityClass", &s.scheduling_priority_class));
+    MW_RETURN_IF_ERROR(ReadOptionalInt(sp, "scheduleTimeoutSeconds", base + "scheduleTimeoutSeconds", 1,
+                                       std::numeric_limits<int32_t>::max(), &s.schedule_timeout_seconds));
+    // Each belongs to one scheduler's PodGroup: set for another, it would be silently ignored.
+    if (!s.scheduling_queue.empty() && s.gang_admission != GangAdmission::kVolcano) {
+      return Bad(base + "queue", Quote(s.scheduling_queue) + " is Volcano's queue: set it with gangAdmission Volcano");
+    }
+    if (!s.scheduling_priority_class.empty() && s.gang_admission != GangAdmission::kVolcano) {
+      return Bad(base + "priorityClass", Quote(s.scheduling_priority_class) +
+                                             " goes on Volcano's PodGroup: set it with gangAdmission Volcano (for "
+                                             "other schedulers, set spec.template.spec.priorityClassName)");
+    }
+    if (s.schedule_timeout_seconds && s.gang_admission != GangAdmission::kCoscheduling) {
+      return Bad(base + "scheduleTimeoutSeconds", std::to_string(*s.schedule_timeout_seconds) +
+                                                      " is the coscheduling plugin's: set it with gangAdmission Coscheduling");
+    }
+  }
   MW_RETURN_IF_ERROR(ReadEnum<SuccessPolicy>(rp, "successPolicy", "spec.runPolicy.successPolicy",
                                              {{"AllRanks", SuccessPolicy::kAllRanks}, {"Rank0", SuccessPolicy::kRank0}},
                                              &s.success_policy));
@@ -547,6 +570,13 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
     return Bad("spec.mesh.auto", "no mesh of " + std::to_string(world) + " ranks can be built: " + why);
   }
   return Status::Ok();
+}
+
+std::string OtherManager(const json& job) {
+  const json* spec = job.contains("spec") && job["spec"].is_object() ? &job["spec"] : nullptr;
+  if (spec == nullptr || !spec->contains("managedBy") || !(*spec)["managedBy"].is_string()) return "";
+  const std::string manager = (*spec)["managedBy"].get<std::string>();
+  return manager == kManagedByOperator ? "" : manager;
 }
 
 }  // namespace meshwork::op

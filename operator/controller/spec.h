@@ -47,9 +47,23 @@ enum class CleanPodPolicy { kNone, kRunning, kAll };
 // scheduling gate until all of them fit (gang.h); PodGroup = Kubernetes' own gang scheduling:
 // a PodGroup (scheduling.k8s.io/v1beta1, minCount = replicas) that every Pod names in
 // spec.schedulingGroup, placed all or nothing by kube-scheduler's GangScheduling plugin
-// (GenericWorkload feature gate; PodGroup is scheduling.k8s.io/v1beta1 from 1.37); None = straight to the scheduler (for a cluster where
-// Kueue, Volcano or the coscheduling plugin places gangs).
-enum class GangAdmission { kOperator, kPodGroup, kNone };
+// (GenericWorkload feature gate; PodGroup is scheduling.k8s.io/v1beta1 from 1.37); Volcano = a
+// Volcano PodGroup (scheduling.volcano.sh/v1beta1, minMember = replicas) named by every Pod's
+// annotation scheduling.k8s.io/group-name, schedulerName volcano; Coscheduling = the
+// scheduler-plugins PodGroup (scheduling.x-k8s.io/v1alpha1, minMember = replicas) named by every
+// Pod's label scheduling.x-k8s.io/pod-group; None = straight to the scheduler (for a cluster
+// where Kueue places gangs).
+// spec.managedBy: unset or this value means the Meshwork operator runs the job; any other
+// controller's name (kueue.x-k8s.io/multikueue, for one) means the operator leaves it alone.
+inline constexpr const char* kManagedByOperator = "meshwork.dev/trainingjob-controller";
+// The job's spec.managedBy when it names another controller, else "".
+std::string OtherManager(const nlohmann::json& job);
+
+enum class GangAdmission { kOperator, kPodGroup, kVolcano, kCoscheduling, kNone };
+// Whether the operator makes a PodGroup of some API for this admission.
+inline bool UsesPodGroup(GangAdmission g) {
+  return g == GangAdmission::kPodGroup || g == GangAdmission::kVolcano || g == GangAdmission::kCoscheduling;
+}
 // spec.runPolicy.successPolicy: AllRanks = every rank exits 0; Rank0 = the Pod of replica 0 (which
 // holds rank 0) exits 0, and the others are then stopped as cleanPodPolicy says.
 enum class SuccessPolicy { kAllRanks, kRank0 };
@@ -112,6 +126,9 @@ struct JobSpec {
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
   GangAdmission gang_admission = GangAdmission::kOperator;
+  std::string scheduling_queue;           // schedulingPolicy.queue (Volcano's queue)
+  std::string scheduling_priority_class;  // schedulingPolicy.priorityClass (Volcano's PodGroup)
+  std::optional<int64_t> schedule_timeout_seconds;  // schedulingPolicy.scheduleTimeoutSeconds (Coscheduling)
   SuccessPolicy success_policy = SuccessPolicy::kAllRanks;
   std::vector<FailureRule> failure_rules;
 

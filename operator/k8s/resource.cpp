@@ -8,6 +8,7 @@ ResourceRef Pods() { return {"", "v1", "pods", true}; }
 ResourceRef Nodes() { return {"", "v1", "nodes", false}; }
 ResourceRef Services() { return {"", "v1", "services", true}; }
 ResourceRef ConfigMaps() { return {"", "v1", "configmaps", true}; }
+ResourceRef Secrets() { return {"", "v1", "secrets", true}; }
 ResourceRef Events() { return {"", "v1", "events", true}; }
 ResourceRef Namespaces() { return {"", "v1", "namespaces", false}; }
 ResourceRef Leases() { return {"coordination.k8s.io", "v1", "leases", true}; }

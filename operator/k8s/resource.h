@@ -27,6 +27,7 @@ namespace resources {
 ResourceRef Pods();
 ResourceRef Services();
 ResourceRef ConfigMaps();
+ResourceRef Secrets();
 ResourceRef Events();          // core/v1 events
 ResourceRef Namespaces();      // cluster-scoped
 ResourceRef Nodes();           // cluster-scoped

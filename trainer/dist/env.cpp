@@ -78,6 +78,13 @@ Result<DistEnv> ReadDistEnv(const std::function<const char*(const char*)>& geten
   if (port) MW_RETURN_IF_ERROR(ParseInt(*port, 1, 65535, &env.master_port));
   if (generation) MW_RETURN_IF_ERROR(ParseInt(*generation, 0, INT_MAX, &env.restart_generation));
   if (addr) env.master_addr = addr->value;
+  auto text = [&getenv](const char* name) {
+    const char* v = getenv(name);
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  env.store_bind_addr = text("MESHWORK_RENDEZVOUS_BIND_ADDR");
+  if (env.store_bind_addr.empty()) env.store_bind_addr = text("POD_IP");
+  env.rendezvous_token = text("MESHWORK_RENDEZVOUS_TOKEN");
 
   if (env.rank >= env.world_size) {
     return InvalidConfig(Describe(rank, "rank", env.rank) + " must be less than " +

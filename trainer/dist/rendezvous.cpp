@@ -1,10 +1,12 @@
-// Rendezvous over a c10d::TCPStore: resolve and connect with retries, then a store barrier.
+// Rendezvous over Meshwork's store (rendezvous_store.h): bind or connect with retries, then a
+// store barrier.
 #include "trainer/dist/rendezvous.h"
+
+#include "trainer/dist/rendezvous_store.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <condition_variable>
@@ -74,32 +76,43 @@ Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, millise
                                                      Clock::time_point start) {
   const Clock::time_point deadline = start + timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  // Rank 0 binds the Pod's own address (POD_IP), or the one named, else what master_addr is.
+  const std::string bind_host = !env.store_bind_addr.empty() ? env.store_bind_addr : env.master_addr;
+  std::shared_ptr<StoreServer> server;  // rank 0's, once bound
   milliseconds delay(100);
   std::string last_error;
   int attempts = 0;
   while (true) {
     ++attempts;
-    last_error = ResolveWithin(env.master_addr, env.master_port, Remaining(deadline));
-    if (last_error.empty()) {
-      try {
-        c10d::TCPStoreOptions opts;
-        opts.port = static_cast<std::uint16_t>(env.master_port);
-        opts.isServer = env.rank == 0;
-        opts.numWorkers = static_cast<std::size_t>(env.world_size);
-        // The barrier below waits for the workers, with an error that says how many came.
-        opts.waitWorkers = false;
-        // Bounds the client's own connect retries (ECONNREFUSED) to the time left.
-        opts.timeout = std::max(Remaining(deadline), milliseconds(1));
-        auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-        store->setTimeout(timeout);
-        return c10::intrusive_ptr<c10d::Store>(std::move(store));
-      } catch (const std::exception& e) {
-        last_error = e.what();
-        // c10 errors carry a multi-line backtrace; the first line says what went wrong.
-        last_error = last_error.substr(0, last_error.find('\n'));
+    if (env.rank == 0 && server == nullptr) {
+      // A name to bind resolves like the master's (bounded); a port still held by the previous
+      // gang's rank 0 is retried.
+      last_error = ResolveWithin(bind_host, env.master_port, Remaining(deadline));
+      if (last_error.empty()) {
+        auto started = StoreServer::Start(bind_host, env.master_port, env.rendezvous_token);
+        if (started.ok()) {
+          server = std::shared_ptr<StoreServer>(std::move(*started));
+        } else {
+          last_error = started.status().message();
+        }
+      } else {
+        last_error = "cannot resolve the address to bind, " + bind_host + ": " + last_error;
       }
-    } else {
-      last_error = "cannot resolve host: " + last_error;
+    }
+    // Rank 0 reaches its own server by the address it bound: no name lookup.
+    const std::string host = server != nullptr ? server->bound_host() : env.master_addr;
+    if (env.rank != 0) {
+      last_error = ResolveWithin(host, env.master_port, Remaining(deadline));
+      if (!last_error.empty()) last_error = "cannot resolve host: " + last_error;
+    }
+    if (last_error.empty()) {
+      auto client = StoreClient::Connect(host, env.master_port, env.rendezvous_token,
+                                         std::max(Remaining(deadline), milliseconds(1)), server);
+      if (client.ok()) {
+        (*client)->setTimeout(timeout);
+        return c10::intrusive_ptr<c10d::Store>(std::move(*client));
+      }
+      last_error = client.status().message();
     }
     if (Clock::now() >= deadline) break;
     Backoff(&delay, deadline);
@@ -107,7 +120,7 @@ Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, millise
     if (Remaining(deadline) < milliseconds(10)) break;
   }
   return Unavailable("rank " + std::to_string(env.rank) + " could not join the rendezvous at " + where +
-                    (env.rank == 0 ? " (hosting it)" : "") + " after waiting " +
+                    (env.rank == 0 ? " (hosting it on " + bind_host + ")" : "") + " after waiting " +
                     Seconds(Clock::now() - start) + " (" + std::to_string(attempts) +
                     " attempts): " + last_error);
 }

@@ -96,6 +96,11 @@ refused "an unknown failurePolicy action" \
   's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: Retry, onExitCodes: {values: [3]}}]}}|' \
   'action: Unsupported value: "Retry"'
 refused "successPolicy: Rank1" 's|^  checkpoint:.*|  runPolicy: {successPolicy: Rank1}|' 'successPolicy: Unsupported value: "Rank1"'
+refused "a Volcano queue with Coscheduling" \
+  's|^  checkpoint:.*|  runPolicy: {schedulingPolicy: {gangAdmission: Coscheduling, queue: research}}|' \
+  "queue is Volcano's: set it with gangAdmission Volcano"
+refused "gangAdmission: Yunikorn" 's|^  checkpoint:.*|  runPolicy: {schedulingPolicy: {gangAdmission: Yunikorn}}|' \
+  'gangAdmission: Unsupported value: "Yunikorn"'
 refused "replicas: 0" 's|replicas: 2|replicas: 0|' "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"
 refused "device: tpu" 's|device: cpu|device: tpu|' 'spec.device: Unsupported value: "tpu"'
 refused "an unknown field" 's|^  device: cpu|  device: cpu\n  replica: 2|' 'unknown field "spec.replica"'
@@ -108,6 +113,9 @@ out="$(job ok | sed 's|processesPerReplica: 1|processesPerReplica: 2|' | k apply
 out="$(job ok | sed 's|replicas: 2|replicas: 4|' | k apply -f - 2>&1)"
 [[ "$out" == *"with checkpoints on (or a runtimeRef, whose runtime may turn them on), replicas and mesh cannot change"* ]] && pass "replicas fixed while checkpointing" ||
   fail "replicas update: $out"
+out="$(job ok | sed 's|^  device: cpu|  device: cpu\n  managedBy: kueue.x-k8s.io/multikueue|' | k apply -f - 2>&1)"
+[[ "$out" == *"managedBy cannot be added or removed; create a new TrainingJob"* ]] && pass "managedBy cannot be added" ||
+  fail "managedBy update: $out"
 job ok | sed 's|every: 50|every: 25|' | k apply -f - >/dev/null 2>&1
 out="$(k get trainingjob ok -o jsonpath='{.metadata.generation} {.spec.checkpoint.every} {.spec.runPolicy.backoffLimit} {.spec.imagePullPolicy}' 2>&1)"
 [[ "$out" == "2 25 "* ]] && pass "an allowed update is stored as generation 2 (defaults: $out)" || fail "update: $out"

@@ -96,8 +96,8 @@ TEST_F(ReconcilerTest, ANewJobGetsItsChildrenThenOneStatusWriteThenItsEvents) {
   ASSERT_TRUE(out.ok) << out.message;
   EXPECT_EQ(out.phase, "Created");
   EXPECT_THAT(api_.calls(), ElementsAre("create services ml/tiny", "create configmaps ml/tiny-config",
-                                        "create pods ml/tiny-0", "create pods ml/tiny-1",
-                                        "update-status trainingjobs ml/tiny"));
+                                        "create secrets ml/tiny-rendezvous", "create pods ml/tiny-0",
+                                        "create pods ml/tiny-1", "update-status trainingjobs ml/tiny"));
   const json status = Status();
   EXPECT_EQ(status["phase"], "Created");
   EXPECT_EQ(status["launchedGeneration"], 0);  // every Pod of the gang was created
@@ -223,7 +223,8 @@ TEST_F(ReconcilerTest, WithGangAdmissionPodGroupThePodsNameTheJobsPodGroup) {
   ReconcileOutcome out = reconciler_->Reconcile(kKey);
   ASSERT_TRUE(out.ok) << out.message;
   EXPECT_THAT(api_.calls(), ElementsAre("create services ml/tiny", "create configmaps ml/tiny-config",
-                                        "create podgroups ml/tiny", "create pods ml/tiny-0", "create pods ml/tiny-1",
+                                        "create podgroups ml/tiny", "create secrets ml/tiny-rendezvous",
+                                        "create pods ml/tiny-0", "create pods ml/tiny-1",
                                         "update-status trainingjobs ml/tiny"));
   const auto group = api_.Find(pod_groups, "ml", "tiny");
   ASSERT_TRUE(group.has_value());
@@ -262,9 +263,130 @@ TEST_F(ReconcilerTest, WithGangAdmissionPodGroupThePodsNameTheJobsPodGroup) {
   reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{}, hooks);
   out = reconciler_->Reconcile(kKey);
   EXPECT_FALSE(out.ok);
-  EXPECT_THAT(out.message, HasSubstr("PodGroup ml/tiny exists and is not owned by this TrainingJob"));
+  EXPECT_THAT(out.message, HasSubstr("PodGroup ml/tiny (scheduling.k8s.io/v1beta1) exists and is not owned by this TrainingJob"));
   // ... and the job says so (kubectl describe), not only the operator's log.
   EXPECT_THAT(recorded, Contains(HasSubstr("ReconcileError: writing PodGroup ml/tiny: AlreadyExists")));
+}
+
+TEST_F(ReconcilerTest, AJobManagedByAnotherControllerIsLeftAlone) {
+  // MultiKueue's management cluster: the job is a copy that MultiKueue runs elsewhere.
+  SetJob(Job({{"managedBy", "kueue.x-k8s.io/multikueue"}}));
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(api_.calls(), IsEmpty());  // no children, no status write
+  EXPECT_THAT(events_, IsEmpty());
+  // Naming this operator is the same as not naming any.
+  SetJob(Job({{"managedBy", "meshwork.dev/trainingjob-controller"}}));
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("create pods"), ElementsAre("create pods ml/tiny-0", "create pods ml/tiny-1"));
+}
+
+TEST_F(ReconcilerTest, WithGangAdmissionVolcanoTheGangIsVolcanosPodGroup) {
+  const k8s::ResourceRef volcano = k8s::resources::Custom("scheduling.volcano.sh", "v1beta1", "podgroups");
+  const json spec = {
+      {"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "Volcano"}, {"queue", "research"}, {"priorityClass", "high"}}}}}};
+  SetJob(Job(spec));
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("create podgroups"), ElementsAre("create podgroups ml/tiny"));
+  const auto group = api_.Find(volcano, "ml", "tiny");
+  ASSERT_TRUE(group.has_value()) << "no scheduling.volcano.sh PodGroup";
+  EXPECT_EQ((*group)["apiVersion"], "scheduling.volcano.sh/v1beta1");
+  EXPECT_EQ((*group)["spec"], json::parse(R"({"minMember": 2, "queue": "research", "priorityClassName": "high"})"));
+  EXPECT_EQ((*group)["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  for (const std::string pod_name : {"tiny-0", "tiny-1"}) {
+    const auto pod = api_.Find(k8s::resources::Pods(), "ml", pod_name);
+    ASSERT_TRUE(pod.has_value());
+    EXPECT_EQ((*pod)["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "tiny");
+    EXPECT_EQ((*pod)["spec"]["schedulerName"], "volcano");
+    EXPECT_FALSE((*pod)["spec"].contains("schedulingGates"));  // Volcano holds them, not the operator
+    EXPECT_FALSE((*pod)["spec"].contains("schedulingGroup"));
+  }
+
+  // A resize: minMember follows; what Volcano wrote into the spec stays.
+  json have = *group;
+  have["spec"]["minResources"] = {{"cpu", "2"}};
+  api_.Add(volcano, have);
+  json resized = Job(spec);
+  resized["spec"]["replicas"] = 3;
+  SetJob(resized);
+  SetPods({});
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  api_.ClearCalls();
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("update podgroups"), ElementsAre("update podgroups ml/tiny"));
+  EXPECT_EQ((*api_.Find(volcano, "ml", "tiny"))["spec"],
+            json::parse(R"({"minMember": 3, "queue": "research", "priorityClassName": "high", "minResources": {"cpu": "2"}})"));
+}
+
+TEST_F(ReconcilerTest, WithGangAdmissionCoschedulingThePodsCarryThePodGroupLabel) {
+  const k8s::ResourceRef coscheduling = k8s::resources::Custom("scheduling.x-k8s.io", "v1alpha1", "podgroups");
+  const json spec = {{"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "Coscheduling"}, {"scheduleTimeoutSeconds", 90}}}}},
+                     {"template", {{"spec", {{"schedulerName", "scheduler-plugins-scheduler"}}}}}};
+  SetJob(Job(spec));
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  const auto group = api_.Find(coscheduling, "ml", "tiny");
+  ASSERT_TRUE(group.has_value()) << "no scheduling.x-k8s.io PodGroup";
+  EXPECT_EQ((*group)["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+  EXPECT_EQ((*group)["spec"], json::parse(R"({"minMember": 2, "scheduleTimeoutSeconds": 90})"));
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-0");
+  ASSERT_TRUE(pod.has_value());
+  EXPECT_EQ((*pod)["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "tiny");
+  EXPECT_EQ((*pod)["spec"]["schedulerName"], "scheduler-plugins-scheduler");  // the template's
+  EXPECT_FALSE((*pod)["spec"].contains("schedulingGates"));
+
+  // Without the CRD, the reconcile fails naming the API the job needs.
+  api_.FailNext("create", "podgroups", k8s::Error(k8s::ErrorKind::kNotFound, "the server could not find the requested resource"));
+  SetPods({});
+  SetJob(Job(spec, {{"launchedGeneration", 0}, {"restartGeneration", 1}, {"phase", "Restarting"}}));
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("needs the scheduler-plugins PodGroup CRD, scheduling.x-k8s.io/v1alpha1"));
+}
+
+TEST_F(ReconcilerTest, EveryGangOfAJobSharesOneRandomRendezvousTokenFromItsOwnSecret) {
+  SetJob(Job());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  const auto secret = api_.Find(k8s::resources::Secrets(), "ml", "tiny-rendezvous");
+  ASSERT_TRUE(secret.has_value());
+  EXPECT_EQ((*secret)["type"], "Opaque");
+  EXPECT_EQ((*secret)["metadata"]["ownerReferences"][0]["uid"], "uid-1");  // deleted with the job
+  const std::string token = (*secret)["data"].value("token", "");
+  EXPECT_EQ(token.size(), 88u);  // 64 hex digits, base64-encoded
+  // Every Pod reads it from the Secret; its value never appears in the Pod.
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-1");
+  ASSERT_TRUE(pod.has_value());
+  const std::string env = (*pod)["spec"]["containers"][0]["env"].dump();
+  EXPECT_THAT(env, HasSubstr(R"({"name":"MESHWORK_RENDEZVOUS_TOKEN","valueFrom":{"secretKeyRef":{"key":"token","name":"tiny-rendezvous"}}})"));
+
+  // The next gang (a restart) keeps the job's token: the Secret is read, not replaced.
+  SetJob(Job({}, {{"launchedGeneration", 0}, {"restartGeneration", 1}, {"phase", "Restarting"}}));
+  SetPods({});
+  api_.ClearCalls();
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(Calls("create secrets"), ElementsAre("create secrets ml/tiny-rendezvous"));  // refused: it exists
+  EXPECT_THAT(Calls("create pods"), Not(IsEmpty()));
+  EXPECT_EQ((*api_.Find(k8s::resources::Secrets(), "ml", "tiny-rendezvous"))["data"]["token"], token);
+
+  // Another job's, or a user's, Secret of that name is not taken over, and no Pod is made.
+  json foreign = *secret;
+  foreign["metadata"]["ownerReferences"] = json::array();
+  api_.Add(k8s::resources::Secrets(), foreign);
+  api_.ClearCalls();
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("Secret ml/tiny-rendezvous exists and is not owned by this TrainingJob"));
+  EXPECT_THAT(Calls("create pods"), IsEmpty());
 }
 
 TEST_F(ReconcilerTest, ARuntimeEditThatBreaksTheSpecDoesNotKillARunningGang) {

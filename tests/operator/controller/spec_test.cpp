@@ -223,6 +223,18 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
        "has a bounded repetition ({m,n}), which is not supported"},
       {{{"runPolicy", {{"failurePolicy", {{"rules", seventeen_rules}}}}}},
        "spec.runPolicy.failurePolicy.rules: 17 rules; at most 16"},
+      // Each scheduler's own field, set for another, would be silently ignored.
+      {{{"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "Coscheduling"}, {"queue", "research"}}}}}},
+       "spec.runPolicy.schedulingPolicy.queue: \"research\" is Volcano's queue: set it with gangAdmission Volcano"},
+      {{{"runPolicy", {{"schedulingPolicy", {{"priorityClass", "high"}}}}}},
+       "spec.runPolicy.schedulingPolicy.priorityClass: \"high\" goes on Volcano's PodGroup"},
+      {{{"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "Volcano"}, {"scheduleTimeoutSeconds", 60}}}}}},
+       "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: 60 is the coscheduling plugin's"},
+      {{{"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "Coscheduling"}, {"scheduleTimeoutSeconds", 0}}}}}},
+       "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: 0 is outside"},
+      {{{"runPolicy", {{"schedulingPolicy", {{"gangAdmission", "Yunikorn"}}}}}},
+       "spec.runPolicy.schedulingPolicy.gangAdmission: unsupported value \"Yunikorn\" (supported: Operator, PodGroup, "
+       "Volcano, Coscheduling, None)"},
   };
   for (const auto& [spec, message] : cases) {
     auto s = ParseSpec(Job(spec));
@@ -329,7 +341,9 @@ TEST(DesiredTest, PodRunsTheLauncherWithTheRankEnvironment) {
   EXPECT_EQ(env["MASTER_ADDR"]["value"], "job-0.job.ns.svc");
   EXPECT_EQ(env["PET_NPROC_PER_NODE"]["value"], "2");
   EXPECT_EQ(env["MESHWORK_RESTART_GENERATION"]["value"], "3");
-  EXPECT_EQ(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  EXPECT_EQ(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");  // rank 0's store binds it
+  EXPECT_EQ(env["MESHWORK_RENDEZVOUS_TOKEN"]["valueFrom"]["secretKeyRef"],
+            json::parse(R"({"name": "job-rendezvous", "key": "token"})"));
   EXPECT_EQ(env["MESHWORK_CONFIG_FILE"]["value"], "/etc/meshwork/config/config.yaml");
   // The config's ConfigMap as a volume, its key as config.yaml; the checkpoint volume after it.
   EXPECT_EQ(pod["spec"]["volumes"][0], json::parse(R"({"name": "meshwork-config", "configMap": {"name": "job-config",

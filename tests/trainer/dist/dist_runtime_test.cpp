@@ -1,5 +1,7 @@
-// The distributed runtime below the communicators: environment parsing, rendezvous over a real
-// TCPStore (and its failure when the master never appears), mesh shapes and the mesh's groups.
+// The distributed runtime below the communicators: environment parsing, rendezvous over the
+// real store (its failure when the master never appears, or a rank brings another job's
+// token), mesh shapes and the mesh's groups.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -8,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -114,6 +117,23 @@ TEST(ReadDistEnvTest, ConflictingSetsNameBothVariablesAndValues) {
               AllOf(HasSubstr("MESHWORK_MASTER_ADDR='b'"), HasSubstr("MASTER_ADDR='a'")));
 }
 
+TEST(ReadDistEnvTest, ReadsTheStoreAddressAndToken) {
+  FakeEnv pod({{"POD_IP", "10.1.2.3"}, {"MESHWORK_RENDEZVOUS_TOKEN", "s3cret"}});
+  auto r = ReadDistEnv(pod.getenv());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->store_bind_addr, "10.1.2.3");
+  EXPECT_EQ(r->rendezvous_token, "s3cret");
+  FakeEnv named({{"POD_IP", "10.1.2.3"}, {"MESHWORK_RENDEZVOUS_BIND_ADDR", "0.0.0.0"}});
+  r = ReadDistEnv(named.getenv());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->store_bind_addr, "0.0.0.0");
+  EXPECT_EQ(r->rendezvous_token, "");
+  FakeEnv none({});
+  r = ReadDistEnv(none.getenv());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->store_bind_addr, "");  // bind what master_addr resolves to
+}
+
 TEST(ReadDistEnvTest, EmptyVariableCountsAsUnset) {
   FakeEnv env({{"RANK", ""}, {"MASTER_ADDR", ""}});
   Result<DistEnv> r = ReadDistEnv(env.getenv());
@@ -175,7 +195,7 @@ TEST(RendezvousTest, SingleProcessUsesAnInProcessStore) {
   EXPECT_EQ((*r)->get("k"), std::vector<uint8_t>{'v'});
 }
 
-TEST(RendezvousTest, FourRanksJoinOverTcpStore) {
+TEST(RendezvousTest, FourRanksJoinOverTheStore) {
   const int port = FreePort();
   ASSERT_GT(port, 0);
   constexpr int kWorld = 4;
@@ -253,6 +273,59 @@ TEST(RendezvousTest, MissingRankFailsTheBarrierNamingHowManyJoined) {
                 AllOf(HasSubstr("127.0.0.1:" + std::to_string(port)),
                       HasSubstr("2 of 3 ranks joined")));
   }
+}
+
+// Starts ranks 0..world-1 of a rendezvous on `port`, each with its DistEnv as `adjust` sets it.
+std::vector<std::future<Result<c10::intrusive_ptr<c10d::Store>>>> StartRanks(
+    int world, int port, std::chrono::seconds timeout, const std::function<void(DistEnv&)>& adjust) {
+  std::vector<std::future<Result<c10::intrusive_ptr<c10d::Store>>>> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    DistEnv env;
+    env.rank = rank;
+    env.world_size = world;
+    env.master_port = port;
+    adjust(env);
+    ranks.push_back(std::async(std::launch::async, [env, timeout] { return Rendezvous(env, timeout); }));
+  }
+  return ranks;
+}
+
+TEST(RendezvousTest, ARankWithAnotherJobsTokenIsRefusedNamingTheToken) {
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  auto ranks = StartRanks(2, port, std::chrono::seconds(2),
+                          [](DistEnv& env) { env.rendezvous_token = env.rank == 0 ? "job-a" : "job-b"; });
+  auto host = ranks[0].get();
+  auto stranger = ranks[1].get();
+  ASSERT_FALSE(host.ok());
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_THAT(host.status().message(), HasSubstr("only 1 of 2 ranks joined"));
+  EXPECT_EQ(stranger.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(stranger.status().message(),
+              AllOf(HasSubstr("rank 1 could not join the rendezvous at 127.0.0.1:" + std::to_string(port)),
+                    HasSubstr("refused this rank's token (MESHWORK_RENDEZVOUS_TOKEN)")));
+}
+
+TEST(RendezvousTest, RankZeroBindsThePodAddressNotEveryAddress) {
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  auto ranks = StartRanks(2, port, std::chrono::seconds(20), [](DistEnv& env) {
+    env.master_addr = "127.0.0.2";                        // rank 0's Pod address, as its DNS name resolves
+    if (env.rank == 0) env.store_bind_addr = "127.0.0.2";  // POD_IP
+    env.rendezvous_token = "job-a";
+  });
+  auto store = ranks[0].get();
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE(ranks[1].get().ok());
+  // Another of this machine's addresses does not answer.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in other{};
+  other.sin_family = AF_INET;
+  other.sin_port = htons(static_cast<uint16_t>(port));
+  other.sin_addr.s_addr = htonl(0x7f000003);  // 127.0.0.3
+  EXPECT_NE(::connect(fd, reinterpret_cast<sockaddr*>(&other), sizeof(other)), 0)
+      << "rank 0's store answered on 127.0.0.3";
+  ::close(fd);
 }
 
 // ---- ResolveMeshShape --------------------------------------------------------------------
