@@ -1,5 +1,9 @@
 #include "operator/controller/kueue.h"
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 #include "operator/controller/decide.h"
 #include "operator/controller/desired.h"
 
@@ -29,6 +33,54 @@ bool Set(json& status, const std::string& type, const std::string& value, const 
 }  // namespace
 
 k8s::ResourceRef KueueWorkloads() { return k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads"); }
+k8s::ResourceRef KueueResourceFlavors() {
+  return k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "resourceflavors", /*namespaced=*/false);
+}
+
+std::vector<std::string> AdmittedFlavors(const json& workload) {
+  std::set<std::string> names;
+  const json admission = workload.value("status", json::object()).value("admission", json::object());
+  for (const json& assignment : admission.value("podSetAssignments", json::array())) {
+    if (!assignment.is_object()) continue;
+    const json assigned = assignment.value("flavors", json::object());  // (items() of a temporary dangles)
+    for (const auto& [resource, flavor] : assigned.items()) {
+      if (flavor.is_string()) names.insert(flavor.get<std::string>());
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
+Result<json> PlaceOnFlavors(json pod, const std::vector<json>& flavors) {
+  json& spec = pod["spec"];
+  if (!spec["nodeSelector"].is_object()) spec["nodeSelector"] = json::object();
+  if (!spec["tolerations"].is_array()) spec["tolerations"] = json::array();
+  json& selector = spec["nodeSelector"];
+  json& tolerations = spec["tolerations"];
+  std::map<std::string, std::string> set_by;  // label -> which flavor set it
+  for (const json& flavor : flavors) {
+    const std::string name = flavor.value("metadata", json::object()).value("name", "");
+    const json fspec = flavor.value("spec", json::object());
+    const json node_labels = fspec.value("nodeLabels", json::object());
+    for (const auto& [label, value] : node_labels.items()) {
+      if (selector.contains(label) && selector[label] != value) {
+        const std::string other = set_by.count(label) ? "ResourceFlavor " + set_by[label] : "the Pod template's nodeSelector";
+        return InvalidConfig("ResourceFlavor " + name + " places the gang on nodes with " + label + "=" +
+                             value.dump() + ", but " + other + " asks for " + label + "=" + selector[label].dump() +
+                             ": no node can have both");
+      }
+      selector[label] = value;
+      set_by[label] = name;
+    }
+    for (const json& toleration : fspec.value("tolerations", json::array())) {
+      if (std::find(tolerations.begin(), tolerations.end(), toleration) == tolerations.end()) {
+        tolerations.push_back(toleration);
+      }
+    }
+  }
+  if (selector.empty()) spec.erase("nodeSelector");
+  if (tolerations.empty()) spec.erase("tolerations");
+  return pod;
+}
 
 std::string KueueQueue(const json& job) {
   const json labels = job.value("metadata", json::object()).value("labels", json::object());

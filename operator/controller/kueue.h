@@ -10,9 +10,11 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/status.h"
 #include "operator/controller/decide.h"
 #include "operator/controller/spec.h"
 #include "operator/k8s/resource.h"
@@ -23,8 +25,9 @@ inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 inline constexpr const char* kKueueJobUidLabel = "kueue.x-k8s.io/job-uid";
 inline constexpr const char* kKueueApiVersion = "kueue.x-k8s.io/v1beta2";
 
-// kueue.x-k8s.io/v1beta2 workloads.
+// kueue.x-k8s.io/v1beta2 workloads, and resourceflavors (cluster-scoped).
 k8s::ResourceRef KueueWorkloads();
+k8s::ResourceRef KueueResourceFlavors();
 
 // The LocalQueue the job names in its kueue.x-k8s.io/queue-name label, "" when none (the job is
 // not Kueue's).
@@ -51,6 +54,16 @@ WorkloadState ReadWorkload(const nlohmann::json& workload);
 // the job has stopped: QuotaReserved=False (Pending), Admitted=False, Requeued=True when Kueue
 // preempted it (or a node failed), status.admission removed. nullopt when nothing changes.
 std::optional<nlohmann::json> ClearAdmission(const nlohmann::json& workload, SystemTime now);
+
+// The ResourceFlavors Kueue assigned to the admitted Workload's pod set
+// (status.admission.podSetAssignments[].flavors: resource -> flavor), each once, sorted.
+std::vector<std::string> AdmittedFlavors(const nlohmann::json& workload);
+
+// `pod` placed on the nodes its flavors stand for, as Kueue's job framework does when it starts a
+// job: each flavor's spec.nodeLabels join the Pod's nodeSelector, its spec.tolerations the Pod's
+// tolerations (each once). A label that two flavors, or a flavor and the Pod's own nodeSelector
+// (the template's), set to different values can place the Pod nowhere: an error naming both.
+Result<nlohmann::json> PlaceOnFlavors(nlohmann::json pod, const std::vector<nlohmann::json>& flavors);
 
 // `workload` with Finished=True (reason Succeeded or Failed), nullopt when it already is.
 std::optional<nlohmann::json> FinishWorkload(const nlohmann::json& workload, bool succeeded, const std::string& message,

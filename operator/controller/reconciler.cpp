@@ -328,6 +328,27 @@ k8s::Error Reconciler::EnsureRendezvousSecret(const json& job) {
   return k8s::Error::Ok();
 }
 
+std::optional<ReconcileOutcome> Reconciler::PlaceOnAdmittedFlavors(const std::string& key, const json& workload,
+                                                                   std::vector<json>* pods) {
+  std::vector<json> flavors;
+  for (const std::string& name : AdmittedFlavors(workload)) {
+    auto flavor = api_->Get(KueueResourceFlavors(), "", name);
+    if (!flavor.ok()) return Failed(flavor.error(), "reading ResourceFlavor " + name + " of Workload " +
+                                                workload["metadata"].value("name", ""));
+    flavors.push_back(std::move(*flavor));
+  }
+  if (flavors.empty()) return std::nullopt;
+  for (json& pod : *pods) {
+    auto placed = PlaceOnFlavors(pod, flavors);
+    if (!placed.ok()) {
+      return Failed(k8s::Error(k8s::ErrorKind::kInvalid, placed.status().message()),
+                    "placing the gang of " + key + " on its Kueue flavors");
+    }
+    pod = std::move(*placed);
+  }
+  return std::nullopt;
+}
+
 std::optional<ReconcileOutcome> Reconciler::DeleteJob(const std::string& key, const json& job) {
   const json& meta = job["metadata"];
   k8s::DeleteOptions opts;
@@ -644,6 +665,10 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   ReconcileOutcome out;
   out.phase = plan.phase;
   out.requeue_after = plan.requeue_after;
+  // Kueue admitted the gang on its ResourceFlavors: the new Pods go where those stand for.
+  if (workload && queue_state.admitted && !queue_state.evicted && !plan.create.empty()) {
+    if (auto failed = PlaceOnAdmittedFlavors(key, *workload, &plan.create)) return *failed;
+  }
 
   // 3. Apply. A plan that deletes Pods of the current gang (a gang restart, a resize, a
   // suspension, a finish) writes the status first: if the operator dies after that write, the

@@ -126,6 +126,10 @@ class Reconciler {
   // Creates the rendezvous Secret with a fresh random token, once; a Secret of that name that
   // the job does not own, or that has no token, is an error naming it (never taken over).
   k8s::Error EnsureRendezvousSecret(const nlohmann::json& job);
+  // Puts the Pods about to be created on the ResourceFlavors Kueue admitted the job's Workload
+  // on (kueue.h, PlaceOnFlavors); an unreadable flavor or a conflict fails the reconcile.
+  std::optional<ReconcileOutcome> PlaceOnAdmittedFlavors(const std::string& key, const nlohmann::json& workload,
+                                                         std::vector<nlohmann::json>* pods);
   void Log(const std::string& line) const;
   bool CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv);
   void WroteStatus(const std::string& key, const std::string& based_on_rv);

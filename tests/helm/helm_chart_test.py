@@ -192,8 +192,9 @@ def main():
         dep = check_deployment("namespaced", docs, 1)
         cluster_roles = objects(docs, "ClusterRole")
         cluster_scoped = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
-                          {"apiGroups": ["meshwork.dev"], "resources": ["trainingruntimes"], "verbs": ["get"]}]
-        check("namespaced: one ClusterRole, which only lists Nodes (gang admission) and gets TrainingRuntimes, "
+                          {"apiGroups": ["meshwork.dev"], "resources": ["trainingruntimes"], "verbs": ["get"]},
+                          {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"], "verbs": ["get"]}]
+        check("namespaced: one ClusterRole, which only lists Nodes (gang admission), gets TrainingRuntimes and ResourceFlavors, "
               "and its binding",
               [r["metadata"]["name"] for r in cluster_roles] == ["meshwork-meshwork-operator-cluster-scoped"]
               and cluster_roles[0]["rules"] == cluster_scoped

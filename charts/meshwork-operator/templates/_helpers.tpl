@@ -113,6 +113,9 @@ operator watches one namespace. */}}
 - apiGroups: [meshwork.dev]
   resources: [trainingruntimes]
   verbs: [get]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors]
+  verbs: [get]
 {{- end }}
 
 {{/* Checks on values that the schema cannot express; each names the value. */}}

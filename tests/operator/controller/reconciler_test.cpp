@@ -268,6 +268,45 @@ TEST_F(ReconcilerTest, WithGangAdmissionPodGroupThePodsNameTheJobsPodGroup) {
   EXPECT_THAT(recorded, Contains(HasSubstr("ReconcileError: writing PodGroup ml/tiny: AlreadyExists")));
 }
 
+TEST_F(ReconcilerTest, AGangKueueAdmittedIsPlacedOnItsResourceFlavors) {
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  const k8s::ResourceRef flavors = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "resourceflavors", false);
+  api_.Add(flavors, json::parse(R"({"metadata": {"name": "spot", "namespace": ""}, "spec": {
+      "nodeLabels": {"cloud.example.com/pool": "spot"},
+      "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}})"));
+  api_.Add(flavors, json::parse(R"({"metadata": {"name": "big-memory", "namespace": ""}, "spec": {
+      "nodeLabels": {"memory-class": "large"}}})"));
+  api_.Add(workloads, json::parse(R"({"metadata": {"name": "trainingjob-tiny", "namespace": "ml", "uid": "wl-1"},
+      "spec": {"queueName": "lq", "podSets": [{"name": "trainer", "count": 2}]},
+      "status": {"admission": {"clusterQueue": "cq", "podSetAssignments": [
+                   {"name": "trainer", "flavors": {"cpu": "spot", "memory": "big-memory"}, "count": 2}]},
+                 "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]}})"));
+  json job = Job({{"template", {{"spec", {{"nodeSelector", {{"disk", "ssd"}}}}}}}});
+  job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  SetJob(job);
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-1");
+  ASSERT_TRUE(pod.has_value()) << "the admitted gang was not created";
+  EXPECT_EQ((*pod)["spec"]["nodeSelector"],
+            json::parse(R"({"disk": "ssd", "cloud.example.com/pool": "spot", "memory-class": "large"})"));
+  EXPECT_EQ((*pod)["spec"]["tolerations"], json::parse(R"([{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}])"));
+
+  // A flavor whose nodes the template rules out: no Pod, an error naming both.
+  json conflicting = Job({{"template", {{"spec", {{"nodeSelector", {{"memory-class", "small"}}}}}}}});
+  conflicting["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  SetJob(conflicting);
+  SetPods({});
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  api_.ClearCalls();
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("ResourceFlavor big-memory places the gang on nodes with memory-class=\"large\", "
+                                     "but the Pod template's nodeSelector asks for memory-class=\"small\""));
+  EXPECT_THAT(Calls("create pods"), IsEmpty());
+}
+
 TEST_F(ReconcilerTest, AJobManagedByAnotherControllerIsLeftAlone) {
   // MultiKueue's management cluster: the job is a copy that MultiKueue runs elsewhere.
   SetJob(Job({{"managedBy", "kueue.x-k8s.io/multikueue"}}));

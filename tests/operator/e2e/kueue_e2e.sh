@@ -98,6 +98,10 @@ out="$(kubectl apply -f - 2>&1 <<'EOF'
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: default-flavor}
+spec:
+  # The gang goes where the flavor says: the node is linux; the toleration is carried to the Pods.
+  nodeLabels: {kubernetes.io/os: linux}
+  tolerations: [{key: meshwork.dev/e2e-pool, operator: Exists, effect: NoSchedule}]
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
@@ -157,6 +161,9 @@ done
 [ -n "$queued_seen" ] && pass "the jobs Kueue had not admitted waited Suspended (reason Queued)" || fail "no job was seen Queued"
 msg="$(grep -h 'reconcile kq/q[123]: Queued: .*insufficient unused quota' "$work/op.log" | head -1)"
 [ -n "$msg" ] && pass "the job says why it waits, from Kueue: ${msg#*Queued: }" || fail "no Queued message with Kueue's reason in the operator log"
+placed="$(k get pod q1-0 -o jsonpath='{.spec.nodeSelector.kubernetes\.io/os} {.spec.tolerations[?(@.key=="meshwork.dev/e2e-pool")].effect}' 2>&1)"
+[ "$placed" = "linux NoSchedule" ] && pass "the admitted gang's Pods carry their ResourceFlavor's nodeLabels and tolerations" ||
+  fail "q1-0 placement: '$placed'"
 wl="$(k get workloads.kueue.x-k8s.io trainingjob-q1 -o jsonpath='{.spec.queueName} {.spec.podSets[0].count} {.spec.podSets[0].template.spec.containers[0].resources.requests.cpu} {.metadata.ownerReferences[0].kind} {.status.conditions[?(@.type=="Finished")].status} {.status.conditions[?(@.type=="Finished")].reason}' 2>&1)"
 [ "$wl" = "lq 2 1 TrainingJob True Succeeded" ] && pass "Workload trainingjob-q1: LocalQueue lq, 2 Pods of 1 CPU, owned by the job, Finished (Succeeded)" ||
   fail "Workload trainingjob-q1: '$wl'"

@@ -284,9 +284,9 @@ if e2e_wait_for 60 "sleeper runs" phase_is sleeper Running; then
       pass "kubectl scale --replicas 1: a new gang of 1, not counted as a restart" || fail "scale: $(jp sleeper '{.status}')"
   else fail "scale: $out; pods $(pods_of sleeper)"; fi
   k delete tj sleeper --wait=false >/dev/null
-  if e2e_wait_for 60 "sleeper children gone" bash -c "[ -z \"\$(kubectl -n e2e get pods,svc,cm -l meshwork.dev/job=sleeper -o name 2>/dev/null)\" ]"; then
-    pass "deleting the job removes its Pods, Service and ConfigMap"
-  else fail "children left: $(k get pods,svc,cm -l meshwork.dev/job=sleeper -o name)"; fi
+  if e2e_wait_for 60 "sleeper children gone" bash -c "[ -z \"\$(kubectl -n e2e get pods,svc,cm,secret -l meshwork.dev/job=sleeper -o name 2>/dev/null)\" ]"; then
+    pass "deleting the job removes its Pods, Service, ConfigMap and rendezvous Secret"
+  else fail "children left: $(k get pods,svc,cm,secret -l meshwork.dev/job=sleeper -o name)"; fi
 else fail "sleeper did not run"; dump; fi
 
 # ---- a Pod name taken by a Pod the job does not own
@@ -329,6 +329,25 @@ rm -rf /tmp/meshwork-checkpoints/e2e/tiny-on-runtime
 job kill-me 29610 60 "" | kubectl apply -f - >/dev/null
 job train-ok 29620 30 '  mesh: {auto: true}' | kubectl apply -f - >/dev/null
 if e2e_wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.trainer.step}')\" -ge 15 ] 2>/dev/null"; then
+  # The rendezvous store of rank 0: its own Secret's token, the Pod's address only, no stranger.
+  [ "$(k get secret kill-me-rendezvous -o jsonpath='{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}')" = TrainingJob/kill-me ] &&
+    pass "the job's rendezvous token is in Secret kill-me-rendezvous, owned by the job" ||
+    fail "rendezvous Secret: $(k get secret kill-me-rendezvous -o yaml 2>&1 | head -20)"
+  pod_ip="$(k get pod kill-me-0 -o jsonpath='{.status.podIP}')"
+  listening="$(ss -Hltn "sport = :29610" | awk '{print $4}' | sort -u | tr '\n' ' ')"
+  [ -n "$pod_ip" ] && [ "$listening" = "$pod_ip:29610 " ] &&
+    pass "rank 0's store listens on its Pod's address only ($listening)" || fail "store listens on '$listening', Pod IP $pod_ip"
+  answer="$(python3 - "$pod_ip" <<'PYEOF2'
+import socket, struct, sys
+s = socket.create_connection((sys.argv[1], 29610), timeout=10)
+token = b"not-this-jobs-token"
+s.sendall(b"MWRS" + struct.pack(">I", len(token)) + token)
+reply = s.recv(4096)
+print(reply[0], reply[5:].decode(errors="replace"))
+PYEOF2
+)"
+  [[ "$answer" == "3 the token does not match this job's" ]] && pass "a client with another token is refused by rank 0's store" ||
+    fail "wrong-token client got: $answer"
   pkill -9 -f -- "--node-rank 1 --master-addr kill-me-0.kill-me.e2e.svc" && pass "SIGKILL rank 1 of kill-me at step $(jp kill-me '{.status.trainer.step}')" ||
     fail "no kill-me rank 1 process to kill"
   e2e_wait_for 60 "kill-me restarts" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.restarts}')\" = 1 ]" ||
