@@ -117,6 +117,8 @@ void Reconciler::Forget(const std::string& key) {
   expected_.erase(key);
   written_from_.erase(key);
   gang_waiting_.erase(key);
+  std::lock_guard<std::mutex> runtimes_lock(runtimes_mu_);
+  last_runtime_.erase(key);
 }
 
 bool Reconciler::CacheBehindOwnWrite(const std::string& key, const std::string& cached_rv) {
@@ -573,14 +575,38 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   // The job's TrainingRuntime, merged under its spec: what every decision below reads. (The
   // status is written on the object as cached, `job`.)
   std::optional<Status> runtime_error;
+  std::vector<EventToRecord> runtime_events;
   if (const std::string runtime = RuntimeName(job); !runtime.empty()) {
     auto rt = api_->Get(Runtimes(), "", runtime);
     if (!rt.ok()) {
-      in.runtime_wait = k8s::IsNotFound(rt.error())
-                            ? "waiting for TrainingRuntime " + runtime + " (spec.runtimeRef.name): it does not exist"
-                            : "reading TrainingRuntime " + runtime + ": " + rt.error().ToString();
+      const std::string why = k8s::IsNotFound(rt.error()) ? "it does not exist" : rt.error().ToString();
+      // Once merged, a job does not stop because its runtime went away: it goes on with the copy
+      // it was last merged with (as a Pod goes on when its ConfigMap is deleted), so that its
+      // gang's end, a failure, a suspension or the deadline are still decided.
+      std::optional<RuntimeCopy> copy;
+      {
+        std::lock_guard<std::mutex> lock(runtimes_mu_);
+        auto it = last_runtime_.find(key);
+        if (it != last_runtime_.end() && it->second.job_uid == meta.value("uid", "") && it->second.name == runtime) {
+          copy = it->second;
+        }
+      }
+      auto merged = copy ? ApplyRuntime(job, copy->runtime) : Result<json>(NotFound(""));
+      if (merged.ok()) {
+        in.job = std::move(*merged);
+        runtime_events.push_back({"Warning", "RuntimeNotFound",
+                                  "TrainingRuntime " + runtime + " (spec.runtimeRef.name): " + why +
+                                      "; the job goes on with the copy the operator read at " + copy->read_at +
+                                      " until it is back (an operator restart loses the copy)"});
+      } else {
+        in.runtime_wait = k8s::IsNotFound(rt.error())
+                              ? "waiting for TrainingRuntime " + runtime + " (spec.runtimeRef.name): it does not exist"
+                              : "reading TrainingRuntime " + runtime + ": " + rt.error().ToString();
+      }
     } else if (auto merged = ApplyRuntime(job, *rt); merged.ok()) {
       in.job = std::move(*merged);
+      std::lock_guard<std::mutex> lock(runtimes_mu_);
+      last_runtime_[key] = RuntimeCopy{meta.value("uid", ""), runtime, FormatTime(std::chrono::system_clock::now()), *rt};
     } else {
       runtime_error = merged.status();
     }
@@ -739,6 +765,7 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   // 5. The Events, once the status is written.
   std::vector<EventToRecord> events = plan.events;
   events.insert(events.end(), created.events.begin(), created.events.end());
+  events.insert(events.end(), runtime_events.begin(), runtime_events.end());
   for (const auto& ev : events) {
     if (ev.reason == "InvalidSpec") out.invalid_spec = true;
     Log(key + ": " + ev.reason + ": " + ev.message);

@@ -155,6 +155,15 @@ class Reconciler {
   // One gang admitted at a time, so two never count the same free room.
   std::mutex admission_mu_;
   std::map<std::string, std::string> gang_waiting_;  // job key -> the last reason given
+  // Job key -> the TrainingRuntime its spec was last merged with (job uid, runtime name, the
+  // object): a runtime deleted under a job leaves the job this copy to go on with, in this
+  // process (a restarted operator has none, and the job waits).
+  struct RuntimeCopy {
+    std::string job_uid, name, read_at;
+    nlohmann::json runtime;
+  };
+  std::mutex runtimes_mu_;
+  std::map<std::string, RuntimeCopy> last_runtime_;
 };
 
 }  // namespace meshwork::op

@@ -442,6 +442,34 @@ TEST_F(ReconcilerTest, ARuntimeEditThatBreaksTheSpecDoesNotKillARunningGang) {
   EXPECT_EQ(out.requeue_after, seconds(10));
 }
 
+TEST_F(ReconcilerTest, ARuntimeDeletedUnderARunningJobLeavesItsLifecycleGoingOnTheLastCopy) {
+  api_.Add(Runtimes(), {{"metadata", {{"name", "cpu-pool"}, {"namespace", ""}}}, {"spec", {{"device", "cpu"}}}});
+  const json running = {{"launchedGeneration", 0}, {"restartGeneration", 0}, {"phase", "Running"}};
+  SetJob(Job({{"runtimeRef", {{"name", "cpu-pool"}}}}, running));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);  // merged: the operator keeps this copy
+
+  // The runtime is deleted; then the gang finishes. The job still sees it and succeeds.
+  ASSERT_TRUE(api_.Delete(Runtimes(), "", "cpu-pool", k8s::DeleteOptions{}).ok());
+  SetJob(Job({{"runtimeRef", {{"name", "cpu-pool"}}}}, running));
+  SetPods({Pod(0, 0, "Succeeded", 0), Pod(1, 0, "Succeeded", 0)});
+  events_.clear();
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.phase, "Succeeded");
+  EXPECT_THAT(events_, Contains("RuntimeNotFound"));
+  EXPECT_THAT(events_, Contains("AllRanksSucceeded"));
+
+  // An operator restarted since has no copy: the job waits for its runtime, as before.
+  SetJob(Job({{"runtimeRef", {{"name", "cpu-pool"}}}}, running));
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(out.phase, "Running");
+  EXPECT_EQ(out.requeue_after, seconds(10));
+}
+
 TEST_F(ReconcilerTest, ASpecWrongOnlyOnceMergedNamesTheRuntime) {
   api_.Add(Runtimes(),
            {{"metadata", {{"name", "cpu-pool"}}}, {"spec", {{"device", "cpu"}}}});  // no image
