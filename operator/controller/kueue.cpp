@@ -37,6 +37,27 @@ k8s::ResourceRef KueueResourceFlavors() {
   return k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "resourceflavors", /*namespaced=*/false);
 }
 
+k8s::ResourceRef KueueWorkloadPriorityClasses() {
+  return k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", /*namespaced=*/false);
+}
+k8s::ResourceRef PriorityClasses() {
+  return k8s::resources::Custom("scheduling.k8s.io", "v1", "priorityclasses", /*namespaced=*/false);
+}
+
+json WorkloadPriorityClassRef(const json& job, const json& pod) {
+  const json labels = job.value("metadata", json::object()).value("labels", json::object());
+  if (labels.contains(kKueuePriorityClassLabel) && labels[kKueuePriorityClassLabel].is_string() &&
+      !labels[kKueuePriorityClassLabel].get<std::string>().empty()) {
+    return {{"group", "kueue.x-k8s.io"}, {"kind", "WorkloadPriorityClass"}, {"name", labels[kKueuePriorityClassLabel]}};
+  }
+  const json pod_spec = pod.value("spec", json::object());
+  if (pod_spec.contains("priorityClassName") && pod_spec["priorityClassName"].is_string() &&
+      !pod_spec["priorityClassName"].get<std::string>().empty()) {
+    return {{"group", "scheduling.k8s.io"}, {"kind", "PriorityClass"}, {"name", pod_spec["priorityClassName"]}};
+  }
+  return nullptr;
+}
+
 std::vector<std::string> AdmittedFlavors(const json& workload) {
   std::set<std::string> names;
   const json admission = workload.value("status", json::object()).value("admission", json::object());

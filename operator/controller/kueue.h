@@ -23,11 +23,22 @@ namespace meshwork::op {
 
 inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 inline constexpr const char* kKueueJobUidLabel = "kueue.x-k8s.io/job-uid";
+inline constexpr const char* kKueuePriorityClassLabel = "kueue.x-k8s.io/priority-class";
 inline constexpr const char* kKueueApiVersion = "kueue.x-k8s.io/v1beta2";
 
 // kueue.x-k8s.io/v1beta2 workloads, and resourceflavors (cluster-scoped).
 k8s::ResourceRef KueueWorkloads();
 k8s::ResourceRef KueueResourceFlavors();
+// kueue.x-k8s.io/v1beta2 workloadpriorityclasses and scheduling.k8s.io/v1 priorityclasses (both
+// cluster-scoped).
+k8s::ResourceRef KueueWorkloadPriorityClasses();
+k8s::ResourceRef PriorityClasses();
+
+// The priority class a job's Workload takes, as Kueue's own integrations choose it: the
+// WorkloadPriorityClass the job's label kueue.x-k8s.io/priority-class names, else the
+// PriorityClass of the trainer Pod's priorityClassName (`pod`, as DesiredPod makes it), else none
+// (null). {group, kind, name}, the Workload's spec.priorityClassRef.
+nlohmann::json WorkloadPriorityClassRef(const nlohmann::json& job, const nlohmann::json& pod);
 
 // The LocalQueue the job names in its kueue.x-k8s.io/queue-name label, "" when none (the job is
 // not Kueue's).

@@ -670,7 +670,24 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
       }
       if (!workload) {
         const int64_t gen = status.value("restartGeneration", int64_t{0});
-        auto made = api_->Create(KueueWorkloads(), ns, DesiredWorkload(in.job, *spec, DesiredPod(in.job, *spec, 0, gen)));
+        const json pod = DesiredPod(in.job, *spec, 0, gen);
+        json want = DesiredWorkload(in.job, *spec, pod);
+        // The Workload's priority, by which Kueue orders and preempts: the class's value, read now.
+        if (const json ref = WorkloadPriorityClassRef(job, pod); !ref.is_null()) {
+          const bool kueue_class = ref["kind"] == "WorkloadPriorityClass";
+          const std::string name = ref["name"];
+          auto cls = api_->Get(kueue_class ? KueueWorkloadPriorityClasses() : PriorityClasses(), "", name);
+          if (!cls.ok()) {
+            return Failed(cls.error(), "reading " + ref["kind"].get<std::string>() + " " + name + " for the Workload of " +
+                                           key + " (" +
+                                           (kueue_class ? "the job's label " + std::string(kKueuePriorityClassLabel)
+                                                        : std::string("the Pod template's priorityClassName")) +
+                                           ")");
+          }
+          want["spec"]["priorityClassRef"] = ref;
+          want["spec"]["priority"] = cls->value("value", int64_t{0});
+        }
+        auto made = api_->Create(KueueWorkloads(), ns, want);
         if (!made.ok() && !k8s::IsAlreadyExists(made.error())) {
           return Failed(made.error(), "creating Workload of " + key +
                                           (k8s::IsNotFound(made.error())

@@ -193,8 +193,10 @@ def main():
         cluster_roles = objects(docs, "ClusterRole")
         cluster_scoped = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
                           {"apiGroups": ["meshwork.dev"], "resources": ["trainingruntimes"], "verbs": ["get"]},
-                          {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"], "verbs": ["get"]}]
-        check("namespaced: one ClusterRole, which only lists Nodes (gang admission), gets TrainingRuntimes and ResourceFlavors, "
+                          {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
+                           "verbs": ["get"]},
+                          {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}]
+        check("namespaced: one ClusterRole, which only lists Nodes (gang admission), gets TrainingRuntimes, ResourceFlavors and priority classes, "
               "and its binding",
               [r["metadata"]["name"] for r in cluster_roles] == ["meshwork-meshwork-operator-cluster-scoped"]
               and cluster_roles[0]["rules"] == cluster_scoped

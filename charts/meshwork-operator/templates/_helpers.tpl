@@ -114,7 +114,10 @@ operator watches one namespace. */}}
   resources: [trainingruntimes]
   verbs: [get]
 - apiGroups: [kueue.x-k8s.io]
-  resources: [resourceflavors]
+  resources: [resourceflavors, workloadpriorityclasses]
+  verbs: [get]
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
   verbs: [get]
 {{- end }}
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "operator/controller/desired.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/training_runtime.h"
 #include "tests/operator/controller/builders.h"
 #include "tests/operator/k8s/fake_object_api.h"
@@ -305,6 +306,38 @@ TEST_F(ReconcilerTest, AGangKueueAdmittedIsPlacedOnItsResourceFlavors) {
   EXPECT_THAT(out.message, HasSubstr("ResourceFlavor big-memory places the gang on nodes with memory-class=\"large\", "
                                      "but the Pod template's nodeSelector asks for memory-class=\"small\""));
   EXPECT_THAT(Calls("create pods"), IsEmpty());
+}
+
+TEST_F(ReconcilerTest, AKueueJobsWorkloadTakesItsPriorityClass) {
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  json job = Job();
+  job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent";
+  SetJob(job);
+  // The class does not exist: no Workload, an error naming the label and the class.
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("reading WorkloadPriorityClass urgent for the Workload of ml/tiny (the job's label "
+                                     "kueue.x-k8s.io/priority-class)"));
+  EXPECT_FALSE(api_.Find(workloads, "ml", "trainingjob-tiny").has_value());
+
+  api_.Add(k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", false),
+           {{"metadata", {{"name", "urgent"}, {"namespace", ""}}}, {"value", 5000}});
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  const auto wl = api_.Find(workloads, "ml", "trainingjob-tiny");
+  ASSERT_TRUE(wl.has_value());
+  EXPECT_EQ((*wl)["spec"]["priorityClassRef"],
+            json::parse(R"({"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"})"));
+  EXPECT_EQ((*wl)["spec"]["priority"], 5000);
+  EXPECT_THAT(Calls("create pods"), IsEmpty());  // held until Kueue admits it
+
+  // Without the label, the Pod template's priorityClassName (a PriorityClass) decides.
+  const json pod = DesiredPod(Job({{"template", {{"spec", {{"priorityClassName", "batch-high"}}}}}}),
+                              *ParseSpec(Job({{"template", {{"spec", {{"priorityClassName", "batch-high"}}}}}})), 0, 0);
+  EXPECT_EQ(WorkloadPriorityClassRef(Job(), pod),
+            json::parse(R"({"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "batch-high"})"));
+  EXPECT_TRUE(WorkloadPriorityClassRef(Job(), DesiredPod(Job(), *ParseSpec(Job()), 0, 0)).is_null());
 }
 
 TEST_F(ReconcilerTest, AJobManagedByAnotherControllerIsLeftAlone) {

@@ -108,6 +108,7 @@ kind: ClusterQueue
 metadata: {name: cq}
 spec:
   namespaceSelector: {}
+  preemption: {withinClusterQueue: LowerPriority}
   resourceGroups:
   - coveredResources: [cpu]
     flavors:
@@ -116,16 +117,27 @@ spec:
       - {name: cpu, nominalQuota: 2}
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {name: low}
+value: 10
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {name: high}
+value: 1000
+---
+apiVersion: kueue.x-k8s.io/v1beta2
 kind: LocalQueue
 metadata: {name: lq, namespace: kq}
 spec: {clusterQueue: cq}
 EOF
 )" || { fail "queues: $out"; finish; }
 
-# job NAME SECONDS QUEUE: 2 Pods x 1 CPU that sleep; QUEUE "" = no Kueue label.
+# job NAME SECONDS QUEUE [PRIORITY]: 2 Pods x 1 CPU that sleep; QUEUE "" = no Kueue label;
+# PRIORITY a WorkloadPriorityClass (label kueue.x-k8s.io/priority-class).
 job() {
   local labels="{}"
-  [ -n "$3" ] && labels="{kueue.x-k8s.io/queue-name: $3}"
+  [ -n "$3" ] && labels="{kueue.x-k8s.io/queue-name: $3${4:+, kueue.x-k8s.io/priority-class: $4}}"
   cat <<EOF
 ---
 apiVersion: meshwork.dev/v1alpha1
@@ -191,4 +203,20 @@ if e2e_wait_for 60 "ev runs" bash -c "[ \"\$(kubectl -n kq get tj ev -o jsonpath
     [ "$(jp ev '{.status.restarts}')" = 0 ] &&
     pass "reactivated, Kueue admits it again and it succeeds, no restart counted" || fail "ev: $(jp ev '{.status}')"
 else fail "ev did not run: $(jp ev '{.status}')"; fi
+
+# Priority: a high-priority job preempts a running low-priority one through Kueue; both succeed.
+job lo 25 lq low | k apply -f - >/dev/null
+if e2e_wait_for 60 "lo runs" bash -c "[ \"\$(kubectl -n kq get tj lo -o jsonpath='{.status.phase}')\" = Running ]"; then
+  job hi 4 lq high | k apply -f - >/dev/null
+  prio="$(k get workloads.kueue.x-k8s.io trainingjob-hi trainingjob-lo -o jsonpath='{range .items[*]}{.spec.priorityClassRef.kind}/{.spec.priorityClassRef.name}={.spec.priority} {end}' 2>&1)"
+  [ "$prio" = "WorkloadPriorityClass/high=1000 WorkloadPriorityClass/low=10 " ] &&
+    pass "the priority-class label gives each Workload its WorkloadPriorityClass and value ($prio)" || fail "priorities: '$prio'"
+  if e2e_wait_for 60 "lo preempted" bash -c "kubectl -n kq get tj lo -o jsonpath='{.status.conditions[?(@.type==\"Suspended\")].message}' | grep -q Preempted"; then
+    pass "Kueue preempted the running low-priority gang for the high one: $(jp lo '{.status.conditions[?(@.type=="Suspended")].message}' | cut -c1-90)"
+  else fail "lo was not preempted: $(jp lo '{.status.conditions}')"; fi
+  e2e_wait_for 120 "hi and lo succeed" bash -c "[ \"\$(kubectl -n kq get tj hi lo -o jsonpath='{.items[*].status.phase}')\" = 'Succeeded Succeeded' ]" &&
+    [ "$(jp lo '{.status.restarts}')" = 0 ] &&
+    pass "the high-priority job ran, then the preempted one was admitted again and succeeded, no restart counted" ||
+    fail "hi/lo: $(k get tj hi lo 2>&1)"
+else fail "lo did not run: $(jp lo '{.status}')"; fi
 finish
