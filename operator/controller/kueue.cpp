@@ -125,8 +125,36 @@ json DesiredWorkload(const json& job, const JobSpec& spec, const json& pod) {
                      {"ownerReferences", json::array({OwnerReference(job)})}}},
                    {"spec",
                     {{"queueName", KueueQueue(job)},
-                     {"podSets", json::array({{{"name", "trainer"}, {"count", spec.replicas}, {"template", tmpl}}})}}}};
+                     {"podSets", json::array({{{"name", kKueuePodSetName}, {"count", spec.replicas}, {"template", tmpl}}})}}}};
+  const json annotations = pod["metadata"].value("annotations", json::object());
+  json request = json::object();
+  if (annotations.contains(kKueueRequiredTopology)) request["required"] = annotations[kKueueRequiredTopology];
+  if (annotations.contains(kKueuePreferredTopology)) request["preferred"] = annotations[kKueuePreferredTopology];
+  if (annotations.value(kKueueUnconstrainedTopology, json("")) == "true") request["unconstrained"] = true;
+  if (!request.empty()) {
+    request["podIndexLabel"] = kIndexLabel;
+    workload["spec"]["podSets"][0]["topologyRequest"] = request;
+  }
   return workload;
+}
+
+bool AdmittedByTopology(const json& workload) {
+  const json admission = workload.value("status", json::object()).value("admission", json::object());
+  for (const json& assignment : admission.value("podSetAssignments", json::array())) {
+    if (assignment.is_object() && assignment.contains("topologyAssignment") && !assignment["topologyAssignment"].is_null()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+json GateForTopology(json pod, const std::string& workload_name) {
+  pod["metadata"]["labels"][kKueuePodSetLabel] = kKueuePodSetName;
+  pod["metadata"]["annotations"][kKueueWorkloadAnnotation] = workload_name;
+  json& gates = pod["spec"]["schedulingGates"];
+  if (!gates.is_array()) gates = json::array();
+  gates.push_back({{"name", kKueueTopologyGate}});
+  return pod;
 }
 
 WorkloadState ReadWorkload(const json& workload) {

@@ -24,6 +24,16 @@ namespace meshwork::op {
 inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 inline constexpr const char* kKueueJobUidLabel = "kueue.x-k8s.io/job-uid";
 inline constexpr const char* kKueuePriorityClassLabel = "kueue.x-k8s.io/priority-class";
+// Topology-aware scheduling (Kueue's TAS): the Pod template's annotations that ask for it, and
+// what an admitted gang's Pods carry so that Kueue's topology ungater finds them, puts each on its
+// domain (a nodeSelector) and lifts its gate.
+inline constexpr const char* kKueueRequiredTopology = "kueue.x-k8s.io/podset-required-topology";
+inline constexpr const char* kKueuePreferredTopology = "kueue.x-k8s.io/podset-preferred-topology";
+inline constexpr const char* kKueueUnconstrainedTopology = "kueue.x-k8s.io/podset-unconstrained-topology";
+inline constexpr const char* kKueueTopologyGate = "kueue.x-k8s.io/topology";
+inline constexpr const char* kKueuePodSetLabel = "kueue.x-k8s.io/podset";
+inline constexpr const char* kKueueWorkloadAnnotation = "kueue.x-k8s.io/workload";
+inline constexpr const char* kKueuePodSetName = "trainer";
 inline constexpr const char* kKueueApiVersion = "kueue.x-k8s.io/v1beta2";
 
 // kueue.x-k8s.io/v1beta2 workloads, and resourceflavors (cluster-scoped).
@@ -49,6 +59,9 @@ std::string WorkloadName(const nlohmann::json& job);
 
 // The job's Workload: queueName, one pod set "trainer" of `replicas` Pods whose template is
 // `pod` (a Pod DesiredPod made) without what only a created Pod has (its name, gates, group).
+// A template annotated kueue.x-k8s.io/podset-{required,preferred,unconstrained}-topology gives
+// the pod set a topologyRequest, with podIndexLabel meshwork.dev/replica-index so that Kueue
+// places replicas (and so ranks) in order.
 nlohmann::json DesiredWorkload(const nlohmann::json& job, const JobSpec& spec, const nlohmann::json& pod);
 
 // What a Workload's status says to the job.
@@ -75,6 +88,12 @@ std::vector<std::string> AdmittedFlavors(const nlohmann::json& workload);
 // tolerations (each once). A label that two flavors, or a flavor and the Pod's own nodeSelector
 // (the template's), set to different values can place the Pod nowhere: an error naming both.
 Result<nlohmann::json> PlaceOnFlavors(nlohmann::json pod, const std::vector<nlohmann::json>& flavors);
+
+// Whether Kueue admitted the Workload with a topology assignment (TAS).
+bool AdmittedByTopology(const nlohmann::json& workload);
+// `pod` as Kueue's topology ungater expects it: gate kueue.x-k8s.io/topology, label
+// kueue.x-k8s.io/podset: trainer, annotation kueue.x-k8s.io/workload: <workload name>.
+nlohmann::json GateForTopology(nlohmann::json pod, const std::string& workload_name);
 
 // `workload` with Finished=True (reason Succeeded or Failed), nullopt when it already is.
 std::optional<nlohmann::json> FinishWorkload(const nlohmann::json& workload, bool succeeded, const std::string& message,

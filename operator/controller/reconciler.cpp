@@ -339,7 +339,7 @@ std::optional<ReconcileOutcome> Reconciler::PlaceOnAdmittedFlavors(const std::st
                                                 workload["metadata"].value("name", ""));
     flavors.push_back(std::move(*flavor));
   }
-  if (flavors.empty()) return std::nullopt;
+  const bool topology = AdmittedByTopology(workload);
   for (json& pod : *pods) {
     auto placed = PlaceOnFlavors(pod, flavors);
     if (!placed.ok()) {
@@ -347,6 +347,8 @@ std::optional<ReconcileOutcome> Reconciler::PlaceOnAdmittedFlavors(const std::st
                     "placing the gang of " + key + " on its Kueue flavors");
     }
     pod = std::move(*placed);
+    // Kueue chose a topology domain for each replica: its ungater puts the Pod there.
+    if (topology) pod = GateForTopology(std::move(pod), workload["metadata"].value("name", ""));
   }
   return std::nullopt;
 }

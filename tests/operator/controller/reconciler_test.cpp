@@ -292,6 +292,8 @@ TEST_F(ReconcilerTest, AGangKueueAdmittedIsPlacedOnItsResourceFlavors) {
   EXPECT_EQ((*pod)["spec"]["nodeSelector"],
             json::parse(R"({"disk": "ssd", "cloud.example.com/pool": "spot", "memory-class": "large"})"));
   EXPECT_EQ((*pod)["spec"]["tolerations"], json::parse(R"([{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}])"));
+  // No topology assignment: no Kueue topology gate.
+  EXPECT_EQ((*pod)["spec"]["schedulingGates"], json::parse(R"([{"name": "meshwork.dev/gang"}])"));
 
   // A flavor whose nodes the template rules out: no Pod, an error naming both.
   json conflicting = Job({{"template", {{"spec", {{"nodeSelector", {{"memory-class", "small"}}}}}}}});
@@ -306,6 +308,34 @@ TEST_F(ReconcilerTest, AGangKueueAdmittedIsPlacedOnItsResourceFlavors) {
   EXPECT_THAT(out.message, HasSubstr("ResourceFlavor big-memory places the gang on nodes with memory-class=\"large\", "
                                      "but the Pod template's nodeSelector asks for memory-class=\"small\""));
   EXPECT_THAT(Calls("create pods"), IsEmpty());
+}
+
+TEST_F(ReconcilerTest, ATopologyAdmittedGangIsGatedForKueuesTopologyUngater) {
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  // The template asks for one rack: the Workload's pod set says so, with the replica index.
+  json job = Job({{"template", {{"metadata", {{"annotations", {{"kueue.x-k8s.io/podset-required-topology", "example.com/rack"}}}}}}}});
+  job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  SetJob(job);
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  auto wl = api_.Find(workloads, "ml", "trainingjob-tiny");
+  ASSERT_TRUE(wl.has_value());
+  EXPECT_EQ((*wl)["spec"]["podSets"][0]["topologyRequest"],
+            json::parse(R"({"required": "example.com/rack", "podIndexLabel": "meshwork.dev/replica-index"})"));
+
+  // Admitted with a topology assignment: each Pod waits for Kueue's ungater to place it.
+  (*wl)["status"] = json::parse(R"({"admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "trainer",
+      "count": 2, "topologyAssignment": {"levels": ["example.com/rack"], "slices": []}}]},
+      "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]})");
+  api_.Add(workloads, *wl);
+  SetJob(job);
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-1");
+  ASSERT_TRUE(pod.has_value()) << "the admitted gang was not created";
+  EXPECT_EQ((*pod)["metadata"]["labels"]["kueue.x-k8s.io/podset"], "trainer");
+  EXPECT_EQ((*pod)["metadata"]["annotations"]["kueue.x-k8s.io/workload"], "trainingjob-tiny");
+  EXPECT_THAT((*pod)["spec"]["schedulingGates"].dump(), HasSubstr(R"({"name":"kueue.x-k8s.io/topology"})"));
 }
 
 TEST_F(ReconcilerTest, AKueueJobsWorkloadTakesItsPriorityClass) {

@@ -130,6 +130,37 @@ apiVersion: kueue.x-k8s.io/v1beta2
 kind: LocalQueue
 metadata: {name: lq, namespace: kq}
 spec: {clusterQueue: cq}
+---
+# Topology-aware scheduling: one level, the node; a flavor on it; its own queue.
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Topology
+metadata: {name: hosts}
+spec:
+  levels: [{nodeLabel: kubernetes.io/hostname}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: tas-flavor}
+spec:
+  nodeLabels: {kubernetes.io/os: linux}
+  topologyName: hosts
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: cq-tas}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu]
+    flavors:
+    - name: tas-flavor
+      resources:
+      - {name: cpu, nominalQuota: 2}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: lq-tas, namespace: kq}
+spec: {clusterQueue: cq-tas}
 EOF
 )" || { fail "queues: $out"; finish; }
 
@@ -219,4 +250,18 @@ if e2e_wait_for 60 "lo runs" bash -c "[ \"\$(kubectl -n kq get tj lo -o jsonpath
     pass "the high-priority job ran, then the preempted one was admitted again and succeeded, no restart counted" ||
     fail "hi/lo: $(k get tj hi lo 2>&1)"
 else fail "lo did not run: $(jp lo '{.status}')"; fi
+
+# Topology: a gang that requires one node; Kueue assigns the domain, its ungater places the Pods.
+job tas 3 lq-tas | sed 's|^  image: busybox|  image: busybox\n  template: {metadata: {annotations: {kueue.x-k8s.io/podset-required-topology: kubernetes.io/hostname}}}|' |
+  k apply -f - >/dev/null
+req="$(k get workloads.kueue.x-k8s.io trainingjob-tas -o jsonpath='{.spec.podSets[0].topologyRequest.required} {.spec.podSets[0].topologyRequest.podIndexLabel}' 2>&1)"
+[ "$req" = "kubernetes.io/hostname meshwork.dev/replica-index" ] &&
+  pass "the template's topology annotation is the Workload's topologyRequest, replicas indexed ($req)" || fail "topologyRequest: '$req'"
+if e2e_wait_for 90 "tas succeeds" bash -c "[ \"\$(kubectl -n kq get tj tas -o jsonpath='{.status.phase}')\" = Succeeded ]"; then
+  node="$(k get nodes -o jsonpath='{.items[0].metadata.name}')"
+  placed="$(k get pod tas-0 tas-1 -o jsonpath='{range .items[*]}{.spec.nodeSelector.kubernetes\.io/hostname}/{.spec.schedulingGates}/{.metadata.annotations.kueue\.x-k8s\.io/workload} {end}' 2>&1)"
+  [ "$placed" = "$node//trainingjob-tas $node//trainingjob-tas " ] &&
+    pass "Kueue's topology ungater put each Pod on its assigned domain ($node) and lifted the gate; the job succeeded" ||
+    fail "tas Pods: '$placed' (node $node)"
+else fail "tas did not succeed: $(jp tas '{.status}'); workload $(k get workloads.kueue.x-k8s.io trainingjob-tas -o jsonpath='{.status}' 2>&1 | cut -c1-400)"; fi
 finish
