@@ -109,7 +109,16 @@ std::string KueueQueue(const json& job) {
   return labels[kKueueQueueLabel].get<std::string>();
 }
 
-std::string WorkloadName(const json& job) { return "trainingjob-" + job["metadata"].value("name", ""); }
+std::string PrebuiltWorkload(const json& job) {
+  const json labels = job.value("metadata", json::object()).value("labels", json::object());
+  const json value = labels.value(kKueuePrebuiltWorkloadLabel, json(""));
+  return value.is_string() ? value.get<std::string>() : "";
+}
+
+std::string WorkloadName(const json& job) {
+  const std::string prebuilt = PrebuiltWorkload(job);
+  return prebuilt.empty() ? "trainingjob-" + job["metadata"].value("name", "") : prebuilt;
+}
 
 json DesiredWorkload(const json& job, const JobSpec& spec, const json& pod) {
   const json& meta = job["metadata"];

@@ -54,7 +54,15 @@ nlohmann::json WorkloadPriorityClassRef(const nlohmann::json& job, const nlohman
 // not Kueue's).
 std::string KueueQueue(const nlohmann::json& job);
 
-// "trainingjob-<name>": the Workload of a job.
+// MultiKueue: the manager a job names in spec.managedBy to be run in a worker cluster; the
+// label MultiKueue puts on that worker-cluster copy, naming the Workload it made for it there.
+inline constexpr const char* kMultiKueueManager = "kueue.x-k8s.io/multikueue";
+inline constexpr const char* kKueuePrebuiltWorkloadLabel = "kueue.x-k8s.io/prebuilt-workload-name";
+
+// The Workload a job's label kueue.x-k8s.io/prebuilt-workload-name names, "" when none.
+std::string PrebuiltWorkload(const nlohmann::json& job);
+
+// The Workload of a job: its prebuilt one when labelled so, else "trainingjob-<name>".
 std::string WorkloadName(const nlohmann::json& job);
 
 // The job's Workload: queueName, one pod set "trainer" of `replicas` Pods whose template is

@@ -330,6 +330,59 @@ k8s::Error Reconciler::EnsureRendezvousSecret(const json& job) {
   return k8s::Error::Ok();
 }
 
+std::optional<ReconcileOutcome> Reconciler::CreateWorkload(const std::string& key, const json& job,
+                                                           const json& merged, const JobSpec& spec, int64_t generation) {
+  const std::string ns = job["metadata"].value("namespace", "default");
+  const json pod = DesiredPod(merged, spec, 0, generation);
+  json want = DesiredWorkload(merged, spec, pod);
+  // The Workload's priority, by which Kueue orders and preempts: the class's value, read now.
+  if (const json ref = WorkloadPriorityClassRef(job, pod); !ref.is_null()) {
+    const bool kueue_class = ref["kind"] == "WorkloadPriorityClass";
+    const std::string name = ref["name"];
+    auto cls = api_->Get(kueue_class ? KueueWorkloadPriorityClasses() : PriorityClasses(), "", name);
+    if (!cls.ok()) {
+      return Failed(cls.error(), "reading " + ref["kind"].get<std::string>() + " " + name + " for the Workload of " + key +
+                                     " (" +
+                                     (kueue_class ? "the job's label " + std::string(kKueuePriorityClassLabel)
+                                                  : std::string("the Pod template's priorityClassName")) +
+                                     ")");
+    }
+    want["spec"]["priorityClassRef"] = ref;
+    want["spec"]["priority"] = cls->value("value", int64_t{0});
+  }
+  auto made = api_->Create(KueueWorkloads(), ns, want);
+  if (!made.ok() && !k8s::IsAlreadyExists(made.error())) {
+    return Failed(made.error(), "creating Workload of " + key +
+                                    (k8s::IsNotFound(made.error())
+                                         ? " (the job's label " + std::string(kKueueQueueLabel) +
+                                               " asks for Kueue, whose Workload API kueue.x-k8s.io/v1beta2 is not installed)"
+                                         : ""));
+  }
+  return std::nullopt;
+}
+
+std::optional<ReconcileOutcome> Reconciler::ReconcileForMultiKueue(const std::string& key, const json& job) {
+  // MultiKueue runs the job in a worker cluster and copies that copy's status here: this
+  // cluster's part is the Workload that MultiKueue dispatches, nothing else (no Pods, no status).
+  if (KueueQueue(job).empty()) return std::nullopt;
+  json merged = job;
+  if (const std::string runtime = RuntimeName(job); !runtime.empty()) {
+    auto rt = api_->Get(Runtimes(), "", runtime);
+    if (!rt.ok()) return Failed(rt.error(), "reading TrainingRuntime " + runtime + " for the Workload of " + key);
+    auto applied = ApplyRuntime(job, *rt);
+    if (!applied.ok()) {
+      return Failed(k8s::Error(k8s::ErrorKind::kInvalid, applied.status().message()), "the Workload of " + key);
+    }
+    merged = std::move(*applied);
+  }
+  auto spec = ParseSpec(merged);
+  if (!spec.ok()) return Failed(k8s::Error(k8s::ErrorKind::kInvalid, spec.status().message()), "the Workload of " + key);
+  auto have = api_->Get(KueueWorkloads(), job["metadata"].value("namespace", "default"), WorkloadName(job));
+  if (have.ok()) return std::nullopt;
+  if (!k8s::IsNotFound(have.error())) return Failed(have.error(), "reading Workload of " + key);
+  return CreateWorkload(key, job, merged, *spec, 0);
+}
+
 std::optional<ReconcileOutcome> Reconciler::PlaceOnAdmittedFlavors(const std::string& key, const json& workload,
                                                                    std::vector<json>* pods) {
   std::vector<json> flavors;
@@ -560,9 +613,13 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   const json& job = *cached;
   const json& meta = job["metadata"];
   if (meta.contains("deletionTimestamp") && !meta["deletionTimestamp"].is_null()) return {};
-  // Another controller runs this job (spec.managedBy, immutable): nothing here touches it.
-  if (!OtherManager(job).empty()) {
+  // Another controller runs this job (spec.managedBy, immutable): nothing here touches it, but
+  // for MultiKueue the operator still makes the Workload it dispatches.
+  if (const std::string manager = OtherManager(job); !manager.empty()) {
     Forget(key);
+    if (manager == kMultiKueueManager) {
+      if (auto failed = ReconcileForMultiKueue(key, job)) return *failed;
+    }
     return {};
   }
   const json status = job.value("status", json::object());
@@ -662,7 +719,7 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
     if (!finished) {
       // A Workload of another size (a resize while queued) is replaced, as Kueue's job framework does.
       const json pod_sets = workload ? workload->value("spec", json::object()).value("podSets", json::array()) : json();
-      if (workload && !queue_state.has_admission &&
+      if (workload && !queue_state.has_admission && PrebuiltWorkload(job).empty() &&
           !(pod_sets.is_array() && pod_sets.size() == 1 && pod_sets[0].value("count", -1) == spec->replicas)) {
         k8s::DeleteOptions opts;
         opts.precondition_uid = (*workload)["metadata"].value("uid", "");
@@ -671,34 +728,18 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
         workload.reset();
       }
       if (!workload) {
-        const int64_t gen = status.value("restartGeneration", int64_t{0});
-        const json pod = DesiredPod(in.job, *spec, 0, gen);
-        json want = DesiredWorkload(in.job, *spec, pod);
-        // The Workload's priority, by which Kueue orders and preempts: the class's value, read now.
-        if (const json ref = WorkloadPriorityClassRef(job, pod); !ref.is_null()) {
-          const bool kueue_class = ref["kind"] == "WorkloadPriorityClass";
-          const std::string name = ref["name"];
-          auto cls = api_->Get(kueue_class ? KueueWorkloadPriorityClasses() : PriorityClasses(), "", name);
-          if (!cls.ok()) {
-            return Failed(cls.error(), "reading " + ref["kind"].get<std::string>() + " " + name + " for the Workload of " +
-                                           key + " (" +
-                                           (kueue_class ? "the job's label " + std::string(kKueuePriorityClassLabel)
-                                                        : std::string("the Pod template's priorityClassName")) +
-                                           ")");
+        // With the prebuilt-workload label (MultiKueue's copy of a job, in a worker cluster) the
+        // Workload is MultiKueue's to make: the job waits for it.
+        if (PrebuiltWorkload(job).empty()) {
+          if (auto failed = CreateWorkload(key, job, in.job, *spec, status.value("restartGeneration", int64_t{0}))) {
+            return *failed;
           }
-          want["spec"]["priorityClassRef"] = ref;
-          want["spec"]["priority"] = cls->value("value", int64_t{0});
         }
-        auto made = api_->Create(KueueWorkloads(), ns, want);
-        if (!made.ok() && !k8s::IsAlreadyExists(made.error())) {
-          return Failed(made.error(), "creating Workload of " + key +
-                                          (k8s::IsNotFound(made.error())
-                                               ? " (the job's label " + std::string(kKueueQueueLabel) +
-                                                     " asks for Kueue, whose Workload API kueue.x-k8s.io/v1beta2 is not installed)"
-                                               : ""));
-        }
-        in.queued = "queued by Kueue in LocalQueue " + queue + ": Workload " + WorkloadName(job) +
-                    " is created and waits for admission";
+        in.queued = PrebuiltWorkload(job).empty()
+                        ? "queued by Kueue in LocalQueue " + queue + ": Workload " + WorkloadName(job) +
+                              " is created and waits for admission"
+                        : "queued by Kueue in LocalQueue " + queue + ": waiting for Workload " + WorkloadName(job) +
+                              ", which MultiKueue makes for this copy of a job (label " + kKueuePrebuiltWorkloadLabel + ")";
       } else if (!queue_state.admitted || queue_state.evicted) {
         in.queued = queue_state.why;
       }

@@ -126,6 +126,12 @@ class Reconciler {
   // Creates the rendezvous Secret with a fresh random token, once; a Secret of that name that
   // the job does not own, or that has no token, is an error naming it (never taken over).
   k8s::Error EnsureRendezvousSecret(const nlohmann::json& job);
+  // Creates the job's Kueue Workload (kueue.h, DesiredWorkload) for the spec merged with its
+  // runtime, with the priority of its class; an error (a missing class, no Kueue API) fails.
+  std::optional<ReconcileOutcome> CreateWorkload(const std::string& key, const nlohmann::json& job,
+                                                 const nlohmann::json& merged, const JobSpec& spec, int64_t generation);
+  // A job with spec.managedBy kueue.x-k8s.io/multikueue and a queue: its Workload, made once.
+  std::optional<ReconcileOutcome> ReconcileForMultiKueue(const std::string& key, const nlohmann::json& job);
   // Puts the Pods about to be created on the ResourceFlavors Kueue admitted the job's Workload
   // on (kueue.h, PlaceOnFlavors); an unreadable flavor or a conflict fails the reconcile.
   std::optional<ReconcileOutcome> PlaceOnAdmittedFlavors(const std::string& key, const nlohmann::json& workload,

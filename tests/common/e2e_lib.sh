@@ -125,3 +125,70 @@ e2e_summary() {
   echo "$1: $passed passed, $failed failed"
   [ "$failed" -eq 0 ]
 }
+
+# ---- Kueue (the real controller, built by scripts/kube-build.sh into $MESHWORK_KUBE_BIN)
+
+# e2e_require_kueue: exits 0 with a SKIP line (and why) when Kueue or openssl is missing.
+e2e_require_kueue() {
+  if [ ! -x "$MESHWORK_KUBE_BIN/kueue" ] || [ ! -d "$MESHWORK_KUBE_BIN/kueue-crds" ]; then
+    echo "SKIP: no kueue (and kueue-crds/) in MESHWORK_KUBE_BIN='$MESHWORK_KUBE_BIN' (scripts/kube-build.sh builds them)"
+    exit 0
+  fi
+  command -v openssl >/dev/null || { echo "SKIP: openssl is not installed (the Kueue metrics certificate needs it)"; exit 0; }
+}
+
+# e2e_kueue_certs: Kueue with its internal certificate management off reads a metrics
+# certificate from the fixed path /etc/kueue/metrics/certs: writes a self-signed one there when
+# none exists (as root, which CI is; e2e_kueue_cleanup removes what it made), and one for the
+# webhook server in $work/certs (the API server calls no webhook: Kueue's webhook configurations
+# are not installed). Returns 1 after a SKIP line when it cannot.
+e2e_kueue_made_certs=""
+e2e_kueue_certs() {
+  if [ ! -f /etc/kueue/metrics/certs/tls.crt ]; then
+    [ -d /etc/kueue ] || e2e_kueue_made_certs=/etc/kueue
+    [ -z "$e2e_kueue_made_certs" ] && [ ! -d /etc/kueue/metrics ] && e2e_kueue_made_certs=/etc/kueue/metrics
+    [ -z "$e2e_kueue_made_certs" ] && e2e_kueue_made_certs=/etc/kueue/metrics/certs
+    mkdir -p /etc/kueue/metrics/certs || { echo "SKIP: cannot write /etc/kueue/metrics/certs (not root?)"; return 1; }
+    openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kueue-metrics \
+      -keyout /etc/kueue/metrics/certs/tls.key -out /etc/kueue/metrics/certs/tls.crt 2>/dev/null
+  fi
+  mkdir -p "$work/certs"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kueue-webhook \
+    -keyout "$work/certs/tls.key" -out "$work/certs/tls.crt" 2>/dev/null
+}
+e2e_kueue_cleanup() { [ -n "$e2e_kueue_made_certs" ] && rm -rf "$e2e_kueue_made_certs"; }
+
+# e2e_kueue_apis KUBECONFIG: applies Kueue's CRDs and waits until discovery serves its kinds
+# (Kueue maps them once, at start; Established comes a moment before discovery shows a new CRD,
+# longer under load).
+e2e_kueue_apis() {
+  local out
+  out="$(KUBECONFIG="$1" kubectl apply --server-side -f "$MESHWORK_KUBE_BIN/kueue-crds/" 2>&1)" || { echo "$out"; return 1; }
+  KUBECONFIG="$1" e2e_wait_for 60 "Kueue's API in discovery" bash -c \
+    "kubectl get --raw /apis/kueue.x-k8s.io/v1beta2 2>/dev/null | grep -q '\"name\":\"workloads\"' &&
+     kubectl get --raw /apis/kueue.x-k8s.io/v1beta2 | grep -q '\"name\":\"clusterqueues\"'"
+}
+
+# e2e_start_kueue KUBECONFIG PREFIX [EXTRA_CONFIG_YAML]: starts Kueue against that cluster, with
+# TrainingJob as an external framework, config PREFIX.yaml, log PREFIX.log; waits for its workers.
+e2e_start_kueue() {
+  cat >"$2.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+manageJobsWithoutQueueName: false
+internalCertManagement: {enable: false}
+leaderElection: {leaderElect: false}
+health: {healthProbeBindAddress: "127.0.0.1:0"}
+metrics: {bindAddress: "0"}
+webhook: {port: $(e2e_free_port), host: 127.0.0.1, certDir: $work/certs}
+featureGates: {VisibilityOnDemand: false}
+integrations:
+  frameworks: ["batch/job"]
+  externalFrameworks: ["TrainingJob.v1alpha1.meshwork.dev"]
+${3:-}
+EOF
+  "$MESHWORK_KUBE_BIN/kueue" --config "$2.yaml" --kubeconfig "$1" >"$2.log" 2>&1 &
+  e2e_track $!
+  e2e_wait_for 60 "Kueue's controllers" grep -q '"msg":"Starting workers"' "$2.log"
+}

@@ -370,6 +370,29 @@ TEST_F(ReconcilerTest, AKueueJobsWorkloadTakesItsPriorityClass) {
   EXPECT_TRUE(WorkloadPriorityClassRef(Job(), DesiredPod(Job(), *ParseSpec(Job()), 0, 0)).is_null());
 }
 
+TEST_F(ReconcilerTest, MultiKueuesCopyOfAJobWaitsForThePrebuiltWorkload) {
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  json job = Job();
+  job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  job["metadata"]["labels"]["kueue.x-k8s.io/prebuilt-workload-name"] = "tiny-f00d";
+  SetJob(job);
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("create"), IsEmpty());  // not its own Workload, and no Pods
+  EXPECT_THAT(Status().dump(), HasSubstr("waiting for Workload tiny-f00d, which MultiKueue makes"));
+  // MultiKueue's Workload, admitted in this (worker) cluster: the gang starts.
+  api_.Add(workloads, json::parse(R"({"metadata": {"name": "tiny-f00d", "namespace": "ml"},
+      "spec": {"queueName": "lq", "podSets": [{"name": "trainer", "count": 2}]},
+      "status": {"admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "trainer", "count": 2}]},
+                 "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]}})"));
+  SetJob(job);
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("create pods"), ElementsAre("create pods ml/tiny-0", "create pods ml/tiny-1"));
+}
+
 TEST_F(ReconcilerTest, AJobManagedByAnotherControllerIsLeftAlone) {
   // MultiKueue's management cluster: the job is a copy that MultiKueue runs elsewhere.
   SetJob(Job({{"managedBy", "kueue.x-k8s.io/multikueue"}}));
@@ -377,6 +400,24 @@ TEST_F(ReconcilerTest, AJobManagedByAnotherControllerIsLeftAlone) {
   EXPECT_TRUE(out.ok) << out.message;
   EXPECT_THAT(api_.calls(), IsEmpty());  // no children, no status write
   EXPECT_THAT(events_, IsEmpty());
+  // With a queue, the one thing done here is the Workload MultiKueue dispatches to a worker.
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  json queued = Job({{"managedBy", "kueue.x-k8s.io/multikueue"}});
+  queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  SetJob(queued);
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(api_.calls(), ElementsAre("get workloads ml/trainingjob-tiny", "create workloads ml/trainingjob-tiny"));
+  EXPECT_EQ((*api_.Find(workloads, "ml", "trainingjob-tiny"))["spec"]["podSets"][0]["count"], 2);
+  api_.ClearCalls();
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_THAT(api_.calls(), ElementsAre("get workloads ml/trainingjob-tiny"));  // made once
+  // Another manager's job with a queue: nothing at all.
+  queued["spec"]["managedBy"] = "example.com/other-controller";
+  SetJob(queued);
+  api_.ClearCalls();
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_THAT(api_.calls(), IsEmpty());
   // Naming this operator is the same as not naming any.
   SetJob(Job({{"managedBy", "meshwork.dev/trainingjob-controller"}}));
   out = reconciler_->Reconcile(kKey);

@@ -12,7 +12,7 @@
 #     and succeeds.
 # Kueue with its internal certificate management off reads a metrics certificate from the fixed
 # path /etc/kueue/metrics/certs: the test writes a self-signed one there when none exists (as
-# root, which CI is) and removes what it made.
+# root, which CI is) and removes what it made (tests/common/e2e_lib.sh, e2e_kueue_certs).
 # usage: kueue_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
 set -uo pipefail
 
@@ -21,39 +21,22 @@ op_bin="$2"
 src="$4"
 source "$src/tests/common/e2e_lib.sh"
 e2e_require_kube_bin
-if [ ! -x "$MESHWORK_KUBE_BIN/kueue" ] || [ ! -d "$MESHWORK_KUBE_BIN/kueue-crds" ]; then
-  echo "SKIP: no kueue (and kueue-crds/) in MESHWORK_KUBE_BIN='$MESHWORK_KUBE_BIN' (scripts/kube-build.sh builds them)"
-  exit 0
-fi
-command -v openssl >/dev/null || { echo "SKIP: openssl is not installed (the Kueue metrics certificate needs it)"; exit 0; }
+e2e_require_kueue
 e2e_init
 k() { timeout 60 kubectl --request-timeout=30s -n kq "$@"; }
 jp() { k get tj "$1" -o jsonpath="$2" 2>/dev/null; }
-made_certs=""
 finish() {
   if [ "$failed" -gt 0 ]; then
     echo "---- kubectl get tj,workloads,pods"; k get tj,workloads.kueue.x-k8s.io,pods -o wide 2>&1
     echo "---- operator log"; tail -n 30 "$work/op.log"
     echo "---- kueue errors"; grep '"level":"error"' "$work/kueue.log" | tail -n 10 | cut -c1-400
   fi
-  [ -n "$made_certs" ] && rm -rf "$made_certs"
+  e2e_kueue_cleanup
   e2e_summary kueue_e2e
   exit $?
 }
 
-# Kueue's metrics certificate (fixed path) and its webhook server's (the API server calls no
-# webhook here: Kueue's webhook configurations are not installed).
-if [ ! -f /etc/kueue/metrics/certs/tls.crt ]; then
-  [ -d /etc/kueue ] || made_certs=/etc/kueue
-  [ -z "$made_certs" ] && [ ! -d /etc/kueue/metrics ] && made_certs=/etc/kueue/metrics
-  [ -z "$made_certs" ] && made_certs=/etc/kueue/metrics/certs
-  mkdir -p /etc/kueue/metrics/certs || { echo "SKIP: cannot write /etc/kueue/metrics/certs (not root?)"; exit 0; }
-  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kueue-metrics \
-    -keyout /etc/kueue/metrics/certs/tls.key -out /etc/kueue/metrics/certs/tls.crt 2>/dev/null
-fi
-mkdir -p "$work/certs"
-openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kueue-webhook \
-  -keyout "$work/certs/tls.key" -out "$work/certs/tls.crt" 2>/dev/null
+e2e_kueue_certs || exit 0
 
 cat >"$work/nodes.yaml" <<'EOF'
 nodes:
@@ -61,33 +44,10 @@ nodes:
 EOF
 e2e_start_controlplane "$cp_bin" --nodes "$work/nodes.yaml" || exit 1
 e2e_apply_crd "$src" || { fail "the Meshwork CRDs did not apply"; finish; }
-out="$(kubectl apply --server-side -f "$MESHWORK_KUBE_BIN/kueue-crds/" 2>&1)" || { fail "Kueue's CRDs: $out"; finish; }
-# Kueue maps its kinds through discovery once, at start: wait until the API server serves them
-# (Established comes a moment before discovery shows a new CRD, longer under load).
-e2e_wait_for 60 "Kueue's API in discovery" bash -c \
-  "kubectl get --raw /apis/kueue.x-k8s.io/v1beta2 2>/dev/null | grep -q '\"name\":\"workloads\"' &&
-   kubectl get --raw /apis/kueue.x-k8s.io/v1beta2 | grep -q '\"name\":\"clusterqueues\"'" ||
-  { fail "Kueue's CRDs are not served: $(kubectl get crd 2>&1 | grep kueue)"; finish; }
+e2e_kueue_apis "$KUBECONFIG" || { fail "Kueue's CRDs are not served: $(kubectl get crd 2>&1 | grep kueue)"; finish; }
 kubectl create namespace kueue-system >/dev/null
 kubectl create namespace kq >/dev/null
-cat >"$work/kueue.yaml" <<EOF
-apiVersion: config.kueue.x-k8s.io/v1beta2
-kind: Configuration
-namespace: kueue-system
-manageJobsWithoutQueueName: false
-internalCertManagement: {enable: false}
-leaderElection: {leaderElect: false}
-health: {healthProbeBindAddress: "127.0.0.1:0"}
-metrics: {bindAddress: "0"}
-webhook: {port: 0, host: 127.0.0.1, certDir: $work/certs}
-featureGates: {VisibilityOnDemand: false}
-integrations:
-  frameworks: ["batch/job"]
-  externalFrameworks: ["TrainingJob.v1alpha1.meshwork.dev"]
-EOF
-"$MESHWORK_KUBE_BIN/kueue" --config "$work/kueue.yaml" --kubeconfig "$KUBECONFIG" >"$work/kueue.log" 2>&1 &
-e2e_track $!
-e2e_wait_for 60 "Kueue's controllers" grep -q '"msg":"Starting workers"' "$work/kueue.log" ||
+e2e_start_kueue "$KUBECONFIG" "$work/kueue" ||
   { fail "Kueue did not start: $(grep '"level":"error"' "$work/kueue.log" | tail -3)"; finish; }
 port="$(e2e_free_port)"
 "$op_bin" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$port" --leader-elect false \
