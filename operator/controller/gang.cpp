@@ -130,9 +130,10 @@ GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<j
       if (it != by_name.end()) nodes[it->second].free.Take(RequestsOf(p));
       continue;
     }
+    // A gang Pod released by the operator counts even while another gate still holds it (Kueue's
+    // topology gate, lifted once Kueue has picked its domain): its room is promised.
     const json labels = At(At(p, "metadata"), "labels");
-    const bool gated = !At(p, "spec").value("schedulingGates", json::array()).empty();
-    if (labels.contains(kJobLabel) && !gated) unbound.push_back(p);
+    if (labels.contains(kJobLabel) && !HasGangGate(p)) unbound.push_back(p);
   }
   for (const json& p : unbound) Place(p, RequestsOf(p), nodes);
 

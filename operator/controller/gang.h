@@ -26,7 +26,8 @@ struct GangFit {
 // nodeSelector) on `nodes` (a NodeList: status.allocatable, else status.capacity; unschedulable
 // nodes are skipped), first fit, largest cpu request first, after what `pods` (a PodList)
 // already takes: every Pod bound to a node and not finished, and every Pod a gang admitted
-// earlier that the scheduler has not bound yet (labelled meshwork.dev/job, no gates, no node).
+// earlier that the scheduler has not bound yet (labelled meshwork.dev/job, no node, without the
+// gang gate: another gate, such as Kueue's topology gate, does not make its room free).
 // Taints, affinity and ports are not considered (the scheduler still checks them).
 GangFit FitGang(const nlohmann::json& nodes, const nlohmann::json& pods, const std::vector<nlohmann::json>& gang);
 

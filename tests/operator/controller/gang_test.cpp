@@ -46,6 +46,10 @@ TEST(FitGang, BoundAndReleasedPodsTakeRoomGatedAndFinishedOnesDoNot) {
   EXPECT_FALSE(FitGang(nodes, List({Pod("r-0", "1")}), gang).fits) << "released, not bound yet";
   EXPECT_TRUE(FitGang(nodes, List({Pod("g-0", "1", "", true), Pod("g-1", "1", "", true)}), gang).fits) << "gated";
   EXPECT_TRUE(FitGang(nodes, List({Pod("d-0", "2", "a", false, "Succeeded")}), gang).fits) << "finished";
+  // Released by the operator but still held by Kueue's topology gate: its room is promised.
+  json held = Pod("k-0", "2");
+  held["spec"]["schedulingGates"] = json::array({{{"name", "kueue.x-k8s.io/topology"}}});
+  EXPECT_FALSE(FitGang(nodes, List({held}), gang).fits) << "released, another gate left";
   // Someone else's Pod waiting for the scheduler is not ours to count; bound, it is.
   EXPECT_TRUE(FitGang(nodes, List({Pod("o-0", "2", "", false, "", false)}), gang).fits);
   EXPECT_FALSE(FitGang(nodes, List({Pod("o-0", "1", "a", false, "Running", false)}), gang).fits);
