@@ -3,7 +3,7 @@
 # Go modules, pinned in tools/*/go.mod: kube-apiserver, kube-controller-manager, kube-scheduler
 # and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16), helm
 # (helm.sh/helm/v3 v3.22.0) and Kueue (sigs.k8s.io/kueue v0.17.0, with its CRDs in kueue-crds/),
-# into .meshwork/kube/bin. Go's module and build caches live in
+# into .meshwork/kube/bin, plus the scheduler-plugins PodGroup CRD (scheduler-plugins-crds/). Go's module and build caches live in
 # .meshwork/go, so a second run only relinks what changed; a module whose go.mod, go.sum and Go
 # version are unchanged since its last build is skipped. Called by scripts/setup.sh.
 #
@@ -59,3 +59,16 @@ build kueue kueue -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
 kueue_version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$root/tools/kueue/go.mod" | head -1)"
 rm -rf "$out/kueue-crds" && mkdir -p "$out/kueue-crds"
 cp "$GOMODCACHE/sigs.k8s.io/kueue@$kueue_version"/config/components/crd/bases/*.yaml "$out/kueue-crds/"
+# The scheduler-plugins PodGroup CRD (scheduling.x-k8s.io/v1alpha1, the Coscheduling plugin's), so
+# that gang_e2e checks the operator's PodGroups against the real schema. Only the CRD: the
+# scheduler itself (a kube-scheduler of another Kubernetes release) is not built.
+scheduler_plugins_version=v0.33.5
+if [ ! -f "$out/scheduler-plugins-crds/scheduling.x-k8s.io_podgroups.yaml" ] ||
+  [ "$(cat "$out/scheduler-plugins-crds/VERSION" 2>/dev/null)" != "$scheduler_plugins_version" ]; then
+  dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/scheduler-plugins@$scheduler_plugins_version" |
+    awk -F'"' '$2 == "Dir" {print $4}')"
+  [ -n "$dir" ] || { echo "[kube-build] could not download sigs.k8s.io/scheduler-plugins@$scheduler_plugins_version" >&2; exit 1; }
+  rm -rf "$out/scheduler-plugins-crds" && mkdir -p "$out/scheduler-plugins-crds"
+  cp "$dir/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$out/scheduler-plugins-crds/"
+  echo "$scheduler_plugins_version" >"$out/scheduler-plugins-crds/VERSION"
+fi

@@ -148,4 +148,26 @@ EOF
 )"
 [[ "$out" == *"gangAdmission"* && "$out" == *"Unsupported value"* ]] && pass "an unknown gangAdmission is refused, naming the field" ||
   fail "bad gangAdmission: $out"
+
+# gangAdmission Coscheduling against the real scheduler-plugins PodGroup CRD (scripts/kube-build.sh
+# copies it from sigs.k8s.io/scheduler-plugins): the API server takes the operator's PodGroup and
+# the Pods name it. No Coscheduling scheduler runs here: the default scheduler places the Pods.
+crd="$MESHWORK_KUBE_BIN/scheduler-plugins-crds/scheduling.x-k8s.io_podgroups.yaml"
+if [ -f "$crd" ]; then
+  kubectl apply -f "$crd" >/dev/null && kubectl wait --for=condition=Established crd/podgroups.scheduling.x-k8s.io --timeout=30s >/dev/null
+  e2e_wait_for 30 "scheduling.x-k8s.io in discovery" bash -c "kubectl get --raw /apis/scheduling.x-k8s.io/v1alpha1 | grep -q podgroups"
+  job gang-cosched 23600 |
+    sed 's/runPolicy: {backoffLimit: 0}/runPolicy: {backoffLimit: 0, schedulingPolicy: {gangAdmission: Coscheduling, scheduleTimeoutSeconds: 60}}/' |
+    k apply -f - >/dev/null
+  if e2e_wait_for 60 "gang-cosched PodGroup" k get podgroups.scheduling.x-k8s.io gang-cosched; then
+    group="$(k get podgroups.scheduling.x-k8s.io gang-cosched -o jsonpath='{.spec.minMember} {.spec.scheduleTimeoutSeconds} {.metadata.ownerReferences[0].kind}')"
+    e2e_wait_for 30 "gang-cosched Pods" bash -c "[ \$(kubectl -n e2e get pods -l scheduling.x-k8s.io/pod-group=gang-cosched -o name | wc -l) = 2 ]"
+    labelled="$(k get pods -l scheduling.x-k8s.io/pod-group=gang-cosched -o name | wc -l)"
+    [ "$group" = "2 60 TrainingJob" ] && [ "$labelled" = 2 ] &&
+      pass "Coscheduling: the real scheduler-plugins CRD takes the job's PodGroup (minMember 2, scheduleTimeoutSeconds 60) and both Pods carry its label" ||
+      fail "Coscheduling: podgroup '$group', labelled Pods $labelled"
+  else fail "Coscheduling: no PodGroup gang-cosched: $(tail -n 5 "$work/op.log")"; fi
+else
+  echo "SKIP (one check): no scheduler-plugins PodGroup CRD at $crd (scripts/kube-build.sh copies it)"
+fi
 finish
