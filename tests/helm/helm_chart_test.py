@@ -286,7 +286,9 @@ def main():
               and not [r for r in objects(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")], args)
         check_flags_parse("leader election off", dep)
     docs, _ = render()
-    check("leader election on: the default rolling update", docs is not None and "strategy" not in one(docs, "Deployment")["spec"])
+    check("leader election on: a rolling update one Pod at a time, the old one first (no surge Pod on a taken port)",
+          docs is not None and one(docs, "Deployment")["spec"].get("strategy")
+          == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
     for value, want in [("0", "--pod-delete-grace-s=0"), ("null", None), ("", None)]:
         docs, err = render("--set", f"operator.podDeleteGraceSeconds={value}")
         args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"] if docs else []
