@@ -10,6 +10,7 @@
 # usage: bench/netlab_compiled_vs_eager.sh [build-dir]
 #   env: RATES="500mbit 1gbit 4gbit"  WORLDS="2"  PRESET=llama-100m  SEQ=256  BATCH=4 (global)  STEPS=8
 #        OUT=<file> (default bench/results/netlab_compiled_vs_eager.md)
+#        LOGS=<dir>: keep every rank's log and step JSONL there (default: removed with the run)
 #        COMPILED_SETS="--set fsdp.memory_budget=1536" (extra trainer flags for the compiled runs)
 #        SETS="--set training.memory_limit_mib=1400" (extra trainer flags for both modes)
 #        SHARE_CORES=1: run worlds larger than the core count anyway, rank r on core r % cores (the
@@ -29,7 +30,7 @@ steps=${STEPS:-8}
 read -r -a compiled_sets <<<"${COMPILED_SETS:-}"
 read -r -a both_sets <<<"${SETS:-}"
 tmp="$(mktemp -d)"
-trap '"$netlab" down; rm -rf "$tmp"' EXIT
+trap '"$netlab" down; [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && cp "$tmp"/* "$LOGS"/; }; rm -rf "$tmp"' EXIT
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
 

@@ -9,14 +9,17 @@ double CostModel::CollectiveSeconds(OpKind kind, int64_t bytes, int calls) const
   const bool replicate = kind == OpKind::kAllReduce;
   const int n = replicate ? dp_replicate : dp_shard;
   if (n <= 1) return 0;
-  const LinkCost& link = replicate                                                     ? replicate_link
-                         : kind == OpKind::kReduceScatter && shard_reduce_scatter_link ? *shard_reduce_scatter_link
-                                                                                       : shard_link;
+  // A row_gather is a reduce-scatter, a row_reduce an all-gather (CollectiveBytes).
+  const bool reduces = kind == OpKind::kReduceScatter || kind == OpKind::kRowGather;
+  const LinkCost& link = replicate                                ? replicate_link
+                         : reduces && shard_reduce_scatter_link ? *shard_reduce_scatter_link
+                                                                  : shard_link;
   const double factor = (replicate ? 2.0 : 1.0) * (n - 1) / n;
   return std::max(1, calls) * link.latency_seconds + factor * static_cast<double>(bytes) / link.bus_bytes_per_second;
 }
 
 int CostModel::CollectiveCalls(const Graph& g, const Op& op, const Op* source) {
+  if (op.kind == OpKind::kRowGather || op.kind == OpKind::kRowReduce) return 2 * static_cast<int>(op.params.size());
   const Op& of = op.kind == OpKind::kAllReduce && source != nullptr ? *source : op;
   std::set<int> groups;
   bool ungrouped = false;
@@ -41,6 +44,10 @@ int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op, const Op* sourc
       break;
     case OpKind::kAllReduce:
       if (source != nullptr) bytes = CollectiveBytes(g, *source) / std::max(1, dp_shard);
+      break;
+    case OpKind::kRowGather:
+    case OpKind::kRowReduce:
+      for (int p : op.params) bytes += g.params[p].row_bytes * std::max(1, dp_shard);
       break;
     default:
       break;

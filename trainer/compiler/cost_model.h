@@ -17,8 +17,17 @@ namespace meshwork::compiler {
 // reduce-scatters each on their own dp_shard group, all-reduces on dp_replicate.
 enum Lane { kAllGatherLane = 0, kReduceScatterLane, kAllReduceLane };
 inline constexpr int kNumLanes = 3;
+// Row gathers and row reduces run on the all-gather lane: a row_reduce follows the last
+// backward, when the reduce-scatter lane still carries the last layers' gradients and the
+// all-gather lane has nothing left to do.
 inline Lane LaneOf(OpKind kind) {
-  return kind == OpKind::kAllGather ? kAllGatherLane : kind == OpKind::kReduceScatter ? kReduceScatterLane : kAllReduceLane;
+  switch (kind) {
+    case OpKind::kAllGather:
+    case OpKind::kRowGather:
+    case OpKind::kRowReduce: return kAllGatherLane;
+    case OpKind::kReduceScatter: return kReduceScatterLane;
+    default: return kAllReduceLane;
+  }
 }
 
 struct LinkCost {
@@ -50,15 +59,19 @@ struct CostModel {
   double host_copy_bytes_per_second = 0;
 
   // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the
-  // reduced shard. A group of one moves nothing and costs nothing. `calls`: how many collectives
+  // reduced shard; row_gather (a reduce-scatter of every rank's rows, each owner filling in its
+  // part) and row_reduce (an all-gather of every rank's row gradients): every rank's rows
+  // together. A group of one moves nothing and costs nothing. `calls`: how many collectives
   // the runtime issues for it back to back (one per flat group), each paying the latency.
   double CollectiveSeconds(OpKind kind, int64_t bytes, int calls = 1) const;
   // How many collectives the runtime issues for `op`: one per flat group among its parameters
   // (ParamInfo::group), the parameters without a group together one more; an all_reduce as many
-  // as its `source` reduce-scatter.
+  // as its `source` reduce-scatter; a row_gather or row_reduce two per parameter (the token ids
+  // first, then the rows).
   static int CollectiveCalls(const Graph& g, const Op& op, const Op* source = nullptr);
   // Bytes a collective moves, from the IR's parameter table: an all_gather's output, a
-  // reduce_scatter's full input; an all_reduce moves its `source` reduce_scatter's output shard.
+  // reduce_scatter's full input; an all_reduce moves its `source` reduce_scatter's output shard;
+  // a row_gather or row_reduce dp_shard times its parameters' row_bytes.
   int64_t CollectiveBytes(const Graph& g, const Op& op, const Op* source = nullptr) const;
   // Seconds of host copying for `bytes` (0 when copies are free).
   double CopySeconds(int64_t bytes) const {

@@ -25,7 +25,24 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
 
   // Parameters of one flat group move together (ParamInfo::group); the others each alone.
   auto group_of = [&](int p) { return g.params[p].group >= 0 ? g.params[p].group : -1 - p; };
-  int next_ag = 0, next_rs = 0;
+  int next_ag = 0, next_rs = 0, next_rg = 0, next_rr = 0;
+  // The last backward reading each parameter by rows: its row_reduce follows it.
+  std::vector<int> last_rows_bwd(np, -1);
+  for (int i = 0; i < static_cast<int>(seq.size()); ++i)
+    if (seq[i].phase == Phase::kBackward)
+      for (int p : g.modules[seq[i].module].rows) last_rows_bwd[p] = i;
+  std::vector<bool> rows_gathered(np, false);
+  auto emit_with_wait = [&](OpKind kind, const std::string& id, std::vector<int> params) {
+    Op op;
+    op.kind = kind;
+    op.id = id;
+    op.params = std::move(params);
+    g.ops.push_back(op);
+    Op w;
+    w.kind = OpKind::kWait;
+    w.id = id;
+    g.ops.push_back(w);
+  };
   std::vector<std::string> live(np);  // all-gather id holding p, or ""
   for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
     const ModuleInfo& m = g.modules[seq[i].module];
@@ -54,6 +71,11 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
       w.id = ag.id;
       g.ops.push_back(w);
     }
+    // The rows this compute reads and nothing fetched yet: one row_gather.
+    std::vector<int> rows;
+    for (int p : m.rows)
+      if (!rows_gathered[p]) rows.push_back(p), rows_gathered[p] = true;
+    if (!rows.empty()) emit_with_wait(OpKind::kRowGather, "%rg" + std::to_string(next_rg++), rows);
     Op c;
     c.kind = OpKind::kCompute;
     c.phase = seq[i].phase;
@@ -126,11 +148,29 @@ Graph BuildNaiveProgram(Graph g, const FrontEndOptions& options) {
         g.ops.push_back(wa);
       }
     }
+    // The row gradients this backward finished: one row_reduce.
+    std::vector<int> row_grads;
+    for (int p : m.rows)
+      if (last_rows_bwd[p] == i) row_grads.push_back(p);
+    if (!row_grads.empty()) emit_with_wait(OpKind::kRowReduce, "%rr" + std::to_string(next_rr++), row_grads);
   }
   Op step;
   step.kind = OpKind::kOptimizerStep;
   g.ops.push_back(step);
   return g;
+}
+
+void ReadByRows(Graph& g) {
+  std::vector<bool> seen(g.params.size(), false);
+  for (ModuleInfo& m : g.modules) {
+    std::vector<int> dense;
+    for (int p : m.params) {
+      const bool first = !seen[p];
+      seen[p] = true;
+      (first && g.params[p].row_bytes > 0 ? m.rows : dense).push_back(p);
+    }
+    m.params = std::move(dense);
+  }
 }
 
 void GroupByOwner(Graph& g) {

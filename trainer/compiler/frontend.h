@@ -3,7 +3,9 @@
 // naive program: before every compute that needs parameters not yet gathered, one all-gather
 // per flat group (ParamInfo::group; a parameter without one is its own) and its wait; after
 // the last backward use of a group's parameters, one reduce-scatter and its wait (and with HSDP
-// one all-reduce and its wait); optimizer_step last. With
+// one all-reduce and its wait); for a module that reads parameters by rows (ModuleInfo::rows),
+// a row_gather and its wait before its forward and a row_reduce and its wait after its
+// backward; optimizer_step last. With
 // reshard_after_forward, every module but the last (the head, whose backward follows its
 // forward directly) gathers again for backward; frees are left to the insert_frees pass.
 #pragma once
@@ -19,6 +21,15 @@ struct FrontEndOptions {
 
 // `skeleton` carries params, modules and mesh; its ops are replaced.
 Graph BuildNaiveProgram(Graph skeleton, const FrontEndOptions& options);
+
+// The first module (forward order) that uses a parameter that can be read by rows
+// (ParamInfo::row_bytes: the embedding's table, first used by its lookup) reads it by rows
+// instead of whole: ModuleInfo::rows. Later users (a tied output head) still use it whole. Then the naive program fetches only the
+// micro-batch's rows (row_gather) before the module's forward and sums their gradients into the
+// owners' shards (row_reduce) after its backward; a parameter no module uses whole any more (an
+// untied embedding) is never all-gathered or reduce-scattered, and a tied one is gathered only
+// for the head and reduce-scattered right after the head's backward.
+void ReadByRows(Graph& g);
 
 // FSDP's flat groups, as the runtime shards them: each parameter in the group of the first
 // module (forward order) that uses it, numbered by that module. So a decoder layer is one

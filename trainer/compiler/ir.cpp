@@ -93,6 +93,8 @@ const char* OpKindName(OpKind k) {
     case OpKind::kFree: return "free";
     case OpKind::kCompute: return "compute";
     case OpKind::kOptimizerStep: return "optimizer_step";
+    case OpKind::kRowGather: return "row_gather";
+    case OpKind::kRowReduce: return "row_reduce";
   }
   return "?";
 }
@@ -121,6 +123,7 @@ std::string Print(const Graph& g) {
     out << "param " << i << " " << p.name << " gathered=" << p.gathered_bytes << " grad=" << p.grad_bytes
         << " shard=" << p.shard_bytes;
     if (p.group >= 0) out << " group=" << p.group;
+    if (p.row_bytes > 0) out << " rows=" << p.row_bytes;
     out << "\n";
   }
   for (const auto& m : g.modules) {
@@ -129,12 +132,15 @@ std::string Print(const Graph& g) {
     if (m.backward_workspace_bytes != 0) out << " ws=" << m.backward_workspace_bytes;
     if (m.checkpoint_input_bytes != 0) out << " ckpt=" << m.checkpoint_input_bytes;
     if (m.backward_temp_bytes != 0) out << " tmp=" << m.backward_temp_bytes;
+    if (!m.rows.empty()) out << " rows=" << IntList(m.rows);
     out << " params=" << IntList(m.params) << "\n";
   }
   for (const auto& op : g.ops) {
     switch (op.kind) {
       case OpKind::kAllGather:
       case OpKind::kReduceScatter:
+      case OpKind::kRowGather:
+      case OpKind::kRowReduce:
         out << op.id << " = " << OpKindName(op.kind) << " " << IntList(op.params) << "\n";
         break;
       case OpKind::kAllReduce:
@@ -189,27 +195,33 @@ Result<Graph> Parse(std::string_view text) {
     } else if (w[0] == "param") {
       int64_t index = 0;
       ParamInfo p;
-      if (w.size() < 6 || w.size() > 7 || !ParseInt64(w[1], &index) ||
+      if (w.size() < 6 || w.size() > 8 || !ParseInt64(w[1], &index) ||
           index != static_cast<int64_t>(g.params.size()))
         return err("expected 'param " + std::to_string(g.params.size()) +
-                   " <name> gathered=<bytes> grad=<bytes> shard=<bytes> [group=<n>]'");
+                   " <name> gathered=<bytes> grad=<bytes> shard=<bytes> [group=<n>] [rows=<bytes>]'");
       p.name = w[2];
       if (!KeyValue(w[3], "gathered", &v) || !ParseInt64(v, &p.gathered_bytes)) return err("bad gathered=");
       if (!KeyValue(w[4], "grad", &v) || !ParseInt64(v, &p.grad_bytes)) return err("bad grad=");
       if (!KeyValue(w[5], "shard", &v) || !ParseInt64(v, &p.shard_bytes)) return err("bad shard=");
-      if (w.size() == 7) {
+      size_t k = 6;
+      if (k < w.size() && KeyValue(w[k], "group", &v)) {
         int64_t group = -1;
-        if (!KeyValue(w[6], "group", &v) || !ParseInt64(v, &group) || group < 0 || group > 1000000)
-          return err("bad group= (a group number, 0 or more)");
+        if (!ParseInt64(v, &group) || group > 1000000) return err("bad group= (a group number, 0 or more)");
         p.group = static_cast<int>(group);
+        ++k;
       }
+      if (k < w.size() && KeyValue(w[k], "rows", &v)) {
+        if (!ParseInt64(v, &p.row_bytes) || p.row_bytes == 0) return err("bad rows= (bytes, more than 0)");
+        ++k;
+      }
+      if (k != w.size()) return err("unexpected '" + w[k] + "' (optional keys: group=, then rows=)");
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() < 6 || w.size() > 9) {
+      if (w.size() < 6 || w.size() > 10) {
         return err(
             "expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] [tmp=<bytes>] "
-            "params=[..]'");
+            "[rows=[..]] params=[..]'");
       }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
@@ -230,17 +242,29 @@ Result<Graph> Parse(std::string_view text) {
         if (!ParseInt64(v, &m.backward_temp_bytes)) return err("bad tmp=");
         ++k;
       }
-      if (k + 1 != w.size()) return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, then tmp=)");
+      if (k + 1 < w.size() && KeyValue(w[k], "rows", &v)) {
+        if (!ParseList(v, &m.rows) || m.rows.empty()) return err("bad rows= (a parameter list like [0])");
+        ++k;
+      }
+      if (k + 1 != w.size())
+        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, then rows=)");
       if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
-      for (int p : m.params)
-        if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
+      for (const auto* list : {&m.params, &m.rows})
+        for (int p : *list)
+          if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
+      for (int p : m.rows)
+        if (g.params[p].row_bytes <= 0)
+          return err("param " + std::to_string(p) + " is read by rows but has no rows= size");
       g.modules.push_back(std::move(m));
     } else if (IsId(w[0])) {
       Op op;
       op.id = w[0];
       if (w.size() != 4 || w[1] != "=") return err("expected '<%id> = <collective> <operand>'");
-      if (w[2] == "all_gather" || w[2] == "reduce_scatter") {
-        op.kind = w[2] == "all_gather" ? OpKind::kAllGather : OpKind::kReduceScatter;
+      if (w[2] == "all_gather" || w[2] == "reduce_scatter" || w[2] == "row_gather" || w[2] == "row_reduce") {
+        op.kind = w[2] == "all_gather"       ? OpKind::kAllGather
+                  : w[2] == "reduce_scatter" ? OpKind::kReduceScatter
+                  : w[2] == "row_gather"     ? OpKind::kRowGather
+                                             : OpKind::kRowReduce;
         if (!ParseList(w[3], &op.params) || op.params.empty()) return err("expected a parameter list like [0,1]");
         for (int p : op.params)
           if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
@@ -291,13 +315,19 @@ Status Validate(const Graph& g) {
   };
   const int np = static_cast<int>(g.params.size());
   // Last backward use of each parameter, and which modules use it.
-  std::vector<int> last_bwd(np, -1);
+  std::vector<int> last_bwd(np, -1), last_bwd_rows(np, -1);
+  std::vector<bool> read_by_rows(np, false);
+  for (const ModuleInfo& m : g.modules)
+    for (int p : m.rows)
+      if (p >= 0 && p < np) read_by_rows[p] = true;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
     if (op.kind == OpKind::kCompute) {
       if (op.module < 0 || op.module >= static_cast<int>(g.modules.size())) return fail(i, "unknown module");
-      if (op.phase == Phase::kBackward)
+      if (op.phase == Phase::kBackward) {
         for (int p : g.modules[op.module].params) last_bwd[p] = static_cast<int>(i);
+        for (int p : g.modules[op.module].rows) last_bwd_rows[p] = static_cast<int>(i);
+      }
     }
   }
   std::map<int, int> group_size;  // flat group -> its parameters
@@ -313,7 +343,8 @@ Status Validate(const Graph& g) {
   std::map<std::string, Value> values;
   std::vector<std::string> gathered_by(np);  // the live, waited all-gather holding each param
   std::vector<std::string> pending_by(np);   // an all-gather in flight for each param
-  std::vector<int> reduced(np, 0);
+  std::vector<int> reduced(np, 0), row_reduced(np, 0);
+  std::vector<std::string> rows_by(np), rows_pending_by(np);  // row_gather ids: waited, in flight
   bool stepped = false;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
@@ -350,6 +381,29 @@ Status Validate(const Graph& g) {
         values[op.id] = Value{op.kind, op.params, false, false, ""};
         break;
       }
+      case OpKind::kRowGather:
+      case OpKind::kRowReduce: {
+        if (values.count(op.id)) return fail(i, "id defined twice");
+        if (op.params.empty()) return fail(i, "no parameters");
+        std::set<int> seen;
+        for (int p : op.params) {
+          if (p < 0 || p >= np) return fail(i, "unknown param " + std::to_string(p));
+          if (!seen.insert(p).second) return fail(i, "param " + std::to_string(p) + " listed twice");
+          if (!read_by_rows[p]) return fail(i, "param " + std::to_string(p) + " is read by rows by no module");
+          if (op.kind == OpKind::kRowGather) {
+            if (!rows_by[p].empty() || !rows_pending_by[p].empty())
+              return fail(i, "param " + std::to_string(p) + "'s rows are already gathered");
+            rows_pending_by[p] = op.id;
+          } else {
+            if (row_reduced[p]++) return fail(i, "param " + std::to_string(p) + " row-reduced twice");
+            if (static_cast<int>(i) < last_bwd_rows[p])
+              return fail(i, "param " + std::to_string(p) + "'s rows are still read by a later backward (op " +
+                                 std::to_string(last_bwd_rows[p]) + ")");
+          }
+        }
+        values[op.id] = Value{op.kind, op.params, false, false, ""};
+        break;
+      }
       case OpKind::kAllReduce: {
         if (values.count(op.id)) return fail(i, "id defined twice");
         auto it = values.find(op.source);
@@ -369,6 +423,11 @@ Status Validate(const Graph& g) {
             pending_by[p].clear();
             gathered_by[p] = op.id;
           }
+        if (it->second.kind == OpKind::kRowGather)
+          for (int p : it->second.params) {
+            rows_pending_by[p].clear();
+            rows_by[p] = op.id;
+          }
         break;
       }
       case OpKind::kFree: {
@@ -387,6 +446,11 @@ Status Validate(const Graph& g) {
             return fail(i, "param " + std::to_string(p) + " (" + g.params[p].name + ") is not gathered" +
                                (pending_by[p].empty() ? "" : " (" + pending_by[p] + " not waited for)"));
         }
+        for (int p : g.modules[op.module].rows) {
+          if (rows_by[p].empty())
+            return fail(i, "param " + std::to_string(p) + " (" + g.params[p].name + ") has no rows gathered" +
+                               (rows_pending_by[p].empty() ? "" : " (" + rows_pending_by[p] + " not waited for)"));
+        }
         break;
       case OpKind::kOptimizerStep:
         stepped = true;
@@ -399,6 +463,8 @@ Status Validate(const Graph& g) {
   for (int p = 0; p < np; ++p) {
     if (last_bwd[p] >= 0 && !reduced[p])
       return Internal("schedule: param " + std::to_string(p) + " (" + g.params[p].name + ") is never reduce-scattered");
+    if (last_bwd_rows[p] >= 0 && !row_reduced[p])
+      return Internal("schedule: param " + std::to_string(p) + " (" + g.params[p].name + ") is never row-reduced");
   }
   if (!g.ops.empty() && !stepped) return Internal("schedule: no optimizer_step at the end");
   return Status::Ok();

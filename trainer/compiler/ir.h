@@ -8,8 +8,8 @@
 //
 //   meshwork-ir 1
 //   mesh dp_shard=2 dp_replicate=1          (then rs_recv=full if set)
-//   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768   (then group=<n> if set)
-//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, before params= if set)
+//   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768   (then group=<n>, rows=<bytes> if set)
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, rows=[..] before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
 //   wait %ag0
@@ -18,6 +18,7 @@
 //   %rs0 = reduce_scatter [1,2]
 //   %ar0 = all_reduce %rs0
 //   wait %ar0
+//   %rg0 = row_gather [0]        (a module reading [0] by rows; then %rr0 = row_reduce [0])
 //   optimizer_step
 #pragma once
 
@@ -40,12 +41,21 @@ struct ParamInfo {
   // are always gathered, freed and reduce-scattered together (the runtime's FlatGroup). -1: a
   // group of its own.
   int group = -1;
+  // Bytes of the rows one rank reads of this parameter per micro-batch when a module reads it by
+  // rows (an embedding: one row per token, fp32), printed as rows=, only when set; 0: the
+  // parameter cannot be read by rows. What a row_gather or row_reduce of it moves per rank.
+  int64_t row_bytes = 0;
 };
 
 // A module the runtime can stop at: "embed", "layers.<i>", "head" (final norm + output head).
 struct ModuleInfo {
   std::string name;
   std::vector<int> params;       // indices into Graph::params
+  // Parameters it reads only by rows (printed as rows=[..] before params=, only when set): the
+  // embedding in a compiled plan reads the rows of its tokens, fetched by a row_gather, and
+  // its gradient is those rows', summed into the owners' shards by a row_reduce. No all-gather
+  // or reduce-scatter is needed for them on its account.
+  std::vector<int> rows;
   double fwd_seconds = 0;        // traced or modelled compute time
   double bwd_seconds = 0;
   int64_t activation_bytes = 0;  // kept from forward until this module's backward
@@ -67,7 +77,10 @@ struct ModuleInfo {
 void Checkpoint(ModuleInfo& m);
 inline bool IsCheckpointed(const ModuleInfo& m) { return m.backward_workspace_bytes > 0; }
 
-enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kWait, kFree, kCompute, kOptimizerStep };
+// row_gather [p]: the rows of this micro-batch's tokens of parameter p, from the ranks that own
+// them (before the forward of the module that reads them by rows); row_reduce [p]: those rows'
+// gradients from every rank, summed into the owners' shards (after that module's backward).
+enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kWait, kFree, kCompute, kOptimizerStep, kRowGather, kRowReduce };
 const char* OpKindName(OpKind k);  // "all_gather", ...
 
 enum class Phase { kForward, kBackward };
@@ -78,12 +91,13 @@ struct Op {
   // wait / free: the value it refers to; all_reduce also refers to `source` (its reduce-scatter).
   std::string id;
   std::string source;
-  std::vector<int> params;  // all_gather, reduce_scatter
+  std::vector<int> params;  // all_gather, reduce_scatter, row_gather, row_reduce
   Phase phase = Phase::kForward;  // compute
   int module = -1;                // compute
 
   bool is_collective() const {
-    return kind == OpKind::kAllGather || kind == OpKind::kReduceScatter || kind == OpKind::kAllReduce;
+    return kind == OpKind::kAllGather || kind == OpKind::kReduceScatter || kind == OpKind::kAllReduce ||
+           kind == OpKind::kRowGather || kind == OpKind::kRowReduce;
   }
   bool operator==(const Op& o) const {
     return kind == o.kind && id == o.id && source == o.source && params == o.params && phase == o.phase &&
@@ -114,7 +128,9 @@ Result<Graph> Parse(std::string_view text);
 // compute's parameters gathered and waited for, not freed, before it; every parameter
 // reduce-scattered once, after the last backward that uses it, and waited for; frees after
 // the wait of the all-gather they free; an all-reduce after its reduce-scatter's wait; every
-// collective waited for before optimizer_step, which comes last. kInternal naming the op.
+// collective waited for before optimizer_step, which comes last; a parameter a module reads by
+// rows row-gathered (and waited for) before that module's forward and row-reduced once after its
+// backward. kInternal naming the op.
 Status Validate(const Graph& g);
 
 }  // namespace meshwork::compiler

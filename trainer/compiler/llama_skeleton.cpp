@@ -59,6 +59,8 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // Embedding: a gather, no FLOPs worth counting. What it keeps is its output, the residual
   // stream entering layer 0.
   const int embed = add_param({"model.embed_tokens.weight", vocab, h});
+  // Its rows for this rank's tokens, fp32 (what a row_gather fetches, a row_reduce sums).
+  g.params[embed].row_bytes = static_cast<int64_t>(tokens) * h * 4;
   add_module("embed", {embed}, 0.0, tokens * h * shape.activation_bytes);
 
   // Decoder layers. Forward FLOPs are 2 per multiply-add of each matmul: the seven projections

@@ -85,7 +85,13 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       }
       break;
   }
-  MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump));
+  Graph start = naive;
+  if (options.read_by_rows && skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
+    Graph by_rows = skeleton;
+    ReadByRows(by_rows);
+    start = BuildNaiveProgram(by_rows, {options.reshard_after_forward});
+  }
+  MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(start, out.ctx, dump));
   out.choices = DescribeChoices(skeleton, out.compiled, out.ctx.memory_budget_bytes);
   if (out.static_exceeds_device) {
     out.choices.insert(out.choices.begin(), "the static state alone exceeds the device's memory: no plan fits; "
@@ -152,6 +158,21 @@ std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& pla
       ++between;
     }
     depth = std::max(depth, between);
+  }
+  // Parameters read by rows (the embedding): what the step moves for them instead.
+  for (const Op& op : plan.ops) {
+    if (op.kind != OpKind::kRowGather) continue;
+    for (int p : op.params) {
+      std::ostringstream r;
+      r << plan.params[p].name << " read by rows: " << HumanBytes(plan.params[p].row_bytes * plan.dp_shard)
+        << " of rows gathered and as much reduced a step, where the whole parameter is "
+        << HumanBytes(plan.params[p].gathered_bytes) << " gathered";
+      bool dense = false;
+      for (const ModuleInfo& m : plan.modules) dense = dense || std::count(m.params.begin(), m.params.end(), p) > 0;
+      r << (dense ? " (still gathered for the tied output head, and reduce-scattered right after its backward)"
+                  : " (never gathered or reduce-scattered whole)");
+      out.push_back(r.str());
+    }
   }
   std::ostringstream s;
   s << gathers << " all-gathers and " << reduces << " reduce-scatters a step; all-gathers issued up to " << depth

@@ -33,6 +33,9 @@ struct PlanOptions {
   Bucketing bucketing = Bucketing::kAuto;
   bool reorder = true;  // false: the reorder pass is disabled
   bool reshard_after_forward = true;
+  // The compiled plan reads the embedding by rows (compiler::ReadByRows) where it can: dp_shard
+  // over 1 and no replicas (HSDP would need the rows' gradients across replicas too).
+  bool read_by_rows = true;
   MemoryBudget budget;
 };
 

@@ -26,10 +26,22 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
                       std::to_string(plan.params[i].group) + ", the model's '" + mine.params[i].name + "' in group " +
                       std::to_string(mine.params[i].group));
   if (plan.modules.size() != mine.modules.size()) return Internal("plan modules do not match the model");
-  for (size_t m = 0; m < mine.modules.size(); ++m)
-    if (plan.modules[m].name != mine.modules[m].name || plan.modules[m].params != mine.modules[m].params)
+  for (size_t m = 0; m < mine.modules.size(); ++m) {
+    // A module may read some of its parameters by rows in the plan (compiler::ReadByRows).
+    std::vector<int> uses = plan.modules[m].params;
+    uses.insert(uses.end(), plan.modules[m].rows.begin(), plan.modules[m].rows.end());
+    std::sort(uses.begin(), uses.end());
+    std::vector<int> own = mine.modules[m].params;
+    std::sort(own.begin(), own.end());
+    if (plan.modules[m].name != mine.modules[m].name || uses != own)
       return Internal("plan module '" + plan.modules[m].name + "' does not match the model's '" +
                       mine.modules[m].name + "'");
+    // The runtime reads only the token embedding by rows, in the embedding's forward.
+    for (int p : plan.modules[m].rows)
+      if (plan.modules[m].name != "embed" || mine.params[p].name != "model.embed_tokens.weight")
+        return Internal("plan reads '" + mine.params[p].name + "' by rows in module '" + plan.modules[m].name +
+                        "': only the embedding's table can be read by rows");
+  }
   if (plan.dp_shard != mine.dp_shard || plan.dp_replicate != mine.dp_replicate)
     return Internal("plan mesh does not match this run's");
   return Status::Ok();
@@ -278,6 +290,9 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   }
   const auto& c = state_->model->config();
   const StepTrace& trace = state_->trace;
+  // The embedding's rows for one micro-batch, fp32 (what a plan reading it by rows moves).
+  g.params[index.at("model.embed_tokens.weight")].row_bytes =
+      std::max<int64_t>(trace.batch, 1) * std::max<int64_t>(trace.seq, 1) * c.hidden_size * 4;
   // Activation estimate (the compiler's Llama model), at the traced batch and length.
   compiler::LlamaShape shape;
   shape.config = c;

@@ -24,6 +24,9 @@ PlanExecutor::PlanExecutor(ShardedState& state, const compiler::Graph& plan) : s
     const int m = plan.FindModule("layers." + std::to_string(i));
     recompute_.push_back(m >= 0 && compiler::IsCheckpointed(plan.modules[m]));
   }
+  for (const auto& m : plan.modules)
+    if (!m.rows.empty() && embed_rows_ == nullptr)
+      embed_rows_ = std::make_unique<EmbeddingRows>(by_index[m.rows.front()], state_.unit_context());
   std::map<std::string, std::string> all_reduce_source;  // %ar id -> %rs id
   for (const auto& op : plan.ops) {
     if (op.kind == compiler::OpKind::kAllReduce) all_reduce_source[op.id] = op.source;
@@ -52,6 +55,10 @@ PlanExecutor::PlanExecutor(ShardedState& state, const compiler::Graph& plan) : s
         w = WaitFor::kAllReduce;
       } else if (kind_of[op.id] == compiler::OpKind::kAllGather) {
         w = WaitFor::kGather;
+      } else if (kind_of[op.id] == compiler::OpKind::kRowGather) {
+        w = WaitFor::kRowGather;
+      } else if (kind_of[op.id] == compiler::OpKind::kRowReduce) {
+        w = WaitFor::kRowReduce;
       } else {
         w = reduced_again.count(op.id) ? WaitFor::kReduceThenAllReduce : WaitFor::kReduce;
       }
@@ -103,12 +110,16 @@ void PlanExecutor::RunOp(size_t at) {
       if (state_.replicate_group != nullptr) unit->StartReplicaReduce(state_.replicate_group);
       break;
     case OpKind::kFree: unit->Free(); break;
+    case OpKind::kRowGather: embed_rows_->StartGather(tokens_); break;
+    case OpKind::kRowReduce: embed_rows_->StartReduce(state_.sync); break;
     case OpKind::kWait:
       switch (wait_for_[at]) {
         case WaitFor::kGather: unit->WaitGather(); break;
         case WaitFor::kReduce: unit->WaitReduce(false); break;
         case WaitFor::kReduceThenAllReduce: unit->WaitReduce(true); break;
         case WaitFor::kAllReduce: unit->FinishReplicaReduce(); break;
+        case WaitFor::kRowGather: embed_rows_->WaitGather(); break;
+        case WaitFor::kRowReduce: embed_rows_->WaitReduce(); break;
         case WaitFor::kNone: break;
       }
       break;
@@ -120,7 +131,10 @@ void PlanExecutor::RunOp(size_t at) {
 torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   using compiler::Phase;
   pc_ = 0;
+  tokens_ = tokens;
   RunUntil(Phase::kForward, "embed");
+  model::EmbedRunner embed;
+  if (embed_rows_ != nullptr) embed = [this](const torch::Tensor&) { return embed_rows_->rows(); };
   const int64_t layers = state_.model->config().num_hidden_layers;
   torch::Tensor logits = state_.model->ForwardWithLayerRunner(
       tokens, [&](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
@@ -139,7 +153,7 @@ torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Te
         }
         return out;
       },
-      targets);
+      targets, embed);
   // The head's backward runs before control comes back (at the last layer's backward hook):
   // what the plan schedules between the head's forward and backward is issued now.
   RunUntil(Phase::kBackward, "head");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainer/compiler/ir.h"
+#include "trainer/fsdp/embedding_rows.h"
 #include "trainer/fsdp/step_schedule.h"
 
 namespace meshwork::fsdp {
@@ -19,7 +20,8 @@ namespace meshwork::fsdp {
 class PlanExecutor : public StepSchedule {
  public:
   // Binds `plan` (already checked against the model: same parameters, modules and mesh, and
-  // valid) to `state`'s parameters: one unit per all-gather and per reduce-scatter value.
+  // valid) to `state`'s parameters: one unit per all-gather and per reduce-scatter value. Only
+  // the embedding may be read by rows (FullyShardedLlama::UsePlan checks).
   PlanExecutor(ShardedState& state, const compiler::Graph& plan);
 
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& targets) override;
@@ -27,7 +29,7 @@ class PlanExecutor : public StepSchedule {
 
  private:
   // What a wait op waits for, resolved once when the plan is bound.
-  enum class WaitFor { kNone, kGather, kReduce, kReduceThenAllReduce, kAllReduce };
+  enum class WaitFor { kNone, kGather, kReduce, kReduceThenAllReduce, kAllReduce, kRowGather, kRowReduce };
 
   // Runs the plan's ops up to the compute of `module` in `phase` (an empty module: to the end)
   // and checks that compute's parameters are gathered. Throws StatusError on a mismatch.
@@ -40,6 +42,9 @@ class PlanExecutor : public StepSchedule {
   // Per op, resolved once so the per-step replay does no lookups: the unit it acts on (an
   // all_reduce and its wait: the source reduce-scatter's), and what a wait waits for.
   std::vector<Unit*> unit_;
+  // The embedding, when the plan reads it by rows (row_gather / row_reduce ops act on it).
+  std::unique_ptr<EmbeddingRows> embed_rows_;
+  torch::Tensor tokens_;  // the micro-batch in flight (what a row_gather fetches rows for)
   std::vector<WaitFor> wait_for_;
   std::vector<std::vector<ShardedParam*>> module_params_;
   std::vector<bool> recompute_;  // per decoder layer: the plan checkpoints it

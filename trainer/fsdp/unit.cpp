@@ -62,8 +62,8 @@ Unit::Unit(std::string name, const UnitContext& context) : name(std::move(name))
 
 void Unit::AddGroup(FlatGroup* g) { groups.push_back(g); }
 
-void Unit::Await(std::vector<std::unique_ptr<dist::Work>>& works, const char* collective, double issued,
-                 int64_t bytes, const dist::Communicator& on) {
+void AwaitCollectives(const UnitContext& context, std::vector<std::unique_ptr<dist::Work>>& works,
+                      const std::string& what, double issued, int64_t bytes, const dist::Communicator& on) {
   const double t0 = Now();
   for (auto& work : works) ThrowIfError(work->Wait());
   const double t1 = Now();
@@ -71,7 +71,6 @@ void Unit::Await(std::vector<std::unique_ptr<dist::Work>>& works, const char* co
   if (ChromeTrace* trace = *context.tracer) {
     double done = issued;
     for (auto& work : works) done = std::max(done, std::min(t1, work->CompletedAt().value_or(t1)));
-    const std::string what = std::string(collective) + " " + name;
     trace->Span("communication", what, issued, done, {{"bytes", std::to_string(bytes)}, {"group", on.group_name()}});
     if (t1 - t0 > 1e-6) trace->Span("blocked on communication", "wait " + what, t0, t1);
   }

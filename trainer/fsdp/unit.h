@@ -66,6 +66,12 @@ struct UnitContext {
   int64_t* gathered_bytes = nullptr;     // the model's count of allocated parameter storage
 };
 
+// Waits for `works` (issued at `issued`), counting the time blocked as exposed communication.
+// When tracing: "<collective> <what>" from issue to completion, and the time blocked. Clears
+// `works`.
+void AwaitCollectives(const UnitContext& context, std::vector<std::unique_ptr<dist::Work>>& works,
+                      const std::string& what, double issued, int64_t bytes, const dist::Communicator& on);
+
 struct Unit {
   Unit(std::string name, const UnitContext& context);
 
@@ -110,10 +116,10 @@ struct Unit {
   void FinishReplicaReduce();
 
  private:
-  // Waits for `works` (issued at `issued`), counting the time blocked as exposed communication.
-  // When tracing: the collective from issue to completion, and the time blocked.
   void Await(std::vector<std::unique_ptr<dist::Work>>& works, const char* collective, double issued, int64_t bytes,
-             const dist::Communicator& on);
+             const dist::Communicator& on) {
+    AwaitCollectives(context, works, std::string(collective) + " " + name, issued, bytes, on);
+  }
   void CountGathered(int64_t delta);
   int64_t GatheredBytes() const;
   void AddReducedGrads();

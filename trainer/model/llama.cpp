@@ -165,12 +165,12 @@ torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& tokens, const torc
 }
 
 torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer,
-                                                           const torch::Tensor& targets) {
+                                                           const torch::Tensor& targets, const EmbedRunner& embed) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
   const auto& rope = Rope(tokens.size(1), tokens.device());
-  auto h = model->embed_tokens(tokens);
+  auto h = embed ? embed(tokens) : model->embed_tokens(tokens);
   for (size_t i = 0; i < model->layers->size(); ++i) {
     h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
   }

@@ -91,6 +91,9 @@ TORCH_MODULE(LlamaModel);
 using LayerRunner = std::function<torch::Tensor(int64_t index, DecoderLayerImpl& layer,
                                                 const torch::Tensor& h, const RopeTables& rope)>;
 
+// The hidden states for `tokens` [batch, seq]: [batch, seq, hidden].
+using EmbedRunner = std::function<torch::Tensor(const torch::Tensor& tokens)>;
+
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLMImpl(const LlamaConfig& c);
@@ -101,8 +104,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // ModuleHolder's operator() needs forward to be unique). With `targets` (int64 [batch, seq]),
   // returns the mean loss instead of the logits, through LinearCrossEntropy: the logits never
   // exist whole (linear_cross_entropy.h).
+  // With `embed`, the hidden states entering layer 0 are embed(tokens) instead of the embedding
+  // table's rows (FSDP's compiled plan hands the rows it fetched for these tokens).
   torch::Tensor ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer,
-                                       const torch::Tensor& targets = {});
+                                       const torch::Tensor& targets = {}, const EmbedRunner& embed = {});
   // Mean token cross-entropy of the model on (tokens, targets), the logits never whole.
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
   const LlamaConfig& config() const { return config_; }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/trainer/compiler/small_graph.h"
+#include "trainer/compiler/cost_model.h"
 #include "trainer/compiler/frontend.h"
 
 namespace meshwork::compiler {
@@ -140,6 +141,92 @@ TEST(ScheduleIr, ValidateRejectsBrokenPrograms) {
                 "param 0 (model.embed_tokens.weight) is never reduce-scattered");
   ExpectInvalid("%ag0 = all_gather [0]\nwait %ag0\noptimizer_step\ncompute fwd embed\n", "after optimizer_step");
   ExpectInvalid("%ag0 = all_gather [0]\noptimizer_step\n", "%ag0 is never waited for");
+}
+
+// The embedding read by rows (ReadByRows): rows= round-trips on the param and module lines; the
+// naive program fetches the rows before the embedding's forward and reduces their gradients
+// after its backward, and (untied) never gathers or reduce-scatters the table; a tied head still
+// gathers it whole and reduce-scatters it right after its own backward.
+TEST(ScheduleIr, EmbeddingReadByRows) {
+  auto g = Parse(kSmallModel);
+  ASSERT_TRUE(g.ok());
+  g->params[0].row_bytes = 640;
+  ReadByRows(*g);
+  EXPECT_TRUE(g->modules[0].params.empty());
+  EXPECT_EQ(g->modules[0].rows, std::vector<int>{0});
+  const std::string text = Print(*g);
+  EXPECT_NE(text.find("param 0 model.embed_tokens.weight gathered=4000 grad=8000 shard=4000 rows=640\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("module embed fwd=0.001 bwd=0.002 act=100 rows=[0] params=[]\n"), std::string::npos) << text;
+  auto back = Parse(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(Print(*back), text);
+
+  const Graph naive = BuildNaiveProgram(*g, {true});
+  ASSERT_TRUE(Validate(naive).ok()) << Validate(naive).ToString();
+  const std::string ops = Print(naive);
+  EXPECT_NE(ops.find("%rg0 = row_gather [0]\nwait %rg0\ncompute fwd embed\n"), std::string::npos) << ops;
+  EXPECT_NE(ops.find("compute bwd embed\n%rr0 = row_reduce [0]\nwait %rr0\n"), std::string::npos) << ops;
+  EXPECT_EQ(ops.find("all_gather [0]"), std::string::npos) << ops;
+  EXPECT_EQ(ops.find("reduce_scatter [0]"), std::string::npos) << ops;
+
+  // Tied: the head uses the table whole; only the embedding's lookup reads it by rows.
+  auto tied = Parse(kSmallModel);
+  ASSERT_TRUE(tied.ok());
+  tied->params[0].row_bytes = 640;
+  tied->modules[3].params = {5, 0};
+  ReadByRows(*tied);
+  EXPECT_EQ(tied->modules[3].params, (std::vector<int>{5, 0}));
+  const Graph tied_naive = BuildNaiveProgram(*tied, {true});
+  ASSERT_TRUE(Validate(tied_naive).ok()) << Validate(tied_naive).ToString();
+  const std::string tied_ops = Print(tied_naive);
+  const size_t gather = tied_ops.find("all_gather [0]");
+  EXPECT_EQ(tied_ops.find("all_gather [0]", gather + 1), std::string::npos) << "gathered once: " << tied_ops;
+  EXPECT_TRUE(tied_ops.find("compute fwd layers.1") < gather && gather < tied_ops.find("compute fwd head"))
+      << tied_ops;
+  const size_t head_bwd = tied_ops.find("compute bwd head"), rs = tied_ops.find("reduce_scatter [0]"),
+               next = tied_ops.find("compute bwd layers.1");
+  EXPECT_TRUE(head_bwd < rs && rs < next) << tied_ops;
+
+  // Costs: a row_gather is a reduce-scatter of every rank's rows, a row_reduce an all-gather of
+  // them; two collectives each (the token ids, then the rows).
+  CostModel cost;
+  cost.dp_shard = 2;
+  cost.shard_link = {0.001, 1e6};
+  for (const Op& op : naive.ops) {
+    if (op.kind != OpKind::kRowGather && op.kind != OpKind::kRowReduce) continue;
+    EXPECT_EQ(cost.CollectiveBytes(naive, op), 1280);
+    EXPECT_EQ(CostModel::CollectiveCalls(naive, op), 2);
+    EXPECT_EQ(LaneOf(op.kind), kAllGatherLane);
+  }
+}
+
+TEST(ScheduleIr, ValidateRejectsBrokenRowPrograms) {
+  std::string model = kSmallModel;
+  model.replace(model.find("shard=4000\n"), 11, "shard=4000 rows=640\n");
+  model.replace(model.find("act=100 params=[0]"), 18, "act=100 rows=[0] params=[]");
+  auto check = [&](const std::string& ops, const std::string& want) {
+    auto g = Parse(model + ops);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    Status s = Validate(*g);
+    ASSERT_FALSE(s.ok()) << ops;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+  };
+  check("compute fwd embed\n", "(compute fwd embed): param 0 (model.embed_tokens.weight) has no rows gathered");
+  check("%rg0 = row_gather [0]\ncompute fwd embed\n", "has no rows gathered (%rg0 not waited for)");
+  check("%rg0 = row_gather [1]\n", "param 1 is read by rows by no module");
+  check("%rg0 = row_gather [0]\nwait %rg0\n%rr0 = row_reduce [0]\ncompute bwd embed\n",
+        "rows are still read by a later backward");
+  check("%rg0 = row_gather [0]\nwait %rg0\ncompute fwd embed\ncompute bwd embed\noptimizer_step\n",
+        "param 0 (model.embed_tokens.weight) is never row-reduced");
+  check("%rg0 = row_gather [0]\nwait %rg0\nfree %rg0\n", "frees something that is not an all_gather");
+  // A module reading by rows a parameter with no row size: a parse error.
+  std::string unsized = kSmallModel;
+  unsized.replace(unsized.find("act=100 params=[0]"), 18, "act=100 rows=[0] params=[]");
+  auto bad = Parse(unsized);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("param 0 is read by rows but has no rows= size"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(ScheduleIr, NaiveProgramIsValidAndDeclaresOneCollectivePerParameterUse) {

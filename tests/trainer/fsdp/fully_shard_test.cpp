@@ -72,6 +72,7 @@ struct Compile {
   int64_t budget = 0;  // the plan's memory budget in bytes; 0: none
   // Eager steps too: kAll recomputes every layer from the first step.
   LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
+  bool embedding_rows = true;  // the plan may read the embedding by rows (fsdp.embedding_rows)
 };
 
 struct TrainRun {
@@ -170,6 +171,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           options.bucketing = switching ? *compile.switch_to : compile.bucketing;
           options.reorder = switching ? !compile.reorder : compile.reorder;
           options.reshard_after_forward = compile.reshard;
+          options.read_by_rows = compile.embedding_rows;
           options.budget = {compiler::MemoryBudget::Source::kFixed, compile.budget};  // 0: no limit
           auto planned = compiler::PlanStep(skeleton, cost, options);
           if (!planned.ok()) return fail(planned.status());
@@ -318,6 +320,40 @@ TEST(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
 TEST(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {
   ExpectSame(SingleProcess(true, 1), Sharded(true, 1, 2, 1, {true, compiler::Bucketing::kAuto, true}), "tied");
   ExpectSame(SingleProcess(false, 2), Sharded(false, 1, 2, 2, {true, compiler::Bucketing::kAuto, true}), "accum 2");
+}
+
+// The embedding read by rows (row_gather / row_reduce, compiler::ReadByRows): the same losses and
+// weights as one process, untied and tied (the head still gathers the table), with gradient
+// accumulation (row gradients held back until the last micro-batch), and at dp_shard 2 and 4
+// (the tiny table's 37 x 40 elements split mid-row at both: every rank owns part of a row).
+// Off, or with replicas (HSDP), the plan gathers and reduce-scatters the table whole.
+TEST(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
+  auto count = [](const std::string& plan, const std::string& what) {
+    int n = 0;
+    for (size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
+    return n;
+  };
+  const Compile plan{true, compiler::Bucketing::kAuto, true};
+  for (bool tied : {false, true}) {
+    const std::string what = tied ? "tied" : "untied";
+    const TrainRun rows2 = Sharded(tied, 1, 2, 1, plan);
+    ExpectSame(SingleProcess(tied, 1), rows2, what + ", dp_shard 2");
+    ASSERT_FALSE(rows2.plans.empty());
+    EXPECT_EQ(count(rows2.plans[0], "= row_gather [0]"), 1) << rows2.plans[0];
+    EXPECT_EQ(count(rows2.plans[0], "= row_reduce [0]"), 1) << rows2.plans[0];
+    EXPECT_EQ(count(rows2.plans[0], "module embed fwd="), 1);
+    EXPECT_NE(rows2.plans[0].find(" rows=[0] params=[]"), std::string::npos) << rows2.plans[0];
+    ExpectSame(SingleProcess(tied, 2), Sharded(tied, 1, 4, 2, plan), what + ", dp_shard 4, accum 2");
+  }
+  Compile whole = plan;
+  whole.embedding_rows = false;
+  const TrainRun off = Sharded(true, 1, 2, 1, whole);
+  ExpectSame(SingleProcess(true, 1), off, "tied, embedding_rows off");
+  ASSERT_FALSE(off.plans.empty());
+  EXPECT_EQ(count(off.plans[0], "row_gather"), 0) << off.plans[0];
+  const TrainRun hsdp = Sharded(false, 2, 2, 1, plan);
+  ASSERT_FALSE(hsdp.plans.empty());
+  EXPECT_EQ(count(hsdp.plans[0], "row_gather"), 0) << hsdp.plans[0];
 }
 
 TEST(FullyShard, RanksWithDifferentTimingsRunRankZerosPlan) {

@@ -1,0 +1,134 @@
+#include "trainer/fsdp/embedding_rows.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <set>
+
+namespace meshwork::fsdp {
+
+EmbeddingRows::EmbeddingRows(ShardedParam* param, const UnitContext& context)
+    : param_(param), context_(context) {
+  width_ = param->full_shape.size() == 2 ? param->full_shape[1] : 1;
+  begin_ = param->shard_begin;
+  end_ = begin_ + param->shard.numel();
+}
+
+torch::Tensor EmbeddingRows::OwnedParts(const torch::Tensor& ids) const {
+  torch::NoGradGuard no_grad;
+  const int64_t w = width_;
+  torch::Tensor out = torch::zeros({ids.numel(), w}, param_->shard.options().dtype(torch::kFloat));
+  if (end_ <= begin_) return out;
+  const torch::Tensor flat = param_->shard.detach().reshape({-1});
+  // Rows wholly inside [begin_, end_): one gather.
+  const int64_t lo = (begin_ + w - 1) / w, hi = end_ / w;
+  if (hi > lo) {
+    const torch::Tensor at = ((ids >= lo) & (ids < hi)).nonzero().squeeze(1);
+    if (at.numel() > 0) {
+      const torch::Tensor whole = flat.narrow(0, lo * w - begin_, (hi - lo) * w).view({hi - lo, w});
+      out.index_copy_(0, at, whole.index_select(0, ids.index_select(0, at) - lo).to(torch::kFloat));
+    }
+  }
+  // The (at most two) rows the shard holds part of.
+  for (const int64_t e : std::set<int64_t>{begin_ / w, (end_ - 1) / w}) {
+    if (e >= lo && e < hi) continue;
+    const int64_t from = std::max(begin_, e * w), to = std::min(end_, (e + 1) * w);
+    if (from >= to) continue;
+    const torch::Tensor at = (ids == e).nonzero().squeeze(1);
+    if (at.numel() == 0) continue;
+    const torch::Tensor part = flat.narrow(0, from - begin_, to - from).to(torch::kFloat);
+    out.narrow(1, from - e * w, to - from).index_copy_(0, at, part.unsqueeze(0).expand({at.numel(), to - from}).contiguous());
+  }
+  return out;
+}
+
+void EmbeddingRows::AddOwnedParts(const torch::Tensor& ids, const torch::Tensor& grads, double scale,
+                                  torch::Tensor& shard_grad) const {
+  torch::NoGradGuard no_grad;
+  const int64_t w = width_;
+  if (end_ <= begin_) return;
+  torch::Tensor flat = shard_grad.view({-1});
+  const int64_t lo = (begin_ + w - 1) / w, hi = end_ / w;
+  if (hi > lo) {
+    const torch::Tensor at = ((ids >= lo) & (ids < hi)).nonzero().squeeze(1);
+    if (at.numel() > 0) {
+      torch::Tensor whole = flat.narrow(0, lo * w - begin_, (hi - lo) * w).view({hi - lo, w});
+      whole.index_add_(0, ids.index_select(0, at) - lo, grads.index_select(0, at).mul(scale).to(whole.scalar_type()));
+    }
+  }
+  for (const int64_t e : std::set<int64_t>{begin_ / w, (end_ - 1) / w}) {
+    if (e >= lo && e < hi) continue;
+    const int64_t from = std::max(begin_, e * w), to = std::min(end_, (e + 1) * w);
+    if (from >= to) continue;
+    const torch::Tensor at = (ids == e).nonzero().squeeze(1);
+    if (at.numel() == 0) continue;
+    const torch::Tensor sum = grads.index_select(0, at).narrow(1, from - e * w, to - from).sum(0).mul(scale);
+    flat.narrow(0, from - begin_, to - from).add_(sum.to(flat.scalar_type()));
+  }
+}
+
+void EmbeddingRows::StartGather(const torch::Tensor& tokens) {
+  torch::NoGradGuard no_grad;
+  rows_shape_ = tokens.sizes().vec();
+  rows_shape_.push_back(width_);
+  tokens_ = tokens.reshape({-1}).to(torch::kLong).contiguous();
+  const int n = context_.group->size();
+  all_ids_ = torch::empty({n * tokens_.numel()}, tokens_.options());
+  gather_issued_ = Now();
+  auto work = context_.group->AllGatherInto(all_ids_, tokens_);
+  ThrowIfError(work.status());
+  gather_works_.push_back(std::move(work).value());
+}
+
+void EmbeddingRows::WaitGather() {
+  torch::NoGradGuard no_grad;
+  const std::string what = "row_gather " + param_->name;
+  AwaitCollectives(context_, gather_works_, what + " (ids)", gather_issued_, dist::TensorBytes(all_ids_),
+                   *context_.group);
+  const torch::Tensor parts = OwnedParts(all_ids_);
+  torch::Tensor mine = torch::empty({tokens_.numel() * width_}, parts.options());
+  const double issued = Now();
+  auto work = context_.group->ReduceScatter(mine, parts.view({-1}), dist::ReduceOp::kSum);
+  ThrowIfError(work.status());
+  gather_works_.push_back(std::move(work).value());
+  AwaitCollectives(context_, gather_works_, what, issued, dist::TensorBytes(parts), *context_.group);
+  rows_ = mine.view(rows_shape_).to(context_.options->param_dtype).detach().requires_grad_(true);
+}
+
+void EmbeddingRows::StartReduce(bool sync) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor grad = rows_.defined() && rows_.grad().defined()
+                           ? rows_.grad().reshape({-1, width_}).to(torch::kFloat)
+                           : torch::zeros({tokens_.numel(), width_}, param_->shard.options().dtype(torch::kFloat));
+  held_ids_.push_back(tokens_);
+  held_grads_.push_back(grad);
+  rows_ = torch::Tensor();
+  if (!sync) return;
+  const torch::Tensor ids = torch::cat(held_ids_), grads = torch::cat(held_grads_).contiguous();
+  held_ids_.clear();
+  held_grads_.clear();
+  const int n = context_.group->size();
+  reduce_ids_ = torch::empty({n * ids.numel()}, ids.options());
+  reduce_grads_ = torch::empty({n * grads.size(0), width_}, grads.options());
+  reduce_issued_ = Now();
+  for (auto [out, in] : {std::pair{reduce_ids_, ids}, std::pair{reduce_grads_.view({-1}), grads.view({-1})}}) {
+    auto work = context_.group->AllGatherInto(out, in);
+    ThrowIfError(work.status());
+    reduce_works_.push_back(std::move(work).value());
+  }
+}
+
+void EmbeddingRows::WaitReduce() {
+  if (reduce_works_.empty()) return;  // gradient sync off: nothing was sent
+  AwaitCollectives(context_, reduce_works_, "row_reduce " + param_->name, reduce_issued_,
+                   dist::TensorBytes(reduce_grads_), *context_.group);
+  if (param_->shard.numel() > 0) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor& grad = param_->shard.mutable_grad();
+    if (!grad.defined()) grad = torch::zeros_like(param_->shard);
+    AddOwnedParts(reduce_ids_, reduce_grads_, 1.0 / context_.group->size(), grad);
+  }
+  reduce_ids_ = reduce_grads_ = torch::Tensor();
+}
+
+}  // namespace meshwork::fsdp
