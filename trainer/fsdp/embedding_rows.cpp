@@ -9,35 +9,37 @@ namespace meshwork::fsdp {
 
 EmbeddingRows::EmbeddingRows(ShardedParam* param, const UnitContext& context)
     : param_(param), context_(context) {
-  width_ = param->full_shape.size() == 2 ? param->full_shape[1] : 1;
-  begin_ = param->shard_begin;
-  end_ = begin_ + param->shard.numel();
+  const int64_t w = width_ = param->full_shape.size() == 2 ? param->full_shape[1] : 1;
+  // This rank's elements of the flattened parameter, [begin, end): whole rows [lo, hi), and at
+  // most two rows of which it holds a part (a flat shard may start or end mid-row).
+  const int64_t begin = param->shard_begin, end = begin + param->shard.numel();
+  if (end <= begin) return;
+  whole_lo_ = (begin + w - 1) / w;
+  whole_hi_ = std::max(whole_lo_, end / w);
+  whole_at_ = whole_lo_ * w - begin;
+  for (const int64_t row : std::set<int64_t>{begin / w, (end - 1) / w}) {
+    if (row >= whole_lo_ && row < whole_hi_) continue;
+    const int64_t from = std::max(begin, row * w), to = std::min(end, (row + 1) * w);
+    if (from < to) parts_.push_back({row, from - row * w, to - from, from - begin});
+  }
 }
 
 torch::Tensor EmbeddingRows::OwnedParts(const torch::Tensor& ids) const {
   torch::NoGradGuard no_grad;
-  const int64_t w = width_;
-  torch::Tensor out = torch::zeros({ids.numel(), w}, param_->shard.options().dtype(torch::kFloat));
-  if (end_ <= begin_) return out;
+  torch::Tensor out = torch::zeros({ids.numel(), width_}, param_->shard.options().dtype(torch::kFloat));
   const torch::Tensor flat = param_->shard.detach().reshape({-1});
-  // Rows wholly inside [begin_, end_): one gather.
-  const int64_t lo = (begin_ + w - 1) / w, hi = end_ / w;
-  if (hi > lo) {
-    const torch::Tensor at = ((ids >= lo) & (ids < hi)).nonzero().squeeze(1);
+  if (whole_hi_ > whole_lo_) {
+    const torch::Tensor at = ((ids >= whole_lo_) & (ids < whole_hi_)).nonzero().squeeze(1);
     if (at.numel() > 0) {
-      const torch::Tensor whole = flat.narrow(0, lo * w - begin_, (hi - lo) * w).view({hi - lo, w});
-      out.index_copy_(0, at, whole.index_select(0, ids.index_select(0, at) - lo).to(torch::kFloat));
+      const torch::Tensor whole = flat.narrow(0, whole_at_, (whole_hi_ - whole_lo_) * width_).view({-1, width_});
+      out.index_copy_(0, at, whole.index_select(0, ids.index_select(0, at) - whole_lo_).to(torch::kFloat));
     }
   }
-  // The (at most two) rows the shard holds part of.
-  for (const int64_t e : std::set<int64_t>{begin_ / w, (end_ - 1) / w}) {
-    if (e >= lo && e < hi) continue;
-    const int64_t from = std::max(begin_, e * w), to = std::min(end_, (e + 1) * w);
-    if (from >= to) continue;
-    const torch::Tensor at = (ids == e).nonzero().squeeze(1);
+  for (const Part& p : parts_) {
+    const torch::Tensor at = (ids == p.row).nonzero().squeeze(1);
     if (at.numel() == 0) continue;
-    const torch::Tensor part = flat.narrow(0, from - begin_, to - from).to(torch::kFloat);
-    out.narrow(1, from - e * w, to - from).index_copy_(0, at, part.unsqueeze(0).expand({at.numel(), to - from}).contiguous());
+    const torch::Tensor values = flat.narrow(0, p.at, p.len).to(torch::kFloat);
+    out.narrow(1, p.col, p.len).index_copy_(0, at, values.unsqueeze(0).expand({at.numel(), p.len}).contiguous());
   }
   return out;
 }
@@ -45,25 +47,19 @@ torch::Tensor EmbeddingRows::OwnedParts(const torch::Tensor& ids) const {
 void EmbeddingRows::AddOwnedParts(const torch::Tensor& ids, const torch::Tensor& grads, double scale,
                                   torch::Tensor& shard_grad) const {
   torch::NoGradGuard no_grad;
-  const int64_t w = width_;
-  if (end_ <= begin_) return;
   torch::Tensor flat = shard_grad.view({-1});
-  const int64_t lo = (begin_ + w - 1) / w, hi = end_ / w;
-  if (hi > lo) {
-    const torch::Tensor at = ((ids >= lo) & (ids < hi)).nonzero().squeeze(1);
+  if (whole_hi_ > whole_lo_) {
+    const torch::Tensor at = ((ids >= whole_lo_) & (ids < whole_hi_)).nonzero().squeeze(1);
     if (at.numel() > 0) {
-      torch::Tensor whole = flat.narrow(0, lo * w - begin_, (hi - lo) * w).view({hi - lo, w});
-      whole.index_add_(0, ids.index_select(0, at) - lo, grads.index_select(0, at).mul(scale).to(whole.scalar_type()));
+      torch::Tensor whole = flat.narrow(0, whole_at_, (whole_hi_ - whole_lo_) * width_).view({-1, width_});
+      whole.index_add_(0, ids.index_select(0, at) - whole_lo_, grads.index_select(0, at).mul(scale).to(whole.scalar_type()));
     }
   }
-  for (const int64_t e : std::set<int64_t>{begin_ / w, (end_ - 1) / w}) {
-    if (e >= lo && e < hi) continue;
-    const int64_t from = std::max(begin_, e * w), to = std::min(end_, (e + 1) * w);
-    if (from >= to) continue;
-    const torch::Tensor at = (ids == e).nonzero().squeeze(1);
+  for (const Part& p : parts_) {
+    const torch::Tensor at = (ids == p.row).nonzero().squeeze(1);
     if (at.numel() == 0) continue;
-    const torch::Tensor sum = grads.index_select(0, at).narrow(1, from - e * w, to - from).sum(0).mul(scale);
-    flat.narrow(0, from - begin_, to - from).add_(sum.to(flat.scalar_type()));
+    const torch::Tensor sum = grads.index_select(0, at).narrow(1, p.col, p.len).sum(0).mul(scale);
+    flat.narrow(0, p.at, p.len).add_(sum.to(flat.scalar_type()));
   }
 }
 
@@ -82,16 +78,18 @@ void EmbeddingRows::StartGather(const torch::Tensor& tokens) {
 
 void EmbeddingRows::WaitGather() {
   torch::NoGradGuard no_grad;
-  const std::string what = "row_gather " + param_->name;
-  AwaitCollectives(context_, gather_works_, what + " (ids)", gather_issued_, dist::TensorBytes(all_ids_),
-                   *context_.group);
+  // The host is blocked from here to the rows' arrival (the ids, filling in, the reduce-scatter):
+  // one exposed span, and one collective on the trace, as the plan counts it.
+  const double blocked_since = Now();
+  for (auto& work : gather_works_) ThrowIfError(work->Wait());
+  gather_works_.clear();
   const torch::Tensor parts = OwnedParts(all_ids_);
   torch::Tensor mine = torch::empty({tokens_.numel() * width_}, parts.options());
-  const double issued = Now();
   auto work = context_.group->ReduceScatter(mine, parts.view({-1}), dist::ReduceOp::kSum);
   ThrowIfError(work.status());
   gather_works_.push_back(std::move(work).value());
-  AwaitCollectives(context_, gather_works_, what, issued, dist::TensorBytes(parts), *context_.group);
+  AwaitCollectives(context_, gather_works_, "row_gather " + param_->name, gather_issued_,
+                   dist::TensorBytes(parts) + dist::TensorBytes(all_ids_), *context_.group, blocked_since);
   rows_ = mine.view(rows_shape_).to(context_.options->param_dtype).detach().requires_grad_(true);
 }
 

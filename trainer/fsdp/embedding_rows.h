@@ -52,7 +52,14 @@ class EmbeddingRows {
   ShardedParam* param_;
   UnitContext context_;
   int64_t width_ = 0;
-  int64_t begin_ = 0, end_ = 0;  // this rank's elements of the flattened parameter: [begin_, end_)
+  // What this rank's shard holds: whole rows [whole_lo_, whole_hi_), starting at element
+  // whole_at_ of its flat shard, and parts of at most two more rows.
+  int64_t whole_lo_ = 0, whole_hi_ = 0, whole_at_ = 0;
+  struct Part {
+    int64_t row, col, len;  // columns [col, col + len) of this row
+    int64_t at;             // where they are in the flat shard
+  };
+  std::vector<Part> parts_;
 
   torch::Tensor tokens_;    // this micro-batch's, flat
   torch::Tensor all_ids_;   // every rank's, rank-major

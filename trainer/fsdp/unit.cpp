@@ -63,8 +63,9 @@ Unit::Unit(std::string name, const UnitContext& context) : name(std::move(name))
 void Unit::AddGroup(FlatGroup* g) { groups.push_back(g); }
 
 void AwaitCollectives(const UnitContext& context, std::vector<std::unique_ptr<dist::Work>>& works,
-                      const std::string& what, double issued, int64_t bytes, const dist::Communicator& on) {
-  const double t0 = Now();
+                      const std::string& what, double issued, int64_t bytes, const dist::Communicator& on,
+                      double blocked_since) {
+  const double t0 = blocked_since >= 0 ? blocked_since : Now();
   for (auto& work : works) ThrowIfError(work->Wait());
   const double t1 = Now();
   context.stats->exposed_comm_seconds += t1 - t0;

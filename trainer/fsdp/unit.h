@@ -68,9 +68,10 @@ struct UnitContext {
 
 // Waits for `works` (issued at `issued`), counting the time blocked as exposed communication.
 // When tracing: "<collective> <what>" from issue to completion, and the time blocked. Clears
-// `works`.
+// `works`. `blocked_since` (>= 0): the host has been blocked on them since then, not just now.
 void AwaitCollectives(const UnitContext& context, std::vector<std::unique_ptr<dist::Work>>& works,
-                      const std::string& what, double issued, int64_t bytes, const dist::Communicator& on);
+                      const std::string& what, double issued, int64_t bytes, const dist::Communicator& on,
+                      double blocked_since = -1);
 
 struct Unit {
   Unit(std::string name, const UnitContext& context);
