@@ -85,14 +85,49 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       }
       break;
   }
-  Graph start = naive;
-  if (options.read_by_rows && skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
+  std::ostringstream whole_dump;
+  MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump != nullptr ? &whole_dump : nullptr));
+  std::string dumped = whole_dump.str(), rows_choice;
+  // Reading the embedding by rows (ReadByRows) where it pays: each rank's row exchange grows with
+  // dp_shard (every rank's rows), the table's collectives do not. Planned both ways when the rows'
+  // program moves less than the table's; the plan that fits the budget, then the faster, wins.
+  if (options.read_by_rows != PlanOptions::Rows::kNever && skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
     Graph by_rows = skeleton;
     ReadByRows(by_rows);
-    start = BuildNaiveProgram(by_rows, {options.reshard_after_forward});
+    const Graph rows_naive = BuildNaiveProgram(by_rows, {options.reshard_after_forward});
+    const double rows_comm = Simulate(rows_naive, cost).comm_seconds;
+    const double whole_comm = Simulate(naive, cost).comm_seconds;
+    std::ostringstream r;
+    r << std::fixed << std::setprecision(4);
+    int64_t row_bytes = 0;
+    for (const ModuleInfo& m : by_rows.modules)
+      for (int p : m.rows) row_bytes += by_rows.params[p].row_bytes;
+    const bool always = options.read_by_rows == PlanOptions::Rows::kAlways;
+    if (row_bytes > 0 && (always || rows_comm < whole_comm)) {
+      std::ostringstream rows_dump;
+      MW_ASSIGN_OR_RETURN(Graph rows, pipeline.Run(rows_naive, out.ctx, dump != nullptr ? &rows_dump : nullptr));
+      const SimResult by = Simulate(rows, cost), whole = Simulate(out.compiled, cost);
+      const bool fits = by.peak_bytes <= out.ctx.memory_budget_bytes;
+      const bool whole_fits = whole.peak_bytes <= out.ctx.memory_budget_bytes;
+      if (always || (fits && !whole_fits) || (fits == whole_fits && by.step_seconds < whole.step_seconds)) {
+        r << "the embedding is read by rows: predicted step " << by.step_seconds << " s, against "
+          << whole.step_seconds << " s with the table gathered whole";
+        out.compiled = std::move(rows);
+        dumped = rows_dump.str();
+      } else {
+        r << "the embedding is gathered whole: reading it by rows is predicted " << by.step_seconds
+          << " s a step, against " << whole.step_seconds << " s" << (whole_fits && !fits ? ", and does not fit the budget" : "");
+      }
+    } else if (row_bytes > 0) {
+      r << "the embedding is gathered whole: exchanging every rank's rows (dp_shard " << skeleton.dp_shard
+        << " x " << HumanBytes(row_bytes) << ") would take " << std::setprecision(3) << rows_comm << " s of communication a step, the table's collectives "
+        << whole_comm << " s";
+    }
+    rows_choice = r.str();
   }
-  MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(start, out.ctx, dump));
+  if (dump != nullptr) *dump << dumped;
   out.choices = DescribeChoices(skeleton, out.compiled, out.ctx.memory_budget_bytes);
+  if (!rows_choice.empty()) out.choices.push_back(rows_choice);
   if (out.static_exceeds_device) {
     out.choices.insert(out.choices.begin(), "the static state alone exceeds the device's memory: no plan fits; "
                                             "planned within the eager plan's peak");

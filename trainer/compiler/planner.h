@@ -33,9 +33,12 @@ struct PlanOptions {
   Bucketing bucketing = Bucketing::kAuto;
   bool reorder = true;  // false: the reorder pass is disabled
   bool reshard_after_forward = true;
-  // The compiled plan reads the embedding by rows (compiler::ReadByRows) where it can: dp_shard
-  // over 1 and no replicas (HSDP would need the rows' gradients across replicas too).
-  bool read_by_rows = true;
+  // Whether the compiled plan reads the embedding by rows (compiler::ReadByRows). Only possible
+  // with dp_shard over 1 and no replicas (HSDP would need the rows' gradients across replicas
+  // too). kWhenFaster: planned both ways when the rows' exchange moves less than the table's
+  // collectives, and the plan that fits the budget, then the faster, is kept.
+  enum class Rows { kNever, kWhenFaster, kAlways };
+  Rows read_by_rows = Rows::kWhenFaster;
   MemoryBudget budget;
 };
 

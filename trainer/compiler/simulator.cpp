@@ -82,6 +82,15 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
         }
         break;
       }
+      case OpKind::kRowGather:
+      case OpKind::kRowReduce: {
+        // Every rank's rows are held for a moment (the owners' parts before the reduce-scatter;
+        // the gathered row gradients before they are summed); what stays is one micro-batch's.
+        int64_t b = 0;
+        for (int p : op.params) b += g.params[p].row_bytes;
+        peak = std::max(peak, live + static_cast<int64_t>(std::max(1, g.dp_shard)) * b);
+        break;
+      }
       case OpKind::kWait: {
         auto it = reduce_scatters.find(op.id);
         if (it != reduce_scatters.end()) {

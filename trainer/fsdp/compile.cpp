@@ -165,7 +165,7 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, measured_step_seconds));
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
-  c.options.read_by_rows = cfg.embedding_rows;
+  c.options.read_by_rows = cfg.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
   c.options.reshard_after_forward = cfg.reshard_after_forward;
   c.options.budget = BudgetOf(cfg, device_memory_bytes);
   compiler::Graph plan;

@@ -72,7 +72,9 @@ struct Compile {
   int64_t budget = 0;  // the plan's memory budget in bytes; 0: none
   // Eager steps too: kAll recomputes every layer from the first step.
   LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
-  bool embedding_rows = true;  // the plan may read the embedding by rows (fsdp.embedding_rows)
+  // Whether the plan reads the embedding by rows. The tiny model's table is smaller than a step's
+  // rows, so the planner left to choose (kWhenFaster, fsdp.embedding_rows) reads it whole.
+  compiler::PlanOptions::Rows embedding_rows = compiler::PlanOptions::Rows::kWhenFaster;
 };
 
 struct TrainRun {
@@ -333,7 +335,8 @@ TEST(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
     for (size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
     return n;
   };
-  const Compile plan{true, compiler::Bucketing::kAuto, true};
+  Compile plan{true, compiler::Bucketing::kAuto, true};
+  plan.embedding_rows = compiler::PlanOptions::Rows::kAlways;
   for (bool tied : {false, true}) {
     const std::string what = tied ? "tied" : "untied";
     const TrainRun rows2 = Sharded(tied, 1, 2, 1, plan);
@@ -346,7 +349,7 @@ TEST(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
     ExpectSame(SingleProcess(tied, 2), Sharded(tied, 1, 4, 2, plan), what + ", dp_shard 4, accum 2");
   }
   Compile whole = plan;
-  whole.embedding_rows = false;
+  whole.embedding_rows = compiler::PlanOptions::Rows::kNever;
   const TrainRun off = Sharded(true, 1, 2, 1, whole);
   ExpectSame(SingleProcess(true, 1), off, "tied, embedding_rows off");
   ASSERT_FALSE(off.plans.empty());
