@@ -56,6 +56,9 @@ done
   echo "parameters, gradients, AdamW moments); rows marked OOM exceed the 80 GB of an H100. MFU is"
   echo "model FLOPs (6N + attention, causal not halved) over step time and dense bf16 peak. The"
   echo "all-gather and reduce-scatter lanes split the link while both run (share 0.5, assumed)."
+  echo "Without replicas the compiled plan may read the token embedding by rows (fetch and reduce"
+  echo "only a step's rows, docs/compiler.md); the last column says where it did, or why not: each"
+  echo "rank's row exchange grows with dp_shard, so at seq 8192 it pays on 8 GPUs only."
   echo
   echo "| model | GPUs | mesh | plan | step | exposed comm | peak memory | tok/s/GPU | MFU | compiled / eager tok/s | the compiled plan chose |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -78,7 +81,7 @@ for spec in "${runs[@]}"; do
     mesh="auto: $(sed -nE 's/^mesh: auto chose ([0-9]+)x([0-9]+) .*/\1 x \2/p' "$log")"
     grep '^mesh: auto chose' "$log" | sed 's/^/    /' >&2
   fi
-  choices="$(sed -nE 's/^  compiled plan: (activation checkpointing on [0-9]+ of [0-9]+).*/\1/p; s/^  compiled plan: ([0-9]+ of [0-9]+ layers stay gathered).*/\1/p' "$log" | paste -sd ';' | sed 's/;/; /g')"
+  choices="$(sed -nE 's/^  compiled plan: (activation checkpointing on [0-9]+ of [0-9]+).*/\1/p; s/^  compiled plan: ([0-9]+ of [0-9]+ layers stay gathered).*/\1/p; s/^  compiled plan: the (embedding is (read by rows|gathered whole)).*/\1/p' "$log" | paste -sd ';' | sed 's/;/; /g')"
   ratio="$(sed -nE 's/.*tokens\/s x([0-9.]+).*/\1/p' "$log")"
   for plan in eager compiled; do
     line="$(grep "^$plan:" "$log")"

@@ -89,19 +89,31 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
   MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump != nullptr ? &whole_dump : nullptr));
   std::string dumped = whole_dump.str(), rows_choice;
   // Reading the embedding by rows (ReadByRows) where it pays: each rank's row exchange grows with
-  // dp_shard (every rank's rows), the table's collectives do not. Planned both ways when the rows'
-  // program moves less than the table's; the plan that fits the budget, then the faster, wins.
+  // dp_shard (every rank's rows), the table's collectives do not. It can only win by taking the
+  // table's collectives off the critical path (an untied table's altogether; a tied one's moved
+  // to where the layers hide them), so it is planned both ways when the row exchange takes less
+  // time than the table's collectives it would relieve; the plan that fits the budget, then the
+  // faster, wins.
   if (options.read_by_rows != PlanOptions::Rows::kNever && skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
     Graph by_rows = skeleton;
     ReadByRows(by_rows);
     const Graph rows_naive = BuildNaiveProgram(by_rows, {options.reshard_after_forward});
-    const double rows_comm = Simulate(rows_naive, cost).comm_seconds;
-    const double whole_comm = Simulate(naive, cost).comm_seconds;
-    std::ostringstream r;
-    r << std::fixed << std::setprecision(4);
+    std::set<int> by_row;
     int64_t row_bytes = 0;
     for (const ModuleInfo& m : by_rows.modules)
-      for (int p : m.rows) row_bytes += by_rows.params[p].row_bytes;
+      for (int p : m.rows) by_row.insert(p), row_bytes += by_rows.params[p].row_bytes;
+    // Seconds of the collectives of `g` of `kinds` that move a parameter read by rows.
+    auto seconds_of = [&](const Graph& g, std::set<OpKind> kinds) {
+      double s = 0;
+      for (const Op& op : g.ops)
+        if (kinds.count(op.kind) && std::any_of(op.params.begin(), op.params.end(), [&](int p) { return by_row.count(p) > 0; }))
+          s += cost.CollectiveSeconds(op.kind, cost.CollectiveBytes(g, op), CostModel::CollectiveCalls(g, op));
+      return s;
+    };
+    const double rows_comm = seconds_of(rows_naive, {OpKind::kRowGather, OpKind::kRowReduce});
+    const double whole_comm = seconds_of(naive, {OpKind::kAllGather, OpKind::kReduceScatter});
+    std::ostringstream r;
+    r << std::fixed << std::setprecision(4);
     const bool always = options.read_by_rows == PlanOptions::Rows::kAlways;
     if (row_bytes > 0 && (always || rows_comm < whole_comm)) {
       std::ostringstream rows_dump;
@@ -120,8 +132,8 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       }
     } else if (row_bytes > 0) {
       r << "the embedding is gathered whole: exchanging every rank's rows (dp_shard " << skeleton.dp_shard
-        << " x " << HumanBytes(row_bytes) << ") would take " << std::setprecision(3) << rows_comm << " s of communication a step, the table's collectives "
-        << whole_comm << " s";
+        << " x " << HumanBytes(row_bytes) << ") would take " << std::setprecision(3) << rows_comm
+        << " s a step, the table's whole collectives " << whole_comm << " s";
     }
     rows_choice = r.str();
   }
