@@ -351,36 +351,7 @@ Status Validate(const Graph& g) {
     if (stepped) return fail(i, "after optimizer_step");
     switch (op.kind) {
       case OpKind::kAllGather:
-      case OpKind::kReduceScatter: {
-        if (values.count(op.id)) return fail(i, "id defined twice");
-        std::set<int> seen;
-        for (int p : op.params) {
-          if (p < 0 || p >= np) return fail(i, "unknown param " + std::to_string(p));
-          if (!seen.insert(p).second) return fail(i, "param " + std::to_string(p) + " listed twice");
-          if (op.kind == OpKind::kAllGather) {
-            if (!gathered_by[p].empty() || !pending_by[p].empty())
-              return fail(i, "param " + std::to_string(p) + " is already gathered by " +
-                                 (gathered_by[p].empty() ? pending_by[p] : gathered_by[p]));
-            pending_by[p] = op.id;
-          } else {
-            if (reduced[p]++) return fail(i, "param " + std::to_string(p) + " reduce-scattered twice");
-            if (static_cast<int>(i) < last_bwd[p])
-              return fail(i, "param " + std::to_string(p) + " is still used by a later backward (op " +
-                                 std::to_string(last_bwd[p]) + ")");
-          }
-        }
-        // A flat group is communicated whole: its parameters share one sharded vector.
-        std::map<int, int> listed;  // group -> its parameters in this op
-        for (int p : op.params)
-          if (g.params[p].group >= 0) ++listed[g.params[p].group];
-        for (const auto& [group, n] : listed)
-          if (n != group_size[group])
-            return fail(i, "flat group " + std::to_string(group) + " has " + std::to_string(group_size[group]) +
-                               " parameters, this collective lists " + std::to_string(n) +
-                               " (a group is communicated whole)");
-        values[op.id] = Value{op.kind, op.params, false, false, ""};
-        break;
-      }
+      case OpKind::kReduceScatter:
       case OpKind::kRowGather:
       case OpKind::kRowReduce: {
         if (values.count(op.id)) return fail(i, "id defined twice");
@@ -389,18 +360,45 @@ Status Validate(const Graph& g) {
         for (int p : op.params) {
           if (p < 0 || p >= np) return fail(i, "unknown param " + std::to_string(p));
           if (!seen.insert(p).second) return fail(i, "param " + std::to_string(p) + " listed twice");
-          if (!read_by_rows[p]) return fail(i, "param " + std::to_string(p) + " is read by rows by no module");
-          if (op.kind == OpKind::kRowGather) {
-            if (!rows_by[p].empty() || !rows_pending_by[p].empty())
-              return fail(i, "param " + std::to_string(p) + "'s rows are already gathered");
-            rows_pending_by[p] = op.id;
-          } else {
-            if (row_reduced[p]++) return fail(i, "param " + std::to_string(p) + " row-reduced twice");
-            if (static_cast<int>(i) < last_bwd_rows[p])
-              return fail(i, "param " + std::to_string(p) + "'s rows are still read by a later backward (op " +
-                                 std::to_string(last_bwd_rows[p]) + ")");
+          switch (op.kind) {
+            case OpKind::kAllGather:
+              if (!gathered_by[p].empty() || !pending_by[p].empty())
+                return fail(i, "param " + std::to_string(p) + " is already gathered by " +
+                                   (gathered_by[p].empty() ? pending_by[p] : gathered_by[p]));
+              pending_by[p] = op.id;
+              break;
+            case OpKind::kReduceScatter:
+              if (reduced[p]++) return fail(i, "param " + std::to_string(p) + " reduce-scattered twice");
+              if (static_cast<int>(i) < last_bwd[p])
+                return fail(i, "param " + std::to_string(p) + " is still used by a later backward (op " +
+                                   std::to_string(last_bwd[p]) + ")");
+              break;
+            case OpKind::kRowGather:
+              if (!read_by_rows[p]) return fail(i, "param " + std::to_string(p) + " is read by rows by no module");
+              if (!rows_by[p].empty() || !rows_pending_by[p].empty())
+                return fail(i, "param " + std::to_string(p) + "'s rows are already gathered");
+              rows_pending_by[p] = op.id;
+              break;
+            default:  // kRowReduce
+              if (!read_by_rows[p]) return fail(i, "param " + std::to_string(p) + " is read by rows by no module");
+              if (row_reduced[p]++) return fail(i, "param " + std::to_string(p) + " row-reduced twice");
+              if (static_cast<int>(i) < last_bwd_rows[p])
+                return fail(i, "param " + std::to_string(p) + "'s rows are still read by a later backward (op " +
+                                   std::to_string(last_bwd_rows[p]) + ")");
+              break;
           }
         }
+        // A flat group is communicated whole: its parameters share one sharded vector. (Rows are
+        // read per parameter.)
+        std::map<int, int> listed;  // group -> its parameters in this op
+        if (op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter)
+          for (int p : op.params)
+            if (g.params[p].group >= 0) ++listed[g.params[p].group];
+        for (const auto& [group, n] : listed)
+          if (n != group_size[group])
+            return fail(i, "flat group " + std::to_string(group) + " has " + std::to_string(group_size[group]) +
+                               " parameters, this collective lists " + std::to_string(n) +
+                               " (a group is communicated whole)");
         values[op.id] = Value{op.kind, op.params, false, false, ""};
         break;
       }
