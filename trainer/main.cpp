@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/blas_kernel.h"
 #include "trainer/config/config.h"
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
@@ -218,6 +219,7 @@ int RunDevices(const std::vector<std::string>& args) {
 }
 
 int main(int argc, char** argv) {
+  meshwork::UseBestBlasKernel(argv);  // may run this program again, with OPENBLAS_CORETYPE set
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return Usage("missing command");
   const std::string command = args.front();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/blas_kernel.h"
 #include "common/units.h"
 #include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
@@ -95,7 +96,8 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
           << "; activation checkpointing: " << CheckpointingNote(cfg, *r.engine) << "\n"
           << "device: " << r.device.str() << (r.autocast ? " (bf16 autocast)" : " (fp32)") << ", "
           << (r.device.is_cuda() ? "allocator " + ConfigureCudaAllocator() + ", " : std::string())
-          << torch::get_num_threads() << " threads; mfu vs "
+          << torch::get_num_threads() << " threads"
+          << (BlasKernelNote().empty() ? std::string() : ", " + BlasKernelNote()) << "; mfu vs "
           << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)
                                          : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))
           << " (" << profile.basis << ")\n";
