@@ -2,7 +2,7 @@
 // model number; an OpenBLAS older than the CPU does not know the model and falls back to its
 // generic SSE3 kernels ("Prescott"). Debian 12's OpenBLAS 0.3.21 does so on Intel family 6 model
 // 207 (Emerald Rapids): fp32 matrix multiplies at 63 GFLOP/s a core instead of 141 with the
-// AVX-512 kernels, and a llama-100m training step about 3x slower. OpenBLAS reads the override,
+// AVX-512 kernels, and a llama-100m training step 3.6x slower. OpenBLAS reads the override,
 // OPENBLAS_CORETYPE, only as it loads, before main, so the fix is to run the program again with it.
 #pragma once
 
