@@ -2,30 +2,41 @@
 // exception out: issue-time failures become kInternal, failures seen in Wait() (a timeout, a
 // peer that died) become kUnavailable naming the collective, the group, the rank and the timeout.
 //
-// What libtorch 1.13's Gloo lacks, and how it is emulated (the same code runs on 2.x):
-//  - flat all-gather (_allgather_base throws): allgather into `size` views of the flat output;
-//    Gloo gathers into its own flat buffer and copies into the views, so the result lands in
-//    the output (checked by the tests).
-//  - reduce_scatter on CPU (throws): an all-to-all of the input (rank r receives chunk r of
-//    every rank's input, no copy at issue), summed in rank order in Wait(). Each rank sends
-//    (n−1)/n of the input, as a ring reduce-scatter does (an all-reduce would send twice that),
-//    and the sum of an element does not depend on how the input was bucketed.
+// All-gather and reduce-scatter, FSDP's collectives, are Gloo point-to-point transfers, each
+// rank sending straight to every other, cut in pieces of about 1 MiB (kPieceBytes) that are all
+// in flight at once. Gloo's own collectives move one large message per peer and step, and on a
+// shaped 1 Gbit/s link (bench/netlab) reach 55-74 MB/s where the same transfer in 1 MiB pieces
+// reaches 100-110 MB/s and TCP itself 118 (bench/results/netlab_compiled_vs_eager.md). A
+// pair's sends leave in issue order, so a group's collectives still finish in the order they
+// were issued: the lane the compiler's simulator models. Gloo reports no completion of a
+// point-to-point transfer, so one thread per communicator (Completer) waits for them in issue
+// order, with the group's timeout, and notes when each collective finished.
+//  - all-gather: rank r sends its input to every peer and receives each peer's into its slot.
+//  - reduce-scatter: rank r sends chunk q of its input to rank q and receives chunk r of every
+//    rank's input, summed in rank order in Wait(). Each rank sends (n−1)/n of the input, as a
+//    ring reduce-scatter does (an all-reduce would send twice that), and the sum of an element
+//    does not depend on how the input was bucketed.
 //  - ReduceOp AVG: sum, then divide by the group size in Wait().
-//  - bfloat16 (1.13's Gloo throws "Invalid scalar type"): all-gather, broadcast and the
-//    reduce-scatter's all-to-all move the same bits viewed as float16 (the reduce-scatter sums
-//    them in fp32); all-reduce reduces an fp32 copy and casts back in Wait(), so it sends fp32
+//  - bfloat16 (1.13's Gloo throws "Invalid scalar type" in its collectives): point-to-point
+//    transfers move bytes; broadcast moves the same bits viewed as float16; the reduce-scatter
+//    sums in fp32; all-reduce reduces an fp32 copy and casts back in Wait(), so it sends fp32
 //    bytes, which is what stats count.
 #include "trainer/dist/gloo_communicator.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -70,6 +81,106 @@ torch::Tensor AsMovable(const torch::Tensor& t) {
 int64_t ReductionBytes(const torch::Tensor& t) {
   return t.scalar_type() == torch::kBFloat16 ? t.numel() * 4 : TensorBytes(t);
 }
+
+// The size of one point-to-point piece: small enough that several are in flight on a link,
+// large enough that a piece's fixed costs do not count; at most kMaxPieces a peer.
+constexpr int64_t kPieceBytes = int64_t{1} << 20;
+constexpr int64_t kMaxPieces = 64;
+
+double SteadyNow() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A contiguous tensor's elements as bytes (a flat uint8 view of the same storage).
+torch::Tensor Bytes(const torch::Tensor& t) { return t.view({-1}).view(torch::kUInt8); }
+
+// The point-to-point transfers of one collective, and what became of them.
+struct Transfers {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  double done_at = 0;
+  std::string error;  // "" when every transfer completed
+};
+
+// Waits for each collective's transfers, in issue order, on its own thread: the one place a
+// point-to-point collective completes (and times out). Destroying it aborts what is pending.
+class Completer {
+ public:
+  explicit Completer(std::chrono::milliseconds timeout) : timeout_(timeout), thread_([this] { Run(); }) {}
+
+  ~Completer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      for (auto& t : queue_)
+        for (auto& w : t->works) w->abort();
+      if (current_ != nullptr)
+        for (auto& w : current_->works) w->abort();
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Add(std::shared_ptr<Transfers> t) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(t));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::shared_ptr<Transfers> t;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        t = queue_.front();
+        queue_.pop_front();
+        current_ = t;
+      }
+      std::string error;
+      for (auto& w : t->works) {
+        try {
+          if (error.empty()) {
+            w->wait(timeout_);
+          } else {
+            w->abort();  // the collective failed: release the rest
+          }
+        } catch (const std::exception& e) {
+          error = ExceptionText(e);
+        } catch (...) {
+          error = "an unknown exception";
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_ && error.empty()) error = "the communicator was destroyed";
+        current_ = nullptr;
+      }
+      {
+        std::lock_guard<std::mutex> lock(t->mu);
+        t->done = true;
+        t->done_at = SteadyNow();
+        t->error = std::move(error);
+        t->works.clear();  // Gloo's buffers go as soon as the data is in place
+      }
+      t->cv.notify_all();
+    }
+  }
+
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Transfers>> queue_;
+  std::shared_ptr<Transfers> current_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
 
 // A collective issued to Gloo. `finish` runs once, after Gloo completes: the copy-out of an
 // emulated op and the division of AVG.
@@ -127,11 +238,56 @@ class GlooWork final : public Work {
   std::shared_ptr<std::atomic<double>> done_at_ = std::make_shared<std::atomic<double>>(0.0);
 };
 
+// A point-to-point collective: done when the Completer says so; `finish` then runs once on the
+// waiting thread (the reduce-scatter's sum).
+class TransfersWork final : public Work {
+ public:
+  TransfersWork(std::shared_ptr<Transfers> transfers, std::function<void()> finish, std::string what)
+      : transfers_(std::move(transfers)), finish_(std::move(finish)), what_(std::move(what)) {}
+
+  std::optional<double> CompletedAt() const override {
+    std::lock_guard<std::mutex> lock(transfers_->mu);
+    if (transfers_->done) return transfers_->done_at;
+    return std::nullopt;
+  }
+
+  Status Wait() override {
+    if (waited_) return status_;
+    waited_ = true;
+    std::string error;
+    {
+      std::unique_lock<std::mutex> lock(transfers_->mu);
+      transfers_->cv.wait(lock, [&] { return transfers_->done; });
+      error = transfers_->error;
+    }
+    if (!error.empty()) {
+      status_ = Unavailable(what_ + " failed: " + error +
+                            " (if it timed out: a peer may have died or not joined the collective)");
+      return status_;
+    }
+    if (finish_) {
+      try {
+        finish_();
+      } catch (const std::exception& e) {
+        status_ = Internal(what_ + ": finishing the result failed: " + ExceptionText(e));
+      }
+    }
+    return status_;
+  }
+
+ private:
+  std::shared_ptr<Transfers> transfers_;
+  std::function<void()> finish_;
+  std::string what_;
+  bool waited_ = false;
+  Status status_;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size,
                    CommunicatorOptions options)
-      : pg_(std::move(pg)), rank_(rank), size_(size), options_(std::move(options)) {}
+      : pg_(std::move(pg)), rank_(rank), size_(size), options_(std::move(options)), completer_(options_.timeout) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -144,15 +300,17 @@ class GlooCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(CheckTensor(c, "input", input));
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
     if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
-    return Issue(c, (size_ - 1) * TensorBytes(input), [&]() {
-      std::vector<std::vector<at::Tensor>> outputs(1);
-      torch::Tensor flat = AsMovable(output).view({-1});
-      const int64_t n = input.numel();
-      for (int r = 0; r < size_; ++r) {
-        outputs[0].push_back(flat.narrow(0, r * n, n).view(input.sizes()));
+    return IssueTransfers(c, (size_ - 1) * TensorBytes(input), [&](Transfers& t, int tag) {
+      torch::Tensor in = Bytes(input);
+      torch::Tensor out = Bytes(output);
+      const int64_t part = in.numel();
+      torch::Tensor mine = out.narrow(0, rank_ * part, part);
+      if (mine.data_ptr() != in.data_ptr()) mine.copy_(in);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        Exchange(t, peer, tag, in, out.narrow(0, peer * part, part));
       }
-      std::vector<at::Tensor> inputs{AsMovable(input)};
-      return std::make_pair(pg_->allgather(outputs, inputs), std::function<void()>());
+      return std::function<void()>();
     });
   }
 
@@ -163,25 +321,29 @@ class GlooCommunicator final : public Communicator {
     MW_RETURN_IF_ERROR(CheckTensor(c, "output", output));
     if (auto why = CheckCollectivePair(c, output, input, size_); !why.empty()) return Invalid(c, why);
     MW_RETURN_IF_ERROR(CheckOp(c, op, input));
-    // From Gloo's all-to-all (see the top of the file): chunk r of every rank's input comes to
-    // rank r, which sums the chunks in rank order in Wait().
+    // Chunk r of every rank's input comes to rank r, which sums the chunks in rank order in
+    // Wait() (see the top of the file).
     const int64_t n = output.numel();
-    return Issue(c, (size_ - 1) * n * input.element_size(), [&]() {
-      torch::Tensor send = AsMovable(input).contiguous().view({-1});
-      torch::Tensor recv = torch::empty_like(send);
-      std::vector<int64_t> equal_splits;
-      auto work = pg_->alltoall_base(recv, send, equal_splits, equal_splits);
+    return IssueTransfers(c, (size_ - 1) * n * input.element_size(), [&](Transfers& t, int tag) {
+      torch::Tensor in = Bytes(input.contiguous());
+      torch::Tensor recv = torch::empty_like(in);
+      const int64_t chunk = in.numel() / size_;
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        Exchange(t, peer, tag, in.narrow(0, peer * chunk, chunk), recv.narrow(0, peer * chunk, chunk));
+      }
       const int size = size_;
+      const int rank = rank_;
       const torch::ScalarType dtype = input.scalar_type();
-      std::function<void()> finish = [send, recv, output, n, size, op, dtype]() mutable {
+      return std::function<void()>([in, recv, output, n, chunk, size, rank, op, dtype]() mutable {
+        recv.narrow(0, rank * chunk, chunk).copy_(in.narrow(0, rank * chunk, chunk));
         torch::Tensor chunks = recv.view(dtype).view({size, n});
         // bfloat16 sums in fp32 and rounds once, as a ring reduction in fp32 would.
         torch::Tensor sum = dtype == torch::kBFloat16 ? chunks.to(torch::kFloat32).sum(0) : chunks.sum(0);
         if (op == ReduceOp::kAvg) sum.div_(size);
         output.copy_(sum.view(output.sizes()));
-        send = torch::Tensor();  // the input was Gloo's to read until now
-      };
-      return std::make_pair(std::move(work), std::move(finish));
+        in = torch::Tensor();  // the input was the sends' to read until now
+      });
     });
   }
 
@@ -298,12 +460,56 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  // Sends `send` to `peer` and receives `recv` (as many bytes) from it, both cut into the same
+  // pieces, tagged `tag` + piece index, the tags the peer's matching call uses.
+  void Exchange(Transfers& t, int peer, int tag, torch::Tensor send, torch::Tensor recv) {
+    const int64_t bytes = send.numel();
+    const int64_t piece = std::max(kPieceBytes, (bytes + kMaxPieces - 1) / kMaxPieces);
+    for (int64_t at = 0, k = 0; at < bytes; at += piece, ++k) {
+      const int64_t len = std::min(piece, bytes - at);
+      std::vector<at::Tensor> to_peer{send.narrow(0, at, len)};
+      std::vector<at::Tensor> from_peer{recv.narrow(0, at, len)};
+      t.works.push_back(pg_->send(to_peer, peer, tag + static_cast<int>(k)));
+      t.works.push_back(pg_->recv(from_peer, peer, tag + static_cast<int>(k)));
+    }
+  }
+
+  // Issues a point-to-point collective: `start(transfers, tag)` posts its transfers (tags from
+  // `tag` up, below the next collective's) and says how to finish it; counts the call.
+  template <typename Start>
+  Result<std::unique_ptr<Work>> IssueTransfers(Collective c, int64_t bytes_sent, Start&& start) {
+    std::string what = Describe(c);
+    try {
+      // Every rank of the group issues its collectives in the same order, so a collective's
+      // number is the same on all of them; kMaxPieces tags each, wrapping far below INT_MAX.
+      const int tag = static_cast<int>(next_collective_++ % (int64_t{1} << 24)) * static_cast<int>(kMaxPieces);
+      auto transfers = std::make_shared<Transfers>();
+      std::function<void()> finish = start(*transfers, tag);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.calls[static_cast<int>(c)] += 1;
+        stats_.bytes_sent[static_cast<int>(c)] += bytes_sent;
+      }
+      completer_.Add(transfers);
+      return std::unique_ptr<Work>(
+          std::make_unique<TransfersWork>(std::move(transfers), std::move(finish), std::move(what)));
+    } catch (const c10::OutOfMemoryError& e) {
+      return Unavailable(what + ": issuing it failed: " + ExceptionText(e));
+    } catch (const std::exception& e) {
+      return Internal(what + ": issuing it failed: " + ExceptionText(e));
+    } catch (...) {
+      return Internal(what + ": issuing it failed with an unknown exception");
+    }
+  }
+
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   int rank_;
   int size_;
   CommunicatorOptions options_;
   mutable std::mutex stats_mu_;
   CommStats stats_;
+  int64_t next_collective_ = 0;  // point-to-point collectives issued so far
+  Completer completer_;          // after pg_: stops (aborting what is pending) before it goes
 };
 
 }  // namespace
@@ -327,8 +533,10 @@ Result<std::unique_ptr<Communicator>> MakeGlooCommunicator(c10::intrusive_ptr<c1
                             (hostname.empty() ? std::string("default") : hostname) + "')";
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    // One worker thread: the group's collectives run one at a time in issue order, a lane as
-    // the compiler's simulator models it (FSDP puts reduce-scatters on a group of their own).
+    // One worker thread: Gloo's collectives (all-reduce, broadcast, barrier) run one at a time
+    // in issue order, a lane as the compiler's simulator models it (FSDP puts reduce-scatters on
+    // a group of their own); all-gathers and reduce-scatters are point-to-point transfers,
+    // which leave in issue order too.
     gloo_options->threads = 1;
     gloo_options->devices.push_back(
         hostname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()

@@ -124,6 +124,41 @@ TEST_P(GlooCollectives, ReduceScatterSumAndAvgGiveThisRanksSlice) {
   }
 }
 
+// All-gathers and reduce-scatters travel in pieces of about 1 MiB, several collectives in flight
+// at once (waited for in any order), an all-gather's input may be its own slot of the output.
+TEST_P(GlooCollectives, LargeCollectivesInPiecesSeveralInFlight) {
+  const int n = GetParam();
+  const int64_t part = (int64_t{7} << 20) / 8 + 3;  // 3.5 MiB of fp32 and a ragged last piece
+  RunRanks(n, [&](int rank, Communicator& comm) {
+    std::vector<torch::Tensor> outputs;
+    std::vector<std::unique_ptr<Work>> works;
+    for (int i = 0; i < 3; ++i) {
+      torch::Tensor output = torch::full({n * part}, -1.0f);
+      torch::Tensor mine = output.narrow(0, rank * part, part);
+      mine.copy_(RankValues(rank, part, torch::kFloat32) + 1000 * i);
+      auto work = i == 1 ? comm.AllGatherInto(output, mine)  // in place
+                         : comm.AllGatherInto(output, mine.clone());
+      ASSERT_TRUE(work.ok()) << work.status().ToString();
+      works.push_back(std::move(*work));
+      outputs.push_back(output);
+    }
+    torch::Tensor rs_in = RankValues(rank, n * part, torch::kFloat32);
+    torch::Tensor rs_out = torch::empty({part});
+    auto rs = comm.ReduceScatter(rs_out, rs_in, ReduceOp::kSum);
+    ASSERT_TRUE(rs.ok()) << rs.status().ToString();
+    ASSERT_TRUE((*rs)->Wait().ok());
+    for (int i = 2; i >= 0; --i) {
+      ASSERT_TRUE(works[i]->Wait().ok()) << i;
+      ASSERT_TRUE(works[i]->CompletedAt().has_value()) << "a finished collective says when";
+      std::vector<torch::Tensor> expected;
+      for (int r = 0; r < n; ++r) expected.push_back(RankValues(r, part, torch::kFloat32) + 1000 * i);
+      EXPECT_TRUE(torch::equal(outputs[i], torch::cat(expected))) << "all-gather " << i << " rank " << rank;
+    }
+    torch::Tensor sum = n * torch::arange(rank * part, (rank + 1) * part, torch::kFloat32) + 100.0f * n * (n - 1) / 2;
+    EXPECT_TRUE(torch::equal(rs_out, sum)) << "rank " << rank;
+  });
+}
+
 TEST_P(GlooCollectives, AllReduceSumAndAvg) {
   const int n = GetParam();
   RunRanks(n, [&](int rank, Communicator& comm) {
@@ -278,7 +313,10 @@ TEST(GlooCommunicator, SetupTimesOutWhenAPeerNeverComes) {
       seconds(60));
 }
 
-TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
+// Rank 0 issues `issue`'s collective and rank 1, in the group, never joins it: Wait() is
+// kUnavailable naming the collective, group, rank and timeout, within the timeout's order.
+void ExpectUnavailableWithoutThePeer(const char* name,
+                                     const std::function<Result<std::unique_ptr<Work>>(Communicator&)>& issue) {
   CommunicatorOptions options;
   options.timeout = milliseconds(1000);
   options.group_name = "dp_shard";
@@ -298,18 +336,31 @@ TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
         }
         SetOnExit release_rank1{rank0_done};
         const auto start = std::chrono::steady_clock::now();
-        auto work = comm.AllReduce(torch::ones({16}), ReduceOp::kSum);
+        auto work = issue(comm);
         ASSERT_TRUE(work.ok()) << work.status().ToString();
         const Status s = (*work)->Wait();
         const auto waited = std::chrono::steady_clock::now() - start;
         EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-        for (const char* needle : {"all_reduce", "dp_shard", "rank 0", "1000 ms"}) {
+        for (const char* needle : {name, "dp_shard", "rank 0", "1000 ms"}) {
           EXPECT_NE(s.message().find(needle), std::string::npos) << needle << " in " << s.ToString();
         }
         EXPECT_LT(waited, seconds(10));
         EXPECT_EQ((*work)->Wait().code(), StatusCode::kUnavailable);  // the same answer again
       },
       options);
+}
+
+TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
+  ExpectUnavailableWithoutThePeer("all_reduce", [](Communicator& comm) {
+    return comm.AllReduce(torch::ones({16}), ReduceOp::kSum);
+  });
+  // All-gathers and reduce-scatters are point-to-point transfers, timed out by their own thread.
+  ExpectUnavailableWithoutThePeer("all_gather", [](Communicator& comm) {
+    return comm.AllGatherInto(torch::zeros({2 * 600000}), torch::ones({600000}));  // several pieces
+  });
+  ExpectUnavailableWithoutThePeer("reduce_scatter", [](Communicator& comm) {
+    return comm.ReduceScatter(torch::zeros({16}), torch::ones({32}), ReduceOp::kSum);
+  });
 }
 
 TEST(NcclCommunicator, FactoryFailsCleanlyWithoutAGpu) {
