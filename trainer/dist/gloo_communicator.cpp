@@ -182,8 +182,24 @@ class Completer {
   std::thread thread_;  // last: starts once the rest is built
 };
 
-// A collective issued to Gloo. `finish` runs once, after Gloo completes: the copy-out of an
-// emulated op and the division of AVG.
+// The status of a collective `what` that ended with `error` ("" when it completed); when it
+// completed, `finish` (the sum or division that makes the result) runs first.
+Status Conclude(const std::string& what, const std::string& error, const std::function<void()>& finish) {
+  if (!error.empty()) {
+    return Unavailable(what + " failed: " + error +
+                       " (if it timed out: a peer may have died or not joined the collective)");
+  }
+  if (!finish) return Status::Ok();
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    return Internal(what + ": finishing the result failed: " + ExceptionText(e));
+  }
+  return Status::Ok();
+}
+
+// A collective issued to Gloo. `finish` runs once, after Gloo completes: the division of AVG,
+// the cast back of a bfloat16 all-reduce.
 class GlooWork final : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what)
@@ -208,24 +224,16 @@ class GlooWork final : public Work {
   Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
+    std::string error;
     try {
       // No timeout here: Gloo's own per-operation timeout (Options::timeout) ends a stuck op.
       work_->wait();
     } catch (const std::exception& e) {
-      status_ = Unavailable(what_ + " failed: " + ExceptionText(e) +
-                            " (if it timed out: a peer may have died or not joined the collective)");
-      return status_;
+      error = ExceptionText(e);
     } catch (...) {
-      status_ = Unavailable(what_ + " failed with an unknown exception");
-      return status_;
+      error = "an unknown exception";
     }
-    if (finish_) {
-      try {
-        finish_();
-      } catch (const std::exception& e) {
-        status_ = Internal(what_ + ": finishing the result failed: " + ExceptionText(e));
-      }
-    }
+    status_ = Conclude(what_, error, finish_);
     return status_;
   }
 
@@ -260,18 +268,7 @@ class TransfersWork final : public Work {
       transfers_->cv.wait(lock, [&] { return transfers_->done; });
       error = transfers_->error;
     }
-    if (!error.empty()) {
-      status_ = Unavailable(what_ + " failed: " + error +
-                            " (if it timed out: a peer may have died or not joined the collective)");
-      return status_;
-    }
-    if (finish_) {
-      try {
-        finish_();
-      } catch (const std::exception& e) {
-        status_ = Internal(what_ + ": finishing the result failed: " + ExceptionText(e));
-      }
-    }
+    status_ = Conclude(what_, error, finish_);
     return status_;
   }
 
