@@ -490,6 +490,8 @@ class GlooCommunicator final : public Communicator {
       completer_.Add(transfers);
       return std::unique_ptr<Work>(
           std::make_unique<TransfersWork>(std::move(transfers), std::move(finish), std::move(what)));
+    } catch (const ::gloo::IoException& e) {  // a peer's connection is gone: posting a transfer fails at once
+      return Conclude(what, ExceptionText(e), {});
     } catch (const c10::OutOfMemoryError& e) {
       return Unavailable(what + ": issuing it failed: " + ExceptionText(e));
     } catch (const std::exception& e) {

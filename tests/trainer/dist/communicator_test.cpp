@@ -363,6 +363,40 @@ TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
   });
 }
 
+// A peer whose communicator is gone (its process died): an all-gather or reduce-scatter issued
+// afterwards is kUnavailable naming the collective, whether posting its transfers already fails
+// or its wait does; never an internal error.
+TEST(GlooCommunicator, CollectivesAfterAPeerLeftAreUnavailable) {
+  CommunicatorOptions options;
+  options.timeout = milliseconds(2000);
+  std::promise<void> rank1_gone;
+  std::shared_future<void> gone = rank1_gone.get_future().share();
+  RunRanks(
+      2,
+      [&](int rank, Communicator& comm) {
+        WaitOk(comm.AllGatherInto(torch::zeros({2 * kShard}), torch::ones({kShard})));  // both connected
+        if (rank == 1) {
+          // Signalled once this thread's communicator is destroyed (RunRanks' thread has ended).
+          std::thread([&rank1_gone] {
+            std::this_thread::sleep_for(milliseconds(500));
+            rank1_gone.set_value();
+          }).detach();
+          return;
+        }
+        gone.wait();
+        std::this_thread::sleep_for(milliseconds(300));  // the close reaches this side
+        for (const char* name : {"all_gather", "reduce_scatter"}) {
+          auto work = std::string(name) == "all_gather"
+                          ? comm.AllGatherInto(torch::zeros({2 * 600000}), torch::ones({600000}))
+                          : comm.ReduceScatter(torch::zeros({600000}), torch::ones({2 * 600000}), ReduceOp::kSum);
+          const Status s = work.ok() ? (*work)->Wait() : work.status();
+          EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+          EXPECT_NE(s.message().find(name), std::string::npos) << s.ToString();
+        }
+      },
+      options);
+}
+
 TEST(NcclCommunicator, FactoryFailsCleanlyWithoutAGpu) {
 #ifndef MESHWORK_HAVE_NCCL
   GTEST_SKIP() << "built without CUDA/NCCL: MakeNcclCommunicator is not compiled";
