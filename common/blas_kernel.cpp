@@ -81,9 +81,12 @@ std::string BlasKernelNote() {
             fallback + " kernels for this CPU; set OPENBLAS_CORETYPE to choose yourself)";
   } else if (coretype != nullptr) {
     note += std::string(" (OPENBLAS_CORETYPE=") + coretype + ")";
-  } else if (IsPreAvx2BlasKernel(loaded) && !BlasKernelForCpu().empty()) {
-    note += " (this CPU has " + std::string(BlasKernelForCpu() == "SkylakeX" ? "AVX-512" : "AVX2") +
-            ": OPENBLAS_CORETYPE=" + BlasKernelForCpu() + " would be faster)";
+  } else if (IsPreAvx2BlasKernel(loaded)) {
+    const std::string best = BlasKernelForCpu();
+    if (!best.empty()) {
+      note += " (this CPU has " + std::string(best == "SkylakeX" ? "AVX-512" : "AVX2") + ": OPENBLAS_CORETYPE=" +
+              best + " would be faster)";
+    }
   }
   return note;
 }

@@ -207,9 +207,7 @@ class GlooWork final : public Work {
     // Gloo completes the work on its own thread: note when, for traces (--trace-out).
     try {
       auto done = done_at_;
-      work_->getFuture()->addCallback([done](c10::ivalue::Future&) {
-        done->store(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
-      });
+      work_->getFuture()->addCallback([done](c10::ivalue::Future&) { done->store(SteadyNow()); });
     } catch (const std::exception&) {
       // This work has no future: CompletedAt() stays unknown.
     }
@@ -441,11 +439,7 @@ class GlooCommunicator final : public Communicator {
     std::string what = Describe(c);
     try {
       auto [work, finish] = start();
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.calls[static_cast<int>(c)] += 1;
-        stats_.bytes_sent[static_cast<int>(c)] += bytes_sent;
-      }
+      Count(c, bytes_sent);
       return std::unique_ptr<Work>(
           std::make_unique<GlooWork>(std::move(work), std::move(finish), std::move(what)));
     } catch (const c10::OutOfMemoryError& e) {  // its buffers did not fit: a resource, not a bug
@@ -455,6 +449,12 @@ class GlooCommunicator final : public Communicator {
     } catch (...) {
       return Internal(what + ": issuing it failed with an unknown exception");
     }
+  }
+
+  void Count(Collective c, int64_t bytes_sent) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.calls[static_cast<int>(c)] += 1;
+    stats_.bytes_sent[static_cast<int>(c)] += bytes_sent;
   }
 
   // Sends `send` to `peer` and receives `recv` (as many bytes) from it, both cut into the same
@@ -482,11 +482,7 @@ class GlooCommunicator final : public Communicator {
       const int tag = static_cast<int>(next_collective_++ % (int64_t{1} << 24)) * static_cast<int>(kMaxPieces);
       auto transfers = std::make_shared<Transfers>();
       std::function<void()> finish = start(*transfers, tag);
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.calls[static_cast<int>(c)] += 1;
-        stats_.bytes_sent[static_cast<int>(c)] += bytes_sent;
-      }
+      Count(c, bytes_sent);
       completer_.Add(transfers);
       return std::unique_ptr<Work>(
           std::make_unique<TransfersWork>(std::move(transfers), std::move(finish), std::move(what)));

@@ -84,6 +84,7 @@ std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engi
 
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
   const config::TrainConfig& cfg = r.cfg;
+  const std::string blas = BlasKernelNote();
   r.log() << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
           << Format("%.2fM", r.dims.NumParameters() / 1e6) << " parameters (" << r.dims.num_hidden_layers
           << " layers, hidden " << r.dims.hidden_size << ", heads " << r.dims.num_attention_heads << "/"
@@ -97,7 +98,7 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
           << "device: " << r.device.str() << (r.autocast ? " (bf16 autocast)" : " (fp32)") << ", "
           << (r.device.is_cuda() ? "allocator " + ConfigureCudaAllocator() + ", " : std::string())
           << torch::get_num_threads() << " threads"
-          << (BlasKernelNote().empty() ? std::string() : ", " + BlasKernelNote()) << "; mfu vs "
+          << (blas.empty() ? std::string() : ", " + blas) << "; mfu vs "
           << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)
                                          : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))
           << " (" << profile.basis << ")\n";
