@@ -1,6 +1,11 @@
-// Ports on 127.0.0.1: one that was free a moment ago (bound to port 0 and released; another
-// process may take it in between), and whether something listens on one. For supervisors that
-// pick their children's ports and for tests that start servers on a known port.
+// Ports on 127.0.0.1: one that was free a moment ago, and whether something listens on one. For
+// supervisors that pick their children's ports and for tests that start servers on a known port.
+//
+// The pick comes from above the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999
+// by default) where there is room: a port picked inside it can be taken, between the pick and the
+// child's bind, by any process's outgoing connection (a kube-apiserver opens dozens to etcd before
+// it binds its own port; a CI run of 900 tests opens thousands). Above the range only another
+// explicit pick can collide, and a pick is checked by binding it first.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,19 +13,49 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <random>
+
 namespace meshwork {
 
-inline int FreeLoopbackPort() {
+// Whether port (0: any) binds on 127.0.0.1 now; the bound port in *bound.
+inline bool BindsOnLoopback(int port, int* bound) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(addr);
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   ::close(fd);
-  return ok ? ntohs(addr.sin_port) : -1;
+  if (ok) *bound = ntohs(addr.sin_port);
+  return ok;
+}
+
+// The last port of the kernel's ephemeral range (60999 when it cannot be read).
+inline int EphemeralPortRangeEnd() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  return in >> low >> high && high > 0 ? high : 60999;
+}
+
+// A port that was free a moment ago: above the ephemeral range when at least 1000 ports lie there,
+// else whatever bind(0) gives; -1 when nothing binds.
+inline int FreeLoopbackPort() {
+  const int first = EphemeralPortRangeEnd() + 1;
+  if (first <= 65535 - 1000) {
+    std::random_device seed;
+    std::mt19937 rng(seed());
+    std::uniform_int_distribution<int> pick(first, 65535);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      int bound = 0;
+      if (BindsOnLoopback(pick(rng), &bound)) return bound;
+    }
+  }
+  int bound = -1;
+  return BindsOnLoopback(0, &bound) ? bound : -1;
 }
 
 inline bool LoopbackPortListening(int port) {

@@ -214,23 +214,35 @@ class Supervisor {
   std::vector<Component*> order_;
 };
 
+// The last `lines` lines of text, each indented, for an error that points at a log: the cause
+// (a port already in use, a flag refused) is usually there, and a CI run keeps only our output.
+std::string LastLines(const std::string& text, size_t lines) {
+  std::vector<std::string> all;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "\n  | " + all[i];
+  return out;
+}
+
 // Polls `ready` every 200 ms until it answers true, `component` dies, `timeout` passes or a
-// signal arrives. The error says which and where the log is.
+// signal arrives. The error says which, with the end of the component's log.
 meshwork::Status WaitReady(Supervisor* sup, const Component& component, const std::string& what,
                            std::chrono::seconds timeout, const std::function<bool()>& ready,
                            const sigset_t& signals, const std::string& log_dir) {
+  const std::string log = log_dir + "/" + component.name + ".log";
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
     if (ready()) return meshwork::Status::Ok();
     if (!sup->Running(component)) {
-      return meshwork::Unavailable(component.name + " exited before " + what + "; see " + log_dir + "/" +
-                                   component.name + ".log");
+      return meshwork::Unavailable(component.name + " exited before " + what + "; the end of " + log + ":" +
+                                   LastLines(ReadAll(log), 20));
     }
     timespec wait{0, 200 * 1000 * 1000};
     if (sigtimedwait(&signals, nullptr, &wait) > 0) return meshwork::Unavailable("interrupted by a signal");
   }
   return meshwork::Unavailable(component.name + ": no " + what + " after " + std::to_string(timeout.count()) +
-                               " s; see " + log_dir + "/" + component.name + ".log");
+                               " s; the end of " + log + ":" + LastLines(ReadAll(log), 20));
 }
 
 // The ClusterRole and binding of the node agents' names identity: get, list and watch Pods and

@@ -96,7 +96,27 @@ e2e_start_controlplane() {
   e2e_require_kube_bin
   (cd "$work" && exec "$bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" "$@" >"$work/cp.log" 2>&1) &
   e2e_track $!
-  e2e_wait_for 180 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; return 1; }
+  e2e_wait_serving $! "$work/cp.log" "the control plane"
+}
+
+# e2e_wait_serving PID LOG WHAT: waits up to 180 s for the meshwork-cluster PID to say in LOG that
+# it serves. If it exits first, says so at once with its log (which ends with the failed
+# component's log), instead of waiting out the 180 s.
+e2e_wait_serving() {
+  local pid="$1" log="$2" what="$3" end=$((SECONDS + 180))
+  while ((SECONDS < end)); do
+    grep -q "serving on" "$log" && return 0
+    if ! kill -0 "$pid" 2>/dev/null; then
+      grep -q "serving on" "$log" && return 0
+      echo "$what exited before serving:"
+      cat "$log"
+      return 1
+    fi
+    sleep 0.5
+  done
+  echo "timed out after 180s waiting for: $what"
+  cat "$log"
+  return 1
 }
 
 # e2e_apply_crd SOURCE_DIR: applies the CRDs (crds/: TrainingJob, TrainingRuntime) and waits until

@@ -46,7 +46,7 @@ audit="$work/cp/logs/audit.log"   # kube-apiserver's (meshwork-cluster writes it
 (cd "$work" && exec env -u KUBECONFIG PATH="$(dirname "$op_bin"):$(dirname "$train_bin"):$PATH" \
   "$cp_bin" --data-dir "$work/cp" --kubeconfig "$KUBECONFIG" >"$work/cp.log" 2>&1) &
 e2e_track $!
-e2e_wait_for 180 "the control plane" grep -q "serving on" "$work/cp.log" || { cat "$work/cp.log"; exit 1; }
+e2e_wait_serving $! "$work/cp.log" "the control plane" || exit 1
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
   fail "prepare-data"
 

@@ -46,7 +46,7 @@ mkdir -p "$work/cp2"
 (cd "$work" && exec "$cp_bin" --data-dir "$work/cp2" --kubeconfig "$worker_kubeconfig" --nodes "$work/nodes.yaml" \
   >"$work/cp2.log" 2>&1) &
 e2e_track $!
-e2e_wait_for 180 "the worker's control plane" grep -q "serving on" "$work/cp2.log" || { cat "$work/cp2.log"; exit 1; }
+e2e_wait_serving $! "$work/cp2.log" "the worker's control plane" || exit 1
 
 for cfg in "$KUBECONFIG" "$worker_kubeconfig"; do
   KUBECONFIG="$cfg" e2e_apply_crd "$src" || { fail "the Meshwork CRDs did not apply to $cfg"; finish; }
