@@ -55,6 +55,16 @@ int64_t CostModel::CollectiveBytes(const Graph& g, const Op& op, const Op* sourc
   return bytes;
 }
 
+double CostModel::VocabSeconds(const Graph& g, const ModuleInfo& m, Phase phase) const {
+  if (m.vocab.empty()) return 0;
+  int64_t hidden = 0;
+  for (int p : m.vocab) hidden += g.params[p].row_bytes * std::max(1, dp_shard);
+  if (phase == Phase::kForward)
+    return CollectiveSeconds(OpKind::kAllGather, hidden) + (kVocabForwardCollectives - 1) * CollectiveSeconds(OpKind::kAllGather, 0);
+  return CollectiveSeconds(OpKind::kReduceScatter, hidden) +
+         (kVocabBackwardCollectives - 1) * CollectiveSeconds(OpKind::kAllGather, 0);
+}
+
 Result<LinkCost> FitLink(const std::vector<std::pair<int64_t, double>>& samples, int group_size) {
   std::set<int64_t> sizes;
   for (const auto& s : samples) sizes.insert(s.first);

@@ -73,6 +73,14 @@ struct CostModel {
   // reduce_scatter's full input; an all_reduce moves its `source` reduce_scatter's output shard;
   // a row_gather or row_reduce dp_shard times its parameters' row_bytes.
   int64_t CollectiveBytes(const Graph& g, const Op& op, const Op* source = nullptr) const;
+  // The exchange of a module that splits parameters by vocabulary (ModuleInfo::vocab), inside
+  // its compute and blocking it (so all of it is exposed): forward all-gathers every rank's
+  // hidden states (dp_shard x the parameter's rows=) and three small all-gathers (the targets,
+  // the boundary rows' missing parts, the softmax statistics); backward one small all-gather
+  // (every rank's loss scale), a reduce-scatter of the hidden states' gradient, one small
+  // all-gather (the boundary rows' gradients). 0 for a module without vocab.
+  double VocabSeconds(const Graph& g, const ModuleInfo& m, Phase phase) const;
+  static constexpr int kVocabForwardCollectives = 4, kVocabBackwardCollectives = 3;
   // Seconds of host copying for `bytes` (0 when copies are free).
   double CopySeconds(int64_t bytes) const {
     return host_copy_bytes_per_second > 0 ? static_cast<double>(bytes) / host_copy_bytes_per_second : 0;

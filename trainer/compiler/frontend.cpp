@@ -173,6 +173,16 @@ void ReadByRows(Graph& g) {
   }
 }
 
+void SplitByVocabulary(Graph& g) {
+  std::vector<bool> by_rows(g.params.size(), false);
+  for (ModuleInfo& m : g.modules) {
+    for (int p : m.rows) by_rows[p] = true;
+    std::vector<int> whole;
+    for (int p : m.params) (by_rows[p] ? m.vocab : whole).push_back(p);
+    m.params = std::move(whole);
+  }
+}
+
 void GroupByOwner(Graph& g) {
   for (auto& p : g.params) p.group = -1;
   for (int m = 0; m < static_cast<int>(g.modules.size()); ++m)

@@ -31,6 +31,12 @@ Graph BuildNaiveProgram(Graph skeleton, const FrontEndOptions& options);
 // for the head and reduce-scattered right after the head's backward.
 void ReadByRows(Graph& g);
 
+// After ReadByRows: a later module that still uses a parameter read by rows whole (a tied output
+// head) splits it by vocabulary row instead (ModuleInfo::vocab): each rank computes the logits of
+// the rows its shard owns for every rank's tokens, exchanging hidden states and softmax
+// statistics inside the head's compute, so the table is never all-gathered or reduce-scattered.
+void SplitByVocabulary(Graph& g);
+
 // FSDP's flat groups, as the runtime shards them: each parameter in the group of the first
 // module (forward order) that uses it, numbered by that module. So a decoder layer is one
 // group, the embedding one, and the final norm with an untied output head one (a tied head

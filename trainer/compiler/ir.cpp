@@ -1,5 +1,6 @@
 #include "trainer/compiler/ir.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -133,6 +134,7 @@ std::string Print(const Graph& g) {
     if (m.checkpoint_input_bytes != 0) out << " ckpt=" << m.checkpoint_input_bytes;
     if (m.backward_temp_bytes != 0) out << " tmp=" << m.backward_temp_bytes;
     if (!m.rows.empty()) out << " rows=" << IntList(m.rows);
+    if (!m.vocab.empty()) out << " vocab=" << IntList(m.vocab);
     out << " params=" << IntList(m.params) << "\n";
   }
   for (const auto& op : g.ops) {
@@ -218,10 +220,10 @@ Result<Graph> Parse(std::string_view text) {
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() < 6 || w.size() > 10) {
+      if (w.size() < 6 || w.size() > 11) {
         return err(
             "expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] [tmp=<bytes>] "
-            "[rows=[..]] params=[..]'");
+            "[rows=[..]] [vocab=[..]] params=[..]'");
       }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
@@ -246,15 +248,20 @@ Result<Graph> Parse(std::string_view text) {
         if (!ParseList(v, &m.rows) || m.rows.empty()) return err("bad rows= (a parameter list like [0])");
         ++k;
       }
+      if (k + 1 < w.size() && KeyValue(w[k], "vocab", &v)) {
+        if (!ParseList(v, &m.vocab) || m.vocab.empty()) return err("bad vocab= (a parameter list like [0])");
+        ++k;
+      }
       if (k + 1 != w.size())
-        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, then rows=)");
+        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, rows=, then vocab=)");
       if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
-      for (const auto* list : {&m.params, &m.rows})
+      for (const auto* list : {&m.params, &m.rows, &m.vocab})
         for (int p : *list)
           if (p < 0 || p >= static_cast<int>(g.params.size())) return err("unknown param " + std::to_string(p));
-      for (int p : m.rows)
-        if (g.params[p].row_bytes <= 0)
-          return err("param " + std::to_string(p) + " is read by rows but has no rows= size");
+      for (const auto* list : {&m.rows, &m.vocab})
+        for (int p : *list)
+          if (g.params[p].row_bytes <= 0)
+            return err("param " + std::to_string(p) + " is read by rows but has no rows= size");
       g.modules.push_back(std::move(m));
     } else if (IsId(w[0])) {
       Op op;
@@ -317,9 +324,18 @@ Status Validate(const Graph& g) {
   // Last backward use of each parameter, and which modules use it.
   std::vector<int> last_bwd(np, -1), last_bwd_rows(np, -1);
   std::vector<bool> read_by_rows(np, false);
-  for (const ModuleInfo& m : g.modules)
+  for (const ModuleInfo& m : g.modules) {
     for (int p : m.rows)
       if (p >= 0 && p < np) read_by_rows[p] = true;
+    for (int p : m.vocab) {
+      if (p < 0 || p >= np || g.params[p].row_bytes <= 0)
+        return Internal("schedule: module " + m.name + " splits param " + std::to_string(p) +
+                        " by vocabulary, which has no rows= size");
+      if (std::count(m.params.begin(), m.params.end(), p) > 0)
+        return Internal("schedule: module " + m.name + " uses param " + std::to_string(p) +
+                        " both whole and split by vocabulary");
+    }
+  }
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
     if (op.kind == OpKind::kCompute) {

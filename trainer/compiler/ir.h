@@ -9,7 +9,7 @@
 //   meshwork-ir 1
 //   mesh dp_shard=2 dp_replicate=1          (then rs_recv=full if set)
 //   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768   (then group=<n>, rows=<bytes> if set)
-//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, rows=[..] before params= if set)
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, rows=[..], vocab=[..] before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
 //   wait %ag0
@@ -56,6 +56,14 @@ struct ModuleInfo {
   // its gradient is those rows', summed into the owners' shards by a row_reduce. No all-gather
   // or reduce-scatter is needed for them on its account.
   std::vector<int> rows;
+  // Parameters it splits by vocabulary row (printed as vocab=[..] after rows=, only when set): a
+  // tied output head in a compiled plan computes, on each rank, the logits of the table rows that
+  // rank's shard owns for every rank's tokens, and those rows' gradient straight into the shard.
+  // The exchange (every rank's hidden states and softmax statistics forward, the hidden states'
+  // gradient back) happens inside the module's compute; no all-gather or reduce-scatter of the
+  // parameter is needed on its account. Such a parameter needs rows= (the hidden states of one
+  // rank's micro-batch are as large as its rows).
+  std::vector<int> vocab;
   double fwd_seconds = 0;        // traced or modelled compute time
   double bwd_seconds = 0;
   int64_t activation_bytes = 0;  // kept from forward until this module's backward
@@ -130,7 +138,7 @@ Result<Graph> Parse(std::string_view text);
 // the wait of the all-gather they free; an all-reduce after its reduce-scatter's wait; every
 // collective waited for before optimizer_step, which comes last; a parameter a module reads by
 // rows row-gathered (and waited for) before that module's forward and row-reduced once after its
-// backward. kInternal naming the op.
+// backward; a parameter a module splits by vocabulary has rows=. kInternal naming the op.
 Status Validate(const Graph& g);
 
 }  // namespace meshwork::compiler

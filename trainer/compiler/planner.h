@@ -39,6 +39,10 @@ struct PlanOptions {
   // collectives, and the plan that fits the budget, then the faster, is kept.
   enum class Rows { kNever, kWhenFaster, kAlways };
   Rows read_by_rows = Rows::kWhenFaster;
+  // Whether a tied output head splits the table by vocabulary (compiler::SplitByVocabulary), on
+  // top of reading it by rows: kWhenFaster plans it when the plan reads the table by rows and
+  // keeps it when it fits the budget and is predicted faster.
+  Rows split_by_vocabulary = Rows::kWhenFaster;
   MemoryBudget budget;
 };
 

@@ -38,9 +38,20 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
       }
       case OpKind::kCompute: {
         const ModuleInfo& m = g.modules[op.module];
+        // Split by vocabulary: every rank's hidden states and this rank's rows (in the
+        // parameter's dtype) are kept from forward to backward; the backward also holds the
+        // hidden states' gradient (as large) and the rows' fp32 gradient.
+        int64_t vocab_kept = 0, vocab_temp = 0;
+        for (int p : m.vocab) {
+          const int64_t every_rank = g.params[p].row_bytes * std::max(1, g.dp_shard);
+          vocab_kept += every_rank + g.params[p].gathered_bytes / std::max(1, g.dp_shard);
+          vocab_temp += every_rank + g.params[p].shard_bytes;
+        }
         if (op.phase == Phase::kForward) {
-          live += m.activation_bytes;
+          live += m.activation_bytes + vocab_kept;
         } else {
+          peak = std::max(peak, live + vocab_temp);
+          live -= vocab_kept;
           int64_t grads = 0;
           for (int p : m.params) {
             if (grad_live[p] == 0) {  // the first backward use allocates the full gradient
@@ -199,7 +210,15 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
         const ModuleInfo& m = g.modules[op.module];
         const double d = op.phase == Phase::kForward ? m.fwd_seconds : m.bwd_seconds;
         r.compute_seconds += d;
-        start_host(i, d);
+        // A module split by vocabulary exchanges inside its compute, blocking the host.
+        const double vocab = cost.VocabSeconds(g, m, op.phase);
+        if (!m.vocab.empty() && cost.dp_shard > 1) {
+          r.comm_seconds += vocab;
+          r.exposed_comm_seconds += vocab;
+          r.collectives += op.phase == Phase::kForward ? CostModel::kVocabForwardCollectives
+                                                       : CostModel::kVocabBackwardCollectives;
+        }
+        start_host(i, d + vocab);
       } else {
         r.ops[i].start = now;
         r.ops[i].end = now;

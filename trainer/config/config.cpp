@@ -195,6 +195,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       EnumField("fsdp.bucketing", &c.fsdp.bucketing, compiler::kBucketingNames),
       BoolField("fsdp.reorder", &c.fsdp.reorder),
       BoolField("fsdp.embedding_rows", &c.fsdp.embedding_rows),
+      BoolField("fsdp.vocab_parallel_head", &c.fsdp.vocab_parallel_head),
       BoolField("fsdp.replan", &c.fsdp.replan),
       IntField("fsdp.memory_budget", &c.fsdp.memory_budget, -1, int64_t{1} << 30),
       BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),

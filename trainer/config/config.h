@@ -118,6 +118,7 @@ struct FsdpConfig {
   compiler::Bucketing bucketing = compiler::Bucketing::kAuto;  // compiled
   bool reorder = true;                // compiled: run the reorder pass
   bool embedding_rows = true;         // compiled: read the embedding by rows (compiler::ReadByRows)
+  bool vocab_parallel_head = true;    // compiled: a tied head split by vocabulary (compiler::SplitByVocabulary)
   bool replan = true;                 // compiled: refit compute from two compiled steps, plan once more
   // compiled: MiB of gathered weights + activations + grads; 0 = the device's memory less the
   // static state; -1 = the eager plan's peak

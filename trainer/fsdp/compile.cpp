@@ -166,6 +166,8 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
   c.options.read_by_rows = cfg.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
+  c.options.split_by_vocabulary =
+      cfg.vocab_parallel_head ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
   c.options.reshard_after_forward = cfg.reshard_after_forward;
   c.options.budget = BudgetOf(cfg, device_memory_bytes);
   compiler::Graph plan;

@@ -30,6 +30,7 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
     // A module may read some of its parameters by rows in the plan (compiler::ReadByRows).
     std::vector<int> uses = plan.modules[m].params;
     uses.insert(uses.end(), plan.modules[m].rows.begin(), plan.modules[m].rows.end());
+    uses.insert(uses.end(), plan.modules[m].vocab.begin(), plan.modules[m].vocab.end());
     std::sort(uses.begin(), uses.end());
     std::vector<int> own = mine.modules[m].params;
     std::sort(own.begin(), own.end());
@@ -41,6 +42,11 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
       if (plan.modules[m].name != "embed" || mine.params[p].name != "model.embed_tokens.weight")
         return Internal("plan reads '" + mine.params[p].name + "' by rows in module '" + plan.modules[m].name +
                         "': only the embedding's table can be read by rows");
+    // ... and splits only the tied table by vocabulary, in the head.
+    for (int p : plan.modules[m].vocab)
+      if (plan.modules[m].name != "head" || mine.params[p].name != "model.embed_tokens.weight")
+        return Internal("plan splits '" + mine.params[p].name + "' by vocabulary in module '" + plan.modules[m].name +
+                        "': only a tied output head can split the embedding's table");
   }
   if (plan.dp_shard != mine.dp_shard || plan.dp_replicate != mine.dp_replicate)
     return Internal("plan mesh does not match this run's");

@@ -24,9 +24,14 @@ PlanExecutor::PlanExecutor(ShardedState& state, const compiler::Graph& plan) : s
     const int m = plan.FindModule("layers." + std::to_string(i));
     recompute_.push_back(m >= 0 && compiler::IsCheckpointed(plan.modules[m]));
   }
-  for (const auto& m : plan.modules)
+  for (const auto& m : plan.modules) {
     if (!m.rows.empty() && embed_rows_ == nullptr)
       embed_rows_ = std::make_unique<EmbeddingRows>(by_index[m.rows.front()], state_.unit_context());
+    if (!m.vocab.empty() && vocab_head_ == nullptr) {
+      ShardedParam* table = by_index[m.vocab.front()];
+      vocab_head_ = std::make_unique<VocabParallelHead>(table, state_.groups[table->group], state_.unit_context());
+    }
+  }
   std::map<std::string, std::string> all_reduce_source;  // %ar id -> %rs id
   for (const auto& op : plan.ops) {
     if (op.kind == compiler::OpKind::kAllReduce) all_reduce_source[op.id] = op.source;
@@ -130,6 +135,11 @@ void PlanExecutor::RunOp(size_t at) {
 
 torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   using compiler::Phase;
+  if (vocab_head_ != nullptr && !targets.defined()) {
+    ThrowIfError(InvalidInput("this compiled plan splits the output head by vocabulary, so each rank holds only its "
+                              "rows' logits: Forward needs the targets (it returns the loss); or plan with "
+                              "fsdp.vocab_parallel_head false"));
+  }
   pc_ = 0;
   tokens_ = tokens;
   RunUntil(Phase::kForward, "embed");
@@ -153,7 +163,9 @@ torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Te
         }
         return out;
       },
-      targets, embed);
+      targets, embed,
+      vocab_head_ == nullptr ? model::LossRunner()
+                             : [this](const torch::Tensor& h, const torch::Tensor& t) { return vocab_head_->Loss(h, t); });
   // The head's backward runs before control comes back (at the last layer's backward hook):
   // what the plan schedules between the head's forward and backward is issued now.
   RunUntil(Phase::kBackward, "head");

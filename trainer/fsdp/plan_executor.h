@@ -14,6 +14,7 @@
 #include "trainer/compiler/ir.h"
 #include "trainer/fsdp/embedding_rows.h"
 #include "trainer/fsdp/step_schedule.h"
+#include "trainer/fsdp/vocab_head.h"
 
 namespace meshwork::fsdp {
 
@@ -21,7 +22,8 @@ class PlanExecutor : public StepSchedule {
  public:
   // Binds `plan` (already checked against the model: same parameters, modules and mesh, and
   // valid) to `state`'s parameters: one unit per all-gather and per reduce-scatter value. Only
-  // the embedding may be read by rows (FullyShardedLlama::UsePlan checks).
+  // the embedding may be read by rows, and only the head may split it by vocabulary
+  // (FullyShardedLlama::UsePlan checks).
   PlanExecutor(ShardedState& state, const compiler::Graph& plan);
 
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& targets) override;
@@ -44,6 +46,8 @@ class PlanExecutor : public StepSchedule {
   std::vector<Unit*> unit_;
   // The embedding, when the plan reads it by rows (row_gather / row_reduce ops act on it).
   std::unique_ptr<EmbeddingRows> embed_rows_;
+  // The tied head, when the plan splits it by vocabulary (its exchange runs inside its compute).
+  std::unique_ptr<VocabParallelHead> vocab_head_;
   torch::Tensor tokens_;  // the micro-batch in flight (what a row_gather fetches rows for)
   std::vector<WaitFor> wait_for_;
   std::vector<std::vector<ShardedParam*>> module_params_;

@@ -9,25 +9,13 @@
 namespace meshwork::model {
 namespace {
 
-// The dtype the head's matmul runs in: the autocast dtype on CUDA under autocast (what
-// at::matmul would pick), else the hidden states' own.
-torch::ScalarType MatmulDtype(const torch::Tensor& hidden, const compat::AutocastState& amp) {
-  if (amp.enabled && hidden.is_cuda()) return amp.dtype;
-  return hidden.scalar_type();
-}
-
-// Softmax statistics and the weight's gradient sum: fp32, or double for double inputs.
-torch::ScalarType StatsDtype(const torch::Tensor& hidden) {
-  return c10::promoteTypes(hidden.scalar_type(), torch::kFloat);
-}
-
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
   // hidden [n, d] and weight [vocab, d] already in the matmul's dtype (under autocast, a
   // matmul of two bf16 tensors stays bf16); targets [n]. Runs under no grad.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
                                torch::Tensor targets, int64_t chunk_rows) {
     const int64_t n = hidden.size(0);
-    const auto stats = StatsDtype(hidden);
+    const auto stats = LossStatsDtype(hidden);
     torch::Tensor lse = torch::empty({n}, hidden.options().dtype(stats));
     torch::Tensor target_logit = torch::empty({n}, hidden.options().dtype(stats));
     for (int64_t r = 0; r < n; r += chunk_rows) {
@@ -51,7 +39,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
     const int64_t n = hidden.size(0);
     // d(mean)/d(logit) = (softmax - onehot(target)) / n, times the incoming gradient.
-    const auto stats = StatsDtype(hidden);
+    const auto stats = LossStatsDtype(hidden);
     const torch::Tensor scale = grad_out[0].to(stats) / static_cast<double>(n);
     const bool need_hidden = ctx->needs_input_grad(0);
     const bool need_weight = ctx->needs_input_grad(1);
@@ -81,6 +69,16 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
 
 }  // namespace
 
+torch::ScalarType HeadMatmulDtype(const torch::Tensor& hidden) {
+  const compat::AutocastState amp = compat::CurrentCudaAutocast();
+  if (amp.enabled && hidden.is_cuda()) return amp.dtype;
+  return hidden.scalar_type();
+}
+
+torch::ScalarType LossStatsDtype(const torch::Tensor& hidden) {
+  return c10::promoteTypes(hidden.scalar_type(), torch::kFloat);
+}
+
 int64_t LossChunkRows(int64_t vocab, int64_t chunk_bytes) {
   return std::max<int64_t>(1, chunk_bytes / (std::max<int64_t>(vocab, 1) * 4));
 }
@@ -92,7 +90,7 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tenso
   TORCH_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "LinearCrossEntropy: targets ", targets.sizes(),
               " do not match hidden ", hidden.sizes());
   const int64_t d = hidden.size(-1);
-  const auto dtype = MatmulDtype(hidden, compat::CurrentCudaAutocast());
+  const auto dtype = HeadMatmulDtype(hidden);
   // The casts are ordinary autograd ops: their backward returns each gradient in the input's dtype.
   const torch::Tensor h = hidden.reshape({-1, d}).to(dtype);
   const torch::Tensor w = weight.to(dtype);

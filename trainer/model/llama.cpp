@@ -165,7 +165,8 @@ torch::Tensor LlamaForCausalLMImpl::Loss(const torch::Tensor& tokens, const torc
 }
 
 torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer,
-                                                           const torch::Tensor& targets, const EmbedRunner& embed) {
+                                                           const torch::Tensor& targets, const EmbedRunner& embed,
+                                                           const LossRunner& loss) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
@@ -175,6 +176,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
     h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
   }
   h = model->norm(h);
+  if (targets.defined() && loss) return loss(h, targets);
   if (targets.defined()) return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_);
   return torch::matmul(h, OutputWeight().t());
 }

@@ -94,6 +94,10 @@ using LayerRunner = std::function<torch::Tensor(int64_t index, DecoderLayerImpl&
 // The hidden states for `tokens` [batch, seq]: [batch, seq, hidden].
 using EmbedRunner = std::function<torch::Tensor(const torch::Tensor& tokens)>;
 
+// The mean loss of the final norm's output `hidden` [batch, seq, hidden] against `targets`
+// [batch, seq]: the output head and the cross-entropy together.
+using LossRunner = std::function<torch::Tensor(const torch::Tensor& hidden, const torch::Tensor& targets)>;
+
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLMImpl(const LlamaConfig& c);
@@ -105,9 +109,12 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // returns the mean loss instead of the logits, through LinearCrossEntropy: the logits never
   // exist whole (linear_cross_entropy.h).
   // With `embed`, the hidden states entering layer 0 are embed(tokens) instead of the embedding
-  // table's rows (FSDP's compiled plan hands the rows it fetched for these tokens).
+  // table's rows (FSDP's compiled plan hands the rows it fetched for these tokens). With `loss`
+  // and targets, the loss is loss(hidden, targets) instead of LinearCrossEntropy over the output
+  // weight (FSDP's compiled plan splitting the head by vocabulary).
   torch::Tensor ForwardWithLayerRunner(const torch::Tensor& tokens, const LayerRunner& run_layer,
-                                       const torch::Tensor& targets = {}, const EmbedRunner& embed = {});
+                                       const torch::Tensor& targets = {}, const EmbedRunner& embed = {},
+                                       const LossRunner& loss = {});
   // Mean token cross-entropy of the model on (tokens, targets), the logits never whole.
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
   const LlamaConfig& config() const { return config_; }

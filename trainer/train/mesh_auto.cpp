@@ -50,6 +50,8 @@ Result<dist::MeshShape> AgreeOnAutoMesh(c10d::Store& store, const dist::DistEnv&
       options.reorder = cfg.fsdp.reorder;
       options.read_by_rows =
           cfg.fsdp.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
+      options.split_by_vocabulary =
+          cfg.fsdp.vocab_parallel_head ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
       options.reshard_after_forward = cfg.fsdp.reshard_after_forward;
       MW_ASSIGN_OR_RETURN(const compiler::MeshChoice choice,
                           compiler::ChooseMesh(profile, llama, env.world_size, options, /*plan_chosen=*/false));

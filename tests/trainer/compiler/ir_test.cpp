@@ -6,6 +6,7 @@
 #include "tests/trainer/compiler/small_graph.h"
 #include "trainer/compiler/cost_model.h"
 #include "trainer/compiler/frontend.h"
+#include "trainer/compiler/simulator.h"
 
 namespace meshwork::compiler {
 namespace {
@@ -199,6 +200,58 @@ TEST(ScheduleIr, EmbeddingReadByRows) {
     EXPECT_EQ(CostModel::CollectiveCalls(naive, op), 2);
     EXPECT_EQ(LaneOf(op.kind), kAllGatherLane);
   }
+}
+
+// A tied head split by vocabulary (SplitByVocabulary after ReadByRows): vocab= round-trips on
+// the module line; the naive program never gathers or reduce-scatters the table; the cost model
+// charges the head's exchange inside its compute (every rank's hidden states each way, and the
+// small collectives' latencies), and the simulator counts it as exposed.
+TEST(ScheduleIr, TiedHeadSplitByVocabulary) {
+  auto g = Parse(kSmallModel);
+  ASSERT_TRUE(g.ok());
+  g->params[0].row_bytes = 640;
+  g->modules[3].params = {5, 0};
+  ReadByRows(*g);
+  SplitByVocabulary(*g);
+  EXPECT_EQ(g->modules[3].params, std::vector<int>{5});
+  EXPECT_EQ(g->modules[3].vocab, std::vector<int>{0});
+  EXPECT_TRUE(g->modules[0].vocab.empty()) << "the lookup reads by rows, it does not split";
+  const std::string text = Print(*g);
+  EXPECT_NE(text.find("module head fwd=0.002 bwd=0.004 act=800 vocab=[0] params=[5]\n"), std::string::npos) << text;
+  auto back = Parse(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(Print(*back), text);
+
+  const Graph naive = BuildNaiveProgram(*g, {true});
+  ASSERT_TRUE(Validate(naive).ok()) << Validate(naive).ToString();
+  const std::string ops = Print(naive);
+  EXPECT_EQ(ops.find("all_gather [0"), std::string::npos) << ops;
+  EXPECT_EQ(ops.find("reduce_scatter [0"), std::string::npos) << ops;
+
+  CostModel cost;
+  cost.dp_shard = 2;
+  cost.shard_link = {0.001, 1e6};
+  const ModuleInfo& head = naive.modules[3];
+  // Forward: an all-gather of 2 x 640 bytes (half of it moves) and three more latencies.
+  EXPECT_NEAR(cost.VocabSeconds(naive, head, Phase::kForward), 4 * 0.001 + 640 / 1e6, 1e-12);
+  EXPECT_NEAR(cost.VocabSeconds(naive, head, Phase::kBackward), 3 * 0.001 + 640 / 1e6, 1e-12);
+  EXPECT_EQ(cost.VocabSeconds(naive, naive.modules[1], Phase::kForward), 0);
+  const SimResult sim = Simulate(naive, cost);
+  EXPECT_GE(sim.exposed_comm_seconds, 7 * 0.001 + 2 * 640 / 1e6 - 1e-12);
+
+  // Broken: a vocab= parameter without a row size, and one used both whole and split.
+  std::string unsized = kSmallModel;
+  unsized.replace(unsized.find("act=800 params=[5]"), 18, "act=800 vocab=[0] params=[5]");
+  auto bad = Parse(unsized);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("param 0 is read by rows but has no rows= size"), std::string::npos)
+      << bad.status().message();
+  Graph both = naive;
+  both.modules[3].params = {5, 0};
+  const Status s = Validate(both);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("module head uses param 0 both whole and split by vocabulary"), std::string::npos)
+      << s.message();
 }
 
 TEST(ScheduleIr, ValidateRejectsBrokenRowPrograms) {

@@ -75,6 +75,9 @@ struct Compile {
   // Whether the plan reads the embedding by rows. The tiny model's table is smaller than a step's
   // rows, so the planner left to choose (kWhenFaster, fsdp.embedding_rows) reads it whole.
   compiler::PlanOptions::Rows embedding_rows = compiler::PlanOptions::Rows::kWhenFaster;
+  // Whether a tied head splits the table by vocabulary. Such a plan computes the loss, not the
+  // logits, so the steps then pass the targets to Forward (the fused head + loss).
+  compiler::PlanOptions::Rows vocab = compiler::PlanOptions::Rows::kNever;
 };
 
 struct TrainRun {
@@ -174,6 +177,7 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           options.reorder = switching ? !compile.reorder : compile.reorder;
           options.reshard_after_forward = compile.reshard;
           options.read_by_rows = compile.embedding_rows;
+          options.split_by_vocabulary = compile.vocab;
           options.budget = {compiler::MemoryBudget::Source::kFixed, compile.budget};  // 0: no limit
           auto planned = compiler::PlanStep(skeleton, cost, options);
           if (!planned.ok()) return fail(planned.status());
@@ -189,7 +193,10 @@ TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile c
           const int first = micro * (kRowsPerStep / accum) + rank * rows;
           auto b = batches[step].narrow(0, first, rows);
           f.SetGradientSync(micro == accum - 1);
-          auto loss = model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq)) / accum;
+          auto loss = (compile.vocab != compiler::PlanOptions::Rows::kNever
+                           ? f.Forward(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq))
+                           : model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq))) /
+                      accum;
           if (rank == 0 && step + 1 == kSteps) runs[rank].recomputed_layers = RecomputeNodes(loss);
           loss.backward();
           local += loss.item<double>();
@@ -357,6 +364,32 @@ TEST(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
   const TrainRun hsdp = Sharded(false, 2, 2, 1, plan);
   ASSERT_FALSE(hsdp.plans.empty());
   EXPECT_EQ(count(hsdp.plans[0], "row_gather"), 0) << hsdp.plans[0];
+}
+
+// The tied head split by vocabulary (compiler::SplitByVocabulary, on top of reading the table by
+// rows): each rank computes the logits of the rows it owns for every rank's tokens. The same
+// losses and weights as one process at dp_shard 2 and 4 (the tiny table's 37 x 40 elements split
+// mid-row at both, so ranks assemble their last row with the next rank's first elements and hand
+// its gradient back), with gradient accumulation; the table is then never all-gathered or
+// reduce-scattered.
+TEST(FullyShard, CompiledPlansSplitATiedHeadByVocabulary) {
+  Compile plan{true, compiler::Bucketing::kAuto, true};
+  plan.embedding_rows = compiler::PlanOptions::Rows::kAlways;
+  plan.vocab = compiler::PlanOptions::Rows::kAlways;
+  const TrainRun two = Sharded(true, 1, 2, 1, plan);
+  ExpectSame(SingleProcess(true, 1), two, "dp_shard 2");
+  ASSERT_FALSE(two.plans.empty());
+  EXPECT_NE(two.plans[0].find("module head "), std::string::npos);
+  EXPECT_NE(two.plans[0].find(" vocab=[0] params=["), std::string::npos) << two.plans[0];
+  // Parameter 0 (the table) is in no all-gather or reduce-scatter.
+  for (const std::string op : {"= all_gather [0", "= reduce_scatter [0"})
+    EXPECT_EQ(two.plans[0].find(op), std::string::npos) << op << "\n" << two.plans[0];
+  ExpectSame(SingleProcess(true, 2), Sharded(true, 1, 4, 2, plan), "dp_shard 4, accum 2");
+  // An untied head has nothing to split: the plan is the by-rows one.
+  const TrainRun untied = Sharded(false, 1, 2, 1, plan);
+  ExpectSame(SingleProcess(false, 1), untied, "untied");
+  ASSERT_FALSE(untied.plans.empty());
+  EXPECT_EQ(untied.plans[0].find("vocab="), std::string::npos) << untied.plans[0];
 }
 
 TEST(FullyShard, RanksWithDifferentTimingsRunRankZerosPlan) {
