@@ -140,11 +140,12 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
   // A module that still uses a table read by rows whole (a tied output head) may split it by
   // vocabulary (SplitByVocabulary): the table is then never gathered or reduce-scattered whole,
   // and the head exchanges every rank's hidden states both ways inside its compute, exposed.
-  // Planned when the plan reads the table by rows; kept when it fits and is predicted faster.
+  // Wherever the table may be read by rows, the step is planned that way too, against the plan
+  // chosen so far (whole or by rows: reading by rows alone may lose where it wins with the split
+  // head), and kept when it fits and is predicted faster.
   std::string vocab_choice;
-  const bool reads_rows = std::any_of(out.compiled.modules.begin(), out.compiled.modules.end(),
-                                      [](const ModuleInfo& m) { return !m.rows.empty(); });
-  if (options.split_by_vocabulary != PlanOptions::Rows::kNever && reads_rows) {
+  if (options.split_by_vocabulary != PlanOptions::Rows::kNever && options.read_by_rows != PlanOptions::Rows::kNever &&
+      skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
     Graph by_vocab = skeleton;
     ReadByRows(by_vocab);
     SplitByVocabulary(by_vocab);
@@ -163,7 +164,8 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
           (fits == whole_fits && by.step_seconds < whole.step_seconds)) {
         v << "the output head is split by vocabulary (each rank the table rows it owns, for every rank's tokens): "
              "predicted step "
-          << by.step_seconds << " s, against " << whole.step_seconds << " s with the table gathered for the head";
+          << by.step_seconds << " s, against " << whole.step_seconds << " s with the table gathered for the head"
+          << (rows_choice.find("read by rows:") != std::string::npos ? "" : " and the embedding");
         out.compiled = std::move(split);
         dumped = vocab_dump.str();
       } else {

@@ -40,8 +40,8 @@ struct PlanOptions {
   enum class Rows { kNever, kWhenFaster, kAlways };
   Rows read_by_rows = Rows::kWhenFaster;
   // Whether a tied output head splits the table by vocabulary (compiler::SplitByVocabulary), on
-  // top of reading it by rows: kWhenFaster plans it when the plan reads the table by rows and
-  // keeps it when it fits the budget and is predicted faster.
+  // top of reading it by rows (so never where read_by_rows cannot be): kWhenFaster plans it and
+  // keeps it when it fits the budget and is predicted faster than the plan chosen without it.
   Rows split_by_vocabulary = Rows::kWhenFaster;
   MemoryBudget budget;
 };
