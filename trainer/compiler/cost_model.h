@@ -50,9 +50,14 @@ struct CostModel {
   int dp_shard = 1;
   int dp_replicate = 1;
   // CPU ranks (Gloo): communication runs on the cores that compute, so while both are busy
-  // each goes at 1 / (1 + interference) of its own speed; 0 (GPUs, NCCL) = they do not slow
-  // each other. Measured at start-up by timing matmuls with and without collectives in flight.
+  // compute goes at 1 / (1 + interference) of its own speed, and communication at
+  // 1 / (1 + comm_interference) of its own (negative: the same as interference); 0 (GPUs,
+  // NCCL) = they do not slow each other. Measured at start-up apart: matmuls timed with and
+  // without collectives in flight, and collectives with and without matmuls running. (On a
+  // shaped link communication is wire time: compute slows it far less than it slows compute.)
   double interference = 0;
+  double comm_interference = -1;
+  double CommInterference() const { return comm_interference >= 0 ? comm_interference : interference; }
   // Host memory work around collectives, at this rate on the compute lane; 0 = free (GPU
   // kernels). With the flat layout the only one left is Gloo's reduce-scatter summing the
   // all-to-all's chunks into the shard at its wait.

@@ -143,6 +143,7 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
   SimResult r;
   r.ops.resize(g.ops.size());
   const double slow = 1.0 / (1.0 + std::max(0.0, cost.interference));
+  const double comm_slow = 1.0 / (1.0 + std::max(0.0, cost.CommInterference()));
   const double share = std::clamp(cost.shard_lanes_share, 0.05, 1.0);
   std::map<std::string, double> done;       // collective id -> end time
   std::map<std::string, const Op*> issued;  // collective id -> its op (an all_reduce's source)
@@ -233,7 +234,7 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
     std::array<double, kNumLanes> rate{};
     for (int l = 0; l < kNumLanes; ++l) {
       if (lanes[l].empty()) continue;
-      rate[l] = (host_busy ? slow : 1.0) * (shard_lanes_both && l != kAllReduceLane ? share : 1.0);
+      rate[l] = (host_busy ? comm_slow : 1.0) * (shard_lanes_both && l != kAllReduceLane ? share : 1.0);
     }
     const double host_rate = host_busy ? (comm_busy ? slow : 1.0) : 0.0;
     double dt = std::numeric_limits<double>::infinity();

@@ -6,8 +6,9 @@
 // `wait` blocks the host until its collective ends, and that blocking is the exposed
 // communication. Gloo's reduction at a reduce-scatter's wait is host work (CostModel::CopySeconds; the
 // flat layout makes no other copies around collectives), and
-// on CPU ranks host work and communication share the cores: while both run, each progresses at
-// 1 / (1 + CostModel::interference) of its speed. Memory follows program order: an all-gather
+// on CPU ranks host work and communication share the cores: while both run, host work progresses
+// at 1 / (1 + CostModel::interference) of its speed and communication at
+// 1 / (1 + CostModel::CommInterference()). Memory follows program order: an all-gather
 // allocates its output at issue and `free` releases it; forward compute adds the module's
 // activations and its backward releases them; backward adds full gradients (in the parameters'
 // dtype: the buffer the reduce-scatter reads, or casts), released when their reduce-scatter has

@@ -92,7 +92,7 @@ double MeasureCopyRate() {
   return rates[rates.size() / 2];
 }
 
-Result<double> MeasureInterference(dist::Communicator& group) {
+Result<Interference> MeasureInterference(dist::Communicator& group) {
   torch::NoGradGuard no_grad;
   torch::Tensor a = torch::randn({384, 384});
   auto matmuls = [&] {
@@ -110,9 +110,32 @@ Result<double> MeasureInterference(dist::Communicator& group) {
     ins.push_back(torch::ones({per_rank}, on_group));
     outs.push_back(torch::empty({per_rank * n}, on_group));
   }
-  std::vector<double> ks;
+  // The 16 all-gathers from their issue to the last one's completion; with `compute`, matmuls
+  // run meanwhile until every one has completed (bounded: 600 rounds).
+  auto gathers = [&](bool compute) -> Result<double> {
+    MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
+    MW_RETURN_IF_ERROR(barrier->Wait());
+    std::vector<std::unique_ptr<dist::Work>> works;
+    const double t0 = now();
+    for (int i = 0; i < 16; ++i) {
+      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs[i % 4], ins[i % 4]));
+      works.push_back(std::move(w));
+    }
+    torch::Tensor c;
+    for (int round = 0; compute && round < 600 && !works.back()->CompletedAt().has_value(); ++round) c = a.mm(a);
+    double end = t0;
+    for (auto& w : works) {
+      MW_RETURN_IF_ERROR(w->Wait());
+      end = std::max(end, w->CompletedAt().value_or(now()));
+    }
+    return end - t0;
+  };
+  std::vector<double> ks, comm_ks;
   matmuls();  // warm-up
   for (int rep = 0; rep < 3; ++rep) {
+    MW_ASSIGN_OR_RETURN(const double comm_alone, gathers(false));
+    MW_ASSIGN_OR_RETURN(const double comm_shared, gathers(true));
+    comm_ks.push_back(std::clamp(comm_shared / std::max(comm_alone, 1e-9) - 1, 0.0, 9.0));
     MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
     MW_RETURN_IF_ERROR(barrier->Wait());
     const double alone = matmuls();
@@ -142,7 +165,8 @@ Result<double> MeasureInterference(dist::Communicator& group) {
     ks.push_back(std::clamp(k, 0.0, 9.0));
   }
   std::sort(ks.begin(), ks.end());
-  return ks[ks.size() / 2];
+  std::sort(comm_ks.begin(), comm_ks.end());
+  return Interference{ks[ks.size() / 2], comm_ks[comm_ks.size() / 2]};
 }
 
 }  // namespace meshwork::fsdp

@@ -25,11 +25,19 @@ Result<compiler::LinkCost> CalibrateLink(dist::Communicator& group, dist::Collec
 // copy-out on CPU ranks), the median of five.
 double MeasureCopyRate();
 
-// CostModel::interference of CPU ranks, which share their cores with Gloo's threads: 32 matmuls
-// timed alone, then with 16 all-gathers of 2 MiB in flight on `group`, three times, solved for
-// the cost model's sharing rule (the median). The all-gathers cycle through 4 scratch buffers,
-// so the calibration adds little to the process's peak memory.
-Result<double> MeasureInterference(dist::Communicator& group);
+// CostModel::interference and comm_interference of CPU ranks, which share their cores with
+// Gloo's threads, three times each (the medians):
+//   - compute: 32 matmuls timed alone, then with 16 all-gathers of 2 MiB in flight on `group`,
+//     solved for the cost model's rule (compute at 1 / (1 + k) while communication runs);
+//   - communication: the 16 all-gathers timed alone, then with matmuls running until the last
+//     one completes (k = with / alone - 1).
+// The all-gathers cycle through 4 scratch buffers, so the calibration adds little to the
+// process's peak memory.
+struct Interference {
+  double compute = 0;
+  double comm = 0;
+};
+Result<Interference> MeasureInterference(dist::Communicator& group);
 
 // CostModel::shard_lanes_share: an all-gather of `gather_bytes` (its output) on `gather` and a
 // reduce-scatter of `reduce_bytes` (its input) on `reduce`, two communicators over the same

@@ -65,14 +65,16 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
     // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
     cost.host_copy_bytes_per_second = MeasureCopyRate();
     if (skeleton.dp_shard > 1) {
-      MW_ASSIGN_OR_RETURN(cost.interference, MeasureInterference(mesh.group("dp_shard")));
+      MW_ASSIGN_OR_RETURN(const Interference k, MeasureInterference(mesh.group("dp_shard")));
+      cost.interference = k.compute;
+      cost.comm_interference = k.comm;
     }
   }
   std::vector<double> mine = {cost.shard_link.latency_seconds, cost.shard_link.bus_bytes_per_second,
                               reduce_scatter.latency_seconds,  reduce_scatter.bus_bytes_per_second,
                               cost.replicate_link.latency_seconds, cost.replicate_link.bus_bytes_per_second,
                               cost.host_copy_bytes_per_second, cost.interference, measured_step_seconds,
-                              cost.shard_lanes_share};
+                              cost.shard_lanes_share, cost.comm_interference};
   for (const auto& m : skeleton.modules) {
     mine.push_back(m.fwd_seconds);
     mine.push_back(m.bwd_seconds);
@@ -85,7 +87,8 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   cost.interference = median[7];
   measured_step_seconds = median[8];
   cost.shard_lanes_share = median[9];
-  constexpr size_t kModulesAt = 10;
+  cost.comm_interference = median[10];
+  constexpr size_t kModulesAt = 11;
   for (size_t m = 0; m < skeleton.modules.size(); ++m) {
     skeleton.modules[m].fwd_seconds = median[kModulesAt + 2 * m];
     skeleton.modules[m].bwd_seconds = median[kModulesAt + 1 + 2 * m];
@@ -133,7 +136,7 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
   if (cost.dp_shard > 1) line << ", lanes together at " << std::setprecision(2) << cost.shard_lanes_share << " of their speed";
   if (cpu) {
     line << ", host copies " << cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
-         << cost.interference;
+         << cost.interference << " (comm slowed by compute " << cost.CommInterference() << ")";
   }
   if (measured_step_seconds > 0) {
     line << "; traced compute x" << std::setprecision(2) << scale << " to fit the eager step's measured "

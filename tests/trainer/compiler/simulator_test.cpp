@@ -84,7 +84,7 @@ optimizer_step
 
 
 // CPU ranks: communication and compute share the cores. With interference 1 each runs at half
-// speed while the other is busy.
+// speed while the other is busy (comm_interference unset: the same as interference).
 TEST(Simulator, InterferenceSlowsOverlappingComputeAndCommunication) {
   auto g = Parse(kSmallModel + R"(%ag0 = all_gather [3,4]
 wait %ag0
@@ -108,6 +108,12 @@ free %ag1
   EXPECT_NEAR(r.ops[2].start, 0.003, 1e-12);      // ag1 on the lane
   EXPECT_NEAR(r.ops[2].end, 0.009, 1e-12);
   EXPECT_NEAR(r.ops[3].end, 0.016, 1e-12);        // layers.1
+  // Measured apart (a shaped link: compute does not slow the wire): ag1 at full speed 3 -> 6 ms
+  // while layers.1 runs at half speed (1.5 ms of its work done), its last 8.5 ms alone: 14.5 ms.
+  c.comm_interference = 0;
+  const SimResult apart = Simulate(*g, c);
+  EXPECT_NEAR(apart.ops[2].end, 0.006, 1e-12);
+  EXPECT_NEAR(apart.step_seconds, 0.0145, 1e-12);
 }
 
 // Collectives queue on their own lane (all-gathers, reduce-scatters): a lane runs one at a time
