@@ -88,6 +88,14 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
   std::ostringstream whole_dump;
   MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump != nullptr ? &whole_dump : nullptr));
   std::string dumped = whole_dump.str(), rows_choice;
+  // Whether an alternative plan `by` replaces `current`: always when asked, else the one that fits
+  // the budget, then the faster. `unfit` says when only the current one fits.
+  auto prefer = [&](const SimResult& by, const SimResult& current, bool always, bool* unfit) {
+    const bool fits = by.peak_bytes <= out.ctx.memory_budget_bytes;
+    const bool current_fits = current.peak_bytes <= out.ctx.memory_budget_bytes;
+    *unfit = current_fits && !fits;
+    return always || (fits && !current_fits) || (fits == current_fits && by.step_seconds < current.step_seconds);
+  };
   // Reading the embedding by rows (ReadByRows) where it pays: each rank's row exchange grows with
   // dp_shard (every rank's rows), the table's collectives do not. It can only win by taking the
   // table's collectives off the critical path (an untied table's altogether; a tied one's moved
@@ -119,16 +127,15 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       std::ostringstream rows_dump;
       MW_ASSIGN_OR_RETURN(Graph rows, pipeline.Run(rows_naive, out.ctx, dump != nullptr ? &rows_dump : nullptr));
       const SimResult by = Simulate(rows, cost), whole = Simulate(out.compiled, cost);
-      const bool fits = by.peak_bytes <= out.ctx.memory_budget_bytes;
-      const bool whole_fits = whole.peak_bytes <= out.ctx.memory_budget_bytes;
-      if (always || (fits && !whole_fits) || (fits == whole_fits && by.step_seconds < whole.step_seconds)) {
+      bool unfit = false;
+      if (prefer(by, whole, always, &unfit)) {
         r << "the embedding is read by rows: predicted step " << by.step_seconds << " s, against "
           << whole.step_seconds << " s with the table gathered whole";
         out.compiled = std::move(rows);
         dumped = rows_dump.str();
       } else {
         r << "the embedding is gathered whole: reading it by rows is predicted " << by.step_seconds
-          << " s a step, against " << whole.step_seconds << " s" << (whole_fits && !fits ? ", and does not fit the budget" : "");
+          << " s a step, against " << whole.step_seconds << " s" << (unfit ? ", and does not fit the budget" : "");
       }
     } else if (row_bytes > 0) {
       r << "the embedding is gathered whole: exchanging every rank's rows (dp_shard " << skeleton.dp_shard
@@ -156,12 +163,10 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       MW_ASSIGN_OR_RETURN(Graph split, pipeline.Run(BuildNaiveProgram(by_vocab, {options.reshard_after_forward}),
                                                     out.ctx, dump != nullptr ? &vocab_dump : nullptr));
       const SimResult by = Simulate(split, cost), whole = Simulate(out.compiled, cost);
-      const bool fits = by.peak_bytes <= out.ctx.memory_budget_bytes;
-      const bool whole_fits = whole.peak_bytes <= out.ctx.memory_budget_bytes;
       std::ostringstream v;
       v << std::fixed << std::setprecision(4);
-      if (options.split_by_vocabulary == PlanOptions::Rows::kAlways || (fits && !whole_fits) ||
-          (fits == whole_fits && by.step_seconds < whole.step_seconds)) {
+      bool unfit = false;
+      if (prefer(by, whole, options.split_by_vocabulary == PlanOptions::Rows::kAlways, &unfit)) {
         v << "the output head is split by vocabulary (each rank the table rows it owns, for every rank's tokens): "
              "predicted step "
           << by.step_seconds << " s, against " << whole.step_seconds << " s with the table gathered for the head"
@@ -170,7 +175,7 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
         dumped = vocab_dump.str();
       } else {
         v << "the output head gathers the table whole: splitting it by vocabulary is predicted " << by.step_seconds
-          << " s a step, against " << whole.step_seconds << " s" << (whole_fits && !fits ? ", and does not fit the budget" : "");
+          << " s a step, against " << whole.step_seconds << " s" << (unfit ? ", and does not fit the budget" : "");
       }
       vocab_choice = v.str();
     }

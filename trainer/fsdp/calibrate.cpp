@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 namespace meshwork::fsdp {
@@ -110,19 +111,19 @@ Result<Interference> MeasureInterference(dist::Communicator& group) {
     ins.push_back(torch::ones({per_rank}, on_group));
     outs.push_back(torch::empty({per_rank * n}, on_group));
   }
-  // The 16 all-gathers from their issue to the last one's completion; with `compute`, matmuls
-  // run meanwhile until every one has completed (bounded: 600 rounds).
-  auto gathers = [&](bool compute) -> Result<double> {
+  // From a barrier, 16 all-gathers issued, `during(works)` run on the host, and the span from
+  // their issue to the last one's completion.
+  using Works = std::vector<std::unique_ptr<dist::Work>>;
+  auto gathers = [&](const std::function<void(const Works&)>& during) -> Result<double> {
     MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
     MW_RETURN_IF_ERROR(barrier->Wait());
-    std::vector<std::unique_ptr<dist::Work>> works;
+    Works works;
     const double t0 = now();
     for (int i = 0; i < 16; ++i) {
       MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs[i % 4], ins[i % 4]));
       works.push_back(std::move(w));
     }
-    torch::Tensor c;
-    for (int round = 0; compute && round < 600 && !works.back()->CompletedAt().has_value(); ++round) c = a.mm(a);
+    during(works);
     double end = t0;
     for (auto& w : works) {
       MW_RETURN_IF_ERROR(w->Wait());
@@ -130,30 +131,22 @@ Result<Interference> MeasureInterference(dist::Communicator& group) {
     }
     return end - t0;
   };
+  // Matmuls until the last all-gather has completed (bounded: 600 of them).
+  auto compute_until_done = [&](const Works& works) {
+    torch::Tensor c;
+    for (int round = 0; round < 600 && !works.back()->CompletedAt().has_value(); ++round) c = a.mm(a);
+  };
   std::vector<double> ks, comm_ks;
   matmuls();  // warm-up
   for (int rep = 0; rep < 3; ++rep) {
-    MW_ASSIGN_OR_RETURN(const double comm_alone, gathers(false));
-    MW_ASSIGN_OR_RETURN(const double comm_shared, gathers(true));
+    MW_ASSIGN_OR_RETURN(const double comm_alone, gathers([](const Works&) {}));
+    MW_ASSIGN_OR_RETURN(const double comm_shared, gathers(compute_until_done));
     comm_ks.push_back(std::clamp(comm_shared / std::max(comm_alone, 1e-9) - 1, 0.0, 9.0));
     MW_ASSIGN_OR_RETURN(auto barrier, group.Barrier());
     MW_RETURN_IF_ERROR(barrier->Wait());
     const double alone = matmuls();
-    MW_ASSIGN_OR_RETURN(auto barrier2, group.Barrier());
-    MW_RETURN_IF_ERROR(barrier2->Wait());
-    std::vector<std::unique_ptr<dist::Work>> works;
-    const double t0 = now();
-    for (int i = 0; i < 16; ++i) {
-      MW_ASSIGN_OR_RETURN(auto w, group.AllGatherInto(outs[i % 4], ins[i % 4]));
-      works.push_back(std::move(w));
-    }
-    const double shared = matmuls();
-    double comm_end = t0;
-    for (auto& w : works) {
-      MW_RETURN_IF_ERROR(w->Wait());
-      comm_end = std::max(comm_end, w->CompletedAt().value_or(now()));
-    }
-    const double comm = comm_end - t0;
+    double shared = 0;
+    MW_ASSIGN_OR_RETURN(const double comm, gathers([&](const Works&) { shared = matmuls(); }));
     double k;
     if (comm >= shared) {
       k = shared / alone - 1;  // the matmuls ran under communication the whole time
