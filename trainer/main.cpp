@@ -1,5 +1,6 @@
 // meshwork-train: the trainer's command line. Subcommands train, eval, prepare-data and config;
 // every failure is one line on stderr and a distinct exit code (docs/config.md, "Exit codes").
+#include <signal.h>
 #include <unistd.h>
 
 #include <climits>
@@ -228,6 +229,10 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return exit_code::kOk;
   }
+  // A peer that dies mid-collective closes its sockets; Gloo's next write to one must fail as an
+  // error naming the collective (exit 5), not kill this rank with SIGPIPE (exit 141), as Python
+  // trainers already behave (the interpreter ignores SIGPIPE).
+  ::signal(SIGPIPE, SIG_IGN);
   // Before anything touches CUDA (a no-op where PYTORCH_CUDA_ALLOC_CONF is already set).
   meshwork::train::ConfigureCudaAllocator();
   try {
