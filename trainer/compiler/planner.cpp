@@ -5,6 +5,7 @@
 #include "trainer/compiler/simulator.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iomanip>
 #include <set>
@@ -18,6 +19,60 @@ Graph ScaleCompute(Graph skeleton, double scale) {
     m.bwd_seconds *= scale;
   }
   return skeleton;
+}
+
+double ModuleScales::Mean() const {
+  double sum = 0;
+  for (double f : fwd) sum += f;
+  for (double b : bwd) sum += b;
+  return fwd.empty() && bwd.empty() ? 1.0 : sum / static_cast<double>(fwd.size() + bwd.size());
+}
+
+Graph ScaleCompute(Graph skeleton, const ModuleScales& scales) {
+  for (size_t m = 0; m < skeleton.modules.size(); ++m) {
+    if (m < scales.fwd.size()) skeleton.modules[m].fwd_seconds *= scales.fwd[m];
+    if (m < scales.bwd.size()) skeleton.modules[m].bwd_seconds *= scales.bwd[m];
+  }
+  return skeleton;
+}
+
+ModuleScales UnslowTracedCompute(const Graph& measured, const CostModel& cost, const PlanOptions& options) {
+  const size_t n = measured.modules.size();
+  ModuleScales scales{std::vector<double>(n, 1.0), std::vector<double>(n, 1.0)};
+  if (!(cost.interference > 0)) return scales;
+  const double lowest = 1.0 / (1.0 + cost.interference);
+  PassContext ctx;
+  ctx.cost = cost;
+  for (int round = 0; round < 30; ++round) {
+    const Graph scaled = ScaleCompute(measured, scales);
+    auto eager = EagerPlan(BuildNaiveProgram(scaled, {options.reshard_after_forward}), ctx);
+    if (!eager.ok()) return scales;
+    const SimResult sim = Simulate(*eager, cost);
+    // Each module's simulated time per phase, averaged over its compute ops (micro-batches).
+    std::vector<std::array<double, 2>> took(n, {0, 0});
+    std::vector<std::array<int, 2>> ops(n, {0, 0});
+    for (size_t i = 0; i < eager->ops.size(); ++i) {
+      const Op& op = eager->ops[i];
+      if (op.kind != OpKind::kCompute || op.module < 0) continue;
+      const int phase = op.phase == Phase::kForward ? 0 : 1;
+      took[op.module][phase] += sim.ops[i].end - sim.ops[i].start;
+      ++ops[op.module][phase];
+    }
+    double worst = 0;
+    for (size_t m = 0; m < n; ++m) {
+      for (int phase = 0; phase < 2; ++phase) {
+        const double traced = phase == 0 ? measured.modules[m].fwd_seconds : measured.modules[m].bwd_seconds;
+        if (!(traced > 0) || ops[m][phase] == 0) continue;
+        const double simulated = took[m][phase] / ops[m][phase];
+        if (!(simulated > 0)) continue;
+        double& f = phase == 0 ? scales.fwd[m] : scales.bwd[m];
+        worst = std::max(worst, std::abs(traced / simulated - 1));
+        f = std::clamp(f * traced / simulated, lowest, 1.0);
+      }
+    }
+    if (worst < 1e-3) break;
+  }
+  return scales;
 }
 
 namespace {

@@ -76,6 +76,20 @@ double FitPlanComputeScale(const Graph& plan, const CostModel& cost, double meas
 // `skeleton` with every module's forward and backward compute multiplied by `scale`.
 Graph ScaleCompute(Graph skeleton, double scale);
 
+// Per module (forward order), factors on its forward and backward compute.
+struct ModuleScales {
+  std::vector<double> fwd, bwd;
+  double Mean() const;  // over every factor: what the plan line prints
+};
+// `skeleton` with module m's forward compute multiplied by scales.fwd[m], its backward by bwd[m].
+Graph ScaleCompute(Graph skeleton, const ModuleScales& scales);
+// A traced module's time on a CPU rank includes what the eager step's collectives beside it
+// cost it (Gloo's threads share the core), and the simulator slows compute under communication
+// again (CostModel::interference). The factors that make each module's forward and backward
+// in the simulated eager plan of `measured` take their traced time: a fixed point over a few
+// simulations, each factor within [1 / (1 + interference), 1]. All 1 where interference is 0.
+ModuleScales UnslowTracedCompute(const Graph& measured, const CostModel& cost, const PlanOptions& options);
+
 // `skeleton`: modules and parameters with their measured (or modelled) compute; `dump`, when
 // given, gets the IR before the first pass and after each.
 Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const PlanOptions& options,

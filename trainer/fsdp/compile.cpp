@@ -115,10 +115,12 @@ const char* BudgetSource(compiler::MemoryBudget::Source source) {
 }
 
 std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptions& options,
-                     const config::FsdpConfig& cfg, bool cpu, double scale, double measured_step_seconds) {
+                     const config::FsdpConfig& cfg, bool cpu, double unslowed, double scale,
+                     double measured_step_seconds) {
   const compiler::CostModel& cost = plans.ctx.cost;
   const compiler::SimResult p = compiler::Simulate(plans.compiled, cost);
   const compiler::SimResult e = compiler::Simulate(plans.eager, cost);
+
   std::ostringstream line;
   line << std::fixed << std::setprecision(4) << "compiled plan: passes " << plans.passes << "; bucketing "
        << compiler::BucketingName(cfg.bucketing) << ", budget " << Mib(plans.ctx.memory_budget_bytes)
@@ -138,8 +140,12 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
     line << ", host copies " << cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
          << cost.interference << " (comm slowed by compute " << cost.CommInterference() << ")";
   }
+  if (unslowed < 1) {
+    line << "; traced compute x" << std::setprecision(2) << unslowed
+         << " (mean) without the eager step's collectives beside it";
+  }
   if (measured_step_seconds > 0) {
-    line << "; traced compute x" << std::setprecision(2) << scale << " to fit the eager step's measured "
+    line << (unslowed < 1 ? ", then x" : "; traced compute x") << std::setprecision(2) << scale << " to fit the eager step's measured "
          << std::setprecision(3) << measured_step_seconds << " s";
     if (scale <= compiler::kMinComputeScale) line << " (at the bound: the calibrated links alone predict more)";
   }
@@ -180,11 +186,17 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
     compiler::Graph measured = c.skeleton;
     if (fsdp.checkpointing() == LayerCheckpointing::kAllUntilPlanned)
       for (auto& m : measured.modules) compiler::Checkpoint(m);
+    // First each module's own slowdown by the collectives beside it, then one scale for what
+    // the modules' times leave out of the measured step.
+    const compiler::ModuleScales unslow = compiler::UnslowTracedCompute(measured, c.cost, c.options);
+    measured = compiler::ScaleCompute(std::move(measured), unslow);
+    c.skeleton = compiler::ScaleCompute(std::move(c.skeleton), unslow);
+    c.unslowed = unslow.Mean();
     c.scale = compiler::FitComputeScale(measured, c.cost, c.options, measured_step_seconds);
     MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
                         compiler::PlanStep(compiler::ScaleCompute(c.skeleton, c.scale), c.cost, c.options,
                                            cfg.dump_plan ? &log : nullptr));
-    log << Describe(plans, c.options, cfg, cpu, c.scale, measured_step_seconds);
+    log << Describe(plans, c.options, cfg, cpu, c.unslowed, c.scale, measured_step_seconds);
     c.predicted_step_seconds = compiler::Simulate(plans.compiled, c.cost).step_seconds;
     plan = std::move(plans.compiled);
   }

@@ -15,9 +15,10 @@ namespace meshwork::fsdp {
 
 // What compiling keeps for the re-plan; the same on every rank (medians over the ranks).
 struct Compilation {
-  compiler::Graph skeleton;  // the traced compute, unscaled
+  compiler::Graph skeleton;  // the traced compute without its slowdown by communication, unscaled
   compiler::CostModel cost;  // the calibration
   compiler::PlanOptions options;
+  double unslowed = 1;       // UnslowTracedCompute's mean factor (printed)
   double scale = 1;          // on the traced compute, fitted to a measured step
   double predicted_step_seconds = 0;  // the running plan's, simulated (rank 0)
   compiler::Graph plan;      // what runs

@@ -409,6 +409,49 @@ TEST(Planner, ComputeIsScaledSoThatTheEagerPlanTakesTheMeasuredStep) {
   }
 }
 
+TEST(Planner, TracedComputeIsUnslowedByTheCommunicationBesideIt) {
+  // CPU ranks: the eager step's collectives slowed each traced module (interference), and the
+  // simulator slows compute under communication again. Traced times made by simulating known
+  // compute come back to it.
+  PassContext ctx = Context(Bucketing::kBlock, 0.001, 1e6);
+  ctx.cost.interference = 0.5;
+  auto parsed = Parse(kSmallModel);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const Graph& truth = *parsed;
+  const PlanOptions options;
+  const Graph eager = Ok(EagerPlan(BuildNaiveProgram(truth, {options.reshard_after_forward}), ctx));
+  const SimResult sim = Simulate(eager, ctx.cost);
+  Graph traced = truth;
+  for (auto& m : traced.modules) m.fwd_seconds = m.bwd_seconds = 0;
+  for (size_t i = 0; i < eager.ops.size(); ++i) {
+    const Op& op = eager.ops[i];
+    if (op.kind != OpKind::kCompute) continue;
+    ModuleInfo& m = traced.modules[op.module];
+    (op.phase == Phase::kForward ? m.fwd_seconds : m.bwd_seconds) += sim.ops[i].end - sim.ops[i].start;
+  }
+  const ModuleScales scales = UnslowTracedCompute(traced, ctx.cost, options);
+  const Graph unslowed = ScaleCompute(traced, scales);
+  int slowed = 0;
+  for (size_t m = 0; m < truth.modules.size(); ++m) {
+    const ModuleInfo &want = truth.modules[m], &got = unslowed.modules[m];
+    EXPECT_NEAR(got.fwd_seconds, want.fwd_seconds, 1e-3 * want.fwd_seconds) << want.name;
+    EXPECT_NEAR(got.bwd_seconds, want.bwd_seconds, 1e-3 * want.bwd_seconds) << want.name;
+    for (double f : {scales.fwd[m], scales.bwd[m]}) {
+      EXPECT_GE(f, 1 / 1.5 - 1e-12) << want.name;
+      EXPECT_LE(f, 1.0) << want.name;
+      slowed += f < 0.99;
+    }
+  }
+  EXPECT_GT(slowed, 0) << "on this link communication runs beside compute: some module was slowed";
+  EXPECT_LT(scales.Mean(), 1.0);
+  ctx.cost.interference = 0;  // GPUs, NCCL: nothing to undo
+  const ModuleScales none = UnslowTracedCompute(traced, ctx.cost, options);
+  for (size_t m = 0; m < truth.modules.size(); ++m) {
+    EXPECT_EQ(none.fwd[m], 1.0);
+    EXPECT_EQ(none.bwd[m], 1.0);
+  }
+}
+
 // The small model with its two layers as checkpointing candidates, their activations large
 // enough (50000) to make the peak, as in a real model (not a reduce-scatter's copy-in of a few
 // thousand bytes). layers.0 keeps 1000 bytes (its input) when checkpointed; layers.1's input is
