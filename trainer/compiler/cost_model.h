@@ -50,7 +50,8 @@ struct CostModel {
   int dp_shard = 1;
   int dp_replicate = 1;
   // CPU ranks (Gloo): communication runs on the cores that compute, so while both are busy
-  // compute goes at 1 / (1 + interference) of its own speed, and communication at
+  // compute goes at 1 / (1 + lanes x interference) of its own speed (lanes: the communication
+  // lanes busy, each a thread beside it), and communication at
   // 1 / (1 + comm_interference) of its own (negative: the same as interference); 0 (GPUs,
   // NCCL) = they do not slow each other. Measured at start-up apart: matmuls timed with and
   // without collectives in flight, and collectives with and without matmuls running. (On a
@@ -62,6 +63,11 @@ struct CostModel {
   // kernels). With the flat layout the only one left is Gloo's reduce-scatter summing the
   // all-to-all's chunks into the shard at its wait.
   double host_copy_bytes_per_second = 0;
+  // Host time each step spends outside its last micro-batch's forward-to-reduction (the
+  // gradient norm, the optimizer's update, the loss's average, the next batch), charged at
+  // optimizer_step, so that a simulated step is a whole step as the trainer times it. Measured
+  // on the eager steps before the plan; 0 = not modelled (the simulator's GPU profiles).
+  double step_overhead_seconds = 0;
 
   // all_gather: `bytes` = the gathered output; reduce_scatter: the full input; all_reduce: the
   // reduced shard; row_gather (a reduce-scatter of every rank's rows, each owner filling in its

@@ -40,7 +40,7 @@ ModuleScales UnslowTracedCompute(const Graph& measured, const CostModel& cost, c
   const size_t n = measured.modules.size();
   ModuleScales scales{std::vector<double>(n, 1.0), std::vector<double>(n, 1.0)};
   if (!(cost.interference > 0)) return scales;
-  const double lowest = 1.0 / (1.0 + cost.interference);
+  const double lowest = 1.0 / (1.0 + cost.interference * kNumLanes);
   PassContext ctx;
   ctx.cost = cost;
   for (int round = 0; round < 30; ++round) {

@@ -87,7 +87,8 @@ Graph ScaleCompute(Graph skeleton, const ModuleScales& scales);
 // cost it (Gloo's threads share the core), and the simulator slows compute under communication
 // again (CostModel::interference). The factors that make each module's forward and backward
 // in the simulated eager plan of `measured` take their traced time: a fixed point over a few
-// simulations, each factor within [1 / (1 + interference), 1]. All 1 where interference is 0.
+// simulations, each factor within [1 / (1 + kNumLanes x interference), 1]. All 1 where
+// interference is 0.
 ModuleScales UnslowTracedCompute(const Graph& measured, const CostModel& cost, const PlanOptions& options);
 
 // `skeleton`: modules and parameters with their measured (or modelled) compute; `dump`, when

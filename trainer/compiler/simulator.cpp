@@ -142,7 +142,6 @@ int64_t PeakBytes(const Graph& g) {
 SimResult Simulate(const Graph& g, const CostModel& cost) {
   SimResult r;
   r.ops.resize(g.ops.size());
-  const double slow = 1.0 / (1.0 + std::max(0.0, cost.interference));
   const double comm_slow = 1.0 / (1.0 + std::max(0.0, cost.CommInterference()));
   const double share = std::clamp(cost.shard_lanes_share, 0.05, 1.0);
   std::map<std::string, double> done;       // collective id -> end time
@@ -220,6 +219,8 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
                                                        : CostModel::kVocabBackwardCollectives;
         }
         start_host(i, d + vocab);
+      } else if (op.kind == OpKind::kOptimizerStep) {
+        start_host(i, std::max(0.0, cost.step_overhead_seconds));
       } else {
         r.ops[i].start = now;
         r.ops[i].end = now;
@@ -236,7 +237,10 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
       if (lanes[l].empty()) continue;
       rate[l] = (host_busy ? comm_slow : 1.0) * (shard_lanes_both && l != kAllReduceLane ? share : 1.0);
     }
-    const double host_rate = host_busy ? (comm_busy ? slow : 1.0) : 0.0;
+    // Each busy lane is a communication thread beside the host's work: two lanes slow it twice.
+    int busy_lanes = 0;
+    for (const auto& lane : lanes) busy_lanes += !lane.empty();
+    const double host_rate = host_busy ? 1.0 / (1.0 + std::max(0.0, cost.interference) * busy_lanes) : 0.0;
     double dt = std::numeric_limits<double>::infinity();
     if (host_busy) dt = std::min(dt, host_work / host_rate);
     for (int l = 0; l < kNumLanes; ++l)

@@ -4,10 +4,12 @@
 // all-reduces: cost_model.h's Lane) and start when issued and their lane is free; the
 // all-gather and reduce-scatter lanes share the dp_shard link (CostModel::shard_lanes_share);
 // `wait` blocks the host until its collective ends, and that blocking is the exposed
-// communication. Gloo's reduction at a reduce-scatter's wait is host work (CostModel::CopySeconds; the
-// flat layout makes no other copies around collectives), and
-// on CPU ranks host work and communication share the cores: while both run, host work progresses
-// at 1 / (1 + CostModel::interference) of its speed and communication at
+// communication; `optimizer_step` is host work of CostModel::step_overhead_seconds (what a
+// step spends outside forward and backward). Gloo's reduction at a reduce-scatter's wait is
+// host work (CostModel::CopySeconds; the flat layout makes no other copies around
+// collectives), and on CPU ranks host work and communication share the cores: while both
+// run, host work progresses at 1 / (1 + lanes busy x CostModel::interference) of its speed
+// and communication at
 // 1 / (1 + CostModel::CommInterference()). Memory follows program order: an all-gather
 // allocates its output at issue and `free` releases it; forward compute adds the module's
 // activations and its backward releases them; backward adds full gradients (in the parameters'

@@ -38,7 +38,7 @@ std::vector<int64_t> CalibrationSizes(const compiler::Graph& skeleton, bool grad
 // Every rank measures (the measurements are collectives); the medians over the ranks are what
 // the cost model gets, so that a slow or lucky rank does not decide the plan for all.
 Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMesh& mesh, bool cpu,
-                                      double& measured_step_seconds) {
+                                      EagerStepTimes& measured) {
   compiler::CostModel cost;
   cost.dp_shard = skeleton.dp_shard;
   cost.dp_replicate = skeleton.dp_replicate;
@@ -73,8 +73,8 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   std::vector<double> mine = {cost.shard_link.latency_seconds, cost.shard_link.bus_bytes_per_second,
                               reduce_scatter.latency_seconds,  reduce_scatter.bus_bytes_per_second,
                               cost.replicate_link.latency_seconds, cost.replicate_link.bus_bytes_per_second,
-                              cost.host_copy_bytes_per_second, cost.interference, measured_step_seconds,
-                              cost.shard_lanes_share, cost.comm_interference};
+                              cost.host_copy_bytes_per_second, cost.interference, measured.step_seconds,
+                              cost.shard_lanes_share, cost.comm_interference, measured.outside_seconds};
   for (const auto& m : skeleton.modules) {
     mine.push_back(m.fwd_seconds);
     mine.push_back(m.bwd_seconds);
@@ -85,10 +85,12 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   cost.replicate_link = {median[4], median[5]};
   cost.host_copy_bytes_per_second = median[6];
   cost.interference = median[7];
-  measured_step_seconds = median[8];
+  measured.step_seconds = median[8];
   cost.shard_lanes_share = median[9];
   cost.comm_interference = median[10];
-  constexpr size_t kModulesAt = 11;
+  measured.outside_seconds = median[11];
+  cost.step_overhead_seconds = measured.outside_seconds;
+  constexpr size_t kModulesAt = 12;
   for (size_t m = 0; m < skeleton.modules.size(); ++m) {
     skeleton.modules[m].fwd_seconds = median[kModulesAt + 2 * m];
     skeleton.modules[m].bwd_seconds = median[kModulesAt + 1 + 2 * m];
@@ -147,6 +149,8 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
   if (measured_step_seconds > 0) {
     line << (unslowed < 1 ? ", then x" : "; traced compute x") << std::setprecision(2) << scale << " to fit the eager step's measured "
          << std::setprecision(3) << measured_step_seconds << " s";
+    if (cost.step_overhead_seconds > 0)
+      line << " (" << cost.step_overhead_seconds << " s of it outside forward and backward)";
     if (scale <= compiler::kMinComputeScale) line << " (at the bound: the calibrated links alone predict more)";
   }
   line << "\n";
@@ -165,13 +169,14 @@ bool SameSchedule(const compiler::Graph& a, const compiler::Graph& b) {
 }  // namespace
 
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
-                                bool cpu, double measured_step_seconds, int64_t device_memory_bytes,
+                                bool cpu, EagerStepTimes measured, int64_t device_memory_bytes,
                                 std::ostream& log) {
   Compilation c;
   c.skeleton = fsdp.Skeleton();
   // Every rank calibrates and the medians over the ranks (links and traced compute) go into
   // the plan; rank 0 plans and AgreeOnPlan hands its plan to all.
-  MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, measured_step_seconds));
+  MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, measured));
+  const double measured_step_seconds = measured.step_seconds;
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
   c.options.read_by_rows = cfg.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;

@@ -24,16 +24,22 @@ struct Compilation {
   compiler::Graph plan;      // what runs
 };
 
+// What the eager steps before the plan measured, as this rank timed them (0: unknown).
+struct EagerStepTimes {
+  double step_seconds = 0;     // a whole step (the trainer passes the mean of steps 1 and 2)
+  double outside_seconds = 0;  // of a step, outside its last micro-batch's forward-to-reduction
+};
+
 // Collective over `mesh`: every rank calls it after the same eager step. `cpu`: Gloo ranks,
-// whose cost model charges copies and core sharing. `measured_step_seconds`: that eager step's
-// last micro-batch, forward to the end of its reduction, as this rank timed it (0: unknown);
-// the traced compute is scaled so that the simulated eager plan takes that long (the trace
-// already contains the slowdown the cost model charges again). Rank 0 logs one line
-// describing the plan (and, with fsdp.dump_plan, the IR after each pass) to `log`.
-// `device_memory_bytes`: what this rank's device holds for it (0: unknown), the default budget's
-// base (fsdp.memory_budget 0).
+// whose cost model charges copies and core sharing. `measured`: the eager steps' times (the
+// medians over the ranks are used): the time outside forward-to-reduction becomes the cost
+// model's step_overhead_seconds, and the traced compute, each module first unslowed by the
+// communication beside it (compiler::UnslowTracedCompute), is scaled so that the simulated
+// eager plan takes the measured step. Rank 0 logs one line describing the plan (and, with
+// fsdp.dump_plan, the IR after each pass) to `log`. `device_memory_bytes`: what this rank's
+// device holds for it (0: unknown), the default budget's base (fsdp.memory_budget 0).
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
-                                bool cpu, double measured_step_seconds, int64_t device_memory_bytes, std::ostream& log);
+                                bool cpu, EagerStepTimes measured, int64_t device_memory_bytes, std::ostream& log);
 
 // Once, after compiled steps ran: the compute scale is refitted so that the simulated running
 // plan takes the measured compiled step (`measured_step_seconds`, this rank's; the median over

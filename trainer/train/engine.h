@@ -37,6 +37,9 @@ class Engine {
   // Once before each step's first micro-batch: compiled FSDP makes its plan here (from the
   // traced second step) and a step trace starts; errors are values, not exceptions from Forward.
   virtual Status BeginStep() { return Status::Ok(); }
+  // Once after each step, with its wall time (BeginStep to the optimizer's update and the
+  // loss's average): compiled FSDP fits its cost model to whole steps.
+  virtual void EndStep(double /*step_seconds*/) {}
   // The first step (0-based) from which every step runs the same schedule: after warm-up, and
   // in compiled FSDP after the plan (and the re-plan) took over. Steady-state figures start here.
   virtual int64_t SteadyFromStep() const { return 1; }

@@ -91,7 +91,10 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
     return Internal("training diverged: loss is " + Format("%g", loss) + " at step " + std::to_string(step + 1) +
                     " (lower optimizer.lr or raise schedule.warmup_steps)");
   }
-  return StepRecord{step, loss, lr, grad_norm.item<double>(), Seconds(t0), engine.TakeStats(), SampleMemory(r.device)};
+  const double grad_norm_value = grad_norm.item<double>();
+  const double seconds = Seconds(t0);
+  engine.EndStep(seconds);
+  return StepRecord{step, loss, lr, grad_norm_value, seconds, engine.TakeStats(), SampleMemory(r.device)};
 }
 
 // Between steps: evaluation every eval.every steps (not after the last: the run ends with one),

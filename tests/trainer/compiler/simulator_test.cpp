@@ -80,6 +80,15 @@ optimizer_step
   // issue casts them to the reduction's dtype (32000): both are held for a moment.
   EXPECT_EQ(r.peak_bytes, 16000 + 16000 + 32000);
   EXPECT_EQ(r.static_bytes, 4 * 16000);
+  // The step's host time outside forward and backward (norm, optimizer, loss, batch) runs at
+  // optimizer_step, after the last wait: a whole step as the trainer times it.
+  CostModel whole = Cost();
+  whole.step_overhead_seconds = 0.025;
+  const SimResult w = Simulate(*g, whole);
+  EXPECT_NEAR(w.step_seconds, 0.097 + 0.025, 1e-12);
+  EXPECT_NEAR(w.exposed_comm_seconds, r.exposed_comm_seconds, 1e-12);
+  EXPECT_NEAR(w.ops.back().start, 0.097, 1e-12);
+  EXPECT_NEAR(w.ops.back().end, 0.122, 1e-12);
 }
 
 
@@ -114,6 +123,28 @@ free %ag1
   const SimResult apart = Simulate(*g, c);
   EXPECT_NEAR(apart.ops[2].end, 0.006, 1e-12);
   EXPECT_NEAR(apart.step_seconds, 0.0145, 1e-12);
+}
+
+// Each busy lane is one more communication thread beside the host: with an all-gather and a
+// reduce-scatter in flight, compute goes at 1 / (1 + 2 x interference).
+TEST(Simulator, TwoBusyLanesSlowComputeTwice) {
+  auto g = Parse(kSmallModel + R"(%ag0 = all_gather [3,4]
+%rs0 = reduce_scatter [1,2]
+compute fwd layers.1
+wait %ag0
+wait %rs0
+free %ag0
+)");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  CostModel c = Cost();  // ag0 3 ms, rs0 (8000 B) 5 ms alone
+  c.shard_lanes_share = 1.0;
+  c.interference = 0.5;
+  c.comm_interference = 0;
+  // 0 -> 3 ms: both lanes busy, layers.1 at 1 / 2 (1.5 ms of work); 3 -> 5: rs0 alone, at
+  // 1 / 1.5 (1.333 ms); the last 7.167 ms alone: 12.167 ms.
+  const SimResult r = Simulate(*g, c);
+  EXPECT_NEAR(r.ops[2].end, 0.005 + (0.010 - 0.0015 - 0.002 / 1.5), 1e-12);
+  EXPECT_NEAR(r.step_seconds, r.ops[2].end, 1e-12);
 }
 
 // Collectives queue on their own lane (all-gathers, reduce-scatters): a lane runs one at a time
