@@ -14,11 +14,8 @@
 namespace meshwork::compiler {
 
 Graph ScaleCompute(Graph skeleton, double scale) {
-  for (auto& m : skeleton.modules) {
-    m.fwd_seconds *= scale;
-    m.bwd_seconds *= scale;
-  }
-  return skeleton;
+  const std::vector<double> every(skeleton.modules.size(), scale);
+  return ScaleCompute(std::move(skeleton), ModuleScales{every, every});
 }
 
 double ModuleScales::Mean() const {

@@ -169,14 +169,13 @@ bool SameSchedule(const compiler::Graph& a, const compiler::Graph& b) {
 }  // namespace
 
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
-                                bool cpu, EagerStepTimes measured, int64_t device_memory_bytes,
+                                bool cpu, EagerStepTimes eager, int64_t device_memory_bytes,
                                 std::ostream& log) {
   Compilation c;
   c.skeleton = fsdp.Skeleton();
   // Every rank calibrates and the medians over the ranks (links and traced compute) go into
   // the plan; rank 0 plans and AgreeOnPlan hands its plan to all.
-  MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, measured));
-  const double measured_step_seconds = measured.step_seconds;
+  MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, eager));
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
   c.options.read_by_rows = cfg.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
@@ -197,11 +196,11 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
     measured = compiler::ScaleCompute(std::move(measured), unslow);
     c.skeleton = compiler::ScaleCompute(std::move(c.skeleton), unslow);
     c.unslowed = unslow.Mean();
-    c.scale = compiler::FitComputeScale(measured, c.cost, c.options, measured_step_seconds);
+    c.scale = compiler::FitComputeScale(measured, c.cost, c.options, eager.step_seconds);
     MW_ASSIGN_OR_RETURN(compiler::StepPlans plans,
                         compiler::PlanStep(compiler::ScaleCompute(c.skeleton, c.scale), c.cost, c.options,
                                            cfg.dump_plan ? &log : nullptr));
-    log << Describe(plans, c.options, cfg, cpu, c.unslowed, c.scale, measured_step_seconds);
+    log << Describe(plans, c.options, cfg, cpu, c.unslowed, c.scale, eager.step_seconds);
     c.predicted_step_seconds = compiler::Simulate(plans.compiled, c.cost).step_seconds;
     plan = std::move(plans.compiled);
   }

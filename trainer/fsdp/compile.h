@@ -31,7 +31,7 @@ struct EagerStepTimes {
 };
 
 // Collective over `mesh`: every rank calls it after the same eager step. `cpu`: Gloo ranks,
-// whose cost model charges copies and core sharing. `measured`: the eager steps' times (the
+// whose cost model charges copies and core sharing. `eager`: the eager steps' times (the
 // medians over the ranks are used): the time outside forward-to-reduction becomes the cost
 // model's step_overhead_seconds, and the traced compute, each module first unslowed by the
 // communication beside it (compiler::UnslowTracedCompute), is scaled so that the simulated
@@ -39,7 +39,7 @@ struct EagerStepTimes {
 // fsdp.dump_plan, the IR after each pass) to `log`. `device_memory_bytes`: what this rank's
 // device holds for it (0: unknown), the default budget's base (fsdp.memory_budget 0).
 Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, const config::FsdpConfig& cfg,
-                                bool cpu, EagerStepTimes measured, int64_t device_memory_bytes, std::ostream& log);
+                                bool cpu, EagerStepTimes eager, int64_t device_memory_bytes, std::ostream& log);
 
 // Once, after compiled steps ran: the compute scale is refitted so that the simulated running
 // plan takes the measured compiled step (`measured_step_seconds`, this rank's; the median over
