@@ -8,6 +8,11 @@
 # (scripts/gpu-build.sh) and a python3 with a CUDA torch and numpy.
 # usage: bench/gpu_vs_pytorch.sh [build-dir]   (default: build-gpu/ if it has meshwork-train, else build/)
 #   PYTHON=python3  STEPS=20  SKIP=2 (steps left out of tokens/s)  LR=3e-4  RUN_TIMEOUT=900 (s per run)
+#   LOGS=DIR (every run's log and JSONL are written there and kept)
+#   COMPILE_FOR="llama3-1b-4 llama3-1b-8 llama-100m-16" (NAME-BATCH of the rows whose torch.compile
+#   peer runs, default all: torch.compile takes 1-2 minutes a model, a short GPU lease may not
+#   have them; a row left out says so)
+# The table is rewritten after every row, so a run cut short still leaves the rows it finished.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,8 +28,13 @@ peer="$root/bench/peers/llama_peer.py"
 python="${PYTHON:-python3}"
 steps="${STEPS:-20}" skip="${SKIP:-2}" lr="${LR:-3e-4}" run_timeout="${RUN_TIMEOUT:-900}"
 out="$root/bench/results/gpu_vs_pytorch.md"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+if [ -n "${LOGS:-}" ]; then
+  tmp="$LOGS"
+  mkdir -p "$tmp"
+else
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+fi
 
 die() { echo "[gpu_vs_pytorch] error: $1" >&2; exit "${2:-1}"; }
 no_gpu() { die "no GPU: $1; this benchmark needs one CUDA device (nothing was written)" 5; }
@@ -82,6 +92,9 @@ run_meshwork() {
   mfu="$(awk -v t="$tps" -v f="$flops" -v p="$peak_tflops" 'BEGIN { printf "%.1f%%", 100 * t * f / (p * 1e12) }')"
   mib="$(sed -E 's/ MiB//' <<<"$peak")"
   alloc="$(gib "$mib")" reserved="-"
+  local reserved_mib
+  reserved_mib="$(sed -nE 's/.*reserved peak ([0-9]+) MiB.*/\1/p' <<<"$done_line")"
+  [ -z "$reserved_mib" ] || reserved="$(gib "$reserved_mib")"
   loss="$(sed -E 's/.*final loss ([0-9.]+).*/\1/' <<<"$done_line")"
 }
 
@@ -119,12 +132,13 @@ torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
   echo "be close. tokens/s: the steps after step $skip, their tokens over the sum of their step times"
   echo "(Meshwork's from logging.jsonl, the peer's from its own), so torch.compile's first steps are left"
   echo "out of both. MFU: Meshwork's formula (6N + attention FLOPs per token) over the dense bf16 peak"
-  echo "meshwork-train uses. Peak memory: the CUDA caching allocator's peak allocated (Meshwork reports"
-  echo "no reserved figure). Meshwork ÷ row: Meshwork's tokens/s over the row's."
+  echo "meshwork-train uses. Peak memory: the CUDA caching allocator's peak allocated and reserved"
+  echo "(Meshwork's from its done line). Meshwork ÷ row: Meshwork's tokens/s over the row's."
   echo
   echo "| model | batch x seq | trainer | tokens/s | MFU | peak allocated | peak reserved | final loss | Meshwork ÷ row |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$tmp/table.md"
+mkdir -p "$(dirname "$out")"
 
 for spec in "${runs[@]}"; do
   IFS='|' read -r name preset batch seq <<<"$spec"
@@ -141,6 +155,10 @@ for spec in "${runs[@]}"; do
     echo "    meshwork-train: $result: $(tail -1 "$tmp/$key-mw.log")" >&2
   fi
   for mode in eager compile; do
+    if [ "$mode" = compile ] && [ -n "${COMPILE_FOR+x}" ] && ! grep -qw -- "$key" <<<"$COMPILE_FOR"; then
+      echo "| $name | $batch x $seq | PyTorch $mode | not run (COMPILE_FOR) | | | | | |" >>"$tmp/table.md"
+      continue
+    fi
     echo "[bench] $name, batch $batch x $seq: PyTorch $mode" >&2
     extra=()
     [ "$mode" = compile ] && extra=(--compile)
@@ -153,8 +171,7 @@ for spec in "${runs[@]}"; do
       echo "| $name | $batch x $seq | PyTorch $mode | $result | | | | | |" >>"$tmp/table.md"
       echo "    PyTorch $mode: $result: $(tail -1 "$tmp/$key-$mode.log")" >&2
     fi
+    cp "$tmp/table.md" "$out"
   done
 done
-mkdir -p "$(dirname "$out")"
-cp "$tmp/table.md" "$out"
 cat "$out"

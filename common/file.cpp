@@ -2,6 +2,7 @@
 #include "common/file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,6 +178,42 @@ Result<std::string> ReadTextFile(const std::string& path) {
   std::string text(file.size(), '\0');
   MW_RETURN_IF_ERROR(file.ReadAt(0, text.data(), text.size()));
   return text;
+}
+
+namespace {
+
+// nftw's callback takes no context: the first failure of the walk in progress on this thread.
+thread_local int remove_tree_errno = 0;
+thread_local std::string* remove_tree_failed = nullptr;
+
+int RemoveEntry(const char* path, const struct stat* /*st*/, int type, struct FTW* /*ftw*/) {
+  // FTW_DP: a directory whose entries were all visited (FTW_DEPTH); FTW_DNR: one not readable.
+  const int rc = type == FTW_DP || type == FTW_DNR ? ::rmdir(path) : ::unlink(path);
+  if (rc == 0 || errno == ENOENT) return 0;
+  remove_tree_errno = errno;
+  *remove_tree_failed = path;
+  return 1;  // stops the walk
+}
+
+}  // namespace
+
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return IOError("cannot delete '" + path + "': " + std::strerror(errno));
+  }
+  std::string failed;
+  remove_tree_errno = 0;
+  remove_tree_failed = &failed;
+  // FTW_DEPTH: entries before their directory; FTW_PHYS: links are removed, not followed.
+  const int rc = ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+  remove_tree_failed = nullptr;
+  if (rc == 0) return Status::Ok();
+  if (remove_tree_errno != 0) {
+    return IOError("cannot delete '" + failed + "': " + std::strerror(remove_tree_errno));
+  }
+  return IOError("cannot delete '" + path + "': " + std::strerror(errno));
 }
 
 }  // namespace meshwork

@@ -74,4 +74,14 @@ Status SyncDirectory(const std::string& dir);
 // The whole file as a string (for JSON side files such as config.json).
 Result<std::string> ReadTextFile(const std::string& path);
 
+// Deletes `path` and, if it is a directory, everything under it, without following symbolic
+// links; a path that does not exist is Ok. IOError "cannot delete '<entry>': <errno text>" names
+// the first entry that could not be deleted.
+//
+// Not std::filesystem::remove_all: PyPI's libtorch 2.x exports its own statically linked copy of
+// it, which the dynamic linker binds ahead of the system libstdc++'s and which calls a libstdc++
+// function older libstdc++s lack (recursive_directory_iterator::__erase, a null weak symbol):
+// every process that links that libtorch crashed on its first call.
+Status RemoveTree(const std::string& path);
+
 }  // namespace meshwork

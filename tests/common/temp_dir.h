@@ -8,6 +8,8 @@
 #include <iterator>
 #include <string>
 
+#include "common/file.h"
+
 namespace meshwork::testing {
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
@@ -17,9 +19,10 @@ class TempDir {
     std::string pattern = (std::filesystem::temp_directory_path() / "meshwork_test_XXXXXX").string();
     if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
   }
+  // RemoveTree, not std::filesystem::remove_all, which crashes in a process linked with PyPI's
+  // libtorch 2.x (common/file.h).
   ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+    if (!path_.empty()) (void)RemoveTree(path_);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -131,12 +131,15 @@ void AdamW::StepFused(const std::vector<Slot*>& slots, double weight_decay, cons
       s->device_step = torch::full({}, static_cast<double>(s->state->step),
                                    torch::TensorOptions().dtype(torch::kFloat).device(s->param.device()));
     }
-    ++s->state->step;  // the kernel increments its device copy
+    ++s->state->step;
     params.push_back(s->param);
     exp_avgs.push_back(s->state->exp_avg);
     exp_avg_sqs.push_back(s->state->exp_avg_sq);
     steps.push_back(s->device_step);
   }
+  // The kernel reads the step count, it does not advance it (PyTorch's fused AdamW adds one first):
+  // a count left at 0 makes the bias correction 1 - beta1^0 = 0 and the first update NaN.
+  at::_foreach_add_(steps, 1);
   // The kernel divides the gradients by grad_scale (it is AMP's unscale): pass the reciprocal.
   std::optional<at::Tensor> inverse_scale;
   if (grad_scale.defined()) inverse_scale = grad_scale.reciprocal().to(torch::kFloat).reshape({});

@@ -178,8 +178,9 @@ Status Prune(const std::string& dir, int64_t current, int64_t keep) {
       ++kept;
       continue;
     }
-    fs::remove_all(path, ec);
-    if (ec) return IOError("cannot delete old checkpoint '" + path + "': " + ec.message());
+    if (Status removed = RemoveTree(path); !removed.ok()) {
+      return IOError("cannot delete old checkpoint '" + path + "': " + removed.message());
+    }
   }
   return Status::Ok();
 }

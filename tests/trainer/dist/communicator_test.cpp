@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/needs_gloo.h"
 #include "trainer/dist/communicator.h"
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/dist/host_collectives.h"
@@ -81,7 +82,8 @@ TEST(CollectiveName, NamesEveryCollective) {
   EXPECT_STREQ(CollectiveName(Collective::kBarrier), "barrier");
 }
 
-class GlooCollectives : public ::testing::TestWithParam<int> {};
+class GlooCollectives : public testing::NeedsGloo<::testing::TestWithParam<int>> {};
+class GlooCommunicator : public testing::NeedsGloo<> {};
 
 TEST_P(GlooCollectives, AllGatherPutsShardsInRankOrder) {
   const int n = GetParam();
@@ -266,7 +268,7 @@ TEST_P(GlooCollectives, HostValuesAndTextsTravelThroughTheGroup) {
   });
 }
 
-TEST(GlooCommunicator, RejectsBadInputsWithClearMessages) {
+TEST_F(GlooCommunicator, RejectsBadInputsWithClearMessages) {
   RunRanks(2, [&](int rank, Communicator& comm) {
     auto expect_invalid = [](Result<std::unique_ptr<Work>> r, const std::string& needle) {
       ASSERT_FALSE(r.ok());
@@ -293,7 +295,7 @@ TEST(GlooCommunicator, RejectsBadInputsWithClearMessages) {
   });
 }
 
-TEST(GlooCommunicator, FactoryRejectsBadArguments) {
+TEST_F(GlooCommunicator, FactoryRejectsBadArguments) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto bad_rank = MakeGlooCommunicator(store, 2, 2, {}, "127.0.0.1");
   ASSERT_FALSE(bad_rank.ok());
@@ -303,7 +305,7 @@ TEST(GlooCommunicator, FactoryRejectsBadArguments) {
   EXPECT_EQ(null_store.status().code(), StatusCode::kInvalidConfig);
 }
 
-TEST(GlooCommunicator, SetupTimesOutWhenAPeerNeverComes) {
+TEST_F(GlooCommunicator, SetupTimesOutWhenAPeerNeverComes) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   CommunicatorOptions options;
   options.timeout = milliseconds(1000);
@@ -355,7 +357,7 @@ void ExpectUnavailableWithoutThePeer(const char* name,
       options);
 }
 
-TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
+TEST_F(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
   ExpectUnavailableWithoutThePeer("all_reduce", [](Communicator& comm) {
     return comm.AllReduce(torch::ones({16}), ReduceOp::kSum);
   });
@@ -371,7 +373,7 @@ TEST(GlooCommunicator, WaitIsUnavailableWhenAPeerNeverJoinsTheCollective) {
 // A peer whose communicator is gone (its process died): an all-gather or reduce-scatter issued
 // afterwards is kUnavailable naming the collective, whether posting its transfers already fails
 // or its wait does; never an internal error.
-TEST(GlooCommunicator, CollectivesAfterAPeerLeftAreUnavailable) {
+TEST_F(GlooCommunicator, CollectivesAfterAPeerLeftAreUnavailable) {
   CommunicatorOptions options;
   options.timeout = milliseconds(2000);
   std::promise<void> rank1_gone;

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/common/needs_gloo.h"
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/compiler/passes.h"
@@ -240,7 +241,9 @@ void ExpectSame(const TrainRun& want, const TrainRun& got, const std::string& wh
   }
 }
 
-TEST(FullyShard, ShardedLossesAndParamsEqualSingleProcess) {
+class FullyShard : public testing::NeedsGloo<> {};
+
+TEST_F(FullyShard, ShardedLossesAndParamsEqualSingleProcess) {
   const TrainRun want = SingleProcess(/*tied=*/false, 1);
   ExpectSame(want, Sharded(false, 1, 1, 1), "world 1");
   ExpectSame(want, Sharded(false, 1, 2, 1), "dp_shard 2");
@@ -248,7 +251,7 @@ TEST(FullyShard, ShardedLossesAndParamsEqualSingleProcess) {
   ExpectSame(want, Sharded(false, 2, 2, 1), "HSDP 2x2");
 }
 
-TEST(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
+TEST_F(FullyShard, CompiledPlansEqualSingleProcessForEveryBucketingAndOrder) {
   const TrainRun want = SingleProcess(/*tied=*/false, 1);
   for (auto b : {compiler::Bucketing::kNone, compiler::Bucketing::kBlock, compiler::Bucketing::kAuto})
     for (bool reorder : {true, false}) {
@@ -292,7 +295,7 @@ int CheckpointedModules(const std::string& plan) {
   return n;
 }
 
-TEST(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
+TEST_F(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
   const TrainRun want = SingleProcess(/*tied=*/false, 1);
   Compile all;
   all.checkpointing = LayerCheckpointing::kAll;
@@ -326,7 +329,7 @@ TEST(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
   EXPECT_EQ(none.recomputed_layers, 0);
 }
 
-TEST(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {
+TEST_F(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {
   ExpectSame(SingleProcess(true, 1), Sharded(true, 1, 2, 1, {true, compiler::Bucketing::kAuto, true}), "tied");
   ExpectSame(SingleProcess(false, 2), Sharded(false, 1, 2, 2, {true, compiler::Bucketing::kAuto, true}), "accum 2");
 }
@@ -336,7 +339,7 @@ TEST(FullyShard, CompiledWithTiedEmbeddingsAndAccumulation) {
 // accumulation (row gradients held back until the last micro-batch), and at dp_shard 2 and 4
 // (the tiny table's 37 x 40 elements split mid-row at both: every rank owns part of a row).
 // Off, or with replicas (HSDP), the plan gathers and reduce-scatters the table whole.
-TEST(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
+TEST_F(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
   auto count = [](const std::string& plan, const std::string& what) {
     int n = 0;
     for (size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
@@ -372,7 +375,7 @@ TEST(FullyShard, CompiledPlansReadTheEmbeddingByRows) {
 // mid-row at both, so ranks assemble their last row with the next rank's first elements and hand
 // its gradient back), with gradient accumulation; the table is then never all-gathered or
 // reduce-scattered.
-TEST(FullyShard, CompiledPlansSplitATiedHeadByVocabulary) {
+TEST_F(FullyShard, CompiledPlansSplitATiedHeadByVocabulary) {
   Compile plan{true, compiler::Bucketing::kAuto, true};
   plan.embedding_rows = compiler::PlanOptions::Rows::kAlways;
   plan.vocab = compiler::PlanOptions::Rows::kAlways;
@@ -392,22 +395,22 @@ TEST(FullyShard, CompiledPlansSplitATiedHeadByVocabulary) {
   EXPECT_EQ(untied.plans[0].find("vocab="), std::string::npos) << untied.plans[0];
 }
 
-TEST(FullyShard, RanksWithDifferentTimingsRunRankZerosPlan) {
+TEST_F(FullyShard, RanksWithDifferentTimingsRunRankZerosPlan) {
   const TrainRun run = Sharded(false, 1, 4, 1, {true, compiler::Bucketing::kAuto, true});
   ASSERT_EQ(run.plans.size(), 4u);
   ASSERT_NE(run.plans[0], "");
   for (int r = 1; r < 4; ++r) EXPECT_EQ(run.plans[r], run.plans[0]) << "rank " << r;
 }
 
-TEST(FullyShard, TiedEmbeddingsShardAsOneParameter) {
+TEST_F(FullyShard, TiedEmbeddingsShardAsOneParameter) {
   ExpectSame(SingleProcess(/*tied=*/true, 1), Sharded(true, 1, 2, 1), "tied, dp_shard 2");
 }
 
-TEST(FullyShard, GradientAccumulationSkipsCommunicationUntilTheLastMicroBatch) {
+TEST_F(FullyShard, GradientAccumulationSkipsCommunicationUntilTheLastMicroBatch) {
   ExpectSame(SingleProcess(false, 2), Sharded(false, 1, 2, 2), "dp_shard 2, accum 2");
 }
 
-TEST(FullyShard, ShardBytesFallAsOneOverTheWorld) {
+TEST_F(FullyShard, ShardBytesFallAsOneOverTheWorld) {
   int64_t full = 0, one_row_each = 0;
   for (auto& p : MakeModel(false)->parameters()) {
     full += p.numel() * 4;
@@ -524,7 +527,7 @@ size_t LayerGroupBytes() {
   return static_cast<size_t>((numel + 1) / 2 * 2 * 4);
 }
 
-TEST(FullyShard, ReshardAfterForwardFreesLayersUntilTheirBackward) {
+TEST_F(FullyShard, ReshardAfterForwardFreesLayersUntilTheirBackward) {
   const Lifecycle seen = Observe(FsdpOptions());
   EXPECT_EQ(seen.layer0_after_forward, 0u) << "layer 0 stays gathered after its forward";
   // The last layer's all-gather is started at the end of forward (backward needs it first):
@@ -544,7 +547,7 @@ TEST(FullyShard, ReshardAfterForwardFreesLayersUntilTheirBackward) {
   EXPECT_TRUE(seen.shard_grads_one_storage) << "the shard gradients are views of the reduced shard";
 }
 
-TEST(FullyShard, WithoutReshardLayersStayGatheredUntilTheirBackward) {
+TEST_F(FullyShard, WithoutReshardLayersStayGatheredUntilTheirBackward) {
   FsdpOptions options;
   options.reshard_after_forward = false;
   const Lifecycle seen = Observe(options);
