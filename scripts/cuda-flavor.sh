@@ -4,14 +4,21 @@
 # wheels whose headers and libraries the trainer compiles and links against, unpacks them into a
 # cached prefix laid out like site-packages, configures build-cuda/ against it (control plane off)
 # and builds what scripts/gpu-build.sh builds on a GPU machine: meshwork-train and every test
-# executable, the gpu-labelled ones included (about 5 minutes on 2 cores without ccache). Nothing
-# runs: there is no GPU here, and most NVIDIA libraries libtorch loads are not downloaded.
+# executable, the gpu-labelled ones included (about 5 minutes on 2 cores without ccache). With
+# MESHWORK_CUDA_UNIT=1 it then runs that build's unit tests here on the CPU, against libtorch 2.11
+# (below); the gpu-labelled tests need a GPU (scripts/gpu-prebuilt.sh, scripts/gpu-build.sh).
 #
 #   MESHWORK_CUDA_BUILD_DIR  build folder (default: build-cuda)
 #   MESHWORK_CUDA_CACHE      where the wheels are downloaded and unpacked (default: .meshwork/tools/cuda-flavor)
 #   MESHWORK_CUDA_TARGET     what to build (default: all; e.g. meshwork-train)
 #   MESHWORK_BUILD_TYPE      CMake build type (default: Release)
 #   MESHWORK_JOBS            parallel compile jobs (default: nproc)
+#   MESHWORK_CUDA_UNIT       1: then run the CUDA flavor's unit tests (ctest -L unit) here, on the
+#                            CPU, against libtorch 2.11: downloads the rest of the NVIDIA libraries
+#                            libtorch loads (about 1.4 GB of wheels, libraries only unpacked) so
+#                            its executables start without a GPU. Catches what only libtorch 2.x
+#                            does (it once crashed every checkpoint prune). Default 0
+#                            (scripts/test.sh sets 1)
 #   PYTHON                   the python3 whose pip downloads the wheels (default: python3)
 set -euo pipefail
 
@@ -121,3 +128,47 @@ log "building $target with $jobs jobs"
 start=$SECONDS
 cmake --build "$build_dir" --target "$target" -j "$jobs"
 log "built $target in $((SECONDS - start)) s: $build_dir/trainer/meshwork-train"
+
+[ "${MESHWORK_CUDA_UNIT:-0}" = 1 ] || exit 0
+
+# --- the unit tests on the CPU, against libtorch 2.11 ----------------------------------------
+# libtorch_cuda.so and libtorch_cpu.so need these at load time even when no GPU is used; the
+# versions are those torch 2.11.0's METADATA pins (cuda-toolkit 13.0.2, cuDNN, cuSPARSELt,
+# NVSHMEM). Only their lib/ folders are unpacked (cuDNN: only its loader, libcudnn.so.9, which
+# opens its engines when first used: never, here).
+runtime_wheels=(
+  nvidia-cublas==13.1.0.3 nvidia-cuda-cupti==13.0.85 nvidia-cufft==12.0.0.61
+  nvidia-cufile==1.15.1.6 nvidia-curand==10.4.0.35 nvidia-cusparse==12.6.3.3
+  nvidia-nvjitlink==13.0.88 nvidia-cudnn-cu13==9.19.0.56 nvidia-cusparselt-cu13==0.8.0
+  nvidia-nvshmem-cu13==3.4.5
+)
+log "downloading the NVIDIA libraries libtorch loads: ${runtime_wheels[*]}"
+"$python" -m pip download --quiet --no-deps --only-binary=:all: --dest "$cache/wheels" \
+  --implementation cp --python-version 3.11 \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_25_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  "${runtime_wheels[@]}" || die "pip could not download ${runtime_wheels[*]} (is PyPI reachable?)"
+runtime="$cache/runtime"
+runtime_stamp="$runtime/.unpacked"
+if [ ! -f "$runtime_stamp" ] || [ "$(cat "$runtime_stamp")" != "${runtime_wheels[*]}" ]; then
+  log "unpacking their libraries into $runtime"
+  rm -rf "$runtime"
+  mkdir -p "$runtime"
+  for spec in "${runtime_wheels[@]}"; do
+    name="${spec%%==*}"; version="${spec##*==}"
+    match=("$cache"/wheels/"${name//-/_}-${version}"-*.whl)
+    [ -f "${match[0]}" ] || die "no wheel for $spec in $cache/wheels after pip download"
+    case "$name" in
+      nvidia-cudnn-cu13) unzip -q -o "${match[0]}" 'nvidia/cudnn/lib/libcudnn.so.*' -d "$runtime" ;;
+      *) unzip -q -o "${match[0]}" 'nvidia/*/lib/*' -d "$runtime" ;;
+    esac
+  done
+  echo "${runtime_wheels[*]}" >"$runtime_stamp"
+fi
+lib_path="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/nccl/lib"
+for dir in "$runtime"/nvidia/*/lib; do lib_path="$lib_path:$dir"; done
+export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+missing="$(ldd "$build_dir/trainer/meshwork-train" | grep 'not found' || true)"
+[ -z "$missing" ] || die "libraries still missing for meshwork-train: $missing"
+log "the CUDA flavor's unit tests on the CPU (libtorch $("$build_dir/trainer/meshwork-train" devices | sed -n 's/^libtorch //p'))"
+ctest --test-dir "$build_dir" -L unit --output-on-failure -j "$jobs"
