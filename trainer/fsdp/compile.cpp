@@ -209,6 +209,26 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   return c;
 }
 
+EagerStepTimes SteadyEagerStep(const std::vector<EagerStepTimes>& steps) {
+  size_t first = 0;
+  if (steps.size() >= 2) {
+    double later = 0;
+    for (size_t i = 1; i < steps.size(); ++i) later += steps[i].step_seconds;
+    later /= static_cast<double>(steps.size() - 1);
+    if (steps[0].step_seconds > kWarmUpRatio * later) first = 1;
+  }
+  EagerStepTimes mean;
+  for (size_t i = first; i < steps.size(); ++i) {
+    mean.step_seconds += steps[i].step_seconds;
+    mean.outside_seconds += steps[i].outside_seconds;
+  }
+  if (steps.size() > first) {
+    mean.step_seconds /= static_cast<double>(steps.size() - first);
+    mean.outside_seconds /= static_cast<double>(steps.size() - first);
+  }
+  return mean;
+}
+
 Status Replan(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh, Compilation& c, double measured_step_seconds,
               std::ostream& log) {
   dist::Communicator& world = mesh.group("world");

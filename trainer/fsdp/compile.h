@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ostream>
+#include <vector>
 
 #include "common/status.h"
 #include "trainer/compiler/planner.h"
@@ -26,9 +27,18 @@ struct Compilation {
 
 // What the eager steps before the plan measured, as this rank timed them (0: unknown).
 struct EagerStepTimes {
-  double step_seconds = 0;     // a whole step (the trainer passes the mean of steps 1 and 2)
+  double step_seconds = 0;     // a whole step (the trainer passes SteadyEagerStep's)
   double outside_seconds = 0;  // of a step, outside its last micro-batch's forward-to-reduction
 };
+
+// The eager step a plan is fitted to, from the eager steps before it (in order): their mean,
+// leaving step 1 out when it took over kWarmUpRatio times the mean of the steps after it, as
+// one-time warm-up that steady steps do not pay (a GPU's first step: cuBLAS handles, the caching
+// allocator's first segments; llama3-1b on an H200: 0.76 s, then 0.21 s). On netlab's CPU ranks
+// step 1 ran faster than the steady steps and step 2 slower (1 Gbit/s: 6.68 and 7.40 s against
+// 7.02 s), so there both count. No steps: zeros (unknown).
+inline constexpr double kWarmUpRatio = 1.5;
+EagerStepTimes SteadyEagerStep(const std::vector<EagerStepTimes>& steps);
 
 // Collective over `mesh`: every rank calls it after the same eager step. `cpu`: Gloo ranks,
 // whose cost model charges copies and core sharing. `eager`: the eager steps' times (the

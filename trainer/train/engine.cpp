@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <ostream>
+#include <vector>
 
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/env.h"
@@ -121,7 +122,7 @@ class FsdpEngine : public Engine {
     // steady-state step: step 1's times include warm-up) and runs from the next step on.
     if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled() && steps_done_ >= kEagerStepsBeforePlan) {
       MW_ASSIGN_OR_RETURN(compilation_, fsdp::CompileFsdp(*fsdp_, *mesh_, cfg_, cpu_,
-                                                          {eager_step_seconds_, eager_outside_seconds_},
+                                                          fsdp::SteadyEagerStep(eager_steps_),
                                                           device_memory_bytes_, log_));
     } else if (compilation_ && cfg_.replan && !replanned_ &&
                steps_done_ >= kEagerStepsBeforePlan + kCompiledStepsBeforeReplan) {
@@ -137,14 +138,11 @@ class FsdpEngine : public Engine {
     return Status::Ok();
   }
   void EndStep(double step_seconds) override {
-    // The mean over the eager steps before the plan, of the whole step and of its time outside
-    // forward-to-reduction (the norm, the optimizer, the loss's average, the batch): on netlab
-    // step 1 ran faster than the steps after it and step 2 slower (1 Gbit/s: 6.54 and 7.39 s
-    // against 7.04 s), so neither alone is the steady step the plan is fitted to.
+    // The eager steps before the plan, whole and outside forward-to-reduction (the norm, the
+    // optimizer, the loss's average, the batch): the plan is fitted to their steady mean
+    // (fsdp::SteadyEagerStep).
     if (!fsdp_->compiled()) {
-      ++eager_steps_;
-      eager_step_seconds_ += (step_seconds - eager_step_seconds_) / eager_steps_;
-      eager_outside_seconds_ += (std::max(0.0, step_seconds - last_sync_seconds_) - eager_outside_seconds_) / eager_steps_;
+      eager_steps_.push_back({step_seconds, std::max(0.0, step_seconds - last_sync_seconds_)});
     }
     last_step_seconds_ = step_seconds;
   }
@@ -254,9 +252,7 @@ class FsdpEngine : public Engine {
   double last_step_seconds_ = 0;           // the whole step (EndStep)
   // Means over the eager steps before the plan: the whole step, and its time outside its last
   // micro-batch's forward-to-reduction.
-  int eager_steps_ = 0;
-  double eager_step_seconds_ = 0;
-  double eager_outside_seconds_ = 0;
+  std::vector<fsdp::EagerStepTimes> eager_steps_;
   std::unique_ptr<ChromeTrace> trace_;
   double trace_origin_ = 0;
 };
