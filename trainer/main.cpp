@@ -37,6 +37,9 @@ commands:
                                     each compiler pass and the plan's summary (rank 0)
                   --trace-out FILE  write a Chrome trace (Perfetto) of step 3: compute and
                                     communication lanes of every rank (fsdp.trace_out)
+                  --profile-out FILE  profile steady steps with libtorch's profiler: its Chrome
+                                    trace here, where the time went in the log
+                                    (training.profile_out, training.profile_steps)
   eval          mean cross-entropy of given weights over a token file
                   --weights DIR     Hugging Face model directory (model.init_from)
                   --data FILE       token file (eval.data)
@@ -110,6 +113,8 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
       c.overrides.push_back("fsdp.dump_plan=true");
     } else if (command == "train" && TakeValue(args, i, "--trace-out", &value, &error)) {
       c.overrides.push_back("fsdp.trace_out=" + value);
+    } else if (command == "train" && TakeValue(args, i, "--profile-out", &value, &error)) {
+      c.overrides.push_back("training.profile_out=" + value);
     } else if (command == "eval" && TakeValue(args, i, "--weights", &value, &error)) {
       c.overrides.push_back("model.init_from=" + value);
     } else if (command == "eval" && TakeValue(args, i, "--data", &value, &error)) {

@@ -178,6 +178,8 @@ std::vector<Field> Fields(TrainConfig& c) {
                 kActivationCheckpointingNames),
       IntField("training.loss_chunk_mib", &c.training.loss_chunk_mib, 1, 1 << 20),
       IntField("training.memory_limit_mib", &c.training.memory_limit_mib, 0, 1 << 30),
+      StringField("training.profile_out", &c.training.profile_out),
+      IntField("training.profile_steps", &c.training.profile_steps, 1, 1000),
 
       StringField("eval.data", &c.eval.data),
       IntField("eval.windows", &c.eval.windows, 1, kMaxInt),

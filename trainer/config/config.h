@@ -93,6 +93,10 @@ struct TrainingConfig {
   // the counting allocator refuses more (as a smaller device would run out); on CUDA the
   // caching allocator's memory fraction. The compiled plan's default budget follows it.
   int64_t memory_limit_mib = 0;
+  // Kineto profile of profile_steps steady steps (libtorch 2.x): Chrome trace written here by
+  // rank 0, and a summary of where the time went in the log (train/profile.h). Empty: off.
+  std::string profile_out;
+  int64_t profile_steps = 2;
 };
 
 struct EvalConfig {

@@ -230,6 +230,21 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
                                                        *r.metrics, r.log(), r.summary));
   PrintRun(r, profile, tokens_per_step);
 
+  if (!cfg.training.profile_out.empty()) {
+    // Steady steps: after the warm-up step (and, compiled, the plan and re-plan). Every rank
+    // checks, rank 0 profiles.
+    MW_RETURN_IF_ERROR(StepProfiler::Available());
+    const int64_t first = r.first_step() + std::max<int64_t>(2, r.engine->SteadyFromStep());
+    if (first + cfg.training.profile_steps > cfg.schedule.steps) {
+      return InvalidConfig("key 'training.profile_steps': " + std::to_string(cfg.training.profile_steps) +
+                           " steady steps from step " + std::to_string(first + 1) + " end after schedule.steps " +
+                           std::to_string(cfg.schedule.steps));
+    }
+    if (r.engine->rank() == 0) {
+      MW_ASSIGN_OR_RETURN(r.profiler, StepProfiler::Create(cfg.training.profile_out, first,
+                                                           cfg.training.profile_steps, r.device.is_cuda()));
+    }
+  }
   r.summary.resumed_from = r.first_step();
   r.summary.param_bytes = r.engine->ParamBytes();
   r.metrics->SetStateBytes("parameters", static_cast<double>(r.summary.param_bytes));

@@ -22,6 +22,7 @@
 #include "trainer/train/checkpoint.h"
 #include "trainer/train/device.h"
 #include "trainer/train/engine.h"
+#include "trainer/train/profile.h"
 #include "trainer/train/report.h"
 #include "trainer/train/trainer.h"
 
@@ -48,6 +49,7 @@ struct TrainingRun {
   ResumePoint resumed;
   TrainSummary summary;
   std::unique_ptr<ProgressReport> report;
+  std::unique_ptr<StepProfiler> profiler;  // null: training.profile_out unset, or not rank 0
 
   explicit TrainingRun(const config::TrainConfig& c) : cfg(c) {}
   std::ostream& log() { return *out; }

@@ -128,7 +128,9 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
 
   r.report->Start();
   for (int64_t step = r.first_step(); step < cfg.schedule.steps; ++step) {
+    if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->BeforeStep(step));
     MW_ASSIGN_OR_RETURN(const StepRecord record, TrainStep(r, step));
+    if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->AfterStep(step, record.seconds, r.log()));
     r.report->Step(record);  // metrics and logging.jsonl every step, a line every logging.every
     MW_RETURN_IF_ERROR(AfterStep(r, step + 1));
   }

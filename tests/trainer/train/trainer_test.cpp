@@ -10,6 +10,7 @@
 #include "tests/common/temp_dir.h"
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
+#include "trainer/train/profile.h"
 #include "trainer/train/trainer.h"
 
 namespace meshwork::train {
@@ -228,6 +229,38 @@ TEST(Train, TooManyEvalWindowsNamesTheKey) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
   EXPECT_NE(r.status().message().find("eval.windows"), std::string::npos) << r.status().message();
+}
+
+TEST(Train, ProfileWritesATraceAndSaysWhereTheTimeWent) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  const auto c = Config({"data.train=" + tokens, "training.profile_out=" + dir.File("profile.json")});
+  if (!StepProfiler::Available().ok()) {
+    // Debian's libtorch 1.13: refused at start, naming the key (the CUDA flavor's unit run,
+    // against libtorch 2.11, profiles).
+    std::ostringstream log;
+    auto r = Train(c, log);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
+    EXPECT_NE(r.status().message().find("training.profile_out"), std::string::npos) << r.status().message();
+    GTEST_SKIP() << "this libtorch has no Kineto C++ API: checked that training.profile_out is refused by name";
+  }
+  std::ostringstream log;
+  auto r = Train(c, log);
+  ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << log.str();
+  // Steps 3 and 4 of 6 (1-based): after the warm-up step, profile_steps 2.
+  EXPECT_NE(log.str().find("profile: steps 3-4"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("aten::mm"), std::string::npos) << log.str();
+  const std::string trace = testing::ReadBytes(dir.File("profile.json"));
+  EXPECT_NE(trace.find("traceEvents"), std::string::npos) << trace.substr(0, 200);
+}
+
+TEST(Train, ProfileStepsPastTheRunNameTheKey) {
+  auto r = TrainQuietly(Config({"training.profile_out=/tmp/unused.json", "training.profile_steps=5"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
+  const std::string key = StepProfiler::Available().ok() ? "training.profile_steps" : "training.profile_out";
+  EXPECT_NE(r.status().message().find(key), std::string::npos) << r.status().message();
 }
 
 TEST(Train, MetricsPortInUseIsUnavailable) {

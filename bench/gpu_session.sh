@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Everything a short GPU lease is for, in one command on the GPU machine, from the CUDA flavor
+# built on the CPU machine (scripts/cuda-flavor.sh && scripts/gpu-prebuilt.sh pack, the folder
+# carried): the gpu tests, bench/gpu_vs_pytorch.sh, and a profile (training.profile_out) and a
+# compiled-FSDP trace (--trace-out) of llama3-1b at batch 4 x 2048. Each part has a time cap, so
+# that a lease that runs short still returns what finished. docs/gpu.md.
+#
+#   OUT          where session.log, the results table, the traces (.json.gz) and logs.tgz go
+#                (default: a new folder under /tmp)
+#   TEST_CAP=150 BENCH_CAP=400 PROFILE_CAP=90 TRACE_CAP=90   seconds for each part
+#   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
+set -u
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-$(mktemp -d /tmp/gpu-session-XXXXXX)}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+run=(scripts/gpu-prebuilt.sh run)
+pre=.meshwork/gpu-prebuilt
+bin="$pre/trainer/meshwork-train"
+log="$out/session.log"
+t0=$SECONDS
+stamp() { echo "=== [$((SECONDS - t0)) s] $*" | tee -a "$log"; }
+
+stamp "start: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+if ! "${run[@]}" "$bin" devices --require-cuda 2>&1 | tee -a "$log"; then
+  stamp "the prebuilt meshwork-train does not run here; libraries it misses:"
+  "${run[@]}" ldd "$bin" 2>&1 | grep 'not found' | tee -a "$log"
+  exit 1
+fi
+
+stamp "ctest -L gpu"
+timeout -k 5 "${TEST_CAP:-150}" "${run[@]}" ctest --test-dir "$pre/tests/gpu" -L gpu -j4 --output-on-failure \
+  >"$out/ctest.log" 2>&1
+echo "ctest exit $?" | tee -a "$log"
+grep -E "tests passed|Failed|\*\*\*" "$out/ctest.log" | tee -a "$log"
+
+stamp "bench/gpu_vs_pytorch.sh"
+LOGS="$out/bench" RUN_TIMEOUT="${RUN_TIMEOUT:-150}" timeout -k 5 "${BENCH_CAP:-400}" \
+  "${run[@]}" bench/gpu_vs_pytorch.sh "$pre" >"$out/bench.log" 2>&1
+echo "bench exit $?" | tee -a "$log"
+cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytorch.md" | tee -a "$log"
+
+one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
+       --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1)
+stamp "profile: llama3-1b batch 4, steps 3-5"
+timeout -k 5 "${PROFILE_CAP:-90}" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=6 \
+  --set training.profile_steps=3 --profile-out "$out/profile-llama3-1b.json" >"$out/profile-llama3-1b.log" 2>&1
+echo "profile exit $?" | tee -a "$log"
+grep '^profile:' "$out/profile-llama3-1b.log" | tee -a "$log"
+
+stamp "compiled FSDP on one rank (NCCL), llama3-1b batch 4: plan and trace of step 3"
+timeout -k 5 "${TRACE_CAP:-90}" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 \
+  --set fsdp.single_process=true --set fsdp.mode=compiled --trace-out "$out/trace-llama3-1b-compiled.json" \
+  >"$out/fsdp-compiled-llama3-1b.log" 2>&1
+echo "fsdp compiled exit $?" | tee -a "$log"
+grep -E '^(compiled plan|done)' "$out/fsdp-compiled-llama3-1b.log" | tee -a "$log"
+# Few files back (the device tool returns 8 at most, 16 MiB each): the traces gzipped (Perfetto
+# opens .json.gz), every log in one archive.
+gzip -f "$out"/*.json 2>/dev/null
+(cd "$out" && tar czf logs.tgz ctest.log bench.log bench ./*-llama3-1b.log 2>/dev/null &&
+  rm -rf ctest.log bench.log bench ./*-llama3-1b.log)
+stamp "end: $out"
