@@ -110,9 +110,50 @@ double DatasheetPeak(config::DeviceProfileName name) {
 
 }  // namespace
 
+config::DeviceProfileName ProfileForCudaName(const std::string& name) {
+  using P = config::DeviceProfileName;
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("H200")) return P::kH200;
+  if (has("H100") && (has("HBM3") || has("SXM"))) return P::kH100Sxm;
+  if (has("A100")) return P::kA100;
+  const std::string l4 = " L4";  // a word: not the L40 or L40S
+  if (has(" L4 ") || (name.size() >= l4.size() && name.compare(name.size() - l4.size(), l4.size(), l4) == 0)) {
+    return P::kL4;
+  }
+  return P::kAuto;
+}
+
+namespace {
+
+std::string CudaDeviceName(const torch::Device& device) {
+#ifdef MESHWORK_TORCH_CUDA
+  cudaDeviceProp prop;
+  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.has_index() ? device.index() : 0) == cudaSuccess) {
+    return prop.name;
+  }
+#else
+  (void)device;
+#endif
+  return "";
+}
+
+}  // namespace
+
 DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_tflops, const torch::Device& device) {
   using P = config::DeviceProfileName;
-  const P resolved = name != P::kAuto ? name : device.is_cuda() ? P::kH100Sxm : P::kCpu;
+  std::string auto_note = " (auto: set metrics.device_profile)";
+  P resolved = name;
+  if (name == P::kAuto && !device.is_cuda()) resolved = P::kCpu;
+  if (name == P::kAuto && device.is_cuda()) {
+    const std::string cuda_name = CudaDeviceName(device);
+    resolved = ProfileForCudaName(cuda_name);
+    if (resolved != P::kAuto) {
+      auto_note = " (auto: the device is '" + cuda_name + "')";
+    } else {
+      resolved = P::kH100Sxm;
+      auto_note = " (auto: '" + cuda_name + "' is none of the profiles: set metrics.device_profile)";
+    }
+  }
   DeviceProfile p;
   p.name = NameOf(config::kDeviceProfileNames, resolved);
   if (peak_tflops > 0) {
@@ -126,7 +167,7 @@ DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_t
     return p;
   }
   p.peak_flops = DatasheetPeak(resolved);
-  p.basis = "datasheet dense bf16 peak of " + p.name + (name == P::kAuto ? " (auto: set metrics.device_profile)" : "");
+  p.basis = "datasheet dense bf16 peak of " + p.name + (name == P::kAuto ? auto_note : "");
   return p;
 }
 

@@ -32,9 +32,15 @@ struct DeviceProfile {
   std::string basis;      // how peak_flops was obtained, for the log
 };
 
-// `name` is metrics.device_profile (auto: h100-sxm on CUDA, else cpu); `peak_tflops` > 0 overrides the profile's figure. On the CPU
+// `name` is metrics.device_profile (auto: on CUDA the profile the device's name says, see
+// ProfileForCudaName, else cpu); `peak_tflops` > 0 overrides the profile's figure. On the CPU
 // the peak is a short fp32 matmul measurement (there is no datasheet figure for "this VM").
 DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_tflops, const torch::Device& device);
+
+// The profile a CUDA device's name (cudaDeviceProp::name) is: "NVIDIA H200" -> h200, an H100 SXM
+// ("NVIDIA H100 80GB HBM3") -> h100-sxm, A100 -> a100, L4 -> l4; auto for any other (an H100
+// PCIe or NVL has other peaks than the SXM's).
+config::DeviceProfileName ProfileForCudaName(const std::string& name);
 
 // Best fp32 GEMM throughput of a few square matmuls on this CPU, in FLOP/s.
 double MeasureCpuMatmulFlops();

@@ -145,5 +145,18 @@ TEST(ConfigureCudaAllocator, ExpandableSegmentsUnlessTheEnvironmentSaysOtherwise
   }
 }
 
+TEST(DeviceProfile, AutoOnCudaReadsTheDevicesName) {
+  using P = config::DeviceProfileName;
+  EXPECT_EQ(ProfileForCudaName("NVIDIA H200"), P::kH200);
+  EXPECT_EQ(ProfileForCudaName("NVIDIA H100 80GB HBM3"), P::kH100Sxm);
+  EXPECT_EQ(ProfileForCudaName("NVIDIA H100 SXM5 80GB"), P::kH100Sxm);
+  EXPECT_EQ(ProfileForCudaName("NVIDIA A100-SXM4-80GB"), P::kA100);
+  EXPECT_EQ(ProfileForCudaName("NVIDIA L4"), P::kL4);
+  // Other peaks than any profile's: auto (the trainer says so and assumes h100-sxm).
+  EXPECT_EQ(ProfileForCudaName("NVIDIA H100 PCIe"), P::kAuto);
+  EXPECT_EQ(ProfileForCudaName("NVIDIA L40S"), P::kAuto);
+  EXPECT_EQ(ProfileForCudaName(""), P::kAuto);
+}
+
 }  // namespace
 }  // namespace meshwork::train
