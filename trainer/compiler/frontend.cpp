@@ -169,6 +169,7 @@ void ReadByRows(Graph& g) {
       seen[p] = true;
       (first && g.params[p].row_bytes > 0 ? m.rows : dense).push_back(p);
     }
+    if (!m.rows.empty() && dense.empty()) m.bwd_seconds = std::min(m.bwd_seconds, m.fwd_seconds);
     m.params = std::move(dense);
   }
 }

@@ -158,7 +158,9 @@ TEST(ScheduleIr, EmbeddingReadByRows) {
   const std::string text = Print(*g);
   EXPECT_NE(text.find("param 0 model.embed_tokens.weight gathered=4000 grad=8000 shard=4000 rows=640\n"),
             std::string::npos) << text;
-  EXPECT_NE(text.find("module embed fwd=0.001 bwd=0.002 act=100 rows=[0] params=[]\n"), std::string::npos) << text;
+  // Its backward scatters the rows' gradients, no longer the whole table's: at most the
+  // forward's time (the traced 0.002 s was the dense gradient's).
+  EXPECT_NE(text.find("module embed fwd=0.001 bwd=0.001 act=100 rows=[0] params=[]\n"), std::string::npos) << text;
   auto back = Parse(text);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(Print(*back), text);
