@@ -140,8 +140,8 @@ class FsdpEngine : public Engine {
   void EndStep(double step_seconds) override {
     // The eager steps before the plan, whole and outside forward-to-reduction (the norm, the
     // optimizer, the loss's average, the batch): the plan is fitted to their steady mean
-    // (fsdp::SteadyEagerStep).
-    if (!fsdp_->compiled()) {
+    // (fsdp::SteadyEagerStep). Only while a plan is still to be made: eager FSDP never plans.
+    if (cfg_.mode == config::FsdpMode::kCompiled && !fsdp_->compiled()) {
       eager_steps_.push_back({step_seconds, std::max(0.0, step_seconds - last_sync_seconds_)});
     }
     last_step_seconds_ = step_seconds;

@@ -51,7 +51,8 @@ ProfileSummary Summarize(const std::vector<ProfiledSpan>& spans, double wall_sec
 void PrintProfile(const ProfileSummary& s, int64_t first_step, int64_t steps, const std::string& out,
                   std::ostream& log) {
   char line[512];
-  const double per_step = s.wall_seconds / static_cast<double>(std::max<int64_t>(steps, 1));
+  const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+  const double per_step = s.wall_seconds / n;
   std::snprintf(line, sizeof(line), "profile: steps %lld-%lld, %.1f ms a step, trace in %s\n",
                 static_cast<long long>(first_step + 1), static_cast<long long>(first_step + steps),
                 per_step * 1e3, out.c_str());
@@ -62,7 +63,7 @@ void PrintProfile(const ProfileSummary& s, int64_t first_step, int64_t steps, co
                   "profile: the device was busy %.1f%% of the steps' wall time (%lld kernels and copies, "
                   "%.1f ms a step); the rest is the host's\n",
                   s.wall_seconds > 0 ? 100 * s.device_busy_seconds / s.wall_seconds : 0.0,
-                  static_cast<long long>(s.device_spans), s.device_busy_seconds / std::max<int64_t>(steps, 1) * 1e3);
+                  static_cast<long long>(s.device_spans), s.device_busy_seconds / n * 1e3);
     log << line;
     denominator = s.device_busy_seconds;
   } else {
@@ -72,7 +73,7 @@ void PrintProfile(const ProfileSummary& s, int64_t first_step, int64_t steps, co
   for (const ProfileSummary::Row& r : s.top) {
     std::string name = r.name.size() > 110 ? r.name.substr(0, 107) + "..." : r.name;
     std::snprintf(line, sizeof(line), "profile: %7.2f ms a step %5.1f%% %6lld calls  %s\n",
-                  r.seconds / std::max<int64_t>(steps, 1) * 1e3, denominator > 0 ? 100 * r.seconds / denominator : 0.0,
+                  r.seconds / n * 1e3, denominator > 0 ? 100 * r.seconds / denominator : 0.0,
                   static_cast<long long>(r.calls), name.c_str());
     log << line;
   }
