@@ -19,6 +19,8 @@
 #                            its executables start without a GPU. Catches what only libtorch 2.x
 #                            does (it once crashed every checkpoint prune). Default 0
 #                            (scripts/test.sh sets 1)
+#   MESHWORK_CUDA_KEEP_WHEELS 1: keep the downloaded wheels after unpacking them (default 0:
+#                            removed, about 2 GB)
 #   PYTHON                   the python3 whose pip downloads the wheels (default: python3)
 set -euo pipefail
 
@@ -65,32 +67,39 @@ for tool in cmake ninja; do
   command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup.sh first"
 done
 
-# --- download: pinned wheels for CPython 3.11 on x86-64 Linux, whatever python runs pip ---------
-# (the C++ files in them are the same for every CPython version). pip skips files already there.
-mkdir -p "$cache/wheels"
-log "downloading ${wheels[*]} into $cache/wheels"
-"$python" -m pip download --quiet --no-deps --only-binary=:all: --dest "$cache/wheels" \
-  --implementation cp --python-version 3.11 \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_18_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  "${wheels[@]}" || die "pip could not download ${wheels[*]} (is PyPI reachable?)"
-
-files=()
-for spec in "${wheels[@]}"; do
-  name="${spec%%==*}"; version="${spec##*==}"
-  pattern="${name//-/_}-${version}-*.whl"
-  match=("$cache"/wheels/$pattern)
-  [ -f "${match[0]}" ] || die "no wheel $pattern in $cache/wheels after pip download"
-  files+=("${match[0]}")
-done
-du -ch "${files[@]}" | tail -1 | sed 's/^/[cuda-flavor] wheels: /'
-
-# --- unpack: site/torch and site/nvidia, as pip would lay them out in site-packages, so that
-# libtorch's RPATH ($ORIGIN/../../nvidia/cu13/lib, .../nvidia/nccl/lib) finds them at link time.
+# --- download and unpack: pinned wheels for CPython 3.11 on x86-64 Linux, whatever python runs
+# pip (the C++ files in them are the same for every CPython version), unpacked into site/torch and
+# site/nvidia as pip would lay them out in site-packages, so that libtorch's RPATH
+# ($ORIGIN/../../nvidia/cu13/lib, .../nvidia/nccl/lib) finds them at link time. A stamp names the
+# wheels unpacked: when it matches, nothing is downloaded. The wheels are removed once unpacked
+# unless MESHWORK_CUDA_KEEP_WHEELS=1.
 site="$cache/site"
 stamp="$site/.unpacked"
-want="$(for f in "${files[@]}"; do basename "$f"; done)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+# fetch SPEC...: pip downloads the wheels into $cache/wheels (skipping files already there); prints
+# each one's path, in order.
+fetch() {
+  mkdir -p "$cache/wheels"
+  "$python" -m pip download --quiet --no-deps --only-binary=:all: --dest "$cache/wheels" \
+    --implementation cp --python-version 3.11 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_25_x86_64 \
+    --platform manylinux_2_18_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    "$@" >&2 || die "pip could not download $* (is PyPI reachable?)"
+  local spec name version match
+  for spec in "$@"; do
+    name="${spec%%==*}"; version="${spec##*==}"
+    match=("$cache"/wheels/"${name//-/_}-${version}"-*.whl)
+    [ -f "${match[0]}" ] || die "no wheel for $spec in $cache/wheels after pip download"
+    echo "${match[0]}"
+  done
+}
+drop_wheels() {
+  [ "${MESHWORK_CUDA_KEEP_WHEELS:-0}" = 1 ] || rm -rf "$cache/wheels"
+}
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${wheels[*]}" ]; then
+  log "downloading ${wheels[*]} into $cache/wheels"
+  mapfile -t files < <(fetch "${wheels[@]}")
+  ((${#files[@]} == ${#wheels[@]})) || die "pip did not download ${wheels[*]}"
+  du -ch "${files[@]}" | tail -1 | sed 's/^/[cuda-flavor] wheels: /'
   log "unpacking into $site"
   rm -rf "$site"
   mkdir -p "$site"
@@ -100,7 +109,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       *) unzip -q -o "$f" 'nvidia/*' -d "$site" ;;
     esac
   done
-  echo "$want" >"$stamp"
+  echo "${wheels[*]}" >"$stamp"
+  drop_wheels
 fi
 [ -f "$site/torch/share/cmake/Torch/TorchConfig.cmake" ] || die "no TorchConfig.cmake under $site/torch"
 
@@ -142,28 +152,23 @@ runtime_wheels=(
   nvidia-nvjitlink==13.0.88 nvidia-cudnn-cu13==9.19.0.56 nvidia-cusparselt-cu13==0.8.0
   nvidia-nvshmem-cu13==3.4.5
 )
-log "downloading the NVIDIA libraries libtorch loads: ${runtime_wheels[*]}"
-"$python" -m pip download --quiet --no-deps --only-binary=:all: --dest "$cache/wheels" \
-  --implementation cp --python-version 3.11 \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_25_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  "${runtime_wheels[@]}" || die "pip could not download ${runtime_wheels[*]} (is PyPI reachable?)"
 runtime="$cache/runtime"
 runtime_stamp="$runtime/.unpacked"
 if [ ! -f "$runtime_stamp" ] || [ "$(cat "$runtime_stamp")" != "${runtime_wheels[*]}" ]; then
+  log "downloading the NVIDIA libraries libtorch loads: ${runtime_wheels[*]}"
+  mapfile -t files < <(fetch "${runtime_wheels[@]}")
+  ((${#files[@]} == ${#runtime_wheels[@]})) || die "pip did not download ${runtime_wheels[*]}"
   log "unpacking their libraries into $runtime"
   rm -rf "$runtime"
   mkdir -p "$runtime"
-  for spec in "${runtime_wheels[@]}"; do
-    name="${spec%%==*}"; version="${spec##*==}"
-    match=("$cache"/wheels/"${name//-/_}-${version}"-*.whl)
-    [ -f "${match[0]}" ] || die "no wheel for $spec in $cache/wheels after pip download"
-    case "$name" in
-      nvidia-cudnn-cu13) unzip -q -o "${match[0]}" 'nvidia/cudnn/lib/libcudnn.so.*' -d "$runtime" ;;
-      *) unzip -q -o "${match[0]}" 'nvidia/*/lib/*' -d "$runtime" ;;
+  for f in "${files[@]}"; do
+    case "$(basename "$f")" in
+      nvidia_cudnn_cu13-*) unzip -q -o "$f" 'nvidia/cudnn/lib/libcudnn.so.*' -d "$runtime" ;;
+      *) unzip -q -o "$f" 'nvidia/*/lib/*' -d "$runtime" ;;
     esac
   done
   echo "${runtime_wheels[*]}" >"$runtime_stamp"
+  drop_wheels
 fi
 lib_path="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/nccl/lib"
 for dir in "$runtime"/nvidia/*/lib; do lib_path="$lib_path:$dir"; done

@@ -4,10 +4,15 @@
 # and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16), helm
 # (helm.sh/helm/v3 v3.22.0) and Kueue (sigs.k8s.io/kueue v0.17.0, with its CRDs in kueue-crds/),
 # into .meshwork/kube/bin, plus the scheduler-plugins PodGroup CRD (scheduler-plugins-crds/). Go's module and build caches live in
-# .meshwork/go, so a second run only relinks what changed; a module whose go.mod, go.sum and Go
-# version are unchanged since its last build is skipped. Called by scripts/setup.sh.
+# .meshwork/go while it builds; a module whose go.mod, go.sum and Go version are unchanged since
+# its last build is skipped. Called by scripts/setup.sh.
 #
-#   MESHWORK_KUBE_BIN   where the binaries go (default .meshwork/kube/bin)
+#   MESHWORK_KUBE_BIN       where the binaries go (default .meshwork/kube/bin)
+#   MESHWORK_KEEP_GO_CACHE  1: keep Go's module and build caches (about 8 GB) after a build, so
+#                           that a change to one tools/*/go.mod rebuilds only what it touches.
+#                           Default 0: they are removed once every binary is built (the stamps
+#                           skip the next run's builds), which keeps a fresh checkout's test run
+#                           (scripts/test.sh) about 8 GB smaller on disk
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -57,8 +62,14 @@ build helm helm -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
 # and its CRDs from the same module, into $out/kueue-crds/.
 build kueue kueue -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
 kueue_version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$root/tools/kueue/go.mod" | head -1)"
-rm -rf "$out/kueue-crds" && mkdir -p "$out/kueue-crds"
-cp "$GOMODCACHE/sigs.k8s.io/kueue@$kueue_version"/config/components/crd/bases/*.yaml "$out/kueue-crds/"
+if [ "$(cat "$out/.stamp-kueue-crds" 2>/dev/null)" != "$kueue_version" ]; then
+  dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/kueue@$kueue_version" |
+    awk -F'"' '$2 == "Dir" {print $4}')"
+  [ -n "$dir" ] || { echo "[kube-build] could not download sigs.k8s.io/kueue@$kueue_version" >&2; exit 1; }
+  rm -rf "$out/kueue-crds" && mkdir -p "$out/kueue-crds"
+  cp "$dir"/config/components/crd/bases/*.yaml "$out/kueue-crds/"
+  echo "$kueue_version" >"$out/.stamp-kueue-crds"
+fi
 # The scheduler-plugins PodGroup CRD (scheduling.x-k8s.io/v1alpha1, the Coscheduling plugin's), so
 # that gang_e2e checks the operator's PodGroups against the real schema. Only the CRD: the
 # scheduler itself (a kube-scheduler of another Kubernetes release) is not built.
@@ -71,4 +82,10 @@ if [ ! -f "$out/scheduler-plugins-crds/scheduling.x-k8s.io_podgroups.yaml" ] ||
   rm -rf "$out/scheduler-plugins-crds" && mkdir -p "$out/scheduler-plugins-crds"
   cp "$dir/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$out/scheduler-plugins-crds/"
   echo "$scheduler_plugins_version" >"$out/scheduler-plugins-crds/VERSION"
+fi
+
+# Everything is built: the caches only speed up a rebuild after a go.mod changes.
+if [ -d "$root/.meshwork/go" ] && [ "${MESHWORK_KEEP_GO_CACHE:-0}" != 1 ]; then
+  echo "[kube-build] removing Go's caches ($(du -sh "$root/.meshwork/go" 2>/dev/null | cut -f1)); MESHWORK_KEEP_GO_CACHE=1 keeps them"
+  rm -rf "$root/.meshwork/go"
 fi

@@ -9,6 +9,11 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A first run needs about 12 GB on the checkout's disk at its peak (the Go build of the Kubernetes
+# components, whose caches are removed after it; then the CUDA flavor's libraries and builds). Say
+# so up front: a full disk otherwise shows as a compiler's "no space left on device".
+free_kib="$(df -Pk "$root" | awk 'NR == 2 {print $4}')"
+echo "[test] $((free_kib / 1024 / 1024)) GiB free on the disk holding $root (a first run needs about 12 GB)"
 "$root/scripts/setup.sh"
 if [ "${MESHWORK_CUDA_FLAVOR:-1}" != 0 ]; then
   MESHWORK_CUDA_UNIT="${MESHWORK_CUDA_UNIT:-1}" "$root/scripts/cuda-flavor.sh"
