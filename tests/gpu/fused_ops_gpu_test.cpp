@@ -1,12 +1,13 @@
 // The fused ops on a CUDA device against the plain composition they replace (ctest label gpu):
 // RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5) and the
-// fused output head + loss under bf16 autocast; and the fused AdamW against libtorch's. Without a CUDA device it exits 77 (ctest:
+// fused output head + loss under bf16 autocast (its logits' gradient stored and recomputed); and the fused AdamW against libtorch's. Without a CUDA device it exits 77 (ctest:
 // Skipped) after saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <iostream>
+#include <optional>
 
 #include "trainer/model/compat.h"
 #include "trainer/model/linear_cross_entropy.h"
@@ -44,22 +45,20 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
   const auto hidden = torch::randn({2, 1024, 512}, kCuda);
   const auto weight = torch::randn({32000, 512}, kCuda) * 0.05;
   const auto targets = torch::randint(0, 32000, {2, 1024}, torch::TensorOptions(kCuda).dtype(torch::kLong));
-  auto run = [&](bool fused, bool autocast) {
+  // fused: nullopt = the plain composition.
+  auto run = [&](std::optional<HeadGradient> fused, bool autocast) {
     auto h = hidden.clone().requires_grad_(true);
     auto w = weight.clone().requires_grad_(true);
     torch::Tensor loss;
     {
       compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
-      loss = fused ? LinearCrossEntropy(h, w, targets, 300) : CausalLmLoss(torch::matmul(h, w.t()), targets);
+      loss = fused ? LinearCrossEntropy(h, w, targets, 300, *fused) : CausalLmLoss(torch::matmul(h, w.t()), targets);
     }
     loss.backward();
     return std::make_tuple(loss.item<double>(), h.grad(), w.grad());
   };
-  const auto [fused_loss, fused_h, fused_w] = run(true, true);
-  const auto [plain_loss, plain_h, plain_w] = run(false, true);
-  const auto [exact_loss, exact_h, exact_w] = run(false, false);  // fp32 throughout
-  EXPECT_NEAR(fused_loss, plain_loss, 1e-4 * plain_loss);
-  EXPECT_EQ(fused_h.scalar_type(), torch::kFloat);
+  const auto [plain_loss, plain_h, plain_w] = run(std::nullopt, true);
+  const auto [exact_loss, exact_h, exact_w] = run(std::nullopt, false);  // fp32 throughout
   // Both bf16 paths round differently (the plain one rounds whole logits and their gradient to
   // bf16, the fused one each chunk's): element by element they differ by bf16's relative
   // precision on gradients near 0. Each is held to the fp32 computation instead, by relative
@@ -67,12 +66,19 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
   auto distance = [](const torch::Tensor& a, const torch::Tensor& exact) {
     return ((a - exact).norm() / exact.norm()).item<double>();
   };
-  EXPECT_LE(distance(fused_h, exact_h), 2 * distance(plain_h, exact_h) + 1e-3)
-      << "plain bf16 " << distance(plain_h, exact_h);
-  EXPECT_LE(distance(fused_w, exact_w), 2 * distance(plain_w, exact_w) + 1e-3)
-      << "plain bf16 " << distance(plain_w, exact_w);
-  EXPECT_LT(distance(fused_w, exact_w), 2e-2);
-  EXPECT_LT(distance(fused_h, exact_h), 2e-2);
+  for (const HeadGradient gradient : {HeadGradient::kRecompute, HeadGradient::kStored}) {
+    SCOPED_TRACE(gradient == HeadGradient::kStored ? "stored" : "recompute");
+    const auto [fused_loss, fused_h, fused_w] = run(gradient, true);
+    EXPECT_NEAR(fused_loss, plain_loss, 1e-4 * plain_loss);
+    EXPECT_EQ(fused_h.scalar_type(), torch::kFloat);
+    EXPECT_EQ(fused_w.scalar_type(), torch::kFloat);
+    EXPECT_LE(distance(fused_h, exact_h), 2 * distance(plain_h, exact_h) + 1e-3)
+        << "plain bf16 " << distance(plain_h, exact_h);
+    EXPECT_LE(distance(fused_w, exact_w), 2 * distance(plain_w, exact_w) + 1e-3)
+        << "plain bf16 " << distance(plain_w, exact_w);
+    EXPECT_LT(distance(fused_w, exact_w), 2e-2);
+    EXPECT_LT(distance(fused_h, exact_h), 2e-2);
+  }
 }
 
 }  // namespace

@@ -67,6 +67,9 @@ struct LlamaShape {
   // Attention without a fused kernel (libtorch 1.13 on the CPU) keeps its fp32 probabilities,
   // batch x heads x seq², and grouped-query k and v widened to every head, for backward.
   bool attention_keeps_probabilities = false;
+  // The fused head + loss keeps the logits' gradient (tokens x vocab, activation_bytes each)
+  // from its forward to its backward, which then needs no recompute (training.loss_gradient).
+  bool head_stores_logit_grad = false;
 };
 Graph LlamaSkeleton(const LlamaShape& shape);
 

@@ -120,13 +120,16 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
 
   // Head: final norm and output projection (the embedding itself when tied), fused with the
   // loss (model/linear_cross_entropy.h). Keeps the inputs of the norm and of the projection and
-  // one fp32 log-sum-exp per token, not the logits; its backward recomputes each chunk's logits
-  // (bwd = 3 x fwd). The chunk's transient logits (a few x training.loss_chunk_mib) are not
-  // modelled.
+  // one fp32 log-sum-exp per token, not the logits. Its backward either recomputes each chunk's
+  // logits (bwd = 3 x fwd) or, with head_stores_logit_grad, uses the logits' gradient its
+  // forward kept (tokens x vocab more memory; bwd = 2 x fwd). The chunk's transient fp32
+  // logits (a few x training.loss_chunk_mib) are not modelled.
   const int norm = add_param({"model.norm.weight", h, 1});
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
-  add_module("head", {norm, output}, 2.0 * tokens * h * vocab, tokens * (2.0 * h * shape.activation_bytes + 4.0));
-  g.modules.back().bwd_seconds = 3 * g.modules.back().fwd_seconds;
+  double head_bytes = tokens * (2.0 * h * shape.activation_bytes + 4.0);
+  if (shape.head_stores_logit_grad) head_bytes += tokens * vocab * shape.activation_bytes;
+  add_module("head", {norm, output}, 2.0 * tokens * h * vocab, head_bytes);
+  g.modules.back().bwd_seconds = (shape.head_stores_logit_grad ? 2 : 3) * g.modules.back().fwd_seconds;
   GroupByOwner(g);
   return g;
 }

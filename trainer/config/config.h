@@ -40,6 +40,12 @@ enum class ActivationCheckpointing { kAuto, kNone, kAll };
 inline constexpr EnumName<ActivationCheckpointing> kActivationCheckpointingNames[] = {
     {ActivationCheckpointing::kAuto, "auto"}, {ActivationCheckpointing::kNone, "none"}, {ActivationCheckpointing::kAll, "all"}};
 
+// How the fused output head + loss gets the logits' gradient (model/linear_cross_entropy.h):
+// auto = stored on CUDA, recomputed on the CPU.
+enum class LossGradient { kAuto, kStored, kRecompute };
+inline constexpr EnumName<LossGradient> kLossGradientNames[] = {
+    {LossGradient::kAuto, "auto"}, {LossGradient::kStored, "stored"}, {LossGradient::kRecompute, "recompute"}};
+
 enum class ExportDtype { kFp32, kBf16 };
 inline constexpr EnumName<ExportDtype> kExportDtypeNames[] = {{ExportDtype::kFp32, "fp32"}, {ExportDtype::kBf16, "bf16"}};
 
@@ -89,6 +95,7 @@ struct TrainingConfig {
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
   // MiB of fp32 logits per chunk of the fused output head + loss (model/linear_cross_entropy.h).
   int64_t loss_chunk_mib = 256;
+  LossGradient loss_gradient = LossGradient::kAuto;
   // The most tensor memory this process may hold, in MiB; 0 = what the device has. On the CPU
   // the counting allocator refuses more (as a smaller device would run out); on CUDA the
   // caching allocator's memory fraction. The compiled plan's default budget follows it.

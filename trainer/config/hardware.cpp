@@ -36,7 +36,17 @@ compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda) {
   shape.param_bytes = bf16 ? 2 : 4;
   shape.activation_bytes = bf16 ? 2 : 4;
   shape.reduce_bytes = 4;
+  shape.head_stores_logit_grad = StoresLossGradient(cfg, cuda);
   return shape;
+}
+
+bool StoresLossGradient(const TrainConfig& cfg, bool cuda) {
+  switch (cfg.training.loss_gradient) {
+    case LossGradient::kStored: return true;
+    case LossGradient::kRecompute: return false;
+    case LossGradient::kAuto: break;
+  }
+  return cuda;
 }
 
 }  // namespace meshwork::config

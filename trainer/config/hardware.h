@@ -19,4 +19,8 @@ Result<compiler::HardwareProfile> MeshProfile(const TrainConfig& cfg, bool cuda,
 // What one rank trains, as the compiler's Llama model sees it (batch per rank, dtypes).
 compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda);
 
+// Whether the fused head + loss keeps the logits' gradient from forward (training.loss_gradient:
+// auto = on CUDA) rather than recomputing the logits in backward.
+bool StoresLossGradient(const TrainConfig& cfg, bool cuda);
+
 }  // namespace meshwork::config

@@ -306,6 +306,8 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   shape.seq_len = std::max<int64_t>(trace.seq, 1);
   shape.activation_bytes = static_cast<int>(param_bytes);
   shape.attention_keeps_probabilities = !compat::kTorch2;
+  // As the traced eager steps ran it (a plan's vocabulary-split head stores nothing: conservative).
+  shape.head_stores_logit_grad = state_->model->loss_gradient() == model::HeadGradient::kStored;
   const compiler::Graph estimate = compiler::LlamaSkeleton(shape);
   auto add_module = [&](const std::string& name, std::vector<int> params, size_t t) {
     compiler::ModuleInfo m;

@@ -9,61 +9,105 @@
 namespace meshwork::model {
 namespace {
 
+// a @ b as a new tensor of dtype `out` (fp32 for the weight's gradient). On CUDA, libtorch 2.11's
+// mm takes bf16/fp16 inputs to an fp32 output in one cuBLAS call (fp32 accumulation throughout);
+// otherwise the product in the inputs' dtype, then cast.
+torch::Tensor MatmulTo(const torch::Tensor& a, const torch::Tensor& b, torch::ScalarType out) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+  const bool half = a.scalar_type() == torch::kBFloat16 || a.scalar_type() == torch::kHalf;
+  if (a.is_cuda() && half && out == torch::kFloat) return at::mm(a, b, out);
+#endif
+  return torch::matmul(a, b).to(out);
+}
+
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
-  // hidden [n, d] and weight [vocab, d] already in the matmul's dtype (under autocast, a
-  // matmul of two bf16 tensors stays bf16); targets [n]. Runs under no grad.
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
-                               torch::Tensor targets, int64_t chunk_rows) {
-    const int64_t n = hidden.size(0);
-    const auto stats = LossStatsDtype(hidden);
-    torch::Tensor lse = torch::empty({n}, hidden.options().dtype(stats));
-    torch::Tensor target_logit = torch::empty({n}, hidden.options().dtype(stats));
+  // hidden [n, d] and weight [vocab, d] in their own dtypes (fp32 under autocast: the final
+  // norm's output and the parameter); the matmuls run in `matmul_dtype`, cast here rather than
+  // by autograd so that the gradients come back in fp32 without a round trip through bf16;
+  // targets [n]. Runs under no grad.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk_rows,
+                               bool store_gradient, int64_t matmul_dtype) {
+    const auto dtype = static_cast<torch::ScalarType>(matmul_dtype);
+    const torch::Tensor h = hidden.to(dtype);
+    const torch::Tensor w = weight.to(dtype);
+    const int64_t n = h.size(0);
+    const auto stats = LossStatsDtype(h);
+    torch::Tensor lse = torch::empty({n}, h.options().dtype(stats));
+    torch::Tensor target_logit = torch::empty({n}, h.options().dtype(stats));
+    // softmax - onehot(target) per token, unscaled (backward applies grad_out / n to the
+    // smaller products): only when a gradient will be asked for.
+    const bool store = store_gradient && (hidden.requires_grad() || weight.requires_grad());
+    torch::Tensor logit_grad = store ? torch::empty({n, w.size(0)}, h.options()) : torch::Tensor();
     for (int64_t r = 0; r < n; r += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - r);
-      torch::Tensor logits = torch::matmul(hidden.narrow(0, r, rows), weight.t()).to(stats);
-      lse.narrow(0, r, rows).copy_(torch::logsumexp(logits, -1));
-      target_logit.narrow(0, r, rows).copy_(logits.gather(1, targets.narrow(0, r, rows).unsqueeze(1)).squeeze(1));
+      const torch::Tensor t = targets.narrow(0, r, rows).unsqueeze(1);
+      torch::Tensor logits = torch::matmul(h.narrow(0, r, rows), w.t()).to(stats);
+      const torch::Tensor chunk_lse = torch::logsumexp(logits, -1);
+      lse.narrow(0, r, rows).copy_(chunk_lse);
+      target_logit.narrow(0, r, rows).copy_(logits.gather(1, t).squeeze(1));
+      if (store) {
+        logits.sub_(chunk_lse.unsqueeze(1)).exp_();
+        logits.scatter_add_(1, t, torch::full({rows, 1}, -1.0, logits.options()));
+        logit_grad.narrow(0, r, rows).copy_(logits);
+      }
     }
-    ctx->save_for_backward({hidden, weight, targets, lse});
+    // Saved variables, not saved_data: autograd frees them as soon as this backward has run
+    // (saved_data would keep the tokens x vocab gradient alive through the rest of backward).
+    ctx->save_for_backward({h, w, targets, lse, logit_grad});
     ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return (lse - target_logit).sum() / static_cast<double>(n);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& hidden = saved[0];
-    const torch::Tensor& weight = saved[1];
-    const torch::Tensor& targets = saved[2];
-    const torch::Tensor& lse = saved[3];
-    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const int64_t n = hidden.size(0);
+    const torch::Tensor& h = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor& logit_grad = saved[4];
+    const auto hidden_dtype = static_cast<torch::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
+    const auto weight_dtype = static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    const int64_t n = h.size(0);
     // d(mean)/d(logit) = (softmax - onehot(target)) / n, times the incoming gradient.
-    const auto stats = LossStatsDtype(hidden);
+    const auto stats = LossStatsDtype(h);
     const torch::Tensor scale = grad_out[0].to(stats) / static_cast<double>(n);
     const bool need_hidden = ctx->needs_input_grad(0);
     const bool need_weight = ctx->needs_input_grad(1);
-    torch::Tensor grad_hidden = need_hidden ? torch::empty_like(hidden) : torch::Tensor();
-    torch::Tensor grad_weight = need_weight ? torch::zeros(weight.sizes(), weight.options().dtype(stats)) : torch::Tensor();
+    torch::Tensor grad_hidden, grad_weight;
+    if (logit_grad.defined()) {
+      // Stored: one matmul per input over every token, scaled after (in fp32, on the products).
+      if (need_hidden) grad_hidden = MatmulTo(logit_grad, w, stats).mul_(scale).to(hidden_dtype);
+      if (need_weight) grad_weight = MatmulTo(logit_grad.t(), h, stats).mul_(scale).to(weight_dtype);
+      return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+    // Recomputed, chunk by chunk.
+    const torch::Tensor& targets = saved[2];
+    const torch::Tensor& lse = saved[3];
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    if (need_hidden) grad_hidden = torch::empty(h.sizes(), h.options().dtype(hidden_dtype));
+    if (need_weight) grad_weight = torch::zeros(w.sizes(), w.options().dtype(stats));
     for (int64_t r = 0; r < n; r += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - r);
-      const torch::Tensor h = hidden.narrow(0, r, rows);
-      torch::Tensor probs = torch::matmul(h, weight.t()).to(stats);
+      const torch::Tensor hc = h.narrow(0, r, rows);
+      torch::Tensor probs = torch::matmul(hc, w.t()).to(stats);
       probs.sub_(lse.narrow(0, r, rows).unsqueeze(1)).exp_();
       probs.scatter_add_(1, targets.narrow(0, r, rows).unsqueeze(1),
                          torch::full({rows, 1}, -1.0, probs.options()));
-      const torch::Tensor g = probs.mul_(scale).to(hidden.scalar_type());
-      if (need_hidden) grad_hidden.narrow(0, r, rows).copy_(torch::matmul(g, weight));
+      const torch::Tensor g = probs.mul_(scale).to(h.scalar_type());
+      if (need_hidden) grad_hidden.narrow(0, r, rows).copy_(torch::matmul(g, w));
       if (need_weight) {
+        // bf16 products summed into fp32: an fp32 product per chunk would move a third more bytes.
         if (grad_weight.scalar_type() == g.scalar_type()) {
-          grad_weight.addmm_(g.t(), h);
+          grad_weight.addmm_(g.t(), hc);
         } else {
-          grad_weight.add_(torch::matmul(g.t(), h));
+          grad_weight.add_(torch::matmul(g.t(), hc));
         }
       }
     }
-    return {grad_hidden, need_weight ? grad_weight.to(weight.scalar_type()) : torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    if (need_weight) grad_weight = grad_weight.to(weight_dtype);
+    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -84,19 +128,17 @@ int64_t LossChunkRows(int64_t vocab, int64_t chunk_bytes) {
 }
 
 torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                 const torch::Tensor& targets, int64_t chunk_rows) {
+                                 const torch::Tensor& targets, int64_t chunk_rows, HeadGradient gradient) {
   TORCH_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1), "LinearCrossEntropy: hidden ", hidden.sizes(),
               " does not match weight ", weight.sizes());
   TORCH_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "LinearCrossEntropy: targets ", targets.sizes(),
               " do not match hidden ", hidden.sizes());
   const int64_t d = hidden.size(-1);
-  const auto dtype = HeadMatmulDtype(hidden);
-  // The casts are ordinary autograd ops: their backward returns each gradient in the input's dtype.
-  const torch::Tensor h = hidden.reshape({-1, d}).to(dtype);
-  const torch::Tensor w = weight.to(dtype);
   const torch::Tensor t = targets.reshape({-1}).to(torch::kLong);
   if (chunk_rows <= 0) chunk_rows = LossChunkRows(weight.size(0));
-  return LinearCrossEntropyFunction::apply(h, w, t, chunk_rows);
+  return LinearCrossEntropyFunction::apply(hidden.reshape({-1, d}), weight, t, chunk_rows,
+                                           gradient == HeadGradient::kStored,
+                                           static_cast<int64_t>(HeadMatmulDtype(hidden)));
 }
 
 }  // namespace meshwork::model

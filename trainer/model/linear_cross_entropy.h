@@ -1,14 +1,20 @@
 // The output head and the loss in one: mean token cross-entropy of (hidden @ weight^T) against
-// targets, computed a chunk of rows at a time so the [tokens, vocab] logits never exist whole.
-// Only the hidden states are kept for backward (and the weight, as a plain matmul keeps it),
-// plus one fp32 log-sum-exp per token; backward recomputes each chunk's logits. For Llama 3's
-// 128,256-token vocabulary at 4 x 2048 tokens this avoids about 10 GB of logits, their fp32
-// copy, log-softmax and gradient.
+// targets, computed a chunk of rows at a time so the [tokens, vocab] logits never exist whole in
+// fp32. For Llama 3's 128,256-token vocabulary at 4 x 2048 tokens this avoids about 10 GB of
+// logits, their fp32 copy, log-softmax and gradient. Backward needs the gradient of the logits,
+// softmax - onehot(target), which it gets in one of two ways (HeadGradient):
+//   kStored     forward computes it chunk by chunk while the chunk's logits are at hand and keeps
+//               it whole in the matmul's dtype (tokens x vocab x 2 bytes under bf16: 2.1 GB at
+//               4 x 2048 tokens), so backward is two whole matmuls, one for each input: the
+//               head's matmul runs 3 times a step, as in the plain composition.
+//   kRecompute  forward keeps only one fp32 log-sum-exp per token; backward recomputes each
+//               chunk's logits: 4 head matmuls a step, with the weight's gradient summed over
+//               chunks, and no tokens x vocab buffer at all.
 //
 // Numerically it is the composition it replaces (CausalLmLoss(matmul(h, W^T))): logits in the
-// matmul's dtype (bf16 under CUDA autocast), softmax statistics in fp32, gradients cast back to
-// the matmul's dtype before the two backward matmuls. The weight's gradient is summed over
-// chunks in fp32.
+// matmul's dtype (bf16 under CUDA autocast), softmax statistics in fp32, the logits' gradient in
+// the matmul's dtype before the two backward matmuls, the weight's gradient accumulated and
+// returned in fp32 (the composition rounds it to bf16 before autograd casts it back).
 #pragma once
 
 #include <torch/types.h>
@@ -29,10 +35,14 @@ int64_t LossChunkRows(int64_t vocab, int64_t chunk_bytes = kLossChunkBytes);
 torch::ScalarType HeadMatmulDtype(const torch::Tensor& hidden);
 torch::ScalarType LossStatsDtype(const torch::Tensor& hidden);
 
+enum class HeadGradient { kRecompute, kStored };
+
 // hidden [..., d] (any leading shape), weight [vocab, d], targets int64 with hidden's leading
 // shape -> scalar fp32 mean loss over every target. chunk_rows <= 0 picks LossChunkRows(vocab).
-// Differentiable in hidden and weight; targets must lie in [0, vocab).
+// Differentiable in hidden and weight, each gradient in its input's dtype; targets must lie in
+// [0, vocab). kStored keeps nothing extra when neither input requires a gradient (evaluation).
 torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                 const torch::Tensor& targets, int64_t chunk_rows = 0);
+                                 const torch::Tensor& targets, int64_t chunk_rows = 0,
+                                 HeadGradient gradient = HeadGradient::kRecompute);
 
 }  // namespace meshwork::model

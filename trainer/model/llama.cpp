@@ -177,7 +177,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   }
   h = model->norm(h);
   if (targets.defined() && loss) return loss(h, targets);
-  if (targets.defined()) return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_);
+  if (targets.defined()) return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_);
   return torch::matmul(h, OutputWeight().t());
 }
 

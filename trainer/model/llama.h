@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "trainer/model/llama_config.h"
+#include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::model {
 
@@ -120,6 +121,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   const LlamaConfig& config() const { return config_; }
   // Rows per chunk of the fused head + loss (<= 0: LossChunkRows(vocab)).
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
+  // How the fused head + loss gets the logits' gradient for backward (linear_cross_entropy.h).
+  void set_loss_gradient(HeadGradient gradient) { loss_gradient_ = gradient; }
+  HeadGradient loss_gradient() const { return loss_gradient_; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by
   // 1/sqrt(2·layers), as GPT-2 does) and norms to one. Deterministic under torch::manual_seed.
@@ -136,6 +140,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   RopeTables rope_;
   int64_t rope_len_ = 0;
   int64_t loss_chunk_rows_ = 0;
+  HeadGradient loss_gradient_ = HeadGradient::kRecompute;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

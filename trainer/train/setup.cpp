@@ -4,6 +4,7 @@
 
 #include "common/blas_kernel.h"
 #include "common/units.h"
+#include "trainer/config/hardware.h"
 #include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
@@ -139,6 +140,8 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   }
   net->to(device);
   net->set_loss_chunk_rows(model::LossChunkRows(dims.vocab_size, cfg.training.loss_chunk_mib << 20));
+  net->set_loss_gradient(config::StoresLossGradient(cfg, device.is_cuda()) ? model::HeadGradient::kStored
+                                                                           : model::HeadGradient::kRecompute);
   return net;
 }
 

@@ -156,6 +156,25 @@ TEST(LlamaSkeletonTest, ComputeFollowsTheFlopCount) {
   EXPECT_NEAR(head_recompute * s.flops_per_second, 2.0 * tokens * c.hidden_size * c.vocab_size, 1.0);
 }
 
+TEST(LlamaSkeletonTest, AStoredLogitGradientTradesTheRecomputeForTokensTimesVocab) {
+  const model::LlamaConfig c = Preset("llama3-8b");
+  LlamaShape s = ShapeOf(c);
+  s.seq_len = 8192;
+  s.batch = 1;
+  const Graph recomputed = LlamaSkeleton(s);
+  s.head_stores_logit_grad = true;
+  const Graph stored = LlamaSkeleton(s);
+  const ModuleInfo& a = recomputed.modules.back();
+  const ModuleInfo& b = stored.modules.back();
+  ASSERT_EQ(b.name, "head");
+  EXPECT_DOUBLE_EQ(b.fwd_seconds, a.fwd_seconds);
+  EXPECT_DOUBLE_EQ(b.bwd_seconds, 2 * b.fwd_seconds);
+  EXPECT_EQ(b.activation_bytes - a.activation_bytes, int64_t{8192} * c.vocab_size * s.activation_bytes);
+  for (size_t i = 0; i + 1 < stored.modules.size(); ++i) {
+    EXPECT_EQ(stored.modules[i].activation_bytes, recomputed.modules[i].activation_bytes) << stored.modules[i].name;
+  }
+}
+
 TEST(LlamaSkeletonTest, ActivationsScaleWithTokensAndDtype) {
   const model::LlamaConfig c = Preset("llama3-8b");
   LlamaShape s = ShapeOf(c);

@@ -106,6 +106,7 @@ const Rejected kRejected[] = {
     {"ScheduleDecay", "schedule:\n  decay: exponential\n", {}, "'schedule.decay'", "'exponential'"},
     {"TokenFormat", "data:\n  token_format: u8\n", {}, "'data.token_format'", "'u8'"},
     {"TrainingDtype", "training:\n  dtype: fp16\n", {}, "'training.dtype'", "'fp16'"},
+    {"LossGradient", "training:\n  loss_gradient: cached\n", {}, "'training.loss_gradient'", "'cached'"},
     {"DeviceProfile", "metrics:\n  device_profile: v100\n", {}, "'metrics.device_profile'", "'v100'"},
     {"ExportDtype", "checkpoint:\n  export_dtype: fp16\n", {}, "'checkpoint.export_dtype'", "'fp16'"},
     {"CheckpointEveryNegative", "checkpoint:\n  every: -5\n", {}, "'checkpoint.every'", "got -5"},
@@ -306,6 +307,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_EQ(c->schedule.decay, LrDecay::kCosine);
   EXPECT_EQ(c->training.device, "auto");
   EXPECT_EQ(c->training.dtype, Dtype::kAuto);
+  EXPECT_EQ(c->training.loss_gradient, LossGradient::kAuto);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");

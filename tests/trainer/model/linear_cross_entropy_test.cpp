@@ -1,7 +1,9 @@
 // LinearCrossEntropy, the output head fused with the loss: its loss and both gradients equal
 // matmul + CausalLmLoss under plain autograd, in one chunk and in chunks that do not divide the
-// rows; the model's Loss equals forward + CausalLmLoss (tied and untied). That the logits never
-// exist whole is measured in train_test (the step's tensor peak).
+// rows, with the logits' gradient stored by forward and recomputed by backward; the model's Loss
+// equals forward + CausalLmLoss (tied and untied, both ways). That the logits never exist whole
+// is measured in train_test (the step's tensor peak). The bf16 paths under CUDA autocast are
+// held to fp32 in fused_ops_gpu_test.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -27,57 +29,93 @@ Result Plain(const torch::Tensor& hidden, const torch::Tensor& weight, const tor
   return {loss.detach(), h.grad(), w.grad()};
 }
 
-Result Fused(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk) {
+Result Fused(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk,
+             HeadGradient gradient) {
   auto h = hidden.clone().requires_grad_(true);
   auto w = weight.clone().requires_grad_(true);
-  auto loss = LinearCrossEntropy(h, w, targets, chunk);
+  auto loss = LinearCrossEntropy(h, w, targets, chunk, gradient);
   loss.backward();
   return {loss.detach(), h.grad(), w.grad()};
 }
 
-class LinearCrossEntropyTest : public ::testing::TestWithParam<int64_t> {};
+const char* Name(HeadGradient g) { return g == HeadGradient::kStored ? "stored" : "recompute"; }
+
+class LinearCrossEntropyTest : public ::testing::TestWithParam<std::tuple<int64_t, HeadGradient>> {};
 
 TEST_P(LinearCrossEntropyTest, LossAndGradientsEqualTheComposition) {
+  const auto [chunk, gradient] = GetParam();
   torch::manual_seed(7);
   // [batch 2, seq 5] tokens, hidden 16, vocab 37: 10 rows, chunks of 1, 3 (uneven), 10 and 64.
   const auto hidden = torch::randn({2, 5, 16}, torch::kDouble);
   const auto weight = torch::randn({37, 16}, torch::kDouble);
   const auto targets = torch::randint(0, 37, {2, 5}, torch::kLong);
   const Result want = Plain(hidden, weight, targets);
-  const Result got = Fused(hidden, weight, targets, GetParam());
+  const Result got = Fused(hidden, weight, targets, chunk, gradient);
   EXPECT_EQ(got.loss.dim(), 0);
   EXPECT_NEAR(got.loss.item<double>(), want.loss.item<double>(), 1e-12);
   EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-10, 1e-12));
   EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-10, 1e-12));
   EXPECT_EQ(got.grad_hidden.sizes(), hidden.sizes());
+  EXPECT_EQ(got.grad_hidden.scalar_type(), torch::kDouble);
+  EXPECT_EQ(got.grad_weight.scalar_type(), torch::kDouble);
 }
 
-INSTANTIATE_TEST_SUITE_P(ChunkRows, LinearCrossEntropyTest, ::testing::Values(1, 3, 10, 64));
+INSTANTIATE_TEST_SUITE_P(ChunkRows, LinearCrossEntropyTest,
+                         ::testing::Combine(::testing::Values(1, 3, 10, 64),
+                                            ::testing::Values(HeadGradient::kRecompute, HeadGradient::kStored)),
+                         [](const auto& info) {
+                           return std::string(Name(std::get<1>(info.param))) + "_chunk" +
+                                  std::to_string(std::get<0>(info.param));
+                         });
 
 TEST(LinearCrossEntropyTest, Fp32MatchesWithinRounding) {
-  torch::manual_seed(8);
-  const auto hidden = torch::randn({3, 4, 32});
-  const auto weight = torch::randn({50, 32}) * 0.2;
-  const auto targets = torch::randint(0, 50, {3, 4}, torch::kLong);
-  const Result want = Plain(hidden, weight, targets);
-  const Result got = Fused(hidden, weight, targets, 5);
-  EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
-  EXPECT_NEAR(got.loss.item<float>(), want.loss.item<float>(), 1e-5);
-  EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-4, 1e-6));
-  EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-4, 1e-6));
+  for (const HeadGradient gradient : {HeadGradient::kRecompute, HeadGradient::kStored}) {
+    torch::manual_seed(8);
+    const auto hidden = torch::randn({3, 4, 32});
+    const auto weight = torch::randn({50, 32}) * 0.2;
+    const auto targets = torch::randint(0, 50, {3, 4}, torch::kLong);
+    const Result want = Plain(hidden, weight, targets);
+    const Result got = Fused(hidden, weight, targets, 5, gradient);
+    EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
+    EXPECT_NEAR(got.loss.item<float>(), want.loss.item<float>(), 1e-5) << Name(gradient);
+    EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-4, 1e-6)) << Name(gradient);
+    EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-4, 1e-6)) << Name(gradient);
+  }
 }
 
 TEST(LinearCrossEntropyTest, ScalesWithTheIncomingGradient) {
-  // Gradient accumulation divides the loss: the gradients must scale with it.
-  torch::manual_seed(9);
-  const auto hidden = torch::randn({6, 8}, torch::kDouble).requires_grad_(true);
-  const auto weight = torch::randn({11, 8}, torch::kDouble);
+  // Gradient accumulation divides the loss: both gradients must scale with it.
+  for (const HeadGradient gradient : {HeadGradient::kRecompute, HeadGradient::kStored}) {
+    torch::manual_seed(9);
+    const auto hidden = torch::randn({6, 8}, torch::kDouble).requires_grad_(true);
+    const auto weight = torch::randn({11, 8}, torch::kDouble).requires_grad_(true);
+    const auto targets = torch::randint(0, 11, {6}, torch::kLong);
+    (LinearCrossEntropy(hidden, weight, targets, 4, gradient) / 4.0).backward();
+    const auto quarter_hidden = hidden.grad().clone(), quarter_weight = weight.grad().clone();
+    hidden.mutable_grad() = torch::Tensor();
+    weight.mutable_grad() = torch::Tensor();
+    LinearCrossEntropy(hidden, weight, targets, 4, gradient).backward();
+    EXPECT_TRUE(torch::allclose(quarter_hidden * 4.0, hidden.grad(), 1e-12, 1e-14)) << Name(gradient);
+    EXPECT_TRUE(torch::allclose(quarter_weight * 4.0, weight.grad(), 1e-12, 1e-14)) << Name(gradient);
+  }
+}
+
+TEST(LinearCrossEntropyTest, StoredGradientIsOnlyKeptWhenOneWillBeAskedFor) {
+  // Evaluation (no input requires a gradient) gets the same loss both ways and no graph; when
+  // only the weight asks for a gradient, it is the composition's.
+  torch::manual_seed(10);
+  const auto hidden = torch::randn({6, 8});
+  const auto weight = torch::randn({11, 8});
   const auto targets = torch::randint(0, 11, {6}, torch::kLong);
-  (LinearCrossEntropy(hidden, weight, targets, 4) / 4.0).backward();
-  const auto quarter = hidden.grad().clone();
-  hidden.mutable_grad() = torch::Tensor();
-  LinearCrossEntropy(hidden, weight, targets, 4).backward();
-  EXPECT_TRUE(torch::allclose(quarter * 4.0, hidden.grad(), 1e-12, 1e-14));
+  const auto recomputed = LinearCrossEntropy(hidden, weight, targets, 4, HeadGradient::kRecompute);
+  const auto stored = LinearCrossEntropy(hidden, weight, targets, 4, HeadGradient::kStored);
+  EXPECT_FALSE(stored.requires_grad());
+  EXPECT_FLOAT_EQ(stored.item<float>(), recomputed.item<float>());
+  // Only the weight asks: the hidden states' gradient is not computed.
+  const auto w = weight.clone().requires_grad_(true);
+  LinearCrossEntropy(hidden, w, targets, 4, HeadGradient::kStored).backward();
+  EXPECT_TRUE(w.grad().defined());
+  EXPECT_TRUE(torch::allclose(w.grad(), Plain(hidden, weight, targets).grad_weight, 1e-4, 1e-6));
 }
 
 TEST(LinearCrossEntropyTest, UniformLogitsGiveLogVocab) {
@@ -111,12 +149,14 @@ LlamaConfig TinyConfig() {
 }
 
 TEST(LlamaLossTest, EqualsForwardThenCausalLmLoss) {
-  for (const bool tied : {false, true}) {
+  for (const auto [tied, gradient] : {std::pair{false, HeadGradient::kRecompute}, std::pair{true, HeadGradient::kRecompute},
+                                      std::pair{false, HeadGradient::kStored}, std::pair{true, HeadGradient::kStored}}) {
     torch::manual_seed(11);
     LlamaConfig c = TinyConfig();
     c.tie_word_embeddings = tied;
     LlamaForCausalLM model(c);
     model->InitWeights(0.1);
+    model->set_loss_gradient(gradient);
     const auto tokens = torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
     const auto inputs = tokens.narrow(1, 0, 8), targets = tokens.narrow(1, 1, 8);
 
@@ -129,10 +169,10 @@ TEST(LlamaLossTest, EqualsForwardThenCausalLmLoss) {
     }
     auto fused = model->Loss(inputs, targets);
     fused.backward();
-    EXPECT_NEAR(fused.item<float>(), plain.item<float>(), 1e-6) << "tied " << tied;
+    EXPECT_NEAR(fused.item<float>(), plain.item<float>(), 1e-6) << "tied " << tied << " " << Name(gradient);
     const auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(params[i].grad(), want[i], 1e-4, 1e-6)) << "parameter " << i << " tied " << tied;
+      EXPECT_TRUE(torch::allclose(params[i].grad(), want[i], 1e-4, 1e-6)) << "parameter " << i << " tied " << tied << " " << Name(gradient);
     }
   }
 }

@@ -108,6 +108,33 @@ TEST(Train, LossChunksBoundTheLogitsMemory) {
       << "chunked " << chunked->steady_peak_tensor_bytes << " whole " << whole->steady_peak_tensor_bytes;
 }
 
+// training.loss_gradient: stored (auto on CUDA) keeps the logits' gradient from the head's
+// forward to its backward instead of recomputing the logits: the same losses, and the step's
+// tensor peak holds that tokens x vocab buffer more (fp32 here: 4096 x 4096 x 4 bytes).
+TEST(Train, StoredLossGradientTrainsAlikeAndHoldsTokensTimesVocab) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  const std::vector<std::string> big = {"data.train=" + tokens, "model.vocab_size=4096", "data.seq_len=256",
+                                        "data.batch_size=16", "schedule.steps=3", "training.loss_chunk_mib=1"};
+  auto stored_cfg = big;
+  stored_cfg.push_back("training.loss_gradient=stored");
+  auto recompute_cfg = big;
+  recompute_cfg.push_back("training.loss_gradient=recompute");
+  auto stored = TrainQuietly(Config(stored_cfg));
+  auto recomputed = TrainQuietly(Config(recompute_cfg));
+  auto automatic = TrainQuietly(Config(big));  // auto: recompute on the CPU
+  ASSERT_TRUE(stored.ok() && recomputed.ok() && automatic.ok());
+  ASSERT_EQ(stored->losses.size(), recomputed->losses.size());
+  for (size_t i = 0; i < stored->losses.size(); ++i) {
+    EXPECT_NEAR(stored->losses[i], recomputed->losses[i], 1e-5) << i;
+    EXPECT_EQ(automatic->losses[i], recomputed->losses[i]) << i;
+  }
+  const int64_t grad_bytes = int64_t{4096} * 4096 * 4;
+  EXPECT_GT(stored->steady_peak_tensor_bytes, recomputed->steady_peak_tensor_bytes + grad_bytes / 2)
+      << "stored " << stored->steady_peak_tensor_bytes << " recomputed " << recomputed->steady_peak_tensor_bytes;
+  EXPECT_EQ(automatic->steady_peak_tensor_bytes, recomputed->steady_peak_tensor_bytes);
+}
+
 // training.memory_limit_mib: as if the device held only that much. Past it the run stops as out
 // of device memory (exit 5) naming the key; within it nothing changes.
 TEST(Train, PastTheMemoryLimitIsOutOfDeviceMemory) {
