@@ -53,11 +53,12 @@ RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::De
 }
 
 namespace {
+// One split, not two narrows: the split's backward is one cat of the halves' gradients, where
+// each narrow's backward zero-fills a whole-size tensor and the two are then added (a CPU
+// profile of a step counted 16 such slice backwards against PyTorch's 8 split backwards).
 torch::Tensor RotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  auto x1 = x.narrow(-1, 0, half);
-  auto x2 = x.narrow(-1, half, half);
-  return torch::cat({-x2, x1}, -1);
+  const auto halves = x.chunk(2, -1);
+  return torch::cat({-halves[1], halves[0]}, -1);
 }
 }  // namespace
 
