@@ -53,6 +53,27 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_in, c
 #endif
 }
 
+// Which kernel CausalAttention runs for tensors shaped and typed like these: SDPA's own choice
+// ("flash_attention", "efficient_attention", "cudnn_attention", "math") from libtorch 2.5, where
+// a silent fall back to the math kernel would cost seq² memory and most of the speed.
+inline std::string CausalAttentionKernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  switch (at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1))) {
+    case 0: return "math";
+    case 1: return "flash_attention";
+    case 2: return "efficient_attention";
+    case 3: return "cudnn_attention";
+    default: return "unknown";
+  }
+#else
+  (void)q;
+  (void)k;
+  (void)v;
+  return TORCH_VERSION_MAJOR >= 2 ? "sdpa (libtorch < 2.5 does not say which)" : "math (libtorch 1.13: spelled out)";
+#endif
+}
+
 // RMSNorm as Hugging Face's LlamaRMSNorm computes it: normalise in fp32, cast back to x's
 // dtype, scale by the weight (the product in the promoted dtype). libtorch >= 2.4 has it as
 // one op (fused on CUDA from 2.6), used where x and the weight are both fp32 (then the two

@@ -83,6 +83,20 @@ std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engi
              : "the layers the compiled plan picks to fit its memory budget";
 }
 
+// The kernels the step's heavy parts take: attention (SDPA's pick for this model's shapes and
+// dtype, asked with one sequence), the fused head's backward, and AdamW's update.
+std::string KernelNote(const TrainingRun& r) {
+  const int64_t heads = r.dims.num_attention_heads, kv = r.dims.num_key_value_heads, d = r.dims.head_dim();
+  const auto options = torch::TensorOptions().device(r.device).dtype(r.autocast ? torch::kBFloat16 : torch::kFloat);
+  const int64_t seq = r.cfg.data.seq_len;
+  const std::string attention = compat::CausalAttentionKernel(
+      torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options), torch::empty({1, kv, seq, d}, options));
+  const bool stored = config::StoresLossGradient(r.cfg, r.device.is_cuda());
+  return "attention " + attention + "; output head + loss " +
+         (stored ? "stored logit gradient" : "recomputed logits") + " (training.loss_gradient); AdamW " +
+         AdamW::KernelFor(r.device);
+}
+
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
   const config::TrainConfig& cfg = r.cfg;
   const std::string blas = BlasKernelNote();
@@ -102,7 +116,8 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
           << (blas.empty() ? std::string() : ", " + blas) << "; mfu vs "
           << (profile.peak_flops >= 1e12 ? Format("%.1f TFLOP/s", profile.peak_flops / 1e12)
                                          : Format("%.1f GFLOP/s", profile.peak_flops / 1e9))
-          << " (" << profile.basis << ")\n";
+          << " (" << profile.basis << ")\n"
+          << "kernels: " << KernelNote(r) << "\n";
   if (r.first_step() > 0) {
     r.log() << "resumed from " << r.resumed.step_dir << " (step " << r.first_step() << " of " << cfg.schedule.steps
             << ")\n";

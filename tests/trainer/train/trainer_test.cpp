@@ -10,6 +10,7 @@
 #include "tests/common/temp_dir.h"
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
+#include "trainer/model/compat.h"
 #include "trainer/train/profile.h"
 #include "trainer/train/trainer.h"
 
@@ -63,6 +64,23 @@ TEST(Train, SameSeedGivesIdenticalLossesOnCpu) {
   ASSERT_EQ(a->losses.size(), 6u);
   EXPECT_EQ(a->losses, b->losses);
   EXPECT_NE(a->losses, c->losses);
+}
+
+// The start-up `kernels:` line names the attention kernel SDPA picks for the model's shapes
+// (libtorch 1.13 spells attention out: math; 2.11 on the CPU picks its flash kernel), the head's
+// backward and AdamW's kernel.
+TEST(Train, StartUpNamesTheKernels) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  std::ostringstream log;
+  auto r = Train(Config({"data.train=" + tokens, "training.loss_gradient=stored"}), log);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string attention = compat::kTorch2 ? "attention flash_attention" : "attention math (libtorch 1.13";
+  EXPECT_NE(log.str().find("kernels: " + attention), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("output head + loss stored logit gradient"),
+            std::string::npos)
+      << log.str();
+  EXPECT_NE(log.str().find("AdamW foreach"), std::string::npos) << log.str();
 }
 
 // Activation checkpointing changes memory, not numerics: every layer recomputed gives the same
