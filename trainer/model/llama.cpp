@@ -84,11 +84,28 @@ AttentionImpl::AttentionImpl(const LlamaConfig& c)
   o_proj = register_module("o_proj", linear(num_heads_ * head_dim_, c.hidden_size));
 }
 
+torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const torch::Tensor& x) {
+  const compat::AutocastState amp = compat::CurrentCudaAutocast();
+  const bool cast = amp.enabled && x.is_cuda();
+  std::vector<torch::Tensor> parts;
+  parts.reserve(weights.size());
+  for (const torch::Tensor& w : weights) parts.push_back(cast ? w.to(amp.dtype) : w);
+  return torch::cat(parts, 0);
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const int64_t b = x.size(0), t = x.size(1);
-  auto q = q_proj(x).view({b, t, num_heads_, head_dim_}).transpose(1, 2);
-  auto k = k_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-  auto v = v_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor q, k, v;
+  if (merged) {
+    const auto qkv = F::linear(x, MergedWeight({q_proj->weight, k_proj->weight, v_proj->weight}, x))
+                         .split_with_sizes({num_heads_ * head_dim_, num_kv_heads_ * head_dim_, num_kv_heads_ * head_dim_}, -1);
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {
+    q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  }
+  q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);
+  k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
   q = ApplyRope(q, rope);
   k = ApplyRope(k, rope);
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
@@ -107,7 +124,9 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+  if (!merged) return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+  const auto gate_up = F::linear(x, MergedWeight({gate_proj->weight, up_proj->weight}, x)).chunk(2, -1);
+  return down_proj(F::silu(gate_up[0]) * gate_up[1]);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
@@ -140,6 +159,14 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
 
 torch::Tensor LlamaForCausalLMImpl::OutputWeight() {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+void LlamaForCausalLMImpl::set_merged_projections(bool merged) {
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto& layer = *model->layers[i]->as<DecoderLayer>();
+    layer.self_attn->merged = merged;
+    layer.mlp->merged = merged;
+  }
 }
 
 const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Device& device) {

@@ -42,12 +42,20 @@ RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::De
 // x: [batch, heads, seq, head_dim].
 torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope);
 
+// Linear weights [out_i, in] stacked into one [sum out_i, in] for input x, each cast to the CUDA
+// autocast dtype first when x is on CUDA under autocast (the copy autocast would make of each).
+torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const torch::Tensor& x);
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c);
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // q, k and v from one GEMM over their weights concatenated (MergedWeight), not three: the
+  // input is cast to bf16 once under autocast, and backward gets its gradient from one GEMM
+  // instead of three gradients summed. The parameters stay three (HF's names and layout).
+  bool merged = true;
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -60,6 +68,7 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  bool merged = true;  // gate and up from one GEMM, as AttentionImpl::merged
 };
 TORCH_MODULE(Mlp);
 
@@ -123,6 +132,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
   // How the fused head + loss gets the logits' gradient for backward (linear_cross_entropy.h).
   void set_loss_gradient(HeadGradient gradient) { loss_gradient_ = gradient; }
+  // Every layer's AttentionImpl::merged and MlpImpl::merged (training.merge_projections).
+  void set_merged_projections(bool merged);
   HeadGradient loss_gradient() const { return loss_gradient_; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by

@@ -284,6 +284,37 @@ TEST(LlamaForCausalLMTest, ForwardEqualsHfDecoderWrittenOut) {
       << "max diff " << (logits - expected).abs().max().item<float>();
 }
 
+// q/k/v and gate/up from one GEMM each (the default) against one GEMM per projection: the same
+// loss and the same gradient for every parameter (double: to rounding; fp32: within 1e-5).
+TEST(LlamaForCausalLMTest, MergedProjectionsEqualSeparateOnes) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+    torch::manual_seed(5);
+    LlamaForCausalLM model(TinyConfig());
+    model->InitWeights(0.1);
+    model->to(dtype);
+    const auto tokens = torch::randint(0, 48, {2, 10}, torch::kLong);
+    const auto inputs = tokens.narrow(1, 0, 9), targets = tokens.narrow(1, 1, 9);
+    auto run = [&](bool merged) {
+      model->set_merged_projections(merged);
+      model->zero_grad();
+      auto loss = model->Loss(inputs, targets);
+      loss.backward();
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+      return std::make_pair(loss.item<double>(), grads);
+    };
+    const auto [separate_loss, separate] = run(false);
+    const auto [merged_loss, merged] = run(true);
+    EXPECT_NEAR(merged_loss, separate_loss, tol) << dtype;
+    const auto names = model->named_parameters().keys();
+    for (size_t i = 0; i < merged.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(merged[i], separate[i], tol, tol))
+          << names[i] << " " << dtype << " max diff " << (merged[i] - separate[i]).abs().max().item<double>();
+    }
+  }
+}
+
 TEST(LlamaForCausalLMTest, LaterTokensDoNotChangeEarlierLogits) {
   torch::manual_seed(4);
   LlamaForCausalLM model(TinyConfig());
