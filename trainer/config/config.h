@@ -96,6 +96,8 @@ struct TrainingConfig {
   // MiB of fp32 logits per chunk of the fused output head + loss (model/linear_cross_entropy.h).
   int64_t loss_chunk_mib = 256;
   LossGradient loss_gradient = LossGradient::kAuto;
+  // q/k/v and gate/up each from one GEMM over their concatenated weights (model/llama.h).
+  bool merge_projections = true;
   // The most tensor memory this process may hold, in MiB; 0 = what the device has. On the CPU
   // the counting allocator refuses more (as a smaller device would run out); on CUDA the
   // caching allocator's memory fraction. The compiled plan's default budget follows it.

@@ -92,7 +92,9 @@ std::string KernelNote(const TrainingRun& r) {
   const std::string attention = compat::CausalAttentionKernel(
       torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options), torch::empty({1, kv, seq, d}, options));
   const bool stored = config::StoresLossGradient(r.cfg, r.device.is_cuda());
-  return "attention " + attention + "; output head + loss " +
+  return "attention " + attention + "; projections " +
+         (r.cfg.training.merge_projections ? "merged (q/k/v, gate/up)" : "separate") + " (training.merge_projections)" +
+         "; output head + loss " +
          (stored ? "stored logit gradient" : "recomputed logits") + " (training.loss_gradient); AdamW " +
          AdamW::KernelFor(r.device);
 }
@@ -157,6 +159,7 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   net->set_loss_chunk_rows(model::LossChunkRows(dims.vocab_size, cfg.training.loss_chunk_mib << 20));
   net->set_loss_gradient(config::StoresLossGradient(cfg, device.is_cuda()) ? model::HeadGradient::kStored
                                                                            : model::HeadGradient::kRecompute);
+  net->set_merged_projections(cfg.training.merge_projections);
   return net;
 }
 

@@ -308,6 +308,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_EQ(c->training.device, "auto");
   EXPECT_EQ(c->training.dtype, Dtype::kAuto);
   EXPECT_EQ(c->training.loss_gradient, LossGradient::kAuto);
+  EXPECT_TRUE(c->training.merge_projections);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");

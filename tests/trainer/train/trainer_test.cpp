@@ -81,6 +81,18 @@ TEST(Train, StartUpNamesTheKernels) {
             std::string::npos)
       << log.str();
   EXPECT_NE(log.str().find("AdamW foreach"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("projections merged"), std::string::npos) << log.str();
+}
+
+// training.merge_projections: false runs each projection on its own; the losses are the same.
+TEST(Train, SeparateProjectionsTrainAlike) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  auto merged = TrainQuietly(Config({"data.train=" + tokens}));
+  auto separate = TrainQuietly(Config({"data.train=" + tokens, "training.merge_projections=false"}));
+  ASSERT_TRUE(merged.ok() && separate.ok());
+  ASSERT_EQ(merged->losses.size(), separate->losses.size());
+  for (size_t i = 0; i < merged->losses.size(); ++i) EXPECT_NEAR(merged->losses[i], separate->losses[i], 1e-5) << i;
 }
 
 // Activation checkpointing changes memory, not numerics: every layer recomputed gives the same
