@@ -3,12 +3,13 @@
 # built on the CPU machine (scripts/cuda-flavor.sh && scripts/gpu-prebuilt.sh pack, the folder
 # carried): the gpu tests, bench/gpu_vs_pytorch.sh, and a profile (training.profile_out) and a
 # compiled-FSDP trace (--trace-out) of llama3-1b at batch 4 x 2048, and the table's Meshwork row
-# again with training.loss_gradient=recompute (the head's old backward, for the A/B). Each part has a time cap, so
+# again with training.loss_gradient=recompute (the head's old backward) and with
+# training.merge_projections=false (one GEMM per projection), for the A/Bs. Each part has a time cap, so
 # that a lease that runs short still returns what finished. docs/gpu.md.
 #
 #   OUT          where session.log, the results table, the traces (.json.gz) and logs.tgz go
 #                (default: a new folder under /tmp)
-#   TEST_CAP=150 BENCH_CAP=400 PROFILE_CAP=90 AB_CAP=60 TRACE_CAP=90   seconds for each part
+#   TEST_CAP=150 BENCH_CAP=400 PROFILE_CAP=90 AB_CAP=45 TRACE_CAP=90   seconds for each part
 #   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,11 +51,13 @@ timeout -k 5 "${PROFILE_CAP:-90}" "${run[@]}" "$bin" train "${one_b[@]}" --set s
 echo "profile exit $?" | tee -a "$log"
 grep '^profile:' "$out/profile-llama3-1b.log" | tee -a "$log"
 
-stamp "A/B: llama3-1b batch 4 with training.loss_gradient=recompute (the table's row is stored)"
-timeout -k 5 "${AB_CAP:-60}" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 \
-  --set training.loss_gradient=recompute >"$out/recompute-llama3-1b.log" 2>&1
-echo "recompute exit $?" | tee -a "$log"
-grep -E '^(step [5-8]/|done)' "$out/recompute-llama3-1b.log" | tee -a "$log"
+for ab in training.loss_gradient=recompute training.merge_projections=false; do
+  stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
+  timeout -k 5 "${AB_CAP:-45}" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
+    >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
+  echo "$ab exit $?" | tee -a "$log"
+  grep -E '^(step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
+done
 
 stamp "compiled FSDP on one rank (NCCL), llama3-1b batch 4: plan and trace of step 3"
 timeout -k 5 "${TRACE_CAP:-90}" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 \
