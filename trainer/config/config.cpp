@@ -176,6 +176,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("training.threads", &c.training.threads, 0, 4096),
       EnumField("training.activation_checkpointing", &c.training.activation_checkpointing,
                 kActivationCheckpointingNames),
+      IntField("training.checkpoint_every", &c.training.checkpoint_every, 1, 1 << 20),
       IntField("training.loss_chunk_mib", &c.training.loss_chunk_mib, 1, 1 << 20),
       EnumField("training.loss_gradient", &c.training.loss_gradient, kLossGradientNames),
       BoolField("training.merge_projections", &c.training.merge_projections),

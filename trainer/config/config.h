@@ -36,9 +36,12 @@ enum class MeshPolicy { kExplicit, kAuto };
 inline constexpr EnumName<MeshPolicy> kMeshPolicyNames[] = {{MeshPolicy::kExplicit, "explicit"},
                                                             {MeshPolicy::kAuto, "auto"}};
 
-enum class ActivationCheckpointing { kAuto, kNone, kAll };
+enum class ActivationCheckpointing { kAuto, kNone, kAll, kSelective };
 inline constexpr EnumName<ActivationCheckpointing> kActivationCheckpointingNames[] = {
-    {ActivationCheckpointing::kAuto, "auto"}, {ActivationCheckpointing::kNone, "none"}, {ActivationCheckpointing::kAll, "all"}};
+    {ActivationCheckpointing::kAuto, "auto"},
+    {ActivationCheckpointing::kNone, "none"},
+    {ActivationCheckpointing::kAll, "all"},
+    {ActivationCheckpointing::kSelective, "selective"}};
 
 // How the fused output head + loss gets the logits' gradient (model/linear_cross_entropy.h):
 // auto = stored on CUDA, recomputed on the CPU.
@@ -93,6 +96,8 @@ struct TrainingConfig {
   // Recompute decoder layers in backward: auto = the layers compiled FSDP's plan picks under its
   // memory budget (otherwise none); none; all.
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
+  // selective: layers 0, N, 2N, ... are checkpointed (one process only).
+  int64_t checkpoint_every = 2;
   // MiB of fp32 logits per chunk of the fused output head + loss (model/linear_cross_entropy.h).
   int64_t loss_chunk_mib = 256;
   LossGradient loss_gradient = LossGradient::kAuto;

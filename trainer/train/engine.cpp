@@ -29,8 +29,8 @@ namespace {
 
 class LocalEngine : public Engine {
  public:
-  LocalEngine(model::LlamaForCausalLM model, bool checkpoint_layers)
-      : model_(std::move(model)), checkpoint_layers_(checkpoint_layers) {
+  LocalEngine(model::LlamaForCausalLM model, int64_t checkpoint_every)
+      : model_(std::move(model)), checkpoint_every_(checkpoint_every) {
     for (auto& p : model_->parameters()) (p.dim() >= 2 ? decay_ : no_decay_).push_back(p);
   }
   int rank() const override { return 0; }
@@ -41,11 +41,12 @@ class LocalEngine : public Engine {
   dist::MeshShape mesh_shape() const override { return {}; }
 
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool) override {
-    if (!checkpoint_layers_) return model_->Loss(tokens, targets);
+    if (checkpoint_every_ <= 0) return model_->Loss(tokens, targets);
+    const int64_t every = checkpoint_every_;
     return model_->ForwardWithLayerRunner(
         tokens,
-        [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
-          return model::CheckpointedLayer(layer, h, rope);
+        [every](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
+          return i % every == 0 ? model::CheckpointedLayer(layer, h, rope) : layer.forward(h, rope);
         },
         targets);
   }
@@ -88,7 +89,7 @@ class LocalEngine : public Engine {
 
  private:
   model::LlamaForCausalLM model_;
-  bool checkpoint_layers_;  // training.activation_checkpointing: all
+  int64_t checkpoint_every_;  // layers 0, N, 2N, ... run checkpointed; 0: none, 1: all
   std::vector<torch::Tensor> decay_, no_decay_;
 };
 
@@ -261,8 +262,8 @@ bool IsLoopback(const std::string& host) { return host == "localhost" || host.rf
 
 }  // namespace
 
-std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, bool checkpoint_layers) {
-  return std::make_unique<LocalEngine>(std::move(model), checkpoint_layers);
+std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, int64_t checkpoint_every) {
+  return std::make_unique<LocalEngine>(std::move(model), checkpoint_every);
 }
 
 Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
@@ -270,8 +271,19 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
   if (env.world_size == 1 && !cfg.fsdp.single_process) {
     if (!cfg.fsdp.trace_out.empty()) log << "trace: fsdp.trace_out ignored: one process runs no FSDP\n";
-    return MakeLocalEngine(std::move(model),
-                           cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll);
+    int64_t every = 0;
+    if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll) every = 1;
+    if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
+      every = cfg.training.checkpoint_every;
+    }
+    return MakeLocalEngine(std::move(model), every);
+  }
+  if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
+    return InvalidConfig(
+        "key 'training.activation_checkpointing': selective is for one process; FSDP (world size " +
+        std::to_string(env.world_size) +
+        (cfg.fsdp.single_process ? ", fsdp.single_process" : "") +
+        ") checkpoints every layer (all) or, with fsdp.mode: compiled, the layers its plan picks (auto)");
   }
 
   dist::MeshShape shape;
@@ -323,6 +335,7 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       break;
     case config::ActivationCheckpointing::kNone: fo.checkpointing = fsdp::LayerCheckpointing::kNone; break;
     case config::ActivationCheckpointing::kAll: fo.checkpointing = fsdp::LayerCheckpointing::kAll; break;
+    case config::ActivationCheckpointing::kSelective: break;  // refused above
   }
   if (device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32) fo.param_dtype = torch::kBFloat16;
   fsdp::FsdpGroups groups;

@@ -70,7 +70,8 @@ class Engine {
 };
 
 // One process, the plain model; `checkpoint_layers`: every decoder layer recomputed in backward.
-std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, bool checkpoint_layers = false);
+// checkpoint_every: decoder layers 0, N, 2N, ... run checkpointed (0: none, 1: every layer).
+std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, int64_t checkpoint_every = 0);
 
 // Reads the rendezvous environment (RANK, WORLD_SIZE, ...); when WORLD_SIZE > 1, joins the
 // rendezvous, builds the mesh (mesh.*) and shards `model` (fsdp.*); else a LocalEngine.

@@ -73,6 +73,10 @@ std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engi
   switch (cfg.training.activation_checkpointing) {
     case config::ActivationCheckpointing::kAll: return "every layer";
     case config::ActivationCheckpointing::kNone: return "off";
+    case config::ActivationCheckpointing::kSelective:
+      return "layers 0, " + std::to_string(cfg.training.checkpoint_every) + ", " +
+             std::to_string(2 * cfg.training.checkpoint_every) + ", ... (selective, training.checkpoint_every " +
+             std::to_string(cfg.training.checkpoint_every) + ")";
     case config::ActivationCheckpointing::kAuto: break;
   }
   const bool fsdp = engine.world_size() > 1 || cfg.fsdp.single_process;

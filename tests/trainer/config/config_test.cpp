@@ -107,6 +107,7 @@ const Rejected kRejected[] = {
     {"TokenFormat", "data:\n  token_format: u8\n", {}, "'data.token_format'", "'u8'"},
     {"TrainingDtype", "training:\n  dtype: fp16\n", {}, "'training.dtype'", "'fp16'"},
     {"LossGradient", "training:\n  loss_gradient: cached\n", {}, "'training.loss_gradient'", "'cached'"},
+    {"CheckpointEveryZero", "training:\n  checkpoint_every: 0\n", {}, "'training.checkpoint_every'", "got 0"},
     {"DeviceProfile", "metrics:\n  device_profile: v100\n", {}, "'metrics.device_profile'", "'v100'"},
     {"ExportDtype", "checkpoint:\n  export_dtype: fp16\n", {}, "'checkpoint.export_dtype'", "'fp16'"},
     {"CheckpointEveryNegative", "checkpoint:\n  every: -5\n", {}, "'checkpoint.every'", "got -5"},

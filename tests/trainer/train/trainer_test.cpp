@@ -101,7 +101,9 @@ TEST(Train, ActivationCheckpointingKeepsLossesAndLowersTheStepPeak) {
   TempDir dir;
   const std::string tokens = WriteText(dir);
   // Activations dominate here: a long sequence through a narrow model.
-  const std::vector<std::string> big = {"data.train=" + tokens, "data.seq_len=256", "data.batch_size=8"};
+  // Four layers, so that selective (layers 0 and 2) keeps twice a layer's activations to all's once.
+  const std::vector<std::string> big = {"data.train=" + tokens, "data.seq_len=256", "data.batch_size=8",
+                                        "model.num_hidden_layers=4"};
   auto plain_cfg = big;
   plain_cfg.push_back("training.activation_checkpointing=none");
   auto all_cfg = big;
@@ -114,6 +116,29 @@ TEST(Train, ActivationCheckpointingKeepsLossesAndLowersTheStepPeak) {
   EXPECT_EQ(plain->steady_from_step, 1);
   EXPECT_GT(plain->steady_peak_tensor_bytes, 0);
   EXPECT_LT(all->steady_peak_tensor_bytes, plain->steady_peak_tensor_bytes);
+  // selective, every 2nd layer: the peak lies between the two.
+  auto selective_cfg = big;
+  selective_cfg.push_back("training.activation_checkpointing=selective");
+  auto selective = TrainQuietly(Config(selective_cfg));
+  ASSERT_TRUE(selective.ok());
+  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(selective->losses[i], plain->losses[i], 1e-6) << i;
+  EXPECT_LT(selective->steady_peak_tensor_bytes, plain->steady_peak_tensor_bytes);
+  EXPECT_GT(selective->steady_peak_tensor_bytes, all->steady_peak_tensor_bytes);
+}
+
+// selective is for one process: under FSDP (here one process of it) it is refused by name.
+TEST(Train, SelectiveCheckpointingUnderFsdpIsRefusedByName) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  std::ostringstream log;
+  auto r = Train(Config({"data.train=" + tokens, "fsdp.single_process=true",
+                         "training.activation_checkpointing=selective"}),
+                 log);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(r.status().message().find("'training.activation_checkpointing': selective is for one process"),
+            std::string::npos)
+      << r.status().message();
 }
 
 // The output head and the loss run fused, a chunk of tokens at a time: small chunks give the
