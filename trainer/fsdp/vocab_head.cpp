@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "trainer/model/compat.h"
 #include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::fsdp {
@@ -187,7 +188,7 @@ torch::Tensor VocabParallelHead::Backward(const torch::Tensor& grad_loss, Saved&
 torch::Tensor VocabParallelHead::Loss(const torch::Tensor& hidden, const torch::Tensor& targets) {
   TORCH_CHECK(hidden.size(-1) == width_, "vocab-parallel head: hidden ", hidden.sizes(), " does not match the table's width ",
               width_);
-  const torch::Tensor h = hidden.reshape({-1, width_}).to(model::HeadMatmulDtype(hidden));
+  const torch::Tensor h = hidden.reshape({-1, width_}).to(compat::MatmulDtype(hidden));
   const torch::Tensor tg = targets.reshape({-1}).to(torch::kLong);
   return VocabParallelLoss::apply(h, tg, this);
 }

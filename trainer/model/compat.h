@@ -102,6 +102,24 @@ inline AutocastState CurrentCudaAutocast() {
 #endif
 }
 
+// The dtype a matmul of `input` runs in: the CUDA autocast dtype when input is on CUDA under
+// autocast (what at::matmul would cast to), else input's own.
+inline at::ScalarType MatmulDtype(const at::Tensor& input) {
+  const AutocastState amp = CurrentCudaAutocast();
+  return amp.enabled && input.is_cuda() ? amp.dtype : input.scalar_type();
+}
+
+// a @ b as a new tensor of dtype `out`. On CUDA, libtorch 2.11's mm takes bf16/fp16 inputs to an
+// fp32 output in one cuBLAS call (fp32 accumulation, no bf16 rounding of the product); otherwise
+// the product in the inputs' dtype, then cast.
+inline at::Tensor MatmulTo(const at::Tensor& a, const at::Tensor& b, at::ScalarType out) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+  const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
+  if (a.is_cuda() && half && out == at::kFloat) return at::mm(a, b, out);
+#endif
+  return at::matmul(a, b).to(out);
+}
+
 // Turns CUDA autocast to `dtype` on for its lifetime (no-op when !enabled).
 class CudaAutocastGuard {
  public:

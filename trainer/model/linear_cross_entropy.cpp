@@ -9,17 +9,6 @@
 namespace meshwork::model {
 namespace {
 
-// a @ b as a new tensor of dtype `out` (fp32 for the weight's gradient). On CUDA, libtorch 2.11's
-// mm takes bf16/fp16 inputs to an fp32 output in one cuBLAS call (fp32 accumulation throughout);
-// otherwise the product in the inputs' dtype, then cast.
-torch::Tensor MatmulTo(const torch::Tensor& a, const torch::Tensor& b, torch::ScalarType out) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
-  const bool half = a.scalar_type() == torch::kBFloat16 || a.scalar_type() == torch::kHalf;
-  if (a.is_cuda() && half && out == torch::kFloat) return at::mm(a, b, out);
-#endif
-  return torch::matmul(a, b).to(out);
-}
-
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
   // hidden [n, d] and weight [vocab, d] in their own dtypes (fp32 under autocast: the final
   // norm's output and the parameter); the matmuls run in `matmul_dtype`, cast here rather than
@@ -78,8 +67,8 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     torch::Tensor grad_hidden, grad_weight;
     if (logit_grad.defined()) {
       // Stored: one matmul per input over every token, scaled after (in fp32, on the products).
-      if (need_hidden) grad_hidden = MatmulTo(logit_grad, w, stats).mul_(scale).to(hidden_dtype);
-      if (need_weight) grad_weight = MatmulTo(logit_grad.t(), h, stats).mul_(scale).to(weight_dtype);
+      if (need_hidden) grad_hidden = compat::MatmulTo(logit_grad, w, stats).mul_(scale).to(hidden_dtype);
+      if (need_weight) grad_weight = compat::MatmulTo(logit_grad.t(), h, stats).mul_(scale).to(weight_dtype);
       return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     // Recomputed, chunk by chunk.
@@ -113,12 +102,6 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
 
 }  // namespace
 
-torch::ScalarType HeadMatmulDtype(const torch::Tensor& hidden) {
-  const compat::AutocastState amp = compat::CurrentCudaAutocast();
-  if (amp.enabled && hidden.is_cuda()) return amp.dtype;
-  return hidden.scalar_type();
-}
-
 torch::ScalarType LossStatsDtype(const torch::Tensor& hidden) {
   return c10::promoteTypes(hidden.scalar_type(), torch::kFloat);
 }
@@ -138,7 +121,7 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tenso
   if (chunk_rows <= 0) chunk_rows = LossChunkRows(weight.size(0));
   return LinearCrossEntropyFunction::apply(hidden.reshape({-1, d}), weight, t, chunk_rows,
                                            gradient == HeadGradient::kStored,
-                                           static_cast<int64_t>(HeadMatmulDtype(hidden)));
+                                           static_cast<int64_t>(compat::MatmulDtype(hidden)));
 }
 
 }  // namespace meshwork::model

@@ -29,10 +29,8 @@ inline constexpr int64_t kLossChunkBytes = int64_t{256} << 20;
 // Rows per chunk for a vocabulary: `chunk_bytes` of fp32 logits, at least one row.
 int64_t LossChunkRows(int64_t vocab, int64_t chunk_bytes = kLossChunkBytes);
 
-// The dtype the head's matmul runs in for `hidden`: the autocast dtype on CUDA under autocast
-// (what at::matmul would pick), else hidden's own. Softmax statistics and the weight's gradient
-// sum: fp32, or double for double inputs.
-torch::ScalarType HeadMatmulDtype(const torch::Tensor& hidden);
+// The dtype of the softmax statistics and the weight's gradient sum for the head's matmul
+// dtype (compat::MatmulDtype): fp32, or double for double inputs.
 torch::ScalarType LossStatsDtype(const torch::Tensor& hidden);
 
 enum class HeadGradient { kRecompute, kStored };

@@ -85,11 +85,10 @@ AttentionImpl::AttentionImpl(const LlamaConfig& c)
 }
 
 torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const torch::Tensor& x) {
-  const compat::AutocastState amp = compat::CurrentCudaAutocast();
-  const bool cast = amp.enabled && x.is_cuda();
+  const auto dtype = compat::MatmulDtype(x);
   std::vector<torch::Tensor> parts;
   parts.reserve(weights.size());
-  for (const torch::Tensor& w : weights) parts.push_back(cast ? w.to(amp.dtype) : w);
+  for (const torch::Tensor& w : weights) parts.push_back(w.to(dtype));
   return torch::cat(parts, 0);
 }
 

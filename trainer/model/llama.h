@@ -42,8 +42,8 @@ RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::De
 // x: [batch, heads, seq, head_dim].
 torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope);
 
-// Linear weights [out_i, in] stacked into one [sum out_i, in] for input x, each cast to the CUDA
-// autocast dtype first when x is on CUDA under autocast (the copy autocast would make of each).
+// Linear weights [out_i, in] stacked into one [sum out_i, in] for input x, each cast first to the
+// dtype x's matmul runs in (compat::MatmulDtype: the copy autocast would make of each).
 torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const torch::Tensor& x);
 
 class AttentionImpl : public torch::nn::Module {
