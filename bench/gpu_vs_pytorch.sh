@@ -9,6 +9,8 @@
 # usage: bench/gpu_vs_pytorch.sh [build-dir]   (default: build-gpu/ if it has meshwork-train, else build/)
 #   PYTHON=python3  STEPS=20  SKIP=2 (steps left out of tokens/s)  LR=3e-4  RUN_TIMEOUT=900 (s per run)
 #   LOGS=DIR (every run's log and JSONL are written there and kept)
+#   MESHWORK_SET="key=value ..." (config overrides for every meshwork-train run, named in the table's
+#   header; e.g. training.fused_kernels=off)
 #   COMPILE_FOR="llama3-1b-4 llama3-1b-8 llama-100m-16" (NAME-BATCH of the rows whose torch.compile
 #   peer runs, default all: torch.compile takes 1-2 minutes a model, a short GPU lease may not
 #   have them; a row left out says so)
@@ -76,13 +78,16 @@ failure() {
   else echo "failed (exit $2)"; fi
 }
 
+extra_sets=()
+for kv in ${MESHWORK_SET:-}; do extra_sets+=(--set "$kv"); done
+
 # Sets tps, mfu, alloc, reserved, loss (or result) for one Meshwork run.
 run_meshwork() {
   local preset="$1" batch="$2" seq="$3" log="$4" jsonl="$5" flops="$6" rc=0
   timeout "$run_timeout" "$bin" train --set model.preset="$preset" --set data.train=synthetic \
     --set data.seq_len="$seq" --set data.batch_size="$batch" --set schedule.steps="$steps" \
     --set optimizer.lr="$lr" --set training.device=cuda --set training.dtype=bf16 \
-    --set metrics.port=-1 --set logging.every=1 --set logging.jsonl="$jsonl" >"$log" 2>&1 || rc=$?
+    --set metrics.port=-1 --set logging.every=1 --set logging.jsonl="$jsonl" "${extra_sets[@]}" >"$log" 2>&1 || rc=$?
   result=""
   if [ "$rc" != 0 ]; then result="$(failure "$log" "$rc")"; return; fi
   parse_run "$log"
@@ -134,6 +139,7 @@ torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
   echo "out of both. MFU: Meshwork's formula (6N + attention FLOPs per token) over the dense bf16 peak"
   echo "meshwork-train uses. Peak memory: the CUDA caching allocator's peak allocated and reserved"
   echo "(Meshwork's from its done line). Meshwork ÷ row: Meshwork's tokens/s over the row's."
+  echo "meshwork-train's config: the defaults$([ -z "${MESHWORK_SET:-}" ] || echo ", with $MESHWORK_SET")."
   echo
   echo "| model | batch x seq | trainer | tokens/s | MFU | peak allocated | peak reserved | final loss | Meshwork ÷ row |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"

@@ -1,6 +1,8 @@
-# The CUDA runtime (headers + libcudart) and NCCL (nccl.h + libnccl), found without nvcc: the
-# trainer compiles no .cu file, and the NVIDIA wheels that come with a pip torch carry no nvcc.
-# Included by cmake/torch.cmake after find_package(Torch).
+# The CUDA runtime (headers + libcudart) and NCCL (nccl.h + libnccl), found without nvcc (the NVIDIA
+# wheels that come with a pip torch carry none); and nvcc, if there is one, for the trainer's own
+# kernels (trainer/model/fused_kernels.cu): without it they are left out and the model runs the
+# composition they replace (training.fused_kernels). Included by cmake/torch.cmake after
+# find_package(Torch).
 #
 # Looked for, first found wins:
 #   CUDA runtime  MESHWORK_CUDA_ROOTS (folders with include/ and/or lib/: scripts/gpu-build.sh puts
@@ -11,10 +13,12 @@
 #                 (crt/ and nv/target: beside cuda_runtime_api.h first, then the same places)
 #   NCCL          NCCL_ROOT, $NCCL_ROOT, the nvidia-nccl-cu* wheel next to libtorch
 #                 (site-packages/nvidia/nccl), then the CUDA runtime's places
+#   nvcc          MESHWORK_NVCC, then bin/ of the CUDA runtime's places (the nvidia-cuda-nvcc and
+#                 nvidia-nvvm wheels unpack there: scripts/cuda-flavor.sh), then PATH
 # The wheels ship versioned libraries only (libcudart.so.13, libnccl.so.2), hence the extra names.
 #
 # Sets MESHWORK_CUDA_INCLUDE_DIRS, MESHWORK_CUDART_LIBRARY, MESHWORK_CUDA_VERSION ("13.0"),
-# MESHWORK_CUDA_FOUND; NCCL_INCLUDE_DIR, NCCL_LIBRARY, MESHWORK_NCCL_VERSION, MESHWORK_NCCL_FOUND.
+# MESHWORK_CUDA_FOUND; MESHWORK_NVCC (or MESHWORK_NVCC-NOTFOUND), MESHWORK_CUDA_ARCHS; NCCL_INCLUDE_DIR, NCCL_LIBRARY, MESHWORK_NCCL_VERSION, MESHWORK_NCCL_FOUND.
 
 # A pip torch lives at site-packages/torch; its NVIDIA wheels unpack beside it, at site-packages/nvidia.
 get_filename_component(_mw_site_packages "${TORCH_INSTALL_PREFIX}" DIRECTORY)
@@ -77,3 +81,11 @@ if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
   endforeach()
   set(MESHWORK_NCCL_VERSION "${_mw_nccl_MAJOR}.${_mw_nccl_MINOR}.${_mw_nccl_PATCH}")
 endif()
+
+# nvcc for the trainer's kernels, called directly (trainer/model/CMakeLists.txt) rather than
+# through enable_language(CUDA), whose toolkit detection expects a whole toolkit's layout. The
+# architectures: A100 (80), H100/H200 (90), B200 (100) as machine code, and PTX of 90 that newer
+# GPUs compile when loaded.
+find_program(MESHWORK_NVCC nvcc HINTS ${_mw_cuda_hints} PATH_SUFFIXES bin
+  DOC "nvcc for trainer/model/fused_kernels.cu (empty: the kernels are left out)")
+set(MESHWORK_CUDA_ARCHS "80;90;100" CACHE STRING "GPU architectures the trainer's kernels are compiled for")

@@ -7,7 +7,8 @@
 #
 # A CUDA libtorch's Caffe2Config.cmake includes its public/cuda.cmake, which wants a CUDA toolkit
 # with nvcc (find_package(CUDA), enable_language(CUDA)) so that a project can compile .cu files.
-# The trainer compiles none, and the NVIDIA wheels of a pip torch have no nvcc. Of what that file
+# The trainer calls nvcc itself for its one .cu file (cmake/cuda.cmake), when there is an nvcc: the
+# NVIDIA wheels of a pip torch have none. Of what that file
 # defines, libtorch's exported targets use only torch::cudart (c10_cuda and torch_cuda link it):
 # defining it first makes cuda.cmake return at its include guard (`if(TARGET torch::cudart)`), and
 # it is pointed below at the CUDA runtime that cmake/cuda.cmake finds. A CPU libtorch ignores it.

@@ -36,7 +36,10 @@ python="${PYTHON:-python3}"
 # trainer compiles or links against: the CUDA runtime (cuda-toolkit[cudart]==13.0.2 pins
 # nvidia-cuda-runtime 13.0.96), its crt/ headers (nvidia-cuda-crt, which cuda_runtime_api.h includes
 # and torch does not require), CCCL (nvidia-cuda-cccl: cuda_fp16.h, included by nccl.h, includes
-# its <nv/target>) and NCCL. The others (cuBLAS, cuDNN, cuFFT, cuSPARSE, cuSPARSELt, cuRAND,
+# its <nv/target>) and NCCL; and nvcc of the same CUDA release (nvidia-cuda-nvcc, with
+# nvidia-nvvm's cicc and libdevice), which compiles the trainer's own kernels
+# (trainer/model/fused_kernels.cu): both unpack into the runtime's nvidia/cu13, where
+# cmake/cuda.cmake looks for bin/nvcc. The others (cuBLAS, cuDNN, cuFFT, cuSPARSE, cuSPARSELt, cuRAND,
 # cuFile, CUPTI, NVSHMEM: large wheels) are libtorch's own run-time dependencies, which nothing
 # here includes or calls: see the linker flag below.
 wheels=(
@@ -45,6 +48,8 @@ wheels=(
   nvidia-cuda-crt==13.0.88
   nvidia-cuda-cccl==13.0.85
   nvidia-nccl-cu13==2.28.9
+  nvidia-cuda-nvcc==13.0.88
+  nvidia-nvvm==13.0.88
 )
 
 log() { echo "[cuda-flavor] $*"; }

@@ -1,15 +1,21 @@
 // The fused ops on a CUDA device against the plain composition they replace (ctest label gpu):
-// RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5) and the
-// fused output head + loss under bf16 autocast (its logits' gradient stored and recomputed); and the fused AdamW against libtorch's. Without a CUDA device it exits 77 (ctest:
-// Skipped) after saying why.
+// RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5), the fused
+// output head + loss under bf16 autocast (its logits' gradient stored and recomputed), Meshwork's
+// own SwiGLU and RoPE kernels (fused_kernels.cu: against the composition and the CPU's host loop
+// over the same arithmetic, and a whole model step under autocast); and the fused AdamW against
+// libtorch's. Without a CUDA device it exits 77 (ctest: Skipped) after saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <iostream>
 #include <optional>
+#include <string>
 
+#include "tests/trainer/model/fused_reference.h"
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/llama.h"
 #include "trainer/train/adamw.h"
@@ -78,6 +84,149 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
         << "plain bf16 " << distance(plain_w, exact_w);
     EXPECT_LT(distance(fused_w, exact_w), 2e-2);
     EXPECT_LT(distance(fused_h, exact_h), 2e-2);
+  }
+}
+
+// The SwiGLU and RoPE kernels: skipped, saying why, in a build without them (no nvcc).
+#define MW_REQUIRE_FUSED_KERNELS()                                                            \
+  if (!FusedKernelsBuilt()) GTEST_SKIP() << "this build has no CUDA kernels (nvcc was not found " \
+                                            "when it was built: docs/gpu.md)"
+
+using testing::ForwardBackward;
+using testing::SwiGluComposition;
+
+double MaxDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+TEST(FusedOpsGpu, SwiGluKernelEqualsCompositionInDoubleAndFp32) {
+  MW_REQUIRE_FUSED_KERNELS();
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+    torch::manual_seed(11);
+    const auto gate_up = torch::randn({4, 333, 2 * 517}, torch::TensorOptions(kCuda).dtype(dtype)) * 3;
+    const auto upstream = torch::randn({4, 333, 517}, torch::TensorOptions(kCuda).dtype(dtype));
+    const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
+    const auto [y_ref, grad_ref] = ForwardBackward(SwiGluComposition, gate_up, upstream);
+    EXPECT_TRUE(torch::allclose(y, y_ref, tol, tol)) << MaxDiff(y, y_ref);
+    EXPECT_TRUE(torch::allclose(grad, grad_ref, tol, tol)) << MaxDiff(grad, grad_ref);
+  }
+}
+
+// bf16: the kernel and the CPU's host loop run the same arithmetic on the same inputs; they may
+// differ only where expf's last bit tips a bf16 rounding (one bf16 step, 2^-7 relative).
+TEST(FusedOpsGpu, SwiGluAndRopeKernelsMatchTheHostLoopInBf16) {
+  MW_REQUIRE_FUSED_KERNELS();
+  torch::manual_seed(12);
+  const auto gate_up = (torch::randn({2, 1000, 2 * 1024}, kCuda) * 3).to(torch::kBFloat16);
+  const auto upstream = torch::randn({2, 1000, 1024}, kCuda).to(torch::kBFloat16);
+  const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
+  const auto [y_cpu, grad_cpu] = ForwardBackward(FusedSwiGlu, gate_up.cpu(), upstream.cpu());
+  EXPECT_TRUE(torch::allclose(y.cpu().to(torch::kFloat), y_cpu.to(torch::kFloat), 1.0 / 128, 1e-6)) << MaxDiff(y.cpu(), y_cpu);
+  EXPECT_TRUE(torch::allclose(grad.cpu().to(torch::kFloat), grad_cpu.to(torch::kFloat), 1.0 / 128, 1e-6))
+      << MaxDiff(grad.cpu(), grad_cpu);
+  EXPECT_LT((y.cpu() != y_cpu).sum().item<int64_t>(), y.numel() / 100) << "more than 1% of the elements differ";
+
+  LlamaConfig c;
+  c.hidden_size = 2048;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  const RopeTables rope = MakeRopeTables(c, 2048, kCuda);
+  const auto qkv = torch::randn({2, 2048, 48 * 64}, kCuda).to(torch::kBFloat16);
+  const auto q = qkv.narrow(-1, 0, 32 * 64).view({2, 2048, 32, 64}).transpose(1, 2);
+  const auto g = torch::randn({2, 32, 2048, 64}, kCuda).to(torch::kBFloat16);
+  auto fused = [&](const torch::Tensor& x) { return FusedRope(x, x.is_cuda() ? rope.cos : rope.cos.cpu(), x.is_cuda() ? rope.sin : rope.sin.cpu()); };
+  const auto [r, rgrad] = ForwardBackward(fused, q, g);
+  const auto [r_cpu, rgrad_cpu] = ForwardBackward(fused, q.cpu(), g.cpu());
+  EXPECT_TRUE(torch::allclose(r.cpu().to(torch::kFloat), r_cpu.to(torch::kFloat), 1.0 / 128, 1e-6)) << MaxDiff(r.cpu(), r_cpu);
+  EXPECT_TRUE(torch::allclose(rgrad.cpu().to(torch::kFloat), rgrad_cpu.to(torch::kFloat), 1.0 / 128, 1e-6))
+      << MaxDiff(rgrad.cpu(), rgrad_cpu);
+  // And against the composition in fp32 on the same bf16 inputs: one rounding.
+  const auto [r32, rgrad32] = ForwardBackward([&](const torch::Tensor& x) { return ApplyRope(x, rope); },
+                                              q.to(torch::kFloat), g.to(torch::kFloat));
+  EXPECT_TRUE(torch::allclose(r.to(torch::kFloat), r32, 1.0 / 256, 1e-6)) << MaxDiff(r, r32);
+  EXPECT_TRUE(torch::allclose(rgrad.to(torch::kFloat), rgrad32, 1.0 / 256, 1e-6)) << MaxDiff(rgrad, rgrad32);
+}
+
+TEST(FusedOpsGpu, RopeKernelEqualsApplyRopeOnStridedViewsInDoubleAndFp32) {
+  MW_REQUIRE_FUSED_KERNELS();
+  LlamaConfig c;
+  c.hidden_size = 512;
+  c.num_attention_heads = 8;  // head dim 64
+  c.num_key_value_heads = 2;
+  const RopeTables rope = MakeRopeTables(c, 300, kCuda);
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+    torch::manual_seed(13);
+    const auto qkv = torch::randn({3, 257, 12 * 64}, torch::TensorOptions(kCuda).dtype(dtype));
+    const auto k = qkv.narrow(-1, 8 * 64, 2 * 64).view({3, 257, 2, 64}).transpose(1, 2);
+    const auto g = torch::randn({3, 257, 2, 64}, torch::TensorOptions(kCuda).dtype(dtype)).transpose(1, 2);
+    const auto [y, grad] = ForwardBackward([&](const torch::Tensor& x) { return FusedRope(x, rope.cos, rope.sin); }, k, g);
+    const auto [y_ref, grad_ref] = ForwardBackward([&](const torch::Tensor& x) { return ApplyRope(x, rope); }, k, g);
+    EXPECT_TRUE(torch::allclose(y, y_ref, tol, tol)) << MaxDiff(y, y_ref);
+    EXPECT_TRUE(torch::allclose(grad, grad_ref, tol, tol)) << MaxDiff(grad, grad_ref);
+  }
+}
+
+// More elements than one grid covers (2^20 blocks x 256 threads): the grid-stride loop's later
+// rounds give exactly what a small launch over the same rows gives.
+TEST(FusedOpsGpu, SwiGluKernelCoversMoreElementsThanOneGrid) {
+  MW_REQUIRE_FUSED_KERNELS();
+  torch::manual_seed(14);
+  const int64_t rows = 36864, f = 8192;  // 302M outputs > 268M
+  const auto gate_up = torch::randn({rows, 2 * f}, kCuda).to(torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  const auto y = FusedSwiGlu(gate_up);
+  const auto tail = FusedSwiGlu(gate_up.narrow(0, rows - 64, 64));
+  const auto head = FusedSwiGlu(gate_up.narrow(0, 0, 64));
+  EXPECT_TRUE(torch::equal(y.narrow(0, rows - 64, 64), tail));
+  EXPECT_TRUE(torch::equal(y.narrow(0, 0, 64), head));
+}
+
+// A whole model under bf16 autocast, fused against the composition: the same loss to bf16's
+// precision, and every gradient near the fp32 composition's (no further than twice the bf16
+// composition's distance, plus 1e-3).
+TEST(FusedOpsGpu, ModelStepWithFusedKernelsFollowsTheComposition) {
+  MW_REQUIRE_FUSED_KERNELS();
+  LlamaConfig c;
+  c.vocab_size = 1000;
+  c.hidden_size = 256;
+  c.intermediate_size = 688;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  torch::manual_seed(15);
+  LlamaForCausalLM model(c);
+  model->InitWeights(0.02);
+  model->to(kCuda);
+  const auto tokens = torch::randint(0, 1000, {2, 129}, torch::TensorOptions(kCuda).dtype(torch::kLong));
+  const auto inputs = tokens.narrow(1, 0, 128), targets = tokens.narrow(1, 1, 128);
+  auto run = [&](bool fused, bool autocast) {
+    model->set_fused_kernels(fused);
+    model->zero_grad();
+    torch::Tensor loss;
+    {
+      compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
+      loss = model->Loss(inputs, targets);
+    }
+    loss.backward();
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto [exact_loss, exact] = run(false, false);
+  const auto [plain_loss, plain] = run(false, true);
+  const auto [fused_loss, fused] = run(true, true);
+  EXPECT_NEAR(fused_loss, exact_loss, 1e-2 * exact_loss);
+  EXPECT_NEAR(fused_loss, plain_loss, 1e-2 * plain_loss);
+  const auto names = model->named_parameters().keys();
+  for (size_t i = 0; i < fused.size(); ++i) {
+    const double denominator = exact[i].norm().item<double>() + 1e-12;
+    const double d_fused = (fused[i] - exact[i]).norm().item<double>() / denominator;
+    const double d_plain = (plain[i] - exact[i]).norm().item<double>() / denominator;
+    EXPECT_LE(d_fused, 2 * d_plain + 1e-3) << names[i] << ": bf16 composition " << d_plain;
   }
 }
 

@@ -180,6 +180,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("training.loss_chunk_mib", &c.training.loss_chunk_mib, 1, 1 << 20),
       EnumField("training.loss_gradient", &c.training.loss_gradient, kLossGradientNames),
       BoolField("training.merge_projections", &c.training.merge_projections),
+      EnumField("training.fused_kernels", &c.training.fused_kernels, kFusedKernelsNames),
       IntField("training.memory_limit_mib", &c.training.memory_limit_mib, 0, 1 << 30),
       StringField("training.profile_out", &c.training.profile_out),
       IntField("training.profile_steps", &c.training.profile_steps, 1, 1000),

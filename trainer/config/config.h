@@ -45,6 +45,10 @@ inline constexpr EnumName<ActivationCheckpointing> kActivationCheckpointingNames
 
 // How the fused output head + loss gets the logits' gradient (model/linear_cross_entropy.h):
 // auto = stored on CUDA, recomputed on the CPU.
+enum class FusedKernels { kAuto, kOn, kOff };
+inline constexpr EnumName<FusedKernels> kFusedKernelsNames[] = {
+    {FusedKernels::kAuto, "auto"}, {FusedKernels::kOn, "on"}, {FusedKernels::kOff, "off"}};
+
 enum class LossGradient { kAuto, kStored, kRecompute };
 inline constexpr EnumName<LossGradient> kLossGradientNames[] = {
     {LossGradient::kAuto, "auto"}, {LossGradient::kStored, "stored"}, {LossGradient::kRecompute, "recompute"}};
@@ -103,6 +107,9 @@ struct TrainingConfig {
   LossGradient loss_gradient = LossGradient::kAuto;
   // q/k/v and gate/up each from one GEMM over their concatenated weights (model/llama.h).
   bool merge_projections = true;
+  // SwiGLU and rotary embedding as one fused op each (model/fused_ops.h): auto = on CUDA where
+  // the build has the kernels; on = everywhere (the host loop on the CPU); off = the composition.
+  FusedKernels fused_kernels = FusedKernels::kAuto;
   // The most tensor memory this process may hold, in MiB; 0 = what the device has. On the CPU
   // the counting allocator refuses more (as a smaller device would run out); on CUDA the
   // caching allocator's memory fraction. The compiled plan's default budget follows it.

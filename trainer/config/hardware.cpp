@@ -49,4 +49,18 @@ bool StoresLossGradient(const TrainConfig& cfg, bool cuda) {
   return cuda;
 }
 
+Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_built) {
+  switch (cfg.training.fused_kernels) {
+    case FusedKernels::kOff: return false;
+    case FusedKernels::kAuto: return cuda && kernels_built;
+    case FusedKernels::kOn: break;
+  }
+  if (cuda && !kernels_built) {
+    return InvalidConfig(
+        "key 'training.fused_kernels': on, but this build has no CUDA kernels (nvcc was not found when it "
+        "was built: docs/gpu.md); use auto or off");
+  }
+  return true;
+}
+
 }  // namespace meshwork::config

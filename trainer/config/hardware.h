@@ -23,4 +23,9 @@ compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda);
 // auto = on CUDA) rather than recomputing the logits in backward.
 bool StoresLossGradient(const TrainConfig& cfg, bool cuda);
 
+// Whether the model runs SwiGLU and rotary embedding fused (training.fused_kernels: auto = on
+// CUDA when `kernels_built`, the build's CUDA kernels). An error naming the key for `on` on CUDA
+// in a build without them.
+Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_built);
+
 }  // namespace meshwork::config

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 #include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::model {
@@ -105,8 +106,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);
   k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
   v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-  q = ApplyRope(q, rope);
-  k = ApplyRope(k, rope);
+  if (fused) {
+    q = FusedRope(q, rope.cos, rope.sin);
+    k = FusedRope(k, rope.cos, rope.sin);
+  } else {
+    q = ApplyRope(q, rope);
+    k = ApplyRope(k, rope);
+  }
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
   auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
   y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
@@ -124,8 +130,10 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   if (!merged) return down_proj(F::silu(gate_proj(x)) * up_proj(x));
-  const auto gate_up = F::linear(x, MergedWeight({gate_proj->weight, up_proj->weight}, x)).chunk(2, -1);
-  return down_proj(F::silu(gate_up[0]) * gate_up[1]);
+  const auto gate_up = F::linear(x, MergedWeight({gate_proj->weight, up_proj->weight}, x));
+  if (fused) return down_proj(FusedSwiGlu(gate_up));
+  const auto halves = gate_up.chunk(2, -1);
+  return down_proj(F::silu(halves[0]) * halves[1]);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
@@ -165,6 +173,14 @@ void LlamaForCausalLMImpl::set_merged_projections(bool merged) {
     auto& layer = *model->layers[i]->as<DecoderLayer>();
     layer.self_attn->merged = merged;
     layer.mlp->merged = merged;
+  }
+}
+
+void LlamaForCausalLMImpl::set_fused_kernels(bool fused) {
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto& layer = *model->layers[i]->as<DecoderLayer>();
+    layer.self_attn->fused = fused;
+    layer.mlp->fused = fused;
   }
 }
 

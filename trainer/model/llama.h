@@ -56,6 +56,8 @@ class AttentionImpl : public torch::nn::Module {
   // input is cast to bf16 once under autocast, and backward gets its gradient from one GEMM
   // instead of three gradients summed. The parameters stay three (HF's names and layout).
   bool merged = true;
+  // Rotary embedding of q and k by FusedRope (fused_ops.h) instead of ApplyRope's composition.
+  bool fused = false;
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -69,6 +71,9 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   bool merged = true;  // gate and up from one GEMM, as AttentionImpl::merged
+  // silu(gate) * up by FusedSwiGlu (fused_ops.h) over the merged GEMM's output; separate
+  // projections (merged false) always take the composition.
+  bool fused = false;
 };
 TORCH_MODULE(Mlp);
 
@@ -134,6 +139,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_loss_gradient(HeadGradient gradient) { loss_gradient_ = gradient; }
   // Every layer's AttentionImpl::merged and MlpImpl::merged (training.merge_projections).
   void set_merged_projections(bool merged);
+  // Every layer's AttentionImpl::fused and MlpImpl::fused (training.fused_kernels).
+  void set_fused_kernels(bool fused);
   HeadGradient loss_gradient() const { return loss_gradient_; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by

@@ -8,6 +8,7 @@
 #include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 #include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::train {
@@ -96,7 +97,13 @@ std::string KernelNote(const TrainingRun& r) {
   const std::string attention = compat::CausalAttentionKernel(
       torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options), torch::empty({1, kv, seq, d}, options));
   const bool stored = config::StoresLossGradient(r.cfg, r.device.is_cuda());
-  return "attention " + attention + "; projections " +
+  const Result<bool> fused = config::UsesFusedKernels(r.cfg, r.device.is_cuda(), model::FusedKernelsBuilt());
+  std::string elementwise = fused.ok() && *fused ? (r.device.is_cuda() ? "fused CUDA kernels" : "fused host loops")
+                                                 : "composition";
+  if (r.cfg.training.fused_kernels == config::FusedKernels::kAuto && r.device.is_cuda() && !model::FusedKernelsBuilt()) {
+    elementwise += " (this build has no CUDA kernels: no nvcc)";
+  }
+  return "attention " + attention + "; SwiGLU + RoPE " + elementwise + " (training.fused_kernels); projections " +
          (r.cfg.training.merge_projections ? "merged (q/k/v, gate/up)" : "separate") + " (training.merge_projections)" +
          "; output head + loss " +
          (stored ? "stored logit gradient" : "recomputed logits") + " (training.loss_gradient); AdamW " +
@@ -164,6 +171,8 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   net->set_loss_gradient(config::StoresLossGradient(cfg, device.is_cuda()) ? model::HeadGradient::kStored
                                                                            : model::HeadGradient::kRecompute);
   net->set_merged_projections(cfg.training.merge_projections);
+  MW_ASSIGN_OR_RETURN(const bool fused, config::UsesFusedKernels(cfg, device.is_cuda(), model::FusedKernelsBuilt()));
+  net->set_fused_kernels(fused);
   return net;
 }
 

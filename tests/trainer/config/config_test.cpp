@@ -107,6 +107,7 @@ const Rejected kRejected[] = {
     {"TokenFormat", "data:\n  token_format: u8\n", {}, "'data.token_format'", "'u8'"},
     {"TrainingDtype", "training:\n  dtype: fp16\n", {}, "'training.dtype'", "'fp16'"},
     {"LossGradient", "training:\n  loss_gradient: cached\n", {}, "'training.loss_gradient'", "'cached'"},
+    {"FusedKernels", "training:\n  fused_kernels: triton\n", {}, "'training.fused_kernels'", "'triton'"},
     {"CheckpointEveryZero", "training:\n  checkpoint_every: 0\n", {}, "'training.checkpoint_every'", "got 0"},
     {"DeviceProfile", "metrics:\n  device_profile: v100\n", {}, "'metrics.device_profile'", "'v100'"},
     {"ExportDtype", "checkpoint:\n  export_dtype: fp16\n", {}, "'checkpoint.export_dtype'", "'fp16'"},
@@ -310,6 +311,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_EQ(c->training.dtype, Dtype::kAuto);
   EXPECT_EQ(c->training.loss_gradient, LossGradient::kAuto);
   EXPECT_TRUE(c->training.merge_projections);
+  EXPECT_EQ(c->training.fused_kernels, FusedKernels::kAuto);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");

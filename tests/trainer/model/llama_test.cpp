@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -284,9 +285,9 @@ TEST(LlamaForCausalLMTest, ForwardEqualsHfDecoderWrittenOut) {
       << "max diff " << (logits - expected).abs().max().item<float>();
 }
 
-// q/k/v and gate/up from one GEMM each (the default) against one GEMM per projection: the same
-// loss and the same gradient for every parameter (double: to rounding; fp32: within 1e-5).
-TEST(LlamaForCausalLMTest, MergedProjectionsEqualSeparateOnes) {
+// A model switched between two ways of computing the same thing by `use(model, second)`: the
+// same loss and the same gradient for every parameter (double: to rounding; fp32: within 1e-5).
+void ExpectSameLossAndGradients(const std::function<void(LlamaForCausalLM&, bool)>& use) {
   for (const auto dtype : {torch::kDouble, torch::kFloat}) {
     const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
     torch::manual_seed(5);
@@ -295,8 +296,8 @@ TEST(LlamaForCausalLMTest, MergedProjectionsEqualSeparateOnes) {
     model->to(dtype);
     const auto tokens = torch::randint(0, 48, {2, 10}, torch::kLong);
     const auto inputs = tokens.narrow(1, 0, 9), targets = tokens.narrow(1, 1, 9);
-    auto run = [&](bool merged) {
-      model->set_merged_projections(merged);
+    auto run = [&](bool second) {
+      use(model, second);
       model->zero_grad();
       auto loss = model->Loss(inputs, targets);
       loss.backward();
@@ -304,15 +305,26 @@ TEST(LlamaForCausalLMTest, MergedProjectionsEqualSeparateOnes) {
       for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
       return std::make_pair(loss.item<double>(), grads);
     };
-    const auto [separate_loss, separate] = run(false);
-    const auto [merged_loss, merged] = run(true);
-    EXPECT_NEAR(merged_loss, separate_loss, tol) << dtype;
+    const auto [first_loss, first] = run(false);
+    const auto [second_loss, second] = run(true);
+    EXPECT_NEAR(second_loss, first_loss, tol) << dtype;
     const auto names = model->named_parameters().keys();
-    for (size_t i = 0; i < merged.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(merged[i], separate[i], tol, tol))
-          << names[i] << " " << dtype << " max diff " << (merged[i] - separate[i]).abs().max().item<double>();
+    for (size_t i = 0; i < second.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(second[i], first[i], tol, tol))
+          << names[i] << " " << dtype << " max diff " << (second[i] - first[i]).abs().max().item<double>();
     }
   }
+}
+
+// q/k/v and gate/up from one GEMM each (the default) against one GEMM per projection.
+TEST(LlamaForCausalLMTest, MergedProjectionsEqualSeparateOnes) {
+  ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool merged) { model->set_merged_projections(merged); });
+}
+
+// training.fused_kernels: SwiGLU and RoPE fused (on the CPU, the host loops over the CUDA
+// kernels' arithmetic) against the composition.
+TEST(LlamaForCausalLMTest, FusedSwiGluAndRopeEqualTheComposition) {
+  ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool fused) { model->set_fused_kernels(fused); });
 }
 
 TEST(LlamaForCausalLMTest, LaterTokensDoNotChangeEarlierLogits) {

@@ -82,6 +82,23 @@ TEST(Train, StartUpNamesTheKernels) {
       << log.str();
   EXPECT_NE(log.str().find("AdamW foreach"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("projections merged"), std::string::npos) << log.str();
+  // auto: the composition on the CPU.
+  EXPECT_NE(log.str().find("SwiGLU + RoPE composition (training.fused_kernels)"), std::string::npos) << log.str();
+}
+
+// training.fused_kernels: on runs SwiGLU and RoPE fused on the CPU too (the host loops over the
+// CUDA kernels' arithmetic): the losses of the composition (fp32 here, so to within 1e-5), and
+// the kernels line says so.
+TEST(Train, FusedKernelsTrainAlike) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  auto plain = TrainQuietly(Config({"data.train=" + tokens, "training.fused_kernels=off"}));
+  std::ostringstream log;
+  auto fused = Train(Config({"data.train=" + tokens, "training.fused_kernels=on"}), log);
+  ASSERT_TRUE(plain.ok() && fused.ok()) << fused.status().ToString();
+  ASSERT_EQ(plain->losses.size(), fused->losses.size());
+  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(plain->losses[i], fused->losses[i], 1e-5) << i;
+  EXPECT_NE(log.str().find("SwiGLU + RoPE fused host loops"), std::string::npos) << log.str();
 }
 
 // training.merge_projections: false runs each projection on its own; the losses are the same.

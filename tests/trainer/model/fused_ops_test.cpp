@@ -1,0 +1,161 @@
+// The fused SwiGLU and rotary embedding (fused_ops.h) on the CPU, where they run the CUDA
+// kernels' arithmetic (fused_elementwise.h) in a host loop, against the composition they
+// replace: forward and backward, in double (to rounding), fp32 and bf16, on the strided views
+// the model hands them. The kernels themselves: tests/gpu/fused_ops_gpu_test.cpp.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "tests/trainer/model/fused_reference.h"
+#include "trainer/model/fused_ops.h"
+#include "trainer/model/llama.h"
+
+namespace meshwork::model {
+namespace {
+
+double Tolerance(torch::ScalarType dtype) { return dtype == torch::kDouble ? 1e-12 : 1e-6; }
+
+using testing::ForwardBackward;
+using testing::SwiGluComposition;
+
+TEST(FusedSwiGluTest, EqualsTheCompositionForwardAndBackward) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    torch::manual_seed(1);
+    const auto gate_up = torch::randn({3, 5, 14}, dtype) * 3;
+    const auto upstream = torch::randn({3, 5, 7}, dtype);
+    const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
+    const auto [y_ref, grad_ref] = ForwardBackward(SwiGluComposition, gate_up, upstream);
+    EXPECT_EQ(y.sizes(), y_ref.sizes());
+    EXPECT_TRUE(torch::allclose(y, y_ref, Tolerance(dtype), Tolerance(dtype))) << (y - y_ref).abs().max();
+    EXPECT_TRUE(torch::allclose(grad, grad_ref, Tolerance(dtype), Tolerance(dtype))) << (grad - grad_ref).abs().max();
+  }
+}
+
+// A non-contiguous input (a column slice of a wider GEMM output) and a non-contiguous upstream
+// gradient are read by their strides.
+TEST(FusedSwiGluTest, ReadsStridedInputsAndGradients) {
+  torch::manual_seed(2);
+  const auto wide = torch::randn({4, 20}, torch::kDouble);
+  const auto gate_up = wide.narrow(1, 2, 12);
+  const auto upstream = torch::randn({6, 4}, torch::kDouble).t();
+  ASSERT_FALSE(gate_up.is_contiguous());
+  ASSERT_FALSE(upstream.is_contiguous());
+  const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
+  const auto [y_ref, grad_ref] = ForwardBackward(SwiGluComposition, gate_up, upstream);
+  EXPECT_TRUE(torch::allclose(y, y_ref, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(grad, grad_ref, 1e-12, 1e-12));
+}
+
+// bf16 rounds once, at the end: within one bf16 rounding of the fp32 result on the same bf16
+// inputs, and no further from it than the composition in bf16 (which rounds silu(gate) too).
+TEST(FusedSwiGluTest, Bf16RoundsOnceFromTheFp32Result) {
+  torch::manual_seed(3);
+  const auto gate_up = (torch::randn({64, 256}) * 3).to(torch::kBFloat16);
+  const auto upstream = torch::randn({64, 128}).to(torch::kBFloat16);
+  const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
+  const auto [y32, grad32] = ForwardBackward(SwiGluComposition, gate_up.to(torch::kFloat), upstream.to(torch::kFloat));
+  const auto [y16, grad16] = ForwardBackward(SwiGluComposition, gate_up, upstream);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(grad.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(y.to(torch::kFloat), y32, 1.0 / 256, 1e-6));
+  EXPECT_TRUE(torch::allclose(grad.to(torch::kFloat), grad32, 1.0 / 256, 1e-6));
+  auto distance = [](const torch::Tensor& a, const torch::Tensor& exact) {
+    return ((a.to(torch::kFloat) - exact).norm() / exact.norm()).item<double>();
+  };
+  EXPECT_LE(distance(y, y32), distance(y16, y32));
+  EXPECT_LE(distance(grad, grad32), distance(grad16, grad32) * 1.01);
+}
+
+TEST(FusedSwiGluTest, RefusesOddWidthsAndIntegerTensorsByName) {
+  try {
+    FusedSwiGlu(torch::zeros({2, 5}));
+    FAIL() << "an odd width was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("even dimension"), std::string::npos) << e.what();
+  }
+  try {
+    FusedSwiGlu(torch::zeros({2, 4}, torch::kInt));
+    FAIL() << "an int tensor was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype Int"), std::string::npos) << e.what();
+  }
+}
+
+LlamaConfig RopeConfig() {
+  LlamaConfig c;
+  c.hidden_size = 48;
+  c.num_attention_heads = 4;  // head dim 12
+  c.num_key_value_heads = 2;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+// q as the model makes it: a column block of the merged q/k/v GEMM's output, viewed as heads
+// and transposed to [batch, heads, seq, dim] (seq's stride is the GEMM row's width).
+TEST(FusedRopeTest, EqualsApplyRopeOnTheModelsStridedViews) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    torch::manual_seed(4);
+    const LlamaConfig c = RopeConfig();
+    const RopeTables rope = MakeRopeTables(c, 16, torch::kCPU);  // longer than the sequence
+    const int64_t b = 2, t = 9, heads = 4, kv = 2, d = 12;
+    const auto qkv = torch::randn({b, t, (heads + 2 * kv) * d}, dtype);
+    const auto q = qkv.narrow(-1, 0, heads * d).view({b, t, heads, d}).transpose(1, 2);
+    const auto k = qkv.narrow(-1, heads * d, kv * d).view({b, t, kv, d}).transpose(1, 2);
+    for (const auto& x : {q, k}) {
+      ASSERT_FALSE(x.is_contiguous());
+      const auto upstream = torch::randn(x.sizes(), dtype);
+      auto fused = [&](const torch::Tensor& in) { return FusedRope(in, rope.cos, rope.sin); };
+      auto plain = [&](const torch::Tensor& in) { return ApplyRope(in, rope); };
+      const auto [y, grad] = ForwardBackward(fused, x, upstream);
+      const auto [y_ref, grad_ref] = ForwardBackward(plain, x, upstream);
+      EXPECT_TRUE(y.is_contiguous());
+      EXPECT_TRUE(torch::allclose(y, y_ref, Tolerance(dtype), Tolerance(dtype))) << (y - y_ref).abs().max();
+      EXPECT_TRUE(torch::allclose(grad, grad_ref, Tolerance(dtype), Tolerance(dtype))) << (grad - grad_ref).abs().max();
+    }
+  }
+}
+
+// Backward is the rotation's transpose: for any upstream gradient g, <rope(x), g> = <x, rope^T(g)>,
+// checked through autograd with a non-contiguous upstream gradient.
+TEST(FusedRopeTest, BackwardIsTheTransposeForStridedGradients) {
+  torch::manual_seed(5);
+  const RopeTables rope = MakeRopeTables(RopeConfig(), 7, torch::kCPU);
+  const auto x = torch::randn({2, 3, 7, 12}, torch::kDouble).requires_grad_(true);
+  const auto g = torch::randn({2, 7, 3, 12}, torch::kDouble).transpose(1, 2);
+  ASSERT_FALSE(g.is_contiguous());
+  const auto y = FusedRope(x, rope.cos, rope.sin);
+  y.backward(g);
+  const double lhs = (y * g).sum().item<double>();
+  const double rhs = (x.detach() * x.grad()).sum().item<double>();
+  EXPECT_NEAR(lhs, rhs, 1e-10 * std::abs(lhs) + 1e-12);
+}
+
+TEST(FusedRopeTest, Bf16IsWithinOneRoundingOfFp32) {
+  torch::manual_seed(6);
+  const RopeTables rope = MakeRopeTables(RopeConfig(), 32, torch::kCPU);
+  const auto x = torch::randn({2, 4, 32, 12}).to(torch::kBFloat16);
+  const auto upstream = torch::randn({2, 4, 32, 12}).to(torch::kBFloat16);
+  auto fused = [&](const torch::Tensor& in) { return FusedRope(in, rope.cos, rope.sin); };
+  auto plain = [&](const torch::Tensor& in) { return ApplyRope(in, rope); };
+  const auto [y, grad] = ForwardBackward(fused, x, upstream);
+  const auto [y32, grad32] = ForwardBackward(plain, x.to(torch::kFloat), upstream.to(torch::kFloat));
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(y.to(torch::kFloat), y32, 1.0 / 256, 1e-6));
+  EXPECT_TRUE(torch::allclose(grad.to(torch::kFloat), grad32, 1.0 / 256, 1e-6));
+}
+
+TEST(FusedRopeTest, RefusesTablesThatDoNotCoverTheSequence) {
+  const RopeTables rope = MakeRopeTables(RopeConfig(), 4, torch::kCPU);
+  try {
+    FusedRope(torch::zeros({1, 2, 5, 12}), rope.cos, rope.sin);
+    FAIL() << "tables of 4 positions were accepted for 5";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not cover"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshwork::model
