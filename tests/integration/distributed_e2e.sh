@@ -53,6 +53,7 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "single-ckpt-all 1 --set training.activation_checkpointing=all" \
     "fsdp2-ckpt-all 2 --set training.activation_checkpointing=all" \
     "compiled2-ckpt-all 2 --set fsdp.mode=compiled --set training.activation_checkpointing=all" \
+    "compiled2-ckpt-selective 2 --set fsdp.mode=compiled --set training.activation_checkpointing=selective" \
     "compiled1-single-process 1 --set fsdp.mode=compiled --set fsdp.single_process=true"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
@@ -77,6 +78,9 @@ for name in single-ckpt-all fsdp2-ckpt-all compiled2-ckpt-all; do
   grep -q "activation checkpointing: every layer" "$work/$name.log" && pass "$name: every layer checkpointed" ||
     fail "$name: checkpointing not reported: $(grep parallelism "$work/$name.log")"
 done
+grep -q "activation checkpointing: layers 0, 2, 4, ... (selective" "$work/compiled2-ckpt-selective.log" &&
+  pass "compiled2-ckpt-selective: every 2nd layer checkpointed" ||
+  fail "compiled2-ckpt-selective: checkpointing not reported: $(grep parallelism "$work/compiled2-ckpt-selective.log")"
 if line="$(grep -m1 -E '^compiled plan chose: activation checkpointing on [1-9]' "$work/compiled2-budget-noreshard.log")"; then
   pass "compiled2-budget-noreshard: ${line:0:160}"
 else

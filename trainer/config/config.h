@@ -100,7 +100,7 @@ struct TrainingConfig {
   // Recompute decoder layers in backward: auto = the layers compiled FSDP's plan picks under its
   // memory budget (otherwise none); none; all.
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kAuto;
-  // selective: layers 0, N, 2N, ... are checkpointed (one process only).
+  // selective: layers 0, N, 2N, ... are checkpointed (one process and FSDP alike).
   int64_t checkpoint_every = 2;
   // MiB of fp32 logits per chunk of the fused output head + loss (model/linear_cross_entropy.h).
   int64_t loss_chunk_mib = 256;

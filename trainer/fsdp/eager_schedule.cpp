@@ -51,9 +51,7 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens, const torch::T
             trace->mark = trace->clock.Now();
           });
         }
-        const LayerCheckpointing ckpt = state->options.checkpointing;
-        torch::Tensor out =
-            RunLayer(layer, h, rope, ckpt == LayerCheckpointing::kAll || ckpt == LayerCheckpointing::kAllUntilPlanned);
+        torch::Tensor out = RunLayer(layer, h, rope, CheckpointedInEager(state->options, i));
         trace->fwd[i + 1] = {start, trace->clock.Now()};
         state->TraceCompute("fwd layers." + std::to_string(i), start.host, trace->fwd[i + 1].to.host);
         if (state->options.reshard_after_forward) unit->Free();

@@ -309,7 +309,9 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   // As the traced eager steps ran it (a plan's vocabulary-split head stores nothing: conservative).
   shape.head_stores_logit_grad = state_->model->loss_gradient() == model::HeadGradient::kStored;
   const compiler::Graph estimate = compiler::LlamaSkeleton(shape);
+  // t: the module's index in the trace (embed 0, decoder layer i at i + 1, head last).
   auto add_module = [&](const std::string& name, std::vector<int> params, size_t t) {
+    const int64_t layer = static_cast<int64_t>(t) - 1;
     compiler::ModuleInfo m;
     m.name = name;
     m.params = std::move(params);
@@ -329,8 +331,10 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
           if (m.checkpoint_input_bytes > 0) m.bwd_seconds = std::max(0.0, m.bwd_seconds - m.fwd_seconds);
           break;
         case LayerCheckpointing::kAll:
-          // Checkpointed already: the traced backward has the recompute in it.
-          if (estimate.modules[e].checkpoint_input_bytes > 0) {
+        case LayerCheckpointing::kSelective:
+          // Checkpointed already (kSelective: its layers only, the others are no candidates):
+          // the traced backward has the recompute in it.
+          if (estimate.modules[e].checkpoint_input_bytes > 0 && AlwaysCheckpointed(state_->options, layer)) {
             m.backward_workspace_bytes = m.activation_bytes;
             m.activation_bytes = estimate.modules[e].checkpoint_input_bytes;
           }

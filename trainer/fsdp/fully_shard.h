@@ -38,7 +38,8 @@ namespace meshwork::fsdp {
 // Which decoder layers run checkpointed (model/recompute.h): their backward recomputes the forward.
 enum class LayerCheckpointing {
   kNone,
-  kAll,      // every layer, in both schedules
+  kAll,        // every layer, in both schedules
+  kSelective,  // layers 0, N, 2N, ... (FsdpOptions::checkpoint_every), in both schedules
   kPlanned,  // the layers the compiled plan checkpoints (ws= in its IR); none in eager steps
   // Every layer in eager steps (the warm-up and the traced step), then the layers the compiled
   // plan checkpoints: for compiled FSDP under a memory limit that the eager steps, holding every
@@ -54,7 +55,18 @@ struct FsdpOptions {
   torch::ScalarType reduce_dtype = torch::kFloat32;  // gradient reduction
   bool prefetch = true;  // issue the next unit's all-gather before computing the current one
   LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
+  int64_t checkpoint_every = 2;  // kSelective's N
 };
+
+// Whether decoder layer `layer` runs checkpointed whatever the schedule (kAll, kSelective's
+// layers), and whether it does in the eager steps (those, and every layer under kAllUntilPlanned).
+inline bool AlwaysCheckpointed(const FsdpOptions& o, int64_t layer) {
+  return o.checkpointing == LayerCheckpointing::kAll ||
+         (o.checkpointing == LayerCheckpointing::kSelective && layer % o.checkpoint_every == 0);
+}
+inline bool CheckpointedInEager(const FsdpOptions& o, int64_t layer) {
+  return AlwaysCheckpointed(o, layer) || o.checkpointing == LayerCheckpointing::kAllUntilPlanned;
+}
 
 // One sharded parameter: its slice of its flat group's master shard, which the optimizer
 // updates, and the module parameter, a view of the group's gathered storage.

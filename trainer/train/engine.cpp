@@ -278,14 +278,6 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     }
     return MakeLocalEngine(std::move(model), every);
   }
-  if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
-    return InvalidConfig(
-        "key 'training.activation_checkpointing': selective is for one process; FSDP (world size " +
-        std::to_string(env.world_size) +
-        (cfg.fsdp.single_process ? ", fsdp.single_process" : "") +
-        ") checkpoints every layer (all) or, with fsdp.mode: compiled, the layers its plan picks (auto)");
-  }
-
   dist::MeshShape shape;
   if (cfg.dist.mesh == config::MeshPolicy::kExplicit) {
     MW_ASSIGN_OR_RETURN(shape, dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
@@ -335,7 +327,11 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       break;
     case config::ActivationCheckpointing::kNone: fo.checkpointing = fsdp::LayerCheckpointing::kNone; break;
     case config::ActivationCheckpointing::kAll: fo.checkpointing = fsdp::LayerCheckpointing::kAll; break;
-    case config::ActivationCheckpointing::kSelective: break;  // refused above
+    case config::ActivationCheckpointing::kSelective:
+      // The same layers in eager steps and in a compiled plan, which checkpoints no other.
+      fo.checkpointing = fsdp::LayerCheckpointing::kSelective;
+      fo.checkpoint_every = cfg.training.checkpoint_every;
+      break;
   }
   if (device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32) fo.param_dtype = torch::kBFloat16;
   fsdp::FsdpGroups groups;

@@ -70,8 +70,11 @@ TEST(MeshChoice, MemoryRulesOutMeshesThatShardTooLittle) {
   auto tight = ChooseMesh(TwoPerNode(static2), shape, 4, PlanOptions());
   ASSERT_TRUE(tight.ok()) << tight.status().ToString();
   EXPECT_EQ(tight->dp_shard, 4) << tight->reason;
-  for (const auto& c : tight->candidates)
-    if (c.dp_shard < 4) EXPECT_FALSE(c.fits) << c.dp_shard;
+  for (const auto& c : tight->candidates) {
+    if (c.dp_shard < 4) {
+      EXPECT_FALSE(c.fits) << c.dp_shard;
+    }
+  }
   // Nothing fits: the least memory, said so.
   auto none = ChooseMesh(TwoPerNode(1 << 20), shape, 4, PlanOptions());
   ASSERT_TRUE(none.ok());

@@ -69,7 +69,7 @@ struct Compile {
   bool reshard = true;
   // Before step 3, switch to a plan made with this bucketing and the other `reorder` instead (a
   // re-plan mid-run, to a different schedule).
-  std::optional<compiler::Bucketing> switch_to;
+  std::optional<compiler::Bucketing> switch_to{};
   int64_t budget = 0;  // the plan's memory budget in bytes; 0: none
   // Eager steps too: kAll recomputes every layer from the first step.
   LayerCheckpointing checkpointing = LayerCheckpointing::kPlanned;
@@ -310,6 +310,21 @@ TEST_F(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
   ASSERT_FALSE(compiled_all.plans.empty());
   EXPECT_EQ(CheckpointedModules(compiled_all.plans[0]), 2) << compiled_all.plans[0];
   EXPECT_EQ(compiled_all.recomputed_layers, 2);
+  // selective, every 2nd layer of the 2: layer 0 only, eager and compiled (the plan checkpoints
+  // that one and no other, however tight its budget).
+  Compile selective;
+  selective.checkpointing = LayerCheckpointing::kSelective;
+  const TrainRun eager_selective = Sharded(false, 1, 2, 1, selective);
+  ExpectSame(want, eager_selective, "eager, layer 0 checkpointed");
+  EXPECT_EQ(eager_selective.recomputed_layers, 1);
+  selective.on = true;
+  selective.bucketing = compiler::Bucketing::kAuto;
+  selective.budget = 1;
+  const TrainRun compiled_selective = Sharded(false, 1, 2, 1, selective);
+  ExpectSame(want, compiled_selective, "compiled, layer 0 checkpointed");
+  ASSERT_FALSE(compiled_selective.plans.empty());
+  EXPECT_EQ(CheckpointedModules(compiled_selective.plans[0]), 1) << compiled_selective.plans[0];
+  EXPECT_EQ(compiled_selective.recomputed_layers, 1);
   // A budget no plan meets: the planner checkpoints layers (earliest first) as far as that
   // lowers the peak, and the executor recomputes exactly those.
   Compile tight{true, compiler::Bucketing::kAuto, true};
