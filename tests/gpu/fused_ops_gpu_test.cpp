@@ -52,13 +52,14 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
   const auto weight = torch::randn({32000, 512}, kCuda) * 0.05;
   const auto targets = torch::randint(0, 32000, {2, 1024}, torch::TensorOptions(kCuda).dtype(torch::kLong));
   // fused: nullopt = the plain composition.
-  auto run = [&](std::optional<HeadGradient> fused, bool autocast) {
+  auto run = [&](std::optional<HeadGradient> fused, bool autocast, bool fused_softmax = false) {
     auto h = hidden.clone().requires_grad_(true);
     auto w = weight.clone().requires_grad_(true);
     torch::Tensor loss;
     {
       compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
-      loss = fused ? LinearCrossEntropy(h, w, targets, 300, *fused) : CausalLmLoss(torch::matmul(h, w.t()), targets);
+      loss = fused ? LinearCrossEntropy(h, w, targets, 300, *fused, fused_softmax)
+                   : CausalLmLoss(torch::matmul(h, w.t()), targets);
     }
     loss.backward();
     return std::make_tuple(loss.item<double>(), h.grad(), w.grad());
@@ -72,9 +73,12 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
   auto distance = [](const torch::Tensor& a, const torch::Tensor& exact) {
     return ((a - exact).norm() / exact.norm()).item<double>();
   };
-  for (const HeadGradient gradient : {HeadGradient::kRecompute, HeadGradient::kStored}) {
-    SCOPED_TRACE(gradient == HeadGradient::kStored ? "stored" : "recompute");
-    const auto [fused_loss, fused_h, fused_w] = run(gradient, true);
+  for (const auto& [gradient, fused_softmax] :
+       {std::pair{HeadGradient::kRecompute, false}, std::pair{HeadGradient::kStored, false},
+        std::pair{HeadGradient::kStored, true}}) {
+    if (fused_softmax && !FusedKernelsBuilt()) continue;  // SoftmaxGradientKernelEqualsTheCompositionAndTheHostLoop says why it skips
+    SCOPED_TRACE(gradient == HeadGradient::kRecompute ? "recompute" : fused_softmax ? "stored, fused softmax" : "stored");
+    const auto [fused_loss, fused_h, fused_w] = run(gradient, true, fused_softmax);
     EXPECT_NEAR(fused_loss, plain_loss, 1e-4 * plain_loss);
     EXPECT_EQ(fused_h.scalar_type(), torch::kFloat);
     EXPECT_EQ(fused_w.scalar_type(), torch::kFloat);
@@ -168,6 +172,38 @@ TEST(FusedOpsGpu, RopeKernelEqualsApplyRopeOnStridedViewsInDoubleAndFp32) {
     EXPECT_TRUE(torch::allclose(y, y_ref, tol, tol)) << MaxDiff(y, y_ref);
     EXPECT_TRUE(torch::allclose(grad, grad_ref, tol, tol)) << MaxDiff(grad, grad_ref);
   }
+}
+
+// The head's softmax gradient kernel: against the composition in double and fp32, and against
+// the CPU's host loop (the same lanes and tree) on Llama 3's vocabulary in bf16.
+TEST(FusedOpsGpu, SoftmaxGradientKernelEqualsTheCompositionAndTheHostLoop) {
+  MW_REQUIRE_FUSED_KERNELS();
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    torch::manual_seed(16);
+    const auto options = torch::TensorOptions(kCuda).dtype(dtype);
+    auto logits = torch::randn({300, 5001}, options) * 20;
+    const auto targets = torch::randint(0, 5001, {300}, options.dtype(torch::kLong));
+    const auto lse = torch::logsumexp(logits, -1);
+    auto want = (logits - lse.unsqueeze(1)).exp();
+    want.scatter_add_(1, targets.unsqueeze(1), torch::full({300, 1}, -1.0, options));
+    const auto target_logit = logits.gather(1, targets.unsqueeze(1)).squeeze(1);
+    const double tol = dtype == torch::kDouble ? 1e-12 : 2e-6;
+    const SoftmaxGradientStats got = SoftmaxGradientInPlace(logits, targets);
+    EXPECT_TRUE(torch::allclose(logits, want, tol, tol)) << MaxDiff(logits, want);
+    EXPECT_TRUE(torch::allclose(got.lse, lse, tol, tol)) << MaxDiff(got.lse, lse);
+    EXPECT_TRUE(torch::equal(got.target_logit, target_logit));
+  }
+  torch::manual_seed(17);
+  auto logits = (torch::randn({64, 128256}, kCuda) * 4).to(torch::kBFloat16);
+  const auto targets = torch::randint(0, 128256, {64}, torch::TensorOptions(kCuda).dtype(torch::kLong));
+  auto on_cpu = logits.cpu();
+  const SoftmaxGradientStats gpu = SoftmaxGradientInPlace(logits, targets);
+  const SoftmaxGradientStats cpu = SoftmaxGradientInPlace(on_cpu, targets.cpu());
+  EXPECT_TRUE(torch::allclose(gpu.lse.cpu(), cpu.lse, 1e-5, 1e-5)) << MaxDiff(gpu.lse.cpu(), cpu.lse);
+  EXPECT_TRUE(torch::equal(gpu.target_logit.cpu(), cpu.target_logit));
+  EXPECT_TRUE(torch::allclose(logits.cpu().to(torch::kFloat), on_cpu.to(torch::kFloat), 1.0 / 128, 1e-7))
+      << MaxDiff(logits.cpu(), on_cpu);
 }
 
 // More elements than one grid covers (2^20 blocks x 256 threads): the grid-stride loop's later

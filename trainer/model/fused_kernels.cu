@@ -1,5 +1,7 @@
-// The CUDA kernels of the fused elementwise ops: one grid-stride loop each over the output
-// elements, calling the arithmetic in fused_elementwise.h (which the CPU tests run on the host).
+// The CUDA kernels of the fused ops: for SwiGLU and RoPE one grid-stride loop each over the output
+// elements, calling the arithmetic in fused_elementwise.h; for the head's softmax gradient one
+// block of kRowThreads threads per row (fused_softmax.h). The CPU tests run the same arithmetic
+// on the host.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cuda_runtime.h>
@@ -44,6 +46,37 @@ __global__ void RopeBackwardKernel(int64_t n, RopeShape shape, const T* grad_out
   for (int64_t i = FirstIndex(); i < n; i += Stride()) RopeBackwardAt<T, Acc>(i, shape, grad_out, cos, sin, grad_x);
 }
 
+// One row per block (grid-stride over rows), kRowThreads threads: each thread's (max, sum) over
+// its columns, the tree over the block's threads in shared memory, then the gradient in place.
+// The target's logit is read before any thread overwrites it.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kRowThreads)
+    SoftmaxGradientKernel(int64_t rows, int64_t vocab, T* logits, const int64_t* targets, Acc* lse,
+                          Acc* target_logit) {
+  __shared__ SoftmaxStats<Acc> lanes[kRowThreads];
+  __shared__ Acc row_lse;
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* row = logits + r * vocab;
+    lanes[lane] = LaneStats<T, Acc>(row, vocab, lane);
+    for (int stride = kRowThreads / 2; stride > 0; stride /= 2) {
+      __syncthreads();
+      TreeStep(lanes, lane, stride);
+    }
+    __syncthreads();
+    if (lane == 0) {
+      row_lse = LogSumExp(lanes[0]);
+      lse[r] = row_lse;
+      target_logit[r] = static_cast<Acc>(row[targets[r]]);
+    }
+    __syncthreads();
+    const Acc l = row_lse;
+    const int64_t target = targets[r];
+    for (int64_t j = lane; j < vocab; j += kRowThreads) SoftmaxGradientAt<T, Acc>(row, j, target, l);
+    __syncthreads();  // lanes[] and row_lse are reused by the next row
+  }
+}
+
 // Calls launch(T{}, Acc{}) for the element type; returns the launch's error string or nullptr.
 template <typename Launch>
 const char* Dispatch(ElementType type, Launch&& launch) {
@@ -58,6 +91,18 @@ const char* Dispatch(ElementType type, Launch&& launch) {
 }
 
 }  // namespace
+
+const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, void* logits, const int64_t* targets,
+                                  void* lse, void* target_logit, void* stream) {
+  if (rows == 0) return nullptr;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
+  return Dispatch(type, [&](auto t, auto acc) {
+    using T = decltype(t);
+    using Acc = decltype(acc);
+    SoftmaxGradientKernel<T, Acc><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        rows, vocab, static_cast<T*>(logits), targets, static_cast<Acc*>(lse), static_cast<Acc*>(target_logit));
+  });
+}
 
 const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, const void* gate_up, void* out,
                                 void* stream) {

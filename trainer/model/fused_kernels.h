@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "trainer/model/fused_elementwise.h"
+#include "trainer/model/fused_softmax.h"
 
 namespace meshwork::model::fused {
 
@@ -21,5 +22,10 @@ const char* LaunchRopeForward(ElementType type, int64_t batch, const RopeShape& 
                               const void* cos, const void* sin, void* out, void* stream);
 const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape& shape, const void* grad_out,
                                const void* cos, const void* sin, void* grad_x, void* stream);
+
+// logits [rows, vocab] (contiguous) become softmax - onehot(targets) in place; lse and
+// target_logit [rows] (the arithmetic type) receive each row's log-sum-exp and target logit.
+const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, void* logits, const int64_t* targets,
+                                  void* lse, void* target_logit, void* stream);
 
 }  // namespace meshwork::model::fused

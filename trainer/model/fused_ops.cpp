@@ -3,8 +3,11 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "trainer/model/fused_elementwise.h"
 #include "trainer/model/fused_kernels.h"
+#include "trainer/model/fused_softmax.h"
 
 #if defined(MESHWORK_FUSED_KERNELS)
 #include <c10/cuda/CUDAStream.h>
@@ -215,6 +218,61 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "FusedSwiGlu: gate_up ", gate_up.sizes(),
               " must end in an even dimension (gate's columns, then up's)");
   return SwiGluFunction::apply(gate_up);
+}
+
+SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::Tensor& targets) {
+  RequireKernels(logits, "SoftmaxGradientInPlace");
+  (void)ElementTypeOf(logits);
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "SoftmaxGradientInPlace: logits ", logits.sizes(),
+              " must be a contiguous [rows, vocab]");
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == torch::kLong &&
+                  targets.device() == logits.device(),
+              "SoftmaxGradientInPlace: targets ", targets.sizes(), " ", targets.scalar_type(), " on ",
+              targets.device(), " must be int64 [", logits.size(0), "] on ", logits.device());
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(vocab > 0, "SoftmaxGradientInPlace: an empty vocabulary");
+  const torch::Tensor t = targets.contiguous();
+  const auto stats_options = logits.options().dtype(AccOf(logits));
+  SoftmaxGradientStats out{torch::empty({rows}, stats_options), torch::empty({rows}, stats_options)};
+#if defined(MESHWORK_FUSED_KERNELS)
+  if (logits.is_cuda()) {
+    OnDevice on(logits);
+    CheckLaunch(fused::LaunchSoftmaxGradient(ElementTypeOf(logits), rows, vocab, logits.data_ptr(),
+                                             t.data_ptr<int64_t>(), out.lse.data_ptr(), out.target_logit.data_ptr(),
+                                             on.stream()),
+                "SoftmaxGradient");
+    return out;
+  }
+#endif
+  // Targets outside [0, vocab) would read and write past the row: checked here on the host (on
+  // the GPU that check would cost a sync; the model's data pipeline bounds them).
+  if (rows > 0) {
+    TORCH_CHECK(t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < vocab, "SoftmaxGradientInPlace: targets in [",
+                t.min().item<int64_t>(), ", ", t.max().item<int64_t>(), "], outside [0, ", vocab, ")");
+  }
+  DispatchHost(logits, [&](auto type, auto acc) {
+    using T = decltype(type);
+    using Acc = decltype(acc);
+    T* base = logits.data_ptr<T>();
+    const int64_t* target = t.data_ptr<int64_t>();
+    Acc* lse = out.lse.data_ptr<Acc>();
+    Acc* target_logit = out.target_logit.data_ptr<Acc>();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<fused::SoftmaxStats<Acc>> lanes(fused::kRowThreads);
+      for (int64_t r = begin; r < end; ++r) {
+        T* row = base + r * vocab;
+        // The block's threads one after another, then the tree one step at a time.
+        for (int lane = 0; lane < fused::kRowThreads; ++lane) lanes[lane] = fused::LaneStats<T, Acc>(row, vocab, lane);
+        for (int stride = fused::kRowThreads / 2; stride > 0; stride /= 2) {
+          for (int lane = 0; lane < fused::kRowThreads; ++lane) fused::TreeStep(lanes.data(), lane, stride);
+        }
+        lse[r] = fused::LogSumExp(lanes[0]);
+        target_logit[r] = static_cast<Acc>(row[target[r]]);
+        for (int64_t j = 0; j < vocab; ++j) fused::SoftmaxGradientAt<T, Acc>(row, j, target[r], lse[r]);
+      }
+    });
+  });
+  return out;
 }
 
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {

@@ -24,4 +24,17 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate_up);
 // read in fp32 (double for double x). The result is contiguous. Saves only the tables.
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
+// The output head's logits [rows, vocab] (contiguous; float, double, bf16 or fp16) replaced in
+// place by the gradient of each row's cross-entropy against `targets` [rows] (int64, in [0,
+// vocab)): softmax(row) - onehot(target), rounded to the logits' dtype, from one read of the row
+// for its log-sum-exp and one read + write for the gradient (the composition: a cast to fp32, a
+// log-sum-exp, a subtraction and an exp in place, a scatter and a cast back). Returns each row's
+// log-sum-exp and target logit (fp32; double for double logits), from which the loss is
+// mean(lse - target_logit). No autograd: the fused head + loss calls it inside its own forward.
+struct SoftmaxGradientStats {
+  torch::Tensor lse;
+  torch::Tensor target_logit;
+};
+SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::Tensor& targets);
+
 }  // namespace meshwork::model

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 
 namespace meshwork::model {
 namespace {
@@ -16,7 +17,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
   // targets [n]. Runs under no grad.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk_rows,
-                               bool store_gradient, int64_t matmul_dtype) {
+                               bool store_gradient, bool fused_softmax, int64_t matmul_dtype) {
     const auto dtype = static_cast<torch::ScalarType>(matmul_dtype);
     const torch::Tensor h = hidden.to(dtype);
     const torch::Tensor w = weight.to(dtype);
@@ -27,6 +28,18 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     // softmax - onehot(target) per token, unscaled (backward applies grad_out / n to the
     // smaller products): only when a gradient will be asked for.
     const bool store = store_gradient && (hidden.requires_grad() || weight.requires_grad());
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    if (store && fused_softmax) {
+      // Every row's logits at once in the matmul's dtype (the size of the stored gradient), turned
+      // into that gradient in place: no fp32 copy, one read for the statistics and one read +
+      // write for the gradient (SoftmaxGradientInPlace).
+      torch::Tensor logit_grad = torch::matmul(h, w.t());
+      const SoftmaxGradientStats row = SoftmaxGradientInPlace(logit_grad, targets);
+      ctx->save_for_backward({h, w, targets, row.lse, logit_grad});
+      return (row.lse - row.target_logit).sum() / static_cast<double>(n);
+    }
     torch::Tensor logit_grad = store ? torch::empty({n, w.size(0)}, h.options()) : torch::Tensor();
     for (int64_t r = 0; r < n; r += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - r);
@@ -44,9 +57,6 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     // Saved variables, not saved_data: autograd frees them as soon as this backward has run
     // (saved_data would keep the tokens x vocab gradient alive through the rest of backward).
     ctx->save_for_backward({h, w, targets, lse, logit_grad});
-    ctx->saved_data["chunk_rows"] = chunk_rows;
-    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
-    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return (lse - target_logit).sum() / static_cast<double>(n);
   }
 
@@ -69,7 +79,8 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       // Stored: one matmul per input over every token, scaled after (in fp32, on the products).
       if (need_hidden) grad_hidden = compat::MatmulTo(logit_grad, w, stats).mul_(scale).to(hidden_dtype);
       if (need_weight) grad_weight = compat::MatmulTo(logit_grad.t(), h, stats).mul_(scale).to(weight_dtype);
-      return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+              torch::Tensor()};
     }
     // Recomputed, chunk by chunk.
     const torch::Tensor& targets = saved[2];
@@ -96,7 +107,8 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       }
     }
     if (need_weight) grad_weight = grad_weight.to(weight_dtype);
-    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -111,7 +123,8 @@ int64_t LossChunkRows(int64_t vocab, int64_t chunk_bytes) {
 }
 
 torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                 const torch::Tensor& targets, int64_t chunk_rows, HeadGradient gradient) {
+                                 const torch::Tensor& targets, int64_t chunk_rows, HeadGradient gradient,
+                                 bool fused_softmax) {
   TORCH_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1), "LinearCrossEntropy: hidden ", hidden.sizes(),
               " does not match weight ", weight.sizes());
   TORCH_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "LinearCrossEntropy: targets ", targets.sizes(),
@@ -120,7 +133,7 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tenso
   const torch::Tensor t = targets.reshape({-1}).to(torch::kLong);
   if (chunk_rows <= 0) chunk_rows = LossChunkRows(weight.size(0));
   return LinearCrossEntropyFunction::apply(hidden.reshape({-1, d}), weight, t, chunk_rows,
-                                           gradient == HeadGradient::kStored,
+                                           gradient == HeadGradient::kStored, fused_softmax,
                                            static_cast<int64_t>(compat::MatmulDtype(hidden)));
 }
 

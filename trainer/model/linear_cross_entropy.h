@@ -39,8 +39,11 @@ enum class HeadGradient { kRecompute, kStored };
 // shape -> scalar fp32 mean loss over every target. chunk_rows <= 0 picks LossChunkRows(vocab).
 // Differentiable in hidden and weight, each gradient in its input's dtype; targets must lie in
 // [0, vocab). kStored keeps nothing extra when neither input requires a gradient (evaluation).
+// `fused_softmax` (training.fused_kernels) with kStored: the logits of every row at once in the
+// matmul's dtype, turned into their gradient in place by SoftmaxGradientInPlace (fused_ops.h),
+// instead of chunk by chunk through fp32 (chunk_rows then applies to evaluation only).
 torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                  const torch::Tensor& targets, int64_t chunk_rows = 0,
-                                 HeadGradient gradient = HeadGradient::kRecompute);
+                                 HeadGradient gradient = HeadGradient::kRecompute, bool fused_softmax = false);
 
 }  // namespace meshwork::model

@@ -182,6 +182,7 @@ void LlamaForCausalLMImpl::set_fused_kernels(bool fused) {
     layer.self_attn->fused = fused;
     layer.mlp->fused = fused;
   }
+  fused_softmax_ = fused;
 }
 
 const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Device& device) {
@@ -220,7 +221,9 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   }
   h = model->norm(h);
   if (targets.defined() && loss) return loss(h, targets);
-  if (targets.defined()) return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_);
+  if (targets.defined()) {
+    return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_softmax_);
+  }
   return torch::matmul(h, OutputWeight().t());
 }
 

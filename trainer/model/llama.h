@@ -139,7 +139,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_loss_gradient(HeadGradient gradient) { loss_gradient_ = gradient; }
   // Every layer's AttentionImpl::merged and MlpImpl::merged (training.merge_projections).
   void set_merged_projections(bool merged);
-  // Every layer's AttentionImpl::fused and MlpImpl::fused (training.fused_kernels).
+  // Every layer's AttentionImpl::fused and MlpImpl::fused, and the stored head gradient's fused
+  // softmax (LinearCrossEntropy's fused_softmax) (training.fused_kernels).
   void set_fused_kernels(bool fused);
   HeadGradient loss_gradient() const { return loss_gradient_; }
 
@@ -159,6 +160,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   int64_t rope_len_ = 0;
   int64_t loss_chunk_rows_ = 0;
   HeadGradient loss_gradient_ = HeadGradient::kRecompute;
+  bool fused_softmax_ = false;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

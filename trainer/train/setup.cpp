@@ -106,7 +106,9 @@ std::string KernelNote(const TrainingRun& r) {
   return "attention " + attention + "; SwiGLU + RoPE " + elementwise + " (training.fused_kernels); projections " +
          (r.cfg.training.merge_projections ? "merged (q/k/v, gate/up)" : "separate") + " (training.merge_projections)" +
          "; output head + loss " +
-         (stored ? "stored logit gradient" : "recomputed logits") + " (training.loss_gradient); AdamW " +
+         (stored ? (fused.ok() && *fused ? "stored logit gradient, fused softmax" : "stored logit gradient")
+                 : "recomputed logits") +
+         " (training.loss_gradient); AdamW " +
          AdamW::KernelFor(r.device);
 }
 

@@ -157,5 +157,64 @@ TEST(FusedRopeTest, RefusesTablesThatDoNotCoverTheSequence) {
   }
 }
 
+// softmax - onehot(target), log-sum-exp and target logit as the composition computes them.
+struct SoftmaxReference {
+  torch::Tensor gradient, lse, target_logit;
+};
+SoftmaxReference SoftmaxComposition(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const auto x = logits.to(logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat);
+  const auto lse = torch::logsumexp(x, -1);
+  auto gradient = (x - lse.unsqueeze(1)).exp();
+  gradient.scatter_add_(1, targets.unsqueeze(1), torch::full({x.size(0), 1}, -1.0, x.options()));
+  return {gradient, lse, x.gather(1, targets.unsqueeze(1)).squeeze(1)};
+}
+
+// Vocabularies wider than the 512 lanes and not a multiple of them, and narrower than them (most
+// lanes empty); targets at the first and last column too; logits up to +-60 (exp would overflow
+// fp32 without the running maximum).
+TEST(SoftmaxGradientTest, EqualsTheCompositionInPlace) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    for (const int64_t vocab : {int64_t{1}, int64_t{37}, int64_t{512}, int64_t{1100}, int64_t{5000}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " vocab " + std::to_string(vocab));
+      torch::manual_seed(7);
+      auto logits = torch::randn({9, vocab}, dtype) * 20;
+      logits[3] += 40;  // one row far from 0
+      auto targets = torch::randint(0, vocab, {9}, torch::kLong);
+      targets[0] = 0;
+      targets[1] = vocab - 1;
+      const SoftmaxReference want = SoftmaxComposition(logits, targets);
+      const SoftmaxGradientStats got = SoftmaxGradientInPlace(logits, targets);
+      const double tol = dtype == torch::kDouble ? 1e-12 : 2e-6;
+      EXPECT_TRUE(torch::allclose(logits, want.gradient, tol, tol)) << (logits - want.gradient).abs().max();
+      EXPECT_TRUE(torch::allclose(got.lse, want.lse, tol, tol)) << (got.lse - want.lse).abs().max();
+      EXPECT_TRUE(torch::equal(got.target_logit, want.target_logit));
+      EXPECT_EQ(got.lse.scalar_type(), dtype);
+    }
+  }
+}
+
+// bf16 logits: the statistics in fp32 from the bf16 values, the gradient rounded to bf16 once.
+TEST(SoftmaxGradientTest, Bf16LogitsGiveFp32StatisticsAndABf16Gradient) {
+  torch::manual_seed(8);
+  auto logits = (torch::randn({16, 3000}) * 4).to(torch::kBFloat16);
+  const auto targets = torch::randint(0, 3000, {16}, torch::kLong);
+  const SoftmaxReference want = SoftmaxComposition(logits, targets);
+  const SoftmaxGradientStats got = SoftmaxGradientInPlace(logits, targets);
+  EXPECT_EQ(got.lse.scalar_type(), torch::kFloat);
+  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(got.lse, want.lse, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(logits.to(torch::kFloat), want.gradient, 1.0 / 128, 1e-6));
+}
+
+TEST(SoftmaxGradientTest, RefusesTargetsOutsideTheVocabularyByValue) {
+  auto logits = torch::zeros({2, 10});
+  try {
+    SoftmaxGradientInPlace(logits, torch::tensor({3, 10}, torch::kLong));
+    FAIL() << "target 10 of a 10-token vocabulary was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("targets in [3, 10], outside [0, 10)"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshwork::model

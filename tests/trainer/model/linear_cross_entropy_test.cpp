@@ -1,11 +1,14 @@
 // LinearCrossEntropy, the output head fused with the loss: its loss and both gradients equal
 // matmul + CausalLmLoss under plain autograd, in one chunk and in chunks that do not divide the
-// rows, with the logits' gradient stored by forward and recomputed by backward; the model's Loss
+// rows, with the logits' gradient stored by forward (chunk by chunk, or by the fused softmax) and
+// recomputed by backward; the model's Loss
 // equals forward + CausalLmLoss (tied and untied, both ways). That the logits never exist whole
 // is measured in train_test (the step's tensor peak). The bf16 paths under CUDA autocast are
 // held to fp32 in fused_ops_gpu_test.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <string>
 
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/llama.h"
@@ -30,27 +33,37 @@ Result Plain(const torch::Tensor& hidden, const torch::Tensor& weight, const tor
 }
 
 Result Fused(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk,
-             HeadGradient gradient) {
+             HeadGradient gradient, bool fused_softmax = false) {
   auto h = hidden.clone().requires_grad_(true);
   auto w = weight.clone().requires_grad_(true);
-  auto loss = LinearCrossEntropy(h, w, targets, chunk, gradient);
+  auto loss = LinearCrossEntropy(h, w, targets, chunk, gradient, fused_softmax);
   loss.backward();
   return {loss.detach(), h.grad(), w.grad()};
 }
 
 const char* Name(HeadGradient g) { return g == HeadGradient::kStored ? "stored" : "recompute"; }
 
-class LinearCrossEntropyTest : public ::testing::TestWithParam<std::tuple<int64_t, HeadGradient>> {};
+// The ways the head gets its logits' gradient: recomputed; stored, chunk by chunk; stored, by the
+// fused softmax (SoftmaxGradientInPlace).
+struct Way {
+  HeadGradient gradient;
+  bool fused_softmax;
+};
+constexpr Way kWays[] = {{HeadGradient::kRecompute, false}, {HeadGradient::kStored, false}, {HeadGradient::kStored, true}};
+std::string Name(const Way& w) { return std::string(Name(w.gradient)) + (w.fused_softmax ? "_fused" : ""); }
+void PrintTo(const Way& w, std::ostream* os) { *os << Name(w); }
+
+class LinearCrossEntropyTest : public ::testing::TestWithParam<std::tuple<int64_t, Way>> {};
 
 TEST_P(LinearCrossEntropyTest, LossAndGradientsEqualTheComposition) {
-  const auto [chunk, gradient] = GetParam();
+  const auto [chunk, way] = GetParam();
   torch::manual_seed(7);
   // [batch 2, seq 5] tokens, hidden 16, vocab 37: 10 rows, chunks of 1, 3 (uneven), 10 and 64.
   const auto hidden = torch::randn({2, 5, 16}, torch::kDouble);
   const auto weight = torch::randn({37, 16}, torch::kDouble);
   const auto targets = torch::randint(0, 37, {2, 5}, torch::kLong);
   const Result want = Plain(hidden, weight, targets);
-  const Result got = Fused(hidden, weight, targets, chunk, gradient);
+  const Result got = Fused(hidden, weight, targets, chunk, way.gradient, way.fused_softmax);
   EXPECT_EQ(got.loss.dim(), 0);
   EXPECT_NEAR(got.loss.item<double>(), want.loss.item<double>(), 1e-12);
   EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-10, 1e-12));
@@ -61,42 +74,40 @@ TEST_P(LinearCrossEntropyTest, LossAndGradientsEqualTheComposition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkRows, LinearCrossEntropyTest,
-                         ::testing::Combine(::testing::Values(1, 3, 10, 64),
-                                            ::testing::Values(HeadGradient::kRecompute, HeadGradient::kStored)),
+                         ::testing::Combine(::testing::Values(1, 3, 10, 64), ::testing::ValuesIn(kWays)),
                          [](const auto& info) {
-                           return std::string(Name(std::get<1>(info.param))) + "_chunk" +
-                                  std::to_string(std::get<0>(info.param));
+                           return Name(std::get<1>(info.param)) + "_chunk" + std::to_string(std::get<0>(info.param));
                          });
 
 TEST(LinearCrossEntropyTest, Fp32MatchesWithinRounding) {
-  for (const HeadGradient gradient : {HeadGradient::kRecompute, HeadGradient::kStored}) {
+  for (const Way& way : kWays) {
     torch::manual_seed(8);
     const auto hidden = torch::randn({3, 4, 32});
     const auto weight = torch::randn({50, 32}) * 0.2;
     const auto targets = torch::randint(0, 50, {3, 4}, torch::kLong);
     const Result want = Plain(hidden, weight, targets);
-    const Result got = Fused(hidden, weight, targets, 5, gradient);
+    const Result got = Fused(hidden, weight, targets, 5, way.gradient, way.fused_softmax);
     EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
-    EXPECT_NEAR(got.loss.item<float>(), want.loss.item<float>(), 1e-5) << Name(gradient);
-    EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-4, 1e-6)) << Name(gradient);
-    EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-4, 1e-6)) << Name(gradient);
+    EXPECT_NEAR(got.loss.item<float>(), want.loss.item<float>(), 1e-5) << Name(way);
+    EXPECT_TRUE(torch::allclose(got.grad_hidden, want.grad_hidden, 1e-4, 1e-6)) << Name(way);
+    EXPECT_TRUE(torch::allclose(got.grad_weight, want.grad_weight, 1e-4, 1e-6)) << Name(way);
   }
 }
 
 TEST(LinearCrossEntropyTest, ScalesWithTheIncomingGradient) {
   // Gradient accumulation divides the loss: both gradients must scale with it.
-  for (const HeadGradient gradient : {HeadGradient::kRecompute, HeadGradient::kStored}) {
+  for (const Way& way : kWays) {
     torch::manual_seed(9);
     const auto hidden = torch::randn({6, 8}, torch::kDouble).requires_grad_(true);
     const auto weight = torch::randn({11, 8}, torch::kDouble).requires_grad_(true);
     const auto targets = torch::randint(0, 11, {6}, torch::kLong);
-    (LinearCrossEntropy(hidden, weight, targets, 4, gradient) / 4.0).backward();
+    (LinearCrossEntropy(hidden, weight, targets, 4, way.gradient, way.fused_softmax) / 4.0).backward();
     const auto quarter_hidden = hidden.grad().clone(), quarter_weight = weight.grad().clone();
     hidden.mutable_grad() = torch::Tensor();
     weight.mutable_grad() = torch::Tensor();
-    LinearCrossEntropy(hidden, weight, targets, 4, gradient).backward();
-    EXPECT_TRUE(torch::allclose(quarter_hidden * 4.0, hidden.grad(), 1e-12, 1e-14)) << Name(gradient);
-    EXPECT_TRUE(torch::allclose(quarter_weight * 4.0, weight.grad(), 1e-12, 1e-14)) << Name(gradient);
+    LinearCrossEntropy(hidden, weight, targets, 4, way.gradient, way.fused_softmax).backward();
+    EXPECT_TRUE(torch::allclose(quarter_hidden * 4.0, hidden.grad(), 1e-12, 1e-14)) << Name(way);
+    EXPECT_TRUE(torch::allclose(quarter_weight * 4.0, weight.grad(), 1e-12, 1e-14)) << Name(way);
   }
 }
 
@@ -111,6 +122,10 @@ TEST(LinearCrossEntropyTest, StoredGradientIsOnlyKeptWhenOneWillBeAskedFor) {
   const auto stored = LinearCrossEntropy(hidden, weight, targets, 4, HeadGradient::kStored);
   EXPECT_FALSE(stored.requires_grad());
   EXPECT_FLOAT_EQ(stored.item<float>(), recomputed.item<float>());
+  // The fused softmax too: nothing stored, the chunked path's loss.
+  const auto fused = LinearCrossEntropy(hidden, weight, targets, 4, HeadGradient::kStored, true);
+  EXPECT_FALSE(fused.requires_grad());
+  EXPECT_FLOAT_EQ(fused.item<float>(), recomputed.item<float>());
   // Only the weight asks: the hidden states' gradient is not computed.
   const auto w = weight.clone().requires_grad_(true);
   LinearCrossEntropy(hidden, w, targets, 4, HeadGradient::kStored).backward();
@@ -149,7 +164,7 @@ LlamaConfig TinyConfig() {
 }
 
 TEST(LlamaLossTest, EqualsForwardThenCausalLmLoss) {
-  for (const auto [tied, gradient] : {std::pair{false, HeadGradient::kRecompute}, std::pair{true, HeadGradient::kRecompute},
+  for (const auto& [tied, gradient] : {std::pair{false, HeadGradient::kRecompute}, std::pair{true, HeadGradient::kRecompute},
                                       std::pair{false, HeadGradient::kStored}, std::pair{true, HeadGradient::kStored}}) {
     torch::manual_seed(11);
     LlamaConfig c = TinyConfig();

@@ -327,6 +327,14 @@ TEST(LlamaForCausalLMTest, FusedSwiGluAndRopeEqualTheComposition) {
   ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool fused) { model->set_fused_kernels(fused); });
 }
 
+// With the head's logit gradient stored, fused_kernels also computes it by the fused softmax.
+TEST(LlamaForCausalLMTest, FusedKernelsWithAStoredHeadGradientEqualTheComposition) {
+  ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool fused) {
+    model->set_loss_gradient(HeadGradient::kStored);
+    model->set_fused_kernels(fused);
+  });
+}
+
 TEST(LlamaForCausalLMTest, LaterTokensDoNotChangeEarlierLogits) {
   torch::manual_seed(4);
   LlamaForCausalLM model(TinyConfig());

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "metrics/exposer.h"
+#include "tests/common/needs_gloo.h"
 #include "tests/common/temp_dir.h"
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
@@ -143,9 +144,10 @@ TEST(Train, ActivationCheckpointingKeepsLossesAndLowersTheStepPeak) {
   EXPECT_GT(selective->steady_peak_tensor_bytes, all->steady_peak_tensor_bytes);
 }
 
-// selective under FSDP (here one process of it): the same layers checkpointed, the same losses
-// as without, and the parallelism line names them.
-TEST(Train, SelectiveCheckpointingUnderFsdpKeepsLosses) {
+// selective under FSDP (here one process of it, over Gloo): the same layers checkpointed, the
+// same losses as without, and the parallelism line names them.
+class TrainOverGloo : public meshwork::testing::NeedsGloo<> {};
+TEST_F(TrainOverGloo, SelectiveCheckpointingUnderFsdpKeepsLosses) {
   TempDir dir;
   const std::string tokens = WriteText(dir);
   const std::vector<std::string> base = {"data.train=" + tokens, "fsdp.single_process=true", "model.num_hidden_layers=4"};

@@ -1,0 +1,75 @@
+// The arithmetic of the output head's fused softmax gradient (fused_ops.h SoftmaxGradientInPlace),
+// shared by the CUDA kernel (fused_kernels.cu) and the host loop (fused_ops.cpp) like
+// fused_elementwise.h. A row of logits is reduced by kRowThreads lanes: lane k folds columns k,
+// k + kRowThreads, ... into a running (max, sum of exp) pair, then a tree merges the lanes' pairs
+// (stride kRowThreads / 2, then / 4, ..., lane i merging lane i + stride): the device runs the
+// lanes as a block's threads with a barrier between the tree's steps, the host runs them one after
+// another in the same order, so the CPU tests check the same partition and tree the GPU runs.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "trainer/model/fused_elementwise.h"
+
+namespace meshwork::model::fused {
+
+// Lanes (a CUDA block's threads) per row: a power of two.
+inline constexpr int kRowThreads = 512;
+
+MW_HOST_DEVICE float Log(float x) { return logf(x); }
+MW_HOST_DEVICE double Log(double x) { return log(x); }
+
+// exp-sums relative to a running maximum: the softmax denominator of the columns seen so far is
+// sum * exp(max). An empty pair has sum 0 (max is then unused).
+template <typename Acc>
+struct SoftmaxStats {
+  Acc max;
+  Acc sum;
+};
+
+template <typename Acc>
+MW_HOST_DEVICE SoftmaxStats<Acc> MergeStats(SoftmaxStats<Acc> a, SoftmaxStats<Acc> b) {
+  if (b.sum == Acc(0)) return a;
+  if (a.sum == Acc(0)) return b;
+  if (a.max >= b.max) return {a.max, a.sum + b.sum * Exp(b.max - a.max)};
+  return {b.max, b.sum + a.sum * Exp(a.max - b.max)};
+}
+
+// Lane `lane`'s pair over columns lane, lane + kRowThreads, ... of `row` [vocab].
+template <typename T, typename Acc>
+MW_HOST_DEVICE SoftmaxStats<Acc> LaneStats(const T* row, int64_t vocab, int lane) {
+  SoftmaxStats<Acc> s{Acc(0), Acc(0)};
+  for (int64_t j = lane; j < vocab; j += kRowThreads) {
+    const Acc x = static_cast<Acc>(row[j]);
+    if (s.sum == Acc(0)) {
+      s = {x, Acc(1)};
+    } else if (x > s.max) {
+      s = {x, s.sum * Exp(s.max - x) + Acc(1)};
+    } else {
+      s.sum += Exp(x - s.max);
+    }
+  }
+  return s;
+}
+
+// One step of the lanes' tree: lane < stride merges lane + stride's pair into its own.
+template <typename Acc>
+MW_HOST_DEVICE void TreeStep(SoftmaxStats<Acc>* lanes, int lane, int stride) {
+  if (lane < stride) lanes[lane] = MergeStats(lanes[lane], lanes[lane + stride]);
+}
+
+template <typename Acc>
+MW_HOST_DEVICE Acc LogSumExp(SoftmaxStats<Acc> s) {
+  return s.max + Log(s.sum);
+}
+
+// Column j of the row's gradient in place: softmax - onehot(target), rounded to T.
+template <typename T, typename Acc>
+MW_HOST_DEVICE void SoftmaxGradientAt(T* row, int64_t j, int64_t target, Acc lse) {
+  const Acc p = Exp(static_cast<Acc>(row[j]) - lse);
+  row[j] = static_cast<T>(j == target ? p - Acc(1) : p);
+}
+
+}  // namespace meshwork::model::fused
