@@ -74,7 +74,7 @@ inline std::string CausalAttentionKernel(const at::Tensor& q, const at::Tensor& 
 #endif
 }
 
-// RMSNorm as Hugging Face's LlamaRMSNorm computes it: normalise in fp32, cast back to x's
+// RMSNorm as Hugging Face's LlamaRMSNorm computes it: normalise in fp32 (double for double), cast back to x's
 // dtype, scale by the weight (the product in the promoted dtype). libtorch >= 2.4 has it as
 // one op (fused on CUDA from 2.6), used where x and the weight are both fp32 (then the two
 // agree up to rounding); otherwise the composition.
@@ -84,7 +84,8 @@ inline at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double 
     return at::rms_norm(x, {x.size(-1)}, weight, eps);
   }
 #endif
-  const at::Tensor xf = x.to(at::kFloat);
+  // fp32 for bf16/fp16/fp32 activations; double stays double (the tests' exact references).
+  const at::Tensor xf = x.to(c10::promoteTypes(x.scalar_type(), at::kFloat));
   const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
 }

@@ -1,6 +1,7 @@
 // The CUDA kernels of the fused ops: for SwiGLU and RoPE one grid-stride loop each over the output
 // elements, calling the arithmetic in fused_elementwise.h; for the head's softmax gradient one
-// block of kRowThreads threads per row (fused_softmax.h). The CPU tests run the same arithmetic
+// block of kRowThreads threads per row (fused_softmax.h); for RMSNorm one block of kNormThreads
+// threads per row (fused_norm.h). The CPU tests run the same arithmetic
 // on the host.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -64,17 +65,96 @@ __global__ void __launch_bounds__(kRowThreads)
       TreeStep(lanes, lane, stride);
     }
     __syncthreads();
+    const int64_t target = targets[r];
+    // A target outside the row (checked on the host by the host loop; here without a sync) reads
+    // nothing and makes the row's loss NaN, not a read past the row.
+    const bool in_row = target >= 0 && target < vocab;
     if (lane == 0) {
       row_lse = LogSumExp(lanes[0]);
-      lse[r] = row_lse;
-      target_logit[r] = static_cast<Acc>(row[targets[r]]);
+      lse[r] = in_row ? row_lse : static_cast<Acc>(NAN);
+      target_logit[r] = in_row ? static_cast<Acc>(row[target]) : static_cast<Acc>(NAN);
     }
     __syncthreads();
     const Acc l = row_lse;
-    const int64_t target = targets[r];
     for (int64_t j = lane; j < vocab; j += kRowThreads) SoftmaxGradientAt<T, Acc>(row, j, target, l);
     __syncthreads();  // lanes[] and row_lse are reused by the next row
   }
+}
+
+// RMSNorm forward: one row per block (grid-stride over rows), kNormThreads threads; each thread
+// reads back only the h it wrote itself.
+template <typename X, typename D, typename Y, typename Acc>
+__global__ void __launch_bounds__(kNormThreads)
+    RmsNormForwardKernel(int64_t rows, int64_t dim, const X* x, const D* delta, X* h, const Acc* w, Acc eps, Y* y,
+                         Acc* rstd) {
+  __shared__ Acc lanes[kNormThreads];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const X* xr = x + r * dim;
+    const D* dr = delta != nullptr ? delta + r * dim : nullptr;
+    X* hr = delta != nullptr ? h + r * dim : nullptr;
+    lanes[lane] = NormSquaresLane<X, D, Acc>(xr, dr, hr, dim, lane);
+    for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
+      __syncthreads();
+      SumTreeStep(lanes, lane, stride);
+    }
+    __syncthreads();
+    const Acc row_rstd = NormRstd(lanes[0], dim, eps);
+    if (lane == 0) rstd[r] = row_rstd;
+    NormOutputLane<X, Y, Acc>(hr != nullptr ? hr : xr, w, row_rstd, y + r * dim, dim, lane);
+    __syncthreads();  // every thread has read lanes[0] before the next row overwrites it
+  }
+}
+
+// RMSNorm backward: block b takes rows b, b + gridDim.x, ... and writes its share of the
+// weight's gradient to row b of dw_partial.
+template <typename X, typename D, typename Y, typename Acc>
+__global__ void __launch_bounds__(kNormThreads)
+    RmsNormBackwardKernel(int64_t rows, int64_t dim, const X* h, const Y* dy, const X* dh_residual, const Acc* w,
+                          const Acc* rstd, X* dx, D* ddelta, Acc* dw_partial) {
+  __shared__ Acc lanes[kNormThreads];
+  const int lane = static_cast<int>(threadIdx.x);
+  Acc dw[kNormColumnsPerLane];
+  for (int k = 0; k < kNormColumnsPerLane; ++k) dw[k] = Acc(0);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t at = r * dim;
+    const Acc row_rstd = rstd[r];
+    lanes[lane] = NormDotLane<X, Y, Acc>(h + at, dy + at, w, row_rstd, dim, lane);
+    for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
+      __syncthreads();
+      SumTreeStep(lanes, lane, stride);
+    }
+    __syncthreads();
+    const Acc dot = lanes[0];
+    NormGradLane<X, D, Y, Acc>(h + at, dy + at, dh_residual != nullptr ? dh_residual + at : nullptr, w, row_rstd, dot,
+                               dx + at, ddelta != nullptr ? ddelta + at : nullptr, dw, dim, lane);
+    __syncthreads();  // every thread has read lanes[0] before the next row overwrites it
+  }
+  int k = 0;
+  for (int64_t j = lane; j < dim; j += kNormThreads, ++k) dw_partial[blockIdx.x * dim + j] = dw[k];
+}
+
+// Calls launch(X{}, D{}, Y{}, Acc{}) for the supported (x, delta, y) types; an error string for
+// the others.
+template <typename Launch>
+const char* DispatchNorm(ElementType x, ElementType d, ElementType y, Launch&& launch) {
+  using B = c10::BFloat16;
+  using H = c10::Half;
+  const auto is = [&](ElementType a, ElementType b, ElementType c) { return x == a && d == b && y == c; };
+  using E = ElementType;
+  if (is(E::kFloat, E::kFloat, E::kFloat)) launch(float{}, float{}, float{}, float{});
+  else if (is(E::kDouble, E::kDouble, E::kDouble)) launch(double{}, double{}, double{}, double{});
+  else if (is(E::kBFloat16, E::kBFloat16, E::kBFloat16)) launch(B{}, B{}, B{}, float{});
+  else if (is(E::kHalf, E::kHalf, E::kHalf)) launch(H{}, H{}, H{}, float{});
+  else if (is(E::kFloat, E::kBFloat16, E::kBFloat16)) launch(float{}, B{}, B{}, float{});
+  else if (is(E::kFloat, E::kFloat, E::kBFloat16)) launch(float{}, float{}, B{}, float{});
+  else if (is(E::kFloat, E::kBFloat16, E::kFloat)) launch(float{}, B{}, float{}, float{});
+  else if (is(E::kFloat, E::kHalf, E::kHalf)) launch(float{}, H{}, H{}, float{});
+  else if (is(E::kFloat, E::kFloat, E::kHalf)) launch(float{}, float{}, H{}, float{});
+  else if (is(E::kFloat, E::kHalf, E::kFloat)) launch(float{}, H{}, float{}, float{});
+  else return "unsupported combination of dtypes";
+  const cudaError_t status = cudaGetLastError();
+  return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
 }
 
 // Calls launch(T{}, Acc{}) for the element type; returns the launch's error string or nullptr.
@@ -101,6 +181,39 @@ const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab,
     using Acc = decltype(acc);
     SoftmaxGradientKernel<T, Acc><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, vocab, static_cast<T*>(logits), targets, static_cast<Acc*>(lse), static_cast<Acc*>(target_logit));
+  });
+}
+
+const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
+                                 int64_t dim, const void* x, const void* delta, void* h, const void* w, double eps,
+                                 void* y, void* rstd, void* stream) {
+  if (rows == 0) return nullptr;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
+  return DispatchNorm(x_type, delta_type, y_type, [&](auto xt, auto dt, auto yt, auto acc) {
+    using X = decltype(xt);
+    using D = decltype(dt);
+    using Y = decltype(yt);
+    using Acc = decltype(acc);
+    RmsNormForwardKernel<X, D, Y, Acc><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        rows, dim, static_cast<const X*>(x), static_cast<const D*>(delta), static_cast<X*>(h),
+        static_cast<const Acc*>(w), static_cast<Acc>(eps), static_cast<Y*>(y), static_cast<Acc*>(rstd));
+  });
+}
+
+const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
+                                  int64_t dim, const void* h, const void* dy, const void* dh_residual, const void* w,
+                                  const void* rstd, void* dx, void* ddelta, void* dw_partial, void* stream) {
+  if (rows == 0) return nullptr;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, kNormBlocks));
+  return DispatchNorm(x_type, delta_type, y_type, [&](auto xt, auto dt, auto yt, auto acc) {
+    using X = decltype(xt);
+    using D = decltype(dt);
+    using Y = decltype(yt);
+    using Acc = decltype(acc);
+    RmsNormBackwardKernel<X, D, Y, Acc><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        rows, dim, static_cast<const X*>(h), static_cast<const Y*>(dy), static_cast<const X*>(dh_residual),
+        static_cast<const Acc*>(w), static_cast<const Acc*>(rstd), static_cast<X*>(dx), static_cast<D*>(ddelta),
+        static_cast<Acc*>(dw_partial));
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "trainer/model/fused_elementwise.h"
+#include "trainer/model/fused_norm.h"
 #include "trainer/model/fused_softmax.h"
 
 namespace meshwork::model::fused {
@@ -27,5 +28,19 @@ const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape&
 // target_logit [rows] (the arithmetic type) receive each row's log-sum-exp and target logit.
 const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, void* logits, const int64_t* targets,
                                   void* lse, void* target_logit, void* stream);
+
+// RMSNorm (fused_norm.h) over rows [rows, dim] of x (type x_type), with delta (delta_type; null:
+// no add, h unused) added first, into y (y_type); w and rstd [rows] in the arithmetic type. The
+// supported (x, delta, y) types: all one type (float, double, bf16, fp16), or float x with
+// bf16/fp16 for either; others return an error string. Forward writes h (with a delta), y and
+// rstd; backward (dh_residual optional) writes dx, ddelta (with a delta) and dw_partial
+// [min(rows, kNormBlocks), dim], which the caller sums over its first dimension.
+inline constexpr int64_t kNormBlocks = 1024;
+const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
+                                 int64_t dim, const void* x, const void* delta, void* h, const void* w, double eps,
+                                 void* y, void* rstd, void* stream);
+const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
+                                  int64_t dim, const void* h, const void* dy, const void* dh_residual, const void* w,
+                                  const void* rstd, void* dx, void* ddelta, void* dw_partial, void* stream);
 
 }  // namespace meshwork::model::fused

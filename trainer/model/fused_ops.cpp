@@ -3,10 +3,12 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "trainer/model/fused_elementwise.h"
 #include "trainer/model/fused_kernels.h"
+#include "trainer/model/fused_norm.h"
 #include "trainer/model/fused_softmax.h"
 
 #if defined(MESHWORK_FUSED_KERNELS)
@@ -202,7 +204,219 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
   }
 };
 
+// The (x, delta, y) dtype combinations fused_kernels.cu's DispatchNorm takes; the host loop the same.
+bool NormTypesSupported(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y) {
+  const auto half = [](torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; };
+  const bool known = x == torch::kFloat || x == torch::kDouble || half(x);
+  if (!known) return false;
+  if (x == d && d == y) return true;
+  // fp32 x with bf16/fp16 delta and/or output (of one kind).
+  if (x != torch::kFloat) return false;
+  if (half(d) && half(y)) return d == y;
+  return (half(d) && y == torch::kFloat) || (d == torch::kFloat && half(y));
+}
+
+// Calls fn(X{}, D{}, Y{}, Acc{}) on the host for a supported combination.
+template <typename Fn>
+void DispatchNormHost(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y, Fn&& fn) {
+  using B = c10::BFloat16;
+  using H = c10::Half;
+  const auto is = [&](torch::ScalarType a, torch::ScalarType b, torch::ScalarType c) { return x == a && d == b && y == c; };
+  const auto F = torch::kFloat, Db = torch::kDouble, Bf = torch::kBFloat16, Hf = torch::kHalf;
+  if (is(F, F, F)) fn(float{}, float{}, float{}, float{});
+  else if (is(Db, Db, Db)) fn(double{}, double{}, double{}, double{});
+  else if (is(Bf, Bf, Bf)) fn(B{}, B{}, B{}, float{});
+  else if (is(Hf, Hf, Hf)) fn(H{}, H{}, H{}, float{});
+  else if (is(F, Bf, Bf)) fn(float{}, B{}, B{}, float{});
+  else if (is(F, F, Bf)) fn(float{}, float{}, B{}, float{});
+  else if (is(F, Bf, F)) fn(float{}, B{}, float{}, float{});
+  else if (is(F, Hf, Hf)) fn(float{}, H{}, H{}, float{});
+  else if (is(F, F, Hf)) fn(float{}, float{}, H{}, float{});
+  else if (is(F, Hf, F)) fn(float{}, H{}, float{}, float{});
+  else TORCH_CHECK(false, "RMSNorm: unsupported dtypes x ", x, ", delta ", d, ", output ", y);
+}
+
+#if defined(MESHWORK_FUSED_KERNELS)
+const void* DataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+void* MutableDataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+#endif
+
+// Inputs: x, delta (empty, and `add` false: none; libtorch 1.13's apply takes no undefined
+// tensor), weight; outputs {h, y} with a delta, {y} without.
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
+                                                const torch::Tensor& delta_in, const torch::Tensor& weight,
+                                                double eps, int64_t out_dtype, bool add) {
+    const torch::Tensor x = x_in.contiguous();
+    const torch::Tensor delta = add ? delta_in.contiguous() : torch::Tensor();
+    const auto y_type = static_cast<torch::ScalarType>(out_dtype);
+    const auto acc = AccOf(x);
+    const int64_t dim = x.size(-1), rows = x.numel() / std::max<int64_t>(dim, 1);
+    const torch::Tensor w = weight.to(x.device(), acc).contiguous();
+    torch::Tensor h = add ? torch::empty_like(x) : torch::Tensor();
+    torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(y_type));
+    torch::Tensor rstd = torch::empty({rows}, x.options().dtype(acc));
+    const auto d_type = add ? delta.scalar_type() : x.scalar_type();
+#if defined(MESHWORK_FUSED_KERNELS)
+    if (x.is_cuda()) {
+      OnDevice on(x);
+      CheckLaunch(fused::LaunchRmsNormForward(ElementTypeOf(x), add ? ElementTypeOf(delta) : ElementTypeOf(x),
+                                              ElementTypeOf(y), rows, dim, x.data_ptr(), DataOrNull(delta),
+                                              MutableDataOrNull(h), w.data_ptr(), eps, y.data_ptr(), rstd.data_ptr(),
+                                              on.stream()),
+                  "RmsNormForward");
+    } else
+#endif
+    {
+      DispatchNormHost(x.scalar_type(), d_type, y_type, [&](auto xt, auto dt, auto yt, auto at) {
+        using X = decltype(xt);
+        using D = decltype(dt);
+        using Y = decltype(yt);
+        using Acc = decltype(at);
+        const X* xp = x.data_ptr<X>();
+        const D* dp = add ? delta.data_ptr<D>() : nullptr;
+        X* hp = add ? h.data_ptr<X>() : nullptr;
+        const Acc* wp = w.data_ptr<Acc>();
+        Y* yp = y.data_ptr<Y>();
+        Acc* rp = rstd.data_ptr<Acc>();
+        at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+          std::vector<Acc> lanes(fused::kNormThreads);
+          for (int64_t r = begin; r < end; ++r) {
+            const int64_t o = r * dim;
+            for (int lane = 0; lane < fused::kNormThreads; ++lane) {
+              lanes[lane] = fused::NormSquaresLane<X, D, Acc>(xp + o, add ? dp + o : nullptr, add ? hp + o : nullptr,
+                                                              dim, lane);
+            }
+            for (int stride = fused::kNormThreads / 2; stride > 0; stride /= 2) {
+              for (int lane = 0; lane < fused::kNormThreads; ++lane) fused::SumTreeStep(lanes.data(), lane, stride);
+            }
+            rp[r] = fused::NormRstd(lanes[0], dim, static_cast<Acc>(eps));
+            for (int lane = 0; lane < fused::kNormThreads; ++lane) {
+              fused::NormOutputLane<X, Y, Acc>(add ? hp + o : xp + o, wp, rp[r], yp + o, dim, lane);
+            }
+          }
+        });
+      });
+    }
+    ctx->save_for_backward({add ? h : x, weight, rstd});
+    ctx->saved_data["add"] = add;
+    ctx->saved_data["delta_dtype"] = static_cast<int64_t>(d_type);
+    if (add) return {h, y};
+    return {y};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& h = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor& rstd = saved[2];
+    const bool add = ctx->saved_data["add"].toBool();
+    const auto d_type = static_cast<torch::ScalarType>(ctx->saved_data["delta_dtype"].toInt());
+    const torch::Tensor& dy_in = add ? grads[1] : grads[0];
+    const torch::Tensor dh_in = add ? grads[0] : torch::Tensor();
+    const auto acc = AccOf(h);
+    const int64_t dim = h.size(-1), rows = h.numel() / std::max<int64_t>(dim, 1);
+    // The output's dtype is the one forward wrote; an undefined gradient is zero.
+    const torch::Tensor dy = dy_in.defined() ? dy_in.contiguous() : torch::zeros(h.sizes(), h.options());
+    const torch::Tensor dh = dh_in.defined() ? dh_in.to(h.scalar_type()).contiguous() : torch::Tensor();
+    const torch::Tensor w = weight.to(h.device(), acc).contiguous();
+    torch::Tensor dx = torch::empty_like(h);
+    torch::Tensor ddelta = add ? torch::empty(h.sizes(), h.options().dtype(d_type)) : torch::Tensor();
+    const int64_t blocks = std::min<int64_t>(rows, fused::kNormBlocks);
+    torch::Tensor dw_partial = torch::empty({blocks, dim}, h.options().dtype(acc));
+#if defined(MESHWORK_FUSED_KERNELS)
+    if (h.is_cuda()) {
+      OnDevice on(h);
+      CheckLaunch(fused::LaunchRmsNormBackward(ElementTypeOf(h), add ? ElementTypeOf(ddelta) : ElementTypeOf(h),
+                                               ElementTypeOf(dy), rows, dim, h.data_ptr(), dy.data_ptr(),
+                                               DataOrNull(dh), w.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                                               MutableDataOrNull(ddelta), dw_partial.data_ptr(), on.stream()),
+                  "RmsNormBackward");
+    } else
+#endif
+    {
+      DispatchNormHost(h.scalar_type(), d_type, dy.scalar_type(), [&](auto xt, auto dt, auto yt, auto at) {
+        using X = decltype(xt);
+        using D = decltype(dt);
+        using Y = decltype(yt);
+        using Acc = decltype(at);
+        const X* hp = h.data_ptr<X>();
+        const Y* dyp = dy.data_ptr<Y>();
+        const X* dhp = dh.defined() ? dh.data_ptr<X>() : nullptr;
+        const Acc* wp = w.data_ptr<Acc>();
+        const Acc* rp = rstd.data_ptr<Acc>();
+        X* dxp = dx.data_ptr<X>();
+        D* ddp = add ? ddelta.data_ptr<D>() : nullptr;
+        Acc* dwp = dw_partial.data_ptr<Acc>();
+        // The kernel's blocks one after another: block b's rows b, b + blocks, ..., its lanes'
+        // weight-gradient sums written to row b of dw_partial.
+        at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+          std::vector<Acc> lanes(fused::kNormThreads);
+          std::vector<Acc> dw(static_cast<size_t>(fused::kNormThreads) * fused::kNormColumnsPerLane);
+          for (int64_t b = begin; b < end; ++b) {
+            std::fill(dw.begin(), dw.end(), Acc(0));
+            for (int64_t r = b; r < rows; r += blocks) {
+              const int64_t o = r * dim;
+              for (int lane = 0; lane < fused::kNormThreads; ++lane) {
+                lanes[lane] = fused::NormDotLane<X, Y, Acc>(hp + o, dyp + o, wp, rp[r], dim, lane);
+              }
+              for (int stride = fused::kNormThreads / 2; stride > 0; stride /= 2) {
+                for (int lane = 0; lane < fused::kNormThreads; ++lane) fused::SumTreeStep(lanes.data(), lane, stride);
+              }
+              for (int lane = 0; lane < fused::kNormThreads; ++lane) {
+                fused::NormGradLane<X, D, Y, Acc>(hp + o, dyp + o, dhp != nullptr ? dhp + o : nullptr, wp, rp[r],
+                                                  lanes[0], dxp + o, ddp != nullptr ? ddp + o : nullptr,
+                                                  dw.data() + lane * fused::kNormColumnsPerLane, dim, lane);
+              }
+            }
+            for (int lane = 0; lane < fused::kNormThreads; ++lane) {
+              int k = 0;
+              for (int64_t j = lane; j < dim; j += fused::kNormThreads, ++k) {
+                dwp[b * dim + j] = dw[lane * fused::kNormColumnsPerLane + k];
+              }
+            }
+          }
+        });
+      });
+    }
+    const torch::Tensor dweight = dw_partial.sum(0).to(weight.scalar_type());
+    return {dx, ddelta, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool FusedRmsNormSupports(const torch::Tensor& x, const torch::Tensor& delta, torch::ScalarType out_dtype) {
+  if (x.dim() < 1 || x.size(-1) < 1 || x.size(-1) > fused::kNormMaxDim) return false;
+  if (!(x.is_cpu() || (x.is_cuda() && FusedKernelsBuilt()))) return false;
+  if (delta.defined() && (delta.sizes() != x.sizes() || delta.device() != x.device())) return false;
+  return NormTypesSupported(x.scalar_type(), delta.defined() ? delta.scalar_type() : x.scalar_type(), out_dtype);
+}
+
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                           torch::ScalarType out_dtype) {
+  TORCH_CHECK(FusedRmsNormSupports(x, torch::Tensor(), out_dtype), "FusedRmsNorm: x ", x.sizes(), " ",
+              x.scalar_type(), " on ", x.device(), " to ", out_dtype, " is not supported (dim <= ", fused::kNormMaxDim,
+              "; CUDA needs this build's kernels)");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedRmsNorm: weight ", weight.sizes(),
+              " does not match x ", x.sizes());
+  return RmsNormFunction::apply(x, torch::empty({0}, x.options()), weight, eps, static_cast<int64_t>(out_dtype),
+                                false)[0];
+}
+
+std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                        const torch::Tensor& weight, double eps,
+                                                        torch::ScalarType out_dtype) {
+  TORCH_CHECK(delta.defined() && FusedRmsNormSupports(x, delta, out_dtype), "FusedAddRmsNorm: x ", x.sizes(), " ",
+              x.scalar_type(), " + delta ", delta.defined() ? delta.sizes() : torch::IntArrayRef{}, " ",
+              delta.defined() ? delta.scalar_type() : x.scalar_type(), " to ", out_dtype,
+              " is not supported (same shape; dim <= ", fused::kNormMaxDim, "; CUDA needs this build's kernels)");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedAddRmsNorm: weight ", weight.sizes(),
+              " does not match x ", x.sizes());
+  const auto out = RmsNormFunction::apply(x, delta, weight, eps, static_cast<int64_t>(out_dtype), true);
+  return {out[0], out[1]};
+}
 
 bool FusedKernelsBuilt() {
 #if defined(MESHWORK_FUSED_KERNELS)

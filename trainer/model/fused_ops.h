@@ -1,14 +1,18 @@
-// SwiGLU and rotary embedding each as one pass forward and one backward, in place of the
-// composition's several elementwise kernels (silu, mul; mul, rotate_half's neg and cat, mul,
-// add; and as many again in backward): autograd functions over the arithmetic in
-// fused_elementwise.h. On a CUDA tensor they launch fused_kernels.cu's kernels, which exist only
+// Meshwork's fused ops, each one pass forward and one backward in place of the composition's
+// several kernels: SwiGLU, rotary embedding, RMSNorm (with the residual add and the cast to the
+// matmul's dtype folded in) and the output head's softmax gradient. Autograd functions (the last
+// is called inside the head's own) over the arithmetic in fused_elementwise.h, fused_norm.h and
+// fused_softmax.h. On a CUDA tensor they launch fused_kernels.cu's kernels, which exist only
 // where nvcc was found at build time (FusedKernelsBuilt()); on the CPU they run the same
-// arithmetic in a host loop. Each rounds to the storage dtype once, where the composition rounds
-// every intermediate: under bf16 the two differ by bf16 rounding, in fp32 and double by the
-// last bits. model_test holds the host loops to the composition; fused_ops_gpu_test the kernels.
+// arithmetic in host loops, the rows dealt to lanes and blocks in the kernels' order. Each
+// rounds to the storage dtype once, where the composition rounds every intermediate: under bf16
+// the two differ by bf16 rounding, in fp32 and double by the last bits. model_test holds the
+// host loops to the composition; fused_ops_gpu_test the kernels.
 #pragma once
 
 #include <torch/types.h>
+
+#include <utility>
 
 namespace meshwork::model {
 
@@ -23,6 +27,23 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate_up);
 // x's dtype (float, double, bf16 or fp16); cos and sin [>= seq, dim] (RopeTables' fp32 tables),
 // read in fp32 (double for double x). The result is contiguous. Saves only the tables.
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Hugging Face's RMSNorm of x [..., dim] with weight [dim]: weight * (x / sqrt(mean(x^2) + eps)),
+// the statistics and the product in fp32 (double for double x), rounded once to `out_dtype`
+// (x's dtype, or the bf16/fp16 the next matmul runs in under autocast: the composition's
+// separate cast folded in). FusedAddRmsNorm first adds delta (x's shape; x's dtype, or bf16/fp16
+// with fp32 x: a block's output joining the residual stream) and returns the sum h, in x's
+// dtype, with the norm of h: the residual add, the norm and the cast in one pass forward and
+// one backward (which also takes h's own gradient, from the residual stream). Saves x (or h), the
+// weight and one fp32 per row. Differentiable in x, delta and weight.
+// FusedRmsNormSupports says whether the dtypes and width qualify (dim <= fused::kNormMaxDim);
+// otherwise the caller takes the composition.
+bool FusedRmsNormSupports(const torch::Tensor& x, const torch::Tensor& delta, torch::ScalarType out_dtype);
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                           torch::ScalarType out_dtype);
+std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                        const torch::Tensor& weight, double eps,
+                                                        torch::ScalarType out_dtype);
 
 // The output head's logits [rows, vocab] (contiguous; float, double, bf16 or fp16) replaced in
 // place by the gradient of each row's cross-entropy against `targets` [rows] (int64, in [0,

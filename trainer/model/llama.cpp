@@ -145,6 +145,17 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  const auto out_dtype = compat::MatmulDtype(x);
+  if (fused && FusedRmsNormSupports(x, torch::Tensor(), out_dtype)) {
+    const auto attention = self_attn(FusedRmsNorm(x, input_layernorm->weight, input_layernorm->eps(), out_dtype), rope);
+    if (FusedRmsNormSupports(x, attention, out_dtype)) {
+      const auto [h, normed] =
+          FusedAddRmsNorm(x, attention, post_attention_layernorm->weight, post_attention_layernorm->eps(), out_dtype);
+      return h + mlp(normed);
+    }
+    const auto h = x + attention;
+    return h + mlp(post_attention_layernorm(h));
+  }
   auto h = x + self_attn(input_layernorm(x), rope);
   return h + mlp(post_attention_layernorm(h));
 }
@@ -179,6 +190,7 @@ void LlamaForCausalLMImpl::set_merged_projections(bool merged) {
 void LlamaForCausalLMImpl::set_fused_kernels(bool fused) {
   for (size_t i = 0; i < model->layers->size(); ++i) {
     auto& layer = *model->layers[i]->as<DecoderLayer>();
+    layer.fused = fused;
     layer.self_attn->fused = fused;
     layer.mlp->fused = fused;
   }

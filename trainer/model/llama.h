@@ -22,6 +22,7 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
+  double eps() const { return eps_; }
   torch::Tensor weight;
 
  private:
@@ -86,6 +87,10 @@ class DecoderLayerImpl : public torch::nn::Module {
   Attention self_attn{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
   Mlp mlp{nullptr};
+  // The two norms by FusedRmsNorm and FusedAddRmsNorm (fused_ops.h): the attention block's
+  // residual add joins the second norm, and both write the dtype their matmuls run in. Where
+  // the dtypes or the width do not qualify (FusedRmsNormSupports), the composition.
+  bool fused = false;
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -139,8 +144,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_loss_gradient(HeadGradient gradient) { loss_gradient_ = gradient; }
   // Every layer's AttentionImpl::merged and MlpImpl::merged (training.merge_projections).
   void set_merged_projections(bool merged);
-  // Every layer's AttentionImpl::fused and MlpImpl::fused, and the stored head gradient's fused
-  // softmax (LinearCrossEntropy's fused_softmax) (training.fused_kernels).
+  // Every layer's DecoderLayerImpl::fused, AttentionImpl::fused and MlpImpl::fused, and the
+  // stored head gradient's fused softmax (LinearCrossEntropy's fused_softmax)
+  // (training.fused_kernels).
   void set_fused_kernels(bool fused);
   HeadGradient loss_gradient() const { return loss_gradient_; }
 

@@ -6,8 +6,10 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <tuple>
 
 #include "tests/trainer/model/fused_reference.h"
+#include "trainer/model/compat.h"
 #include "trainer/model/fused_ops.h"
 #include "trainer/model/llama.h"
 
@@ -92,8 +94,10 @@ LlamaConfig RopeConfig() {
   return c;
 }
 
-// q as the model makes it: a column block of the merged q/k/v GEMM's output, viewed as heads
-// and transposed to [batch, heads, seq, dim] (seq's stride is the GEMM row's width).
+// q and k as the model makes them: column blocks of the merged q/k/v GEMM's output, viewed as
+// heads and transposed to [batch, heads, seq, dim] (seq's stride is the GEMM row's width), taken
+// inside the function so that the op itself reads the strided view and autograd carries its
+// gradient back into the GEMM output's columns.
 TEST(FusedRopeTest, EqualsApplyRopeOnTheModelsStridedViews) {
   for (const auto dtype : {torch::kDouble, torch::kFloat}) {
     SCOPED_TRACE(std::string(c10::toString(dtype)));
@@ -102,15 +106,17 @@ TEST(FusedRopeTest, EqualsApplyRopeOnTheModelsStridedViews) {
     const RopeTables rope = MakeRopeTables(c, 16, torch::kCPU);  // longer than the sequence
     const int64_t b = 2, t = 9, heads = 4, kv = 2, d = 12;
     const auto qkv = torch::randn({b, t, (heads + 2 * kv) * d}, dtype);
-    const auto q = qkv.narrow(-1, 0, heads * d).view({b, t, heads, d}).transpose(1, 2);
-    const auto k = qkv.narrow(-1, heads * d, kv * d).view({b, t, kv, d}).transpose(1, 2);
-    for (const auto& x : {q, k}) {
-      ASSERT_FALSE(x.is_contiguous());
-      const auto upstream = torch::randn(x.sizes(), dtype);
-      auto fused = [&](const torch::Tensor& in) { return FusedRope(in, rope.cos, rope.sin); };
-      auto plain = [&](const torch::Tensor& in) { return ApplyRope(in, rope); };
-      const auto [y, grad] = ForwardBackward(fused, x, upstream);
-      const auto [y_ref, grad_ref] = ForwardBackward(plain, x, upstream);
+    for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, heads}, {heads, kv}}) {
+      auto view = [&, first = first, count = count](const torch::Tensor& all) {
+        const auto x = all.narrow(-1, first * d, count * d).view({b, t, count, d}).transpose(1, 2);
+        EXPECT_FALSE(x.is_contiguous());
+        return x;
+      };
+      const auto upstream = torch::randn({b, count, t, d}, dtype);
+      auto fused = [&](const torch::Tensor& all) { return FusedRope(view(all), rope.cos, rope.sin); };
+      auto plain = [&](const torch::Tensor& all) { return ApplyRope(view(all), rope); };
+      const auto [y, grad] = ForwardBackward(fused, qkv, upstream);
+      const auto [y_ref, grad_ref] = ForwardBackward(plain, qkv, upstream);
       EXPECT_TRUE(y.is_contiguous());
       EXPECT_TRUE(torch::allclose(y, y_ref, Tolerance(dtype), Tolerance(dtype))) << (y - y_ref).abs().max();
       EXPECT_TRUE(torch::allclose(grad, grad_ref, Tolerance(dtype), Tolerance(dtype))) << (grad - grad_ref).abs().max();
@@ -214,6 +220,108 @@ TEST(SoftmaxGradientTest, RefusesTargetsOutsideTheVocabularyByValue) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("targets in [3, 10], outside [0, 10)"), std::string::npos) << e.what();
   }
+}
+
+// RMSNorm as the model composes it (compat::RmsNorm), then cast to `out`.
+torch::Tensor RmsNormComposition(const torch::Tensor& x, const torch::Tensor& weight, torch::ScalarType out) {
+  return compat::RmsNorm(x, weight, 1e-5).to(out);
+}
+
+// Rows wider than the 256 lanes and not a multiple of them, narrower ones (most lanes idle), the
+// widest a lane's 32 columns allow (8192), and more rows than the backward's 1024 blocks (each
+// block then takes several): output, x's and the weight's gradients against the composition.
+TEST(FusedRmsNormTest, EqualsTheCompositionForwardAndBackward) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{3, 1}, {5, 37}, {4, 256}, {6, 300}, {2, 8192},
+                                    {1500, 8}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " dim " + std::to_string(dim));
+      torch::manual_seed(9);
+      const auto x = torch::randn({rows, dim}, dtype) * 3;
+      const auto weight = (torch::rand({dim}, dtype) + 0.5).requires_grad_(true);
+      const auto upstream = torch::randn({rows, dim}, dtype);
+      auto run = [&](bool fused) {
+        auto xi = x.clone().requires_grad_(true);
+        auto w = weight.detach().clone().requires_grad_(true);
+        auto y = fused ? FusedRmsNorm(xi, w, 1e-5, dtype) : RmsNormComposition(xi, w, dtype);
+        y.backward(upstream);
+        return std::make_tuple(y.detach(), xi.grad(), w.grad());
+      };
+      const auto [y, dx, dw] = run(true);
+      const auto [y_ref, dx_ref, dw_ref] = run(false);
+      const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+      EXPECT_TRUE(torch::allclose(y, y_ref, tol, tol)) << (y - y_ref).abs().max();
+      EXPECT_TRUE(torch::allclose(dx, dx_ref, tol, tol)) << (dx - dx_ref).abs().max();
+      EXPECT_TRUE(torch::allclose(dw, dw_ref, tol, tol)) << (dw - dw_ref).abs().max();
+    }
+  }
+}
+
+// h = x + delta and the norm of h in one: both outputs and all three gradients (h's own gradient
+// from the residual stream included) against the composition.
+TEST(FusedRmsNormTest, AddRmsNormEqualsTheComposition) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    torch::manual_seed(10);
+    const auto x = torch::randn({2, 7, 300}, dtype);
+    const auto delta = torch::randn({2, 7, 300}, dtype);
+    const auto weight = torch::rand({300}, dtype) + 0.5;
+    const auto up_h = torch::randn({2, 7, 300}, dtype), up_y = torch::randn({2, 7, 300}, dtype);
+    auto run = [&](bool fused) {
+      auto xi = x.clone().requires_grad_(true), di = delta.clone().requires_grad_(true);
+      auto w = weight.clone().requires_grad_(true);
+      torch::Tensor h, y;
+      if (fused) {
+        std::tie(h, y) = FusedAddRmsNorm(xi, di, w, 1e-5, dtype);
+      } else {
+        h = xi + di;
+        y = RmsNormComposition(h, w, dtype);
+      }
+      torch::autograd::backward({h, y}, {up_h, up_y});
+      return std::make_tuple(h.detach(), y.detach(), xi.grad(), di.grad(), w.grad());
+    };
+    const auto got = run(true);
+    const auto want = run(false);
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+    EXPECT_TRUE(torch::allclose(std::get<0>(got), std::get<0>(want), tol, tol)) << "h";
+    EXPECT_TRUE(torch::allclose(std::get<1>(got), std::get<1>(want), tol, tol)) << "y";
+    EXPECT_TRUE(torch::allclose(std::get<2>(got), std::get<2>(want), tol, tol)) << "dx";
+    EXPECT_TRUE(torch::allclose(std::get<3>(got), std::get<3>(want), tol, tol)) << "ddelta";
+    EXPECT_TRUE(torch::allclose(std::get<4>(got), std::get<4>(want), tol, tol)) << "dweight";
+  }
+}
+
+// Under autocast's dtypes: fp32 residual, bf16 block output, bf16 norm output (the cast the next
+// matmul would make, folded in): within one bf16 rounding of the fp32 composition, and the
+// delta's gradient in bf16.
+TEST(FusedRmsNormTest, Bf16DeltaAndOutputRoundOnce) {
+  torch::manual_seed(11);
+  const auto x = torch::randn({16, 512});
+  const auto delta = torch::randn({16, 512}).to(torch::kBFloat16);
+  const auto weight = torch::rand({512}) + 0.5;
+  auto xi = x.clone().requires_grad_(true), di = delta.clone().requires_grad_(true);
+  auto w = weight.clone().requires_grad_(true);
+  const auto [h, y] = FusedAddRmsNorm(xi, di, w, 1e-5, torch::kBFloat16);
+  EXPECT_EQ(h.scalar_type(), torch::kFloat);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  const auto h32 = x + delta.to(torch::kFloat);
+  EXPECT_TRUE(torch::equal(h, h32));
+  const auto y32 = RmsNormComposition(h32, weight, torch::kFloat);
+  EXPECT_TRUE(torch::allclose(y.to(torch::kFloat), y32, 1.0 / 256, 1e-6));
+  y.sum().backward();
+  EXPECT_EQ(di.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(di.grad().to(torch::kFloat), xi.grad(), 1.0 / 256, 1e-6));
+}
+
+TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
+  const auto x = torch::zeros({2, 64});
+  EXPECT_TRUE(FusedRmsNormSupports(x, torch::Tensor(), torch::kFloat));
+  EXPECT_TRUE(FusedRmsNormSupports(x, torch::Tensor(), torch::kBFloat16));
+  EXPECT_TRUE(FusedRmsNormSupports(x, x.to(torch::kBFloat16), torch::kBFloat16));
+  EXPECT_FALSE(FusedRmsNormSupports(x, x.to(torch::kBFloat16), torch::kHalf));
+  EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kBFloat16), x, torch::kBFloat16));
+  EXPECT_FALSE(FusedRmsNormSupports(x, torch::zeros({2, 63}), torch::kFloat));
+  EXPECT_FALSE(FusedRmsNormSupports(torch::zeros({2, 8193}), torch::Tensor(), torch::kFloat));
+  EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kInt), torch::Tensor(), torch::kInt));
 }
 
 }  // namespace
