@@ -27,12 +27,12 @@ __device__ __forceinline__ int64_t FirstIndex() {
 __device__ __forceinline__ int64_t Stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 template <typename T, typename Acc>
-__global__ void SwiGluForwardKernel(int64_t n, int64_t f, const T* gate_up, T* out) {
+__global__ void SwiGluForwardKernel(int64_t n, Divider f, const T* gate_up, T* out) {
   for (int64_t i = FirstIndex(); i < n; i += Stride()) SwiGluForwardAt<T, Acc>(i, f, gate_up, out);
 }
 
 template <typename T, typename Acc>
-__global__ void SwiGluBackwardKernel(int64_t n, int64_t f, const T* gate_up, const T* grad_out, T* grad_gate_up) {
+__global__ void SwiGluBackwardKernel(int64_t n, Divider f, const T* gate_up, const T* grad_out, T* grad_gate_up) {
   for (int64_t i = FirstIndex(); i < n; i += Stride()) SwiGluBackwardAt<T, Acc>(i, f, gate_up, grad_out, grad_gate_up);
 }
 
@@ -225,7 +225,7 @@ const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, const
     using T = decltype(t);
     using Acc = decltype(acc);
     SwiGluForwardKernel<T, Acc><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, f, static_cast<const T*>(gate_up), static_cast<T*>(out));
+        n, Divider(f, n), static_cast<const T*>(gate_up), static_cast<T*>(out));
   });
 }
 
@@ -237,7 +237,8 @@ const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, cons
     using T = decltype(t);
     using Acc = decltype(acc);
     SwiGluBackwardKernel<T, Acc><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, f, static_cast<const T*>(gate_up), static_cast<const T*>(grad_out), static_cast<T*>(grad_gate_up));
+        n, Divider(f, n), static_cast<const T*>(gate_up), static_cast<const T*>(grad_out),
+        static_cast<T*>(grad_gate_up));
   });
 }
 

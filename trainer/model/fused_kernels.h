@@ -19,6 +19,7 @@ const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, const
                                 void* stream);
 const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, const void* gate_up,
                                  const void* grad_out, void* grad_gate_up, void* stream);
+// The rope launchers' shape comes with its dividers (WithDividers).
 const char* LaunchRopeForward(ElementType type, int64_t batch, const RopeShape& shape, const void* x,
                               const void* cos, const void* sin, void* out, void* stream);
 const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape& shape, const void* grad_out,

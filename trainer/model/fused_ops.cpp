@@ -100,7 +100,8 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
       using Acc = decltype(acc);
       const T* in = gate_up.data_ptr<T>();
       T* o = out.data_ptr<T>();
-      HostLoop(rows * f, [&](int64_t i) { fused::SwiGluForwardAt<T, Acc>(i, f, in, o); });
+      const fused::Divider by_f(f, rows * f);
+      HostLoop(rows * f, [&](int64_t i) { fused::SwiGluForwardAt<T, Acc>(i, by_f, in, o); });
     });
     ctx->save_for_backward({gate_up});
     return out;
@@ -128,7 +129,8 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
       const T* in = gate_up.data_ptr<T>();
       const T* g = grad.data_ptr<T>();
       T* gi = grad_gate_up.data_ptr<T>();
-      HostLoop(rows * f, [&](int64_t i) { fused::SwiGluBackwardAt<T, Acc>(i, f, in, g, gi); });
+      const fused::Divider by_f(f, rows * f);
+      HostLoop(rows * f, [&](int64_t i) { fused::SwiGluBackwardAt<T, Acc>(i, by_f, in, g, gi); });
     });
     return {grad_gate_up};
   }
@@ -142,7 +144,7 @@ RopeShape ShapeOf(const torch::Tensor& x) {
   s.batch_stride = x.stride(0);
   s.head_stride = x.stride(1);
   s.seq_stride = x.stride(2);
-  return s;
+  return fused::WithDividers(s, x.numel());
 }
 
 struct RopeFunction : torch::autograd::Function<RopeFunction> {

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "tests/trainer/model/fused_reference.h"
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_elementwise.h"
 #include "trainer/model/fused_ops.h"
 #include "trainer/model/llama.h"
 
@@ -322,6 +325,37 @@ TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
   EXPECT_FALSE(FusedRmsNormSupports(x, torch::zeros({2, 63}), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(torch::zeros({2, 8193}), torch::Tensor(), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kInt), torch::Tensor(), torch::kInt));
+}
+
+// The kernels' index division by multiply-high and shift equals plain division for every
+// dividend below 2^31: divisors 1, 2, powers of two and their neighbours, odd ones, the model's
+// sizes, large ones; dividends at the edges and random. Beyond 2^31 it divides plainly.
+TEST(DividerTest, EqualsPlainDivisionBelowTwoToThe31) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  std::vector<int64_t> divisors = {1, 2, 3, 5, 7, 12, 37, 64, 100, 2048, 8192, 128256, 1000003, kLimit - 1};
+  for (int k = 1; k < 31; ++k) {
+    divisors.push_back((int64_t{1} << k) - 1);
+    divisors.push_back(int64_t{1} << k);
+    divisors.push_back((int64_t{1} << k) + 1);
+  }
+  std::mt19937_64 random(7);
+  for (const int64_t d : divisors) {
+    const fused::Divider div(d, kLimit - 1);
+    ASSERT_TRUE(div.fast) << d;
+    std::vector<int64_t> dividends = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, kLimit - 1, kLimit - 2, kLimit - d};
+    for (int i = 0; i < 2000; ++i) dividends.push_back(static_cast<int64_t>(random() % static_cast<uint64_t>(kLimit)));
+    for (int64_t q = 1; q < kLimit / d && q < (int64_t{1} << 20); q = q * 3 + 1) {
+      dividends.push_back(q * d - 1);
+      dividends.push_back(q * d);
+    }
+    for (const int64_t n : dividends) {
+      if (n < 0 || n >= kLimit) continue;
+      ASSERT_EQ(div.Div(n), n / d) << n << " / " << d;
+    }
+  }
+  const fused::Divider big(3, kLimit);  // a dividend may reach 2^31: plain division
+  EXPECT_FALSE(big.fast);
+  EXPECT_EQ(big.Div(int64_t{1} << 40), (int64_t{1} << 40) / 3);
 }
 
 }  // namespace
