@@ -37,12 +37,15 @@ MW_HOST_DEVICE SoftmaxStats<Acc> MergeStats(SoftmaxStats<Acc> a, SoftmaxStats<Ac
   return {b.max, b.sum + a.sum * Exp(a.max - b.max)};
 }
 
-// Lane `lane`'s pair over columns lane, lane + kRowThreads, ... of `row` [vocab].
+// Lane `lane`'s pair over columns lane, lane + kRowThreads, ... of `row` [vocab]. A -inf logit
+// adds nothing (exp(-inf) = 0; taking it as a maximum would give exp(-inf - -inf) = NaN); a row of
+// nothing but -inf ends with sum 0: log-sum-exp -inf, as torch::logsumexp.
 template <typename T, typename Acc>
 MW_HOST_DEVICE SoftmaxStats<Acc> LaneStats(const T* row, int64_t vocab, int lane) {
   SoftmaxStats<Acc> s{Acc(0), Acc(0)};
   for (int64_t j = lane; j < vocab; j += kRowThreads) {
     const Acc x = static_cast<Acc>(row[j]);
+    if (x == -static_cast<Acc>(INFINITY)) continue;
     if (s.sum == Acc(0)) {
       s = {x, Acc(1)};
     } else if (x > s.max) {
@@ -62,7 +65,7 @@ MW_HOST_DEVICE void TreeStep(SoftmaxStats<Acc>* lanes, int lane, int stride) {
 
 template <typename Acc>
 MW_HOST_DEVICE Acc LogSumExp(SoftmaxStats<Acc> s) {
-  return s.max + Log(s.sum);
+  return s.sum == Acc(0) ? -static_cast<Acc>(INFINITY) : s.max + Log(s.sum);
 }
 
 // Column j of the row's gradient in place: softmax - onehot(target), rounded to T.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -213,6 +214,24 @@ TEST(SoftmaxGradientTest, Bf16LogitsGiveFp32StatisticsAndABf16Gradient) {
   EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::allclose(got.lse, want.lse, 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(logits.to(torch::kFloat), want.gradient, 1.0 / 128, 1e-6));
+}
+
+// -inf logits (masked columns) count for nothing, as in torch::logsumexp and softmax: no NaN.
+TEST(SoftmaxGradientTest, MinusInfinityLogitsCountForNothing) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const int64_t vocab : {int64_t{5}, int64_t{1300}}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    torch::manual_seed(12);
+    auto logits = torch::randn({3, vocab}, torch::kDouble);
+    logits.narrow(1, 0, 3).fill_(-inf);       // the first three columns of every row
+    logits.narrow(1, vocab - 1, 1).fill_(-inf);  // and the last
+    const auto targets = torch::tensor({3, 4, 3}, torch::kLong);
+    const SoftmaxReference want = SoftmaxComposition(logits, targets);
+    const SoftmaxGradientStats got = SoftmaxGradientInPlace(logits, targets);
+    EXPECT_FALSE(logits.isnan().any().item<bool>());
+    EXPECT_TRUE(torch::allclose(logits, want.gradient, 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(got.lse, want.lse, 1e-12, 1e-12));
+  }
 }
 
 TEST(SoftmaxGradientTest, RefusesTargetsOutsideTheVocabularyByValue) {
