@@ -134,40 +134,25 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int64_t j = lane; j < dim; j += kNormThreads, ++k) dw_partial[blockIdx.x * dim + j] = dw[k];
 }
 
-// Calls launch(X{}, D{}, Y{}, Acc{}) for the supported (x, delta, y) types; an error string for
-// the others.
-template <typename Launch>
-const char* DispatchNorm(ElementType x, ElementType d, ElementType y, Launch&& launch) {
-  using B = c10::BFloat16;
-  using H = c10::Half;
-  const auto is = [&](ElementType a, ElementType b, ElementType c) { return x == a && d == b && y == c; };
-  using E = ElementType;
-  if (is(E::kFloat, E::kFloat, E::kFloat)) launch(float{}, float{}, float{}, float{});
-  else if (is(E::kDouble, E::kDouble, E::kDouble)) launch(double{}, double{}, double{}, double{});
-  else if (is(E::kBFloat16, E::kBFloat16, E::kBFloat16)) launch(B{}, B{}, B{}, float{});
-  else if (is(E::kHalf, E::kHalf, E::kHalf)) launch(H{}, H{}, H{}, float{});
-  else if (is(E::kFloat, E::kBFloat16, E::kBFloat16)) launch(float{}, B{}, B{}, float{});
-  else if (is(E::kFloat, E::kFloat, E::kBFloat16)) launch(float{}, float{}, B{}, float{});
-  else if (is(E::kFloat, E::kBFloat16, E::kFloat)) launch(float{}, B{}, float{}, float{});
-  else if (is(E::kFloat, E::kHalf, E::kHalf)) launch(float{}, H{}, H{}, float{});
-  else if (is(E::kFloat, E::kFloat, E::kHalf)) launch(float{}, float{}, H{}, float{});
-  else if (is(E::kFloat, E::kHalf, E::kFloat)) launch(float{}, H{}, float{}, float{});
-  else return "unsupported combination of dtypes";
+// The last launch's error string, or nullptr.
+const char* LaunchError() {
   const cudaError_t status = cudaGetLastError();
   return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
+}
+
+// Calls launch(X{}, D{}, Y{}, Acc{}) for a supported (x, delta, y) combination (VisitNormTypes);
+// returns the launch's error string, or one for an unsupported combination.
+template <typename Launch>
+const char* DispatchNorm(ElementType x, ElementType d, ElementType y, Launch&& launch) {
+  if (!VisitNormTypes(x, d, y, launch)) return "unsupported combination of dtypes";
+  return LaunchError();
 }
 
 // Calls launch(T{}, Acc{}) for the element type; returns the launch's error string or nullptr.
 template <typename Launch>
 const char* Dispatch(ElementType type, Launch&& launch) {
-  switch (type) {
-    case ElementType::kFloat: launch(float{}, float{}); break;
-    case ElementType::kDouble: launch(double{}, double{}); break;
-    case ElementType::kBFloat16: launch(c10::BFloat16{}, float{}); break;
-    case ElementType::kHalf: launch(c10::Half{}, float{}); break;
-  }
-  const cudaError_t status = cudaGetLastError();
-  return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
+  VisitElementType(type, launch);
+  return LaunchError();
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 // on success, else the CUDA runtime's error string for the launch.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cstdint>
 
 #include "trainer/model/fused_elementwise.h"
@@ -14,6 +17,42 @@
 namespace meshwork::model::fused {
 
 enum class ElementType { kFloat, kDouble, kBFloat16, kHalf };
+
+// The storage and arithmetic types of an element type: calls fn(T{}, Acc{}). The kernels'
+// launchers and the host loops dispatch through this one table.
+template <typename Fn>
+void VisitElementType(ElementType type, Fn&& fn) {
+  switch (type) {
+    case ElementType::kFloat: fn(float{}, float{}); break;
+    case ElementType::kDouble: fn(double{}, double{}); break;
+    case ElementType::kBFloat16: fn(c10::BFloat16{}, float{}); break;
+    case ElementType::kHalf: fn(c10::Half{}, float{}); break;
+  }
+}
+
+// The (x, delta, y) type combinations of the RMSNorm kernels and host loops: all one type, or
+// float x with bf16/fp16 delta and/or output (of one kind). Calls fn(X{}, D{}, Y{}, Acc{}) and
+// returns true, or returns false for any other combination.
+template <typename Fn>
+bool VisitNormTypes(ElementType x, ElementType d, ElementType y, Fn&& fn) {
+  using E = ElementType;
+  const auto is = [&](E a, E b, E c) { return x == a && d == b && y == c; };
+  if (x == d && d == y) {
+    VisitElementType(x, [&](auto t, auto acc) { fn(t, t, t, acc); });
+    return true;
+  }
+  for (const E half : {E::kBFloat16, E::kHalf}) {
+    if (!is(E::kFloat, half, half) && !is(E::kFloat, E::kFloat, half) && !is(E::kFloat, half, E::kFloat)) continue;
+    VisitElementType(half, [&](auto h, auto) {
+      using H = decltype(h);
+      if (d == half && y == half) fn(float{}, H{}, H{}, float{});
+      else if (y == half) fn(float{}, float{}, H{}, float{});
+      else fn(float{}, H{}, float{}, float{});
+    });
+    return true;
+  }
+  return false;
+}
 
 const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, const void* gate_up, void* out,
                                 void* stream);

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "trainer/model/fused_elementwise.h"
@@ -22,15 +23,22 @@ namespace {
 using fused::ElementType;
 using fused::RopeShape;
 
-ElementType ElementTypeOf(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
+std::optional<ElementType> ElementTypeFor(torch::ScalarType t) {
+  switch (t) {
     case torch::kFloat: return ElementType::kFloat;
     case torch::kDouble: return ElementType::kDouble;
     case torch::kBFloat16: return ElementType::kBFloat16;
     case torch::kHalf: return ElementType::kHalf;
-    default: TORCH_CHECK(false, "fused op: unsupported dtype ", t.scalar_type(), " (float, double, bf16 or fp16)");
+    default: return std::nullopt;
   }
 }
+
+ElementType ElementTypeOf(torch::ScalarType t) {
+  const auto type = ElementTypeFor(t);
+  TORCH_CHECK(type.has_value(), "fused op: unsupported dtype ", t, " (float, double, bf16 or fp16)");
+  return *type;
+}
+ElementType ElementTypeOf(const torch::Tensor& t) { return ElementTypeOf(t.scalar_type()); }
 
 // The arithmetic dtype for storage dtype t: double for double, fp32 otherwise.
 torch::ScalarType AccOf(const torch::Tensor& t) {
@@ -40,12 +48,7 @@ torch::ScalarType AccOf(const torch::Tensor& t) {
 // Calls fn(T{}, Acc{}) for t's storage type on the host.
 template <typename Fn>
 void DispatchHost(const torch::Tensor& t, Fn&& fn) {
-  switch (ElementTypeOf(t)) {
-    case ElementType::kFloat: fn(float{}, float{}); break;
-    case ElementType::kDouble: fn(double{}, double{}); break;
-    case ElementType::kBFloat16: fn(c10::BFloat16{}, float{}); break;
-    case ElementType::kHalf: fn(c10::Half{}, float{}); break;
-  }
+  fused::VisitElementType(ElementTypeOf(t), fn);
 }
 
 // Runs element(i) for i in [0, n) on the host, split over libtorch's intra-op threads.
@@ -85,13 +88,13 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     auto sizes = gate_up.sizes().vec();
     sizes.back() = f;
     torch::Tensor out = torch::empty(sizes, gate_up.options());
+    ctx->save_for_backward({gate_up});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (gate_up.is_cuda()) {
       OnDevice on(gate_up);
       CheckLaunch(fused::LaunchSwiGluForward(ElementTypeOf(gate_up), rows, f, gate_up.data_ptr(), out.data_ptr(),
                                              on.stream()),
                   "SwiGluForward");
-      ctx->save_for_backward({gate_up});
       return out;
     }
 #endif
@@ -103,7 +106,6 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
       const fused::Divider by_f(f, rows * f);
       HostLoop(rows * f, [&](int64_t i) { fused::SwiGluForwardAt<T, Acc>(i, by_f, in, o); });
     });
-    ctx->save_for_backward({gate_up});
     return out;
   }
 
@@ -206,36 +208,17 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
   }
 };
 
-// The (x, delta, y) dtype combinations fused_kernels.cu's DispatchNorm takes; the host loop the same.
+// Whether the RMSNorm kernels and host loops take these (x, delta, y) dtypes (VisitNormTypes).
 bool NormTypesSupported(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y) {
-  const auto half = [](torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; };
-  const bool known = x == torch::kFloat || x == torch::kDouble || half(x);
-  if (!known) return false;
-  if (x == d && d == y) return true;
-  // fp32 x with bf16/fp16 delta and/or output (of one kind).
-  if (x != torch::kFloat) return false;
-  if (half(d) && half(y)) return d == y;
-  return (half(d) && y == torch::kFloat) || (d == torch::kFloat && half(y));
+  const auto xt = ElementTypeFor(x), dt = ElementTypeFor(d), yt = ElementTypeFor(y);
+  return xt && dt && yt && fused::VisitNormTypes(*xt, *dt, *yt, [](auto...) {});
 }
 
 // Calls fn(X{}, D{}, Y{}, Acc{}) on the host for a supported combination.
 template <typename Fn>
 void DispatchNormHost(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y, Fn&& fn) {
-  using B = c10::BFloat16;
-  using H = c10::Half;
-  const auto is = [&](torch::ScalarType a, torch::ScalarType b, torch::ScalarType c) { return x == a && d == b && y == c; };
-  const auto F = torch::kFloat, Db = torch::kDouble, Bf = torch::kBFloat16, Hf = torch::kHalf;
-  if (is(F, F, F)) fn(float{}, float{}, float{}, float{});
-  else if (is(Db, Db, Db)) fn(double{}, double{}, double{}, double{});
-  else if (is(Bf, Bf, Bf)) fn(B{}, B{}, B{}, float{});
-  else if (is(Hf, Hf, Hf)) fn(H{}, H{}, H{}, float{});
-  else if (is(F, Bf, Bf)) fn(float{}, B{}, B{}, float{});
-  else if (is(F, F, Bf)) fn(float{}, float{}, B{}, float{});
-  else if (is(F, Bf, F)) fn(float{}, B{}, float{}, float{});
-  else if (is(F, Hf, Hf)) fn(float{}, H{}, H{}, float{});
-  else if (is(F, F, Hf)) fn(float{}, float{}, H{}, float{});
-  else if (is(F, Hf, F)) fn(float{}, H{}, float{}, float{});
-  else TORCH_CHECK(false, "RMSNorm: unsupported dtypes x ", x, ", delta ", d, ", output ", y);
+  TORCH_CHECK(fused::VisitNormTypes(ElementTypeOf(x), ElementTypeOf(d), ElementTypeOf(y), fn),
+              "RMSNorm: unsupported dtypes x ", x, ", delta ", d, ", output ", y);
 }
 
 #if defined(MESHWORK_FUSED_KERNELS)
