@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a short GPU lease is for, in one command on the GPU machine, from the CUDA flavor
 # built on the CPU machine (scripts/cuda-flavor.sh && scripts/gpu-prebuilt.sh pack, the folder
-# carried): the gpu tests, bench/gpu_vs_pytorch.sh, and a profile (training.profile_out) and a
+# carried): the gpu tests, bench/gpu_vs_pytorch.sh, the A/Bs below, a profile (training.profile_out) and a
 # compiled-FSDP trace (--trace-out) of llama3-1b at batch 4 x 2048, and the table's Meshwork row
 # again with training.loss_gradient=recompute (the head's old backward) and with
 # training.merge_projections=false (one GEMM per projection) and with training.fused_kernels=off (the
@@ -16,6 +16,8 @@
 #                    a part gets what is left when that is less than its cap, and is skipped (said in
 #                    the log) when under 20 s are left
 #   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
+#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the three above); a lease too
+#                short for all names the one it needs
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -66,19 +68,19 @@ cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytor
 
 one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
        --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1 "${sets[@]}")
+for ab in ${AB_LIST:-training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
+  stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
+  c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
+    >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
+  echo "$ab exit $?" | tee -a "$log"
+  grep -E '^(kernels:|step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
+done
+
 stamp "profile: llama3-1b batch 4, steps 3-5"
 c=$(cap "${PROFILE_CAP:-90}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=6 \
   --set training.profile_steps=3 --profile-out "$out/profile-llama3-1b.json" >"$out/profile-llama3-1b.log" 2>&1
 echo "profile exit $?" | tee -a "$log"
 grep -E '^(profile|kernels):' "$out/profile-llama3-1b.log" | tee -a "$log"
-
-for ab in training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off; do
-  stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
-  c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
-    >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
-  echo "$ab exit $?" | tee -a "$log"
-  grep -E '^(step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
-done
 
 stamp "compiled FSDP on one rank (NCCL), llama3-1b batch 4: plan and trace of step 3"
 c=$(cap "${TRACE_CAP:-90}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 \

@@ -246,8 +246,10 @@ TEST(FusedOpsGpu, RmsNormKernelsEqualTheCompositionAndTheHostLoop) {
   const auto weight = torch::rand({2048}, kCuda) + 0.5;
   const auto up_h = torch::randn({4096, 2048}, kCuda), up_y = torch::randn({4096, 2048}, kCuda).to(torch::kBFloat16);
   auto run = [&](const torch::Device& device) {
-    auto xi = x.to(device).requires_grad_(true), di = delta.to(device).requires_grad_(true);
-    auto w = weight.to(device).requires_grad_(true);
+    // detach(): to() of a tensor already on the device returns that tensor, whose requires_grad
+    // the first run would otherwise leave set, and the second run's copies would not be leaves.
+    auto xi = x.to(device).detach().requires_grad_(true), di = delta.to(device).detach().requires_grad_(true);
+    auto w = weight.to(device).detach().requires_grad_(true);
     const auto [h, y] = FusedAddRmsNorm(xi, di, w, 1e-5, torch::kBFloat16);
     torch::autograd::backward({h, y}, {up_h.to(device), up_y.to(device)});
     return std::vector<torch::Tensor>{h.detach().cpu(), y.detach().cpu(), xi.grad().cpu(), di.grad().cpu(), w.grad().cpu()};

@@ -9,8 +9,8 @@
 #       metrics-memory              /metrics while training reports CUDA memory in use and its limit
 #       fsdp-eager | fsdp-compiled  FSDP over NCCL on a mesh of one rank (fsdp.single_process): every
 #                                   collective through NCCL, losses within 1e-4 of the plain model
-#       bf16-follows-fp32           50 steps of tiny in bf16 autocast and in fp32: every step's loss
-#                                   within 2% relative
+#       bf16-follows-fp32           50 steps of tiny in bf16 autocast and in fp32: the first 20
+#                                   steps' losses within 0.5%, the eval loss after within 2%
 # Without a CUDA device every case exits 77, which ctest reports as Skipped (SKIP_RETURN_CODE),
 # after saying why.
 set -euo pipefail
@@ -94,16 +94,26 @@ case "$case_name" in
     echo "PASS: FSDP $mode over NCCL (one rank) follows the plain model"
     ;;
   bf16-follows-fp32)
-    # bf16 autocast over fp32 weights trains like fp32: every step's loss within 2% (docs/gpu.md),
-    # and the allocator's retries are reported on the done line.
+    # bf16 autocast over fp32 weights trains like fp32 (docs/gpu.md): each of the first 20 steps'
+    # losses within 0.5% of fp32's (the trajectories have not yet parted: a wrong bf16 kernel shows
+    # from step 1), and the eval loss after 50 steps within 2% of fp32's (once the learning rate
+    # peaks, rounding sends the two runs down different paths: step losses then differ by up to 5%
+    # with the composition and with the fused kernels alike, measured on an H200, while the trained
+    # models' eval losses differ by 0.6%). The allocator's retries are reported on the done line.
     run=(--set schedule.steps=50 --set logging.every=50)
     "$bin" train "${tiny[@]}" "${run[@]}" --set training.dtype=fp32 --set logging.jsonl="$work/fp32.jsonl" \
       >"$work/fp32.log" 2>&1 || fail "fp32: $(tail -5 "$work/fp32.log")"
     "$bin" train "${tiny[@]}" "${run[@]}" --set training.dtype=bf16 --set logging.jsonl="$work/bf16.jsonl" \
       >"$work/bf16.log" 2>&1 || fail "bf16: $(tail -5 "$work/bf16.log")"
     grep -q "allocator retries" "$work/bf16.log" || fail "no allocator figures on the done line: $(grep '^done' "$work/bf16.log")"
-    python3 "$root/tests/common/compare_losses.py" "$work/fp32.jsonl" "$work/bf16.jsonl" 50 2e-2 \
-      || fail "bf16 strays from the fp32 loss curve"
+    python3 "$root/tests/common/compare_losses.py" "$work/fp32.jsonl" "$work/bf16.jsonl" 50 5e-3 20 \
+      || fail "bf16 strays from the fp32 loss curve in its first 20 steps"
+    eval_after() { sed -n 's/^eval after training: loss \([0-9.]*\)$/\1/p' "$1"; }
+    fp32_eval="$(eval_after "$work/fp32.log")" bf16_eval="$(eval_after "$work/bf16.log")"
+    [ -n "$fp32_eval" ] && [ -n "$bf16_eval" ] || fail "no 'eval after training' line (fp32 '$fp32_eval', bf16 '$bf16_eval')"
+    awk -v a="$fp32_eval" -v b="$bf16_eval" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d;
+      printf "eval loss after 50 steps: fp32 %s, bf16 %s (%.2f%% apart)\n", a, b, 100 * d; exit d <= 0.02 ? 0 : 1 }' \
+      || fail "bf16's trained model evaluates more than 2% from fp32's"
     echo "PASS: bf16 follows fp32 over 50 steps of tiny"
     ;;
   *) echo "unknown case '$case_name'"; exit 2 ;;
