@@ -1,18 +1,25 @@
-// The arithmetic of Meshwork's fused elementwise ops (SwiGLU, rotary embedding), one output
-// element per call. The CUDA kernels (fused_kernels.cu) and the host loops (fused_ops.cpp) both
-// run these same functions, so the CPU tests check the code the GPU runs, short of the launch.
-// Torch-free and nvcc-safe: T is the storage type (float, double, c10::BFloat16, c10::Half),
-// Acc the arithmetic type (float, or double for double), converted with static_cast.
+// The arithmetic of Meshwork's fused elementwise ops (SwiGLU, rotary embedding), one pack of N
+// consecutive output elements per call: N = kPack<T> (16 bytes, one GPU access) where every
+// extent and address allows it (PackFits), else 1. The CUDA kernels (fused_kernels.cu) and the
+// host loops (fused_ops.cpp) both run these same functions with the same N, so the CPU tests
+// check the code the GPU runs, short of the launch. Torch-free and nvcc-safe: T is the storage
+// type (float, double, c10::BFloat16, c10::Half), Acc the arithmetic type (float, or double for
+// double), converted with static_cast.
 #pragma once
 
 #include <math.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define MW_HOST_DEVICE __host__ __device__ __forceinline__
+#define MW_UNROLL _Pragma("unroll")
 #else
 #define MW_HOST_DEVICE inline
+#define MW_UNROLL
 #endif
 
 namespace meshwork::model::fused {
@@ -23,6 +30,56 @@ MW_HOST_DEVICE double Exp(double x) { return exp(x); }
 template <typename Acc>
 MW_HOST_DEVICE Acc Sigmoid(Acc x) {
   return Acc(1) / (Acc(1) + Exp(-x));
+}
+
+// N consecutive elements, aligned to their size, so that a GPU moves them in one access (a
+// 16-byte load is the widest; 2-byte loads leave most of an H200's bandwidth unused: the
+// element-at-a-time SwiGLU kernel read and wrote at 1.4 TB/s).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Elements of `bytes` each in one 16-byte pack; kPack<T> for T.
+constexpr int PackOf(size_t bytes) { return bytes >= 16 ? 1 : static_cast<int>(16 / bytes); }
+template <typename T>
+inline constexpr int kPack = PackOf(sizeof(T));
+
+template <int N, typename T>
+MW_HOST_DEVICE Pack<T, N> LoadPack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+template <int N, typename T>
+MW_HOST_DEVICE void StorePack(T* p, const Pack<T, N>& x) {
+  *reinterpret_cast<Pack<T, N>*>(p) = x;
+}
+
+// Whether packs of n elements of `bytes` each fit: every extent a multiple of n, every address a
+// multiple of the pack's size. Host only.
+inline bool PackFits(int n, size_t bytes, std::initializer_list<int64_t> extents,
+                     std::initializer_list<const void*> addresses) {
+  for (const int64_t e : extents) {
+    if (e % n != 0) return false;
+  }
+  for (const void* a : addresses) {
+    if (reinterpret_cast<uintptr_t>(a) % (static_cast<uintptr_t>(n) * bytes) != 0) return false;
+  }
+  return true;
+}
+
+// Calls fn(std::integral_constant<int, N>{}) for pack width N = 1 or kPack<T> and returns true;
+// false for any other width. Host only.
+template <typename T, typename Fn>
+bool VisitPack(int pack, Fn&& fn) {
+  if (pack == 1) {
+    fn(std::integral_constant<int, 1>{});
+    return true;
+  }
+  if (pack == kPack<T>) {
+    fn(std::integral_constant<int, kPack<T>>{});
+    return true;
+  }
+  return false;
 }
 
 MW_HOST_DEVICE uint32_t MulHi(uint32_t a, uint32_t b) {
@@ -64,82 +121,136 @@ struct Divider {
 
 // SwiGLU of the merged gate/up GEMM's output: gate_up [rows, 2f] holds gate in columns [0, f)
 // and up in [f, 2f) (the order MlpImpl concatenates their weights). Element i of out [rows, f]
-// is silu(gate) * up, rounded to T once (the composition rounds silu(gate) first).
-template <typename T, typename Acc>
-MW_HOST_DEVICE void SwiGluForwardAt(int64_t i, const Divider& f_div, const T* gate_up, T* out) {
-  const int64_t f = f_div.divisor;
-  const int64_t row = f_div.Div(i), col = i - row * f;
-  const Acc g = static_cast<Acc>(gate_up[row * 2 * f + col]);
-  const Acc u = static_cast<Acc>(gate_up[row * 2 * f + f + col]);
-  out[i] = static_cast<T>(g * Sigmoid(g) * u);
+// is silu(gate) * up, rounded to T once (the composition rounds silu(gate) first). Pack v holds
+// out's elements [v * N, v * N + N), all in one row (f % N == 0); per_row divides by f / N.
+template <typename T, typename Acc, int N = 1>
+MW_HOST_DEVICE void SwiGluForwardAt(int64_t v, const Divider& per_row, const T* gate_up, T* out) {
+  const int64_t packs = per_row.divisor, f = packs * N;
+  const int64_t row = per_row.Div(v), col = (v - row * packs) * N;
+  const Pack<T, N> g = LoadPack<N>(gate_up + row * 2 * f + col);
+  const Pack<T, N> u = LoadPack<N>(gate_up + row * 2 * f + f + col);
+  Pack<T, N> o;
+MW_UNROLL
+  for (int k = 0; k < N; ++k) {
+    const Acc gk = static_cast<Acc>(g.v[k]);
+    o.v[k] = static_cast<T>(gk * Sigmoid(gk) * static_cast<Acc>(u.v[k]));
+  }
+  StorePack(out + v * N, o);
 }
 
-// Its backward for output element i: d/dgate = dy * up * s * (1 + g * (1 - s)) with s =
+// The pack width for SwiGLU over rows of f outputs of `bytes` each, its input, output and
+// gradients at `addresses`: kPack of their type where all fit, else 1.
+inline int SwiGluPack(int64_t f, size_t bytes, std::initializer_list<const void*> addresses) {
+  const int n = PackOf(bytes);
+  return PackFits(n, bytes, {f}, addresses) ? n : 1;
+}
+
+// Its backward for output pack v: d/dgate = dy * up * s * (1 + g * (1 - s)) with s =
 // sigmoid(g), d/dup = dy * silu(g), written into grad_gate_up [rows, 2f] (gate's half, up's half).
-template <typename T, typename Acc>
-MW_HOST_DEVICE void SwiGluBackwardAt(int64_t i, const Divider& f_div, const T* gate_up, const T* grad_out,
+template <typename T, typename Acc, int N = 1>
+MW_HOST_DEVICE void SwiGluBackwardAt(int64_t v, const Divider& per_row, const T* gate_up, const T* grad_out,
                                      T* grad_gate_up) {
-  const int64_t f = f_div.divisor;
-  const int64_t row = f_div.Div(i), col = i - row * f;
+  const int64_t packs = per_row.divisor, f = packs * N;
+  const int64_t row = per_row.Div(v), col = (v - row * packs) * N;
   const int64_t at = row * 2 * f + col;
-  const Acc g = static_cast<Acc>(gate_up[at]);
-  const Acc u = static_cast<Acc>(gate_up[at + f]);
-  const Acc dy = static_cast<Acc>(grad_out[i]);
-  const Acc s = Sigmoid(g);
-  grad_gate_up[at] = static_cast<T>(dy * u * s * (Acc(1) + g * (Acc(1) - s)));
-  grad_gate_up[at + f] = static_cast<T>(dy * g * s);
+  const Pack<T, N> g = LoadPack<N>(gate_up + at);
+  const Pack<T, N> u = LoadPack<N>(gate_up + at + f);
+  const Pack<T, N> dy = LoadPack<N>(grad_out + v * N);
+  Pack<T, N> dg, du;
+MW_UNROLL
+  for (int k = 0; k < N; ++k) {
+    const Acc gk = static_cast<Acc>(g.v[k]), uk = static_cast<Acc>(u.v[k]), dyk = static_cast<Acc>(dy.v[k]);
+    const Acc s = Sigmoid(gk);
+    dg.v[k] = static_cast<T>(dyk * uk * s * (Acc(1) + gk * (Acc(1) - s)));
+    du.v[k] = static_cast<T>(dyk * gk * s);
+  }
+  StorePack(grad_gate_up + at, dg);
+  StorePack(grad_gate_up + at + f, du);
 }
 
 // A [batch, heads, seq, dim] tensor's shape and element strides (dim's stride is 1): q and k
 // are views of the merged q/k/v GEMM's output, transposed, so their strides are the GEMM's.
-// The dividers split a flat output index into (batch, head, position, dim).
+// `pack` elements along dim per call (1, or kPack<T> where dim is a multiple of twice it, the
+// strides of it, and the addresses aligned: RopePack). The dividers split a flat output pack
+// index into (batch, head, position, pack along dim).
 struct RopeShape {
   int64_t heads = 0, seq = 0, dim = 0;
   int64_t batch_stride = 0, head_stride = 0, seq_stride = 0;
+  int pack = 1;
   Divider by_dim, by_seq, by_heads;
 };
 
-// The dividers for `shape`'s sizes and `elements` outputs in all (batch * heads * seq * dim).
+// The dividers for `shape`'s sizes and pack, over `elements` outputs in all (batch * heads * seq
+// * dim).
 inline RopeShape WithDividers(RopeShape shape, int64_t elements) {
-  shape.by_dim = Divider(shape.dim, elements);
-  shape.by_seq = Divider(shape.seq, elements);
-  shape.by_heads = Divider(shape.heads, elements);
+  const int64_t packs = elements / shape.pack;
+  shape.by_dim = Divider(shape.dim / shape.pack, packs);
+  shape.by_seq = Divider(shape.seq, packs);
+  shape.by_heads = Divider(shape.heads, packs);
   return shape;
 }
 
+// The pack width for x (storage bytes x_bytes, at x_address, with `shape`'s dim and strides),
+// its output and the tables (table_bytes each): kPack of x's type where all fit, else 1.
+inline int RopePack(const RopeShape& shape, size_t x_bytes, const void* x, const void* out, size_t table_bytes,
+                    const void* cos, const void* sin) {
+  const int n = PackOf(x_bytes);
+  const bool fits = PackFits(n, x_bytes, {shape.dim / 2, shape.batch_stride, shape.head_stride, shape.seq_stride},
+                             {x, out}) &&
+                    PackFits(n, table_bytes, {}, {cos, sin});
+  return fits ? n : 1;
+}
+
 // Rotary embedding in Hugging Face's rotate_half layout: out = x * cos + rotate_half(x) * sin,
-// where rotate_half(x) = [-x[half:], x[:half]]. Element i of out, contiguous [batch, heads, seq,
-// dim]; cos and sin are [>= seq, dim] contiguous tables in Acc. Rounded to T once (the
-// composition rounds each product and the sum).
-template <typename T, typename Acc>
-MW_HOST_DEVICE void RopeForwardAt(int64_t i, const RopeShape& s, const T* x, const Acc* cos, const Acc* sin,
+// where rotate_half(x) = [-x[half:], x[:half]]. Pack v of out, contiguous [batch, heads, seq,
+// dim] (a pack never straddles half: half % N == 0); cos and sin are [>= seq, dim] contiguous
+// tables in Acc. Rounded to T once (the composition rounds each product and the sum).
+template <typename T, typename Acc, int N = 1>
+MW_HOST_DEVICE void RopeForwardAt(int64_t v, const RopeShape& s, const T* x, const Acc* cos, const Acc* sin,
                                   T* out) {
-  int64_t rest = s.by_dim.Div(i);
-  const int64_t d = i - rest * s.dim;
+  const int64_t rest = s.by_dim.Div(v);
+  const int64_t d = (v - rest * s.by_dim.divisor) * N;
   const int64_t bh = s.by_seq.Div(rest);
   const int64_t t = rest - bh * s.seq;
   const int64_t b = s.by_heads.Div(bh), h = bh - b * s.heads;
   const T* row = x + b * s.batch_stride + h * s.head_stride + t * s.seq_stride;
   const int64_t half = s.dim / 2;
-  const Acc partner = d < half ? -static_cast<Acc>(row[d + half]) : static_cast<Acc>(row[d - half]);
-  out[i] = static_cast<T>(static_cast<Acc>(row[d]) * cos[t * s.dim + d] + partner * sin[t * s.dim + d]);
+  const bool first = d < half;
+  const Pack<T, N> xs = LoadPack<N>(row + d);
+  const Pack<T, N> partner = LoadPack<N>(row + (first ? d + half : d - half));
+  const Pack<Acc, N> c = LoadPack<N>(cos + t * s.dim + d), sn = LoadPack<N>(sin + t * s.dim + d);
+  Pack<T, N> o;
+MW_UNROLL
+  for (int k = 0; k < N; ++k) {
+    const Acc p = first ? -static_cast<Acc>(partner.v[k]) : static_cast<Acc>(partner.v[k]);
+    o.v[k] = static_cast<T>(static_cast<Acc>(xs.v[k]) * c.v[k] + p * sn.v[k]);
+  }
+  StorePack(out + v * N, o);
 }
 
 // Its backward: the transpose of the same linear map, for grad_out and grad_x both contiguous
 // [batch, heads, seq, dim] (`s`'s strides and by_heads unused): grad_x[d] = g[d] * cos[d] + (d < half ?
 // g[d + half] * sin[d + half] : -g[d - half] * sin[d - half]).
-template <typename T, typename Acc>
-MW_HOST_DEVICE void RopeBackwardAt(int64_t i, const RopeShape& s, const T* grad_out, const Acc* cos,
+template <typename T, typename Acc, int N = 1>
+MW_HOST_DEVICE void RopeBackwardAt(int64_t v, const RopeShape& s, const T* grad_out, const Acc* cos,
                                    const Acc* sin, T* grad_x) {
-  const int64_t row_index = s.by_dim.Div(i);
-  const int64_t d = i - row_index * s.dim;
+  const int64_t row_index = s.by_dim.Div(v);
+  const int64_t d = (v - row_index * s.by_dim.divisor) * N;
   const int64_t t = row_index - s.by_seq.Div(row_index) * s.seq;
   const int64_t half = s.dim / 2;
-  const int64_t row = i - d;  // the element at dim 0 of this (batch, head, position)
+  const bool first = d < half;
+  const int64_t row = row_index * s.dim;  // the element at dim 0 of this (batch, head, position)
   const int64_t table = t * s.dim;
-  const int64_t p = d < half ? d + half : d - half;
-  const Acc rotated = static_cast<Acc>(grad_out[row + p]) * sin[table + p];
-  grad_x[i] = static_cast<T>(static_cast<Acc>(grad_out[i]) * cos[table + d] + (d < half ? rotated : -rotated));
+  const int64_t p = first ? d + half : d - half;
+  const Pack<T, N> g = LoadPack<N>(grad_out + row + d), gp = LoadPack<N>(grad_out + row + p);
+  const Pack<Acc, N> c = LoadPack<N>(cos + table + d), sp = LoadPack<N>(sin + table + p);
+  Pack<T, N> o;
+MW_UNROLL
+  for (int k = 0; k < N; ++k) {
+    const Acc rotated = static_cast<Acc>(gp.v[k]) * sp.v[k];
+    o.v[k] = static_cast<T>(static_cast<Acc>(g.v[k]) * c.v[k] + (first ? rotated : -rotated));
+  }
+  StorePack(grad_x + row + d, o);
 }
 
 }  // namespace meshwork::model::fused

@@ -1,5 +1,5 @@
 // The CUDA kernels of the fused ops: for SwiGLU and RoPE one grid-stride loop each over the output
-// elements, calling the arithmetic in fused_elementwise.h; for the head's softmax gradient one
+// packs (N elements, one 16-byte access where the shapes allow), calling the arithmetic in fused_elementwise.h; for the head's softmax gradient one
 // block of kRowThreads threads per row (fused_softmax.h); for RMSNorm one block of kNormThreads
 // threads per row (fused_norm.h). The CPU tests run the same arithmetic
 // on the host.
@@ -26,31 +26,37 @@ __device__ __forceinline__ int64_t FirstIndex() {
 }
 __device__ __forceinline__ int64_t Stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-template <typename T, typename Acc>
-__global__ void SwiGluForwardKernel(int64_t n, Divider f, const T* gate_up, T* out) {
-  for (int64_t i = FirstIndex(); i < n; i += Stride()) SwiGluForwardAt<T, Acc>(i, f, gate_up, out);
+// The elementwise kernels: one pack of N elements (fused_elementwise.h) per thread and round.
+template <typename T, typename Acc, int N>
+__global__ void SwiGluForwardKernel(int64_t packs, Divider per_row, const T* gate_up, T* out) {
+  for (int64_t v = FirstIndex(); v < packs; v += Stride()) SwiGluForwardAt<T, Acc, N>(v, per_row, gate_up, out);
 }
 
-template <typename T, typename Acc>
-__global__ void SwiGluBackwardKernel(int64_t n, Divider f, const T* gate_up, const T* grad_out, T* grad_gate_up) {
-  for (int64_t i = FirstIndex(); i < n; i += Stride()) SwiGluBackwardAt<T, Acc>(i, f, gate_up, grad_out, grad_gate_up);
+template <typename T, typename Acc, int N>
+__global__ void SwiGluBackwardKernel(int64_t packs, Divider per_row, const T* gate_up, const T* grad_out,
+                                     T* grad_gate_up) {
+  for (int64_t v = FirstIndex(); v < packs; v += Stride()) {
+    SwiGluBackwardAt<T, Acc, N>(v, per_row, gate_up, grad_out, grad_gate_up);
+  }
 }
 
-template <typename T, typename Acc>
-__global__ void RopeForwardKernel(int64_t n, RopeShape shape, const T* x, const Acc* cos, const Acc* sin, T* out) {
-  for (int64_t i = FirstIndex(); i < n; i += Stride()) RopeForwardAt<T, Acc>(i, shape, x, cos, sin, out);
+template <typename T, typename Acc, int N>
+__global__ void RopeForwardKernel(int64_t packs, RopeShape shape, const T* x, const Acc* cos, const Acc* sin, T* out) {
+  for (int64_t v = FirstIndex(); v < packs; v += Stride()) RopeForwardAt<T, Acc, N>(v, shape, x, cos, sin, out);
 }
 
-template <typename T, typename Acc>
-__global__ void RopeBackwardKernel(int64_t n, RopeShape shape, const T* grad_out, const Acc* cos, const Acc* sin,
+template <typename T, typename Acc, int N>
+__global__ void RopeBackwardKernel(int64_t packs, RopeShape shape, const T* grad_out, const Acc* cos, const Acc* sin,
                                    T* grad_x) {
-  for (int64_t i = FirstIndex(); i < n; i += Stride()) RopeBackwardAt<T, Acc>(i, shape, grad_out, cos, sin, grad_x);
+  for (int64_t v = FirstIndex(); v < packs; v += Stride()) {
+    RopeBackwardAt<T, Acc, N>(v, shape, grad_out, cos, sin, grad_x);
+  }
 }
 
 // One row per block (grid-stride over rows), kRowThreads threads: each thread's (max, sum) over
 // its columns, the tree over the block's threads in shared memory, then the gradient in place.
 // The target's logit is read before any thread overwrites it.
-template <typename T, typename Acc>
+template <typename T, typename Acc, int N>
 __global__ void __launch_bounds__(kRowThreads)
     SoftmaxGradientKernel(int64_t rows, int64_t vocab, T* logits, const int64_t* targets, Acc* lse,
                           Acc* target_logit) {
@@ -59,7 +65,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int lane = static_cast<int>(threadIdx.x);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* row = logits + r * vocab;
-    lanes[lane] = LaneStats<T, Acc>(row, vocab, lane);
+    lanes[lane] = LaneStats<T, Acc, N>(row, vocab, lane);
     for (int stride = kRowThreads / 2; stride > 0; stride /= 2) {
       __syncthreads();
       TreeStep(lanes, lane, stride);
@@ -76,7 +82,7 @@ __global__ void __launch_bounds__(kRowThreads)
     }
     __syncthreads();
     const Acc l = row_lse;
-    for (int64_t j = lane; j < vocab; j += kRowThreads) SoftmaxGradientAt<T, Acc>(row, j, target, l);
+    for (int64_t v = lane; v < vocab / N; v += kRowThreads) SoftmaxGradientAt<T, Acc, N>(row, v, target, l);
     __syncthreads();  // lanes[] and row_lse are reused by the next row
   }
 }
@@ -148,23 +154,27 @@ const char* DispatchNorm(ElementType x, ElementType d, ElementType y, Launch&& l
   return LaunchError();
 }
 
-// Calls launch(T{}, Acc{}) for the element type; returns the launch's error string or nullptr.
+// Calls launch(T{}, Acc{}, std::integral_constant<int, N>{}) for the element type and pack width
+// N (1 or kPack<T>); returns the launch's error string or nullptr.
 template <typename Launch>
-const char* Dispatch(ElementType type, Launch&& launch) {
-  VisitElementType(type, launch);
-  return LaunchError();
+const char* DispatchPacked(ElementType type, int pack, Launch&& launch) {
+  bool known = false;
+  VisitElementType(type, [&](auto t, auto acc) {
+    known = VisitPack<decltype(t)>(pack, [&](auto width) { launch(t, acc, width); });
+  });
+  return known ? LaunchError() : "unsupported pack width";
 }
 
 }  // namespace
 
-const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, void* logits, const int64_t* targets,
-                                  void* lse, void* target_logit, void* stream) {
+const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, int pack, void* logits,
+                                  const int64_t* targets, void* lse, void* target_logit, void* stream) {
   if (rows == 0) return nullptr;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
-  return Dispatch(type, [&](auto t, auto acc) {
+  return DispatchPacked(type, pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    SoftmaxGradientKernel<T, Acc><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    SoftmaxGradientKernel<T, Acc, decltype(width)::value><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, vocab, static_cast<T*>(logits), targets, static_cast<Acc*>(lse), static_cast<Acc*>(target_logit));
   });
 }
@@ -202,53 +212,54 @@ const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, El
   });
 }
 
-const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, const void* gate_up, void* out,
+const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up, void* out,
                                 void* stream) {
-  const int64_t n = rows * f;
-  if (n == 0) return nullptr;
-  return Dispatch(type, [&](auto t, auto acc) {
+  const int64_t packs = rows * f / pack;
+  if (packs == 0) return nullptr;
+  return DispatchPacked(type, pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    SwiGluForwardKernel<T, Acc><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, Divider(f, n), static_cast<const T*>(gate_up), static_cast<T*>(out));
+    SwiGluForwardKernel<T, Acc, decltype(width)::value><<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        packs, Divider(f / pack, packs), static_cast<const T*>(gate_up), static_cast<T*>(out));
   });
 }
 
-const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, const void* gate_up,
+const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up,
                                  const void* grad_out, void* grad_gate_up, void* stream) {
-  const int64_t n = rows * f;
-  if (n == 0) return nullptr;
-  return Dispatch(type, [&](auto t, auto acc) {
+  const int64_t packs = rows * f / pack;
+  if (packs == 0) return nullptr;
+  return DispatchPacked(type, pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    SwiGluBackwardKernel<T, Acc><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, Divider(f, n), static_cast<const T*>(gate_up), static_cast<const T*>(grad_out),
-        static_cast<T*>(grad_gate_up));
+    SwiGluBackwardKernel<T, Acc, decltype(width)::value>
+        <<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            packs, Divider(f / pack, packs), static_cast<const T*>(gate_up), static_cast<const T*>(grad_out),
+            static_cast<T*>(grad_gate_up));
   });
 }
 
 const char* LaunchRopeForward(ElementType type, int64_t batch, const RopeShape& shape, const void* x,
                               const void* cos, const void* sin, void* out, void* stream) {
-  const int64_t n = batch * shape.heads * shape.seq * shape.dim;
-  if (n == 0) return nullptr;
-  return Dispatch(type, [&](auto t, auto acc) {
+  const int64_t packs = batch * shape.heads * shape.seq * shape.dim / shape.pack;
+  if (packs == 0) return nullptr;
+  return DispatchPacked(type, shape.pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    RopeForwardKernel<T, Acc><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, shape, static_cast<const T*>(x), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
+    RopeForwardKernel<T, Acc, decltype(width)::value><<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        packs, shape, static_cast<const T*>(x), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
         static_cast<T*>(out));
   });
 }
 
 const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape& shape, const void* grad_out,
                                const void* cos, const void* sin, void* grad_x, void* stream) {
-  const int64_t n = batch * shape.heads * shape.seq * shape.dim;
-  if (n == 0) return nullptr;
-  return Dispatch(type, [&](auto t, auto acc) {
+  const int64_t packs = batch * shape.heads * shape.seq * shape.dim / shape.pack;
+  if (packs == 0) return nullptr;
+  return DispatchPacked(type, shape.pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    RopeBackwardKernel<T, Acc><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, shape, static_cast<const T*>(grad_out), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
+    RopeBackwardKernel<T, Acc, decltype(width)::value><<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        packs, shape, static_cast<const T*>(grad_out), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
         static_cast<T*>(grad_x));
   });
 }

@@ -54,11 +54,13 @@ bool VisitNormTypes(ElementType x, ElementType d, ElementType y, Fn&& fn) {
   return false;
 }
 
-const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, const void* gate_up, void* out,
+// `pack`: elements per access, 1 or kPack of the type, as SwiGluPack, RopePack and SoftmaxPack
+// choose it for the host loops too (another width returns an error string).
+const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up, void* out,
                                 void* stream);
-const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, const void* gate_up,
+const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up,
                                  const void* grad_out, void* grad_gate_up, void* stream);
-// The rope launchers' shape comes with its dividers (WithDividers).
+// The rope launchers' shape comes with its pack and dividers (WithDividers).
 const char* LaunchRopeForward(ElementType type, int64_t batch, const RopeShape& shape, const void* x,
                               const void* cos, const void* sin, void* out, void* stream);
 const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape& shape, const void* grad_out,
@@ -66,8 +68,8 @@ const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape&
 
 // logits [rows, vocab] (contiguous) become softmax - onehot(targets) in place; lse and
 // target_logit [rows] (the arithmetic type) receive each row's log-sum-exp and target logit.
-const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, void* logits, const int64_t* targets,
-                                  void* lse, void* target_logit, void* stream);
+const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab, int pack, void* logits,
+                                  const int64_t* targets, void* lse, void* target_logit, void* stream);
 
 // RMSNorm (fused_norm.h) over rows [rows, dim] of x (type x_type), with delta (delta_type; null:
 // no add, h unused) added first, into y (y_type); w and rstd [rows] in the arithmetic type. The

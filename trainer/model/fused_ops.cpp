@@ -45,10 +45,14 @@ torch::ScalarType AccOf(const torch::Tensor& t) {
   return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
-// Calls fn(T{}, Acc{}) for t's storage type on the host.
+// Calls fn(T{}, Acc{}, std::integral_constant<int, N>{}) for t's storage type and pack width N
+// (1 or kPack<T>, as the op's Pack function chose it for the kernel too).
 template <typename Fn>
-void DispatchHost(const torch::Tensor& t, Fn&& fn) {
-  fused::VisitElementType(ElementTypeOf(t), fn);
+void DispatchHostPacked(const torch::Tensor& t, int pack, Fn&& fn) {
+  fused::VisitElementType(ElementTypeOf(t), [&](auto type, auto acc) {
+    const bool known = fused::VisitPack<decltype(type)>(pack, [&](auto width) { fn(type, acc, width); });
+    TORCH_CHECK(known, "unsupported pack width ", pack);
+  });
 }
 
 // Runs element(i) for i in [0, n) on the host, split over libtorch's intra-op threads.
@@ -89,22 +93,24 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     sizes.back() = f;
     torch::Tensor out = torch::empty(sizes, gate_up.options());
     ctx->save_for_backward({gate_up});
+    const int pack = fused::SwiGluPack(f, gate_up.element_size(), {gate_up.data_ptr(), out.data_ptr()});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (gate_up.is_cuda()) {
       OnDevice on(gate_up);
-      CheckLaunch(fused::LaunchSwiGluForward(ElementTypeOf(gate_up), rows, f, gate_up.data_ptr(), out.data_ptr(),
-                                             on.stream()),
+      CheckLaunch(fused::LaunchSwiGluForward(ElementTypeOf(gate_up), rows, f, pack, gate_up.data_ptr(),
+                                             out.data_ptr(), on.stream()),
                   "SwiGluForward");
       return out;
     }
 #endif
-    DispatchHost(gate_up, [&](auto t, auto acc) {
+    DispatchHostPacked(gate_up, pack, [&](auto t, auto acc, auto width) {
       using T = decltype(t);
       using Acc = decltype(acc);
+      constexpr int N = decltype(width)::value;
       const T* in = gate_up.data_ptr<T>();
       T* o = out.data_ptr<T>();
-      const fused::Divider by_f(f, rows * f);
-      HostLoop(rows * f, [&](int64_t i) { fused::SwiGluForwardAt<T, Acc>(i, by_f, in, o); });
+      const fused::Divider per_row(f / N, rows * f / N);
+      HostLoop(rows * f / N, [&](int64_t v) { fused::SwiGluForwardAt<T, Acc, N>(v, per_row, in, o); });
     });
     return out;
   }
@@ -115,30 +121,35 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor grad = grad_out[0].to(gate_up.scalar_type()).contiguous();
     const int64_t f = gate_up.size(-1) / 2;
     const int64_t rows = f == 0 ? 0 : gate_up.numel() / (2 * f);
-    torch::Tensor grad_gate_up = torch::empty_like(gate_up);
+    torch::Tensor grad_gate_up = torch::empty_like(gate_up, torch::MemoryFormat::Contiguous);
+    const int pack =
+        fused::SwiGluPack(f, gate_up.element_size(), {gate_up.data_ptr(), grad.data_ptr(), grad_gate_up.data_ptr()});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (gate_up.is_cuda()) {
       OnDevice on(gate_up);
-      CheckLaunch(fused::LaunchSwiGluBackward(ElementTypeOf(gate_up), rows, f, gate_up.data_ptr(), grad.data_ptr(),
-                                              grad_gate_up.data_ptr(), on.stream()),
+      CheckLaunch(fused::LaunchSwiGluBackward(ElementTypeOf(gate_up), rows, f, pack, gate_up.data_ptr(),
+                                              grad.data_ptr(), grad_gate_up.data_ptr(), on.stream()),
                   "SwiGluBackward");
       return {grad_gate_up};
     }
 #endif
-    DispatchHost(gate_up, [&](auto t, auto acc) {
+    DispatchHostPacked(gate_up, pack, [&](auto t, auto acc, auto width) {
       using T = decltype(t);
       using Acc = decltype(acc);
+      constexpr int N = decltype(width)::value;
       const T* in = gate_up.data_ptr<T>();
       const T* g = grad.data_ptr<T>();
       T* gi = grad_gate_up.data_ptr<T>();
-      const fused::Divider by_f(f, rows * f);
-      HostLoop(rows * f, [&](int64_t i) { fused::SwiGluBackwardAt<T, Acc>(i, by_f, in, g, gi); });
+      const fused::Divider per_row(f / N, rows * f / N);
+      HostLoop(rows * f / N, [&](int64_t v) { fused::SwiGluBackwardAt<T, Acc, N>(v, per_row, in, g, gi); });
     });
     return {grad_gate_up};
   }
 };
 
-RopeShape ShapeOf(const torch::Tensor& x) {
+// x's shape and strides, the pack width for x, its output and the tables, and the dividers.
+RopeShape ShapeOf(const torch::Tensor& x, const torch::Tensor& out, const torch::Tensor& cos,
+                  const torch::Tensor& sin) {
   RopeShape s;
   s.heads = x.size(1);
   s.seq = x.size(2);
@@ -146,6 +157,8 @@ RopeShape ShapeOf(const torch::Tensor& x) {
   s.batch_stride = x.stride(0);
   s.head_stride = x.stride(1);
   s.seq_stride = x.stride(2);
+  s.pack = fused::RopePack(s, x.element_size(), x.data_ptr(), out.data_ptr(), cos.element_size(), cos.data_ptr(),
+                           sin.data_ptr());
   return fused::WithDividers(s, x.numel());
 }
 
@@ -154,8 +167,8 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
     const torch::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
-    const RopeShape shape = ShapeOf(x);
     torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    const RopeShape shape = ShapeOf(x, out, cos, sin);
     ctx->save_for_backward({cos, sin});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (x.is_cuda()) {
@@ -166,14 +179,15 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
       return out;
     }
 #endif
-    DispatchHost(x, [&](auto t, auto acc) {
+    DispatchHostPacked(x, shape.pack, [&](auto t, auto acc, auto width) {
       using T = decltype(t);
       using Acc = decltype(acc);
+      constexpr int N = decltype(width)::value;
       const T* in = x.data_ptr<T>();
       const Acc* c = cos.data_ptr<Acc>();
       const Acc* s = sin.data_ptr<Acc>();
       T* o = out.data_ptr<T>();
-      HostLoop(out.numel(), [&](int64_t i) { fused::RopeForwardAt<T, Acc>(i, shape, in, c, s, o); });
+      HostLoop(out.numel() / N, [&](int64_t v) { fused::RopeForwardAt<T, Acc, N>(v, shape, in, c, s, o); });
     });
     return out;
   }
@@ -184,8 +198,8 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     const torch::Tensor& cos = saved[0];
     const torch::Tensor& sin = saved[1];
     const torch::Tensor grad = grad_out[0].contiguous();
-    const RopeShape shape = ShapeOf(grad);
     torch::Tensor grad_x = torch::empty_like(grad, torch::MemoryFormat::Contiguous);
+    const RopeShape shape = ShapeOf(grad, grad_x, cos, sin);
 #if defined(MESHWORK_FUSED_KERNELS)
     if (grad.is_cuda()) {
       OnDevice on(grad);
@@ -195,14 +209,15 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
       return {grad_x, torch::Tensor(), torch::Tensor()};
     }
 #endif
-    DispatchHost(grad, [&](auto t, auto acc) {
+    DispatchHostPacked(grad, shape.pack, [&](auto t, auto acc, auto width) {
       using T = decltype(t);
       using Acc = decltype(acc);
+      constexpr int N = decltype(width)::value;
       const T* g = grad.data_ptr<T>();
       const Acc* c = cos.data_ptr<Acc>();
       const Acc* s = sin.data_ptr<Acc>();
       T* gx = grad_x.data_ptr<T>();
-      HostLoop(grad_x.numel(), [&](int64_t i) { fused::RopeBackwardAt<T, Acc>(i, shape, g, c, s, gx); });
+      HostLoop(grad_x.numel() / N, [&](int64_t v) { fused::RopeBackwardAt<T, Acc, N>(v, shape, g, c, s, gx); });
     });
     return {grad_x, torch::Tensor(), torch::Tensor()};
   }
@@ -433,10 +448,11 @@ SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::
   const torch::Tensor t = targets.contiguous();
   const auto stats_options = logits.options().dtype(AccOf(logits));
   SoftmaxGradientStats out{torch::empty({rows}, stats_options), torch::empty({rows}, stats_options)};
+  const int pack = fused::SoftmaxPack(vocab, logits.element_size(), logits.data_ptr());
 #if defined(MESHWORK_FUSED_KERNELS)
   if (logits.is_cuda()) {
     OnDevice on(logits);
-    CheckLaunch(fused::LaunchSoftmaxGradient(ElementTypeOf(logits), rows, vocab, logits.data_ptr(),
+    CheckLaunch(fused::LaunchSoftmaxGradient(ElementTypeOf(logits), rows, vocab, pack, logits.data_ptr(),
                                              t.data_ptr<int64_t>(), out.lse.data_ptr(), out.target_logit.data_ptr(),
                                              on.stream()),
                 "SoftmaxGradient");
@@ -449,9 +465,10 @@ SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::
     TORCH_CHECK(t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < vocab, "SoftmaxGradientInPlace: targets in [",
                 t.min().item<int64_t>(), ", ", t.max().item<int64_t>(), "], outside [0, ", vocab, ")");
   }
-  DispatchHost(logits, [&](auto type, auto acc) {
+  DispatchHostPacked(logits, pack, [&](auto type, auto acc, auto width) {
     using T = decltype(type);
     using Acc = decltype(acc);
+    constexpr int N = decltype(width)::value;
     T* base = logits.data_ptr<T>();
     const int64_t* target = t.data_ptr<int64_t>();
     Acc* lse = out.lse.data_ptr<Acc>();
@@ -461,13 +478,15 @@ SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::
       for (int64_t r = begin; r < end; ++r) {
         T* row = base + r * vocab;
         // The block's threads one after another, then the tree one step at a time.
-        for (int lane = 0; lane < fused::kRowThreads; ++lane) lanes[lane] = fused::LaneStats<T, Acc>(row, vocab, lane);
+        for (int lane = 0; lane < fused::kRowThreads; ++lane) {
+          lanes[lane] = fused::LaneStats<T, Acc, N>(row, vocab, lane);
+        }
         for (int stride = fused::kRowThreads / 2; stride > 0; stride /= 2) {
           for (int lane = 0; lane < fused::kRowThreads; ++lane) fused::TreeStep(lanes.data(), lane, stride);
         }
         lse[r] = fused::LogSumExp(lanes[0]);
         target_logit[r] = static_cast<Acc>(row[target[r]]);
-        for (int64_t j = 0; j < vocab; ++j) fused::SoftmaxGradientAt<T, Acc>(row, j, target[r], lse[r]);
+        for (int64_t v = 0; v < vocab / N; ++v) fused::SoftmaxGradientAt<T, Acc, N>(row, v, target[r], lse[r]);
       }
     });
   });

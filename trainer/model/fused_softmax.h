@@ -1,10 +1,12 @@
 // The arithmetic of the output head's fused softmax gradient (fused_ops.h SoftmaxGradientInPlace),
 // shared by the CUDA kernel (fused_kernels.cu) and the host loop (fused_ops.cpp) like
-// fused_elementwise.h. A row of logits is reduced by kRowThreads lanes: lane k folds columns k,
-// k + kRowThreads, ... into a running (max, sum of exp) pair, then a tree merges the lanes' pairs
-// (stride kRowThreads / 2, then / 4, ..., lane i merging lane i + stride): the device runs the
-// lanes as a block's threads with a barrier between the tree's steps, the host runs them one after
-// another in the same order, so the CPU tests check the same partition and tree the GPU runs.
+// fused_elementwise.h. A row of logits is read in packs of N columns (kPack<T> where the
+// vocabulary is a multiple of it and the logits aligned: SoftmaxPack; else 1) and reduced by
+// kRowThreads lanes: lane k folds packs k, k + kRowThreads, ... into a running (max, sum of exp)
+// pair, then a tree merges the lanes' pairs (stride kRowThreads / 2, then / 4, ..., lane i
+// merging lane i + stride): the device runs the lanes as a block's threads with a barrier
+// between the tree's steps, the host runs them one after another in the same order, so the CPU
+// tests check the same partition and tree the GPU runs.
 #pragma once
 
 #include <math.h>
@@ -37,22 +39,36 @@ MW_HOST_DEVICE SoftmaxStats<Acc> MergeStats(SoftmaxStats<Acc> a, SoftmaxStats<Ac
   return {b.max, b.sum + a.sum * Exp(a.max - b.max)};
 }
 
-// Lane `lane`'s pair over columns lane, lane + kRowThreads, ... of `row` [vocab]. A -inf logit
-// adds nothing (exp(-inf) = 0; taking it as a maximum would give exp(-inf - -inf) = NaN); a row of
-// nothing but -inf ends with sum 0: log-sum-exp -inf, as torch::logsumexp.
-template <typename T, typename Acc>
+// x folded into the running pair. A -inf logit adds nothing (exp(-inf) = 0; taking it as a
+// maximum would give exp(-inf - -inf) = NaN); a row of nothing but -inf ends with sum 0:
+// log-sum-exp -inf, as torch::logsumexp.
+template <typename Acc>
+MW_HOST_DEVICE void Fold(SoftmaxStats<Acc>& s, Acc x) {
+  if (x == -static_cast<Acc>(INFINITY)) return;
+  if (s.sum == Acc(0)) {
+    s = {x, Acc(1)};
+  } else if (x > s.max) {
+    s = {x, s.sum * Exp(s.max - x) + Acc(1)};
+  } else {
+    s.sum += Exp(x - s.max);
+  }
+}
+
+// The pack width for a row of `vocab` logits of `bytes` each at `logits`: kPack of their type
+// where the rows are whole packs and aligned, else 1.
+inline int SoftmaxPack(int64_t vocab, size_t bytes, const void* logits) {
+  const int n = PackOf(bytes);
+  return PackFits(n, bytes, {vocab}, {logits}) ? n : 1;
+}
+
+// Lane `lane`'s pair over packs lane, lane + kRowThreads, ... of `row` [vocab].
+template <typename T, typename Acc, int N = 1>
 MW_HOST_DEVICE SoftmaxStats<Acc> LaneStats(const T* row, int64_t vocab, int lane) {
   SoftmaxStats<Acc> s{Acc(0), Acc(0)};
-  for (int64_t j = lane; j < vocab; j += kRowThreads) {
-    const Acc x = static_cast<Acc>(row[j]);
-    if (x == -static_cast<Acc>(INFINITY)) continue;
-    if (s.sum == Acc(0)) {
-      s = {x, Acc(1)};
-    } else if (x > s.max) {
-      s = {x, s.sum * Exp(s.max - x) + Acc(1)};
-    } else {
-      s.sum += Exp(x - s.max);
-    }
+  for (int64_t v = lane; v < vocab / N; v += kRowThreads) {
+    const Pack<T, N> p = LoadPack<N>(row + v * N);
+    MW_UNROLL
+    for (int k = 0; k < N; ++k) Fold(s, static_cast<Acc>(p.v[k]));
   }
   return s;
 }
@@ -68,11 +84,16 @@ MW_HOST_DEVICE Acc LogSumExp(SoftmaxStats<Acc> s) {
   return s.sum == Acc(0) ? -static_cast<Acc>(INFINITY) : s.max + Log(s.sum);
 }
 
-// Column j of the row's gradient in place: softmax - onehot(target), rounded to T.
-template <typename T, typename Acc>
-MW_HOST_DEVICE void SoftmaxGradientAt(T* row, int64_t j, int64_t target, Acc lse) {
-  const Acc p = Exp(static_cast<Acc>(row[j]) - lse);
-  row[j] = static_cast<T>(j == target ? p - Acc(1) : p);
+// Pack v of the row's gradient in place: softmax - onehot(target), rounded to T.
+template <typename T, typename Acc, int N = 1>
+MW_HOST_DEVICE void SoftmaxGradientAt(T* row, int64_t v, int64_t target, Acc lse) {
+  Pack<T, N> p = LoadPack<N>(row + v * N);
+  MW_UNROLL
+  for (int k = 0; k < N; ++k) {
+    const Acc e = Exp(static_cast<Acc>(p.v[k]) - lse);
+    p.v[k] = static_cast<T>(v * N + k == target ? e - Acc(1) : e);
+  }
+  StorePack(row + v * N, p);
 }
 
 }  // namespace meshwork::model::fused

@@ -14,6 +14,7 @@
 #include "tests/trainer/model/fused_reference.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/fused_elementwise.h"
+#include "trainer/model/fused_softmax.h"
 #include "trainer/model/fused_ops.h"
 #include "trainer/model/llama.h"
 
@@ -344,6 +345,86 @@ TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
   EXPECT_FALSE(FusedRmsNormSupports(x, torch::zeros({2, 63}), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(torch::zeros({2, 8193}), torch::Tensor(), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kInt), torch::Tensor(), torch::kInt));
+}
+
+// A contiguous copy of t one element past an aligned address, through autograd: the fused ops
+// then go one element at a time (their addresses no longer fit 16-byte packs).
+torch::Tensor Misaligned(const torch::Tensor& t) {
+  auto buffer = torch::empty({t.numel() + 1}, t.options());
+  auto view = buffer.narrow(0, 1, t.numel()).view(t.sizes());
+  view.copy_(t);
+  return view;
+}
+
+// 16-byte packs where shapes and addresses allow (fused_elementwise.h) and one element at a time
+// where they do not give the same bits: each element's arithmetic is the same either way. The
+// host loops choose the width by the same functions as the kernels.
+TEST(FusedPackTest, PackedAndElementwiseSwiGluAndRopeAgreeBitForBit) {
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kDouble}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    const int pack = static_cast<int>(16 / c10::elementSize(dtype));
+    torch::manual_seed(21);
+    const int64_t f = 64;
+    const auto gate_up = (torch::randn({6, 2 * f}) * 3).to(dtype);
+    const auto upstream = torch::randn({6, f}).to(dtype);
+    ASSERT_EQ(fused::SwiGluPack(f, gate_up.element_size(), {gate_up.data_ptr()}), pack);
+    ASSERT_EQ(fused::SwiGluPack(f, gate_up.element_size(), {Misaligned(gate_up).data_ptr()}), 1);
+    ASSERT_EQ(fused::SwiGluPack(f + 1, gate_up.element_size(), {gate_up.data_ptr()}), 1);
+    const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
+    auto elementwise = [](const torch::Tensor& x) { return FusedSwiGlu(Misaligned(x)); };
+    const auto [y1, grad1] = ForwardBackward(elementwise, gate_up, Misaligned(upstream));
+    EXPECT_TRUE(torch::equal(y, y1)) << (y - y1).abs().max();
+    EXPECT_TRUE(torch::equal(grad, grad1)) << (grad - grad1).abs().max();
+
+    LlamaConfig c;
+    c.hidden_size = 64;
+    c.num_attention_heads = 4;  // head dim 16: half of it is a whole number of packs of every type
+    c.num_key_value_heads = 4;
+    const RopeTables rope = MakeRopeTables(c, 8, torch::kCPU);
+    const auto x = torch::randn({2, 3, 8, 16}).to(dtype);
+    const auto up = torch::randn({2, 3, 8, 16}).to(dtype);
+    fused::RopeShape shape;
+    shape.heads = 3, shape.seq = 8, shape.dim = 16;
+    shape.batch_stride = x.stride(0), shape.head_stride = x.stride(1), shape.seq_stride = x.stride(2);
+    const auto table = dtype == torch::kDouble ? rope.cos.to(torch::kDouble) : rope.cos;
+    ASSERT_EQ(fused::RopePack(shape, x.element_size(), x.data_ptr(), x.data_ptr(), table.element_size(),
+                              table.data_ptr(), table.data_ptr()),
+              pack);
+    ASSERT_EQ(fused::RopePack(shape, x.element_size(), Misaligned(x).data_ptr(), x.data_ptr(), table.element_size(),
+                              table.data_ptr(), table.data_ptr()),
+              1);
+    auto packed = [&](const torch::Tensor& in) { return FusedRope(in, rope.cos, rope.sin); };
+    auto one_by_one = [&](const torch::Tensor& in) { return FusedRope(Misaligned(in), rope.cos, rope.sin); };
+    const auto [r, rgrad] = ForwardBackward(packed, x, up);
+    const auto [r1, rgrad1] = ForwardBackward(one_by_one, x, Misaligned(up));
+    EXPECT_TRUE(torch::equal(r, r1)) << (r - r1).abs().max();
+    EXPECT_TRUE(torch::equal(rgrad, rgrad1)) << (rgrad - rgrad1).abs().max();
+  }
+}
+
+// The softmax gradient's lanes fold packs of columns where the vocabulary is whole packs and the
+// logits aligned, single columns otherwise: other partitions of the sums, the same results to
+// rounding.
+TEST(FusedPackTest, PackedAndElementwiseSoftmaxGradientAgree) {
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kDouble}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    const int pack = static_cast<int>(16 / c10::elementSize(dtype));
+    torch::manual_seed(22);
+    auto logits = (torch::randn({5, 4096}) * 8).to(dtype);
+    auto misaligned = Misaligned(logits);
+    const auto targets = torch::randint(0, 4096, {5}, torch::kLong);
+    ASSERT_EQ(fused::SoftmaxPack(4096, logits.element_size(), logits.data_ptr()), pack);
+    ASSERT_EQ(fused::SoftmaxPack(4096, logits.element_size(), misaligned.data_ptr()), 1);
+    ASSERT_EQ(fused::SoftmaxPack(4097, logits.element_size(), logits.data_ptr()), 1);
+    const SoftmaxGradientStats got = SoftmaxGradientInPlace(logits, targets);
+    const SoftmaxGradientStats want = SoftmaxGradientInPlace(misaligned, targets);
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-6;
+    EXPECT_TRUE(torch::allclose(got.lse, want.lse, tol, tol)) << (got.lse - want.lse).abs().max();
+    EXPECT_TRUE(torch::equal(got.target_logit, want.target_logit));
+    const double grad_tol = dtype == torch::kBFloat16 ? 1.0 / 128 : tol;
+    EXPECT_TRUE(torch::allclose(logits.to(torch::kFloat), misaligned.to(torch::kFloat), grad_tol, 1e-7))
+        << (logits - misaligned).abs().max();
+  }
 }
 
 // The kernels' index division by multiply-high and shift equals plain division for every
