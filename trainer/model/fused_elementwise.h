@@ -45,12 +45,29 @@ constexpr int PackOf(size_t bytes) { return bytes >= 16 ? 1 : static_cast<int>(1
 template <typename T>
 inline constexpr int kPack = PackOf(sizeof(T));
 
+// On the device a pack of whole 16-byte words moves as uint4s: copied as a struct, nvcc sometimes
+// splits a pack of bf16 into 2-byte stores.
 template <int N, typename T>
 MW_HOST_DEVICE Pack<T, N> LoadPack(const T* p) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
+    Pack<T, N> x;
+    MW_UNROLL
+    for (size_t w = 0; w < sizeof(x) / 16; ++w) reinterpret_cast<uint4*>(&x)[w] = reinterpret_cast<const uint4*>(p)[w];
+    return x;
+  }
+#endif
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
 template <int N, typename T>
 MW_HOST_DEVICE void StorePack(T* p, const Pack<T, N>& x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
+    MW_UNROLL
+    for (size_t w = 0; w < sizeof(x) / 16; ++w) reinterpret_cast<uint4*>(p)[w] = reinterpret_cast<const uint4*>(&x)[w];
+    return;
+  }
+#endif
   *reinterpret_cast<Pack<T, N>*>(p) = x;
 }
 
@@ -67,19 +84,23 @@ inline bool PackFits(int n, size_t bytes, std::initializer_list<int64_t> extents
   return true;
 }
 
-// Calls fn(std::integral_constant<int, N>{}) for pack width N = 1 or kPack<T> and returns true;
-// false for any other width. Host only.
-template <typename T, typename Fn>
-bool VisitPack(int pack, Fn&& fn) {
+// Calls fn(std::integral_constant<int, N>{}) for pack width N = 1 or PackOf(Bytes) and returns
+// true; false for any other width. Host only. VisitPack<T>: Bytes = sizeof(T).
+template <size_t Bytes, typename Fn>
+bool VisitPackBytes(int pack, Fn&& fn) {
   if (pack == 1) {
     fn(std::integral_constant<int, 1>{});
     return true;
   }
-  if (pack == kPack<T>) {
-    fn(std::integral_constant<int, kPack<T>>{});
+  if (pack == PackOf(Bytes)) {
+    fn(std::integral_constant<int, PackOf(Bytes)>{});
     return true;
   }
   return false;
+}
+template <typename T, typename Fn>
+bool VisitPack(int pack, Fn&& fn) {
+  return VisitPackBytes<sizeof(T)>(pack, fn);
 }
 
 MW_HOST_DEVICE uint32_t MulHi(uint32_t a, uint32_t b) {

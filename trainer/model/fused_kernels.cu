@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // RMSNorm forward: one row per block (grid-stride over rows), kNormThreads threads; each thread
 // reads back only the h it wrote itself.
-template <typename X, typename D, typename Y, typename Acc>
+template <typename X, typename D, typename Y, typename Acc, int N>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormForwardKernel(int64_t rows, int64_t dim, const X* x, const D* delta, X* h, const Acc* w, Acc eps, Y* y,
                          Acc* rstd) {
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kNormThreads)
     const X* xr = x + r * dim;
     const D* dr = delta != nullptr ? delta + r * dim : nullptr;
     X* hr = delta != nullptr ? h + r * dim : nullptr;
-    lanes[lane] = NormSquaresLane<X, D, Acc>(xr, dr, hr, dim, lane);
+    lanes[lane] = NormSquaresLane<X, D, Acc, N>(xr, dr, hr, dim, lane);
     for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
       __syncthreads();
       SumTreeStep(lanes, lane, stride);
@@ -107,14 +107,14 @@ __global__ void __launch_bounds__(kNormThreads)
     __syncthreads();
     const Acc row_rstd = NormRstd(lanes[0], dim, eps);
     if (lane == 0) rstd[r] = row_rstd;
-    NormOutputLane<X, Y, Acc>(hr != nullptr ? hr : xr, w, row_rstd, y + r * dim, dim, lane);
+    NormOutputLane<X, Y, Acc, N>(hr != nullptr ? hr : xr, w, row_rstd, y + r * dim, dim, lane);
     __syncthreads();  // every thread has read lanes[0] before the next row overwrites it
   }
 }
 
 // RMSNorm backward: block b takes rows b, b + gridDim.x, ... and writes its share of the
 // weight's gradient to row b of dw_partial.
-template <typename X, typename D, typename Y, typename Acc>
+template <typename X, typename D, typename Y, typename Acc, int N>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormBackwardKernel(int64_t rows, int64_t dim, const X* h, const Y* dy, const X* dh_residual, const Acc* w,
                           const Acc* rstd, X* dx, D* ddelta, Acc* dw_partial) {
@@ -125,19 +125,18 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t at = r * dim;
     const Acc row_rstd = rstd[r];
-    lanes[lane] = NormDotLane<X, Y, Acc>(h + at, dy + at, w, row_rstd, dim, lane);
+    lanes[lane] = NormDotLane<X, Y, Acc, N>(h + at, dy + at, w, row_rstd, dim, lane);
     for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
       __syncthreads();
       SumTreeStep(lanes, lane, stride);
     }
     __syncthreads();
     const Acc dot = lanes[0];
-    NormGradLane<X, D, Y, Acc>(h + at, dy + at, dh_residual != nullptr ? dh_residual + at : nullptr, w, row_rstd, dot,
+    NormGradLane<X, D, Y, Acc, N>(h + at, dy + at, dh_residual != nullptr ? dh_residual + at : nullptr, w, row_rstd, dot,
                                dx + at, ddelta != nullptr ? ddelta + at : nullptr, dw, dim, lane);
     __syncthreads();  // every thread has read lanes[0] before the next row overwrites it
   }
-  int k = 0;
-  for (int64_t j = lane; j < dim; j += kNormThreads, ++k) dw_partial[blockIdx.x * dim + j] = dw[k];
+  NormWeightGradLane<Acc, N>(dw, dw_partial + blockIdx.x * dim, dim, lane);
 }
 
 // The last launch's error string, or nullptr.
@@ -146,11 +145,12 @@ const char* LaunchError() {
   return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
 }
 
-// Calls launch(X{}, D{}, Y{}, Acc{}) for a supported (x, delta, y) combination (VisitNormTypes);
-// returns the launch's error string, or one for an unsupported combination.
+// Calls launch(X{}, D{}, Y{}, Acc{}, std::integral_constant<int, N>{}) for a supported (x, delta,
+// y) combination and pack width (VisitNormTypesPacked); returns the launch's error string, or one
+// for an unsupported combination.
 template <typename Launch>
-const char* DispatchNorm(ElementType x, ElementType d, ElementType y, Launch&& launch) {
-  if (!VisitNormTypes(x, d, y, launch)) return "unsupported combination of dtypes";
+const char* DispatchNorm(ElementType x, ElementType d, ElementType y, int pack, Launch&& launch) {
+  if (!VisitNormTypesPacked(x, d, y, pack, launch)) return "unsupported combination of dtypes or pack width";
   return LaunchError();
 }
 
@@ -180,32 +180,33 @@ const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab,
 }
 
 const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
-                                 int64_t dim, const void* x, const void* delta, void* h, const void* w, double eps,
-                                 void* y, void* rstd, void* stream) {
+                                 int64_t dim, int pack, const void* x, const void* delta, void* h, const void* w,
+                                 double eps, void* y, void* rstd, void* stream) {
   if (rows == 0) return nullptr;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
-  return DispatchNorm(x_type, delta_type, y_type, [&](auto xt, auto dt, auto yt, auto acc) {
+  return DispatchNorm(x_type, delta_type, y_type, pack, [&](auto xt, auto dt, auto yt, auto acc, auto width) {
     using X = decltype(xt);
     using D = decltype(dt);
     using Y = decltype(yt);
     using Acc = decltype(acc);
-    RmsNormForwardKernel<X, D, Y, Acc><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    RmsNormForwardKernel<X, D, Y, Acc, decltype(width)::value><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, dim, static_cast<const X*>(x), static_cast<const D*>(delta), static_cast<X*>(h),
         static_cast<const Acc*>(w), static_cast<Acc>(eps), static_cast<Y*>(y), static_cast<Acc*>(rstd));
   });
 }
 
 const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
-                                  int64_t dim, const void* h, const void* dy, const void* dh_residual, const void* w,
-                                  const void* rstd, void* dx, void* ddelta, void* dw_partial, void* stream) {
+                                  int64_t dim, int pack, const void* h, const void* dy, const void* dh_residual,
+                                  const void* w, const void* rstd, void* dx, void* ddelta, void* dw_partial,
+                                  void* stream) {
   if (rows == 0) return nullptr;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, kNormBlocks));
-  return DispatchNorm(x_type, delta_type, y_type, [&](auto xt, auto dt, auto yt, auto acc) {
+  return DispatchNorm(x_type, delta_type, y_type, pack, [&](auto xt, auto dt, auto yt, auto acc, auto width) {
     using X = decltype(xt);
     using D = decltype(dt);
     using Y = decltype(yt);
     using Acc = decltype(acc);
-    RmsNormBackwardKernel<X, D, Y, Acc><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    RmsNormBackwardKernel<X, D, Y, Acc, decltype(width)::value><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, dim, static_cast<const X*>(h), static_cast<const Y*>(dy), static_cast<const X*>(dh_residual),
         static_cast<const Acc*>(w), static_cast<const Acc*>(rstd), static_cast<X*>(dx), static_cast<D*>(ddelta),
         static_cast<Acc*>(dw_partial));

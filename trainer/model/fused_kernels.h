@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "trainer/model/fused_elementwise.h"
@@ -56,6 +57,19 @@ bool VisitNormTypes(ElementType x, ElementType d, ElementType y, Fn&& fn) {
 
 // `pack`: elements per access, 1 or kPack of the type, as SwiGluPack, RopePack and SoftmaxPack
 // choose it for the host loops too (another width returns an error string).
+// VisitNormTypes with the pack width (NormPack): calls fn(X{}, D{}, Y{}, Acc{},
+// std::integral_constant<int, N>{}) for N = 1 or the kPack of the narrowest of X, D and Y, and
+// returns true; false for an unsupported combination or width.
+template <typename Fn>
+bool VisitNormTypesPacked(ElementType x, ElementType d, ElementType y, int pack, Fn&& fn) {
+  bool known = false;
+  const bool types = VisitNormTypes(x, d, y, [&](auto xt, auto dt, auto yt, auto acc) {
+    constexpr size_t narrowest = std::min({sizeof(decltype(xt)), sizeof(decltype(dt)), sizeof(decltype(yt))});
+    known = VisitPackBytes<narrowest>(pack, [&](auto width) { fn(xt, dt, yt, acc, width); });
+  });
+  return types && known;
+}
+
 const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up, void* out,
                                 void* stream);
 const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up,
@@ -74,15 +88,15 @@ const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab,
 // RMSNorm (fused_norm.h) over rows [rows, dim] of x (type x_type), with delta (delta_type; null:
 // no add, h unused) added first, into y (y_type); w and rstd [rows] in the arithmetic type. The
 // supported (x, delta, y) types: all one type (float, double, bf16, fp16), or float x with
-// bf16/fp16 for either; others return an error string. Forward writes h (with a delta), y and
-// rstd; backward (dh_residual optional) writes dx, ddelta (with a delta) and dw_partial
+// bf16/fp16 for either; others return an error string. `pack` as NormPack chose it. Forward
+// writes h (with a delta), y and rstd; backward (dh_residual optional) writes dx, ddelta (with a delta) and dw_partial
 // [min(rows, kNormBlocks), dim], which the caller sums over its first dimension.
 inline constexpr int64_t kNormBlocks = 1024;
 const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
-                                 int64_t dim, const void* x, const void* delta, void* h, const void* w, double eps,
+                                 int64_t dim, int pack, const void* x, const void* delta, void* h, const void* w, double eps,
                                  void* y, void* rstd, void* stream);
 const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
-                                  int64_t dim, const void* h, const void* dy, const void* dh_residual, const void* w,
+                                  int64_t dim, int pack, const void* h, const void* dy, const void* dh_residual, const void* w,
                                   const void* rstd, void* dx, void* ddelta, void* dw_partial, void* stream);
 
 }  // namespace meshwork::model::fused

@@ -1,8 +1,9 @@
 // The arithmetic of the fused RMSNorm (fused_ops.h FusedRmsNorm, FusedAddRmsNorm), shared by the
 // CUDA kernels (fused_kernels.cu) and the host loops (fused_ops.cpp) like fused_elementwise.h.
-// A row of `dim` elements is handled by kNormThreads lanes, lane k owning columns k, k +
-// kNormThreads, ... (at most kNormColumnsPerLane of them); a row's sums go through the lanes'
-// tree of fused_softmax.h's shape. Rows are dealt to blocks: block b takes rows b, b + blocks,
+// A row of `dim` elements is handled by kNormThreads lanes in packs of N columns (NormPack: the
+// narrowest dtype's 16 bytes where dim is whole packs and every array aligned, else 1), lane k
+// owning packs k, k + kNormThreads, ... (at most kNormColumnsPerLane columns in all); a row's
+// sums go through the lanes' tree of fused_softmax.h's shape. Rows are dealt to blocks: block b takes rows b, b + blocks,
 // ..., and backward sums each block's share of the weight's gradient into its own row of a
 // [blocks, dim] buffer, summed afterwards: no atomics, the same sums on the host and the GPU.
 //
@@ -14,7 +15,9 @@
 
 #include <math.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "trainer/model/fused_elementwise.h"
 
@@ -36,19 +39,51 @@ MW_HOST_DEVICE void SumTreeStep(Acc* lanes, int lane, int stride) {
   if (lane < stride) lanes[lane] += lanes[lane + stride];
 }
 
+// One array of a norm launch for NormPack: its address (null: absent) and element size.
+struct NormArray {
+  const void* address;
+  size_t bytes;
+};
+
+// The pack width for rows of `dim`: kPack of the narrowest array's type where dim is a whole
+// number of packs and every array is aligned to its own pack, else 1. Host only.
+inline int NormPack(int64_t dim, std::initializer_list<NormArray> arrays) {
+  size_t narrowest = 16;
+  for (const NormArray& a : arrays) {
+    if (a.address != nullptr && a.bytes < narrowest) narrowest = a.bytes;
+  }
+  const int n = PackOf(narrowest);
+  if (dim % n != 0) return 1;
+  for (const NormArray& a : arrays) {
+    if (a.address != nullptr && !PackFits(n, a.bytes, {}, {a.address})) return 1;
+  }
+  return n;
+}
+
 // Forward, first pass: lane's sum of h^2 over its columns of the row, writing h = x + delta when
 // there is a delta (h and x the same type X; delta D).
-template <typename X, typename D, typename Acc>
+template <typename X, typename D, typename Acc, int N = 1>
 MW_HOST_DEVICE Acc NormSquaresLane(const X* x, const D* delta, X* h, int64_t dim, int lane) {
   Acc sum = Acc(0);
-  for (int64_t j = lane; j < dim; j += kNormThreads) {
-    Acc v = static_cast<Acc>(x[j]);
+  for (int64_t j = int64_t{lane} * N; j < dim; j += int64_t{kNormThreads} * N) {
+    const Pack<X, N> xs = LoadPack<N>(x + j);
     if (delta != nullptr) {
-      const X stored = static_cast<X>(v + static_cast<Acc>(delta[j]));
-      h[j] = stored;
-      v = static_cast<Acc>(stored);
+      const Pack<D, N> ds = LoadPack<N>(delta + j);
+      Pack<X, N> hs;
+      MW_UNROLL
+      for (int k = 0; k < N; ++k) {
+        hs.v[k] = static_cast<X>(static_cast<Acc>(xs.v[k]) + static_cast<Acc>(ds.v[k]));
+        const Acc v = static_cast<Acc>(hs.v[k]);
+        sum += v * v;
+      }
+      StorePack(h + j, hs);
+    } else {
+      MW_UNROLL
+      for (int k = 0; k < N; ++k) {
+        const Acc v = static_cast<Acc>(xs.v[k]);
+        sum += v * v;
+      }
     }
-    sum += v * v;
   }
   return sum;
 }
@@ -59,39 +94,70 @@ MW_HOST_DEVICE Acc NormRstd(Acc sum_squares, int64_t dim, Acc eps) {
 }
 
 // Forward, second pass: y = w * (h * r) for the lane's columns.
-template <typename X, typename Y, typename Acc>
+template <typename X, typename Y, typename Acc, int N = 1>
 MW_HOST_DEVICE void NormOutputLane(const X* h, const Acc* w, Acc rstd, Y* y, int64_t dim, int lane) {
-  for (int64_t j = lane; j < dim; j += kNormThreads) {
-    y[j] = static_cast<Y>(w[j] * (static_cast<Acc>(h[j]) * rstd));
+  for (int64_t j = int64_t{lane} * N; j < dim; j += int64_t{kNormThreads} * N) {
+    const Pack<X, N> hs = LoadPack<N>(h + j);
+    const Pack<Acc, N> ws = LoadPack<N>(w + j);
+    Pack<Y, N> ys;
+    MW_UNROLL
+    for (int k = 0; k < N; ++k) ys.v[k] = static_cast<Y>(ws.v[k] * (static_cast<Acc>(hs.v[k]) * rstd));
+    StorePack(y + j, ys);
   }
 }
 
 // Backward, first pass: lane's sum of g * u over its columns.
-template <typename X, typename Y, typename Acc>
+template <typename X, typename Y, typename Acc, int N = 1>
 MW_HOST_DEVICE Acc NormDotLane(const X* h, const Y* dy, const Acc* w, Acc rstd, int64_t dim, int lane) {
   Acc sum = Acc(0);
-  for (int64_t j = lane; j < dim; j += kNormThreads) {
-    sum += w[j] * static_cast<Acc>(dy[j]) * (static_cast<Acc>(h[j]) * rstd);
+  for (int64_t j = int64_t{lane} * N; j < dim; j += int64_t{kNormThreads} * N) {
+    const Pack<X, N> hs = LoadPack<N>(h + j);
+    const Pack<Y, N> dys = LoadPack<N>(dy + j);
+    const Pack<Acc, N> ws = LoadPack<N>(w + j);
+    MW_UNROLL
+    for (int k = 0; k < N; ++k) sum += ws.v[k] * static_cast<Acc>(dys.v[k]) * (static_cast<Acc>(hs.v[k]) * rstd);
   }
   return sum;
 }
 
 // Backward, second pass for the lane's columns: dh (into dx, and into ddelta when there is a
 // delta), plus dh_residual when given; the weight's gradient added into the lane's accumulators
-// (column lane + k * kNormThreads in dw[k]).
-template <typename X, typename D, typename Y, typename Acc>
+// (the m-th pack's column k in dw[m * N + k]).
+template <typename X, typename D, typename Y, typename Acc, int N = 1>
 MW_HOST_DEVICE void NormGradLane(const X* h, const Y* dy, const X* dh_residual, const Acc* w, Acc rstd, Acc dot,
                                  X* dx, D* ddelta, Acc* dw, int64_t dim, int lane) {
   const Acc mean_dot = dot / static_cast<Acc>(dim);
-  int k = 0;
-  for (int64_t j = lane; j < dim; j += kNormThreads, ++k) {
-    const Acc u = static_cast<Acc>(h[j]) * rstd;
-    const Acc g = static_cast<Acc>(dy[j]);
-    Acc d = rstd * (w[j] * g - u * mean_dot);
-    if (dh_residual != nullptr) d += static_cast<Acc>(dh_residual[j]);
-    dx[j] = static_cast<X>(d);
-    if (ddelta != nullptr) ddelta[j] = static_cast<D>(d);
-    dw[k] += g * u;
+  int m = 0;
+  for (int64_t j = int64_t{lane} * N; j < dim; j += int64_t{kNormThreads} * N, ++m) {
+    const Pack<X, N> hs = LoadPack<N>(h + j);
+    const Pack<Y, N> dys = LoadPack<N>(dy + j);
+    const Pack<Acc, N> ws = LoadPack<N>(w + j);
+    Pack<X, N> res{};
+    if (dh_residual != nullptr) res = LoadPack<N>(dh_residual + j);
+    Pack<X, N> dxs;
+    Pack<D, N> dds;
+    MW_UNROLL
+    for (int k = 0; k < N; ++k) {
+      const Acc u = static_cast<Acc>(hs.v[k]) * rstd;
+      const Acc g = static_cast<Acc>(dys.v[k]);
+      Acc d = rstd * (ws.v[k] * g - u * mean_dot);
+      if (dh_residual != nullptr) d += static_cast<Acc>(res.v[k]);
+      dxs.v[k] = static_cast<X>(d);
+      dds.v[k] = static_cast<D>(d);
+      dw[m * N + k] += g * u;
+    }
+    StorePack(dx + j, dxs);
+    if (ddelta != nullptr) StorePack(ddelta + j, dds);
+  }
+}
+
+// The lane's weight-gradient accumulators (NormGradLane's dw) into its columns of dw_row [dim].
+template <typename Acc, int N = 1>
+MW_HOST_DEVICE void NormWeightGradLane(const Acc* dw, Acc* dw_row, int64_t dim, int lane) {
+  int m = 0;
+  for (int64_t j = int64_t{lane} * N; j < dim; j += int64_t{kNormThreads} * N, ++m) {
+    MW_UNROLL
+    for (int k = 0; k < N; ++k) dw_row[j + k] = dw[m * N + k];
   }
 }
 

@@ -229,11 +229,18 @@ bool NormTypesSupported(torch::ScalarType x, torch::ScalarType d, torch::ScalarT
   return xt && dt && yt && fused::VisitNormTypes(*xt, *dt, *yt, [](auto...) {});
 }
 
-// Calls fn(X{}, D{}, Y{}, Acc{}) on the host for a supported combination.
+// Calls fn(X{}, D{}, Y{}, Acc{}, std::integral_constant<int, N>{}) on the host for a supported
+// combination and the pack width NormPack chose.
 template <typename Fn>
-void DispatchNormHost(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y, Fn&& fn) {
-  TORCH_CHECK(fused::VisitNormTypes(ElementTypeOf(x), ElementTypeOf(d), ElementTypeOf(y), fn),
-              "RMSNorm: unsupported dtypes x ", x, ", delta ", d, ", output ", y);
+void DispatchNormHost(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y, int pack, Fn&& fn) {
+  TORCH_CHECK(fused::VisitNormTypesPacked(ElementTypeOf(x), ElementTypeOf(d), ElementTypeOf(y), pack, fn),
+              "RMSNorm: unsupported dtypes x ", x, ", delta ", d, ", output ", y, " (pack ", pack, ")");
+}
+
+// An optional tensor as a NormPack array.
+fused::NormArray ArrayOf(const torch::Tensor& t) {
+  return t.defined() ? fused::NormArray{t.data_ptr(), static_cast<size_t>(t.element_size())}
+                     : fused::NormArray{nullptr, 0};
 }
 
 #if defined(MESHWORK_FUSED_KERNELS)
@@ -257,22 +264,24 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(y_type));
     torch::Tensor rstd = torch::empty({rows}, x.options().dtype(acc));
     const auto d_type = add ? delta.scalar_type() : x.scalar_type();
+    const int pack = fused::NormPack(dim, {ArrayOf(x), ArrayOf(delta), ArrayOf(h), ArrayOf(y), ArrayOf(w)});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (x.is_cuda()) {
       OnDevice on(x);
       CheckLaunch(fused::LaunchRmsNormForward(ElementTypeOf(x), add ? ElementTypeOf(delta) : ElementTypeOf(x),
-                                              ElementTypeOf(y), rows, dim, x.data_ptr(), DataOrNull(delta),
+                                              ElementTypeOf(y), rows, dim, pack, x.data_ptr(), DataOrNull(delta),
                                               MutableDataOrNull(h), w.data_ptr(), eps, y.data_ptr(), rstd.data_ptr(),
                                               on.stream()),
                   "RmsNormForward");
     } else
 #endif
     {
-      DispatchNormHost(x.scalar_type(), d_type, y_type, [&](auto xt, auto dt, auto yt, auto at) {
+      DispatchNormHost(x.scalar_type(), d_type, y_type, pack, [&](auto xt, auto dt, auto yt, auto at, auto width) {
         using X = decltype(xt);
         using D = decltype(dt);
         using Y = decltype(yt);
         using Acc = decltype(at);
+        constexpr int N = decltype(width)::value;
         const X* xp = x.data_ptr<X>();
         const D* dp = add ? delta.data_ptr<D>() : nullptr;
         X* hp = add ? h.data_ptr<X>() : nullptr;
@@ -284,7 +293,7 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
           for (int64_t r = begin; r < end; ++r) {
             const int64_t o = r * dim;
             for (int lane = 0; lane < fused::kNormThreads; ++lane) {
-              lanes[lane] = fused::NormSquaresLane<X, D, Acc>(xp + o, add ? dp + o : nullptr, add ? hp + o : nullptr,
+              lanes[lane] = fused::NormSquaresLane<X, D, Acc, N>(xp + o, add ? dp + o : nullptr, add ? hp + o : nullptr,
                                                               dim, lane);
             }
             for (int stride = fused::kNormThreads / 2; stride > 0; stride /= 2) {
@@ -292,7 +301,7 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
             }
             rp[r] = fused::NormRstd(lanes[0], dim, static_cast<Acc>(eps));
             for (int lane = 0; lane < fused::kNormThreads; ++lane) {
-              fused::NormOutputLane<X, Y, Acc>(add ? hp + o : xp + o, wp, rp[r], yp + o, dim, lane);
+              fused::NormOutputLane<X, Y, Acc, N>(add ? hp + o : xp + o, wp, rp[r], yp + o, dim, lane);
             }
           }
         });
@@ -325,22 +334,26 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     torch::Tensor ddelta = add ? torch::empty(h.sizes(), h.options().dtype(d_type)) : torch::Tensor();
     const int64_t blocks = std::min<int64_t>(rows, fused::kNormBlocks);
     torch::Tensor dw_partial = torch::empty({blocks, dim}, h.options().dtype(acc));
+    const int pack = fused::NormPack(
+        dim, {ArrayOf(h), ArrayOf(dy), ArrayOf(dh), ArrayOf(w), ArrayOf(dx), ArrayOf(ddelta), ArrayOf(dw_partial)});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (h.is_cuda()) {
       OnDevice on(h);
       CheckLaunch(fused::LaunchRmsNormBackward(ElementTypeOf(h), add ? ElementTypeOf(ddelta) : ElementTypeOf(h),
-                                               ElementTypeOf(dy), rows, dim, h.data_ptr(), dy.data_ptr(),
+                                               ElementTypeOf(dy), rows, dim, pack, h.data_ptr(), dy.data_ptr(),
                                                DataOrNull(dh), w.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
                                                MutableDataOrNull(ddelta), dw_partial.data_ptr(), on.stream()),
                   "RmsNormBackward");
     } else
 #endif
     {
-      DispatchNormHost(h.scalar_type(), d_type, dy.scalar_type(), [&](auto xt, auto dt, auto yt, auto at) {
+      DispatchNormHost(h.scalar_type(), d_type, dy.scalar_type(), pack,
+                       [&](auto xt, auto dt, auto yt, auto at, auto width) {
         using X = decltype(xt);
         using D = decltype(dt);
         using Y = decltype(yt);
         using Acc = decltype(at);
+        constexpr int N = decltype(width)::value;
         const X* hp = h.data_ptr<X>();
         const Y* dyp = dy.data_ptr<Y>();
         const X* dhp = dh.defined() ? dh.data_ptr<X>() : nullptr;
@@ -359,22 +372,20 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
             for (int64_t r = b; r < rows; r += blocks) {
               const int64_t o = r * dim;
               for (int lane = 0; lane < fused::kNormThreads; ++lane) {
-                lanes[lane] = fused::NormDotLane<X, Y, Acc>(hp + o, dyp + o, wp, rp[r], dim, lane);
+                lanes[lane] = fused::NormDotLane<X, Y, Acc, N>(hp + o, dyp + o, wp, rp[r], dim, lane);
               }
               for (int stride = fused::kNormThreads / 2; stride > 0; stride /= 2) {
                 for (int lane = 0; lane < fused::kNormThreads; ++lane) fused::SumTreeStep(lanes.data(), lane, stride);
               }
               for (int lane = 0; lane < fused::kNormThreads; ++lane) {
-                fused::NormGradLane<X, D, Y, Acc>(hp + o, dyp + o, dhp != nullptr ? dhp + o : nullptr, wp, rp[r],
+                fused::NormGradLane<X, D, Y, Acc, N>(hp + o, dyp + o, dhp != nullptr ? dhp + o : nullptr, wp, rp[r],
                                                   lanes[0], dxp + o, ddp != nullptr ? ddp + o : nullptr,
                                                   dw.data() + lane * fused::kNormColumnsPerLane, dim, lane);
               }
             }
             for (int lane = 0; lane < fused::kNormThreads; ++lane) {
-              int k = 0;
-              for (int64_t j = lane; j < dim; j += fused::kNormThreads, ++k) {
-                dwp[b * dim + j] = dw[lane * fused::kNormColumnsPerLane + k];
-              }
+              fused::NormWeightGradLane<Acc, N>(dw.data() + lane * fused::kNormColumnsPerLane, dwp + b * dim, dim,
+                                                lane);
             }
           }
         });

@@ -14,6 +14,7 @@
 #include "tests/trainer/model/fused_reference.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/fused_elementwise.h"
+#include "trainer/model/fused_norm.h"
 #include "trainer/model/fused_softmax.h"
 #include "trainer/model/fused_ops.h"
 #include "trainer/model/llama.h"
@@ -424,6 +425,39 @@ TEST(FusedPackTest, PackedAndElementwiseSoftmaxGradientAgree) {
     const double grad_tol = dtype == torch::kBFloat16 ? 1.0 / 128 : tol;
     EXPECT_TRUE(torch::allclose(logits.to(torch::kFloat), misaligned.to(torch::kFloat), grad_tol, 1e-7))
         << (logits - misaligned).abs().max();
+  }
+}
+
+// The norms' lanes take packs of the narrowest dtype's 16 bytes where dim is whole packs and
+// every array aligned, single columns otherwise: h = x + delta the same bits, the rest the same
+// to rounding (other partitions of the row's sums).
+TEST(FusedPackTest, PackedAndElementwiseAddRmsNormAgree) {
+  torch::manual_seed(23);
+  const int64_t dim = 2048;
+  const auto x = torch::randn({16, dim});
+  const auto delta = torch::randn({16, dim}).to(torch::kBFloat16);
+  const auto weight = torch::rand({dim}) + 0.5;
+  const auto up_h = torch::randn({16, dim}), up_y = torch::randn({16, dim}).to(torch::kBFloat16);
+  const auto misaligned = Misaligned(x);
+  ASSERT_EQ(fused::NormPack(dim, {{x.data_ptr(), 4}, {delta.data_ptr(), 2}, {weight.data_ptr(), 4}}), 8);
+  ASSERT_EQ(fused::NormPack(dim, {{x.data_ptr(), 4}, {weight.data_ptr(), 4}}), 4);
+  ASSERT_EQ(fused::NormPack(dim, {{misaligned.data_ptr(), 4}, {delta.data_ptr(), 2}}), 1);
+  ASSERT_EQ(fused::NormPack(dim + 4, {{x.data_ptr(), 4}, {delta.data_ptr(), 2}}), 1);
+  auto run = [&](bool aligned) {
+    auto xi = (aligned ? x.clone() : Misaligned(x)).detach().requires_grad_(true);
+    auto di = delta.clone().requires_grad_(true);
+    auto w = weight.clone().requires_grad_(true);
+    const auto [h, y] = FusedAddRmsNorm(xi, di, w, 1e-5, torch::kBFloat16);
+    torch::autograd::backward({h, y}, {up_h, aligned ? up_y : Misaligned(up_y)});
+    return std::vector<torch::Tensor>{h.detach(), y.detach(), xi.grad(), di.grad(), w.grad()};
+  };
+  const auto packed = run(true), one_by_one = run(false);
+  EXPECT_TRUE(torch::equal(packed[0], one_by_one[0])) << "h";
+  const char* names[] = {"h", "y", "dx", "ddelta", "dweight"};
+  for (size_t i = 1; i < packed.size(); ++i) {
+    const double rtol = packed[i].scalar_type() == torch::kBFloat16 ? 1.0 / 128 : 1e-5;
+    EXPECT_TRUE(torch::allclose(packed[i].to(torch::kFloat), one_by_one[i].to(torch::kFloat), rtol, 1e-5))
+        << names[i] << " " << (packed[i].to(torch::kFloat) - one_by_one[i].to(torch::kFloat)).abs().max();
   }
 }
 
