@@ -11,7 +11,9 @@
 #
 #   OUT          where session.log, the results table, the traces (.json.gz) and logs.tgz go
 #                (default: a new folder under /tmp)
-#   TEST_CAP=150 BENCH_CAP=400 PROFILE_CAP=90 AB_CAP=45 TRACE_CAP=90   seconds for each part
+#   TEST_CAP=90 BENCH_CAP=420 AB_CAP=45 PROFILE_CAP=60 TRACE_CAP=60   seconds for each part (on an
+#                H200 on 2026-11-27: the gpu tests took 17 s, the bench 230 s with one torch.compile
+#                row (each compile row adds 60-100 s), each A/B 16 s, the profile 15 s, the trace 16 s)
 #   SESSION_CAP=570  seconds for the whole session (the device tool's 600 s a call, less packing):
 #                    a part gets what is left when that is less than its cap, and is skipped (said in
 #                    the log) when under 20 s are left
@@ -47,7 +49,7 @@ if ! "${run[@]}" "$bin" devices --require-cuda 2>&1 | tee -a "$log"; then
 fi
 
 stamp "ctest -L gpu"
-timeout -k 5 "$(cap "${TEST_CAP:-150}")" "${run[@]}" ctest --test-dir "$pre/tests/gpu" -L gpu -j4 --output-on-failure \
+timeout -k 5 "$(cap "${TEST_CAP:-90}")" "${run[@]}" ctest --test-dir "$pre/tests/gpu" -L gpu -j4 --output-on-failure \
   >"$out/ctest.log" 2>&1
 echo "ctest exit $?" | tee -a "$log"
 grep -E "tests passed|Failed|\*\*\*" "$out/ctest.log" | tee -a "$log"
@@ -61,7 +63,7 @@ if grep -qE "gpu_fused_ops .*(Failed|Exception|Timeout)" "$out/ctest.log"; then
 fi
 
 stamp "bench/gpu_vs_pytorch.sh"
-c=$(cap "${BENCH_CAP:-400}") && LOGS="$out/bench" RUN_TIMEOUT="${RUN_TIMEOUT:-150}" timeout -k 5 "$c" \
+c=$(cap "${BENCH_CAP:-420}") && LOGS="$out/bench" RUN_TIMEOUT="${RUN_TIMEOUT:-150}" timeout -k 5 "$c" \
   "${run[@]}" bench/gpu_vs_pytorch.sh "$pre" >"$out/bench.log" 2>&1
 echo "bench exit $?" | tee -a "$log"
 cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytorch.md" | tee -a "$log"
@@ -77,13 +79,13 @@ for ab in ${AB_LIST:-training.loss_gradient=recompute training.merge_projections
 done
 
 stamp "profile: llama3-1b batch 4, steps 3-5"
-c=$(cap "${PROFILE_CAP:-90}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=6 \
+c=$(cap "${PROFILE_CAP:-60}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=6 \
   --set training.profile_steps=3 --profile-out "$out/profile-llama3-1b.json" >"$out/profile-llama3-1b.log" 2>&1
 echo "profile exit $?" | tee -a "$log"
 grep -E '^(profile|kernels):' "$out/profile-llama3-1b.log" | tee -a "$log"
 
 stamp "compiled FSDP on one rank (NCCL), llama3-1b batch 4: plan and trace of step 3"
-c=$(cap "${TRACE_CAP:-90}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 \
+c=$(cap "${TRACE_CAP:-60}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 \
   --set fsdp.single_process=true --set fsdp.mode=compiled --trace-out "$out/trace-llama3-1b-compiled.json" \
   >"$out/fsdp-compiled-llama3-1b.log" 2>&1
 echo "fsdp compiled exit $?" | tee -a "$log"
