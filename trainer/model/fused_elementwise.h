@@ -189,14 +189,21 @@ MW_UNROLL
   StorePack(grad_gate_up + at + f, du);
 }
 
-// A [batch, heads, seq, dim] tensor's shape and element strides (dim's stride is 1): q and k
-// are views of the merged q/k/v GEMM's output, transposed, so their strides are the GEMM's.
-// `pack` elements along dim per call (1, or kPack<T> where dim is a multiple of twice it, the
-// strides of it, and the addresses aligned: RopePack). The dividers split a flat output pack
-// index into (batch, head, position, pack along dim).
+// The element strides of a [batch, heads, seq, dim] tensor whose dim is contiguous.
+struct RopeStrides {
+  int64_t batch = 0, head = 0, seq = 0;
+};
+
+// A rotary embedding's shape, the strides of what it reads (forward: x; backward: the output's
+// gradient) and of what it writes (forward: its output; backward: x's gradient). The model's q and
+// k are views of the merged q/k/v GEMM's output, transposed ([batch, seq, heads, dim] in memory),
+// and x's gradient is written in that same layout, so that autograd's way back into the GEMM
+// output's columns needs no copy. `pack` elements along dim per call (1, or kPack<T> where dim is
+// a multiple of twice it, every stride of it, and the addresses aligned: RopePack). The dividers
+// split a flat pack index, in [batch, heads, seq, dim] order, into its coordinates.
 struct RopeShape {
   int64_t heads = 0, seq = 0, dim = 0;
-  int64_t batch_stride = 0, head_stride = 0, seq_stride = 0;
+  RopeStrides in, out;
   int pack = 1;
   Divider by_dim, by_seq, by_heads;
 };
@@ -211,67 +218,79 @@ inline RopeShape WithDividers(RopeShape shape, int64_t elements) {
   return shape;
 }
 
-// The pack width for x (storage bytes x_bytes, at x_address, with `shape`'s dim and strides),
-// its output and the tables (table_bytes each): kPack of x's type where all fit, else 1.
-inline int RopePack(const RopeShape& shape, size_t x_bytes, const void* x, const void* out, size_t table_bytes,
+// The pack width for x (storage bytes x_bytes; read at `in`, written at `out` with `shape`'s
+// strides) and the tables (table_bytes each): kPack of x's type where all fit, else 1.
+inline int RopePack(const RopeShape& shape, size_t x_bytes, const void* in, const void* out, size_t table_bytes,
                     const void* cos, const void* sin) {
   const int n = PackOf(x_bytes);
-  const bool fits = PackFits(n, x_bytes, {shape.dim / 2, shape.batch_stride, shape.head_stride, shape.seq_stride},
-                             {x, out}) &&
+  const bool fits = PackFits(n, x_bytes,
+                             {shape.dim / 2, shape.in.batch, shape.in.head, shape.in.seq, shape.out.batch,
+                              shape.out.head, shape.out.seq},
+                             {in, out}) &&
                     PackFits(n, table_bytes, {}, {cos, sin});
   return fits ? n : 1;
 }
 
-// Rotary embedding in Hugging Face's rotate_half layout: out = x * cos + rotate_half(x) * sin,
-// where rotate_half(x) = [-x[half:], x[:half]]. Pack v of out, contiguous [batch, heads, seq,
-// dim] (a pack never straddles half: half % N == 0); cos and sin are [>= seq, dim] contiguous
-// tables in Acc. Rounded to T once (the composition rounds each product and the sum).
-template <typename T, typename Acc, int N = 1>
-MW_HOST_DEVICE void RopeForwardAt(int64_t v, const RopeShape& s, const T* x, const Acc* cos, const Acc* sin,
-                                  T* out) {
+// Pack v's coordinates: the offsets of its (batch, head, position) row in the input and the
+// output, its position t and its first column d.
+struct RopeCoordinates {
+  int64_t in, out, t, d;
+};
+
+template <int N>
+MW_HOST_DEVICE RopeCoordinates RopeAt(int64_t v, const RopeShape& s) {
   const int64_t rest = s.by_dim.Div(v);
   const int64_t d = (v - rest * s.by_dim.divisor) * N;
   const int64_t bh = s.by_seq.Div(rest);
   const int64_t t = rest - bh * s.seq;
   const int64_t b = s.by_heads.Div(bh), h = bh - b * s.heads;
-  const T* row = x + b * s.batch_stride + h * s.head_stride + t * s.seq_stride;
-  const int64_t half = s.dim / 2;
+  return {b * s.in.batch + h * s.in.head + t * s.in.seq, b * s.out.batch + h * s.out.head + t * s.out.seq, t, d};
+}
+
+// Rotary embedding in Hugging Face's rotate_half layout: out = x * cos + rotate_half(x) * sin,
+// where rotate_half(x) = [-x[half:], x[:half]]. Pack v (a pack never straddles half: half % N ==
+// 0); cos and sin are [>= seq, dim] contiguous tables in Acc. Rounded to T once (the composition
+// rounds each product and the sum).
+template <typename T, typename Acc, int N = 1>
+MW_HOST_DEVICE void RopeForwardAt(int64_t v, const RopeShape& s, const T* x, const Acc* cos, const Acc* sin,
+                                  T* out) {
+  const RopeCoordinates at = RopeAt<N>(v, s);
+  const T* row = x + at.in;
+  const int64_t half = s.dim / 2, d = at.d;
   const bool first = d < half;
   const Pack<T, N> xs = LoadPack<N>(row + d);
   const Pack<T, N> partner = LoadPack<N>(row + (first ? d + half : d - half));
-  const Pack<Acc, N> c = LoadPack<N>(cos + t * s.dim + d), sn = LoadPack<N>(sin + t * s.dim + d);
+  const Pack<Acc, N> c = LoadPack<N>(cos + at.t * s.dim + d), sn = LoadPack<N>(sin + at.t * s.dim + d);
   Pack<T, N> o;
-MW_UNROLL
+  MW_UNROLL
   for (int k = 0; k < N; ++k) {
     const Acc p = first ? -static_cast<Acc>(partner.v[k]) : static_cast<Acc>(partner.v[k]);
     o.v[k] = static_cast<T>(static_cast<Acc>(xs.v[k]) * c.v[k] + p * sn.v[k]);
   }
-  StorePack(out + v * N, o);
+  StorePack(out + at.out + d, o);
 }
 
-// Its backward: the transpose of the same linear map, for grad_out and grad_x both contiguous
-// [batch, heads, seq, dim] (`s`'s strides and by_heads unused): grad_x[d] = g[d] * cos[d] + (d < half ?
-// g[d + half] * sin[d + half] : -g[d - half] * sin[d - half]).
+// Its backward: the transpose of the same linear map, from grad_out (read at `in`) into grad_x
+// (written at `out`): grad_x[d] = g[d] * cos[d] + (d < half ? g[d + half] * sin[d + half] :
+// -g[d - half] * sin[d - half]).
 template <typename T, typename Acc, int N = 1>
 MW_HOST_DEVICE void RopeBackwardAt(int64_t v, const RopeShape& s, const T* grad_out, const Acc* cos,
                                    const Acc* sin, T* grad_x) {
-  const int64_t row_index = s.by_dim.Div(v);
-  const int64_t d = (v - row_index * s.by_dim.divisor) * N;
-  const int64_t t = row_index - s.by_seq.Div(row_index) * s.seq;
-  const int64_t half = s.dim / 2;
+  const RopeCoordinates at = RopeAt<N>(v, s);
+  const T* row = grad_out + at.in;
+  const int64_t half = s.dim / 2, d = at.d;
   const bool first = d < half;
-  const int64_t row = row_index * s.dim;  // the element at dim 0 of this (batch, head, position)
-  const int64_t table = t * s.dim;
+  const int64_t table = at.t * s.dim;
   const int64_t p = first ? d + half : d - half;
-  const Pack<T, N> g = LoadPack<N>(grad_out + row + d), gp = LoadPack<N>(grad_out + row + p);
+  const Pack<T, N> g = LoadPack<N>(row + d), gp = LoadPack<N>(row + p);
   const Pack<Acc, N> c = LoadPack<N>(cos + table + d), sp = LoadPack<N>(sin + table + p);
   Pack<T, N> o;
-MW_UNROLL
+  MW_UNROLL
   for (int k = 0; k < N; ++k) {
     const Acc rotated = static_cast<Acc>(gp.v[k]) * sp.v[k];
     o.v[k] = static_cast<T>(static_cast<Acc>(g.v[k]) * c.v[k] + (first ? rotated : -rotated));
   }
-  StorePack(grad_x + row + d, o);
+  StorePack(grad_x + at.out + d, o);
 }
 
 }  // namespace meshwork::model::fused

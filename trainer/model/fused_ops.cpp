@@ -147,19 +147,21 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
   }
 };
 
-// x's shape and strides, the pack width for x, its output and the tables, and the dividers.
-RopeShape ShapeOf(const torch::Tensor& x, const torch::Tensor& out, const torch::Tensor& cos,
+fused::RopeStrides StridesOf(const torch::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// The shape of `in` [batch, heads, seq, dim] (dim contiguous), its strides and `out`'s, the pack
+// width for both and the tables, and the dividers.
+RopeShape ShapeOf(const torch::Tensor& in, const torch::Tensor& out, const torch::Tensor& cos,
                   const torch::Tensor& sin) {
   RopeShape s;
-  s.heads = x.size(1);
-  s.seq = x.size(2);
-  s.dim = x.size(3);
-  s.batch_stride = x.stride(0);
-  s.head_stride = x.stride(1);
-  s.seq_stride = x.stride(2);
-  s.pack = fused::RopePack(s, x.element_size(), x.data_ptr(), out.data_ptr(), cos.element_size(), cos.data_ptr(),
+  s.heads = in.size(1);
+  s.seq = in.size(2);
+  s.dim = in.size(3);
+  s.in = StridesOf(in);
+  s.out = StridesOf(out);
+  s.pack = fused::RopePack(s, in.element_size(), in.data_ptr(), out.data_ptr(), cos.element_size(), cos.data_ptr(),
                            sin.data_ptr());
-  return fused::WithDividers(s, x.numel());
+  return fused::WithDividers(s, in.numel());
 }
 
 struct RopeFunction : torch::autograd::Function<RopeFunction> {
@@ -170,6 +172,9 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
     const RopeShape shape = ShapeOf(x, out, cos, sin);
     ctx->save_for_backward({cos, sin});
+    // x a transposed [batch, seq, heads, dim] buffer (the model's q and k): its gradient is
+    // written in that layout, so that the transpose and view back to the GEMM output copy nothing.
+    ctx->saved_data["heads_inner"] = x.size(1) > 1 && x.size(2) > 1 && x.stride(1) < x.stride(2);
 #if defined(MESHWORK_FUSED_KERNELS)
     if (x.is_cuda()) {
       OnDevice on(x);
@@ -197,8 +202,11 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& cos = saved[0];
     const torch::Tensor& sin = saved[1];
-    const torch::Tensor grad = grad_out[0].contiguous();
-    torch::Tensor grad_x = torch::empty_like(grad, torch::MemoryFormat::Contiguous);
+    const torch::Tensor grad = grad_out[0].stride(3) == 1 ? grad_out[0] : grad_out[0].contiguous();
+    const int64_t b = grad.size(0), heads = grad.size(1), seq = grad.size(2), dim = grad.size(3);
+    torch::Tensor grad_x = ctx->saved_data["heads_inner"].toBool()
+                               ? torch::empty({b, seq, heads, dim}, grad.options()).transpose(1, 2)
+                               : torch::empty({b, heads, seq, dim}, grad.options());
     const RopeShape shape = ShapeOf(grad, grad_x, cos, sin);
 #if defined(MESHWORK_FUSED_KERNELS)
     if (grad.is_cuda()) {

@@ -25,7 +25,9 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate_up);
 
 // x * cos + rotate_half(x) * sin (ApplyRope) for x [batch, heads, seq, dim], any strides, in
 // x's dtype (float, double, bf16 or fp16); cos and sin [>= seq, dim] (RopeTables' fp32 tables),
-// read in fp32 (double for double x). The result is contiguous. Saves only the tables.
+// read in fp32 (double for double x). The result is contiguous. Saves only the tables. x's
+// gradient comes back in x's layout when x is a transposed [batch, seq, heads, dim] buffer (the
+// model's q and k), contiguous otherwise; the output's gradient is read at its own strides.
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 // Hugging Face's RMSNorm of x [..., dim] with weight [dim]: weight * (x / sqrt(mean(x^2) + eps)),

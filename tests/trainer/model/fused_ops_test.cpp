@@ -119,11 +119,19 @@ TEST(FusedRopeTest, EqualsApplyRopeOnTheModelsStridedViews) {
         return x;
       };
       const auto upstream = torch::randn({b, count, t, d}, dtype);
-      auto fused = [&](const torch::Tensor& all) { return FusedRope(view(all), rope.cos, rope.sin); };
+      // x's gradient comes back in x's own layout ([batch, seq, heads, dim] in memory), so that
+      // the transpose and view back into the GEMM output's columns copy nothing.
+      bool gradient_heads_inner = false;
+      auto fused = [&](const torch::Tensor& all) {
+        auto x = view(all);
+        x.register_hook([&](const torch::Tensor& g) { gradient_heads_inner = g.transpose(1, 2).is_contiguous(); });
+        return FusedRope(x, rope.cos, rope.sin);
+      };
       auto plain = [&](const torch::Tensor& all) { return ApplyRope(view(all), rope); };
       const auto [y, grad] = ForwardBackward(fused, qkv, upstream);
       const auto [y_ref, grad_ref] = ForwardBackward(plain, qkv, upstream);
       EXPECT_TRUE(y.is_contiguous());
+      EXPECT_TRUE(gradient_heads_inner);
       EXPECT_TRUE(torch::allclose(y, y_ref, Tolerance(dtype), Tolerance(dtype))) << (y - y_ref).abs().max();
       EXPECT_TRUE(torch::allclose(grad, grad_ref, Tolerance(dtype), Tolerance(dtype))) << (grad - grad_ref).abs().max();
     }
@@ -386,7 +394,7 @@ TEST(FusedPackTest, PackedAndElementwiseSwiGluAndRopeAgreeBitForBit) {
     const auto up = torch::randn({2, 3, 8, 16}).to(dtype);
     fused::RopeShape shape;
     shape.heads = 3, shape.seq = 8, shape.dim = 16;
-    shape.batch_stride = x.stride(0), shape.head_stride = x.stride(1), shape.seq_stride = x.stride(2);
+    shape.in = shape.out = {x.stride(0), x.stride(1), x.stride(2)};
     const auto table = dtype == torch::kDouble ? rope.cos.to(torch::kDouble) : rope.cos;
     ASSERT_EQ(fused::RopePack(shape, x.element_size(), x.data_ptr(), x.data_ptr(), table.element_size(),
                               table.data_ptr(), table.data_ptr()),
