@@ -17,7 +17,10 @@
 
 #include "tests/trainer/model/fused_reference.h"
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_elementwise.h"
+#include "trainer/model/fused_norm.h"
 #include "trainer/model/fused_ops.h"
+#include "trainer/model/fused_softmax.h"
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/llama.h"
 #include "trainer/train/adamw.h"
@@ -99,6 +102,7 @@ TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {
                                             "when it was built: docs/gpu.md)"
 
 using testing::ForwardBackward;
+using testing::Misaligned;
 using testing::SwiGluComposition;
 
 double MaxDiff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -265,19 +269,82 @@ TEST(FusedOpsGpu, RmsNormKernelsEqualTheCompositionAndTheHostLoop) {
   }
 }
 
-// More elements than one grid covers (2^20 blocks x 256 threads): the grid-stride loop's later
-// rounds give exactly what a small launch over the same rows gives.
+// More packs than one grid covers (2^20 blocks x 256 threads): the grid-stride loop's later
+// rounds give exactly what a small launch over the same rows gives. Packed (8 bf16 a thread:
+// 302M packs, a 9.7 GB input) and one element at a time (the input one element off alignment:
+// 302M elements).
 TEST(FusedOpsGpu, SwiGluKernelCoversMoreElementsThanOneGrid) {
   MW_REQUIRE_FUSED_KERNELS();
   torch::manual_seed(14);
-  const int64_t rows = 36864, f = 8192;  // 302M outputs > 268M
-  const auto gate_up = torch::randn({rows, 2 * f}, kCuda).to(torch::kBFloat16);
   torch::NoGradGuard no_grad;
-  const auto y = FusedSwiGlu(gate_up);
-  const auto tail = FusedSwiGlu(gate_up.narrow(0, rows - 64, 64));
-  const auto head = FusedSwiGlu(gate_up.narrow(0, 0, 64));
-  EXPECT_TRUE(torch::equal(y.narrow(0, rows - 64, 64), tail));
-  EXPECT_TRUE(torch::equal(y.narrow(0, 0, 64), head));
+  const int64_t f = 8192;
+  for (const bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packs of 8" : "one element at a time");
+    const int64_t rows = packed ? 8 * 36864 : 36864;
+    torch::Tensor gate_up = torch::randn({rows, 2 * f}, torch::TensorOptions(kCuda).dtype(torch::kBFloat16));
+    if (!packed) gate_up = Misaligned(gate_up);
+    ASSERT_EQ(fused::SwiGluPack(f, 2, {gate_up.data_ptr()}), packed ? 8 : 1);
+    const auto y = FusedSwiGlu(gate_up);
+    const auto tail = FusedSwiGlu(gate_up.narrow(0, rows - 64, 64));
+    const auto head = FusedSwiGlu(gate_up.narrow(0, 0, 64));
+    EXPECT_TRUE(torch::equal(y.narrow(0, rows - 64, 64), tail));
+    EXPECT_TRUE(torch::equal(y.narrow(0, 0, 64), head));
+  }
+}
+
+// Each kernel's packed path (aligned model-sized bf16 tensors) against its one-element-at-a-time
+// path (the same data one element off alignment) on the GPU: SwiGLU and RoPE the same bits both
+// ways, the softmax gradient and add + RMSNorm the same to rounding (other partitions of their
+// sums).
+TEST(FusedOpsGpu, PackedAndElementwiseKernelsAgree) {
+  MW_REQUIRE_FUSED_KERNELS();
+  torch::manual_seed(24);
+  const auto bf16 = torch::TensorOptions(kCuda).dtype(torch::kBFloat16);
+  const auto gate_up = torch::randn({512, 2 * 1024}, bf16) * 3;
+  const auto up = torch::randn({512, 1024}, bf16);
+  const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, up);
+  auto swiglu_one = [](const torch::Tensor& x) { return FusedSwiGlu(Misaligned(x)); };
+  const auto [y1, grad1] = ForwardBackward(swiglu_one, gate_up, Misaligned(up));
+  EXPECT_TRUE(torch::equal(y, y1));
+  EXPECT_TRUE(torch::equal(grad, grad1));
+
+  LlamaConfig c;
+  c.hidden_size = 1024;
+  c.num_attention_heads = 16;  // head dim 64, as Llama 3's
+  c.num_key_value_heads = 16;
+  const RopeTables rope = MakeRopeTables(c, 256, kCuda);
+  const auto x = torch::randn({2, 16, 256, 64}, bf16), rup = torch::randn({2, 16, 256, 64}, bf16);
+  auto rope_packed = [&](const torch::Tensor& in) { return FusedRope(in, rope.cos, rope.sin); };
+  auto rope_one = [&](const torch::Tensor& in) { return FusedRope(Misaligned(in), rope.cos, rope.sin); };
+  const auto [r, rgrad] = ForwardBackward(rope_packed, x, rup);
+  const auto [r1, rgrad1] = ForwardBackward(rope_one, x, Misaligned(rup));
+  EXPECT_TRUE(torch::equal(r, r1));
+  EXPECT_TRUE(torch::equal(rgrad, rgrad1));
+
+  auto logits = torch::randn({64, 8192}, bf16) * 8;
+  auto logits1 = Misaligned(logits);
+  const auto targets = torch::randint(0, 8192, {64}, torch::TensorOptions(kCuda).dtype(torch::kLong));
+  const auto stats = SoftmaxGradientInPlace(logits, targets);
+  const auto stats1 = SoftmaxGradientInPlace(logits1, targets);
+  EXPECT_TRUE(torch::allclose(stats.lse, stats1.lse, 1e-5, 1e-5)) << MaxDiff(stats.lse, stats1.lse);
+  EXPECT_TRUE(torch::allclose(logits.to(torch::kFloat), logits1.to(torch::kFloat), 1.0 / 128, 1e-7))
+      << MaxDiff(logits, logits1);
+
+  const auto h0 = torch::randn({256, 2048}, kCuda), delta = torch::randn({256, 2048}, bf16);
+  const auto weight = torch::rand({2048}, kCuda) + 0.5;
+  auto norm = [&](bool aligned) {
+    auto xi = (aligned ? h0.clone() : Misaligned(h0)).detach().requires_grad_(true);
+    auto w = weight.clone().requires_grad_(true);
+    const auto [h, n] = FusedAddRmsNorm(xi, delta, w, 1e-5, torch::kBFloat16);
+    const auto dn = torch::ones_like(n);
+    torch::autograd::backward({h, n}, {torch::ones_like(h), aligned ? dn : Misaligned(dn)});
+    return std::vector<torch::Tensor>{h.detach(), n.detach().to(torch::kFloat), xi.grad(), w.grad()};
+  };
+  const auto packed = norm(true), one = norm(false);
+  EXPECT_TRUE(torch::equal(packed[0], one[0]));
+  for (size_t i = 1; i < packed.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(packed[i], one[i], 1.0 / 128, 1e-4)) << i << " " << MaxDiff(packed[i], one[i]);
+  }
 }
 
 // A whole model under bf16 autocast, fused (SwiGLU, RoPE, both norms, and with a stored head

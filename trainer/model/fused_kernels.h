@@ -93,10 +93,11 @@ const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab,
 // [min(rows, kNormBlocks), dim], which the caller sums over its first dimension.
 inline constexpr int64_t kNormBlocks = 1024;
 const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
-                                 int64_t dim, int pack, const void* x, const void* delta, void* h, const void* w, double eps,
-                                 void* y, void* rstd, void* stream);
+                                 int64_t dim, int pack, const void* x, const void* delta, void* h, const void* w,
+                                 double eps, void* y, void* rstd, void* stream);
 const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
-                                  int64_t dim, int pack, const void* h, const void* dy, const void* dh_residual, const void* w,
-                                  const void* rstd, void* dx, void* ddelta, void* dw_partial, void* stream);
+                                  int64_t dim, int pack, const void* h, const void* dy, const void* dh_residual,
+                                  const void* w, const void* rstd, void* dx, void* ddelta, void* dw_partial,
+                                  void* stream);
 
 }  // namespace meshwork::model::fused

@@ -25,6 +25,7 @@ namespace {
 double Tolerance(torch::ScalarType dtype) { return dtype == torch::kDouble ? 1e-12 : 1e-6; }
 
 using testing::ForwardBackward;
+using testing::Misaligned;
 using testing::SwiGluComposition;
 
 TEST(FusedSwiGluTest, EqualsTheCompositionForwardAndBackward) {
@@ -354,15 +355,6 @@ TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
   EXPECT_FALSE(FusedRmsNormSupports(x, torch::zeros({2, 63}), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(torch::zeros({2, 8193}), torch::Tensor(), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kInt), torch::Tensor(), torch::kInt));
-}
-
-// A contiguous copy of t one element past an aligned address, through autograd: the fused ops
-// then go one element at a time (their addresses no longer fit 16-byte packs).
-torch::Tensor Misaligned(const torch::Tensor& t) {
-  auto buffer = torch::empty({t.numel() + 1}, t.options());
-  auto view = buffer.narrow(0, 1, t.numel()).view(t.sizes());
-  view.copy_(t);
-  return view;
 }
 
 // 16-byte packs where shapes and addresses allow (fused_elementwise.h) and one element at a time

@@ -1,6 +1,7 @@
 // What the fused-op tests compare against, shared by the CPU tests (fused_ops_test.cpp) and the
-// GPU ones (tests/gpu/fused_ops_gpu_test.cpp): the composition a fused op replaces, and a
-// forward + backward of any op under a given upstream gradient.
+// GPU ones (tests/gpu/fused_ops_gpu_test.cpp): the composition a fused op replaces, a forward +
+// backward of any op under a given upstream gradient, and misaligned copies (the ops' one
+// element at a time path).
 #pragma once
 
 #include <torch/torch.h>
@@ -9,6 +10,15 @@
 #include <utility>
 
 namespace meshwork::model::testing {
+
+// A contiguous copy of t one element past an aligned address, through autograd: the fused ops
+// then go one element at a time (their addresses no longer fit 16-byte packs).
+inline torch::Tensor Misaligned(const torch::Tensor& t) {
+  auto buffer = torch::empty({t.numel() + 1}, t.options());
+  auto view = buffer.narrow(0, 1, t.numel()).view(t.sizes());
+  view.copy_(t);
+  return view;
+}
 
 // The output of f(input) and input's gradient under upstream gradient `upstream`.
 inline std::pair<torch::Tensor, torch::Tensor> ForwardBackward(
