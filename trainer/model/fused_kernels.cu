@@ -1,8 +1,8 @@
 // The CUDA kernels of the fused ops: for SwiGLU and RoPE one grid-stride loop each over the output
-// packs (N elements, one 16-byte access where the shapes allow), calling the arithmetic in fused_elementwise.h; for the head's softmax gradient one
-// block of kRowThreads threads per row (fused_softmax.h); for RMSNorm one block of kNormThreads
-// threads per row (fused_norm.h). The CPU tests run the same arithmetic
-// on the host.
+// packs (N elements, one 16-byte access where the shapes allow), calling the arithmetic in
+// fused_elementwise.h; for the head's softmax gradient one block of kRowThreads threads per row
+// (fused_softmax.h); for RMSNorm one block of kNormThreads threads per row (fused_norm.h). The
+// CPU tests run the same arithmetic on the host.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cuda_runtime.h>
@@ -132,8 +132,8 @@ __global__ void __launch_bounds__(kNormThreads)
     }
     __syncthreads();
     const Acc dot = lanes[0];
-    NormGradLane<X, D, Y, Acc, N>(h + at, dy + at, dh_residual != nullptr ? dh_residual + at : nullptr, w, row_rstd, dot,
-                               dx + at, ddelta != nullptr ? ddelta + at : nullptr, dw, dim, lane);
+    NormGradLane<X, D, Y, Acc, N>(h + at, dy + at, dh_residual != nullptr ? dh_residual + at : nullptr, w, row_rstd,
+                                  dot, dx + at, ddelta != nullptr ? ddelta + at : nullptr, dw, dim, lane);
     __syncthreads();  // every thread has read lanes[0] before the next row overwrites it
   }
   NormWeightGradLane<Acc, N>(dw, dw_partial + blockIdx.x * dim, dim, lane);
@@ -174,7 +174,8 @@ const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab,
   return DispatchPacked(type, pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    SoftmaxGradientKernel<T, Acc, decltype(width)::value><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    SoftmaxGradientKernel<T, Acc, decltype(width)::value>
+        <<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, vocab, static_cast<T*>(logits), targets, static_cast<Acc*>(lse), static_cast<Acc*>(target_logit));
   });
 }
@@ -189,7 +190,8 @@ const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, Ele
     using D = decltype(dt);
     using Y = decltype(yt);
     using Acc = decltype(acc);
-    RmsNormForwardKernel<X, D, Y, Acc, decltype(width)::value><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    RmsNormForwardKernel<X, D, Y, Acc, decltype(width)::value>
+        <<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, dim, static_cast<const X*>(x), static_cast<const D*>(delta), static_cast<X*>(h),
         static_cast<const Acc*>(w), static_cast<Acc>(eps), static_cast<Y*>(y), static_cast<Acc*>(rstd));
   });
@@ -206,7 +208,8 @@ const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, El
     using D = decltype(dt);
     using Y = decltype(yt);
     using Acc = decltype(acc);
-    RmsNormBackwardKernel<X, D, Y, Acc, decltype(width)::value><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    RmsNormBackwardKernel<X, D, Y, Acc, decltype(width)::value>
+        <<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         rows, dim, static_cast<const X*>(h), static_cast<const Y*>(dy), static_cast<const X*>(dh_residual),
         static_cast<const Acc*>(w), static_cast<const Acc*>(rstd), static_cast<X*>(dx), static_cast<D*>(ddelta),
         static_cast<Acc*>(dw_partial));
@@ -220,8 +223,9 @@ const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, int p
   return DispatchPacked(type, pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    SwiGluForwardKernel<T, Acc, decltype(width)::value><<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        packs, Divider(f / pack, packs), static_cast<const T*>(gate_up), static_cast<T*>(out));
+    SwiGluForwardKernel<T, Acc, decltype(width)::value>
+        <<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            packs, Divider(f / pack, packs), static_cast<const T*>(gate_up), static_cast<T*>(out));
   });
 }
 
@@ -246,9 +250,10 @@ const char* LaunchRopeForward(ElementType type, int64_t batch, const RopeShape& 
   return DispatchPacked(type, shape.pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    RopeForwardKernel<T, Acc, decltype(width)::value><<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        packs, shape, static_cast<const T*>(x), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
-        static_cast<T*>(out));
+    RopeForwardKernel<T, Acc, decltype(width)::value>
+        <<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            packs, shape, static_cast<const T*>(x), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
+            static_cast<T*>(out));
   });
 }
 
@@ -259,9 +264,10 @@ const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape&
   return DispatchPacked(type, shape.pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
-    RopeBackwardKernel<T, Acc, decltype(width)::value><<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        packs, shape, static_cast<const T*>(grad_out), static_cast<const Acc*>(cos), static_cast<const Acc*>(sin),
-        static_cast<T*>(grad_x));
+    RopeBackwardKernel<T, Acc, decltype(width)::value>
+        <<<Blocks(packs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            packs, shape, static_cast<const T*>(grad_out), static_cast<const Acc*>(cos),
+            static_cast<const Acc*>(sin), static_cast<T*>(grad_x));
   });
 }
 
