@@ -283,7 +283,7 @@ TEST(FusedOpsGpu, SwiGluKernelCoversMoreElementsThanOneGrid) {
     const int64_t rows = packed ? 8 * 36864 : 36864;
     torch::Tensor gate_up = torch::randn({rows, 2 * f}, torch::TensorOptions(kCuda).dtype(torch::kBFloat16));
     if (!packed) gate_up = Misaligned(gate_up);
-    ASSERT_EQ(fused::SwiGluPack(f, 2, {gate_up.data_ptr()}), packed ? 8 : 1);
+    ASSERT_EQ(fused::PackFor({f}, {{gate_up.data_ptr(), 2}}), packed ? 8 : 1);
     const auto y = FusedSwiGlu(gate_up);
     const auto tail = FusedSwiGlu(gate_up.narrow(0, rows - 64, 64));
     const auto head = FusedSwiGlu(gate_up.narrow(0, 0, 64));

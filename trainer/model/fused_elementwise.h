@@ -1,6 +1,6 @@
 // The arithmetic of Meshwork's fused elementwise ops (SwiGLU, rotary embedding), one pack of N
 // consecutive output elements per call: N = kPack<T> (16 bytes, one GPU access) where every
-// extent and address allows it (PackFits), else 1. The CUDA kernels (fused_kernels.cu) and the
+// extent and address allows it (PackFor), else 1. The CUDA kernels (fused_kernels.cu) and the
 // host loops (fused_ops.cpp) both run these same functions with the same N, so the CPU tests
 // check the code the GPU runs, short of the launch. Torch-free and nvcc-safe: T is the storage
 // type (float, double, c10::BFloat16, c10::Half), Acc the arithmetic type (float, or double for
@@ -71,17 +71,30 @@ MW_HOST_DEVICE void StorePack(T* p, const Pack<T, N>& x) {
   *reinterpret_cast<Pack<T, N>*>(p) = x;
 }
 
-// Whether packs of n elements of `bytes` each fit: every extent a multiple of n, every address a
-// multiple of the pack's size. Host only.
-inline bool PackFits(int n, size_t bytes, std::initializer_list<int64_t> extents,
-                     std::initializer_list<const void*> addresses) {
+// One array an op reads or writes: its address (null: absent) and element size.
+struct PackArray {
+  const void* address;
+  size_t bytes;
+};
+
+// The pack width every op's kernel and host loop use: kPack of the narrowest array's type where
+// every extent (a row's width, a stride) is a whole number of packs and every array is aligned to
+// its own pack, else 1. Host only.
+inline int PackFor(std::initializer_list<int64_t> extents, std::initializer_list<PackArray> arrays) {
+  size_t narrowest = 16;
+  for (const PackArray& a : arrays) {
+    if (a.address != nullptr && a.bytes < narrowest) narrowest = a.bytes;
+  }
+  const int n = PackOf(narrowest);
   for (const int64_t e : extents) {
-    if (e % n != 0) return false;
+    if (e % n != 0) return 1;
   }
-  for (const void* a : addresses) {
-    if (reinterpret_cast<uintptr_t>(a) % (static_cast<uintptr_t>(n) * bytes) != 0) return false;
+  for (const PackArray& a : arrays) {
+    if (a.address != nullptr && reinterpret_cast<uintptr_t>(a.address) % (static_cast<uintptr_t>(n) * a.bytes) != 0) {
+      return 1;
+    }
   }
-  return true;
+  return n;
 }
 
 // Calls fn(std::integral_constant<int, N>{}) for pack width N = 1 or PackOf(Bytes) and returns
@@ -143,7 +156,7 @@ struct Divider {
 // SwiGLU of the merged gate/up GEMM's output: gate_up [rows, 2f] holds gate in columns [0, f)
 // and up in [f, 2f) (the order MlpImpl concatenates their weights). Element i of out [rows, f]
 // is silu(gate) * up, rounded to T once (the composition rounds silu(gate) first). Pack v holds
-// out's elements [v * N, v * N + N), all in one row (f % N == 0); per_row divides by f / N.
+// out's elements [v * N, v * N + N), all in one row (PackFor({f}, ...)); per_row divides by f / N.
 template <typename T, typename Acc, int N = 1>
 MW_HOST_DEVICE void SwiGluForwardAt(int64_t v, const Divider& per_row, const T* gate_up, T* out) {
   const int64_t packs = per_row.divisor, f = packs * N;
@@ -157,13 +170,6 @@ MW_UNROLL
     o.v[k] = static_cast<T>(gk * Sigmoid(gk) * static_cast<Acc>(u.v[k]));
   }
   StorePack(out + v * N, o);
-}
-
-// The pack width for SwiGLU over rows of f outputs of `bytes` each, its input, output and
-// gradients at `addresses`: kPack of their type where all fit, else 1.
-inline int SwiGluPack(int64_t f, size_t bytes, std::initializer_list<const void*> addresses) {
-  const int n = PackOf(bytes);
-  return PackFits(n, bytes, {f}, addresses) ? n : 1;
 }
 
 // Its backward for output pack v: d/dgate = dy * up * s * (1 + g * (1 - s)) with s =
@@ -219,16 +225,12 @@ inline RopeShape WithDividers(RopeShape shape, int64_t elements) {
 }
 
 // The pack width for x (storage bytes x_bytes; read at `in`, written at `out` with `shape`'s
-// strides) and the tables (table_bytes each): kPack of x's type where all fit, else 1.
+// strides) and the tables (table_bytes each): PackFor over half of dim and every stride.
 inline int RopePack(const RopeShape& shape, size_t x_bytes, const void* in, const void* out, size_t table_bytes,
                     const void* cos, const void* sin) {
-  const int n = PackOf(x_bytes);
-  const bool fits = PackFits(n, x_bytes,
-                             {shape.dim / 2, shape.in.batch, shape.in.head, shape.in.seq, shape.out.batch,
-                              shape.out.head, shape.out.seq},
-                             {in, out}) &&
-                    PackFits(n, table_bytes, {}, {cos, sin});
-  return fits ? n : 1;
+  return PackFor({shape.dim / 2, shape.in.batch, shape.in.head, shape.in.seq, shape.out.batch, shape.out.head,
+                  shape.out.seq},
+                 {{in, x_bytes}, {out, x_bytes}, {cos, table_bytes}, {sin, table_bytes}});
 }
 
 // Pack v's coordinates: the offsets of its (batch, head, position) row in the input and the

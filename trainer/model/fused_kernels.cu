@@ -158,11 +158,8 @@ const char* DispatchNorm(ElementType x, ElementType d, ElementType y, int pack, 
 // N (1 or kPack<T>); returns the launch's error string or nullptr.
 template <typename Launch>
 const char* DispatchPacked(ElementType type, int pack, Launch&& launch) {
-  bool known = false;
-  VisitElementType(type, [&](auto t, auto acc) {
-    known = VisitPack<decltype(t)>(pack, [&](auto width) { launch(t, acc, width); });
-  });
-  return known ? LaunchError() : "unsupported pack width";
+  if (!VisitElementTypePacked(type, pack, launch)) return "unsupported pack width";
+  return LaunchError();
 }
 
 }  // namespace

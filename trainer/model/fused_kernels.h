@@ -55,9 +55,19 @@ bool VisitNormTypes(ElementType x, ElementType d, ElementType y, Fn&& fn) {
   return false;
 }
 
-// `pack`: elements per access, 1 or kPack of the type, as SwiGluPack, RopePack and SoftmaxPack
-// choose it for the host loops too (another width returns an error string).
-// VisitNormTypes with the pack width (NormPack): calls fn(X{}, D{}, Y{}, Acc{},
+// VisitElementType with the pack width (PackFor): calls fn(T{}, Acc{},
+// std::integral_constant<int, N>{}) for N = 1 or kPack<T> and returns true; false for another
+// width. The launchers and the host loops dispatch through it.
+template <typename Fn>
+bool VisitElementTypePacked(ElementType type, int pack, Fn&& fn) {
+  bool known = false;
+  VisitElementType(type, [&](auto t, auto acc) {
+    known = VisitPack<decltype(t)>(pack, [&](auto width) { fn(t, acc, width); });
+  });
+  return known;
+}
+
+// VisitNormTypes with the pack width (PackFor): calls fn(X{}, D{}, Y{}, Acc{},
 // std::integral_constant<int, N>{}) for N = 1 or the kPack of the narrowest of X, D and Y, and
 // returns true; false for an unsupported combination or width.
 template <typename Fn>
@@ -70,6 +80,8 @@ bool VisitNormTypesPacked(ElementType x, ElementType d, ElementType y, int pack,
   return types && known;
 }
 
+// `pack`: elements per access, 1 or kPack of the type, as PackFor chose it for the host loops
+// too (another width returns an error string).
 const char* LaunchSwiGluForward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up, void* out,
                                 void* stream);
 const char* LaunchSwiGluBackward(ElementType type, int64_t rows, int64_t f, int pack, const void* gate_up,
@@ -88,9 +100,10 @@ const char* LaunchSoftmaxGradient(ElementType type, int64_t rows, int64_t vocab,
 // RMSNorm (fused_norm.h) over rows [rows, dim] of x (type x_type), with delta (delta_type; null:
 // no add, h unused) added first, into y (y_type); w and rstd [rows] in the arithmetic type. The
 // supported (x, delta, y) types: all one type (float, double, bf16, fp16), or float x with
-// bf16/fp16 for either; others return an error string. `pack` as NormPack chose it. Forward
-// writes h (with a delta), y and rstd; backward (dh_residual optional) writes dx, ddelta (with a delta) and dw_partial
-// [min(rows, kNormBlocks), dim], which the caller sums over its first dimension.
+// bf16/fp16 for either; others return an error string. `pack` as PackFor chose it. Forward
+// writes h (with a delta), y and rstd; backward (dh_residual optional) writes dx, ddelta (with a
+// delta) and dw_partial [min(rows, kNormBlocks), dim], which the caller sums over its first
+// dimension.
 inline constexpr int64_t kNormBlocks = 1024;
 const char* LaunchRmsNormForward(ElementType x_type, ElementType delta_type, ElementType y_type, int64_t rows,
                                  int64_t dim, int pack, const void* x, const void* delta, void* h, const void* w,

@@ -1,10 +1,10 @@
 // The arithmetic of the fused RMSNorm (fused_ops.h FusedRmsNorm, FusedAddRmsNorm), shared by the
 // CUDA kernels (fused_kernels.cu) and the host loops (fused_ops.cpp) like fused_elementwise.h.
-// A row of `dim` elements is handled by kNormThreads lanes in packs of N columns (NormPack: the
-// narrowest dtype's 16 bytes where dim is whole packs and every array aligned, else 1), lane k
-// owning packs k, k + kNormThreads, ... (at most kNormColumnsPerLane columns in all); a row's
-// sums go through the lanes' tree of fused_softmax.h's shape. Rows are dealt to blocks: block b takes rows b, b + blocks,
-// ..., and backward sums each block's share of the weight's gradient into its own row of a
+// A row of `dim` elements is handled by kNormThreads lanes in packs of N columns (PackFor over
+// dim and every array: the narrowest dtype's 16 bytes, else 1), lane k owning packs k, k +
+// kNormThreads, ... (at most kNormColumnsPerLane columns in all); a row's sums go through the
+// lanes' tree of fused_softmax.h's shape. Rows are dealt to blocks: block b takes rows b, b +
+// blocks, ..., and backward sums each block's share of the weight's gradient into its own row of a
 // [blocks, dim] buffer, summed afterwards: no atomics, the same sums on the host and the GPU.
 //
 //   forward   h = x + delta (when there is a delta), r = 1 / sqrt(mean(h^2) + eps),
@@ -15,9 +15,7 @@
 
 #include <math.h>
 
-#include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 
 #include "trainer/model/fused_elementwise.h"
 
@@ -37,27 +35,6 @@ MW_HOST_DEVICE double Rsqrt(double x) { return 1.0 / sqrt(x); }
 template <typename Acc>
 MW_HOST_DEVICE void SumTreeStep(Acc* lanes, int lane, int stride) {
   if (lane < stride) lanes[lane] += lanes[lane + stride];
-}
-
-// One array of a norm launch for NormPack: its address (null: absent) and element size.
-struct NormArray {
-  const void* address;
-  size_t bytes;
-};
-
-// The pack width for rows of `dim`: kPack of the narrowest array's type where dim is a whole
-// number of packs and every array is aligned to its own pack, else 1. Host only.
-inline int NormPack(int64_t dim, std::initializer_list<NormArray> arrays) {
-  size_t narrowest = 16;
-  for (const NormArray& a : arrays) {
-    if (a.address != nullptr && a.bytes < narrowest) narrowest = a.bytes;
-  }
-  const int n = PackOf(narrowest);
-  if (dim % n != 0) return 1;
-  for (const NormArray& a : arrays) {
-    if (a.address != nullptr && !PackFits(n, a.bytes, {}, {a.address})) return 1;
-  }
-  return n;
 }
 
 // Forward, first pass: lane's sum of h^2 over its columns of the row, writing h = x + delta when

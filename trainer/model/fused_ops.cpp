@@ -46,13 +46,16 @@ torch::ScalarType AccOf(const torch::Tensor& t) {
 }
 
 // Calls fn(T{}, Acc{}, std::integral_constant<int, N>{}) for t's storage type and pack width N
-// (1 or kPack<T>, as the op's Pack function chose it for the kernel too).
+// (1 or kPack<T>, as PackFor chose it for the kernel too).
 template <typename Fn>
 void DispatchHostPacked(const torch::Tensor& t, int pack, Fn&& fn) {
-  fused::VisitElementType(ElementTypeOf(t), [&](auto type, auto acc) {
-    const bool known = fused::VisitPack<decltype(type)>(pack, [&](auto width) { fn(type, acc, width); });
-    TORCH_CHECK(known, "unsupported pack width ", pack);
-  });
+  TORCH_CHECK(fused::VisitElementTypePacked(ElementTypeOf(t), pack, fn), "unsupported pack width ", pack);
+}
+
+// A tensor as a PackFor array (an undefined one: absent).
+fused::PackArray ArrayOf(const torch::Tensor& t) {
+  return t.defined() ? fused::PackArray{t.data_ptr(), static_cast<size_t>(t.element_size())}
+                     : fused::PackArray{nullptr, 0};
 }
 
 // Runs element(i) for i in [0, n) on the host, split over libtorch's intra-op threads.
@@ -93,7 +96,7 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     sizes.back() = f;
     torch::Tensor out = torch::empty(sizes, gate_up.options());
     ctx->save_for_backward({gate_up});
-    const int pack = fused::SwiGluPack(f, gate_up.element_size(), {gate_up.data_ptr(), out.data_ptr()});
+    const int pack = fused::PackFor({f}, {ArrayOf(gate_up), ArrayOf(out)});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (gate_up.is_cuda()) {
       OnDevice on(gate_up);
@@ -122,8 +125,7 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     const int64_t f = gate_up.size(-1) / 2;
     const int64_t rows = f == 0 ? 0 : gate_up.numel() / (2 * f);
     torch::Tensor grad_gate_up = torch::empty_like(gate_up, torch::MemoryFormat::Contiguous);
-    const int pack =
-        fused::SwiGluPack(f, gate_up.element_size(), {gate_up.data_ptr(), grad.data_ptr(), grad_gate_up.data_ptr()});
+    const int pack = fused::PackFor({f}, {ArrayOf(gate_up), ArrayOf(grad), ArrayOf(grad_gate_up)});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (gate_up.is_cuda()) {
       OnDevice on(gate_up);
@@ -238,18 +240,13 @@ bool NormTypesSupported(torch::ScalarType x, torch::ScalarType d, torch::ScalarT
 }
 
 // Calls fn(X{}, D{}, Y{}, Acc{}, std::integral_constant<int, N>{}) on the host for a supported
-// combination and the pack width NormPack chose.
+// combination and the pack width PackFor chose.
 template <typename Fn>
 void DispatchNormHost(torch::ScalarType x, torch::ScalarType d, torch::ScalarType y, int pack, Fn&& fn) {
   TORCH_CHECK(fused::VisitNormTypesPacked(ElementTypeOf(x), ElementTypeOf(d), ElementTypeOf(y), pack, fn),
               "RMSNorm: unsupported dtypes x ", x, ", delta ", d, ", output ", y, " (pack ", pack, ")");
 }
 
-// An optional tensor as a NormPack array.
-fused::NormArray ArrayOf(const torch::Tensor& t) {
-  return t.defined() ? fused::NormArray{t.data_ptr(), static_cast<size_t>(t.element_size())}
-                     : fused::NormArray{nullptr, 0};
-}
 
 #if defined(MESHWORK_FUSED_KERNELS)
 const void* DataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -272,7 +269,7 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(y_type));
     torch::Tensor rstd = torch::empty({rows}, x.options().dtype(acc));
     const auto d_type = add ? delta.scalar_type() : x.scalar_type();
-    const int pack = fused::NormPack(dim, {ArrayOf(x), ArrayOf(delta), ArrayOf(h), ArrayOf(y), ArrayOf(w)});
+    const int pack = fused::PackFor({dim}, {ArrayOf(x), ArrayOf(delta), ArrayOf(h), ArrayOf(y), ArrayOf(w)});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (x.is_cuda()) {
       OnDevice on(x);
@@ -342,8 +339,8 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     torch::Tensor ddelta = add ? torch::empty(h.sizes(), h.options().dtype(d_type)) : torch::Tensor();
     const int64_t blocks = std::min<int64_t>(rows, fused::kNormBlocks);
     torch::Tensor dw_partial = torch::empty({blocks, dim}, h.options().dtype(acc));
-    const int pack = fused::NormPack(
-        dim, {ArrayOf(h), ArrayOf(dy), ArrayOf(dh), ArrayOf(w), ArrayOf(dx), ArrayOf(ddelta), ArrayOf(dw_partial)});
+    const int pack = fused::PackFor(
+        {dim}, {ArrayOf(h), ArrayOf(dy), ArrayOf(dh), ArrayOf(w), ArrayOf(dx), ArrayOf(ddelta), ArrayOf(dw_partial)});
 #if defined(MESHWORK_FUSED_KERNELS)
     if (h.is_cuda()) {
       OnDevice on(h);
@@ -467,7 +464,7 @@ SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::
   const torch::Tensor t = targets.contiguous();
   const auto stats_options = logits.options().dtype(AccOf(logits));
   SoftmaxGradientStats out{torch::empty({rows}, stats_options), torch::empty({rows}, stats_options)};
-  const int pack = fused::SoftmaxPack(vocab, logits.element_size(), logits.data_ptr());
+  const int pack = fused::PackFor({vocab}, {ArrayOf(logits)});
 #if defined(MESHWORK_FUSED_KERNELS)
   if (logits.is_cuda()) {
     OnDevice on(logits);

@@ -1,7 +1,7 @@
 // The arithmetic of the output head's fused softmax gradient (fused_ops.h SoftmaxGradientInPlace),
 // shared by the CUDA kernel (fused_kernels.cu) and the host loop (fused_ops.cpp) like
 // fused_elementwise.h. A row of logits is read in packs of N columns (kPack<T> where the
-// vocabulary is a multiple of it and the logits aligned: SoftmaxPack; else 1) and reduced by
+// vocabulary is a multiple of it and the logits aligned: PackFor; else 1) and reduced by
 // kRowThreads lanes: lane k folds packs k, k + kRowThreads, ... into a running (max, sum of exp)
 // pair, then a tree merges the lanes' pairs (stride kRowThreads / 2, then / 4, ..., lane i
 // merging lane i + stride): the device runs the lanes as a block's threads with a barrier
@@ -52,13 +52,6 @@ MW_HOST_DEVICE void Fold(SoftmaxStats<Acc>& s, Acc x) {
   } else {
     s.sum += Exp(x - s.max);
   }
-}
-
-// The pack width for a row of `vocab` logits of `bytes` each at `logits`: kPack of their type
-// where the rows are whole packs and aligned, else 1.
-inline int SoftmaxPack(int64_t vocab, size_t bytes, const void* logits) {
-  const int n = PackOf(bytes);
-  return PackFits(n, bytes, {vocab}, {logits}) ? n : 1;
 }
 
 // Lane `lane`'s pair over packs lane, lane + kRowThreads, ... of `row` [vocab].

@@ -363,14 +363,15 @@ TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
 TEST(FusedPackTest, PackedAndElementwiseSwiGluAndRopeAgreeBitForBit) {
   for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kDouble}) {
     SCOPED_TRACE(std::string(c10::toString(dtype)));
-    const int pack = static_cast<int>(16 / c10::elementSize(dtype));
+    const size_t b = c10::elementSize(dtype);
+    const int pack = static_cast<int>(16 / b);
     torch::manual_seed(21);
     const int64_t f = 64;
     const auto gate_up = (torch::randn({6, 2 * f}) * 3).to(dtype);
     const auto upstream = torch::randn({6, f}).to(dtype);
-    ASSERT_EQ(fused::SwiGluPack(f, gate_up.element_size(), {gate_up.data_ptr()}), pack);
-    ASSERT_EQ(fused::SwiGluPack(f, gate_up.element_size(), {Misaligned(gate_up).data_ptr()}), 1);
-    ASSERT_EQ(fused::SwiGluPack(f + 1, gate_up.element_size(), {gate_up.data_ptr()}), 1);
+    ASSERT_EQ(fused::PackFor({f}, {{gate_up.data_ptr(), b}}), pack);
+    ASSERT_EQ(fused::PackFor({f}, {{Misaligned(gate_up).data_ptr(), b}}), 1);
+    ASSERT_EQ(fused::PackFor({f + 1}, {{gate_up.data_ptr(), b}}), 1);
     const auto [y, grad] = ForwardBackward(FusedSwiGlu, gate_up, upstream);
     auto elementwise = [](const torch::Tensor& x) { return FusedSwiGlu(Misaligned(x)); };
     const auto [y1, grad1] = ForwardBackward(elementwise, gate_up, Misaligned(upstream));
@@ -409,14 +410,15 @@ TEST(FusedPackTest, PackedAndElementwiseSwiGluAndRopeAgreeBitForBit) {
 TEST(FusedPackTest, PackedAndElementwiseSoftmaxGradientAgree) {
   for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kDouble}) {
     SCOPED_TRACE(std::string(c10::toString(dtype)));
-    const int pack = static_cast<int>(16 / c10::elementSize(dtype));
+    const size_t b = c10::elementSize(dtype);
+    const int pack = static_cast<int>(16 / b);
     torch::manual_seed(22);
     auto logits = (torch::randn({5, 4096}) * 8).to(dtype);
     auto misaligned = Misaligned(logits);
     const auto targets = torch::randint(0, 4096, {5}, torch::kLong);
-    ASSERT_EQ(fused::SoftmaxPack(4096, logits.element_size(), logits.data_ptr()), pack);
-    ASSERT_EQ(fused::SoftmaxPack(4096, logits.element_size(), misaligned.data_ptr()), 1);
-    ASSERT_EQ(fused::SoftmaxPack(4097, logits.element_size(), logits.data_ptr()), 1);
+    ASSERT_EQ(fused::PackFor({4096}, {{logits.data_ptr(), b}}), pack);
+    ASSERT_EQ(fused::PackFor({4096}, {{misaligned.data_ptr(), b}}), 1);
+    ASSERT_EQ(fused::PackFor({4097}, {{logits.data_ptr(), b}}), 1);
     const SoftmaxGradientStats got = SoftmaxGradientInPlace(logits, targets);
     const SoftmaxGradientStats want = SoftmaxGradientInPlace(misaligned, targets);
     const double tol = dtype == torch::kDouble ? 1e-12 : 1e-6;
@@ -439,10 +441,10 @@ TEST(FusedPackTest, PackedAndElementwiseAddRmsNormAgree) {
   const auto weight = torch::rand({dim}) + 0.5;
   const auto up_h = torch::randn({16, dim}), up_y = torch::randn({16, dim}).to(torch::kBFloat16);
   const auto misaligned = Misaligned(x);
-  ASSERT_EQ(fused::NormPack(dim, {{x.data_ptr(), 4}, {delta.data_ptr(), 2}, {weight.data_ptr(), 4}}), 8);
-  ASSERT_EQ(fused::NormPack(dim, {{x.data_ptr(), 4}, {weight.data_ptr(), 4}}), 4);
-  ASSERT_EQ(fused::NormPack(dim, {{misaligned.data_ptr(), 4}, {delta.data_ptr(), 2}}), 1);
-  ASSERT_EQ(fused::NormPack(dim + 4, {{x.data_ptr(), 4}, {delta.data_ptr(), 2}}), 1);
+  ASSERT_EQ(fused::PackFor({dim}, {{x.data_ptr(), 4}, {delta.data_ptr(), 2}, {weight.data_ptr(), 4}}), 8);
+  ASSERT_EQ(fused::PackFor({dim}, {{x.data_ptr(), 4}, {weight.data_ptr(), 4}}), 4);
+  ASSERT_EQ(fused::PackFor({dim}, {{misaligned.data_ptr(), 4}, {delta.data_ptr(), 2}}), 1);
+  ASSERT_EQ(fused::PackFor({dim + 4}, {{x.data_ptr(), 4}, {delta.data_ptr(), 2}}), 1);
   auto run = [&](bool aligned) {
     auto xi = (aligned ? x.clone() : Misaligned(x)).detach().requires_grad_(true);
     auto di = delta.clone().requires_grad_(true);
