@@ -3,6 +3,7 @@
 // by scripts/setup.sh, and the Meshwork node agent, as child processes on loopback: makes their
 // certificates, writes an admin kubeconfig, restarts what dies, stops them all on SIGTERM, and
 // keeps its data directory (etcd's data included) across restarts.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -10,11 +11,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -201,6 +204,12 @@ class Supervisor {
     }
   }
 
+  // Stops every component and forgets them, for another attempt with new ones.
+  void Clear() {
+    StopAll();
+    order_.clear();
+  }
+
   bool Running(const Component& c) {
     if (c.pid <= 0) return false;
     return ::waitpid(c.pid, nullptr, WNOHANG) == 0;
@@ -271,6 +280,157 @@ meshwork::Status BootstrapNamesRole(k8s::Client* api) {
 std::string DefaultKubeBin() {
   if (const char* env = std::getenv("MESHWORK_KUBE_BIN"); env != nullptr && *env != '\0') return env;
   return MESHWORK_KUBE_BIN_DEFAULT;
+}
+
+
+// Where a start of the control plane finds and puts things; the same on every attempt.
+struct Layout {
+  std::string data_dir, pki, logs, kube_bin, agent, nodes, kubeconfig_path, audit_policy;
+  std::vector<agent::NodeConfig> node_configs;
+};
+
+// The components one attempt started (the supervisor points at them) and its admin client.
+struct ControlPlane {
+  std::vector<std::unique_ptr<Component>> components;
+  std::unique_ptr<k8s::Client> api;
+};
+
+bool DirectoryEmpty(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return errno == ENOENT;
+  bool empty = true;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return empty;
+}
+
+// Whether a start failed because a port was taken: EADDRINUSE in the component's log (Go's and
+// etcd's "bind: address already in use"), or our own check before kube-apiserver starts.
+bool PortTaken(const meshwork::Status& status) {
+  std::string message = status.message();
+  std::transform(message.begin(), message.end(), message.begin(), [](unsigned char c) { return std::tolower(c); });
+  return message.find("address already in use") != std::string::npos;
+}
+
+// One attempt: writes the kubeconfigs for the API server on ports["apiserver"], starts etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler and the node agents in turn, each once
+// the one before serves, then writes the admin kubeconfig. Stops at the first error; the caller
+// stops what started.
+meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t& signals, Supervisor* sup,
+                         ControlPlane* plane) {
+  const std::string& pki = layout.pki;
+  const std::string api_port = std::to_string(ports["apiserver"].get<int>());
+  const std::string etcd_client = "http://127.0.0.1:" + std::to_string(ports["etcd-client"].get<int>());
+  const std::string etcd_peer = "http://127.0.0.1:" + std::to_string(ports["etcd-peer"].get<int>());
+  const std::string server = "https://127.0.0.1:" + api_port;
+  if (meshwork::LoopbackPortListening(ports["apiserver"].get<int>())) {
+    return meshwork::Unavailable("port " + api_port + " on 127.0.0.1 is taken (address already in use: another " +
+                                 "meshwork-cluster on " + layout.data_dir + "?); pass --port");
+  }
+  std::vector<std::string> kubeconfig_users = {"admin", "controller-manager", "scheduler", "names"};
+  for (const agent::NodeConfig& node : layout.node_configs) kubeconfig_users.push_back("node-" + node.name);
+  for (const std::string& identity : kubeconfig_users) {
+    MW_RETURN_IF_ERROR(WriteFile(pki + "/" + identity + ".kubeconfig", Kubeconfig(server, pki, identity), 0600));
+  }
+
+  auto own = [plane](Component c) {
+    plane->components.push_back(std::make_unique<Component>(std::move(c)));
+    return plane->components.back().get();
+  };
+  const std::string& bin = layout.kube_bin;
+  Component* etcd = own({"etcd",
+                         {bin + "/etcd", "--name", "meshwork", "--data-dir", layout.data_dir + "/etcd",
+                          "--listen-client-urls", etcd_client, "--advertise-client-urls", etcd_client,
+                          "--listen-peer-urls", etcd_peer, "--initial-advertise-peer-urls", etcd_peer,
+                          "--initial-cluster", "meshwork=" + etcd_peer, "--log-level", "warn",
+                          "--quota-backend-bytes", "8589934592"}});
+  Component* apiserver = own({
+      "kube-apiserver",
+      {bin + "/kube-apiserver", "--etcd-servers", etcd_client, "--bind-address", "127.0.0.1",
+       "--advertise-address", "127.0.0.1", "--secure-port", api_port, "--tls-cert-file", pki + "/apiserver.crt",
+       "--tls-private-key-file", pki + "/apiserver.key", "--client-ca-file", pki + "/ca.crt",
+       "--service-account-issuer", "https://kubernetes.default.svc.cluster.local", "--service-account-key-file",
+       pki + "/sa.pub", "--service-account-signing-key-file", pki + "/sa.key", "--service-cluster-ip-range",
+       kServiceCidr, "--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+       "--audit-policy-file", layout.audit_policy, "--audit-log-path", layout.logs + "/audit.log",
+       "--audit-log-maxsize", "100", "--audit-log-maxbackup", "3", "--kubelet-client-certificate",
+       pki + "/apiserver-kubelet-client.crt", "--kubelet-client-key", pki + "/apiserver-kubelet-client.key",
+       "--kubelet-certificate-authority", pki + "/ca.crt", "--kubelet-preferred-address-types", "InternalIP",
+       // The kubernetes Service's endpoints would be 127.0.0.1, which EndpointSlices refuse.
+       "--endpoint-reconciler-type", "none", "--allow-privileged=true", "--profiling=false",
+       // Kubernetes' own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1; beta, off by
+       // default in 1.37): a TrainingJob's gangAdmission PodGroup uses it.
+       kFeatureGates, "--runtime-config", "scheduling.k8s.io/v1beta1=true"}});
+  Component* controller_manager = own({
+      "kube-controller-manager",
+      {bin + "/kube-controller-manager", "--kubeconfig", pki + "/controller-manager.kubeconfig",
+       "--authentication-kubeconfig", pki + "/controller-manager.kubeconfig", "--authorization-kubeconfig",
+       pki + "/controller-manager.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
+       "--leader-elect=false", "--service-account-private-key-file", pki + "/sa.key", "--root-ca-file",
+       pki + "/ca.crt", "--use-service-account-credentials=true", "--service-cluster-ip-range", kServiceCidr,
+       "--controllers",
+       "*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller",
+       kFeatureGates}});
+  Component* scheduler = own({"kube-scheduler",
+                              {bin + "/kube-scheduler", "--kubeconfig", pki + "/scheduler.kubeconfig",
+                               "--authentication-kubeconfig", pki + "/scheduler.kubeconfig",
+                               "--authorization-kubeconfig", pki + "/scheduler.kubeconfig", "--bind-address",
+                               "127.0.0.1", "--secure-port", "0", "--leader-elect=false", kFeatureGates}});
+  std::vector<Component*> node_agents;
+  for (size_t i = 0; i < layout.node_configs.size(); ++i) {
+    const std::string& name = layout.node_configs[i].name;
+    Component* c = own({"node-agent-" + name,
+                        {layout.agent, "--kubeconfig", pki + "/node-" + name + ".kubeconfig", "--state-dir",
+                         layout.data_dir + "/agent/" + name, "--kubelet-port",
+                         std::to_string(ports["kubelet-" + name].get<int>()), "--tls-cert-file", pki + "/kubelet.crt",
+                         "--tls-private-key-file", pki + "/kubelet.key", "--client-ca-file", pki + "/ca.crt",
+                         "--node-name", name, "--names-kubeconfig", pki + "/names.kubeconfig",
+                         // Distinct Pod address ranges: 127.<10+i>.0.1 upwards for node i.
+                         "--first-pod-ip", "127." + std::to_string(10 + i % 240) + ".0.1"}});
+    if (!layout.nodes.empty()) c->argv.insert(c->argv.end(), {"--nodes", layout.nodes});
+    node_agents.push_back(c);
+  }
+
+  auto admin_config = k8s::LoadKubeconfig(pki + "/admin.kubeconfig");
+  if (!admin_config.ok()) return meshwork::Unavailable(admin_config.error().ToString());
+  k8s::ClientOptions client_options;
+  client_options.max_retries = 0;
+  client_options.request_timeout = std::chrono::milliseconds(5000);
+  client_options.user_agent = "meshwork-cluster/0.1";
+  auto client = k8s::Client::FromConfig(admin_config.value(), client_options);
+  if (!client.ok()) return meshwork::Unavailable(client.error().ToString());
+  plane->api = std::move(client).value();
+  k8s::Client* api = plane->api.get();
+
+  auto start = [&](Component* c, const std::string& what, std::chrono::seconds timeout,
+                   const std::function<bool()>& ready) -> meshwork::Status {
+    MW_RETURN_IF_ERROR(sup->Start(c));
+    MW_RETURN_IF_ERROR(WaitReady(sup, *c, what, timeout, ready, signals, layout.logs));
+    Log(c->name + " " + what);
+    return meshwork::Status::Ok();
+  };
+  const int etcd_port = ports["etcd-client"].get<int>();
+  MW_RETURN_IF_ERROR(start(etcd, "listening on " + etcd_client, std::chrono::seconds(60),
+                           [&] { return meshwork::LoopbackPortListening(etcd_port); }));
+  MW_RETURN_IF_ERROR(start(apiserver, "answering on " + server, std::chrono::seconds(180),
+                           [&] { return api->Get(k8s::resources::Namespaces(), "", "default").ok(); }));
+  // Pods need their namespace's default ServiceAccount, which the controller manager makes.
+  const k8s::ResourceRef service_accounts{"", "v1", "serviceaccounts", true};
+  MW_RETURN_IF_ERROR(start(controller_manager, "running (default ServiceAccount present)", std::chrono::seconds(180),
+                           [&] { return api->Get(service_accounts, "default", "default").ok(); }));
+  MW_RETURN_IF_ERROR(start(scheduler, "running", std::chrono::seconds(5), [] { return true; }));
+  MW_RETURN_IF_ERROR(BootstrapNamesRole(api));
+  for (size_t i = 0; i < node_agents.size(); ++i) {
+    const std::string node = layout.node_configs[i].name;
+    MW_RETURN_IF_ERROR(start(node_agents[i], "registered node " + node, std::chrono::seconds(60),
+                             [&] { return api->Get(k8s::resources::Nodes(), "", node).ok(); }));
+  }
+  return WriteFile(layout.kubeconfig_path, Kubeconfig(server, pki, "admin"), 0600);
 }
 
 }  // namespace
@@ -346,25 +506,13 @@ int main(int argc, char** argv) {
   json ports = json::object();
   if (std::string text = ReadAll(data_dir + "/ports.json"); !text.empty()) ports = json::parse(text, nullptr, false);
   if (!ports.is_object()) ports = json::object();
+  // A first start (no ports kept, etcd empty) may pick its ports again: between the pick and a
+  // component's bind, another process can take a port (seen in CI: kube-apiserver's, with the
+  // other tests' servers picking from the same range). A restart keeps its ports, or fails.
+  const bool first_start = ports.empty() && DirectoryEmpty(data_dir + "/etcd");
   if (port != 0) ports["apiserver"] = port;
   std::vector<std::string> port_names = {"apiserver", "etcd-client", "etcd-peer"};
   for (const agent::NodeConfig& node : node_configs) port_names.push_back("kubelet-" + node.name);
-  for (const std::string& name : port_names) {
-    if (!ports.contains(name) || !ports[name].is_number_integer()) ports[name] = meshwork::FreeLoopbackPort();
-  }
-  if (meshwork::Status s = WriteFile(data_dir + "/ports.json", ports.dump() + "\n", 0600); !s.ok()) {
-    std::cerr << "meshwork-cluster: " << s.message() << "\n";
-    return exit_code::kIO;
-  }
-  const std::string api_port = std::to_string(ports["apiserver"].get<int>());
-  const std::string etcd_client = "http://127.0.0.1:" + std::to_string(ports["etcd-client"].get<int>());
-  const std::string etcd_peer = "http://127.0.0.1:" + std::to_string(ports["etcd-peer"].get<int>());
-  const std::string server = "https://127.0.0.1:" + api_port;
-  if (meshwork::LoopbackPortListening(ports["apiserver"].get<int>())) {
-    std::cerr << "meshwork-cluster: port " << api_port << " on 127.0.0.1 is taken (another meshwork-cluster on "
-              << data_dir << "?); pass --port\n";
-    return exit_code::kUnavailable;
-  }
 
   Log("certificates in " + pki);
   std::vector<cluster::ClientIdentity> identities = {
@@ -385,17 +533,9 @@ int main(int argc, char** argv) {
     std::cerr << "meshwork-cluster: " << s.message() << "\n";
     return exit_code::kIO;
   }
-  std::vector<std::string> kubeconfig_users = {"admin", "controller-manager", "scheduler", "names"};
-  for (const agent::NodeConfig& node : node_configs) kubeconfig_users.push_back("node-" + node.name);
-  for (const std::string& identity : kubeconfig_users) {
-    if (meshwork::Status s = WriteFile(pki + "/" + identity + ".kubeconfig", Kubeconfig(server, pki, identity), 0600);
-        !s.ok()) {
-      std::cerr << "meshwork-cluster: " << s.message() << "\n";
-      return exit_code::kIO;
-    }
-  }
-  const std::string audit_policy = data_dir + "/audit-policy.yaml";
-  if (meshwork::Status s = WriteFile(audit_policy,
+  const Layout layout{data_dir, pki, logs, kube_bin, agent, nodes, kubeconfig_path, data_dir + "/audit-policy.yaml",
+                      node_configs};
+  if (meshwork::Status s = WriteFile(layout.audit_policy,
                                      "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
                                      "rules:\n- level: Metadata\n",
                                      0600);
@@ -412,108 +552,45 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  Component etcd{"etcd",
-                 {kube_bin + "/etcd", "--name", "meshwork", "--data-dir", data_dir + "/etcd", "--listen-client-urls",
-                  etcd_client, "--advertise-client-urls", etcd_client, "--listen-peer-urls", etcd_peer,
-                  "--initial-advertise-peer-urls", etcd_peer, "--initial-cluster", "meshwork=" + etcd_peer,
-                  "--log-level", "warn", "--quota-backend-bytes", "8589934592"}};
-  Component apiserver{
-      "kube-apiserver",
-      {kube_bin + "/kube-apiserver", "--etcd-servers", etcd_client, "--bind-address", "127.0.0.1",
-       "--advertise-address", "127.0.0.1", "--secure-port", api_port, "--tls-cert-file", pki + "/apiserver.crt",
-       "--tls-private-key-file", pki + "/apiserver.key", "--client-ca-file", pki + "/ca.crt",
-       "--service-account-issuer", "https://kubernetes.default.svc.cluster.local", "--service-account-key-file",
-       pki + "/sa.pub", "--service-account-signing-key-file", pki + "/sa.key", "--service-cluster-ip-range",
-       kServiceCidr, "--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
-       "--audit-policy-file", audit_policy, "--audit-log-path", logs + "/audit.log", "--audit-log-maxsize", "100",
-       "--audit-log-maxbackup", "3", "--kubelet-client-certificate", pki + "/apiserver-kubelet-client.crt",
-       "--kubelet-client-key", pki + "/apiserver-kubelet-client.key", "--kubelet-certificate-authority",
-       pki + "/ca.crt", "--kubelet-preferred-address-types", "InternalIP",
-       // The kubernetes Service's endpoints would be 127.0.0.1, which EndpointSlices refuse.
-       "--endpoint-reconciler-type", "none", "--allow-privileged=true", "--profiling=false",
-       // Kubernetes' own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1; beta, off by
-       // default in 1.37): a TrainingJob's gangAdmission PodGroup uses it.
-       kFeatureGates, "--runtime-config", "scheduling.k8s.io/v1beta1=true"}};
-  Component controller_manager{
-      "kube-controller-manager",
-      {kube_bin + "/kube-controller-manager", "--kubeconfig", pki + "/controller-manager.kubeconfig",
-       "--authentication-kubeconfig", pki + "/controller-manager.kubeconfig", "--authorization-kubeconfig",
-       pki + "/controller-manager.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
-       "--leader-elect=false", "--service-account-private-key-file", pki + "/sa.key", "--root-ca-file",
-       pki + "/ca.crt", "--use-service-account-credentials=true", "--service-cluster-ip-range", kServiceCidr,
-       "--controllers", "*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller",
-       kFeatureGates}};
-  Component scheduler{"kube-scheduler",
-                      {kube_bin + "/kube-scheduler", "--kubeconfig", pki + "/scheduler.kubeconfig",
-                       "--authentication-kubeconfig", pki + "/scheduler.kubeconfig", "--authorization-kubeconfig",
-                       pki + "/scheduler.kubeconfig", "--bind-address", "127.0.0.1", "--secure-port", "0",
-                       "--leader-elect=false", kFeatureGates}};
-  std::vector<std::unique_ptr<Component>> node_agents;
-  for (size_t i = 0; i < node_configs.size(); ++i) {
-    const std::string& name = node_configs[i].name;
-    auto c = std::make_unique<Component>();
-    c->name = "node-agent-" + name;
-    c->argv = {agent, "--kubeconfig", pki + "/node-" + name + ".kubeconfig", "--state-dir", data_dir + "/agent/" + name,
-               "--kubelet-port", std::to_string(ports["kubelet-" + name].get<int>()), "--tls-cert-file",
-               pki + "/kubelet.crt", "--tls-private-key-file", pki + "/kubelet.key", "--client-ca-file",
-               pki + "/ca.crt", "--node-name", name, "--names-kubeconfig", pki + "/names.kubeconfig",
-               // Distinct Pod address ranges: 127.<10+i>.0.1 upwards for node i.
-               "--first-pod-ip", "127." + std::to_string(10 + i % 240) + ".0.1"};
-    if (!nodes.empty()) c->argv.insert(c->argv.end(), {"--nodes", nodes});
-    node_agents.push_back(std::move(c));
-  }
-
-  auto admin_config = k8s::LoadKubeconfig(pki + "/admin.kubeconfig");
-  if (!admin_config.ok()) {
-    std::cerr << "meshwork-cluster: " << admin_config.error().ToString() << "\n";
-    return exit_code::kRuntime;
-  }
-  k8s::ClientOptions client_options;
-  client_options.max_retries = 0;
-  client_options.request_timeout = std::chrono::milliseconds(5000);
-  client_options.user_agent = "meshwork-cluster/0.1";
-  auto client = k8s::Client::FromConfig(admin_config.value(), client_options);
-  if (!client.ok()) {
-    std::cerr << "meshwork-cluster: " << client.error().ToString() << "\n";
-    return exit_code::kRuntime;
-  }
-  k8s::Client* api = client.value().get();
-
+  ControlPlane plane;  // before the supervisor, which points into it and stops it on the way out
   Supervisor sup(logs, data_dir + "/run");
-  auto start = [&](Component* c, const std::string& what, std::chrono::seconds timeout,
-                   const std::function<bool()>& ready) -> meshwork::Status {
-    MW_RETURN_IF_ERROR(sup.Start(c));
-    MW_RETURN_IF_ERROR(WaitReady(&sup, *c, what, timeout, ready, signals, logs));
-    Log(c->name + " " + what);
-    return meshwork::Status::Ok();
-  };
-  const int etcd_port = ports["etcd-client"].get<int>();
-  meshwork::Status st = start(&etcd, "listening on " + etcd_client, std::chrono::seconds(60),
-                              [&] { return meshwork::LoopbackPortListening(etcd_port); });
-  if (st.ok()) {
-    st = start(&apiserver, "answering on " + server, std::chrono::seconds(180), [&] {
-      return api->Get(k8s::resources::Namespaces(), "", "default").ok();
-    });
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    for (const std::string& name : port_names) {
+      if (!ports.contains(name) || !ports[name].is_number_integer()) ports[name] = meshwork::FreeLoopbackPort();
+    }
+    if (meshwork::Status s = WriteFile(data_dir + "/ports.json", ports.dump() + "\n", 0600); !s.ok()) {
+      std::cerr << "meshwork-cluster: " << s.message() << "\n";
+      return exit_code::kIO;
+    }
+    const meshwork::Status st = BringUp(layout, ports, signals, &sup, &plane);
+    if (st.ok()) break;
+    sup.Clear();
+    plane = ControlPlane{};
+    // Picking again helps only with ports this run picked: not --port's, not a restart's.
+    const bool again = first_start && attempt < kAttempts && PortTaken(st) &&
+                       (port == 0 || st.message().find(":" + std::to_string(port)) == std::string::npos);
+    if (!again) {
+      std::cerr << "meshwork-cluster: " << st.message() << "\n";
+      return st.code() == meshwork::StatusCode::kIOError ? exit_code::kIO : exit_code::kUnavailable;
+    }
+    Log(st.message() + "\nmeshwork-cluster: a port picked for this first start was taken before its component "
+        "bound it; picking new ports (attempt " + std::to_string(attempt + 1) + " of " + std::to_string(kAttempts) +
+        ")");
+    for (const std::string& name : port_names) {
+      if (name != "apiserver" || port == 0) ports.erase(name);
+    }
+    // etcd's member URLs are the old ports; it held nothing yet.
+    if (meshwork::Status s = meshwork::RemoveTree(data_dir + "/etcd"); !s.ok()) {
+      std::cerr << "meshwork-cluster: " << s.message() << "\n";
+      return exit_code::kIO;
+    }
+    if (::mkdir((data_dir + "/etcd").c_str(), 0700) != 0) {
+      std::cerr << "meshwork-cluster: " << data_dir << "/etcd: " << std::strerror(errno) << "\n";
+      return exit_code::kIO;
+    }
   }
-  if (st.ok()) {
-    // Pods need their namespace's default ServiceAccount, which the controller manager makes.
-    st = start(&controller_manager, "running (default ServiceAccount present)", std::chrono::seconds(180), [&] {
-      return api->Get(k8s::ResourceRef{"", "v1", "serviceaccounts", true}, "default", "default").ok();
-    });
-  }
-  if (st.ok()) st = start(&scheduler, "running", std::chrono::seconds(5), [] { return true; });
-  if (st.ok()) st = BootstrapNamesRole(api);
-  for (size_t i = 0; i < node_agents.size() && st.ok(); ++i) {
-    const std::string node = node_configs[i].name;
-    st = start(node_agents[i].get(), "registered node " + node, std::chrono::seconds(60),
-               [&] { return api->Get(k8s::resources::Nodes(), "", node).ok(); });
-  }
-  if (st.ok()) st = WriteFile(kubeconfig_path, Kubeconfig(server, pki, "admin"), 0600);
-  if (!st.ok()) {
-    std::cerr << "meshwork-cluster: " << st.message() << "\n";
-    sup.StopAll();
-    return exit_code::kUnavailable;
-  }
+  const std::string server = "https://127.0.0.1:" + std::to_string(ports["apiserver"].get<int>());
   Log("ready, serving on " + server + ": kubectl --kubeconfig " + kubeconfig_path + " (logs in " + logs + ")");
 
   while (true) {

@@ -8,7 +8,9 @@
 #   - a headless Service's name of a Pod on one node resolves in a Pod on the other;
 #   - kube-apiserver SIGKILLed: the supervisor restarts it and kubectl works again;
 #   - SIGTERM: every component exits; a restart on the same data directory serves the same
-#     objects on the same port.
+#     objects on the same port;
+#   - a first start whose picked port another process takes before kube-apiserver binds it
+#     picks new ports and serves.
 # usage: cluster_e2e.sh CLUSTER OPERATOR TRAIN SOURCE_DIR (OPERATOR and TRAIN are unused)
 set -uo pipefail
 
@@ -111,5 +113,40 @@ e2e_start_controlplane "$cluster_bin" --nodes "$work/nodes.yaml" || exit 1
 [ "$(python3 -c "import json; print(json.load(open('$work/cp/ports.json'))['apiserver'])")" = "$port" ] &&
   k get svc s >/dev/null 2>&1 && pass "restarted on the same data dir: same port $port, the Service is still there" ||
   fail "after restart: $(k get svc s 2>&1)"
+
+# ---- a first start whose picked port is taken after etcd serves, before kube-apiserver binds it
+# (seen in CI, where other tests' servers pick from the same range): it picks new ports, serves
+python3 -c '
+import json, os, socket, sys, time
+path, out = sys.argv[1], sys.argv[2]
+while not os.path.exists(path):
+    time.sleep(0.002)
+ports = json.load(open(path))
+while socket.socket().connect_ex(("127.0.0.1", ports["etcd-client"])) != 0:  # kube-apiserver starts next
+    time.sleep(0.002)
+port = ports["apiserver"]
+s = socket.socket()
+s.bind(("127.0.0.1", port))
+s.listen()
+open(out, "w").write(str(port))
+time.sleep(600)
+' "$work/race/ports.json" "$work/taken" &
+taker=$!
+e2e_track $taker
+mkdir -p "$work/race"
+"$cluster_bin" --data-dir "$work/race" --nodes none >"$work/race.log" 2>&1 &
+race_pid=$!
+e2e_track $race_pid
+if e2e_wait_serving $race_pid "$work/race.log" "the cluster whose port was taken"; then
+  taken="$(cat "$work/taken" 2>/dev/null)"
+  now="$(python3 -c "import json; print(json.load(open('$work/race/ports.json'))['apiserver'])")"
+  [ -n "$taken" ] && [ "$now" != "$taken" ] && grep -q "bind: address already in use" "$work/race.log" &&
+    grep -q "picking new ports (attempt 2 of 3)" "$work/race.log" &&
+    k --kubeconfig "$work/race/kubeconfig" get ns default >/dev/null 2>&1 &&
+    pass "port $taken taken after the pick: picked again, logged, serving on $now" ||
+    fail "taken '$taken', now '$now': $(cat "$work/race.log")"
+fi
+kill -TERM $race_pid $taker 2>/dev/null
+wait $race_pid 2>/dev/null
 
 e2e_summary cluster_e2e
