@@ -237,13 +237,10 @@ int main(int argc, char** argv) {
   options.kubelet_port = kubelet_port;
   options.service_account_tokens = true;
   agent::Kubelet kubelet(api, names_api, runtime.value().get(), options);
-  if (meshwork::Status st = kubelet.Register(); !st.ok()) {
-    std::cerr << "meshwork-node-agent: " << st.message() << "\n";
-    return exit_code::kUnavailable;
-  }
-  kubelet.Start();
   // The kubelet API: a loopback HTTP server behind a TLS front that admits only client
-  // certificates the cluster CA signed (the API server's kubelet client).
+  // certificates the cluster CA signed (the API server's kubelet client). Its port is bound
+  // before the Node registers: a registered Node means the port is ours (meshwork-cluster reads
+  // a taken port as a reason to pick new ones, which it can do only while the Node is not up).
   std::atomic<bool> stopping{false};
   std::unique_ptr<meshwork::controlplane::HttpServer> http;
   std::unique_ptr<meshwork::controlplane::TlsFront> front;
@@ -267,6 +264,11 @@ int main(int argc, char** argv) {
     }
     front = std::move(started).value();
   }
+  if (meshwork::Status st = kubelet.Register(); !st.ok()) {
+    std::cerr << "meshwork-node-agent: " << st.message() << "\n";
+    return exit_code::kUnavailable;
+  }
+  kubelet.Start();
   std::cout << "meshwork-node-agent: node";
   for (const auto& node : nodes) std::cout << " " << node.name;
   std::cout << " registered with " << config->server << "; pods resolve names by "
