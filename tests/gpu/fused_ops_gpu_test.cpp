@@ -23,6 +23,7 @@
 #include "trainer/model/fused_softmax.h"
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/llama.h"
+#include "trainer/model/mixed_linear.h"
 #include "trainer/train/adamw.h"
 
 namespace meshwork::model {
@@ -344,6 +345,44 @@ TEST(FusedOpsGpu, PackedAndElementwiseKernelsAgree) {
   EXPECT_TRUE(torch::equal(packed[0], one[0]));
   for (size_t i = 1; i < packed.size(); ++i) {
     EXPECT_TRUE(torch::allclose(packed[i], one[i], 1.0 / 128, 1e-4)) << i << " " << MaxDiff(packed[i], one[i]);
+  }
+}
+
+// MixedLinear over fp32 weights under bf16 autocast against the composition autocast makes of
+// F::linear over the stacked bf16 weights: the same output and input gradient (the same bf16
+// GEMMs), and weight gradients in fp32 no further from the fp32 reference than the
+// composition's, which rounds them to bf16 first.
+TEST(FusedOpsGpu, MixedLinearUnderAutocastMatchesTheCompositionWithFp32WeightGradients) {
+  torch::manual_seed(16);
+  const auto x0 = torch::randn({4, 256, 512}, kCuda);
+  const std::vector<torch::Tensor> w0 = {torch::randn({1024, 512}, kCuda) * 0.05,
+                                         torch::randn({256, 512}, kCuda) * 0.05};
+  const auto probe = torch::randn({4, 256, 1280}, kCuda);
+  auto run = [&](bool mixed, bool autocast) {
+    const auto x = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> w;
+    for (const auto& t : w0) w.push_back(t.clone().requires_grad_(true));
+    torch::Tensor y;
+    {
+      compat::CudaAutocastGuard amp(autocast, torch::kBFloat16);
+      y = mixed ? MixedLinear(x, w) : torch::nn::functional::linear(x, MergedWeight({w[0], w[1]}, x));
+    }
+    (y.to(torch::kFloat) * probe).sum().backward();
+    return std::make_tuple(y.detach().to(torch::kFloat), x.grad(), w[0].grad(), w[1].grad());
+  };
+  const auto [y_exact, dx_exact, da_exact, db_exact] = run(false, false);
+  const auto [y_plain, dx_plain, da_plain, db_plain] = run(false, true);
+  const auto [y_mixed, dx_mixed, da_mixed, db_mixed] = run(true, true);
+  EXPECT_TRUE(torch::allclose(y_mixed, y_plain, 1e-2, 1e-2)) << (y_mixed - y_plain).abs().max().item<float>();
+  EXPECT_TRUE(torch::allclose(dx_mixed, dx_plain, 1e-2, 1e-2)) << (dx_mixed - dx_plain).abs().max().item<float>();
+  EXPECT_EQ(da_mixed.scalar_type(), torch::kFloat);
+  for (const auto& [mixed, plain, exact] :
+       {std::tuple{da_mixed, da_plain, da_exact}, std::tuple{db_mixed, db_plain, db_exact}}) {
+    const double norm = exact.norm().item<double>();
+    const double d_mixed = (mixed - exact).norm().item<double>() / norm;
+    const double d_plain = (plain - exact).norm().item<double>() / norm;
+    EXPECT_LE(d_mixed, d_plain * 1.05 + 1e-6) << "bf16 composition " << d_plain;
+    EXPECT_LT(d_mixed, 1e-2);
   }
 }
 

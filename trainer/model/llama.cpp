@@ -7,6 +7,7 @@
 #include "trainer/model/compat.h"
 #include "trainer/model/fused_ops.h"
 #include "trainer/model/linear_cross_entropy.h"
+#include "trainer/model/mixed_linear.h"
 
 namespace meshwork::model {
 
@@ -93,11 +94,20 @@ torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const t
   return torch::cat(parts, 0);
 }
 
+// x times the stacked rows of `weights`: with `fused` and fp32 weights under autocast, by
+// MixedLinear (one cast into the stacked weight, fp32 weight gradients from the GEMM itself);
+// otherwise the composition, F::linear over MergedWeight.
+torch::Tensor StackedLinear(const torch::Tensor& x, std::initializer_list<torch::Tensor> weights, bool fused) {
+  if (fused && MixedLinearApplies(x, *weights.begin())) return MixedLinear(x, weights);
+  if (weights.size() == 1) return F::linear(x, *weights.begin());
+  return F::linear(x, MergedWeight(weights, x));
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const int64_t b = x.size(0), t = x.size(1);
   torch::Tensor q, k, v;
   if (merged) {
-    const auto qkv = F::linear(x, MergedWeight({q_proj->weight, k_proj->weight, v_proj->weight}, x))
+    const auto qkv = StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused)
                          .split_with_sizes({num_heads_ * head_dim_, num_kv_heads_ * head_dim_, num_kv_heads_ * head_dim_}, -1);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
@@ -116,7 +126,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
   auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
   y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
-  return o_proj(y);
+  return merged ? StackedLinear(y, {o_proj->weight}, fused) : o_proj(y);
 }
 
 MlpImpl::MlpImpl(const LlamaConfig& c) {
@@ -130,8 +140,8 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   if (!merged) return down_proj(F::silu(gate_proj(x)) * up_proj(x));
-  const auto gate_up = F::linear(x, MergedWeight({gate_proj->weight, up_proj->weight}, x));
-  if (fused) return down_proj(FusedSwiGlu(gate_up));
+  const auto gate_up = StackedLinear(x, {gate_proj->weight, up_proj->weight}, fused);
+  if (fused) return StackedLinear(FusedSwiGlu(gate_up), {down_proj->weight}, fused);
   const auto halves = gate_up.chunk(2, -1);
   return down_proj(F::silu(halves[0]) * halves[1]);
 }

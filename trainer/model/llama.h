@@ -57,7 +57,9 @@ class AttentionImpl : public torch::nn::Module {
   // input is cast to bf16 once under autocast, and backward gets its gradient from one GEMM
   // instead of three gradients summed. The parameters stay three (HF's names and layout).
   bool merged = true;
-  // Rotary embedding of q and k by FusedRope (fused_ops.h) instead of ApplyRope's composition.
+  // Rotary embedding of q and k by FusedRope (fused_ops.h) instead of ApplyRope's composition,
+  // and, with merged, the q/k/v and output projections by MixedLinear (mixed_linear.h) where
+  // it applies (fp32 weights under autocast).
   bool fused = false;
 
  private:
@@ -72,8 +74,9 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   bool merged = true;  // gate and up from one GEMM, as AttentionImpl::merged
-  // silu(gate) * up by FusedSwiGlu (fused_ops.h) over the merged GEMM's output; separate
-  // projections (merged false) always take the composition.
+  // silu(gate) * up by FusedSwiGlu (fused_ops.h) over the merged GEMM's output, and the
+  // gate/up and down projections by MixedLinear where it applies; separate projections (merged
+  // false) always take the composition.
   bool fused = false;
 };
 TORCH_MODULE(Mlp);
