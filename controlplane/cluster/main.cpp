@@ -6,7 +6,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,6 +114,7 @@ struct Component {
   pid_t pid = -1;
   int restarts = 0;
   int backoff_seconds = 0;
+  long log_offset = 0;  // the size of its log when it last started: what it wrote since follows
   Clock::time_point started{};
   Clock::time_point next_start{};
 };
@@ -124,6 +130,7 @@ class Supervisor {
     const std::string log = log_dir_ + "/" + c->name + ".log";
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) return meshwork::IOError(log + ": " + std::strerror(errno));
+    c->log_offset = static_cast<long>(::lseek(fd, 0, SEEK_END));
     meshwork::SpawnOptions options;
     options.program = c->argv[0];
     options.argv = c->argv;
@@ -210,9 +217,14 @@ class Supervisor {
     order_.clear();
   }
 
-  bool Running(const Component& c) {
-    if (c.pid <= 0) return false;
-    return ::waitpid(c.pid, nullptr, WNOHANG) == 0;
+  // Whether c runs; a child that exited is reaped here and forgotten (pid -1), so that StopAll
+  // neither waits out its grace nor signals a reused pid.
+  bool Running(Component* c) {
+    if (c->pid <= 0) return false;
+    if (::waitpid(c->pid, nullptr, WNOHANG) == 0) return true;
+    c->pid = -1;
+    std::remove(PidFile(*c).c_str());
+    return false;
   }
 
  private:
@@ -234,24 +246,66 @@ std::string LastLines(const std::string& text, size_t lines) {
   return out;
 }
 
-// Polls `ready` every 200 ms until it answers true, `component` dies, `timeout` passes or a
-// signal arrives. The error says which, with the end of the component's log.
-meshwork::Status WaitReady(Supervisor* sup, const Component& component, const std::string& what,
+// What c's log gained since it last started (earlier runs' lines are not its cause).
+std::string LogSinceStart(const Component& c, const std::string& log) {
+  const std::string text = ReadAll(log);
+  return text.substr(std::min(text.size(), static_cast<size_t>(std::max(0L, c.log_offset))));
+}
+
+// Polls `ready` every 200 ms until it answers true while `component` runs, `component` dies,
+// `timeout` passes or a signal arrives. The error says which, with the end of what the
+// component logged since it started.
+meshwork::Status WaitReady(Supervisor* sup, Component* component, const std::string& what,
                            std::chrono::seconds timeout, const std::function<bool()>& ready,
                            const sigset_t& signals, const std::string& log_dir) {
-  const std::string log = log_dir + "/" + component.name + ".log";
+  const std::string log = log_dir + "/" + component->name + ".log";
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
-    if (ready()) return meshwork::Status::Ok();
+    const bool answered = ready();
     if (!sup->Running(component)) {
-      return meshwork::Unavailable(component.name + " exited before " + what + "; the end of " + log + ":" +
-                                   LastLines(ReadAll(log), 20));
+      return meshwork::Unavailable(component->name + " exited before " + what + "; the end of " + log + ":" +
+                                   LastLines(LogSinceStart(*component, log), 20));
     }
+    if (answered) return meshwork::Status::Ok();
     timespec wait{0, 200 * 1000 * 1000};
     if (sigtimedwait(&signals, nullptr, &wait) > 0) return meshwork::Unavailable("interrupted by a signal");
   }
-  return meshwork::Unavailable(component.name + ": no " + what + " after " + std::to_string(timeout.count()) +
-                               " s; the end of " + log + ":" + LastLines(ReadAll(log), 20));
+  return meshwork::Unavailable(component->name + ": no " + what + " after " + std::to_string(timeout.count()) +
+                               " s; the end of " + log + ":" + LastLines(LogSinceStart(*component, log), 20));
+}
+
+// Whether etcd answers GET /health on 127.0.0.1:port with "health":"true": its own answer, not
+// merely something listening there (another process may hold a port picked for etcd).
+bool EtcdHealthy(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  timeval timeout{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+      char buf[1024];
+      for (ssize_t n; response.size() < 8192 && (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
+    }
+  }
+  ::close(fd);
+  return response.find("\"health\":\"true\"") != std::string::npos;
+}
+
+// Whether message names 127.0.0.1:port (and not a longer port that starts with its digits).
+bool NamesPort(const std::string& message, int port) {
+  const std::string needle = "127.0.0.1:" + std::to_string(port);
+  for (size_t at = message.find(needle); at != std::string::npos; at = message.find(needle, at + 1)) {
+    const size_t end = at + needle.size();
+    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) return true;
+  }
+  return false;
 }
 
 // The ClusterRole and binding of the node agents' names identity: get, list and watch Pods and
@@ -329,8 +383,8 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
   const std::string etcd_peer = "http://127.0.0.1:" + std::to_string(ports["etcd-peer"].get<int>());
   const std::string server = "https://127.0.0.1:" + api_port;
   if (meshwork::LoopbackPortListening(ports["apiserver"].get<int>())) {
-    return meshwork::Unavailable("port " + api_port + " on 127.0.0.1 is taken (address already in use: another " +
-                                 "meshwork-cluster on " + layout.data_dir + "?); pass --port");
+    return meshwork::Unavailable("127.0.0.1:" + api_port + ", kube-apiserver's port, is taken (address already in " +
+                                 "use); pass another --port");
   }
   std::vector<std::string> kubeconfig_users = {"admin", "controller-manager", "scheduler", "names"};
   for (const agent::NodeConfig& node : layout.node_configs) kubeconfig_users.push_back("node-" + node.name);
@@ -410,13 +464,13 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
   auto start = [&](Component* c, const std::string& what, std::chrono::seconds timeout,
                    const std::function<bool()>& ready) -> meshwork::Status {
     MW_RETURN_IF_ERROR(sup->Start(c));
-    MW_RETURN_IF_ERROR(WaitReady(sup, *c, what, timeout, ready, signals, layout.logs));
+    MW_RETURN_IF_ERROR(WaitReady(sup, c, what, timeout, ready, signals, layout.logs));
     Log(c->name + " " + what);
     return meshwork::Status::Ok();
   };
   const int etcd_port = ports["etcd-client"].get<int>();
   MW_RETURN_IF_ERROR(start(etcd, "listening on " + etcd_client, std::chrono::seconds(60),
-                           [&] { return meshwork::LoopbackPortListening(etcd_port); }));
+                           [&] { return EtcdHealthy(etcd_port); }));
   MW_RETURN_IF_ERROR(start(apiserver, "answering on " + server, std::chrono::seconds(180),
                            [&] { return api->Get(k8s::resources::Namespaces(), "", "default").ok(); }));
   // Pods need their namespace's default ServiceAccount, which the controller manager makes.
@@ -478,6 +532,18 @@ int main(int argc, char** argv) {
       std::cerr << "meshwork-cluster: --data-dir: " << dir << ": " << std::strerror(errno) << "\n";
       return exit_code::kIO;
     }
+  }
+  // One meshwork-cluster per data directory: a second would share etcd's data and the ports.
+  const std::string lock = data_dir + "/lock";
+  const int lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) {
+    std::cerr << "meshwork-cluster: --data-dir: " << lock << ": " << std::strerror(errno) << "\n";
+    return exit_code::kIO;
+  }
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::cerr << "meshwork-cluster: --data-dir " << data_dir << ": another meshwork-cluster runs on it (it holds "
+              << lock << ")\n";
+    return exit_code::kUnavailable;
   }
   // The nodes, to give each its own agent and identity (the agent validates the file the same way).
   std::vector<agent::NodeConfig> node_configs;
@@ -568,8 +634,8 @@ int main(int argc, char** argv) {
     sup.Clear();
     plane = ControlPlane{};
     // Picking again helps only with ports this run picked: not --port's, not a restart's.
-    const bool again = first_start && attempt < kAttempts && PortTaken(st) &&
-                       (port == 0 || st.message().find(":" + std::to_string(port)) == std::string::npos);
+    const bool again =
+        first_start && attempt < kAttempts && PortTaken(st) && (port == 0 || !NamesPort(st.message(), port));
     if (!again) {
       std::cerr << "meshwork-cluster: " << st.message() << "\n";
       return st.code() == meshwork::StatusCode::kIOError ? exit_code::kIO : exit_code::kUnavailable;

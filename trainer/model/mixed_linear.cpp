@@ -30,7 +30,8 @@ struct MixedLinearFunction : torch::autograd::Function<MixedLinearFunction> {
     std::vector<int64_t> splits;
     for (const torch::Tensor& part : weights) splits.push_back(part.size(0));
     ctx->saved_data["splits"] = splits;
-    return torch::mm(x2, w.t()).view(out_shape);
+    // Not a view of the product: an output that is a view may not be modified in place.
+    return at::_unsafe_view(torch::mm(x2, w.t()), out_shape);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

@@ -103,11 +103,13 @@ std::string KernelNote(const TrainingRun& r) {
   if (r.cfg.training.fused_kernels == config::FusedKernels::kAuto && r.device.is_cuda() && !model::FusedKernelsBuilt()) {
     elementwise += " (this build has no CUDA kernels: no nvcc)";
   }
-  // Under autocast with fused kernels, the projections over fp32 weights are MixedLinear's.
+  // Under autocast with fused kernels, the projections over fp32 weights are MixedLinear's (FSDP
+  // gathers bf16 weights under autocast: the composition).
   const bool mixed = fused.ok() && *fused && r.autocast && r.cfg.training.merge_projections;
   return "attention " + attention + "; SwiGLU + RoPE " + elementwise + " (training.fused_kernels); projections " +
          (r.cfg.training.merge_projections ? "merged (q/k/v, gate/up)" : "separate") + " (training.merge_projections)" +
-         (mixed ? ", over fp32 weights one cast and fp32 weight gradients from the GEMM" : "") +
+         (mixed ? ", over fp32 weights (one process; FSDP gathers bf16) one cast and fp32 weight gradients"
+                : "") +
          "; output head + loss " +
          (stored ? (fused.ok() && *fused ? "stored logit gradient, fused softmax" : "stored logit gradient")
                  : "recomputed logits") +

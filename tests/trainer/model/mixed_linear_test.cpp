@@ -99,6 +99,17 @@ TEST(MixedLinear, GradientsOnlyWhereAskedFor) {
   EXPECT_TRUE(torch::allclose(a.grad(), expected, 1e-5, 1e-5));
 }
 
+// The output is not a view of the function's own product: callers may modify it in place.
+TEST(MixedLinear, OutputMayBeModifiedInPlace) {
+  const auto x = torch::randn({2, 3, 8}, torch::kDouble).requires_grad_(true);
+  const auto w = torch::randn({4, 8}).requires_grad_(true);
+  auto y = MixedLinear(x, {w});
+  EXPECT_NO_THROW(y.mul_(2));
+  y.sum().backward();
+  const auto expected = 2 * x.detach().reshape({-1, 8}).sum(0).to(torch::kFloat).expand({4, 8});
+  EXPECT_TRUE(torch::allclose(w.grad(), expected, 1e-5, 1e-5));
+}
+
 TEST(MixedLinear, RefusesWeightsThatDoNotFit) {
   const auto x = torch::randn({2, 8}, torch::kDouble);
   EXPECT_THROW(MixedLinear(x, {}), c10::Error);
