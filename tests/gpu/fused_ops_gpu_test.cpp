@@ -2,7 +2,8 @@
 // RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5), the fused
 // output head + loss under bf16 autocast (its logits' gradient stored and recomputed), Meshwork's
 // own SwiGLU and RoPE kernels (fused_kernels.cu: against the composition and the CPU's host loop
-// over the same arithmetic, and a whole model step under autocast); and the fused AdamW against
+// over the same arithmetic, and a whole model step under autocast); MixedLinear's projections
+// over fp32 weights under autocast (fp32 weight gradients); and the fused AdamW against
 // libtorch's. Without a CUDA device it exits 77 (ctest: Skipped) after saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
