@@ -5,16 +5,24 @@
 // by default) where there is room: a port picked inside it can be taken, between the pick and the
 // child's bind, by any process's outgoing connection (a kube-apiserver opens dozens to etcd before
 // it binds its own port; a CI run of 900 tests opens thousands). Above the range only another
-// explicit pick can collide, and a pick is checked by binding it first.
+// explicit pick can collide, and a pick is checked by binding it first. Picks are also recorded
+// across processes (ClaimPortPick): two picks minutes apart never return the same port, even when
+// neither has bound it yet (CI saw kube-apiserver lose its picked port to another test's pick).
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <random>
+#include <string>
 
 namespace meshwork {
 
@@ -41,8 +49,37 @@ inline int EphemeralPortRangeEnd() {
   return in >> low >> high && high > 0 ? high : 60999;
 }
 
-// A port that was free a moment ago: above the ephemeral range when at least 1000 ports lie there,
-// else whatever bind(0) gives; -1 when nothing binds.
+// Where picks are recorded: $TMPDIR (else /tmp)/meshwork-port-picks, one empty file per port, shared
+// with the e2e tests' picker (tests/common/e2e_lib.sh: e2e_free_port).
+inline std::string PortPickDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/meshwork-port-picks";
+}
+
+// How long a recorded pick keeps the port from other pickers: far longer than any pick waits for
+// its bind (after the bind, the bind check below sees the port taken).
+inline constexpr int kPortPickSeconds = 600;
+
+// Records a pick of `port`; false when another pick recorded it less than kPortPickSeconds ago.
+// Best effort: where nothing can be recorded, every port may be picked.
+inline bool ClaimPortPick(int port, const std::string& dir = PortPickDir()) {
+  ::mkdir(dir.c_str(), 0777);
+  const std::string path = dir + "/" + std::to_string(port);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  struct stat st {};
+  if (errno != EEXIST || ::stat(path.c_str(), &st) != 0) return true;
+  if (std::time(nullptr) - st.st_mtime < kPortPickSeconds) return false;
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // an old pick: this one's now
+  return true;
+}
+
+// A port that was free a moment ago and that no other pick took in the last kPortPickSeconds:
+// above the ephemeral range when at least 1000 ports lie there, else whatever bind(0) gives; -1
+// when nothing binds.
 inline int FreeLoopbackPort() {
   const int first = EphemeralPortRangeEnd() + 1;
   if (first <= 65535 - 1000) {
@@ -50,8 +87,9 @@ inline int FreeLoopbackPort() {
     std::mt19937 rng(seed());
     std::uniform_int_distribution<int> pick(first, 65535);
     for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = pick(rng);
       int bound = 0;
-      if (BindsOnLoopback(pick(rng), &bound)) return bound;
+      if (ClaimPortPick(port) && BindsOnLoopback(port, &bound)) return bound;
     }
   }
   int bound = -1;

@@ -3,6 +3,12 @@
 #include "common/loopback_port.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/file.h"
 
 namespace meshwork {
 namespace {
@@ -14,7 +20,9 @@ TEST(LoopbackPort, APickedPortIsAboveTheEphemeralRangeAndBinds) {
     const int port = FreeLoopbackPort();
     ASSERT_GT(port, 0);
     ASSERT_LE(port, 65535);
-    if (end <= 65535 - 1000) EXPECT_GT(port, end) << "picked inside the ephemeral range ending at " << end;
+    if (end <= 65535 - 1000) {
+      EXPECT_GT(port, end) << "picked inside the ephemeral range ending at " << end;
+    }
     int bound = 0;
     EXPECT_TRUE(BindsOnLoopback(port, &bound)) << port;
     EXPECT_EQ(bound, port);
@@ -37,6 +45,25 @@ TEST(LoopbackPort, ListeningOnlyWhileAServerListens) {
   int bound = 0;
   EXPECT_FALSE(BindsOnLoopback(port, &bound)) << "a listening port must not look free";
   ::close(fd);
+}
+
+// A recorded pick keeps the port from other pickers for kPortPickSeconds, then frees it.
+TEST(LoopbackPort, ARecordedPickKeepsThePortFromOtherPicksUntilItIsOld) {
+  char tmpl[] = "/tmp/port-picks-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/picks";  // made by the first claim
+  EXPECT_TRUE(ClaimPortPick(62001, dir));
+  EXPECT_FALSE(ClaimPortPick(62001, dir)) << "the same port picked twice within minutes";
+  EXPECT_TRUE(ClaimPortPick(62002, dir));
+  const std::string path = dir + "/62001";
+  const time_t then = std::time(nullptr) - kPortPickSeconds - 5;
+  const timespec old[2] = {{then, 0}, {then, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), old, 0), 0);
+  EXPECT_TRUE(ClaimPortPick(62001, dir)) << "an old pick still held the port";
+  EXPECT_FALSE(ClaimPortPick(62001, dir)) << "the new claim was not recorded";
+  // Where nothing can be recorded, picks are not blocked.
+  EXPECT_TRUE(ClaimPortPick(62003, "/proc/no-such-dir"));
+  EXPECT_TRUE(RemoveTree(tmpl).ok());
 }
 
 }  // namespace
