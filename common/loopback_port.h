@@ -26,14 +26,20 @@
 
 namespace meshwork {
 
-// Whether port (0: any) binds on 127.0.0.1 now; the bound port in *bound.
-inline bool BindsOnLoopback(int port, int* bound) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
+// 127.0.0.1:port.
+inline sockaddr_in LoopbackAddress(int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+// Whether port (0: any) binds on 127.0.0.1 now; the bound port in *bound.
+inline bool BindsOnLoopback(int port, int* bound) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr = LoopbackAddress(port);
   socklen_t len = sizeof(addr);
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
@@ -96,16 +102,20 @@ inline int FreeLoopbackPort() {
   return BindsOnLoopback(0, &bound) ? bound : -1;
 }
 
-inline bool LoopbackPortListening(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+// A socket connected to 127.0.0.1:port (close-on-exec; the caller closes it), or -1.
+inline int ConnectLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const sockaddr_in addr = LoopbackAddress(port);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
   ::close(fd);
-  return ok;
+  return -1;
+}
+
+inline bool LoopbackPortListening(int port) {
+  const int fd = ConnectLoopback(port);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
 }
 
 }  // namespace meshwork

@@ -6,8 +6,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -277,22 +275,16 @@ meshwork::Status WaitReady(Supervisor* sup, Component* component, const std::str
 // Whether etcd answers GET /health on 127.0.0.1:port with "health":"true": its own answer, not
 // merely something listening there (another process may hold a port picked for etcd).
 bool EtcdHealthy(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = meshwork::ConnectLoopback(port);
   if (fd < 0) return false;
   timeval timeout{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
   std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-      char buf[1024];
-      for (ssize_t n; response.size() < 8192 && (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
-    }
+  const std::string request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+    char buf[1024];
+    for (ssize_t n; response.size() < 8192 && (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
   }
   ::close(fd);
   return response.find("\"health\":\"true\"") != std::string::npos;
