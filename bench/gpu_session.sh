@@ -3,7 +3,8 @@
 # built on the CPU machine (scripts/cuda-flavor.sh && scripts/gpu-prebuilt.sh pack, the folder
 # carried): the gpu tests, bench/gpu_vs_pytorch.sh, the A/Bs below, a profile (training.profile_out) and a
 # compiled-FSDP trace (--trace-out) of llama3-1b at batch 4 x 2048, and the table's Meshwork row
-# again with training.loss_gradient=recompute (the head's old backward) and with
+# again with training.residual_dtype=fp32 (the fp32 residual stream of before), with
+# training.loss_gradient=recompute (the head's old backward) and with
 # training.merge_projections=false (one GEMM per projection) and with training.fused_kernels=off (the
 # composition instead of Meshwork's SwiGLU and RoPE kernels), for the A/Bs. If the gpu test of those
 # kernels fails, every later run takes training.fused_kernels=off, and the log says so. Each part has a
@@ -18,7 +19,7 @@
 #                    a part gets what is left when that is less than its cap, and is skipped (said in
 #                    the log) when under 20 s are left
 #   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
-#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the three above); a lease too
+#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the four above); a lease too
 #                short for all names the one it needs
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,12 +71,12 @@ cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytor
 
 one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
        --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1 "${sets[@]}")
-for ab in ${AB_LIST:-training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
+for ab in ${AB_LIST:-training.residual_dtype=fp32 training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
   stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
   c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
     >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
   echo "$ab exit $?" | tee -a "$log"
-  grep -E '^(kernels:|step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
+  grep -E '^(device:|kernels:|step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
 done
 
 stamp "profile: llama3-1b batch 4, steps 3-5"

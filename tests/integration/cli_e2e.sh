@@ -45,6 +45,8 @@ expect "set without =" 2 "expected key=value" -- train --set optimizer.lr
 printf 'model:\n  preset: tiny\n   hidden_size: 3\n' >"$work/bad.yaml"
 expect "yaml syntax" 2 "YAML syntax error at line" -- train --config "$work/bad.yaml"
 expect "eval without weights" 2 "eval needs weights" -- eval --data x.bin
+expect "bf16 residual without autocast" 2 "key 'training.residual_dtype': bf16 needs bf16 autocast, but training.dtype is 'fp32'" \
+  -- train --set training.dtype=fp32 --set training.residual_dtype=bf16
 
 # --- input errors: exit 3 ------------------------------------------------------------------
 expect "missing config file" 3 "$work/none.yaml" -- train --config "$work/none.yaml"

@@ -57,6 +57,9 @@ struct LlamaShape {
   int param_bytes = 2;    // per element, gathered (bf16 = 2)
   int reduce_bytes = 4;   // per element, gradient reduction (fp32 = 4)
   int activation_bytes = 2;
+  // The residual stream's element size (training.residual_dtype): the layers' inputs and sums,
+  // which the norms keep for backward and activation checkpointing keeps alone.
+  int residual_bytes = 2;
   int dp_shard = 1;
   int dp_replicate = 1;
   double flops_per_second = 1e12;  // achieved, not peak

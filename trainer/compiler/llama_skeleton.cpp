@@ -61,7 +61,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   const int embed = add_param({"model.embed_tokens.weight", vocab, h});
   // Its rows for this rank's tokens, fp32 (what a row_gather fetches, a row_reduce sums).
   g.params[embed].row_bytes = static_cast<int64_t>(tokens) * h * 4;
-  add_module("embed", {embed}, 0.0, tokens * h * shape.activation_bytes);
+  add_module("embed", {embed}, 0.0, tokens * h * shape.residual_bytes);
 
   // Decoder layers. Forward FLOPs are 2 per multiply-add of each matmul: the seven projections
   // (2 · tokens · in · out each), plus attention scores (Q·Kᵀ) and values (P·V), 2 · batch ·
@@ -74,15 +74,16 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // without any recompute, but for this model's layer as the GPU build runs it: no dropout
   // (so no masks), RMSNorm, SwiGLU MLP, and attention through scaled_dot_product_attention,
   // whose fused (flash) kernel keeps no seq² score or probability tensor — the paper's 5·a·s²·b
-  // term is absent. Per token, in activation dtype:
-  //   2h  inputs of the two RMSNorms
+  // term is absent. Per token, in the residual stream's dtype:
+  //   2h  inputs of the two RMSNorms (the layer's input and the attention block's sum)
+  // and in activation dtype:
   //   h   input of q/k/v projections (one tensor, shared)
   //   2h + 2kv  SDPA's saved q, k, v and output (k and v at kv width: libtorch >= 2.5 reads
   //       grouped-query heads as they are, compat::CausalAttention)
   //   h   input of o_proj (the output made contiguous: a second copy)
   //   h   input of gate/up projections (shared)
   //   4i  gate output (SiLU input), SiLU output, up output, down_proj input
-  // (7h + 2kv + 4i in all)
+  // (5h + 2kv + 4i)
   // plus SDPA's logsumexp, fp32 per head. RMSNorm's internal fp32 tensors, rotary tables and
   // residual adds (which keep nothing) are not counted.
   // Attention spelled out (libtorch 1.13 on the CPU: compat::CausalAttention) keeps instead the
@@ -94,7 +95,9 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
                 tokens * 4.0 * heads
           : 0.0;
   const double layer_activation =
-      tokens * ((7.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes + 4.0 * heads) + attention_extra;
+      tokens * (2.0 * h * shape.residual_bytes + (5.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes +
+                4.0 * heads) +
+      attention_extra;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     std::vector<int> params = {
@@ -110,7 +113,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
     };
     add_module("layers." + std::to_string(i), std::move(params), linear_flops + attention_flops, layer_activation);
     ModuleInfo& m = g.modules.back();
-    m.checkpoint_input_bytes = static_cast<int64_t>(tokens * h * shape.activation_bytes);  // the layer's input
+    m.checkpoint_input_bytes = static_cast<int64_t>(tokens * h * shape.residual_bytes);  // the layer's input
     // Unfused attention's backward holds the gradients of the probabilities and of the scores
     // (fp32, batch x heads x seq² each) for a moment.
     if (shape.attention_keeps_probabilities)
@@ -126,7 +129,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // logits (a few x training.loss_chunk_mib) are not modelled.
   const int norm = add_param({"model.norm.weight", h, 1});
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
-  double head_bytes = tokens * (2.0 * h * shape.activation_bytes + 4.0);
+  double head_bytes = tokens * (h * shape.residual_bytes + h * shape.activation_bytes + 4.0);
   if (shape.head_stores_logit_grad) head_bytes += tokens * vocab * shape.activation_bytes;
   add_module("head", {norm, output}, 2.0 * tokens * h * vocab, head_bytes);
   g.modules.back().bwd_seconds = (shape.head_stores_logit_grad ? 2 : 3) * g.modules.back().fwd_seconds;

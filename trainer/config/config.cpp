@@ -181,6 +181,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       EnumField("training.loss_gradient", &c.training.loss_gradient, kLossGradientNames),
       BoolField("training.merge_projections", &c.training.merge_projections),
       EnumField("training.fused_kernels", &c.training.fused_kernels, kFusedKernelsNames),
+      EnumField("training.residual_dtype", &c.training.residual_dtype, kResidualDtypeNames),
       IntField("training.memory_limit_mib", &c.training.memory_limit_mib, 0, 1 << 30),
       StringField("training.profile_out", &c.training.profile_out),
       IntField("training.profile_steps", &c.training.profile_steps, 1, 1000),
@@ -334,6 +335,12 @@ Status ValidateCrossFields(const TrainConfig& c) {
   }
   if (c.training.dtype == Dtype::kBf16 && dev == "cpu") {
     return InvalidConfig("key 'training.dtype': bf16 autocast needs a CUDA device, but training.device is 'cpu'");
+  }
+  if (c.training.residual_dtype == ResidualDtype::kBf16 && (c.training.dtype == Dtype::kFp32 || dev == "cpu")) {
+    return InvalidConfig("key 'training.residual_dtype': bf16 needs bf16 autocast, but " +
+                         std::string(c.training.dtype == Dtype::kFp32 ? "training.dtype is 'fp32'"
+                                                                      : "training.device is 'cpu'") +
+                         " (use auto or fp32)");
   }
   if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");
   if (c.model.init_from.empty()) {

@@ -49,6 +49,10 @@ enum class FusedKernels { kAuto, kOn, kOff };
 inline constexpr EnumName<FusedKernels> kFusedKernelsNames[] = {
     {FusedKernels::kAuto, "auto"}, {FusedKernels::kOn, "on"}, {FusedKernels::kOff, "off"}};
 
+enum class ResidualDtype { kAuto, kFp32, kBf16 };
+inline constexpr EnumName<ResidualDtype> kResidualDtypeNames[] = {
+    {ResidualDtype::kAuto, "auto"}, {ResidualDtype::kFp32, "fp32"}, {ResidualDtype::kBf16, "bf16"}};
+
 enum class LossGradient { kAuto, kStored, kRecompute };
 inline constexpr EnumName<LossGradient> kLossGradientNames[] = {
     {LossGradient::kAuto, "auto"}, {LossGradient::kStored, "stored"}, {LossGradient::kRecompute, "recompute"}};
@@ -110,6 +114,10 @@ struct TrainingConfig {
   // SwiGLU and rotary embedding as one fused op each (model/fused_ops.h): auto = on CUDA where
   // the build has the kernels; on = everywhere (the host loop on the CPU); off = the composition.
   FusedKernels fused_kernels = FusedKernels::kAuto;
+  // The residual stream's dtype (the embedding's output and every decoder layer's) under bf16
+  // autocast: auto = bf16; fp32; bf16 (refused where nothing runs under autocast). Without
+  // autocast it is the weights' dtype.
+  ResidualDtype residual_dtype = ResidualDtype::kAuto;
   // The most tensor memory this process may hold, in MiB; 0 = what the device has. On the CPU
   // the counting allocator refuses more (as a smaller device would run out); on CUDA the
   // caching allocator's memory fraction. The compiled plan's default budget follows it.

@@ -35,6 +35,7 @@ compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda) {
   const bool bf16 = cuda && cfg.training.dtype != Dtype::kFp32;
   shape.param_bytes = bf16 ? 2 : 4;
   shape.activation_bytes = bf16 ? 2 : 4;
+  shape.residual_bytes = bf16 && cfg.training.residual_dtype != ResidualDtype::kFp32 ? 2 : 4;
   shape.reduce_bytes = 4;
   shape.head_stores_logit_grad = StoresLossGradient(cfg, cuda);
   return shape;
@@ -59,6 +60,20 @@ Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_bu
     return InvalidConfig(
         "key 'training.fused_kernels': on, but this build has no CUDA kernels (nvcc was not found when it "
         "was built: docs/gpu.md); use auto or off");
+  }
+  return true;
+}
+
+Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast) {
+  switch (cfg.training.residual_dtype) {
+    case ResidualDtype::kFp32: return false;
+    case ResidualDtype::kAuto: return autocast;
+    case ResidualDtype::kBf16: break;
+  }
+  if (!autocast) {
+    return InvalidConfig("key 'training.residual_dtype': bf16 needs bf16 autocast, but this run computes in fp32 "
+                         "(training.dtype '" + std::string(NameOf(kDtypeNames, cfg.training.dtype)) +
+                         "', training.device '" + cfg.training.device + "'); use auto or fp32");
   }
   return true;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "trainer/compiler/frontend.h"
 #include "trainer/dist/host_collectives.h"
@@ -305,6 +306,9 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   shape.batch = std::max<int64_t>(trace.batch, 1);
   shape.seq_len = std::max<int64_t>(trace.seq, 1);
   shape.activation_bytes = static_cast<int>(param_bytes);
+  // Gathered bf16 weights (autocast) give a bf16 stream unless the model casts it to fp32.
+  const std::optional<torch::ScalarType> residual = state_->model->residual_dtype();
+  shape.residual_bytes = param_bytes == 2 && residual && *residual == torch::kFloat ? 4 : static_cast<int>(param_bytes);
   shape.attention_keeps_probabilities = !compat::kTorch2;
   // As the traced eager steps ran it (a plan's vocabulary-split head stores nothing: conservative).
   shape.head_stores_logit_grad = state_->model->loss_gradient() == model::HeadGradient::kStored;

@@ -204,7 +204,7 @@ void LlamaForCausalLMImpl::set_fused_kernels(bool fused) {
     layer.self_attn->fused = fused;
     layer.mlp->fused = fused;
   }
-  fused_softmax_ = fused;
+  fused_ = fused;
 }
 
 const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Device& device) {
@@ -214,6 +214,20 @@ const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Devic
     rope_len_ = seq_len;
   }
   return rope_;
+}
+
+torch::Tensor LlamaForCausalLMImpl::ToResidualDtype(const torch::Tensor& embedded) const {
+  if (!residual_dtype_ || embedded.scalar_type() == *residual_dtype_) return embedded;
+  if (!embedded.is_cuda() || !compat::CurrentCudaAutocast().enabled) return embedded;
+  return embedded.to(*residual_dtype_);
+}
+
+torch::Tensor LlamaForCausalLMImpl::FinalNorm(const torch::Tensor& h) {
+  const auto out_dtype = compat::MatmulDtype(h);
+  if (fused_ && FusedRmsNormSupports(h, torch::Tensor(), out_dtype)) {
+    return FusedRmsNorm(h, model->norm->weight, model->norm->eps(), out_dtype);
+  }
+  return model->norm(h);
 }
 
 namespace {
@@ -237,14 +251,14 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
   const auto& rope = Rope(tokens.size(1), tokens.device());
-  auto h = embed ? embed(tokens) : model->embed_tokens(tokens);
+  auto h = ToResidualDtype(embed ? embed(tokens) : model->embed_tokens(tokens));
   for (size_t i = 0; i < model->layers->size(); ++i) {
     h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
   }
-  h = model->norm(h);
+  h = FinalNorm(h);
   if (targets.defined() && loss) return loss(h, targets);
   if (targets.defined()) {
-    return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_softmax_);
+    return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_);
   }
   return torch::matmul(h, OutputWeight().t());
 }

@@ -12,6 +12,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <optional>
 
 #include "trainer/model/llama_config.h"
 #include "trainer/model/linear_cross_entropy.h"
@@ -151,6 +152,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // stored head gradient's fused softmax (LinearCrossEntropy's fused_softmax)
   // (training.fused_kernels).
   void set_fused_kernels(bool fused);
+  // Under CUDA autocast, the residual stream (the embedding's output, so every decoder layer's
+  // input and output) in `dtype` (training.residual_dtype): bf16 halves what the stream reads,
+  // writes and keeps for backward; the fused norms still add and normalise in fp32, rounding
+  // once. nullopt, and always without autocast: the embedding's own dtype (fp32 weights: fp32;
+  // FSDP's gathered bf16 weights: bf16).
+  void set_residual_dtype(std::optional<torch::ScalarType> dtype) { residual_dtype_ = dtype; }
+  std::optional<torch::ScalarType> residual_dtype() const { return residual_dtype_; }
   HeadGradient loss_gradient() const { return loss_gradient_; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by
@@ -163,13 +171,19 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  private:
   torch::Tensor OutputWeight();
   const RopeTables& Rope(int64_t seq_len, const torch::Device& device);
+  // The embedding's output in the residual stream's dtype (set_residual_dtype).
+  torch::Tensor ToResidualDtype(const torch::Tensor& embedded) const;
+  // The final norm: with the fused kernels, one pass that also rounds to the head's matmul
+  // dtype (FusedRmsNorm); otherwise the RMSNorm module.
+  torch::Tensor FinalNorm(const torch::Tensor& h);
 
   LlamaConfig config_;
   RopeTables rope_;
   int64_t rope_len_ = 0;
   int64_t loss_chunk_rows_ = 0;
   HeadGradient loss_gradient_ = HeadGradient::kRecompute;
-  bool fused_softmax_ = false;
+  bool fused_ = false;  // the final norm and the stored head gradient's softmax
+  std::optional<torch::ScalarType> residual_dtype_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

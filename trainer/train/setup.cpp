@@ -120,6 +120,7 @@ std::string KernelNote(const TrainingRun& r) {
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
   const config::TrainConfig& cfg = r.cfg;
   const std::string blas = BlasKernelNote();
+  const Result<bool> bf16_residual = config::UsesBf16Residual(cfg, r.autocast);  // BuildModel checked it
   r.log() << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
           << Format("%.2fM", r.dims.NumParameters() / 1e6) << " parameters (" << r.dims.num_hidden_layers
           << " layers, hidden " << r.dims.hidden_size << ", heads " << r.dims.num_attention_heads << "/"
@@ -130,7 +131,11 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
           << "parallelism: " << r.engine->Describe() << "; parameters on this rank "
           << Format("%.1f MiB", static_cast<double>(r.engine->ParamBytes()) / (1 << 20))
           << "; activation checkpointing: " << CheckpointingNote(cfg, *r.engine) << "\n"
-          << "device: " << r.device.str() << (r.autocast ? " (bf16 autocast)" : " (fp32)") << ", "
+          << "device: " << r.device.str()
+          << (r.autocast ? (bf16_residual.ok() && *bf16_residual ? " (bf16 autocast, bf16 residual stream)"
+                                                                 : " (bf16 autocast, fp32 residual stream)")
+                         : " (fp32)")
+          << ", "
           << (r.device.is_cuda() ? "allocator " + ConfigureCudaAllocator() + ", " : std::string())
           << torch::get_num_threads() << " threads"
           << (blas.empty() ? std::string() : ", " + blas) << "; mfu vs "
@@ -180,6 +185,8 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   net->set_merged_projections(cfg.training.merge_projections);
   MW_ASSIGN_OR_RETURN(const bool fused, config::UsesFusedKernels(cfg, device.is_cuda(), model::FusedKernelsBuilt()));
   net->set_fused_kernels(fused);
+  MW_ASSIGN_OR_RETURN(const bool bf16_residual, config::UsesBf16Residual(cfg, UseAutocast(cfg, device)));
+  net->set_residual_dtype(bf16_residual ? torch::kBFloat16 : torch::kFloat);
   return net;
 }
 

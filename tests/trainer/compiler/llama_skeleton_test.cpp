@@ -197,8 +197,19 @@ TEST(LlamaSkeletonTest, ActivationsScaleWithTokensAndDtype) {
   const int64_t kv = c.num_key_value_heads * c.head_dim();
   EXPECT_EQ(one.modules[1].activation_bytes,
             tokens * ((7 * c.hidden_size + 2 * kv + 4 * c.intermediate_size) * 2 + 4 * c.num_attention_heads));
+  // An fp32 residual stream under bf16 (training.residual_dtype: fp32): the two norms' inputs,
+  // the embedding's output, the head's norm input and a checkpointed layer's input in fp32.
+  LlamaShape wide = s;
+  wide.batch = 1;
+  wide.residual_bytes = 4;
+  const Graph fp32_stream = LlamaSkeleton(wide);
+  EXPECT_EQ(fp32_stream.modules[1].activation_bytes - one.modules[1].activation_bytes, tokens * 2 * c.hidden_size * 2);
+  EXPECT_EQ(fp32_stream.modules.front().activation_bytes, tokens * c.hidden_size * 4);
+  EXPECT_EQ(fp32_stream.modules.back().activation_bytes - one.modules.back().activation_bytes, tokens * c.hidden_size * 2);
+  EXPECT_EQ(fp32_stream.modules[1].checkpoint_input_bytes, 2 * one.modules[1].checkpoint_input_bytes);
   s.batch = 1;
   s.activation_bytes = 4;
+  s.residual_bytes = 4;
   const Graph fp32 = LlamaSkeleton(s);
   EXPECT_GT(fp32.modules[1].activation_bytes, one.modules[1].activation_bytes);
 }

@@ -108,6 +108,7 @@ const Rejected kRejected[] = {
     {"TrainingDtype", "training:\n  dtype: fp16\n", {}, "'training.dtype'", "'fp16'"},
     {"LossGradient", "training:\n  loss_gradient: cached\n", {}, "'training.loss_gradient'", "'cached'"},
     {"FusedKernels", "training:\n  fused_kernels: triton\n", {}, "'training.fused_kernels'", "'triton'"},
+    {"ResidualDtype", "training:\n  residual_dtype: fp16\n", {}, "'training.residual_dtype'", "'fp16'"},
     {"CheckpointEveryZero", "training:\n  checkpoint_every: 0\n", {}, "'training.checkpoint_every'", "got 0"},
     {"DeviceProfile", "metrics:\n  device_profile: v100\n", {}, "'metrics.device_profile'", "'v100'"},
     {"ExportDtype", "checkpoint:\n  export_dtype: fp16\n", {}, "'checkpoint.export_dtype'", "'fp16'"},
@@ -121,6 +122,10 @@ const Rejected kRejected[] = {
     {"DeviceCudaNegativeIndex", "training:\n  device: cuda:-1\n", {}, "'training.device'", "'cuda:-1'"},
     // Cross-field rules.
     {"Bf16OnCpu", "training:\n  device: cpu\n  dtype: bf16\n", {}, "'training.dtype'", "'cpu'"},
+    {"Bf16ResidualInFp32", "training:\n  dtype: fp32\n  residual_dtype: bf16\n", {}, "'training.residual_dtype'",
+     "bf16 needs bf16 autocast, but training.dtype is 'fp32'"},
+    {"Bf16ResidualOnCpu", "", {"training.device=cpu", "training.residual_dtype=bf16"}, "'training.residual_dtype'",
+     "training.device is 'cpu'"},
     {"WarmupAboveSteps", "schedule:\n  steps: 10\n  warmup_steps: 11\n", {}, "'schedule.warmup_steps'",
      "11 exceeds schedule.steps 10"},
     {"TraceOfOneStepRun", "schedule:\n  steps: 1\n  warmup_steps: 0\nfsdp:\n  trace_out: t.json\n", {},
@@ -312,6 +317,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_EQ(c->training.loss_gradient, LossGradient::kAuto);
   EXPECT_TRUE(c->training.merge_projections);
   EXPECT_EQ(c->training.fused_kernels, FusedKernels::kAuto);
+  EXPECT_EQ(c->training.residual_dtype, ResidualDtype::kAuto);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");

@@ -40,6 +40,25 @@ TEST(UsesFusedKernelsTest, AutoIsOnCudaWithKernelsOnAndOffAsSaid) {
   }
 }
 
+TEST(UsesBf16ResidualTest, AutoFollowsAutocastAndBf16WithoutItIsAnError) {
+  TrainConfig cfg;
+  ASSERT_TRUE(UsesBf16Residual(cfg, true).ok());
+  EXPECT_TRUE(*UsesBf16Residual(cfg, true));
+  EXPECT_FALSE(*UsesBf16Residual(cfg, false));
+  cfg.training.residual_dtype = ResidualDtype::kFp32;
+  EXPECT_FALSE(*UsesBf16Residual(cfg, true));
+  EXPECT_FALSE(*UsesBf16Residual(cfg, false));
+  cfg.training.residual_dtype = ResidualDtype::kBf16;
+  EXPECT_TRUE(*UsesBf16Residual(cfg, true));
+  cfg.training.device = "auto";
+  const Result<bool> r = UsesBf16Residual(cfg, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(r.status().message().find("'training.residual_dtype': bf16 needs bf16 autocast"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("training.device 'auto'"), std::string::npos) << r.status().message();
+}
+
 TEST(StoresLossGradientTest, AutoStoresOnCudaOnly) {
   TrainConfig cfg;
   EXPECT_TRUE(StoresLossGradient(cfg, true));

@@ -321,8 +321,8 @@ TEST(LlamaForCausalLMTest, MergedProjectionsEqualSeparateOnes) {
   ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool merged) { model->set_merged_projections(merged); });
 }
 
-// training.fused_kernels: SwiGLU and RoPE fused (on the CPU, the host loops over the CUDA
-// kernels' arithmetic) against the composition.
+// training.fused_kernels: SwiGLU, RoPE and the norms (the final one too) fused (on the CPU, the
+// host loops over the CUDA kernels' arithmetic) against the composition.
 TEST(LlamaForCausalLMTest, FusedSwiGluAndRopeEqualTheComposition) {
   ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool fused) { model->set_fused_kernels(fused); });
 }
@@ -332,6 +332,14 @@ TEST(LlamaForCausalLMTest, FusedKernelsWithAStoredHeadGradientEqualTheCompositio
   ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool fused) {
     model->set_loss_gradient(HeadGradient::kStored);
     model->set_fused_kernels(fused);
+  });
+}
+
+// A bf16 residual stream applies under CUDA autocast only (fused_ops_gpu_test holds it to fp32
+// there): without autocast the stream stays in the weights' dtype, the same losses and gradients.
+TEST(LlamaForCausalLMTest, Bf16ResidualStreamLeavesAModelWithoutAutocastAlone) {
+  ExpectSameLossAndGradients([](LlamaForCausalLM& model, bool bf16) {
+    model->set_residual_dtype(bf16 ? std::optional<torch::ScalarType>(torch::kBFloat16) : std::nullopt);
   });
 }
 
