@@ -254,11 +254,13 @@ void* MutableDataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_pt
 #endif
 
 // Inputs: x, delta (empty, and `add` false: none; libtorch 1.13's apply takes no undefined
-// tensor), weight; outputs {h, y} with a delta, {y} without.
+// tensor), weight; outputs {h, y} with a delta, {x, y} with `pass_x` (x itself, which autograd
+// hands on as a view: the gradient its later uses send back joins the norm's in the backward
+// kernel), {y} otherwise.
 struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                                 const torch::Tensor& delta_in, const torch::Tensor& weight,
-                                                double eps, int64_t out_dtype, bool add) {
+                                                double eps, int64_t out_dtype, bool add, bool pass_x) {
     const torch::Tensor x = x_in.contiguous();
     const torch::Tensor delta = add ? delta_in.contiguous() : torch::Tensor();
     const auto y_type = static_cast<torch::ScalarType>(out_dtype);
@@ -314,8 +316,10 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     }
     ctx->save_for_backward({add ? h : x, weight, rstd});
     ctx->saved_data["add"] = add;
+    ctx->saved_data["pass_x"] = pass_x;
     ctx->saved_data["delta_dtype"] = static_cast<int64_t>(d_type);
     if (add) return {h, y};
+    if (pass_x) return {x_in, y};
     return {y};
   }
 
@@ -326,9 +330,11 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor& weight = saved[1];
     const torch::Tensor& rstd = saved[2];
     const bool add = ctx->saved_data["add"].toBool();
+    // Two outputs: the first's gradient (h's, or x's passed on) is added to x's in the kernel.
+    const bool two = add || ctx->saved_data["pass_x"].toBool();
     const auto d_type = static_cast<torch::ScalarType>(ctx->saved_data["delta_dtype"].toInt());
-    const torch::Tensor& dy_in = add ? grads[1] : grads[0];
-    const torch::Tensor dh_in = add ? grads[0] : torch::Tensor();
+    const torch::Tensor& dy_in = two ? grads[1] : grads[0];
+    const torch::Tensor dh_in = two ? grads[0] : torch::Tensor();
     const auto acc = AccOf(h);
     const int64_t dim = h.size(-1), rows = h.numel() / std::max<int64_t>(dim, 1);
     // The output's dtype is the one forward wrote; an undefined gradient is zero.
@@ -397,7 +403,7 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
       });
     }
     const torch::Tensor dweight = dw_partial.sum(0).to(weight.scalar_type());
-    return {dx, ddelta, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, ddelta, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -418,7 +424,19 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedRmsNorm: weight ", weight.sizes(),
               " does not match x ", x.sizes());
   return RmsNormFunction::apply(x, torch::empty({0}, x.options()), weight, eps, static_cast<int64_t>(out_dtype),
-                                false)[0];
+                                false, false)[0];
+}
+
+std::pair<torch::Tensor, torch::Tensor> FusedRmsNormPassingX(const torch::Tensor& x, const torch::Tensor& weight,
+                                                             double eps, torch::ScalarType out_dtype) {
+  TORCH_CHECK(FusedRmsNormSupports(x, torch::Tensor(), out_dtype), "FusedRmsNormPassingX: x ", x.sizes(), " ",
+              x.scalar_type(), " on ", x.device(), " to ", out_dtype, " is not supported (dim <= ",
+              fused::kNormMaxDim, "; CUDA needs this build's kernels)");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedRmsNormPassingX: weight ", weight.sizes(),
+              " does not match x ", x.sizes());
+  const auto out = RmsNormFunction::apply(x, torch::empty({0}, x.options()), weight, eps,
+                                          static_cast<int64_t>(out_dtype), false, true);
+  return {out[0], out[1]};
 }
 
 std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, const torch::Tensor& delta,
@@ -430,7 +448,7 @@ std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, 
               " is not supported (same shape; dim <= ", fused::kNormMaxDim, "; CUDA needs this build's kernels)");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedAddRmsNorm: weight ", weight.sizes(),
               " does not match x ", x.sizes());
-  const auto out = RmsNormFunction::apply(x, delta, weight, eps, static_cast<int64_t>(out_dtype), true);
+  const auto out = RmsNormFunction::apply(x, delta, weight, eps, static_cast<int64_t>(out_dtype), true, false);
   return {out[0], out[1]};
 }
 

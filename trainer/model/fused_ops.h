@@ -43,6 +43,11 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 bool FusedRmsNormSupports(const torch::Tensor& x, const torch::Tensor& delta, torch::ScalarType out_dtype);
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                            torch::ScalarType out_dtype);
+// FusedRmsNorm that also returns x (`through`, x itself as a view), for x's other uses (the
+// residual stream): the gradient they send back through it is added to the norm's own in the
+// backward kernel, where the composition's autograd adds x's two gradients in a kernel of its own.
+std::pair<torch::Tensor, torch::Tensor> FusedRmsNormPassingX(const torch::Tensor& x, const torch::Tensor& weight,
+                                                             double eps, torch::ScalarType out_dtype);
 std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, const torch::Tensor& delta,
                                                         const torch::Tensor& weight, double eps,
                                                         torch::ScalarType out_dtype);

@@ -157,13 +157,16 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const auto out_dtype = compat::MatmulDtype(x);
   if (fused && FusedRmsNormSupports(x, torch::Tensor(), out_dtype)) {
-    const auto attention = self_attn(FusedRmsNorm(x, input_layernorm->weight, input_layernorm->eps(), out_dtype), rope);
-    if (FusedRmsNormSupports(x, attention, out_dtype)) {
-      const auto [h, normed] =
-          FusedAddRmsNorm(x, attention, post_attention_layernorm->weight, post_attention_layernorm->eps(), out_dtype);
+    // x goes on through the first norm, so that its gradient from the residual add arrives in
+    // that norm's backward kernel rather than in an add of autograd's.
+    const auto [through, normed_x] = FusedRmsNormPassingX(x, input_layernorm->weight, input_layernorm->eps(), out_dtype);
+    const auto attention = self_attn(normed_x, rope);
+    if (FusedRmsNormSupports(through, attention, out_dtype)) {
+      const auto [h, normed] = FusedAddRmsNorm(through, attention, post_attention_layernorm->weight,
+                                               post_attention_layernorm->eps(), out_dtype);
       return h + mlp(normed);
     }
-    const auto h = x + attention;
+    const auto h = through + attention;
     return h + mlp(post_attention_layernorm(h));
   }
   auto h = x + self_attn(input_layernorm(x), rope);

@@ -323,6 +323,62 @@ TEST(FusedRmsNormTest, AddRmsNormEqualsTheComposition) {
   }
 }
 
+// The norm passing x on (the decoder layer's first norm): x comes back unchanged (a view of x,
+// no copy), and x's gradient is the norm's plus what x's later uses sent back through it, as
+// autograd adds them in the composition; also when nothing comes back through it. And the add +
+// norm taking the passed-on x, as the layer chains them: the same gradients as the composition.
+TEST(FusedRmsNormTest, PassingXOnSumsItsGradientInTheNormsBackward) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    torch::manual_seed(12);
+    const auto x = torch::randn({3, 5, 300}, dtype);
+    const auto delta = torch::randn({3, 5, 300}, dtype);
+    const auto weight = torch::rand({300}, dtype) + 0.5, weight2 = torch::rand({300}, dtype) + 0.5;
+    const auto up_y = torch::randn({3, 5, 300}, dtype), up_h = torch::randn({3, 5, 300}, dtype);
+    const auto up_y2 = torch::randn({3, 5, 300}, dtype);
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+    for (const bool chained : {false, true}) {
+      SCOPED_TRACE(chained ? "through the add + norm" : "through a plain use");
+      auto run = [&](bool fused, bool use_through) {
+        auto xi = x.clone().requires_grad_(true), di = delta.clone().requires_grad_(true);
+        auto w = weight.clone().requires_grad_(true), w2 = weight2.clone().requires_grad_(true);
+        torch::Tensor through = xi, y;
+        if (fused) {
+          std::tie(through, y) = FusedRmsNormPassingX(xi, w, 1e-5, dtype);
+          EXPECT_TRUE(torch::equal(through, xi));
+          EXPECT_EQ(through.data_ptr(), xi.data_ptr());
+        } else {
+          y = RmsNormComposition(xi, w, dtype);
+        }
+        std::vector<torch::Tensor> outs{y}, ups{up_y};
+        if (use_through && chained) {
+          torch::Tensor h, y2;
+          if (fused) {
+            std::tie(h, y2) = FusedAddRmsNorm(through, di, w2, 1e-5, dtype);
+          } else {
+            h = through + di;
+            y2 = RmsNormComposition(h, w2, dtype);
+          }
+          outs.insert(outs.end(), {h, y2});
+          ups.insert(ups.end(), {up_h, up_y2});
+        } else if (use_through) {
+          outs.push_back(through * 2);
+          ups.push_back(up_h);
+        }
+        torch::autograd::backward(outs, ups);
+        return std::make_tuple(y.detach(), xi.grad(), w.grad());
+      };
+      for (const bool use_through : {true, false}) {
+        const auto [y, dx, dw] = run(true, use_through);
+        const auto [y_ref, dx_ref, dw_ref] = run(false, use_through);
+        EXPECT_TRUE(torch::allclose(y, y_ref, tol, tol)) << (y - y_ref).abs().max();
+        EXPECT_TRUE(torch::allclose(dx, dx_ref, tol, tol)) << use_through << " " << (dx - dx_ref).abs().max();
+        EXPECT_TRUE(torch::allclose(dw, dw_ref, tol, tol)) << (dw - dw_ref).abs().max();
+      }
+    }
+  }
+}
+
 // Under autocast's dtypes: fp32 residual, bf16 block output, bf16 norm output (the cast the next
 // matmul would make, folded in): within one bf16 rounding of the fp32 composition, and the
 // delta's gradient in bf16.
