@@ -139,7 +139,7 @@ torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
   echo "out of both. MFU: Meshwork's formula (6N + attention FLOPs per token) over the dense bf16 peak"
   echo "meshwork-train uses. Peak memory: the CUDA caching allocator's peak allocated and reserved"
   echo "(Meshwork's from its done line). Meshwork ÷ row: Meshwork's tokens/s over the row's."
-  echo "meshwork-train's config: the defaults$([ -z "${MESHWORK_SET:-}" ] || echo ", with $MESHWORK_SET")."
+  echo "meshwork-train's config: the defaults$([ -z "${MESHWORK_SET:-}" ] || echo ", with $MESHWORK_SET") (with the fused kernels, a bf16 residual stream: training.residual_dtype; the peer keeps Hugging Face's fp32 stream)."
   echo
   echo "| model | batch x seq | trainer | tokens/s | MFU | peak allocated | peak reserved | final loss | Meshwork ÷ row |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"

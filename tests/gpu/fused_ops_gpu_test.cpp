@@ -468,8 +468,8 @@ TEST(FusedOpsGpu, ModelStepWithFusedKernelsFollowsTheComposition) {
   ExpectGradientsNearFp32(model, exact, plain, bf16_stream, 4, 5e-3);
 }
 
-// The residual stream is bf16 from the embedding to the final norm under autocast, and left
-// alone without it.
+// The residual stream is bf16 from the embedding to the final norm under autocast, left alone
+// without it, and fp32 over bf16 weights when asked.
 TEST(FusedOpsGpu, Bf16ResidualStreamRunsEveryLayerInBf16) {
   LlamaForCausalLM model = TwoLayerModel(16);
   model->set_fused_kernels(FusedKernelsBuilt());
@@ -490,6 +490,17 @@ TEST(FusedOpsGpu, Bf16ResidualStreamRunsEveryLayerInBf16) {
   for (const auto t : seen) EXPECT_EQ(t, torch::kBFloat16);
   seen.clear();
   (void)model->ForwardWithLayerRunner(tokens, record);  // no autocast: fp32 throughout
+  ASSERT_EQ(seen.size(), 4u);
+  for (const auto t : seen) EXPECT_EQ(t, torch::kFloat);
+  // bf16 weights, as FSDP gathers them, with training.residual_dtype: fp32: the embedding's
+  // bf16 rows cast up, the stream fp32 throughout.
+  model->to(torch::kBFloat16);
+  model->set_residual_dtype(torch::kFloat);
+  seen.clear();
+  {
+    compat::CudaAutocastGuard amp(true, torch::kBFloat16);
+    (void)model->ForwardWithLayerRunner(tokens, record);
+  }
   ASSERT_EQ(seen.size(), 4u);
   for (const auto t : seen) EXPECT_EQ(t, torch::kFloat);
 }

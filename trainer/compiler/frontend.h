@@ -58,8 +58,9 @@ struct LlamaShape {
   int reduce_bytes = 4;   // per element, gradient reduction (fp32 = 4)
   int activation_bytes = 2;
   // The residual stream's element size (training.residual_dtype): the layers' inputs and sums,
-  // which the norms keep for backward and activation checkpointing keeps alone.
-  int residual_bytes = 2;
+  // which the norms keep for backward and activation checkpointing keeps alone. 0: the same as
+  // activation_bytes.
+  int residual_bytes = 0;
   int dp_shard = 1;
   int dp_replicate = 1;
   double flops_per_second = 1e12;  // achieved, not peak

@@ -56,12 +56,13 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
     g.modules.push_back(std::move(m));
   };
 
+  const double residual_bytes = shape.residual_bytes > 0 ? shape.residual_bytes : shape.activation_bytes;
   // Embedding: a gather, no FLOPs worth counting. What it keeps is its output, the residual
   // stream entering layer 0.
   const int embed = add_param({"model.embed_tokens.weight", vocab, h});
   // Its rows for this rank's tokens, fp32 (what a row_gather fetches, a row_reduce sums).
   g.params[embed].row_bytes = static_cast<int64_t>(tokens) * h * 4;
-  add_module("embed", {embed}, 0.0, tokens * h * shape.residual_bytes);
+  add_module("embed", {embed}, 0.0, tokens * h * residual_bytes);
 
   // Decoder layers. Forward FLOPs are 2 per multiply-add of each matmul: the seven projections
   // (2 · tokens · in · out each), plus attention scores (Q·Kᵀ) and values (P·V), 2 · batch ·
@@ -95,7 +96,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
                 tokens * 4.0 * heads
           : 0.0;
   const double layer_activation =
-      tokens * (2.0 * h * shape.residual_bytes + (5.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes +
+      tokens * (2.0 * h * residual_bytes + (5.0 * h + 2.0 * kv + 4.0 * inter) * shape.activation_bytes +
                 4.0 * heads) +
       attention_extra;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -113,7 +114,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
     };
     add_module("layers." + std::to_string(i), std::move(params), linear_flops + attention_flops, layer_activation);
     ModuleInfo& m = g.modules.back();
-    m.checkpoint_input_bytes = static_cast<int64_t>(tokens * h * shape.residual_bytes);  // the layer's input
+    m.checkpoint_input_bytes = static_cast<int64_t>(tokens * h * residual_bytes);  // the layer's input
     // Unfused attention's backward holds the gradients of the probabilities and of the scores
     // (fp32, batch x heads x seq² each) for a moment.
     if (shape.attention_keeps_probabilities)
@@ -129,7 +130,7 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // logits (a few x training.loss_chunk_mib) are not modelled.
   const int norm = add_param({"model.norm.weight", h, 1});
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
-  double head_bytes = tokens * (h * shape.residual_bytes + h * shape.activation_bytes + 4.0);
+  double head_bytes = tokens * (h * residual_bytes + h * shape.activation_bytes + 4.0);
   if (shape.head_stores_logit_grad) head_bytes += tokens * vocab * shape.activation_bytes;
   add_module("head", {norm, output}, 2.0 * tokens * h * vocab, head_bytes);
   g.modules.back().bwd_seconds = (shape.head_stores_logit_grad ? 2 : 3) * g.modules.back().fwd_seconds;

@@ -35,7 +35,10 @@ compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda) {
   const bool bf16 = cuda && cfg.training.dtype != Dtype::kFp32;
   shape.param_bytes = bf16 ? 2 : 4;
   shape.activation_bytes = bf16 ? 2 : 4;
-  shape.residual_bytes = bf16 && cfg.training.residual_dtype != ResidualDtype::kFp32 ? 2 : 4;
+  // As the CUDA flavor runs it: built with the fused kernels.
+  const Result<bool> fused = UsesFusedKernels(cfg, cuda, /*kernels_built=*/true);
+  const Result<bool> bf16_residual = UsesBf16Residual(cfg, bf16, fused.ok() && *fused);
+  shape.residual_bytes = bf16_residual.ok() && *bf16_residual ? 2 : 4;
   shape.reduce_bytes = 4;
   shape.head_stores_logit_grad = StoresLossGradient(cfg, cuda);
   return shape;
@@ -64,10 +67,10 @@ Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_bu
   return true;
 }
 
-Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast) {
+Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast, bool fused) {
   switch (cfg.training.residual_dtype) {
     case ResidualDtype::kFp32: return false;
-    case ResidualDtype::kAuto: return autocast;
+    case ResidualDtype::kAuto: return autocast && fused;
     case ResidualDtype::kBf16: break;
   }
   if (!autocast) {

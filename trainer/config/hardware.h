@@ -29,8 +29,9 @@ bool StoresLossGradient(const TrainConfig& cfg, bool cuda);
 Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_built);
 
 // Whether the residual stream runs in bf16 (training.residual_dtype: auto = wherever the run is
-// under bf16 `autocast`). An error naming the key for bf16 without autocast (a device that
-// resolved to the CPU; Validate refuses the cases it can see).
-Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast);
+// under bf16 `autocast` with the `fused` norms, which read and keep a bf16 stream as it is;
+// the composition would keep an fp32 copy of it besides). An error naming the key for bf16
+// without autocast (a device that resolved to the CPU; Validate refuses the cases it can see).
+Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast, bool fused);
 
 }  // namespace meshwork::config

@@ -11,9 +11,10 @@ namespace meshwork::model {
 namespace {
 
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
-  // hidden [n, d] and weight [vocab, d] in their own dtypes (fp32 under autocast: the final
-  // norm's output and the parameter); the matmuls run in `matmul_dtype`, cast here rather than
-  // by autograd so that the gradients come back in fp32 without a round trip through bf16;
+  // hidden [n, d] and weight [vocab, d] in their own dtypes (under autocast the final norm's
+  // output, fp32 from the composition and bf16 from the fused norm, and the fp32 parameter); the
+  // matmuls run in `matmul_dtype`, cast here rather than by autograd so that the gradients come
+  // back in their inputs' dtypes (the weight's fp32) without a round trip through bf16;
   // targets [n]. Runs under no grad.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk_rows,

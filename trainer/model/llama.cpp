@@ -219,6 +219,14 @@ const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Devic
   return rope_;
 }
 
+torch::Tensor LlamaForCausalLMImpl::Embed(const torch::Tensor& tokens) {
+  const torch::Tensor& table = model->embed_tokens->weight;
+  if (fused_ && config_.tie_word_embeddings && torch::GradMode::is_enabled()) {
+    return torch::embedding(table, tokens, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/true);
+  }
+  return model->embed_tokens(tokens);
+}
+
 torch::Tensor LlamaForCausalLMImpl::ToResidualDtype(const torch::Tensor& embedded) const {
   if (!residual_dtype_ || embedded.scalar_type() == *residual_dtype_) return embedded;
   if (!embedded.is_cuda() || !compat::CurrentCudaAutocast().enabled) return embedded;
@@ -254,7 +262,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
   const auto& rope = Rope(tokens.size(1), tokens.device());
-  auto h = ToResidualDtype(embed ? embed(tokens) : model->embed_tokens(tokens));
+  auto h = ToResidualDtype(embed ? embed(tokens) : Embed(tokens));
   for (size_t i = 0; i < model->layers->size(); ++i) {
     h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
   }

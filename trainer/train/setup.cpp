@@ -120,7 +120,7 @@ std::string KernelNote(const TrainingRun& r) {
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
   const config::TrainConfig& cfg = r.cfg;
   const std::string blas = BlasKernelNote();
-  const Result<bool> bf16_residual = config::UsesBf16Residual(cfg, r.autocast);  // BuildModel checked it
+  const Result<bool> bf16_residual = Bf16Residual(cfg, r.device);  // BuildModel checked it
   r.log() << "model: " << (cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from) << ", "
           << Format("%.2fM", r.dims.NumParameters() / 1e6) << " parameters (" << r.dims.num_hidden_layers
           << " layers, hidden " << r.dims.hidden_size << ", heads " << r.dims.num_attention_heads << "/"
@@ -160,6 +160,9 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
 // deterministic initialisation, then imported weights if any, on `device`.
 Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
                                            std::ostream& log) {
+  // The choices this device settles, before any weight is made or read.
+  MW_ASSIGN_OR_RETURN(const bool fused, config::UsesFusedKernels(cfg, device.is_cuda(), model::FusedKernelsBuilt()));
+  MW_ASSIGN_OR_RETURN(const bool bf16_residual, Bf16Residual(cfg, device));
   model::LlamaConfig dims = cfg.model.dims;
   if (!cfg.model.init_from.empty()) {
     MW_ASSIGN_OR_RETURN(dims, io::ReadHfConfig(cfg.model.init_from));
@@ -183,15 +186,22 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   net->set_loss_gradient(config::StoresLossGradient(cfg, device.is_cuda()) ? model::HeadGradient::kStored
                                                                            : model::HeadGradient::kRecompute);
   net->set_merged_projections(cfg.training.merge_projections);
-  MW_ASSIGN_OR_RETURN(const bool fused, config::UsesFusedKernels(cfg, device.is_cuda(), model::FusedKernelsBuilt()));
   net->set_fused_kernels(fused);
-  MW_ASSIGN_OR_RETURN(const bool bf16_residual, config::UsesBf16Residual(cfg, UseAutocast(cfg, device)));
   net->set_residual_dtype(bf16_residual ? torch::kBFloat16 : torch::kFloat);
   return net;
 }
 
 bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device) {
   return device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32;
+}
+
+Result<bool> Bf16Residual(const config::TrainConfig& cfg, const torch::Device& device) {
+  MW_ASSIGN_OR_RETURN(const bool fused, config::UsesFusedKernels(cfg, device.is_cuda(), model::FusedKernelsBuilt()));
+  Result<bool> bf16 = config::UsesBf16Residual(cfg, UseAutocast(cfg, device), fused);
+  if (!bf16.ok()) {
+    return Status(bf16.status().code(), bf16.status().message() + " (training.device resolved to " + device.str() + ")");
+  }
+  return bf16;
 }
 
 // Mean loss over contiguous windows, batched by data.batch_size, without grads. Every rank

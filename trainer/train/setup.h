@@ -64,6 +64,9 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
 Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
                                            std::ostream& log);
 bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device);
+// Whether the residual stream runs in bf16 on `device` (config::UsesBf16Residual, its error
+// saying what the device resolved to).
+Result<bool> Bf16Residual(const config::TrainConfig& cfg, const torch::Device& device);
 // eval.data (or data.val), checked to hold eval.windows windows.
 Result<std::unique_ptr<data::TokenFile>> OpenEvalFile(const config::TrainConfig& cfg);
 Result<double> EvalLoss(Engine& engine, const model::LlamaConfig& dims, const data::TokenFile& file,

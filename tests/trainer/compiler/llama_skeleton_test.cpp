@@ -209,7 +209,6 @@ TEST(LlamaSkeletonTest, ActivationsScaleWithTokensAndDtype) {
   EXPECT_EQ(fp32_stream.modules[1].checkpoint_input_bytes, 2 * one.modules[1].checkpoint_input_bytes);
   s.batch = 1;
   s.activation_bytes = 4;
-  s.residual_bytes = 4;
   const Graph fp32 = LlamaSkeleton(s);
   EXPECT_GT(fp32.modules[1].activation_bytes, one.modules[1].activation_bytes);
 }

@@ -40,23 +40,43 @@ TEST(UsesFusedKernelsTest, AutoIsOnCudaWithKernelsOnAndOffAsSaid) {
   }
 }
 
-TEST(UsesBf16ResidualTest, AutoFollowsAutocastAndBf16WithoutItIsAnError) {
+// auto: bf16 under autocast with the fused norms only (the composition would keep an fp32 copy
+// of a bf16 stream); fp32 always; bf16 wherever autocast runs, an error without it.
+TEST(UsesBf16ResidualTest, AutoNeedsAutocastAndTheFusedNormsAndBf16WithoutAutocastIsAnError) {
   TrainConfig cfg;
-  ASSERT_TRUE(UsesBf16Residual(cfg, true).ok());
-  EXPECT_TRUE(*UsesBf16Residual(cfg, true));
-  EXPECT_FALSE(*UsesBf16Residual(cfg, false));
+  ASSERT_TRUE(UsesBf16Residual(cfg, true, true).ok());
+  EXPECT_TRUE(*UsesBf16Residual(cfg, true, true));
+  EXPECT_FALSE(*UsesBf16Residual(cfg, true, false));
+  EXPECT_FALSE(*UsesBf16Residual(cfg, false, true));
   cfg.training.residual_dtype = ResidualDtype::kFp32;
-  EXPECT_FALSE(*UsesBf16Residual(cfg, true));
-  EXPECT_FALSE(*UsesBf16Residual(cfg, false));
+  EXPECT_FALSE(*UsesBf16Residual(cfg, true, true));
+  EXPECT_FALSE(*UsesBf16Residual(cfg, false, false));
   cfg.training.residual_dtype = ResidualDtype::kBf16;
-  EXPECT_TRUE(*UsesBf16Residual(cfg, true));
+  EXPECT_TRUE(*UsesBf16Residual(cfg, true, true));
+  EXPECT_TRUE(*UsesBf16Residual(cfg, true, false));
   cfg.training.device = "auto";
-  const Result<bool> r = UsesBf16Residual(cfg, false);
+  const Result<bool> r = UsesBf16Residual(cfg, false, true);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidConfig);
   EXPECT_NE(r.status().message().find("'training.residual_dtype': bf16 needs bf16 autocast"), std::string::npos)
       << r.status().message();
   EXPECT_NE(r.status().message().find("training.device 'auto'"), std::string::npos) << r.status().message();
+}
+
+// The compiler's shape counts the stream at the size it runs: bf16 under autocast with the
+// fused norms (which the CUDA flavor builds), fp32 otherwise.
+TEST(TrainingShapeTest, CountsTheResidualStreamAtItsDtype) {
+  TrainConfig cfg;
+  EXPECT_EQ(TrainingShape(cfg, true).residual_bytes, 2);
+  EXPECT_EQ(TrainingShape(cfg, true).activation_bytes, 2);
+  EXPECT_EQ(TrainingShape(cfg, false).residual_bytes, 4);
+  cfg.training.fused_kernels = FusedKernels::kOff;
+  EXPECT_EQ(TrainingShape(cfg, true).residual_bytes, 4);
+  cfg.training.residual_dtype = ResidualDtype::kBf16;
+  EXPECT_EQ(TrainingShape(cfg, true).residual_bytes, 2);
+  cfg.training.fused_kernels = FusedKernels::kAuto;
+  cfg.training.residual_dtype = ResidualDtype::kFp32;
+  EXPECT_EQ(TrainingShape(cfg, true).residual_bytes, 4);
 }
 
 TEST(StoresLossGradientTest, AutoStoresOnCudaOnly) {

@@ -401,6 +401,52 @@ TEST(FusedRmsNormTest, Bf16DeltaAndOutputRoundOnce) {
   EXPECT_TRUE(torch::allclose(di.grad().to(torch::kFloat), xi.grad(), 1.0 / 256, 1e-6));
 }
 
+// The bf16 residual stream (training.residual_dtype): x, the block output and the norm output
+// all bf16. h is the fp32 sum of the two rounded once (bit-exact), y one bf16 rounding from the
+// fp32 norm of that h, and every gradient (x's passed on through the first norm, too) within
+// bf16's precision of the fp32 composition's on the same values.
+TEST(FusedRmsNormTest, AllBf16RowsAddAndNormaliseInFp32AndRoundOnce) {
+  torch::manual_seed(13);
+  const auto x = torch::randn({16, 512}).to(torch::kBFloat16);
+  const auto delta = torch::randn({16, 512}).to(torch::kBFloat16);
+  const auto weight = torch::rand({512}) + 0.5;
+  const auto up_y = torch::randn({16, 512}).to(torch::kBFloat16), up_h = torch::randn({16, 512}).to(torch::kBFloat16);
+  const auto up_y1 = torch::randn({16, 512}).to(torch::kBFloat16);
+  // Fused, all bf16: the layer's chain, x passed on through the first norm into the add + norm.
+  auto xi = x.clone().requires_grad_(true), di = delta.clone().requires_grad_(true);
+  auto w1 = weight.clone().requires_grad_(true), w2 = weight.clone().requires_grad_(true);
+  const auto [through, y1] = FusedRmsNormPassingX(xi, w1, 1e-5, torch::kBFloat16);
+  const auto [h, y] = FusedAddRmsNorm(through, di, w2, 1e-5, torch::kBFloat16);
+  EXPECT_EQ(h.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(y1.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(h, (x.to(torch::kFloat) + delta.to(torch::kFloat)).to(torch::kBFloat16)));
+  torch::autograd::backward({y1, h, y}, {up_y1, up_h, up_y});
+  // The fp32 composition on the same (bf16-valued) inputs.
+  auto x32 = x.to(torch::kFloat).requires_grad_(true), d32 = delta.to(torch::kFloat).requires_grad_(true);
+  auto v1 = weight.clone().requires_grad_(true), v2 = weight.clone().requires_grad_(true);
+  const auto y1_32 = compat::RmsNorm(x32, v1, 1e-5);
+  const auto h32 = x32 + d32;
+  const auto y32 = compat::RmsNorm(h32, v2, 1e-5);
+  torch::autograd::backward({y1_32, h32, y32},
+                            {up_y1.to(torch::kFloat), up_h.to(torch::kFloat), up_y.to(torch::kFloat)});
+  const auto near = [](const torch::Tensor& got, const torch::Tensor& want) {
+    return torch::allclose(got.to(torch::kFloat), want, 1.0 / 128, 1e-2);
+  };
+  EXPECT_TRUE(near(y1, y1_32)) << (y1.to(torch::kFloat) - y1_32).abs().max();
+  EXPECT_TRUE(near(y, y32)) << (y.to(torch::kFloat) - y32).abs().max();
+  EXPECT_EQ(xi.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(di.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(near(xi.grad(), x32.grad())) << (xi.grad().to(torch::kFloat) - x32.grad()).abs().max();
+  EXPECT_TRUE(near(di.grad(), d32.grad())) << (di.grad().to(torch::kFloat) - d32.grad()).abs().max();
+  // The weights' gradients sum 16 rows of products in fp32, the second norm's from the bf16 h it
+  // kept (each product one bf16 rounding off): by relative norm, within bf16's precision.
+  for (const auto& [got, want] : {std::pair{w1.grad(), v1.grad()}, std::pair{w2.grad(), v2.grad()}}) {
+    const double relative = ((got - want).norm() / want.norm()).item<double>();
+    EXPECT_LT(relative, 1.0 / 256) << relative;
+  }
+}
+
 TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
   const auto x = torch::zeros({2, 64});
   EXPECT_TRUE(FusedRmsNormSupports(x, torch::Tensor(), torch::kFloat));
@@ -408,6 +454,7 @@ TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
   EXPECT_TRUE(FusedRmsNormSupports(x, x.to(torch::kBFloat16), torch::kBFloat16));
   EXPECT_FALSE(FusedRmsNormSupports(x, x.to(torch::kBFloat16), torch::kHalf));
   EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kBFloat16), x, torch::kBFloat16));
+  EXPECT_TRUE(FusedRmsNormSupports(x.to(torch::kBFloat16), x.to(torch::kBFloat16), torch::kBFloat16));
   EXPECT_FALSE(FusedRmsNormSupports(x, torch::zeros({2, 63}), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(torch::zeros({2, 8193}), torch::Tensor(), torch::kFloat));
   EXPECT_FALSE(FusedRmsNormSupports(x.to(torch::kInt), torch::Tensor(), torch::kInt));

@@ -335,6 +335,32 @@ TEST(LlamaForCausalLMTest, FusedKernelsWithAStoredHeadGradientEqualTheCompositio
   });
 }
 
+// With the fused kernels a tied table's lookup gradient is sparse and joins the head's dense one
+// in place: the table's gradient stays dense, equals the composition's, and accumulates over
+// micro-batches (two backward passes); an untied table's only gradient stays dense too.
+TEST(LlamaForCausalLMTest, FusedTiedEmbeddingGradientIsDenseAndAccumulates) {
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    torch::manual_seed(6);
+    LlamaForCausalLM model(TinyConfig(tied));
+    model->InitWeights(0.1);
+    model->to(torch::kDouble);
+    const auto tokens = torch::randint(0, 48, {2, 10}, torch::kLong);
+    const auto inputs = tokens.narrow(1, 0, 9), targets = tokens.narrow(1, 1, 9);
+    auto table_grad = [&](bool fused) {
+      model->set_fused_kernels(fused);
+      model->zero_grad();
+      model->Loss(inputs, targets).backward();
+      model->Loss(inputs.flip(1), targets.flip(1)).backward();
+      return model->model->embed_tokens->weight.grad().clone();
+    };
+    const auto fused = table_grad(true);
+    const auto plain = table_grad(false);
+    EXPECT_FALSE(fused.is_sparse());
+    EXPECT_TRUE(torch::allclose(fused, plain, 1e-12, 1e-12)) << (fused - plain).abs().max();
+  }
+}
+
 // A bf16 residual stream applies under CUDA autocast only (fused_ops_gpu_test holds it to fp32
 // there): without autocast the stream stays in the weights' dtype, the same losses and gradients.
 TEST(LlamaForCausalLMTest, Bf16ResidualStreamLeavesAModelWithoutAutocastAlone) {
