@@ -219,9 +219,9 @@ const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Devic
   return rope_;
 }
 
-torch::Tensor LlamaForCausalLMImpl::Embed(const torch::Tensor& tokens) {
+torch::Tensor LlamaForCausalLMImpl::Embed(const torch::Tensor& tokens, bool head_is_ours) {
   const torch::Tensor& table = model->embed_tokens->weight;
-  if (fused_ && config_.tie_word_embeddings && torch::GradMode::is_enabled()) {
+  if (fused_ && head_is_ours && config_.tie_word_embeddings && torch::GradMode::is_enabled()) {
     return torch::embedding(table, tokens, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/true);
   }
   return model->embed_tokens(tokens);
@@ -262,7 +262,8 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
   const auto& rope = Rope(tokens.size(1), tokens.device());
-  auto h = ToResidualDtype(embed ? embed(tokens) : Embed(tokens));
+  // A sparse lookup gradient only where this model's own head adds the table's dense one.
+  auto h = ToResidualDtype(embed ? embed(tokens) : Embed(tokens, /*head_is_ours=*/!(targets.defined() && loss)));
   for (size_t i = 0; i < model->layers->size(); ++i) {
     h = run_layer(static_cast<int64_t>(i), *model->layers[i]->as<DecoderLayer>(), h, rope);
   }

@@ -175,8 +175,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // gradient from the lookup is sparse (the batch's rows only): autograd adds it in place into
   // the head's dense gradient of the same table, where a dense one is a whole zero-filled table
   // (1 GB in fp32 at llama3-1b) added whole. Untied, the lookup's gradient would be the table's
-  // only one and must be dense (the optimizer's), so it stays dense.
-  torch::Tensor Embed(const torch::Tensor& tokens);
+  // only one and must be dense (the optimizer's), so it stays dense; so does a table whose head
+  // is not this model's own (`head_is_ours` false: FSDP's vocabulary-split head keeps the
+  // table's head gradient apart).
+  torch::Tensor Embed(const torch::Tensor& tokens, bool head_is_ours);
   // The embedding's output in the residual stream's dtype (set_residual_dtype).
   torch::Tensor ToResidualDtype(const torch::Tensor& embedded) const;
   // The final norm: with the fused kernels, one pass that also rounds to the head's matmul
