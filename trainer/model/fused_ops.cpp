@@ -317,6 +317,9 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     ctx->save_for_backward({add ? h : x, weight, rstd});
     ctx->saved_data["add"] = add;
     ctx->saved_data["pass_x"] = pass_x;
+    // An output nobody used sends an undefined gradient, not a zero-filled one: the kernel
+    // skips dh (and backward zero-fills only a missing dy).
+    ctx->set_materialize_grads(false);
     ctx->saved_data["delta_dtype"] = static_cast<int64_t>(d_type);
     if (add) return {h, y};
     if (pass_x) return {x_in, y};
@@ -450,6 +453,32 @@ std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, 
               " does not match x ", x.sizes());
   const auto out = RmsNormFunction::apply(x, delta, weight, eps, static_cast<int64_t>(out_dtype), true, false);
   return {out[0], out[1]};
+}
+
+namespace {
+struct SparseGradEmbeddingFunction : torch::autograd::Function<SparseGradEmbeddingFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& table,
+                               const torch::Tensor& tokens) {
+    ctx->save_for_backward({tokens});
+    ctx->saved_data["rows"] = table.size(0);
+    return torch::embedding(table, tokens);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor tokens = ctx->get_saved_variables()[0];
+    // Coalesced: each row's occurrences summed once, after a sort, so that the dense + sparse
+    // add that follows is one write per row, without atomics.
+    const torch::Tensor sparse = at::embedding_sparse_backward(grads[0], tokens, ctx->saved_data["rows"].toInt(),
+                                                               /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+    return {sparse.coalesce(), torch::Tensor()};
+  }
+};
+}  // namespace
+
+torch::Tensor EmbeddingWithSparseGradient(const torch::Tensor& table, const torch::Tensor& tokens) {
+  TORCH_CHECK(table.dim() == 2 && tokens.scalar_type() == torch::kLong, "EmbeddingWithSparseGradient: table ",
+              table.sizes(), ", tokens ", tokens.scalar_type());
+  return SparseGradEmbeddingFunction::apply(table, tokens);
 }
 
 bool FusedKernelsBuilt() {

@@ -52,6 +52,12 @@ std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, 
                                                         const torch::Tensor& weight, double eps,
                                                         torch::ScalarType out_dtype);
 
+// The rows of `table` [rows, dim] for `tokens` (int64), as torch::embedding, whose gradient
+// for the table is sparse and coalesced: each token's row once, its occurrences summed after a
+// sort (the tied head's table: autograd then adds it in place into the head's dense gradient,
+// one write per row, no atomics).
+torch::Tensor EmbeddingWithSparseGradient(const torch::Tensor& table, const torch::Tensor& tokens);
+
 // The output head's logits [rows, vocab] (contiguous; float, double, bf16 or fp16) replaced in
 // place by the gradient of each row's cross-entropy against `targets` [rows] (int64, in [0,
 // vocab)): softmax(row) - onehot(target), rounded to the logits' dtype, from one read of the row

@@ -221,8 +221,9 @@ const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Devic
 
 torch::Tensor LlamaForCausalLMImpl::Embed(const torch::Tensor& tokens, bool head_is_ours) {
   const torch::Tensor& table = model->embed_tokens->weight;
-  if (fused_ && head_is_ours && config_.tie_word_embeddings && torch::GradMode::is_enabled()) {
-    return torch::embedding(table, tokens, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, /*sparse=*/true);
+  if (fused_ && head_is_ours && config_.tie_word_embeddings && table.scalar_type() == torch::kFloat &&
+      torch::GradMode::is_enabled()) {
+    return EmbeddingWithSparseGradient(table, tokens);
   }
   return model->embed_tokens(tokens);
 }

@@ -171,13 +171,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  private:
   torch::Tensor OutputWeight();
   const RopeTables& Rope(int64_t seq_len, const torch::Device& device);
-  // The token embedding's rows for `tokens`. With the fused kernels and a tied head, the table's
-  // gradient from the lookup is sparse (the batch's rows only): autograd adds it in place into
-  // the head's dense gradient of the same table, where a dense one is a whole zero-filled table
-  // (1 GB in fp32 at llama3-1b) added whole. Untied, the lookup's gradient would be the table's
-  // only one and must be dense (the optimizer's), so it stays dense; so does a table whose head
-  // is not this model's own (`head_is_ours` false: FSDP's vocabulary-split head keeps the
-  // table's head gradient apart).
+  // The token embedding's rows for `tokens`. With the fused kernels and a tied fp32 table, the
+  // table's gradient from the lookup is sparse (the batch's rows only, coalesced:
+  // EmbeddingWithSparseGradient): autograd adds it in place into the head's dense gradient of
+  // the same table, where a dense one is a whole zero-filled table (1 GB at llama3-1b) added
+  // whole. Untied, the lookup's gradient would be the table's only one and must be dense (the
+  // optimizer's), so it stays dense; so does a table whose head is not this model's own
+  // (`head_is_ours` false: FSDP's vocabulary-split head keeps the table's head gradient apart),
+  // and FSDP's gathered bf16 table keeps the dense path (the sparse one is checked in fp32 only).
   torch::Tensor Embed(const torch::Tensor& tokens, bool head_is_ours);
   // The embedding's output in the residual stream's dtype (set_residual_dtype).
   torch::Tensor ToResidualDtype(const torch::Tensor& embedded) const;

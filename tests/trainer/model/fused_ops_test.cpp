@@ -447,6 +447,26 @@ TEST(FusedRmsNormTest, AllBf16RowsAddAndNormaliseInFp32AndRoundOnce) {
   }
 }
 
+// The tied table's lookup: torch::embedding's rows forward; backward a coalesced sparse
+// gradient (each token's row once, its occurrences summed) equal to the dense one.
+TEST(EmbeddingWithSparseGradientTest, RowsForwardAndACoalescedSparseGradient) {
+  torch::manual_seed(14);
+  const auto table = torch::randn({40, 24}, torch::kDouble);
+  const auto tokens = torch::tensor({3, 7, 3, 3, 39, 0, 7, 12}, torch::kLong).view({2, 4});
+  const auto upstream = torch::randn({2, 4, 24}, torch::kDouble);
+  auto sparse_table = table.clone().requires_grad_(true), dense_table = table.clone().requires_grad_(true);
+  const auto rows = EmbeddingWithSparseGradient(sparse_table, tokens);
+  const auto want = torch::embedding(dense_table, tokens);
+  EXPECT_TRUE(torch::equal(rows, want));
+  // As the backward hands it on (a leaf's .grad would be a re-wrapped copy, flagged uncoalesced).
+  const auto grad = torch::autograd::grad({rows}, {sparse_table}, {upstream})[0];
+  want.backward(upstream);
+  ASSERT_TRUE(grad.is_sparse());
+  EXPECT_TRUE(grad.is_coalesced());
+  EXPECT_EQ(grad._nnz(), 5);  // tokens 0, 3, 7, 12, 39: each row once
+  EXPECT_TRUE(torch::allclose(grad.to_dense(), dense_table.grad(), 1e-12, 1e-12));
+}
+
 TEST(FusedRmsNormTest, SupportsSaysWhichDtypesAndWidthsQualify) {
   const auto x = torch::zeros({2, 64});
   EXPECT_TRUE(FusedRmsNormSupports(x, torch::Tensor(), torch::kFloat));
