@@ -253,14 +253,19 @@ const void* DataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr
 void* MutableDataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 #endif
 
-// Inputs: x, delta (empty, and `add` false: none; libtorch 1.13's apply takes no undefined
-// tensor), weight; outputs {h, y} with a delta, {x, y} with `pass_x` (x itself, which autograd
-// hands on as a view: the gradient its later uses send back joins the norm's in the backward
-// kernel), {y} otherwise.
+// What RmsNormFunction returns: {y}; {h, y} for x + delta (kAdd); {x, y} (kPassX: x itself,
+// which autograd hands on as a view, so that the gradient its later uses send back joins the
+// norm's in the backward kernel). With two outputs, the first one's gradient is added to x's
+// in the kernel.
+enum class NormOutputs : int64_t { kNorm, kAdd, kPassX };
+
+// Inputs: x, delta (empty without kAdd; libtorch 1.13's apply takes no undefined tensor),
+// weight; outputs as `outputs` says.
 struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                                 const torch::Tensor& delta_in, const torch::Tensor& weight,
-                                                double eps, int64_t out_dtype, bool add, bool pass_x) {
+                                                double eps, int64_t out_dtype, int64_t outputs) {
+    const bool add = static_cast<NormOutputs>(outputs) == NormOutputs::kAdd;
     const torch::Tensor x = x_in.contiguous();
     const torch::Tensor delta = add ? delta_in.contiguous() : torch::Tensor();
     const auto y_type = static_cast<torch::ScalarType>(out_dtype);
@@ -315,14 +320,16 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
       });
     }
     ctx->save_for_backward({add ? h : x, weight, rstd});
-    ctx->saved_data["add"] = add;
-    ctx->saved_data["pass_x"] = pass_x;
+    ctx->saved_data["outputs"] = outputs;
     // An output nobody used sends an undefined gradient, not a zero-filled one: the kernel
     // skips dh (and backward zero-fills only a missing dy).
     ctx->set_materialize_grads(false);
     ctx->saved_data["delta_dtype"] = static_cast<int64_t>(d_type);
-    if (add) return {h, y};
-    if (pass_x) return {x_in, y};
+    switch (static_cast<NormOutputs>(outputs)) {
+      case NormOutputs::kAdd: return {h, y};
+      case NormOutputs::kPassX: return {x_in, y};
+      case NormOutputs::kNorm: break;
+    }
     return {y};
   }
 
@@ -332,9 +339,9 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor& h = saved[0];
     const torch::Tensor& weight = saved[1];
     const torch::Tensor& rstd = saved[2];
-    const bool add = ctx->saved_data["add"].toBool();
-    // Two outputs: the first's gradient (h's, or x's passed on) is added to x's in the kernel.
-    const bool two = add || ctx->saved_data["pass_x"].toBool();
+    const auto outputs = static_cast<NormOutputs>(ctx->saved_data["outputs"].toInt());
+    const bool add = outputs == NormOutputs::kAdd;
+    const bool two = outputs != NormOutputs::kNorm;
     const auto d_type = static_cast<torch::ScalarType>(ctx->saved_data["delta_dtype"].toInt());
     const torch::Tensor& dy_in = two ? grads[1] : grads[0];
     const torch::Tensor dh_in = two ? grads[0] : torch::Tensor();
@@ -406,7 +413,7 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
       });
     }
     const torch::Tensor dweight = dw_partial.sum(0).to(weight.scalar_type());
-    return {dx, ddelta, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, ddelta, dweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -419,39 +426,40 @@ bool FusedRmsNormSupports(const torch::Tensor& x, const torch::Tensor& delta, to
   return NormTypesSupported(x.scalar_type(), delta.defined() ? delta.scalar_type() : x.scalar_type(), out_dtype);
 }
 
+namespace {
+// The norms' entry points: x (and delta) as FusedRmsNormSupports takes them, weight [dim]; then
+// RmsNormFunction.
+torch::autograd::variable_list ApplyRmsNorm(const char* name, const torch::Tensor& x, const torch::Tensor& delta,
+                                            const torch::Tensor& weight, double eps, torch::ScalarType out_dtype,
+                                            NormOutputs outputs) {
+  const bool add = outputs == NormOutputs::kAdd;
+  TORCH_CHECK((!add || delta.defined()) && FusedRmsNormSupports(x, delta, out_dtype), name, ": x ", x.sizes(), " ",
+              x.scalar_type(), add ? " + delta " : "", delta.defined() ? delta.sizes() : torch::IntArrayRef{}, " ",
+              delta.defined() ? delta.scalar_type() : x.scalar_type(), " on ", x.device(), " to ", out_dtype,
+              " is not supported (same shape; dim <= ", fused::kNormMaxDim, "; CUDA needs this build's kernels)");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), name, ": weight ", weight.sizes(),
+              " does not match x ", x.sizes());
+  return RmsNormFunction::apply(x, add ? delta : torch::empty({0}, x.options()), weight, eps,
+                                static_cast<int64_t>(out_dtype), static_cast<int64_t>(outputs));
+}
+}  // namespace
+
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                            torch::ScalarType out_dtype) {
-  TORCH_CHECK(FusedRmsNormSupports(x, torch::Tensor(), out_dtype), "FusedRmsNorm: x ", x.sizes(), " ",
-              x.scalar_type(), " on ", x.device(), " to ", out_dtype, " is not supported (dim <= ", fused::kNormMaxDim,
-              "; CUDA needs this build's kernels)");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedRmsNorm: weight ", weight.sizes(),
-              " does not match x ", x.sizes());
-  return RmsNormFunction::apply(x, torch::empty({0}, x.options()), weight, eps, static_cast<int64_t>(out_dtype),
-                                false, false)[0];
+  return ApplyRmsNorm("FusedRmsNorm", x, torch::Tensor(), weight, eps, out_dtype, NormOutputs::kNorm)[0];
 }
 
 std::pair<torch::Tensor, torch::Tensor> FusedRmsNormPassingX(const torch::Tensor& x, const torch::Tensor& weight,
                                                              double eps, torch::ScalarType out_dtype) {
-  TORCH_CHECK(FusedRmsNormSupports(x, torch::Tensor(), out_dtype), "FusedRmsNormPassingX: x ", x.sizes(), " ",
-              x.scalar_type(), " on ", x.device(), " to ", out_dtype, " is not supported (dim <= ",
-              fused::kNormMaxDim, "; CUDA needs this build's kernels)");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedRmsNormPassingX: weight ", weight.sizes(),
-              " does not match x ", x.sizes());
-  const auto out = RmsNormFunction::apply(x, torch::empty({0}, x.options()), weight, eps,
-                                          static_cast<int64_t>(out_dtype), false, true);
+  const auto out =
+      ApplyRmsNorm("FusedRmsNormPassingX", x, torch::Tensor(), weight, eps, out_dtype, NormOutputs::kPassX);
   return {out[0], out[1]};
 }
 
 std::pair<torch::Tensor, torch::Tensor> FusedAddRmsNorm(const torch::Tensor& x, const torch::Tensor& delta,
                                                         const torch::Tensor& weight, double eps,
                                                         torch::ScalarType out_dtype) {
-  TORCH_CHECK(delta.defined() && FusedRmsNormSupports(x, delta, out_dtype), "FusedAddRmsNorm: x ", x.sizes(), " ",
-              x.scalar_type(), " + delta ", delta.defined() ? delta.sizes() : torch::IntArrayRef{}, " ",
-              delta.defined() ? delta.scalar_type() : x.scalar_type(), " to ", out_dtype,
-              " is not supported (same shape; dim <= ", fused::kNormMaxDim, "; CUDA needs this build's kernels)");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), "FusedAddRmsNorm: weight ", weight.sizes(),
-              " does not match x ", x.sizes());
-  const auto out = RmsNormFunction::apply(x, delta, weight, eps, static_cast<int64_t>(out_dtype), true, false);
+  const auto out = ApplyRmsNorm("FusedAddRmsNorm", x, delta, weight, eps, out_dtype, NormOutputs::kAdd);
   return {out[0], out[1]};
 }
 
