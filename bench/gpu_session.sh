@@ -6,7 +6,8 @@
 # again with training.residual_dtype=fp32 (the fp32 residual stream of before), with
 # training.loss_gradient=recompute (the head's old backward) and with
 # training.merge_projections=false (one GEMM per projection) and with training.fused_kernels=off (the
-# composition instead of Meshwork's SwiGLU and RoPE kernels), for the A/Bs. If the gpu test of those
+# composition instead of Meshwork's SwiGLU and RoPE kernels), for the A/Bs; then llama3-1b at
+# larger batches until one does not fit. If the gpu test of those
 # kernels fails, every later run takes training.fused_kernels=off, and the log says so. Each part has a
 # time cap, so that a lease that runs short still returns what finished. docs/gpu.md.
 #
@@ -19,6 +20,8 @@
 #                    a part gets what is left when that is less than its cap, and is skipped (said in
 #                    the log) when under 20 s are left
 #   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
+#   FIT_BATCHES="16 24" FIT_CAP=45   llama3-1b batches past the table's, run until one fails (out
+#                of memory), for MFU at the batch that fits (issue 18's moonshot)
 #   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the four above); a lease too
 #                short for all names the one it needs
 set -u
@@ -77,6 +80,19 @@ for ab in ${AB_LIST:-training.residual_dtype=fp32 training.loss_gradient=recompu
     >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
   echo "$ab exit $?" | tee -a "$log"
   grep -E '^(device:|kernels:|step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
+done
+
+# The issue's moonshot is MFU at the batch that fits: llama3-1b at larger batches (the table stops
+# at 8), smallest first, until one runs out of memory.
+for b in ${FIT_BATCHES:-16 24}; do
+  stamp "batch that fits: llama3-1b batch $b x 2048, the defaults"
+  c=$(cap "${FIT_CAP:-45}") || break
+  timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set data.batch_size="$b" --set schedule.steps=8 \
+    >"$out/fit-b$b-llama3-1b.log" 2>&1
+  rc=$?
+  echo "batch $b exit $rc" | tee -a "$log"
+  grep -E '^(step [5-8]/|done)' "$out/fit-b$b-llama3-1b.log" | tee -a "$log"
+  ((rc == 0)) || break
 done
 
 stamp "profile: llama3-1b batch 4, steps 3-5"
