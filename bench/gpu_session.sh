@@ -3,7 +3,8 @@
 # built on the CPU machine (scripts/cuda-flavor.sh && scripts/gpu-prebuilt.sh pack, the folder
 # carried): the gpu tests, bench/gpu_vs_pytorch.sh, the A/Bs below, a profile (training.profile_out) and a
 # compiled-FSDP trace (--trace-out) of llama3-1b at batch 4 x 2048, and the table's Meshwork row
-# again with training.residual_dtype=fp32 (the fp32 residual stream of before), with
+# again with each attention kernel alone (training.attention_backend=flash and =cudnn: which
+# is faster here, whichever SDPA picks by itself), with training.residual_dtype=fp32 (the fp32 residual stream of before), with
 # training.loss_gradient=recompute (the head's old backward) and with
 # training.merge_projections=false (one GEMM per projection) and with training.fused_kernels=off (the
 # composition instead of Meshwork's SwiGLU and RoPE kernels), for the A/Bs; then llama3-1b at
@@ -22,7 +23,7 @@
 #   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
 #   FIT_BATCHES="16 24" FIT_CAP=45   llama3-1b batches past the table's, run until one fails (out
 #                of memory), for MFU at the batch that fits (issue 18's moonshot)
-#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the four above); a lease too
+#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the six above); a lease too
 #                short for all names the one it needs
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -74,12 +75,12 @@ cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytor
 
 one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
        --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1 "${sets[@]}")
-for ab in ${AB_LIST:-training.residual_dtype=fp32 training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
+for ab in ${AB_LIST:-training.attention_backend=flash training.attention_backend=cudnn training.residual_dtype=fp32 training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
   stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
   c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
     >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
   echo "$ab exit $?" | tee -a "$log"
-  grep -E '^(device:|kernels:|step [5-8]/|done)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
+  grep -E '^(device:|kernels:|step [5-8]/|done|meshwork-train: error)' "$out/ab-${ab#training.}-llama3-1b.log" | tee -a "$log"
 done
 
 # The issue's moonshot is MFU at the batch that fits: llama3-1b at larger batches (the table stops

@@ -102,6 +102,7 @@ run_meshwork() {
   reserved_mib="$(sed -nE 's/.*reserved peak ([0-9]+) MiB.*/\1/p' <<<"$done_line")"
   [ -z "$reserved_mib" ] || reserved="$(gib "$reserved_mib")"
   loss="$(sed -E 's/.*final loss ([0-9.]+).*/\1/' <<<"$done_line")"
+  attention="$(sed -nE 's/^kernels: attention ([a-z_]+).*/\1/p' "$log")"
 }
 
 # peer_field LINE KEY: the value of KEY=VALUE in the peer's summary line.
@@ -119,6 +120,7 @@ run_peer() {
   line="$(grep '^peer:' "$log")"
   tps="$(peer_field "$line" 'tok/s')" mfu="$(peer_field "$line" mfu)" loss="$(peer_field "$line" final_loss)"
   alloc="$(peer_field "$line" peak_alloc_gib) GiB" reserved="$(peer_field "$line" peak_reserved_gib) GiB"
+  attention="$(peer_field "$line" sdpa)"
   mfu="$(awk -v m="${mfu%\%}" 'BEGIN { printf "%.1f%%", m }')"
 }
 
@@ -140,10 +142,11 @@ torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
   echo "out of both. MFU: Meshwork's formula (6N + attention FLOPs per token) over the dense bf16 peak"
   echo "meshwork-train uses. Peak memory: the CUDA caching allocator's peak allocated and reserved"
   echo "(Meshwork's from its done line). Meshwork ÷ row: Meshwork's tokens/s over the row's."
+  echo "attention: the SDPA kernel each ran (meshwork-train's kernels: line, the peer's sdpa=; both SDPA's own choice)."
   echo "meshwork-train's config: the defaults$([ -z "${MESHWORK_SET:-}" ] || echo ", with $MESHWORK_SET") (with the fused kernels, a bf16 residual stream: training.residual_dtype; the peer keeps Hugging Face's fp32 stream)."
   echo
-  echo "| model | batch x seq | trainer | tokens/s | MFU | peak allocated | peak reserved | final loss | Meshwork ÷ row |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| model | batch x seq | trainer | tokens/s | MFU | peak allocated | peak reserved | final loss | attention | Meshwork ÷ row |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$tmp/table.md"
 mkdir -p "$(dirname "$out")"
 
@@ -156,14 +159,14 @@ for spec in "${runs[@]}"; do
   mw_tps=""
   if [ -z "$result" ]; then
     mw_tps="$tps"
-    echo "| $name | $batch x $seq | meshwork-train | $tps | $mfu | $alloc | $reserved | $loss | 1.00 |" >>"$tmp/table.md"
+    echo "| $name | $batch x $seq | meshwork-train | $tps | $mfu | $alloc | $reserved | $loss | $attention | 1.00 |" >>"$tmp/table.md"
   else
-    echo "| $name | $batch x $seq | meshwork-train | $result | | | | | |" >>"$tmp/table.md"
+    echo "| $name | $batch x $seq | meshwork-train | $result | | | | | | |" >>"$tmp/table.md"
     echo "    meshwork-train: $result: $(tail -1 "$tmp/$key-mw.log")" >&2
   fi
   for mode in eager compile; do
     if [ "$mode" = compile ] && [ -n "${COMPILE_FOR+x}" ] && ! grep -qw -- "$key" <<<"$COMPILE_FOR"; then
-      echo "| $name | $batch x $seq | PyTorch $mode | not run (COMPILE_FOR) | | | | | |" >>"$tmp/table.md"
+      echo "| $name | $batch x $seq | PyTorch $mode | not run (COMPILE_FOR) | | | | | | |" >>"$tmp/table.md"
       continue
     fi
     echo "[bench] $name, batch $batch x $seq: PyTorch $mode" >&2
@@ -173,9 +176,9 @@ for spec in "${runs[@]}"; do
     if [ -z "$result" ]; then
       ratio="-"
       [ -n "$mw_tps" ] && ratio="$(awk -v a="$mw_tps" -v b="$tps" 'BEGIN { printf "%.2f", a / b }')"
-      echo "| $name | $batch x $seq | PyTorch $mode | $tps | $mfu | $alloc | $reserved | $loss | $ratio |" >>"$tmp/table.md"
+      echo "| $name | $batch x $seq | PyTorch $mode | $tps | $mfu | $alloc | $reserved | $loss | $attention | $ratio |" >>"$tmp/table.md"
     else
-      echo "| $name | $batch x $seq | PyTorch $mode | $result | | | | | |" >>"$tmp/table.md"
+      echo "| $name | $batch x $seq | PyTorch $mode | $result | | | | | | |" >>"$tmp/table.md"
       echo "    PyTorch $mode: $result: $(tail -1 "$tmp/$key-$mode.log")" >&2
     fi
     cp "$tmp/table.md" "$out"

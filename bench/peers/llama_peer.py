@@ -221,6 +221,42 @@ def sdpa_supports_gqa() -> bool:
     return (major, minor) >= (2, 5)
 
 
+# --sdpa: meshwork-train's training.attention_backend values and SDPA's names for them.
+SDPA_KERNELS = {"flash": "flash_attention", "cudnn": "cudnn_attention",
+                "efficient": "efficient_attention", "math": "math"}
+
+
+def restrict_sdpa(choice: str) -> None:
+    """SDPA's own choice ("auto": every kernel enabled) or that kernel alone, process-wide, as
+    meshwork-train's training.attention_backend does."""
+    b = torch.backends.cuda
+    b.enable_flash_sdp(choice in ("auto", "flash"))
+    b.enable_mem_efficient_sdp(choice in ("auto", "efficient"))
+    b.enable_math_sdp(choice in ("auto", "math"))
+    if hasattr(b, "enable_cudnn_sdp"):
+        b.enable_cudnn_sdp(choice in ("auto", "cudnn"))
+
+
+def sdpa_kernel(c: LlamaConfig, seq: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel SDPA takes for one sequence of the model laid out as forward() lays it out
+    ([batch, seq, heads, dim] transposed), or why none can (as meshwork-train's kernels: line)."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None or not sdpa_supports_gqa():
+        return "unknown (torch < 2.5)"
+
+    def make(heads: int) -> torch.Tensor:
+        return torch.empty(1, seq, heads, c.head_dim, device=device, dtype=dtype,
+                           requires_grad=True).transpose(1, 2)
+    grouped = c.num_key_value_heads != c.num_attention_heads
+    try:
+        index = choose(make(c.num_attention_heads), make(c.num_key_value_heads),
+                       make(c.num_key_value_heads), is_causal=True, enable_gqa=grouped)
+    except RuntimeError as e:
+        return "none (" + str(e).splitlines()[0] + ")"
+    names = {0: "math", 1: "flash_attention", 2: "efficient_attention", 3: "cudnn_attention"}
+    return names.get(int(index), f"backend {index}")
+
+
 def linear(n_in: int, n_out: int) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=False)
 
@@ -655,6 +691,12 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
 
+    restrict_sdpa(args.sdpa)
+    attention = sdpa_kernel(config, args.seq, torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+                            device)
+    if args.sdpa != "auto" and attention != SDPA_KERNELS[args.sdpa]:
+        sys.exit(f"llama_peer: --sdpa {args.sdpa} cannot run this model's attention on {device}: "
+                 f"{attention}")
     model = build_model(config, args, device)
     params = list(model.parameters())
     optimizer = make_optimizer(model, args, device.type == "cuda")
@@ -667,7 +709,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"data: {'synthetic' if args.data is None else args.data}, seed {args.seed}, batch "
           f"{args.batch} x seq {args.seq} = {tokens_per_step} tokens/step; device {device} "
           f"({args.dtype}{', torch.compile' if args.compile else ', eager'}), torch "
-          f"{torch.__version__}; mfu vs {format_flops(peak)} ({basis})", flush=True)
+          f"{torch.__version__}; attention {attention} (--sdpa {args.sdpa}); mfu vs "
+          f"{format_flops(peak)} ({basis})", flush=True)
 
     records: list[StepRecord] = []
     for step in range(args.steps):
@@ -685,7 +728,8 @@ def run(args: argparse.Namespace) -> int:
     mfu = tps * flops_per_token / peak
     print(f"peer: preset={name} device={device.type} dtype={args.dtype} "
           f"compile={int(args.compile)} batch={args.batch} seq={args.seq} steps={args.steps} "
-          f"steady_from={len(records) - len(steady) + 1} tok/s={tps:.0f} mfu={mfu * 100:.2f}% "
+          f"steady_from={len(records) - len(steady) + 1} sdpa={attention.split()[0]} tok/s={tps:.0f} "
+          f"mfu={mfu * 100:.2f}% "
           f"{peak_memory(device)} final_loss={records[-1].loss:.4f}", flush=True)
     return 0
 
@@ -728,6 +772,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--repeat-kv", action="store_true",
                    help="materialise the repeated K/V heads (as Meshwork's attention did up to "
                         "commit 0c347d9) instead of SDPA's enable_gqa")
+    p.add_argument("--sdpa", choices=["auto", *SDPA_KERNELS], default="auto",
+                   help="attention kernel: SDPA's own choice, or that kernel alone "
+                        "(meshwork-train's training.attention_backend)")
     p.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0 = torch's)")
     p.add_argument("--skip", type=int, default=2,
                    help="steps left out of the summary's tokens/s (warm-up, compilation)")

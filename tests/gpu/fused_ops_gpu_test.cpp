@@ -1,5 +1,6 @@
 // The fused ops on a CUDA device against the plain composition they replace (ctest label gpu):
-// RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5), the fused
+// RMSNorm (at::rms_norm from libtorch 2.4), grouped-query SDPA (enable_gqa from 2.5) and each
+// SDPA kernel restricted to alone (training.attention_backend) against math in fp32, the fused
 // output head + loss under bf16 autocast (its logits' gradient stored and recomputed), Meshwork's
 // own SwiGLU and RoPE kernels (fused_kernels.cu: against the composition and the CPU's host loop
 // over the same arithmetic, and a whole model step under autocast); MixedLinear's projections
@@ -51,6 +52,65 @@ TEST(FusedOpsGpu, GroupedQueryAttentionEqualsWidenedHeads) {
   const auto wide = compat::CausalAttention(q, compat::RepeatKv(k, 32), compat::RepeatKv(v, 32));
   EXPECT_TRUE(torch::allclose(y.to(torch::kFloat), wide.to(torch::kFloat), 1e-2, 1e-2))
       << (y.to(torch::kFloat) - wide.to(torch::kFloat)).abs().max().item<float>();
+}
+
+// training.attention_backend: every SDPA kernel this GPU has, restricted to alone, runs the
+// model's attention in bf16 (q and k contiguous as the RoPE kernel writes them, v a strided view
+// of the q/k/v GEMM's output, grouped-query) and agrees with the math kernel in fp32, forward and
+// backward, within bf16's error. A kernel the GPU lacks is said, not failed, except flash
+// (sm_80 and later have it).
+TEST(FusedOpsGpu, EveryAttentionKernelAgreesWithMathInFp32) {
+  if (!compat::RestrictAttentionKernel("math") || !compat::kTorch2) {
+    GTEST_SKIP() << "this libtorch cannot choose the attention kernel (2.5 and later can)";
+  }
+  torch::manual_seed(21);
+  const int64_t b = 2, heads = 32, kv = 8, seq = 512, d = 64;
+  const auto q0 = torch::randn({b, heads, seq, d}, kCuda);
+  const auto k0 = torch::randn({b, kv, seq, d}, kCuda);
+  const auto qkv = torch::randn({b, seq, (heads + 2 * kv) * d}, kCuda);
+  const auto v0 = qkv.narrow(2, (heads + kv) * d, kv * d).view({b, seq, kv, d}).transpose(1, 2);
+  const auto dy = torch::randn({b, heads, seq, d}, kCuda);
+  auto run = [&](torch::ScalarType dtype) {
+    auto q = q0.to(dtype).requires_grad_(true);
+    auto k = k0.to(dtype).requires_grad_(true);
+    auto v_base = qkv.to(dtype).requires_grad_(true);
+    auto v = v_base.narrow(2, (heads + kv) * d, kv * d).view({b, seq, kv, d}).transpose(1, 2);
+    auto y = compat::CausalAttention(q, k, v);
+    (y.to(torch::kFloat) * dy).sum().backward();
+    return std::vector<torch::Tensor>{y.to(torch::kFloat), q.grad().to(torch::kFloat), k.grad().to(torch::kFloat),
+                                      v_base.grad().to(torch::kFloat)};
+  };
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& ref) {
+    return ((a - ref).norm() / ref.norm()).item<double>();
+  };
+  ASSERT_TRUE(compat::RestrictAttentionKernel("math"));
+  const auto exact = run(torch::kFloat);
+  const auto math_bf16 = run(torch::kBFloat16);
+  for (const std::string kernel : {"flash_attention", "cudnn_attention", "efficient_attention"}) {
+    ASSERT_TRUE(compat::RestrictAttentionKernel(kernel));
+    const auto probe = torch::empty({1, heads, seq, d}, torch::TensorOptions(kCuda).dtype(torch::kBFloat16));
+    std::string got;
+    try {
+      got = compat::CausalAttentionKernel(probe, probe.narrow(1, 0, kv), probe.narrow(1, 0, kv));
+    } catch (const c10::Error& e) {
+      got = std::string("none: ") + e.what_without_backtrace();
+    }
+    if (got != kernel) {
+      EXPECT_NE(kernel, "flash_attention") << "flash must run on sm_80 and later: " << got;
+      std::cout << "[ NOTE     ] " << kernel << " does not run here (" << got.substr(0, got.find('\n'))
+                << "): not compared\n";
+      continue;
+    }
+    const auto fused = run(torch::kBFloat16);
+    const char* names[] = {"output", "q grad", "k grad", "v grad"};
+    for (size_t i = 0; i < fused.size(); ++i) {
+      const double err = rel(fused[i], exact[i]), math_err = rel(math_bf16[i], exact[i]);
+      std::cout << "[ NOTE     ] " << kernel << " " << names[i] << ": relative error " << err << " (math in bf16: "
+                << math_err << ")\n";
+      EXPECT_LT(err, 2 * math_err + 1e-2) << kernel << " " << names[i];
+    }
+  }
+  ASSERT_TRUE(compat::RestrictAttentionKernel(""));
 }
 
 TEST(FusedOpsGpu, LinearCrossEntropyUnderAutocastEqualsComposition) {

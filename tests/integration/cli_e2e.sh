@@ -47,6 +47,8 @@ expect "yaml syntax" 2 "YAML syntax error at line" -- train --config "$work/bad.
 expect "eval without weights" 2 "eval needs weights" -- eval --data x.bin
 expect "bf16 residual without autocast" 2 "key 'training.residual_dtype': bf16 needs bf16 autocast, but training.dtype is 'fp32'" \
   -- train --set training.dtype=fp32 --set training.residual_dtype=bf16
+expect "attention kernel the CPU lacks" 2 "key 'training.attention_backend': efficient" \
+  -- train --set training.device=auto --set training.attention_backend=efficient "${small[@]}"
 
 # --- input errors: exit 3 ------------------------------------------------------------------
 expect "missing config file" 3 "$work/none.yaml" -- train --config "$work/none.yaml"

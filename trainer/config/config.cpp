@@ -182,6 +182,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       BoolField("training.merge_projections", &c.training.merge_projections),
       EnumField("training.fused_kernels", &c.training.fused_kernels, kFusedKernelsNames),
       EnumField("training.residual_dtype", &c.training.residual_dtype, kResidualDtypeNames),
+      EnumField("training.attention_backend", &c.training.attention_backend, kAttentionBackendNames),
       IntField("training.memory_limit_mib", &c.training.memory_limit_mib, 0, 1 << 30),
       StringField("training.profile_out", &c.training.profile_out),
       IntField("training.profile_steps", &c.training.profile_steps, 1, 1000),
@@ -341,6 +342,13 @@ Status ValidateCrossFields(const TrainConfig& c) {
                          std::string(c.training.dtype == Dtype::kFp32 ? "training.dtype is 'fp32'"
                                                                       : "training.device is 'cpu'") +
                          " (use auto or fp32)");
+  }
+  if ((c.training.attention_backend == AttentionBackend::kCudnn ||
+       c.training.attention_backend == AttentionBackend::kEfficient) &&
+      dev == "cpu") {
+    return InvalidConfig("key 'training.attention_backend': " +
+                         std::string(NameOf(kAttentionBackendNames, c.training.attention_backend)) +
+                         " is a CUDA kernel, but training.device is 'cpu' (use auto, flash or math)");
   }
   if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");
   if (c.model.init_from.empty()) {

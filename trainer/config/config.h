@@ -53,6 +53,15 @@ enum class ResidualDtype { kAuto, kFp32, kBf16 };
 inline constexpr EnumName<ResidualDtype> kResidualDtypeNames[] = {
     {ResidualDtype::kAuto, "auto"}, {ResidualDtype::kFp32, "fp32"}, {ResidualDtype::kBf16, "bf16"}};
 
+// Which kernel runs attention (model/compat.h): auto = libtorch's SDPA picks; the others
+// restrict it to that one.
+enum class AttentionBackend { kAuto, kFlash, kCudnn, kEfficient, kMath };
+inline constexpr EnumName<AttentionBackend> kAttentionBackendNames[] = {{AttentionBackend::kAuto, "auto"},
+                                                                       {AttentionBackend::kFlash, "flash"},
+                                                                       {AttentionBackend::kCudnn, "cudnn"},
+                                                                       {AttentionBackend::kEfficient, "efficient"},
+                                                                       {AttentionBackend::kMath, "math"}};
+
 enum class LossGradient { kAuto, kStored, kRecompute };
 inline constexpr EnumName<LossGradient> kLossGradientNames[] = {
     {LossGradient::kAuto, "auto"}, {LossGradient::kStored, "stored"}, {LossGradient::kRecompute, "recompute"}};
@@ -118,6 +127,9 @@ struct TrainingConfig {
   // autocast: auto = bf16; fp32; bf16 (refused where nothing runs under autocast). Without
   // autocast it is the weights' dtype.
   ResidualDtype residual_dtype = ResidualDtype::kAuto;
+  // The attention kernel: auto = SDPA's own choice for the model's shapes and dtype; flash,
+  // cudnn, efficient (CUDA) or math = that one only (exit 2 at start-up if it cannot run them).
+  AttentionBackend attention_backend = AttentionBackend::kAuto;
   // The most tensor memory this process may hold, in MiB; 0 = what the device has. On the CPU
   // the counting allocator refuses more (as a smaller device would run out); on CUDA the
   // caching allocator's memory fraction. The compiled plan's default budget follows it.

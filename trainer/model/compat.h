@@ -74,6 +74,28 @@ inline std::string CausalAttentionKernel(const at::Tensor& q, const at::Tensor& 
 #endif
 }
 
+// Restricts the attention kernel (libtorch's process-wide SDPA switches) to one of the names
+// CausalAttentionKernel gives ("flash_attention", "efficient_attention", "cudnn_attention",
+// "math"), or with "" enables them all (SDPA's own choice, its default). False where this
+// libtorch cannot: before 2.5 only "" is known, and on libtorch 1.13 "math" too (its attention
+// is the composition).
+inline bool RestrictAttentionKernel(const std::string& only) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  if (!only.empty() && only != "flash_attention" && only != "efficient_attention" && only != "cudnn_attention" &&
+      only != "math") {
+    return false;
+  }
+  at::Context& ctx = at::globalContext();
+  ctx.setSDPUseFlash(only.empty() || only == "flash_attention");
+  ctx.setSDPUseMemEfficient(only.empty() || only == "efficient_attention");
+  ctx.setSDPUseCuDNN(only.empty() || only == "cudnn_attention");
+  ctx.setSDPUseMath(only.empty() || only == "math");
+  return true;
+#else
+  return only.empty() || (TORCH_VERSION_MAJOR < 2 && only == "math");
+#endif
+}
+
 // RMSNorm as Hugging Face's LlamaRMSNorm computes it: normalise in fp32 (double for double), cast back to x's
 // dtype, scale by the weight (the product in the promoted dtype). libtorch >= 2.4 has it as
 // one op (fused on CUDA from 2.6), used where x and the weight are both fp32 (then the two

@@ -88,14 +88,67 @@ std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engi
              : "the layers the compiled plan picks to fit its memory budget";
 }
 
+// The attention kernel SDPA takes for this model's shapes and dtype here, asked with one
+// sequence that requires grad (as in training). Throws c10::Error where no enabled kernel can.
+std::string AttentionKernelFor(const model::LlamaConfig& dims, int64_t seq, const torch::Device& device,
+                               bool autocast) {
+  const int64_t heads = dims.num_attention_heads, kv = dims.num_key_value_heads, d = dims.head_dim();
+  const auto options = torch::TensorOptions()
+                           .device(device)
+                           .dtype(autocast ? torch::kBFloat16 : torch::kFloat)
+                           .requires_grad(true);
+  return compat::CausalAttentionKernel(torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options),
+                                       torch::empty({1, kv, seq, d}, options));
+}
+
+// SDPA's name (compat::CausalAttentionKernel) of training.attention_backend's kernel; "" for auto.
+std::string AttentionKernelName(config::AttentionBackend backend) {
+  switch (backend) {
+    case config::AttentionBackend::kAuto: return "";
+    case config::AttentionBackend::kFlash: return "flash_attention";
+    case config::AttentionBackend::kCudnn: return "cudnn_attention";
+    case config::AttentionBackend::kEfficient: return "efficient_attention";
+    case config::AttentionBackend::kMath: return "math";
+  }
+  return "";
+}
+
+// Restricts attention to training.attention_backend's kernel (every kernel for auto) and checks
+// that the kernel runs this model's attention on this device: an error naming the key and why
+// otherwise (libtorch's reasons are in its warnings above the error), and then the process is
+// left as it was (every kernel enabled).
+Status RestrictAttention(const config::TrainConfig& cfg, const torch::Device& device, const model::LlamaConfig& dims) {
+  const config::AttentionBackend backend = cfg.training.attention_backend;
+  const std::string kernel = AttentionKernelName(backend);
+  const std::string key =
+      "key 'training.attention_backend': " + std::string(NameOf(config::kAttentionBackendNames, backend));
+  if (!compat::RestrictAttentionKernel(kernel)) {
+    return InvalidConfig(key + " needs libtorch 2.5 or later, which lets a program choose the attention kernel (this one is " +
+                         std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
+                         (compat::kTorch2 ? "; use auto)" : ", whose attention is the composition: use auto or math)"));
+  }
+  if (kernel.empty() || !compat::kTorch2) return Status::Ok();
+  const bool autocast = UseAutocast(cfg, device);
+  std::string got;
+  try {
+    got = AttentionKernelFor(dims, cfg.data.seq_len, device, autocast);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    got = "libtorch: " + what.substr(0, what.find('\n'));
+  }
+  if (got == kernel) return Status::Ok();
+  compat::RestrictAttentionKernel("");
+  return InvalidConfig(key + " cannot run this model's attention on " + device.str() + " (heads " +
+                       std::to_string(dims.num_attention_heads) + "/" + std::to_string(dims.num_key_value_heads) +
+                       ", head_dim " + std::to_string(dims.head_dim()) + ", seq_len " +
+                       std::to_string(cfg.data.seq_len) + ", " + (autocast ? "bf16" : "fp32") + "): " + got +
+                       " (use auto)");
+}
+
 // The kernels the step's heavy parts take: attention (SDPA's pick for this model's shapes and
 // dtype, asked with one sequence), the fused head's backward, and AdamW's update.
 std::string KernelNote(const TrainingRun& r) {
-  const int64_t heads = r.dims.num_attention_heads, kv = r.dims.num_key_value_heads, d = r.dims.head_dim();
-  const auto options = torch::TensorOptions().device(r.device).dtype(r.autocast ? torch::kBFloat16 : torch::kFloat);
-  const int64_t seq = r.cfg.data.seq_len;
-  const std::string attention = compat::CausalAttentionKernel(
-      torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options), torch::empty({1, kv, seq, d}, options));
+  const std::string attention = AttentionKernelFor(r.dims, r.cfg.data.seq_len, r.device, r.autocast);
   const bool stored = config::StoresLossGradient(r.cfg, r.device.is_cuda());
   const Result<bool> fused = config::UsesFusedKernels(r.cfg, r.device.is_cuda(), model::FusedKernelsBuilt());
   std::string elementwise = fused.ok() && *fused ? (r.device.is_cuda() ? "fused CUDA kernels" : "fused host loops")
@@ -106,7 +159,7 @@ std::string KernelNote(const TrainingRun& r) {
   // Under autocast with fused kernels, the projections over fp32 weights are MixedLinear's (FSDP
   // gathers bf16 weights under autocast: the composition).
   const bool mixed = fused.ok() && *fused && r.autocast && r.cfg.training.merge_projections;
-  return "attention " + attention + "; SwiGLU + RoPE " + elementwise + " (training.fused_kernels); projections " +
+  return "attention " + attention + " (training.attention_backend); SwiGLU + RoPE " + elementwise + " (training.fused_kernels); projections " +
          (r.cfg.training.merge_projections ? "merged (q/k/v, gate/up)" : "separate") + " (training.merge_projections)" +
          (mixed ? ", over fp32 weights (one process; FSDP gathers bf16) one cast and fp32 weight gradients"
                 : "") +
@@ -174,6 +227,7 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
                            cfg.model.init_from + "/config.json");
     }
   }
+  MW_RETURN_IF_ERROR(RestrictAttention(cfg, device, dims));
   torch::manual_seed(static_cast<uint64_t>(cfg.training.seed));
   model::LlamaForCausalLM net(dims);
   net->InitWeights(cfg.model.init_std);

@@ -109,6 +109,7 @@ const Rejected kRejected[] = {
     {"LossGradient", "training:\n  loss_gradient: cached\n", {}, "'training.loss_gradient'", "'cached'"},
     {"FusedKernels", "training:\n  fused_kernels: triton\n", {}, "'training.fused_kernels'", "'triton'"},
     {"ResidualDtype", "training:\n  residual_dtype: fp16\n", {}, "'training.residual_dtype'", "'fp16'"},
+    {"AttentionBackend", "training:\n  attention_backend: flash3\n", {}, "'training.attention_backend'", "'flash3'"},
     {"CheckpointEveryZero", "training:\n  checkpoint_every: 0\n", {}, "'training.checkpoint_every'", "got 0"},
     {"DeviceProfile", "metrics:\n  device_profile: v100\n", {}, "'metrics.device_profile'", "'v100'"},
     {"ExportDtype", "checkpoint:\n  export_dtype: fp16\n", {}, "'checkpoint.export_dtype'", "'fp16'"},
@@ -126,6 +127,10 @@ const Rejected kRejected[] = {
      "bf16 needs bf16 autocast, but training.dtype is 'fp32'"},
     {"Bf16ResidualOnCpu", "", {"training.device=cpu", "training.residual_dtype=bf16"}, "'training.residual_dtype'",
      "training.device is 'cpu'"},
+    {"CudnnAttentionOnCpu", "", {"training.device=cpu", "training.attention_backend=cudnn"},
+     "'training.attention_backend'", "cudnn is a CUDA kernel, but training.device is 'cpu'"},
+    {"EfficientAttentionOnCpu", "training:\n  device: cpu\n  attention_backend: efficient\n", {},
+     "'training.attention_backend'", "efficient is a CUDA kernel"},
     {"WarmupAboveSteps", "schedule:\n  steps: 10\n  warmup_steps: 11\n", {}, "'schedule.warmup_steps'",
      "11 exceeds schedule.steps 10"},
     {"TraceOfOneStepRun", "schedule:\n  steps: 1\n  warmup_steps: 0\nfsdp:\n  trace_out: t.json\n", {},
@@ -318,6 +323,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_TRUE(c->training.merge_projections);
   EXPECT_EQ(c->training.fused_kernels, FusedKernels::kAuto);
   EXPECT_EQ(c->training.residual_dtype, ResidualDtype::kAuto);
+  EXPECT_EQ(c->training.attention_backend, AttentionBackend::kAuto);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");
@@ -366,6 +372,7 @@ training:
   grad_accum: 4
   seed: 7
   threads: 2
+  attention_backend: cudnn
 eval:
   data: data/heldout.bin
   windows: 32
@@ -411,6 +418,7 @@ checkpoint:
   EXPECT_EQ(c->training.grad_accum, 4);
   EXPECT_EQ(c->training.seed, 7);
   EXPECT_EQ(c->training.threads, 2);
+  EXPECT_EQ(c->training.attention_backend, AttentionBackend::kCudnn);
   EXPECT_EQ(c->eval.data, "data/heldout.bin");
   EXPECT_EQ(c->eval.windows, 32);
   EXPECT_EQ(c->eval.every, 250);

@@ -102,6 +102,42 @@ TEST(CausalAttentionTest, FewerKvHeadsEqualTheirRepeatKvWidening) {
   EXPECT_TRUE(torch::allclose(gv, v2.grad().view({2, 2, 3, 5, 8}).sum(2), 1e-10, 1e-10));
 }
 
+TEST(CausalAttentionTest, RestrictedKernelIsTheOneThatRunsAndAgrees) {
+  // compat::RestrictAttentionKernel (training.attention_backend): "" is SDPA's own choice; a
+  // kernel name leaves only that one, which CausalAttentionKernel then reports and which must
+  // give the reference result; a kernel this device lacks is an error, not a silent fallback.
+  torch::manual_seed(14);
+  auto q = torch::randn({2, 4, 6, 8});
+  auto k = torch::randn({2, 2, 6, 8});
+  auto v = torch::randn({2, 2, 6, 8});
+  const auto ref = ReferenceCausalAttention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1));
+  ASSERT_TRUE(compat::RestrictAttentionKernel(""));
+  EXPECT_FALSE(compat::RestrictAttentionKernel("flash_attention_3"));
+  if (!compat::kTorch2) {
+    // libtorch 1.13: attention is the composition, which "math" names; nothing else to choose.
+    EXPECT_TRUE(compat::RestrictAttentionKernel("math"));
+    EXPECT_FALSE(compat::RestrictAttentionKernel("flash_attention"));
+    EXPECT_FALSE(compat::RestrictAttentionKernel("cudnn_attention"));
+    ASSERT_TRUE(compat::RestrictAttentionKernel(""));
+    return;
+  }
+  const std::string chosen = compat::CausalAttentionKernel(q, k, v);
+  // The CPU's kernels (libtorch 2.x): its flash kernel and the math one.
+  for (const std::string kernel : {"math", "flash_attention"}) {
+    ASSERT_TRUE(compat::RestrictAttentionKernel(kernel));
+    EXPECT_EQ(compat::CausalAttentionKernel(q, k, v), kernel);
+    const auto y = compat::CausalAttention(q, k, v);
+    EXPECT_TRUE(torch::allclose(y.to(torch::kDouble), ref, 1e-5, 1e-5))
+        << kernel << ": max diff " << (y.to(torch::kDouble) - ref).abs().max().item<double>();
+  }
+  for (const std::string kernel : {"cudnn_attention", "efficient_attention"}) {
+    ASSERT_TRUE(compat::RestrictAttentionKernel(kernel));
+    EXPECT_THROW(compat::CausalAttentionKernel(q, k, v), c10::Error) << kernel << " on the CPU";
+  }
+  ASSERT_TRUE(compat::RestrictAttentionKernel(""));
+  EXPECT_EQ(compat::CausalAttentionKernel(q, k, v), chosen);
+}
+
 TEST(RmsNormTest, EqualsHuggingFaceComposition) {
   // LlamaRMSNorm: normalise in fp32, cast back to the input's dtype, multiply by the weight.
   torch::manual_seed(13);
