@@ -171,12 +171,17 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
     const torch::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
-    torch::Tensor out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    // x a transposed [batch, seq, heads, dim] buffer (the model's q and k): the output is laid
+    // out the same way, as the composition's elementwise ops lay it out, so that SDPA's kernels
+    // (which allocate their output like q) give an output whose transpose back to [batch, seq,
+    // hidden] for the o projection is a view, not a copy; and the gradient is written in that
+    // layout, so that the transpose and view back to the GEMM output copy nothing.
+    const bool heads_inner = x.size(1) > 1 && x.size(2) > 1 && x.stride(1) < x.stride(2);
+    torch::Tensor out = heads_inner ? torch::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2)
+                                    : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
     const RopeShape shape = ShapeOf(x, out, cos, sin);
     ctx->save_for_backward({cos, sin});
-    // x a transposed [batch, seq, heads, dim] buffer (the model's q and k): its gradient is
-    // written in that layout, so that the transpose and view back to the GEMM output copy nothing.
-    ctx->saved_data["heads_inner"] = x.size(1) > 1 && x.size(2) > 1 && x.stride(1) < x.stride(2);
+    ctx->saved_data["heads_inner"] = heads_inner;
 #if defined(MESHWORK_FUSED_KERNELS)
     if (x.is_cuda()) {
       OnDevice on(x);
