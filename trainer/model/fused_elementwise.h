@@ -71,6 +71,29 @@ MW_HOST_DEVICE void StorePack(T* p, const Pack<T, N>& x) {
   *reinterpret_cast<Pack<T, N>*>(p) = x;
 }
 
+// StorePack where nvcc would split the store: on the device each 16-byte word goes out as one
+// st.global.v4.u32. A pack assembled element by element from values computed out of order (RoPE's
+// two halves) is otherwise stored as four 4-byte STG.E per word (read in the SASS of sm_90),
+// where SwiGLU's and the softmax's packs get one STG.E.128. The asm clobbers memory, so nothing
+// moves across it; that costs some unrolling in loops that store and load in turn (the norm
+// forward, left on StorePack), none in RoPE's one store per thread and pack.
+template <int N, typename T>
+MW_HOST_DEVICE void StorePackWide(T* p, const Pack<T, N>& x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(Pack<T, N>) % 16 == 0) {
+    MW_UNROLL
+    for (size_t w = 0; w < sizeof(x) / 16; ++w) {
+      const uint4 word = reinterpret_cast<const uint4*>(&x)[w];
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(reinterpret_cast<uint4*>(p) + w), "r"(word.x),
+                   "r"(word.y), "r"(word.z), "r"(word.w)
+                   : "memory");
+    }
+    return;
+  }
+#endif
+  StorePack<N>(p, x);
+}
+
 // One array an op reads or writes: its address (null: absent) and element size.
 struct PackArray {
   const void* address;
@@ -269,7 +292,7 @@ MW_HOST_DEVICE void RopeForwardAt(int64_t v, const RopeShape& s, const T* x, con
     const Acc p = first ? -static_cast<Acc>(partner.v[k]) : static_cast<Acc>(partner.v[k]);
     o.v[k] = static_cast<T>(static_cast<Acc>(xs.v[k]) * c.v[k] + p * sn.v[k]);
   }
-  StorePack(out + at.out + d, o);
+  StorePackWide(out + at.out + d, o);
 }
 
 // Its backward: the transpose of the same linear map, from grad_out (read at `in`) into grad_x
@@ -292,7 +315,7 @@ MW_HOST_DEVICE void RopeBackwardAt(int64_t v, const RopeShape& s, const T* grad_
     const Acc rotated = static_cast<Acc>(gp.v[k]) * sp.v[k];
     o.v[k] = static_cast<T>(static_cast<Acc>(g.v[k]) * c.v[k] + (first ? rotated : -rotated));
   }
-  StorePack(grad_x + at.out + d, o);
+  StorePackWide(grad_x + at.out + d, o);
 }
 
 }  // namespace meshwork::model::fused
