@@ -55,7 +55,7 @@ TEST(FusedOpsGpu, GroupedQueryAttentionEqualsWidenedHeads) {
 }
 
 // training.attention_backend: every SDPA kernel this GPU has, restricted to alone, runs the
-// model's attention in bf16 (q and k contiguous as the RoPE kernel writes them, v a strided view
+// model's attention in bf16 (q and k laid out as the RoPE kernel writes them, v a strided view
 // of the q/k/v GEMM's output, grouped-query) and agrees with the math kernel in fp32, forward and
 // backward, within bf16's error. A kernel the GPU lacks is said, not failed, except flash
 // (sm_80 and later have it).
@@ -65,15 +65,18 @@ TEST(FusedOpsGpu, EveryAttentionKernelAgreesWithMathInFp32) {
   }
   torch::manual_seed(21);
   const int64_t b = 2, heads = 32, kv = 8, seq = 512, d = 64;
-  const auto q0 = torch::randn({b, heads, seq, d}, kCuda);
-  const auto k0 = torch::randn({b, kv, seq, d}, kCuda);
+  // q and k laid out as the RoPE kernel writes them: [batch, seq, heads, dim] in memory.
+  const auto q0 = torch::randn({b, seq, heads, d}, kCuda).transpose(1, 2);
+  const auto k0 = torch::randn({b, seq, kv, d}, kCuda).transpose(1, 2);
   const auto qkv = torch::randn({b, seq, (heads + 2 * kv) * d}, kCuda);
   const auto v0 = qkv.narrow(2, (heads + kv) * d, kv * d).view({b, seq, kv, d}).transpose(1, 2);
   const auto dy = torch::randn({b, heads, seq, d}, kCuda);
   auto run = [&](torch::ScalarType dtype) {
-    auto q = q0.to(dtype).requires_grad_(true);
-    auto k = k0.to(dtype).requires_grad_(true);
-    auto v_base = qkv.to(dtype).requires_grad_(true);
+    // Copies (to() of a tensor already in dtype would be that tensor, and the next run would
+    // find it requiring grad), in the same layouts.
+    auto q = q0.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
+    auto k = k0.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
+    auto v_base = qkv.to(dtype, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
     auto v = v_base.narrow(2, (heads + kv) * d, kv * d).view({b, seq, kv, d}).transpose(1, 2);
     auto y = compat::CausalAttention(q, k, v);
     (y.to(torch::kFloat) * dy).sum().backward();
@@ -88,7 +91,7 @@ TEST(FusedOpsGpu, EveryAttentionKernelAgreesWithMathInFp32) {
   const auto math_bf16 = run(torch::kBFloat16);
   for (const std::string kernel : {"flash_attention", "cudnn_attention", "efficient_attention"}) {
     ASSERT_TRUE(compat::RestrictAttentionKernel(kernel));
-    const auto probe = torch::empty({1, heads, seq, d}, torch::TensorOptions(kCuda).dtype(torch::kBFloat16));
+    const auto probe = q0.to(torch::kBFloat16);
     std::string got;
     try {
       got = compat::CausalAttentionKernel(probe, probe.narrow(1, 0, kv), probe.narrow(1, 0, kv));
