@@ -166,75 +166,146 @@ RopeShape ShapeOf(const torch::Tensor& in, const torch::Tensor& out, const torch
   return fused::WithDividers(s, in.numel());
 }
 
+// out = rope(x), written at out's strides (x: stride(3) == 1; cos and sin: [seq, dim],
+// contiguous, in x's arithmetic dtype, on x's device).
+void RopeInto(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
+  const RopeShape shape = ShapeOf(x, out, cos, sin);
+#if defined(MESHWORK_FUSED_KERNELS)
+  if (x.is_cuda()) {
+    OnDevice on(x);
+    CheckLaunch(fused::LaunchRopeForward(ElementTypeOf(x), x.size(0), shape, x.data_ptr(), cos.data_ptr(),
+                                         sin.data_ptr(), out.data_ptr(), on.stream()),
+                "RopeForward");
+    return;
+  }
+#endif
+  DispatchHostPacked(x, shape.pack, [&](auto t, auto acc, auto width) {
+    using T = decltype(t);
+    using Acc = decltype(acc);
+    constexpr int N = decltype(width)::value;
+    const T* in = x.data_ptr<T>();
+    const Acc* c = cos.data_ptr<Acc>();
+    const Acc* s = sin.data_ptr<Acc>();
+    T* o = out.data_ptr<T>();
+    HostLoop(out.numel() / N, [&](int64_t v) { fused::RopeForwardAt<T, Acc, N>(v, shape, in, c, s, o); });
+  });
+}
+
+// grad_x = rope's transpose applied to grad, written at grad_x's strides (grad: stride(3) == 1).
+void RopeBackwardInto(const torch::Tensor& grad, const torch::Tensor& cos, const torch::Tensor& sin,
+                      torch::Tensor& grad_x) {
+  const RopeShape shape = ShapeOf(grad, grad_x, cos, sin);
+#if defined(MESHWORK_FUSED_KERNELS)
+  if (grad.is_cuda()) {
+    OnDevice on(grad);
+    CheckLaunch(fused::LaunchRopeBackward(ElementTypeOf(grad), grad.size(0), shape, grad.data_ptr(), cos.data_ptr(),
+                                          sin.data_ptr(), grad_x.data_ptr(), on.stream()),
+                "RopeBackward");
+    return;
+  }
+#endif
+  DispatchHostPacked(grad, shape.pack, [&](auto t, auto acc, auto width) {
+    using T = decltype(t);
+    using Acc = decltype(acc);
+    constexpr int N = decltype(width)::value;
+    const T* g = grad.data_ptr<T>();
+    const Acc* c = cos.data_ptr<Acc>();
+    const Acc* s = sin.data_ptr<Acc>();
+    T* gx = grad_x.data_ptr<T>();
+    HostLoop(grad_x.numel() / N, [&](int64_t v) { fused::RopeBackwardAt<T, Acc, N>(v, shape, g, c, s, gx); });
+  });
+}
+
+// An empty [batch, heads, seq, dim] tensor laid out as [batch, seq, heads, dim] in memory: the
+// GEMM output's order, which the composition's elementwise ops keep and SDPA's kernels follow.
+torch::Tensor EmptyHeadsInner(int64_t b, int64_t heads, int64_t seq, int64_t dim, const torch::TensorOptions& options) {
+  return torch::empty({b, seq, heads, dim}, options).transpose(1, 2);
+}
+
+torch::Tensor StrideOneInDim(const torch::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
 struct RopeFunction : torch::autograd::Function<RopeFunction> {
   // cos and sin: [seq, dim], contiguous, in x's arithmetic dtype, on x's device.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
-    const torch::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
+    const torch::Tensor x = StrideOneInDim(x_in);
     // x a transposed [batch, seq, heads, dim] buffer (the model's q and k): the output is laid
     // out the same way, as the composition's elementwise ops lay it out, so that SDPA's kernels
     // (which allocate their output like q) give an output whose transpose back to [batch, seq,
     // hidden] for the o projection is a view, not a copy; and the gradient is written in that
     // layout, so that the transpose and view back to the GEMM output copy nothing.
     const bool heads_inner = x.size(1) > 1 && x.size(2) > 1 && x.stride(1) < x.stride(2);
-    torch::Tensor out = heads_inner ? torch::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2)
+    torch::Tensor out = heads_inner ? EmptyHeadsInner(x.size(0), x.size(1), x.size(2), x.size(3), x.options())
                                     : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
-    const RopeShape shape = ShapeOf(x, out, cos, sin);
+    RopeInto(x, cos, sin, out);
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["heads_inner"] = heads_inner;
-#if defined(MESHWORK_FUSED_KERNELS)
-    if (x.is_cuda()) {
-      OnDevice on(x);
-      CheckLaunch(fused::LaunchRopeForward(ElementTypeOf(x), x.size(0), shape, x.data_ptr(), cos.data_ptr(),
-                                           sin.data_ptr(), out.data_ptr(), on.stream()),
-                  "RopeForward");
-      return out;
-    }
-#endif
-    DispatchHostPacked(x, shape.pack, [&](auto t, auto acc, auto width) {
-      using T = decltype(t);
-      using Acc = decltype(acc);
-      constexpr int N = decltype(width)::value;
-      const T* in = x.data_ptr<T>();
-      const Acc* c = cos.data_ptr<Acc>();
-      const Acc* s = sin.data_ptr<Acc>();
-      T* o = out.data_ptr<T>();
-      HostLoop(out.numel() / N, [&](int64_t v) { fused::RopeForwardAt<T, Acc, N>(v, shape, in, c, s, o); });
-    });
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& cos = saved[0];
-    const torch::Tensor& sin = saved[1];
-    const torch::Tensor grad = grad_out[0].stride(3) == 1 ? grad_out[0] : grad_out[0].contiguous();
+    const torch::Tensor grad = StrideOneInDim(grad_out[0]);
     const int64_t b = grad.size(0), heads = grad.size(1), seq = grad.size(2), dim = grad.size(3);
-    torch::Tensor grad_x = ctx->saved_data["heads_inner"].toBool()
-                               ? torch::empty({b, seq, heads, dim}, grad.options()).transpose(1, 2)
-                               : torch::empty({b, heads, seq, dim}, grad.options());
-    const RopeShape shape = ShapeOf(grad, grad_x, cos, sin);
-#if defined(MESHWORK_FUSED_KERNELS)
-    if (grad.is_cuda()) {
-      OnDevice on(grad);
-      CheckLaunch(fused::LaunchRopeBackward(ElementTypeOf(grad), grad.size(0), shape, grad.data_ptr(), cos.data_ptr(),
-                                            sin.data_ptr(), grad_x.data_ptr(), on.stream()),
-                  "RopeBackward");
-      return {grad_x, torch::Tensor(), torch::Tensor()};
-    }
-#endif
-    DispatchHostPacked(grad, shape.pack, [&](auto t, auto acc, auto width) {
-      using T = decltype(t);
-      using Acc = decltype(acc);
-      constexpr int N = decltype(width)::value;
-      const T* g = grad.data_ptr<T>();
-      const Acc* c = cos.data_ptr<Acc>();
-      const Acc* s = sin.data_ptr<Acc>();
-      T* gx = grad_x.data_ptr<T>();
-      HostLoop(grad_x.numel() / N, [&](int64_t v) { fused::RopeBackwardAt<T, Acc, N>(v, shape, g, c, s, gx); });
-    });
+    torch::Tensor grad_x = ctx->saved_data["heads_inner"].toBool() ? EmptyHeadsInner(b, heads, seq, dim, grad.options())
+                                                                  : torch::empty({b, heads, seq, dim}, grad.options());
+    RopeBackwardInto(grad, saved[0], saved[1], grad_x);
     return {grad_x, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The merged q/k/v GEMM's output [batch, seq, (heads + 2 kv) * dim] split into q and k, each
+// rotated, and v, all [batch, heads or kv, seq, dim] laid out as [batch, seq, heads, dim]. v is a
+// copy (one read and write of its 1/(2 + heads/kv) of the columns), so that attention, which
+// keeps q, k and v for backward, does not keep the whole GEMM output alive through a view of v.
+// Backward writes the three gradients straight into one [batch, seq, width] buffer, where the
+// composition's split, view and transpose have autograd reshape v's gradient and concatenate all
+// three (a read and a write of the whole width per layer).
+struct QkvRopeFunction : torch::autograd::Function<QkvRopeFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv,
+                                                int64_t heads, int64_t kv, const torch::Tensor& cos,
+                                                const torch::Tensor& sin) {
+    const int64_t b = qkv.size(0), seq = qkv.size(1), dim = qkv.size(2) / (heads + 2 * kv);
+    auto block = [&](const torch::Tensor& all, int64_t first, int64_t count) {
+      return all.narrow(2, first * dim, count * dim).view({b, seq, count, dim}).transpose(1, 2);
+    };
+    torch::Tensor q = EmptyHeadsInner(b, heads, seq, dim, qkv.options());
+    torch::Tensor k = EmptyHeadsInner(b, kv, seq, dim, qkv.options());
+    RopeInto(block(qkv, 0, heads), cos, sin, q);
+    RopeInto(block(qkv, heads, kv), cos, sin, k);
+    torch::Tensor v = EmptyHeadsInner(b, kv, seq, dim, qkv.options());
+    v.copy_(block(qkv, heads + kv, kv));
+    ctx->save_for_backward({cos, sin});
+    ctx->set_materialize_grads(false);  // an unused output's gradient: none, not zeros
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv"] = kv;
+    return {q, k, v};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const int64_t heads = ctx->saved_data["heads"].toInt(), kv = ctx->saved_data["kv"].toInt();
+    // The one defined gradient gives the shape (autograd gives none for an unused output).
+    const torch::Tensor& any = grad_out[0].defined() ? grad_out[0] : grad_out[1].defined() ? grad_out[1] : grad_out[2];
+    const int64_t b = any.size(0), seq = any.size(2), dim = any.size(3);
+    torch::Tensor grad_qkv = torch::empty({b, seq, (heads + 2 * kv) * dim}, any.options());
+    auto block = [&](int64_t first, int64_t count) {
+      return grad_qkv.narrow(2, first * dim, count * dim).view({b, seq, count, dim}).transpose(1, 2);
+    };
+    const int64_t firsts[] = {0, heads, heads + kv}, counts[] = {heads, kv, kv};
+    for (int i = 0; i < 3; ++i) {
+      torch::Tensor into = block(firsts[i], counts[i]);
+      if (!grad_out[i].defined()) {
+        into.zero_();
+      } else if (i < 2) {
+        RopeBackwardInto(StrideOneInDim(grad_out[i]), saved[0], saved[1], into);
+      } else {
+        into.copy_(grad_out[i]);
+      }
+    }
+    return {grad_qkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -580,6 +651,24 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const 
   const auto acc = AccOf(x);
   auto table = [&](const torch::Tensor& t) { return t.narrow(0, 0, seq).to(x.device(), acc).contiguous(); };
   return RopeFunction::apply(x, table(cos), table(sin));
+}
+
+std::vector<torch::Tensor> FusedQkvRope(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                        const torch::Tensor& cos, const torch::Tensor& sin) {
+  RequireKernels(qkv, "FusedQkvRope");
+  (void)ElementTypeOf(qkv);
+  TORCH_CHECK(qkv.dim() == 3 && heads > 0 && kv_heads > 0 && qkv.size(2) % (heads + 2 * kv_heads) == 0 &&
+                  (qkv.size(2) / (heads + 2 * kv_heads)) % 2 == 0,
+              "FusedQkvRope: qkv ", qkv.sizes(), " must be [batch, seq, (", heads, " + 2 x ", kv_heads,
+              ") x dim] with an even dim");
+  const int64_t seq = qkv.size(1), dim = qkv.size(2) / (heads + 2 * kv_heads);
+  TORCH_CHECK(cos.dim() == 2 && cos.size(0) >= seq && cos.size(1) == dim && sin.sizes() == cos.sizes(),
+              "FusedQkvRope: tables ", cos.sizes(), " and ", sin.sizes(), " do not cover ", seq, " positions of dim ",
+              dim);
+  const torch::Tensor x = qkv.stride(2) == 1 ? qkv : qkv.contiguous();
+  const auto acc = AccOf(x);
+  auto table = [&](const torch::Tensor& t) { return t.narrow(0, 0, seq).to(x.device(), acc).contiguous(); };
+  return QkvRopeFunction::apply(x, heads, kv_heads, table(cos), table(sin));
 }
 
 }  // namespace meshwork::model

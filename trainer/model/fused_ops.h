@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <utility>
+#include <vector>
 
 namespace meshwork::model {
 
@@ -25,10 +26,20 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate_up);
 
 // x * cos + rotate_half(x) * sin (ApplyRope) for x [batch, heads, seq, dim], any strides, in
 // x's dtype (float, double, bf16 or fp16); cos and sin [>= seq, dim] (RopeTables' fp32 tables),
-// read in fp32 (double for double x). The result is contiguous. Saves only the tables. x's
-// gradient comes back in x's layout when x is a transposed [batch, seq, heads, dim] buffer (the
-// model's q and k), contiguous otherwise; the output's gradient is read at its own strides.
+// read in fp32 (double for double x). Saves only the tables. When x is a transposed [batch,
+// seq, heads, dim] buffer (the model's q and k), the result and x's gradient are laid out that
+// way too (SDPA then allocates its output in the same order, so the attention output's transpose
+// back is a view); contiguous otherwise. The output's gradient is read at its own strides.
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// The merged q/k/v GEMM's output qkv [batch, seq, (heads + 2 kv_heads) x dim] as attention's
+// {q, k, v} [batch, heads or kv_heads, seq, dim]: q and k rotated (FusedRope), v copied, all
+// three laid out as [batch, seq, heads, dim]. The copy of v lets the GEMM output go after
+// forward (a view of v would keep it for attention's backward), and backward writes the three
+// gradients straight into qkv's gradient, where the composition's split, views and transposes
+// cost autograd a reshape of v's gradient and a concatenation of all three. Differentiable in qkv.
+std::vector<torch::Tensor> FusedQkvRope(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                        const torch::Tensor& cos, const torch::Tensor& sin);
 
 // Hugging Face's RMSNorm of x [..., dim] with weight [dim]: weight * (x / sqrt(mean(x^2) + eps)),
 // the statistics and the product in fp32 (double for double x), rounded once to `out_dtype`

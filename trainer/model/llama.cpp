@@ -106,22 +106,25 @@ torch::Tensor StackedLinear(const torch::Tensor& x, std::initializer_list<torch:
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const int64_t b = x.size(0), t = x.size(1);
   torch::Tensor q, k, v;
-  if (merged) {
-    const auto qkv = StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused)
-                         .split_with_sizes({num_heads_ * head_dim_, num_kv_heads_ * head_dim_, num_kv_heads_ * head_dim_}, -1);
+  if (merged && fused) {
+    // One op from the GEMM output to attention's inputs and back (FusedQkvRope).
+    const auto qkv = FusedQkvRope(StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused),
+                                  num_heads_, num_kv_heads_, rope.cos, rope.sin);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
-    q = q_proj(x), k = k_proj(x), v = v_proj(x);
-  }
-  q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);
-  k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-  v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-  if (fused) {
-    q = FusedRope(q, rope.cos, rope.sin);
-    k = FusedRope(k, rope.cos, rope.sin);
-  } else {
-    q = ApplyRope(q, rope);
-    k = ApplyRope(k, rope);
+    if (merged) {
+      const auto qkv =
+          StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused)
+              .split_with_sizes({num_heads_ * head_dim_, num_kv_heads_ * head_dim_, num_kv_heads_ * head_dim_}, -1);
+      q = qkv[0], k = qkv[1], v = qkv[2];
+    } else {
+      q = q_proj(x), k = k_proj(x), v = v_proj(x);
+    }
+    q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);
+    k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+    v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+    q = fused ? FusedRope(q, rope.cos, rope.sin) : ApplyRope(q, rope);
+    k = fused ? FusedRope(k, rope.cos, rope.sin) : ApplyRope(k, rope);
   }
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
   auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]

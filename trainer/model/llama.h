@@ -59,8 +59,9 @@ class AttentionImpl : public torch::nn::Module {
   // instead of three gradients summed. The parameters stay three (HF's names and layout).
   bool merged = true;
   // Rotary embedding of q and k by FusedRope (fused_ops.h) instead of ApplyRope's composition,
-  // and, with merged, the q/k/v and output projections by MixedLinear (mixed_linear.h) where
-  // it applies (fp32 weights under autocast).
+  // and, with merged, the split of the q/k/v GEMM's output and the rotation by FusedQkvRope,
+  // and the q/k/v and output projections by MixedLinear (mixed_linear.h) where it applies (fp32
+  // weights under autocast).
   bool fused = false;
 
  private:

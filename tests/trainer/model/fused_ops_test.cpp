@@ -143,6 +143,57 @@ TEST(FusedRopeTest, EqualsApplyRopeOnTheModelsStridedViews) {
   }
 }
 
+// FusedQkvRope: the merged q/k/v GEMM's output split, q and k rotated and v copied, against the
+// composition's split, views, transposes and ApplyRope; forward values and layouts, and qkv's
+// gradient with every output used and with one unused (its columns' gradient zero).
+TEST(FusedQkvRopeTest, EqualsSplitAndApplyRopeForwardAndBackward) {
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    torch::manual_seed(24);
+    const LlamaConfig c = RopeConfig();
+    const RopeTables rope = MakeRopeTables(c, 16, torch::kCPU);
+    const int64_t b = 2, t = 9, heads = 4, kv = 2, d = 12;
+    const auto qkv_in = torch::randn({b, t, (heads + 2 * kv) * d}, dtype);
+    const auto up_q = torch::randn({b, heads, t, d}, dtype);
+    const auto up_k = torch::randn({b, kv, t, d}, dtype);
+    const auto up_v = torch::randn({b, kv, t, d}, dtype);
+    auto composition = [&](const torch::Tensor& qkv) {
+      const auto parts = qkv.split_with_sizes({heads * d, kv * d, kv * d}, -1);
+      return std::vector<torch::Tensor>{ApplyRope(parts[0].view({b, t, heads, d}).transpose(1, 2), rope),
+                                        ApplyRope(parts[1].view({b, t, kv, d}).transpose(1, 2), rope),
+                                        parts[2].view({b, t, kv, d}).transpose(1, 2)};
+    };
+    auto fused = [&](const torch::Tensor& qkv) { return FusedQkvRope(qkv, heads, kv, rope.cos, rope.sin); };
+    for (const bool use_k : {true, false}) {
+      SCOPED_TRACE(use_k ? "q, k and v used" : "k unused");
+      auto run = [&](const std::function<std::vector<torch::Tensor>(const torch::Tensor&)>& f) {
+        auto qkv = qkv_in.clone().requires_grad_(true);
+        const auto out = f(qkv);
+        auto loss = (out[0] * up_q).sum() + (out[2] * up_v).sum();
+        if (use_k) loss = loss + (out[1] * up_k).sum();
+        loss.backward();
+        return std::make_pair(out, qkv.grad());
+      };
+      const auto [got, grad] = run(fused);
+      const auto [want, grad_ref] = run(composition);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(torch::allclose(got[i], want[i], Tolerance(dtype), Tolerance(dtype))) << i;
+        // Laid out as the GEMM output orders them, and not views of it (v is a copy).
+        EXPECT_TRUE(got[i].transpose(1, 2).is_contiguous()) << i;
+        EXPECT_FALSE(got[i].is_alias_of(qkv_in)) << i;
+      }
+      EXPECT_TRUE(torch::allclose(grad, grad_ref, Tolerance(dtype), Tolerance(dtype))) << (grad - grad_ref).abs().max();
+      if (!use_k) EXPECT_TRUE(torch::equal(grad.narrow(2, heads * d, kv * d), torch::zeros({b, t, kv * d}, dtype)));
+    }
+  }
+}
+
+TEST(FusedQkvRopeTest, RefusesAWidthThatIsNotTheHeads) {
+  const RopeTables rope = MakeRopeTables(RopeConfig(), 16, torch::kCPU);
+  EXPECT_THROW(FusedQkvRope(torch::zeros({1, 4, 95}), 4, 2, rope.cos, rope.sin), c10::Error);
+  EXPECT_THROW(FusedQkvRope(torch::zeros({1, 20, 96}), 4, 2, rope.cos, rope.sin), c10::Error);  // past the tables
+}
+
 // Backward is the rotation's transpose: for any upstream gradient g, <rope(x), g> = <x, rope^T(g)>,
 // checked through autograd with a non-contiguous upstream gradient.
 TEST(FusedRopeTest, BackwardIsTheTransposeForStridedGradients) {
