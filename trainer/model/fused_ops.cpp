@@ -166,53 +166,39 @@ RopeShape ShapeOf(const torch::Tensor& in, const torch::Tensor& out, const torch
   return fused::WithDividers(s, in.numel());
 }
 
-// out = rope(x), written at out's strides (x: stride(3) == 1; cos and sin: [seq, dim],
-// contiguous, in x's arithmetic dtype, on x's device).
-void RopeInto(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
-  const RopeShape shape = ShapeOf(x, out, cos, sin);
+// out = rope(in) (forward) or rope's transpose applied to in (backward: in is the output's
+// gradient), written at out's strides (in: stride(3) == 1; cos and sin: [seq, dim], contiguous,
+// in in's arithmetic dtype, on in's device).
+enum class RopeDirection { kForward, kBackward };
+template <RopeDirection kDirection>
+void RopeInto(const torch::Tensor& in, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
+  constexpr bool kForward = kDirection == RopeDirection::kForward;
+  const RopeShape shape = ShapeOf(in, out, cos, sin);
 #if defined(MESHWORK_FUSED_KERNELS)
-  if (x.is_cuda()) {
-    OnDevice on(x);
-    CheckLaunch(fused::LaunchRopeForward(ElementTypeOf(x), x.size(0), shape, x.data_ptr(), cos.data_ptr(),
-                                         sin.data_ptr(), out.data_ptr(), on.stream()),
-                "RopeForward");
+  if (in.is_cuda()) {
+    OnDevice on(in);
+    const auto launch = kForward ? fused::LaunchRopeForward : fused::LaunchRopeBackward;
+    CheckLaunch(launch(ElementTypeOf(in), in.size(0), shape, in.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                       out.data_ptr(), on.stream()),
+                kForward ? "RopeForward" : "RopeBackward");
     return;
   }
 #endif
-  DispatchHostPacked(x, shape.pack, [&](auto t, auto acc, auto width) {
+  DispatchHostPacked(in, shape.pack, [&](auto t, auto acc, auto width) {
     using T = decltype(t);
     using Acc = decltype(acc);
     constexpr int N = decltype(width)::value;
-    const T* in = x.data_ptr<T>();
+    const T* i = in.data_ptr<T>();
     const Acc* c = cos.data_ptr<Acc>();
     const Acc* s = sin.data_ptr<Acc>();
     T* o = out.data_ptr<T>();
-    HostLoop(out.numel() / N, [&](int64_t v) { fused::RopeForwardAt<T, Acc, N>(v, shape, in, c, s, o); });
-  });
-}
-
-// grad_x = rope's transpose applied to grad, written at grad_x's strides (grad: stride(3) == 1).
-void RopeBackwardInto(const torch::Tensor& grad, const torch::Tensor& cos, const torch::Tensor& sin,
-                      torch::Tensor& grad_x) {
-  const RopeShape shape = ShapeOf(grad, grad_x, cos, sin);
-#if defined(MESHWORK_FUSED_KERNELS)
-  if (grad.is_cuda()) {
-    OnDevice on(grad);
-    CheckLaunch(fused::LaunchRopeBackward(ElementTypeOf(grad), grad.size(0), shape, grad.data_ptr(), cos.data_ptr(),
-                                          sin.data_ptr(), grad_x.data_ptr(), on.stream()),
-                "RopeBackward");
-    return;
-  }
-#endif
-  DispatchHostPacked(grad, shape.pack, [&](auto t, auto acc, auto width) {
-    using T = decltype(t);
-    using Acc = decltype(acc);
-    constexpr int N = decltype(width)::value;
-    const T* g = grad.data_ptr<T>();
-    const Acc* c = cos.data_ptr<Acc>();
-    const Acc* s = sin.data_ptr<Acc>();
-    T* gx = grad_x.data_ptr<T>();
-    HostLoop(grad_x.numel() / N, [&](int64_t v) { fused::RopeBackwardAt<T, Acc, N>(v, shape, g, c, s, gx); });
+    HostLoop(out.numel() / N, [&](int64_t v) {
+      if constexpr (kForward) {
+        fused::RopeForwardAt<T, Acc, N>(v, shape, i, c, s, o);
+      } else {
+        fused::RopeBackwardAt<T, Acc, N>(v, shape, i, c, s, o);
+      }
+    });
   });
 }
 
@@ -223,6 +209,11 @@ torch::Tensor EmptyHeadsInner(int64_t b, int64_t heads, int64_t seq, int64_t dim
 }
 
 torch::Tensor StrideOneInDim(const torch::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+// Heads [first, first + count) of a [batch, seq, width] q/k/v buffer, as [batch, count, seq, dim].
+torch::Tensor HeadsOf(const torch::Tensor& all, int64_t dim, int64_t first, int64_t count) {
+  return all.narrow(2, first * dim, count * dim).view({all.size(0), all.size(1), count, dim}).transpose(1, 2);
+}
 
 struct RopeFunction : torch::autograd::Function<RopeFunction> {
   // cos and sin: [seq, dim], contiguous, in x's arithmetic dtype, on x's device.
@@ -237,7 +228,7 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     const bool heads_inner = x.size(1) > 1 && x.size(2) > 1 && x.stride(1) < x.stride(2);
     torch::Tensor out = heads_inner ? EmptyHeadsInner(x.size(0), x.size(1), x.size(2), x.size(3), x.options())
                                     : torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
-    RopeInto(x, cos, sin, out);
+    RopeInto<RopeDirection::kForward>(x, cos, sin, out);
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["heads_inner"] = heads_inner;
     return out;
@@ -250,7 +241,7 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     const int64_t b = grad.size(0), heads = grad.size(1), seq = grad.size(2), dim = grad.size(3);
     torch::Tensor grad_x = ctx->saved_data["heads_inner"].toBool() ? EmptyHeadsInner(b, heads, seq, dim, grad.options())
                                                                   : torch::empty({b, heads, seq, dim}, grad.options());
-    RopeBackwardInto(grad, saved[0], saved[1], grad_x);
+    RopeInto<RopeDirection::kBackward>(grad, saved[0], saved[1], grad_x);
     return {grad_x, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -267,15 +258,12 @@ struct QkvRopeFunction : torch::autograd::Function<QkvRopeFunction> {
                                                 int64_t heads, int64_t kv, const torch::Tensor& cos,
                                                 const torch::Tensor& sin) {
     const int64_t b = qkv.size(0), seq = qkv.size(1), dim = qkv.size(2) / (heads + 2 * kv);
-    auto block = [&](const torch::Tensor& all, int64_t first, int64_t count) {
-      return all.narrow(2, first * dim, count * dim).view({b, seq, count, dim}).transpose(1, 2);
-    };
     torch::Tensor q = EmptyHeadsInner(b, heads, seq, dim, qkv.options());
     torch::Tensor k = EmptyHeadsInner(b, kv, seq, dim, qkv.options());
-    RopeInto(block(qkv, 0, heads), cos, sin, q);
-    RopeInto(block(qkv, heads, kv), cos, sin, k);
     torch::Tensor v = EmptyHeadsInner(b, kv, seq, dim, qkv.options());
-    v.copy_(block(qkv, heads + kv, kv));
+    RopeInto<RopeDirection::kForward>(HeadsOf(qkv, dim, 0, heads), cos, sin, q);
+    RopeInto<RopeDirection::kForward>(HeadsOf(qkv, dim, heads, kv), cos, sin, k);
+    v.copy_(HeadsOf(qkv, dim, heads + kv, kv));
     ctx->save_for_backward({cos, sin});
     ctx->set_materialize_grads(false);  // an unused output's gradient: none, not zeros
     ctx->saved_data["heads"] = heads;
@@ -291,16 +279,13 @@ struct QkvRopeFunction : torch::autograd::Function<QkvRopeFunction> {
     const torch::Tensor& any = grad_out[0].defined() ? grad_out[0] : grad_out[1].defined() ? grad_out[1] : grad_out[2];
     const int64_t b = any.size(0), seq = any.size(2), dim = any.size(3);
     torch::Tensor grad_qkv = torch::empty({b, seq, (heads + 2 * kv) * dim}, any.options());
-    auto block = [&](int64_t first, int64_t count) {
-      return grad_qkv.narrow(2, first * dim, count * dim).view({b, seq, count, dim}).transpose(1, 2);
-    };
     const int64_t firsts[] = {0, heads, heads + kv}, counts[] = {heads, kv, kv};
     for (int i = 0; i < 3; ++i) {
-      torch::Tensor into = block(firsts[i], counts[i]);
+      torch::Tensor into = HeadsOf(grad_qkv, dim, firsts[i], counts[i]);
       if (!grad_out[i].defined()) {
         into.zero_();
       } else if (i < 2) {
-        RopeBackwardInto(StrideOneInDim(grad_out[i]), saved[0], saved[1], into);
+        RopeInto<RopeDirection::kBackward>(StrideOneInDim(grad_out[i]), saved[0], saved[1], into);
       } else {
         into.copy_(grad_out[i]);
       }
