@@ -4,8 +4,9 @@
 // output head + loss under bf16 autocast (its logits' gradient stored and recomputed), Meshwork's
 // own SwiGLU and RoPE kernels (fused_kernels.cu: against the composition and the CPU's host loop
 // over the same arithmetic, and a whole model step under autocast); MixedLinear's projections
-// over fp32 weights under autocast (fp32 weight gradients); a bf16 residual stream; and the fused
-// AdamW against libtorch's. Without a CUDA device it exits 77 (ctest: Skipped) after saying why.
+// over fp32 weights under autocast (fp32 weight gradients); a bf16 residual stream; and the two
+// AdamW kernels (libtorch's fused one, Meshwork's) against libtorch's AdamW. Without a CUDA device
+// it exits 77 (ctest: Skipped) after saying why.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -574,8 +575,12 @@ TEST(FusedOpsGpu, Bf16ResidualStreamRunsEveryLayerInBf16) {
 namespace meshwork::train {
 namespace {
 
-TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) {
-  ASSERT_EQ(AdamW::KernelFor(model::kCuda), "fused");
+// libtorch's fused AdamW and Meshwork's kernel against torch::optim::AdamW (libtorch's
+// one-parameter-at-a-time ops on the GPU), over six steps with a clipped one, two weight-decay
+// groups, and a 21-element parameter (Meshwork's kernel: 5 packs of 4 and a tail of 1). Meshwork's
+// kernel reads the gradients only; the fused one leaves them scaled.
+void CheckAdamWKernel(AdamWKernel kernel) {
+  SCOPED_TRACE(AdamWKernelName(kernel));
   torch::manual_seed(4);
   std::vector<torch::Tensor> mine, theirs;
   for (auto shape : std::vector<std::vector<int64_t>>{{256, 128}, {1000}, {3, 7}}) {
@@ -583,7 +588,8 @@ TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) {
     mine.push_back(p.clone().requires_grad_(true));
     theirs.push_back(p.clone().requires_grad_(true));
   }
-  AdamW opt({{{mine[0], mine[2]}, 0.1}, {{mine[1]}, 0.0}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8});
+  AdamW opt({{{mine[0], mine[2]}, 0.1}, {{mine[1]}, 0.0}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8, kernel});
+  ASSERT_EQ(opt.KernelFor(model::kCuda), AdamWKernelName(kernel));
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<torch::Tensor>{theirs[0], theirs[2]},
                       std::make_unique<torch::optim::AdamWOptions>(
@@ -594,19 +600,51 @@ TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) {
   torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(1e-3));
   for (int step = 0; step < 6; ++step) {
     const double scale = step == 2 ? 0.5 : 1.0;  // a clipped step
+    std::vector<torch::Tensor> given;
     for (size_t i = 0; i < mine.size(); ++i) {
       auto g = torch::randn(mine[i].sizes(), model::kCuda);
+      given.push_back(g);
       mine[i].mutable_grad() = g.clone();
       theirs[i].mutable_grad() = g * scale;
     }
     opt.Step(torch::full({1}, scale, torch::TensorOptions(model::kCuda).dtype(torch::kDouble)));
     reference.step();
+    if (kernel == AdamWKernel::kMeshwork) {
+      for (size_t i = 0; i < mine.size(); ++i) EXPECT_TRUE(torch::equal(mine[i].grad(), given[i])) << i;
+    }
   }
   for (size_t i = 0; i < mine.size(); ++i) {
     EXPECT_TRUE(torch::allclose(mine[i], theirs[i], 1e-5, 1e-6)) << i << ": "
         << (mine[i] - theirs[i]).abs().max().item<float>();
     EXPECT_EQ(opt.State(mine[i])->step, 6);
   }
+}
+
+TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) { CheckAdamWKernel(AdamWKernel::kFused); }
+TEST(FusedOpsGpu, MeshworkAdamWEqualsLibtorchAdamW) {
+  ASSERT_TRUE(model::FusedKernelsBuilt()) << "this build has no CUDA kernels";
+  EXPECT_EQ(AdamW::DefaultKernel(model::kCuda), AdamWKernel::kMeshwork);
+  CheckAdamWKernel(AdamWKernel::kMeshwork);
+}
+
+// A parameter of a size no 16-byte pack divides, at an address off the pack's alignment (a view
+// one element into a buffer): Meshwork's kernel then moves one element at a time, same results.
+TEST(FusedOpsGpu, MeshworkAdamWHandlesUnalignedParameters) {
+  torch::manual_seed(5);
+  const auto buffer = torch::randn({4097}, model::kCuda);
+  auto mine = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
+  auto theirs = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
+  AdamW opt({{{mine}, 0.1}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
+  torch::optim::AdamW reference(std::vector<torch::Tensor>{theirs},
+                                torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+  for (int step = 0; step < 3; ++step) {
+    const auto g = torch::randn({4095}, model::kCuda);
+    mine.mutable_grad() = g.clone();
+    theirs.mutable_grad() = g.clone();
+    opt.Step();
+    reference.step();
+  }
+  EXPECT_TRUE(torch::allclose(mine, theirs, 1e-5, 1e-6)) << (mine - theirs).abs().max().item<float>();
 }
 
 }  // namespace

@@ -49,6 +49,8 @@ expect "bf16 residual without autocast" 2 "key 'training.residual_dtype': bf16 n
   -- train --set training.dtype=fp32 --set training.residual_dtype=bf16
 expect "attention kernel the CPU lacks" 2 "key 'training.attention_backend': efficient" \
   -- train --set training.device=auto --set training.attention_backend=efficient "${small[@]}"
+expect "libtorch's fused AdamW off CUDA" 2 "key 'optimizer.implementation': fused is libtorch's CUDA kernel" \
+  -- train --set training.device=auto --set optimizer.implementation=fused "${small[@]}"
 
 # --- input errors: exit 3 ------------------------------------------------------------------
 expect "missing config file" 3 "$work/none.yaml" -- train --config "$work/none.yaml"

@@ -163,6 +163,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       FloatField("optimizer.beta2", &c.optimizer.beta2, 0.0, 0.999999999, false),
       FloatField("optimizer.eps", &c.optimizer.eps, 0.0, 1.0, true),
       FloatField("optimizer.grad_clip", &c.optimizer.grad_clip, 0.0, 1e9, false),
+      EnumField("optimizer.implementation", &c.optimizer.implementation, kOptimizerImplementationNames),
 
       IntField("schedule.steps", &c.schedule.steps, 1, kMaxInt),
       IntField("schedule.warmup_steps", &c.schedule.warmup_steps, 0, kMaxInt),
@@ -349,6 +350,10 @@ Status ValidateCrossFields(const TrainConfig& c) {
     return InvalidConfig("key 'training.attention_backend': " +
                          std::string(NameOf(kAttentionBackendNames, c.training.attention_backend)) +
                          " is a CUDA kernel, but training.device is 'cpu' (use auto, flash or math)");
+  }
+  if (c.optimizer.implementation == OptimizerImplementation::kFused && dev == "cpu") {
+    return InvalidConfig("key 'optimizer.implementation': fused is libtorch's CUDA kernel, but training.device is "
+                         "'cpu' (use auto, foreach or meshwork)");
   }
   if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");
   if (c.model.init_from.empty()) {

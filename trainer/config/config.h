@@ -88,6 +88,15 @@ struct DataConfig {
   int64_t batch_size = 16;  // sequences per micro-batch
 };
 
+// Which kernel runs AdamW's update (train/adamw.h): auto = Meshwork's own on CUDA where the
+// build has the kernels, else libtorch's fused one on CUDA, foreach on the CPU.
+enum class OptimizerImplementation { kAuto, kForeach, kFused, kMeshwork };
+inline constexpr EnumName<OptimizerImplementation> kOptimizerImplementationNames[] = {
+    {OptimizerImplementation::kAuto, "auto"},
+    {OptimizerImplementation::kForeach, "foreach"},
+    {OptimizerImplementation::kFused, "fused"},
+    {OptimizerImplementation::kMeshwork, "meshwork"}};
+
 struct OptimizerConfig {
   double lr = 3e-3;
   double weight_decay = 0.1;
@@ -95,6 +104,7 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 disables clipping (the norm is still reported)
+  OptimizerImplementation implementation = OptimizerImplementation::kAuto;
 };
 
 struct ScheduleConfig {

@@ -1,8 +1,9 @@
 // The CUDA kernels of the fused ops: for SwiGLU and RoPE one grid-stride loop each over the output
 // packs (N elements, one 16-byte access where the shapes allow), calling the arithmetic in
 // fused_elementwise.h; for the head's softmax gradient one block of kRowThreads threads per row
-// (fused_softmax.h); for RMSNorm one block of kNormThreads threads per row (fused_norm.h). The
-// CPU tests run the same arithmetic on the host.
+// (fused_softmax.h); for RMSNorm one block of kNormThreads threads per row (fused_norm.h); for
+// AdamW one grid-stride loop per parameter (fused_adamw.h). The CPU tests run the same arithmetic
+// on the host.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cuda_runtime.h>
@@ -139,6 +140,20 @@ __global__ void __launch_bounds__(kNormThreads)
   NormWeightGradLane<Acc, N>(dw, dw_partial + blockIdx.x * dim, dim, lane);
 }
 
+// AdamW over one parameter: packs of N floats (grid-stride), then the last n % N elements one
+// at a time. `scale` (a double on the device, or null for 1) is read by every thread: no host
+// sync for the clip factor.
+template <int N>
+__global__ void AdamWKernel(int64_t n, AdamWStep step, const double* scale, float* param, const float* grad,
+                            float* exp_avg, float* exp_avg_sq) {
+  const float c = scale != nullptr ? static_cast<float>(*scale) : 1.0f;
+  const int64_t packs = n / N;
+  for (int64_t v = FirstIndex(); v < packs; v += Stride()) AdamWAt<N>(v, step, c, param, grad, exp_avg, exp_avg_sq);
+  for (int64_t i = packs * N + FirstIndex(); i < n; i += Stride()) {
+    AdamWAt<1>(i, step, c, param, grad, exp_avg, exp_avg_sq);
+  }
+}
+
 // The last launch's error string, or nullptr.
 const char* LaunchError() {
   const cudaError_t status = cudaGetLastError();
@@ -266,6 +281,17 @@ const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape&
             packs, shape, static_cast<const T*>(grad_out), static_cast<const Acc*>(cos),
             static_cast<const Acc*>(sin), static_cast<T*>(grad_x));
   });
+}
+
+const char* LaunchAdamW(int64_t n, int pack, const AdamWStep& step, const double* scale, float* param,
+                        const float* grad, float* exp_avg, float* exp_avg_sq, void* stream) {
+  if (n == 0) return nullptr;
+  const bool known = VisitPack<float>(pack, [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    AdamWKernel<N><<<Blocks(std::max<int64_t>(n / N, 1)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        n, step, scale, param, grad, exp_avg, exp_avg_sq);
+  });
+  return known ? LaunchError() : "unsupported pack width";
 }
 
 }  // namespace meshwork::model::fused

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "trainer/model/fused_adamw.h"
 #include "trainer/model/fused_elementwise.h"
 #include "trainer/model/fused_norm.h"
 #include "trainer/model/fused_softmax.h"
@@ -112,5 +113,12 @@ const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, El
                                   int64_t dim, int pack, const void* h, const void* dy, const void* dh_residual,
                                   const void* w, const void* rstd, void* dx, void* ddelta, void* dw_partial,
                                   void* stream);
+
+// AdamW (fused_adamw.h) over one parameter's n contiguous fp32 elements, in place; the gradient
+// is read only. scale: one double on the device (the clip factor), or null for 1. `pack`: 1 or
+// kPack<float>, as PackFor chose it for the four arrays (the tail past the last whole pack is
+// done element by element).
+const char* LaunchAdamW(int64_t n, int pack, const AdamWStep& step, const double* scale, float* param,
+                        const float* grad, float* exp_avg, float* exp_avg_sq, void* stream);
 
 }  // namespace meshwork::model::fused

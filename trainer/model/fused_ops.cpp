@@ -656,4 +656,50 @@ std::vector<torch::Tensor> FusedQkvRope(const torch::Tensor& qkv, int64_t heads,
   return QkvRopeFunction::apply(x, heads, kv_heads, table(cos), table(sin));
 }
 
+bool FusedAdamWSupports(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                        const torch::Tensor& exp_avg_sq) {
+  if (!(param.is_cpu() || (param.is_cuda() && FusedKernelsBuilt()))) return false;
+  for (const torch::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (!t->defined() || t->layout() != torch::kStrided || t->scalar_type() != torch::kFloat ||
+        !t->is_contiguous() || t->device() != param.device() || t->sizes() != param.sizes()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                      const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale) {
+  TORCH_CHECK(FusedAdamWSupports(param, grad, exp_avg, exp_avg_sq), "FusedAdamWUpdate: parameter ", param.sizes(),
+              " ", param.scalar_type(), " on ", param.device(),
+              ": needs fp32 contiguous parameter, gradient and moments of one shape on one device (the CPU, or "
+              "CUDA with this build's kernels)");
+  TORCH_CHECK(!scale.defined() || (scale.numel() == 1 && scale.device() == param.device()),
+              "FusedAdamWUpdate: the scale must be one element on ", param.device());
+  const int64_t n = param.numel();
+  const int pack = fused::PackFor({}, {ArrayOf(param), ArrayOf(grad), ArrayOf(exp_avg), ArrayOf(exp_avg_sq)});
+  float* p = param.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  float* m = exp_avg.data_ptr<float>();
+  float* q = exp_avg_sq.data_ptr<float>();
+#if defined(MESHWORK_FUSED_KERNELS)
+  if (param.is_cuda()) {
+    OnDevice on(param);
+    const torch::Tensor factor = scale.defined() ? scale.to(torch::kDouble).contiguous() : torch::Tensor();
+    CheckLaunch(fused::LaunchAdamW(n, pack, step, factor.defined() ? factor.data_ptr<double>() : nullptr, p, g, m, q,
+                                   on.stream()),
+                "AdamW");
+    return;
+  }
+#endif
+  const float c = scale.defined() ? static_cast<float>(scale.item<double>()) : 1.0f;
+  TORCH_CHECK(fused::VisitPack<float>(pack, [&](auto width) {
+                constexpr int N = decltype(width)::value;
+                const int64_t packs = n / N;
+                HostLoop(packs, [&](int64_t v) { fused::AdamWAt<N>(v, step, c, p, g, m, q); });
+                for (int64_t i = packs * N; i < n; ++i) fused::AdamWAt<1>(i, step, c, p, g, m, q);
+              }),
+              "unsupported pack width ", pack);
+}
+
 }  // namespace meshwork::model

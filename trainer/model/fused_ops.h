@@ -1,8 +1,8 @@
 // Meshwork's fused ops, each one pass forward and one backward in place of the composition's
 // several kernels: SwiGLU, rotary embedding, RMSNorm (with the residual add and the cast to the
-// matmul's dtype folded in) and the output head's softmax gradient. Autograd functions (the last
-// is called inside the head's own) over the arithmetic in fused_elementwise.h, fused_norm.h and
-// fused_softmax.h. On a CUDA tensor they launch fused_kernels.cu's kernels, which exist only
+// matmul's dtype folded in) and the output head's softmax gradient; and, outside autograd,
+// AdamW's update. Autograd functions (the softmax gradient is called inside the head's own) over
+// the arithmetic in fused_elementwise.h, fused_norm.h, fused_softmax.h and fused_adamw.h. On a CUDA tensor they launch fused_kernels.cu's kernels, which exist only
 // where nvcc was found at build time (FusedKernelsBuilt()); on the CPU they run the same
 // arithmetic in host loops, the rows dealt to lanes and blocks in the kernels' order. Each
 // rounds to the storage dtype once, where the composition rounds every intermediate: under bf16
@@ -14,6 +14,8 @@
 
 #include <utility>
 #include <vector>
+
+#include "trainer/model/fused_adamw.h"
 
 namespace meshwork::model {
 
@@ -81,5 +83,15 @@ struct SoftmaxGradientStats {
   torch::Tensor target_logit;
 };
 SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::Tensor& targets);
+
+// Meshwork's AdamW update of one parameter (fused_adamw.h) in one pass: param, exp_avg and
+// exp_avg_sq updated in place from grad times `scale` (a one-element tensor on the parameter's
+// device, any floating dtype: the clip factor; undefined for 1). The gradient is not written.
+// FusedAdamWSupports says whether the four tensors qualify: fp32, contiguous, one shape, one
+// device, the CPU or a CUDA device where this build has the kernels.
+bool FusedAdamWSupports(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                        const torch::Tensor& exp_avg_sq);
+void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                      const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale);
 
 }  // namespace meshwork::model

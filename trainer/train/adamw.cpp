@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 
 namespace meshwork::train {
 namespace {
@@ -33,8 +34,37 @@ AdamW::AdamW(std::vector<AdamWGroup> groups, AdamWOptions options)
   }
 }
 
-std::string AdamW::KernelFor(const torch::Device& device) {
-  return compat::kTorch2 && device.is_cuda() ? "fused" : "foreach";
+const char* AdamWKernelName(AdamWKernel kernel) {
+  switch (kernel) {
+    case AdamWKernel::kForeach: return "foreach";
+    case AdamWKernel::kFused: return "fused";
+    case AdamWKernel::kMeshwork: return "meshwork";
+  }
+  return "?";
+}
+
+AdamWKernel AdamW::DefaultKernel(const torch::Device& device) {
+  if (!device.is_cuda()) return AdamWKernel::kForeach;
+  if (model::FusedKernelsBuilt()) return AdamWKernel::kMeshwork;
+  return compat::kTorch2 ? AdamWKernel::kFused : AdamWKernel::kForeach;
+}
+
+std::string AdamW::KernelFor(const torch::Device& device) const {
+  const AdamWKernel want = options_.kernel.value_or(DefaultKernel(device));
+  if (want == AdamWKernel::kMeshwork && (device.is_cpu() || model::FusedKernelsBuilt())) return "meshwork";
+  if (want != AdamWKernel::kForeach && device.is_cuda() && compat::kTorch2) return "fused";
+  return "foreach";
+}
+
+AdamWKernel AdamW::KernelOf(const Slot& s) const {
+  const torch::Device device = s.param.device();
+  const AdamWKernel want = options_.kernel.value_or(DefaultKernel(device));
+  if (want == AdamWKernel::kMeshwork &&
+      model::FusedAdamWSupports(s.param, s.param.grad(), s.state->exp_avg, s.state->exp_avg_sq)) {
+    return AdamWKernel::kMeshwork;
+  }
+  if (want != AdamWKernel::kForeach && device.is_cuda() && compat::kTorch2) return AdamWKernel::kFused;
+  return AdamWKernel::kForeach;
 }
 
 AdamW::Slot& AdamW::SlotOf(const torch::Tensor& param) {
@@ -73,19 +103,19 @@ bool AdamW::HasState() const {
 void AdamW::Step(const torch::Tensor& grad_scale) {
   torch::NoGradGuard no_grad;
   // Parameters with a gradient, by (weight decay, kernel): one update call each.
-  std::map<std::pair<double, std::string>, std::vector<Slot*>> batches;
+  std::map<std::pair<double, AdamWKernel>, std::vector<Slot*>> batches;
   for (Slot& s : slots_) {
     if (!s.param.grad().defined()) continue;
     if (!s.state) {
       s.state = AdamWParamState{0, torch::zeros_like(s.param), torch::zeros_like(s.param)};
     }
-    batches[{s.weight_decay, KernelFor(s.param.device())}].push_back(&s);
+    batches[{s.weight_decay, KernelOf(s)}].push_back(&s);
   }
   for (auto& [key, slots] : batches) {
-    if (key.second == "fused") {
-      StepFused(slots, key.first, grad_scale);
-    } else {
-      StepForeach(slots, key.first, grad_scale);
+    switch (key.second) {
+      case AdamWKernel::kMeshwork: StepMeshwork(slots, key.first, grad_scale); break;
+      case AdamWKernel::kFused: StepFused(slots, key.first, grad_scale); break;
+      case AdamWKernel::kForeach: StepForeach(slots, key.first, grad_scale); break;
     }
   }
 }
@@ -120,6 +150,19 @@ void AdamW::StepForeach(const std::vector<Slot*>& all, double weight_decay, cons
     at::_foreach_div_(denom, std::sqrt(bias_correction2));
     at::_foreach_add_(denom, options_.eps);
     at::_foreach_addcdiv_(params, exp_avgs, denom, -lr / bias_correction1);
+  }
+}
+
+void AdamW::StepMeshwork(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale) {
+  // The clip factor as the kernel reads it, converted once (a no-op for the trainer's double).
+  const torch::Tensor scale = grad_scale.defined() ? grad_scale.to(torch::kDouble).reshape({}) : torch::Tensor();
+  for (Slot* s : slots) {
+    const int64_t step = ++s->state->step;
+    s->device_step = torch::Tensor();  // the fused kernel's copy of the count is stale now
+    model::FusedAdamWUpdate(s->param, s->param.grad(), s->state->exp_avg, s->state->exp_avg_sq,
+                            model::fused::MakeAdamWStep(options_.lr, options_.beta1, options_.beta2, options_.eps,
+                                                        weight_decay, step),
+                            scale);
   }
 }
 

@@ -1,12 +1,17 @@
-// AdamW (decoupled weight decay, Loshchilov & Hutter), updating all of a group's parameters at
-// once instead of one parameter at a time: libtorch's fused kernel (at::_fused_adamw_: one
-// launch per group, the gradient scale folded in) for CUDA tensors on libtorch 2.x, else
-// libtorch's multi-tensor (_foreach) ops. On the CPU the result is bit-for-bit
-// torch::optim::AdamW's (the same operations in the same order); the fused kernel agrees to
-// rounding.
+// AdamW (decoupled weight decay, Loshchilov & Hutter), updating all of a group's parameters
+// without libtorch's one-parameter-at-a-time torch::optim::AdamW. Three kernels:
+// - meshwork: Meshwork's own (model::FusedAdamWUpdate, fused_adamw.h), one pass per parameter
+//   that reads the gradient and writes the parameter and its two moments (28 bytes an element);
+//   the CUDA default where this build has the kernels; on the CPU a host loop (for tests);
+// - fused: libtorch's fused kernel (at::_fused_adamw_, libtorch 2.x on CUDA), one launch per
+//   group with the gradient scale folded in, which also writes every gradient back (32 bytes);
+// - foreach: libtorch's multi-tensor (_foreach) ops; the CPU default, bit-for-bit
+//   torch::optim::AdamW's (the same operations in the same order).
+// The kernels agree to fp32 rounding.
 //
 // The state is per parameter (step count, first and second moment), as torch::optim::AdamW
-// keeps it, so a training checkpoint saves and restores it parameter by parameter.
+// keeps it, so a training checkpoint saves and restores it parameter by parameter, whichever
+// kernel wrote it.
 #pragma once
 
 #include <torch/types.h>
@@ -19,11 +24,20 @@
 
 namespace meshwork::train {
 
+enum class AdamWKernel { kForeach, kFused, kMeshwork };
+// "foreach", "fused", "meshwork".
+const char* AdamWKernelName(AdamWKernel kernel);
+
 struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  // The kernel to run; nullopt: DefaultKernel for each parameter's device. A parameter the
+  // chosen kernel cannot take (fused: not CUDA or libtorch 1.x; meshwork: not fp32 and
+  // contiguous with its gradient, or CUDA without this build's kernels) takes the best one that
+  // can: fused on CUDA with libtorch 2.x, else foreach.
+  std::optional<AdamWKernel> kernel;
 };
 
 struct AdamWGroup {
@@ -42,13 +56,16 @@ class AdamW {
 
   void set_lr(double lr) { options_.lr = lr; }
   double lr() const { return options_.lr; }
-  // "fused" (one kernel per group) or "foreach" (libtorch's multi-tensor ops): what Step runs
-  // for parameters on `device`.
-  static std::string KernelFor(const torch::Device& device);
+  // The default kernel for parameters on `device`: meshwork on CUDA where this build has the
+  // kernels, else fused on CUDA with libtorch 2.x, else foreach.
+  static AdamWKernel DefaultKernel(const torch::Device& device);
+  // What Step runs for fp32 contiguous parameters on `device` under these options.
+  std::string KernelFor(const torch::Device& device) const;
 
   // Updates every parameter that has a gradient. `grad_scale` (a one-element tensor on the
-  // parameters' device, or undefined for 1) multiplies the gradients first, in place: gradient
-  // clipping's factor, applied by the fused kernel itself rather than in a pass of its own.
+  // parameters' device, or undefined for 1) multiplies the gradients first: gradient clipping's
+  // factor, applied by the kernel itself rather than in a pass of its own. foreach and fused
+  // leave the gradients scaled (in place), meshwork leaves them as they were.
   void Step(const torch::Tensor& grad_scale = {});
 
   // The state of `param` (one of the optimizer's tensors): null before its first update.
@@ -68,8 +85,10 @@ class AdamW {
     torch::Tensor device_step;  // the fused kernel's step count: fp32, on the parameter's device
   };
   Slot& SlotOf(const torch::Tensor& param);
+  AdamWKernel KernelOf(const Slot& slot) const;
   void StepForeach(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale);
   void StepFused(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale);
+  void StepMeshwork(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale);
 
   std::vector<AdamWGroup> groups_;
   AdamWOptions options_;

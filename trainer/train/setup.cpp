@@ -38,11 +38,36 @@ Status CheckDimsMatch(const model::LlamaConfig& want, const model::LlamaConfig& 
 
 // AdamW with decoupled weight decay on matrices only; norm gains are not decayed. Under FSDP
 // these are the ranks' shards: the optimizer state is sharded with them.
-std::unique_ptr<AdamW> MakeOptimizer(const config::OptimizerConfig& o, Engine& engine) {
+std::unique_ptr<AdamW> MakeOptimizer(const config::OptimizerConfig& o, std::optional<AdamWKernel> kernel,
+                                     Engine& engine) {
   std::vector<AdamWGroup> groups;
   groups.push_back({engine.DecayParams(), o.weight_decay});
   groups.push_back({engine.NoDecayParams(), 0.0});
-  return std::make_unique<AdamW>(std::move(groups), AdamWOptions{o.lr, o.beta1, o.beta2, o.eps});
+  return std::make_unique<AdamW>(std::move(groups), AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, kernel});
+}
+
+// optimizer.implementation on this device: nullopt for auto (AdamW::DefaultKernel).
+Result<std::optional<AdamWKernel>> OptimizerKernel(const config::OptimizerConfig& o, const torch::Device& device) {
+  switch (o.implementation) {
+    case config::OptimizerImplementation::kAuto: return std::optional<AdamWKernel>();
+    case config::OptimizerImplementation::kForeach: return std::optional<AdamWKernel>(AdamWKernel::kForeach);
+    case config::OptimizerImplementation::kFused:
+      if (!device.is_cuda() || !compat::kTorch2) {
+        return InvalidConfig("key 'optimizer.implementation': fused is libtorch's CUDA kernel (libtorch 2.x), but the "
+                             "device is " + device.str() + " and libtorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
+                             std::to_string(TORCH_VERSION_MINOR) +
+                             " (use auto, foreach or meshwork)");
+      }
+      return std::optional<AdamWKernel>(AdamWKernel::kFused);
+    case config::OptimizerImplementation::kMeshwork:
+      if (device.is_cuda() && !model::FusedKernelsBuilt()) {
+        return InvalidConfig("key 'optimizer.implementation': meshwork on " + device.str() +
+                             ", but this build has no CUDA kernels (nvcc was not found when it was built: "
+                             "docs/gpu.md); use auto, foreach or fused");
+      }
+      return std::optional<AdamWKernel>(AdamWKernel::kMeshwork);
+  }
+  return std::optional<AdamWKernel>();
 }
 
 // Each rank serves its own /metrics; ranks on one machine take consecutive ports.
@@ -167,7 +192,7 @@ std::string KernelNote(const TrainingRun& r) {
          (stored ? (fused.ok() && *fused ? "stored logit gradient, fused softmax" : "stored logit gradient")
                  : "recomputed logits") +
          " (training.loss_gradient); AdamW " +
-         AdamW::KernelFor(r.device);
+         r.optimizer->KernelFor(r.device) + " (optimizer.implementation)";
 }
 
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
@@ -302,6 +327,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
                          cfg.training.device + "' resolved to " + r.device.str());
   }
   r.autocast = UseAutocast(cfg, r.device);
+  MW_ASSIGN_OR_RETURN(const std::optional<AdamWKernel> adamw_kernel, OptimizerKernel(cfg.optimizer, r.device));
   if (!r.device.is_cuda()) CountCpuTensorBytes();  // CUDA's allocator counts its own
   MW_RETURN_IF_ERROR(LimitTensorMemory(r.device, cfg.training.memory_limit_mib << 20));
   MW_ASSIGN_OR_RETURN(model::LlamaForCausalLM net, BuildModel(cfg, r.device, log));
@@ -318,7 +344,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   }
   const DeviceProfile profile = ResolveDeviceProfile(cfg.metrics.device_profile, cfg.metrics.peak_tflops, r.device);
 
-  r.optimizer = MakeOptimizer(cfg.optimizer, *r.engine);
+  r.optimizer = MakeOptimizer(cfg.optimizer, adamw_kernel, *r.engine);
   // Resume: every rank loads its shards and AdamW state from checkpoint.dir/latest, if any; the
   // loop then continues at the next step (the data order and the learning rate are functions of
   // the step, so nothing else needs restoring).

@@ -129,6 +129,10 @@ const Rejected kRejected[] = {
      "training.device is 'cpu'"},
     {"CudnnAttentionOnCpu", "", {"training.device=cpu", "training.attention_backend=cudnn"},
      "'training.attention_backend'", "cudnn is a CUDA kernel, but training.device is 'cpu'"},
+    {"OptimizerImplementation", "", {"optimizer.implementation=apex"}, "'optimizer.implementation'",
+     "must be one of auto, foreach, fused, meshwork, got 'apex'"},
+    {"FusedAdamWOnCpu", "", {"training.device=cpu", "optimizer.implementation=fused"},
+     "'optimizer.implementation'", "fused is libtorch's CUDA kernel, but training.device is 'cpu'"},
     {"EfficientAttentionOnCpu", "training:\n  device: cpu\n  attention_backend: efficient\n", {},
      "'training.attention_backend'", "efficient is a CUDA kernel"},
     {"WarmupAboveSteps", "schedule:\n  steps: 10\n  warmup_steps: 11\n", {}, "'schedule.warmup_steps'",
@@ -324,6 +328,7 @@ TEST(ConfigTest, DefaultsWithoutAFile) {
   EXPECT_EQ(c->training.fused_kernels, FusedKernels::kAuto);
   EXPECT_EQ(c->training.residual_dtype, ResidualDtype::kAuto);
   EXPECT_EQ(c->training.attention_backend, AttentionBackend::kAuto);
+  EXPECT_EQ(c->optimizer.implementation, OptimizerImplementation::kAuto);
   EXPECT_EQ(c->training.threads, 0);
   EXPECT_EQ(c->metrics.port, 9400);
   EXPECT_EQ(c->metrics.host, "0.0.0.0");
@@ -361,6 +366,7 @@ optimizer:
   beta2: 0.99
   eps: 1.0e-6
   grad_clip: 0.5
+  implementation: fused
 schedule:
   steps: 1000
   warmup_steps: 100
@@ -409,6 +415,7 @@ checkpoint:
   EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.99);
   EXPECT_DOUBLE_EQ(c->optimizer.eps, 1e-6);
   EXPECT_DOUBLE_EQ(c->optimizer.grad_clip, 0.5);
+  EXPECT_EQ(c->optimizer.implementation, OptimizerImplementation::kFused);
   EXPECT_EQ(c->schedule.steps, 1000);
   EXPECT_EQ(c->schedule.warmup_steps, 100);
   EXPECT_EQ(c->schedule.decay, LrDecay::kLinear);

@@ -1,12 +1,17 @@
 // train::AdamW against libtorch's torch::optim::AdamW: bit-for-bit on the CPU over several steps
 // with two weight-decay groups, parameters that miss a step, and a clip factor; its state round
-// trip; the fused kernel where libtorch has one is in tests/gpu/fused_ops_gpu_test.cpp.
+// trip; Meshwork's kernel (its host loop) to rounding, and its fallback; the CUDA kernels (libtorch's
+// fused one and Meshwork's) are in tests/gpu/fused_ops_gpu_test.cpp.
 #include "trainer/train/adamw.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <vector>
+
+#include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 
 namespace meshwork::train {
 namespace {
@@ -40,15 +45,21 @@ void SetGrads(const Params& p, int step) {
 
 constexpr double kLr = 3e-3, kWd = 0.1;
 
+// libtorch's AdamW over p: the matrices decayed, the vectors not; betas (0.9, 0.95).
+std::unique_ptr<torch::optim::AdamW> LibtorchAdamW(const Params& p) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(p.decay, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(kWd)));
+  groups.emplace_back(p.no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0)));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(kLr));
+}
+
 TEST(AdamWTest, EqualsLibtorchAdamWBitForBitOnTheCpu) {
   Params mine = MakeParams(1), theirs = MakeParams(1);
-  AdamW opt({{mine.decay, kWd}, {mine.no_decay, 0.0}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8});
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(theirs.decay, std::make_unique<torch::optim::AdamWOptions>(
-                                        torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(kWd)));
-  groups.emplace_back(theirs.no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                           torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0)));
-  torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(kLr));
+  AdamW opt({{mine.decay, kWd}, {mine.no_decay, 0.0}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8, {}});
+  auto reference_owner = LibtorchAdamW(theirs);
+  torch::optim::AdamW& reference = *reference_owner;
   for (int step = 0; step < 5; ++step) {
     const double lr = kLr * (step + 1) / 5;  // the schedule changes lr between steps
     opt.set_lr(lr);
@@ -73,8 +84,8 @@ TEST(AdamWTest, EqualsLibtorchAdamWBitForBitOnTheCpu) {
 
 TEST(AdamWTest, NoStateBeforeTheFirstUpdateAndStateRoundTrips) {
   Params a = MakeParams(2), b = MakeParams(2);
-  AdamW opt_a({{a.decay, kWd}, {a.no_decay, 0.0}}, AdamWOptions{kLr});
-  AdamW opt_b({{b.decay, kWd}, {b.no_decay, 0.0}}, AdamWOptions{kLr});
+  AdamW opt_a({{a.decay, kWd}, {a.no_decay, 0.0}}, AdamWOptions{kLr, 0.9, 0.999, 1e-8, {}});
+  AdamW opt_b({{b.decay, kWd}, {b.no_decay, 0.0}}, AdamWOptions{kLr, 0.9, 0.999, 1e-8, {}});
   EXPECT_FALSE(opt_a.HasState());
   EXPECT_EQ(opt_a.State(a.decay[0]), nullptr);
   for (int step = 0; step < 3; ++step) {
@@ -90,7 +101,9 @@ TEST(AdamWTest, NoStateBeforeTheFirstUpdateAndStateRoundTrips) {
       pb[i].copy_(pa[i]);
       const AdamWParamState* s = opt_a.State(pa[i]);
       opt_b.SetState(pb[i], s ? std::optional<AdamWParamState>(*s) : std::nullopt);
-      if (s != nullptr) EXPECT_NE(opt_b.State(pb[i])->exp_avg.data_ptr(), s->exp_avg.data_ptr());  // copied
+      if (s != nullptr) {
+        EXPECT_NE(opt_b.State(pb[i])->exp_avg.data_ptr(), s->exp_avg.data_ptr());  // copied
+      }
     }
   }
   for (int step = 3; step < 5; ++step) {
@@ -113,9 +126,93 @@ TEST(AdamWTest, RefusesAParameterInTwoGroupsAndForeignTensors) {
   EXPECT_THROW(opt.SetState(torch::zeros({2}), std::nullopt), c10::Error);
 }
 
-TEST(AdamWTest, KernelIsFusedOnlyForCudaOnLibtorchTwo) {
-  EXPECT_EQ(AdamW::KernelFor(torch::kCPU), "foreach");
-  EXPECT_EQ(AdamW::KernelFor(torch::Device(torch::kCUDA, 0)), TORCH_VERSION_MAJOR >= 2 ? "fused" : "foreach");
+// Meshwork's kernel (its host loop here: the arithmetic the CUDA kernel runs, fused_adamw.h)
+// against libtorch's AdamW over the same steps as above: equal to fp32 rounding, parameters and
+// moments, including the 15- and 7-element parameters whose last elements miss a whole pack of 4.
+// Its gradients are read, not scaled in place.
+TEST(AdamWTest, MeshworkKernelEqualsLibtorchAdamWToRounding) {
+  Params mine = MakeParams(5), theirs = MakeParams(5);
+  AdamWOptions options{kLr, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork};
+  AdamW opt({{mine.decay, kWd}, {mine.no_decay, 0.0}}, options);
+  EXPECT_EQ(opt.KernelFor(torch::kCPU), "meshwork");
+  auto reference_owner = LibtorchAdamW(theirs);
+  torch::optim::AdamW& reference = *reference_owner;
+  for (int step = 0; step < 6; ++step) {
+    const double lr = kLr * (step + 1) / 6;
+    opt.set_lr(lr);
+    for (auto& g : reference.param_groups()) g.options().set_lr(lr);
+    SetGrads(mine, step);
+    SetGrads(theirs, step);
+    const double scale = step == 3 ? 0.25 : 1.0;
+    std::vector<torch::Tensor> grads_before;
+    for (auto& p : mine.all()) grads_before.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : theirs.all())
+        if (p.grad().defined()) p.mutable_grad().mul_(scale);
+    }
+    opt.Step(torch::full({1}, scale, torch::kDouble));
+    reference.step();
+    const auto a = mine.all(), b = theirs.all();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7))
+          << "step " << step << " param " << i << ": " << (a[i] - b[i]).abs().max().item<float>();
+      if (grads_before[i].defined()) {
+        EXPECT_TRUE(torch::equal(a[i].grad(), grads_before[i])) << i;
+      }
+    }
+  }
+  const auto a = mine.all(), b = theirs.all();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& theirs_state =
+        static_cast<const torch::optim::AdamWParamState&>(
+            *reference.state().at(compat::OptimizerStateKey(reference.state(), b[i])));
+    // Moments of gradients of size 1-4: fp32 rounding, a few units in the last place of 1.
+    EXPECT_TRUE(torch::allclose(opt.State(a[i])->exp_avg, theirs_state.exp_avg(), 1e-5, 1e-6))
+        << i << ": " << (opt.State(a[i])->exp_avg - theirs_state.exp_avg()).abs().max().item<float>();
+    EXPECT_TRUE(torch::allclose(opt.State(a[i])->exp_avg_sq, theirs_state.exp_avg_sq(), 1e-5, 1e-6))
+        << i << ": " << (opt.State(a[i])->exp_avg_sq - theirs_state.exp_avg_sq()).abs().max().item<float>();
+    EXPECT_EQ(opt.State(a[i])->step, theirs_state.step()) << i;
+  }
+}
+
+// A parameter Meshwork's kernel cannot take (not contiguous) gets foreach instead: bit-for-bit
+// libtorch's.
+TEST(AdamWTest, MeshworkKernelLeavesANonContiguousParameterToForeach) {
+  torch::manual_seed(6);
+  const auto base = torch::randn({6, 4});
+  auto mine = base.clone().t().requires_grad_(true);
+  auto theirs = base.clone().t().requires_grad_(true);
+  ASSERT_FALSE(mine.is_contiguous());
+  AdamW opt({{{mine}, kWd}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
+  torch::optim::AdamW reference(std::vector<torch::Tensor>{theirs},
+                                torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(kWd));
+  for (int step = 0; step < 3; ++step) {
+    const auto g = torch::randn({4, 6});
+    mine.mutable_grad() = g.clone();
+    theirs.mutable_grad() = g.clone();
+    opt.Step();
+    reference.step();
+    EXPECT_TRUE(torch::equal(mine, theirs)) << step;
+  }
+}
+
+TEST(AdamWTest, KernelChoice) {
+  EXPECT_EQ(AdamW::DefaultKernel(torch::kCPU), AdamWKernel::kForeach);
+  const torch::Device cuda(torch::kCUDA, 0);
+  const AdamWKernel on_cuda = model::FusedKernelsBuilt() ? AdamWKernel::kMeshwork
+                              : TORCH_VERSION_MAJOR >= 2 ? AdamWKernel::kFused
+                                                         : AdamWKernel::kForeach;
+  EXPECT_EQ(AdamW::DefaultKernel(cuda), on_cuda);
+  const AdamW plain({}, AdamWOptions{});
+  EXPECT_EQ(plain.KernelFor(torch::kCPU), "foreach");
+  EXPECT_EQ(plain.KernelFor(cuda), AdamWKernelName(on_cuda));
+  // fused wherever libtorch has it, else the best that runs.
+  const AdamW fused({}, AdamWOptions{1e-3, 0.9, 0.999, 1e-8, AdamWKernel::kFused});
+  EXPECT_EQ(fused.KernelFor(torch::kCPU), "foreach");
+  EXPECT_EQ(fused.KernelFor(cuda), TORCH_VERSION_MAJOR >= 2 ? "fused" : "foreach");
+  const AdamW foreach_only({}, AdamWOptions{1e-3, 0.9, 0.999, 1e-8, AdamWKernel::kForeach});
+  EXPECT_EQ(foreach_only.KernelFor(cuda), "foreach");
 }
 
 }  // namespace

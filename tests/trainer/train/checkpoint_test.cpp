@@ -63,7 +63,7 @@ TrainingState MakeRun(const std::string& dir, uint64_t seed, model::LlamaConfig 
   std::vector<AdamWGroup> groups;
   groups.push_back({r.engine->DecayParams(), 0.1});
   groups.push_back({r.engine->NoDecayParams(), 0.0});
-  r.optimizer = std::make_unique<AdamW>(std::move(groups), AdamWOptions{1e-2});
+  r.optimizer = std::make_unique<AdamW>(std::move(groups), AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
   r.checkpointer = std::make_unique<Checkpointer>(r.cfg.checkpoint, *r.engine, *r.optimizer,
                                                   RunMeta(r.cfg, dims, *r.engine));
   return r;

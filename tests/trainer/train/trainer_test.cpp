@@ -102,6 +102,20 @@ TEST(Train, FusedKernelsTrainAlike) {
   EXPECT_NE(log.str().find("SwiGLU + RoPE fused host loops"), std::string::npos) << log.str();
 }
 
+// optimizer.implementation: meshwork runs Meshwork's AdamW kernel (its host loop on the CPU): the
+// losses of libtorch's foreach AdamW to fp32 rounding, and the kernels line says so.
+TEST(Train, MeshworkAdamWTrainsLikeForeach) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  auto plain = TrainQuietly(Config({"data.train=" + tokens, "optimizer.implementation=foreach"}));
+  std::ostringstream log;
+  auto mine = Train(Config({"data.train=" + tokens, "optimizer.implementation=meshwork"}), log);
+  ASSERT_TRUE(plain.ok() && mine.ok()) << mine.status().ToString();
+  ASSERT_EQ(plain->losses.size(), mine->losses.size());
+  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(plain->losses[i], mine->losses[i], 1e-5) << i;
+  EXPECT_NE(log.str().find("AdamW meshwork (optimizer.implementation)"), std::string::npos) << log.str();
+}
+
 // training.merge_projections: false runs each projection on its own; the losses are the same.
 TEST(Train, SeparateProjectionsTrainAlike) {
   TempDir dir;

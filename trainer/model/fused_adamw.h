@@ -1,0 +1,69 @@
+// The arithmetic of Meshwork's AdamW kernel: one pass over a parameter's fp32 elements reads the
+// parameter, its gradient and both moments and writes the parameter and the moments (28 bytes an
+// element). libtorch's fused AdamW (at::_fused_adamw_) also writes every gradient back when it
+// is given a gradient scale, which the trainer always gives it (the clip factor, on the device so
+// that clipping needs no host sync): 32 bytes an element, in launches of at most 320 blocks of
+// 65,536 elements each. The kernel (fused_kernels.cu) and the host loop (fused_ops.cpp) run this
+// same function over packs of N = 4 floats (one 16-byte access) where the arrays allow it.
+//
+// The update is torch::optim::AdamW's, in its order (decoupled weight decay first), in fp32 with
+// the step's constants rounded to fp32 once on the host:
+//   g = grad * scale; p *= 1 - lr * wd; m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// The gradient is read, never written.
+#pragma once
+
+#include <cstdint>
+
+#include "trainer/model/fused_elementwise.h"
+
+namespace meshwork::model::fused {
+
+// One update's constants for parameters at step count t (after the increment), in fp32.
+struct AdamWStep {
+  float decay = 1;             // 1 - lr * weight_decay
+  float beta1 = 0.9f, one_minus_beta1 = 0.1f;
+  float beta2 = 0.999f, one_minus_beta2 = 0.001f;
+  float step_size = 0;         // lr / (1 - beta1^t)
+  float bias2_sqrt = 1;        // sqrt(1 - beta2^t)
+  float eps = 1e-8f;
+};
+
+// Host only: the constants of step t (>= 1), computed in double and rounded once.
+inline AdamWStep MakeAdamWStep(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t t) {
+  AdamWStep s;
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  s.beta1 = static_cast<float>(beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  s.step_size = static_cast<float>(lr / (1.0 - pow(beta1, static_cast<double>(t))));
+  s.bias2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, static_cast<double>(t))));
+  s.eps = static_cast<float>(eps);
+  return s;
+}
+
+// Elements [v * N, v * N + N) of a parameter: p, exp_avg and exp_avg_sq updated in place from
+// grad times `scale` (the clip factor, 1 when not clipping).
+template <int N>
+MW_HOST_DEVICE void AdamWAt(int64_t v, const AdamWStep& s, float scale, float* param, const float* grad,
+                            float* exp_avg, float* exp_avg_sq) {
+  const int64_t at = v * N;
+  Pack<float, N> p = LoadPack<N>(param + at);
+  const Pack<float, N> g = LoadPack<N>(grad + at);
+  Pack<float, N> m = LoadPack<N>(exp_avg + at);
+  Pack<float, N> q = LoadPack<N>(exp_avg_sq + at);
+  MW_UNROLL
+  for (int k = 0; k < N; ++k) {
+    const float gk = g.v[k] * scale;
+    m.v[k] = m.v[k] * s.beta1 + gk * s.one_minus_beta1;
+    q.v[k] = q.v[k] * s.beta2 + gk * gk * s.one_minus_beta2;
+    const float denom = sqrtf(q.v[k]) / s.bias2_sqrt + s.eps;
+    p.v[k] = p.v[k] * s.decay - s.step_size * (m.v[k] / denom);
+  }
+  StorePack<N>(param + at, p);
+  StorePack<N>(exp_avg + at, m);
+  StorePack<N>(exp_avg_sq + at, q);
+}
+
+}  // namespace meshwork::model::fused
