@@ -579,8 +579,8 @@ namespace {
 // one-parameter-at-a-time ops on the GPU), over six steps with a clipped one, two weight-decay
 // groups, and a 21-element parameter (Meshwork's kernel: 5 packs of 4 and a tail of 1). Meshwork's
 // kernel reads the gradients only; the fused one leaves them scaled.
-void CheckAdamWKernel(AdamWKernel kernel) {
-  SCOPED_TRACE(AdamWKernelName(kernel));
+void CheckAdamWKernel(AdamWKernel kernel, double eps) {
+  SCOPED_TRACE(std::string(AdamWKernelName(kernel)) + ", eps " + std::to_string(eps));
   torch::manual_seed(4);
   std::vector<torch::Tensor> mine, theirs;
   for (auto shape : std::vector<std::vector<int64_t>>{{256, 128}, {1000}, {3, 7}}) {
@@ -588,15 +588,15 @@ void CheckAdamWKernel(AdamWKernel kernel) {
     mine.push_back(p.clone().requires_grad_(true));
     theirs.push_back(p.clone().requires_grad_(true));
   }
-  AdamW opt({{{mine[0], mine[2]}, 0.1}, {{mine[1]}, 0.0}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8, kernel});
+  AdamW opt({{{mine[0], mine[2]}, 0.1}, {{mine[1]}, 0.0}}, AdamWOptions{1e-3, 0.9, 0.95, eps, kernel});
   ASSERT_EQ(opt.KernelFor(model::kCuda), AdamWKernelName(kernel));
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<torch::Tensor>{theirs[0], theirs[2]},
                       std::make_unique<torch::optim::AdamWOptions>(
-                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(eps).weight_decay(0.1)));
   groups.emplace_back(std::vector<torch::Tensor>{theirs[1]},
                       std::make_unique<torch::optim::AdamWOptions>(
-                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+                          torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(eps).weight_decay(0.0)));
   torch::optim::AdamW reference(groups, torch::optim::AdamWOptions(1e-3));
   for (int step = 0; step < 6; ++step) {
     const double scale = step == 2 ? 0.5 : 1.0;  // a clipped step
@@ -620,11 +620,14 @@ void CheckAdamWKernel(AdamWKernel kernel) {
   }
 }
 
-TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) { CheckAdamWKernel(AdamWKernel::kFused); }
+// eps 0.5 against unit gradients: where eps enters the denominator matters.
+TEST(FusedOpsGpu, FusedAdamWEqualsLibtorchAdamW) {
+  for (const double eps : {1e-8, 0.5}) CheckAdamWKernel(AdamWKernel::kFused, eps);
+}
 TEST(FusedOpsGpu, MeshworkAdamWEqualsLibtorchAdamW) {
   ASSERT_TRUE(model::FusedKernelsBuilt()) << "this build has no CUDA kernels";
   EXPECT_EQ(AdamW::DefaultKernel(model::kCuda), AdamWKernel::kMeshwork);
-  CheckAdamWKernel(AdamWKernel::kMeshwork);
+  for (const double eps : {1e-8, 0.5}) CheckAdamWKernel(AdamWKernel::kMeshwork, eps);
 }
 
 // A parameter of a size no 16-byte pack divides, at an address off the pack's alignment (a view

@@ -73,10 +73,11 @@ struct OnDevice {
   void* stream() const { return c10::cuda::getCurrentCUDAStream().stream(); }
   c10::cuda::CUDAGuard guard;
 };
-void CheckLaunch(const char* error, const char* kernel) {
+// `instead`: the setting that avoids the kernel.
+void CheckLaunch(const char* error, const char* kernel,
+                 const char* instead = "training.fused_kernels=off runs the composition instead") {
   TORCH_CHECK(error == nullptr, "CUDA kernel ", kernel, " failed to launch: ", error,
-              " (set CUDA_LAUNCH_BLOCKING=1 to find the failing call; training.fused_kernels=off runs the "
-              "composition instead)");
+              " (set CUDA_LAUNCH_BLOCKING=1 to find the failing call; ", instead, ")");
 }
 #endif
 
@@ -688,7 +689,7 @@ void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, con
     const torch::Tensor factor = scale.defined() ? scale.to(torch::kDouble).contiguous() : torch::Tensor();
     CheckLaunch(fused::LaunchAdamW(n, pack, step, factor.defined() ? factor.data_ptr<double>() : nullptr, p, g, m, q,
                                    on.stream()),
-                "AdamW");
+                "AdamW", "optimizer.implementation=fused runs libtorch's kernel instead");
     return;
   }
 #endif

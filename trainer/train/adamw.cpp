@@ -157,12 +157,15 @@ void AdamW::StepMeshwork(const std::vector<Slot*>& slots, double weight_decay, c
   // The clip factor as the kernel reads it, converted once (a no-op for the trainer's double).
   const torch::Tensor scale = grad_scale.defined() ? grad_scale.to(torch::kDouble).reshape({}) : torch::Tensor();
   for (Slot* s : slots) {
-    const int64_t step = ++s->state->step;
-    s->device_step = torch::Tensor();  // the fused kernel's copy of the count is stale now
+    // The count advances only once the update is queued: a refused update (FusedAdamWUpdate's
+    // checks) leaves the state as it was.
+    const int64_t step = s->state->step + 1;
     model::FusedAdamWUpdate(s->param, s->param.grad(), s->state->exp_avg, s->state->exp_avg_sq,
                             model::fused::MakeAdamWStep(options_.lr, options_.beta1, options_.beta2, options_.eps,
                                                         weight_decay, step),
                             scale);
+    s->state->step = step;
+    s->device_step = torch::Tensor();  // the fused kernel's copy of the count is stale now
   }
 }
 

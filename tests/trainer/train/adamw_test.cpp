@@ -46,12 +46,12 @@ void SetGrads(const Params& p, int step) {
 constexpr double kLr = 3e-3, kWd = 0.1;
 
 // libtorch's AdamW over p: the matrices decayed, the vectors not; betas (0.9, 0.95).
-std::unique_ptr<torch::optim::AdamW> LibtorchAdamW(const Params& p) {
+std::unique_ptr<torch::optim::AdamW> LibtorchAdamW(const Params& p, double eps = 1e-8) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(p.decay, std::make_unique<torch::optim::AdamWOptions>(
-                                   torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(kWd)));
+                                   torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(eps).weight_decay(kWd)));
   groups.emplace_back(p.no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                      torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0)));
+                                      torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(eps).weight_decay(0)));
   return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(kLr));
 }
 
@@ -129,13 +129,15 @@ TEST(AdamWTest, RefusesAParameterInTwoGroupsAndForeignTensors) {
 // Meshwork's kernel (its host loop here: the arithmetic the CUDA kernel runs, fused_adamw.h)
 // against libtorch's AdamW over the same steps as above: equal to fp32 rounding, parameters and
 // moments, including the 15- and 7-element parameters whose last elements miss a whole pack of 4.
-// Its gradients are read, not scaled in place.
-TEST(AdamWTest, MeshworkKernelEqualsLibtorchAdamWToRounding) {
+// Its gradients are read, not scaled in place. An eps of 0.5 against gradients of size 1-4 makes
+// where eps enters the denominator matter (at 1e-8 it would not).
+void CheckMeshworkAgainstLibtorch(double eps) {
+  SCOPED_TRACE("eps " + std::to_string(eps));
   Params mine = MakeParams(5), theirs = MakeParams(5);
-  AdamWOptions options{kLr, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork};
+  AdamWOptions options{kLr, 0.9, 0.95, eps, AdamWKernel::kMeshwork};
   AdamW opt({{mine.decay, kWd}, {mine.no_decay, 0.0}}, options);
   EXPECT_EQ(opt.KernelFor(torch::kCPU), "meshwork");
-  auto reference_owner = LibtorchAdamW(theirs);
+  auto reference_owner = LibtorchAdamW(theirs, eps);
   torch::optim::AdamW& reference = *reference_owner;
   for (int step = 0; step < 6; ++step) {
     const double lr = kLr * (step + 1) / 6;
@@ -175,6 +177,9 @@ TEST(AdamWTest, MeshworkKernelEqualsLibtorchAdamWToRounding) {
     EXPECT_EQ(opt.State(a[i])->step, theirs_state.step()) << i;
   }
 }
+
+TEST(AdamWTest, MeshworkKernelEqualsLibtorchAdamWToRounding) { CheckMeshworkAgainstLibtorch(1e-8); }
+TEST(AdamWTest, MeshworkKernelPutsEpsWhereLibtorchDoes) { CheckMeshworkAgainstLibtorch(0.5); }
 
 // A parameter Meshwork's kernel cannot take (not contiguous) gets foreach instead: bit-for-bit
 // libtorch's.
