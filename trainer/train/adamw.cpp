@@ -49,22 +49,20 @@ AdamWKernel AdamW::DefaultKernel(const torch::Device& device) {
   return compat::kTorch2 ? AdamWKernel::kFused : AdamWKernel::kForeach;
 }
 
-std::string AdamW::KernelFor(const torch::Device& device) const {
+AdamWKernel AdamW::Runnable(const torch::Device& device, bool meshwork_takes_it) const {
   const AdamWKernel want = options_.kernel.value_or(DefaultKernel(device));
-  if (want == AdamWKernel::kMeshwork && (device.is_cpu() || model::FusedKernelsBuilt())) return "meshwork";
-  if (want != AdamWKernel::kForeach && device.is_cuda() && compat::kTorch2) return "fused";
-  return "foreach";
+  if (want == AdamWKernel::kMeshwork && meshwork_takes_it) return AdamWKernel::kMeshwork;
+  if (want != AdamWKernel::kForeach && device.is_cuda() && compat::kTorch2) return AdamWKernel::kFused;
+  return AdamWKernel::kForeach;
+}
+
+std::string AdamW::KernelFor(const torch::Device& device) const {
+  return AdamWKernelName(Runnable(device, device.is_cpu() || model::FusedKernelsBuilt()));
 }
 
 AdamWKernel AdamW::KernelOf(const Slot& s) const {
-  const torch::Device device = s.param.device();
-  const AdamWKernel want = options_.kernel.value_or(DefaultKernel(device));
-  if (want == AdamWKernel::kMeshwork &&
-      model::FusedAdamWSupports(s.param, s.param.grad(), s.state->exp_avg, s.state->exp_avg_sq)) {
-    return AdamWKernel::kMeshwork;
-  }
-  if (want != AdamWKernel::kForeach && device.is_cuda() && compat::kTorch2) return AdamWKernel::kFused;
-  return AdamWKernel::kForeach;
+  return Runnable(s.param.device(),
+                  model::FusedAdamWSupports(s.param, s.param.grad(), s.state->exp_avg, s.state->exp_avg_sq));
 }
 
 AdamW::Slot& AdamW::SlotOf(const torch::Tensor& param) {

@@ -85,6 +85,9 @@ class AdamW {
     torch::Tensor device_step;  // the fused kernel's step count: fp32, on the parameter's device
   };
   Slot& SlotOf(const torch::Tensor& param);
+  // The kernel that runs for a parameter on `device`: the chosen one, else (not runnable there;
+  // for meshwork: unless meshwork_takes_it) fused on CUDA with libtorch 2.x, else foreach.
+  AdamWKernel Runnable(const torch::Device& device, bool meshwork_takes_it) const;
   AdamWKernel KernelOf(const Slot& slot) const;
   void StepForeach(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale);
   void StepFused(const std::vector<Slot*>& slots, double weight_decay, const torch::Tensor& grad_scale);
