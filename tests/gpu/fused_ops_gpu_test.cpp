@@ -630,24 +630,36 @@ TEST(FusedOpsGpu, MeshworkAdamWEqualsLibtorchAdamW) {
   for (const double eps : {1e-8, 0.5}) CheckAdamWKernel(AdamWKernel::kMeshwork, eps);
 }
 
-// A parameter of a size no 16-byte pack divides, at an address off the pack's alignment (a view
-// one element into a buffer): Meshwork's kernel then moves one element at a time, same results.
+// A parameter of a size no 16-byte pack divides, at an address off the pack's alignment: same
+// results whichever way Meshwork's kernel has to take it.
 TEST(FusedOpsGpu, MeshworkAdamWHandlesUnalignedParameters) {
-  torch::manual_seed(5);
-  const auto buffer = torch::randn({4097}, model::kCuda);
-  auto mine = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
-  auto theirs = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
-  AdamW opt({{{mine}, 0.1}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
-  torch::optim::AdamW reference(std::vector<torch::Tensor>{theirs},
-                                torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
-  for (int step = 0; step < 3; ++step) {
-    const auto g = torch::randn({4095}, model::kCuda);
-    mine.mutable_grad() = g.clone();
-    theirs.mutable_grad() = g.clone();
-    opt.Step();
-    reference.step();
+  // A parameter one element into its buffer; its gradient either a fresh tensor (offsets differ
+  // within the 16-byte line: one element at a time) or a view at the same element, as FSDP's
+  // shards and reduced gradients are (16-byte packs from element 3, the moments allocated at
+  // the parameter's offset).
+  for (const bool same_offset : {false, true}) {
+    SCOPED_TRACE(same_offset ? "gradient at the parameter's offset" : "gradient aligned");
+    torch::manual_seed(5);
+    const auto buffer = torch::randn({4097}, model::kCuda);
+    auto mine = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
+    auto theirs = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
+    AdamW opt({{{mine}, 0.1}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
+    torch::optim::AdamW reference(std::vector<torch::Tensor>{theirs},
+                                  torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+    for (int step = 0; step < 3; ++step) {
+      const auto g = torch::randn({4097}, model::kCuda);
+      mine.mutable_grad() = same_offset ? g.narrow(0, 1, 4095) : g.narrow(0, 1, 4095).clone();
+      theirs.mutable_grad() = g.narrow(0, 1, 4095).clone();
+      opt.Step();
+      reference.step();
+    }
+    const AdamWParamState& state = *opt.State(mine);
+    EXPECT_EQ(model::fused::CommonPackStart(
+                  4095, {{mine.data_ptr(), 4}, {mine.grad().data_ptr(), 4}, {state.exp_avg.data_ptr(), 4},
+                         {state.exp_avg_sq.data_ptr(), 4}}),
+              same_offset ? 3 : -1);
+    EXPECT_TRUE(torch::allclose(mine, theirs, 1e-5, 1e-6)) << (mine - theirs).abs().max().item<float>();
   }
-  EXPECT_TRUE(torch::allclose(mine, theirs, 1e-5, 1e-6)) << (mine - theirs).abs().max().item<float>();
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <set>
 
+#include "trainer/model/fused_ops.h"
+
 namespace meshwork::fsdp {
 
 EmbeddingRows::EmbeddingRows(ShardedParam* param, const UnitContext& context)
@@ -123,7 +125,7 @@ void EmbeddingRows::WaitReduce() {
   if (param_->shard.numel() > 0) {
     torch::NoGradGuard no_grad;
     torch::Tensor& grad = param_->shard.mutable_grad();
-    if (!grad.defined()) grad = torch::zeros_like(param_->shard);
+    if (!grad.defined()) grad = model::ZerosInLineWith(param_->shard);  // AdamW's packs: see unit.cpp
     AddOwnedParts(reduce_ids_, reduce_grads_, 1.0 / context_.group->size(), grad);
   }
   reduce_ids_ = reduce_grads_ = torch::Tensor();

@@ -228,8 +228,15 @@ void Unit::AddReducedGrads() {
     for (ShardedParam* p : groups[i]->params) {
       if (p->shard.numel() == 0) continue;  // none of this parameter is on this rank
       torch::Tensor g = reduced.narrow(0, p->shard_offset, p->shard.numel()).view(p->shard.sizes());
+      // Accumulated in place: no second shard-sized gradient while the sum is made, and the
+      // gradient stays at the shard's offset within a 16-byte line (the view's), where AdamW's
+      // kernel takes 16-byte packs of the shard, its gradient and its moments together.
       auto& grad = p->shard.mutable_grad();
-      grad = grad.defined() ? grad + g : g;
+      if (grad.defined()) {
+        grad.add_(g);
+      } else {
+        grad = g;
+      }
     }
   }
   reduce_out.clear();

@@ -4,7 +4,10 @@
 // is given a gradient scale, which the trainer always gives it (the clip factor, on the device so
 // that clipping needs no host sync): 32 bytes an element, in launches of at most 320 blocks of
 // 65,536 elements each. The kernel (fused_kernels.cu) and the host loop (fused_ops.cpp) run this
-// same function over packs of N = 4 floats (one 16-byte access) where the arrays allow it.
+// same function over packs of N = 4 floats (one 16-byte access) where the arrays allow it: from
+// the element where all four are 16-byte aligned, which an FSDP shard (a view of its flat group
+// at any element) puts up to 3 elements in, where its gradient and moments share its offset
+// within the 16-byte line (AdamW allocates the moments so; model::ZerosInLineWith).
 //
 // The update is torch::optim::AdamW's, in its order (decoupled weight decay first), in fp32 with
 // the step's constants rounded to fp32 once on the host:
@@ -64,6 +67,31 @@ MW_HOST_DEVICE void AdamWAt(int64_t v, const AdamWStep& s, float scale, float* p
   StorePack<N>(param + at, p);
   StorePack<N>(exp_avg + at, m);
   StorePack<N>(exp_avg_sq + at, q);
+}
+
+// A parameter of n elements in work items: `head` loose elements (those before the four arrays'
+// common 16-byte boundary, fused_elementwise.h CommonPackStart; 0 with N = 1), then whole packs of
+// N, then the loose elements past the last pack. Item r < AdamWPacks is pack r from the
+// boundary; the others are the loose elements, one each. The kernel deals the items to its
+// threads grid-stride, the host loop in turn.
+template <int N>
+MW_HOST_DEVICE int64_t AdamWPacks(int64_t n, int64_t head) {
+  return (n - head) / N;
+}
+template <int N>
+MW_HOST_DEVICE int64_t AdamWItems(int64_t n, int64_t head) {
+  return n - AdamWPacks<N>(n, head) * (N - 1);
+}
+template <int N>
+MW_HOST_DEVICE void AdamWItem(int64_t r, int64_t n, int64_t head, const AdamWStep& s, float scale, float* param,
+                              const float* grad, float* exp_avg, float* exp_avg_sq) {
+  const int64_t packs = AdamWPacks<N>(n, head);
+  if (r < packs) {
+    AdamWAt<N>(r, s, scale, param + head, grad + head, exp_avg + head, exp_avg_sq + head);
+    return;
+  }
+  const int64_t loose = r - packs;
+  AdamWAt<1>(loose < head ? loose : packs * N + loose, s, scale, param, grad, exp_avg, exp_avg_sq);
 }
 
 }  // namespace meshwork::model::fused

@@ -120,6 +120,27 @@ inline int PackFor(std::initializer_list<int64_t> extents, std::initializer_list
   return n;
 }
 
+// For n elements of arrays of one element size, each starting anywhere within a 16-byte line
+// (an FSDP shard is a view of its flat group at any element): the first element from which every
+// array is aligned to a pack of PackOf(bytes) elements. That is one element for all of them
+// where they share their offset within the line (0 where all are aligned); else, or where no
+// whole pack follows it, or an address is not a multiple of its element size, -1: no packs.
+// Host only.
+inline int64_t CommonPackStart(int64_t n, std::initializer_list<PackArray> arrays) {
+  if (arrays.size() == 0) return -1;
+  const size_t bytes = arrays.begin()->bytes;
+  const uintptr_t line = static_cast<uintptr_t>(PackOf(bytes)) * bytes;
+  int64_t start = -1;
+  for (const PackArray& a : arrays) {
+    const uintptr_t address = reinterpret_cast<uintptr_t>(a.address);
+    if (a.address == nullptr || a.bytes != bytes || address % bytes != 0) return -1;
+    const auto mine = static_cast<int64_t>(((line - address % line) % line) / bytes);
+    if (start >= 0 && mine != start) return -1;
+    start = mine;
+  }
+  return start + PackOf(bytes) <= n ? start : -1;
+}
+
 // Calls fn(std::integral_constant<int, N>{}) for pack width N = 1 or PackOf(Bytes) and returns
 // true; false for any other width. Host only. VisitPack<T>: Bytes = sizeof(T).
 template <size_t Bytes, typename Fn>

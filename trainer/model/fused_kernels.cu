@@ -140,17 +140,17 @@ __global__ void __launch_bounds__(kNormThreads)
   NormWeightGradLane<Acc, N>(dw, dw_partial + blockIdx.x * dim, dim, lane);
 }
 
-// AdamW over one parameter: packs of N floats (grid-stride), then the last n % N elements one
-// at a time. `scale` (a double on the device, or null for 1) is read by every thread: no host
+// AdamW over one parameter, its work items (AdamWItem: packs of N floats from the arrays' common
+// 16-byte boundary, then the loose elements before it and past the last pack) dealt
+// grid-stride. `scale` (a double on the device, or null for 1) is read by every thread: no host
 // sync for the clip factor.
 template <int N>
-__global__ void AdamWKernel(int64_t n, AdamWStep step, const double* scale, float* param, const float* grad,
-                            float* exp_avg, float* exp_avg_sq) {
+__global__ void AdamWKernel(int64_t n, int64_t head, AdamWStep step, const double* scale, float* param,
+                            const float* grad, float* exp_avg, float* exp_avg_sq) {
   const float c = scale != nullptr ? static_cast<float>(*scale) : 1.0f;
-  const int64_t packs = n / N;
-  for (int64_t v = FirstIndex(); v < packs; v += Stride()) AdamWAt<N>(v, step, c, param, grad, exp_avg, exp_avg_sq);
-  for (int64_t i = packs * N + FirstIndex(); i < n; i += Stride()) {
-    AdamWAt<1>(i, step, c, param, grad, exp_avg, exp_avg_sq);
+  const int64_t items = AdamWItems<N>(n, head);
+  for (int64_t r = FirstIndex(); r < items; r += Stride()) {
+    AdamWItem<N>(r, n, head, step, c, param, grad, exp_avg, exp_avg_sq);
   }
 }
 
@@ -283,13 +283,14 @@ const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape&
   });
 }
 
-const char* LaunchAdamW(int64_t n, int pack, const AdamWStep& step, const double* scale, float* param,
+const char* LaunchAdamW(int64_t n, int pack, int64_t head, const AdamWStep& step, const double* scale, float* param,
                         const float* grad, float* exp_avg, float* exp_avg_sq, void* stream) {
   if (n == 0) return nullptr;
+  if (head < 0 || head >= n || (pack == 1 && head != 0)) return "AdamW: a head of elements outside [0, n) or with packs of 1";
   const bool known = VisitPack<float>(pack, [&](auto width) {
     constexpr int N = decltype(width)::value;
-    AdamWKernel<N><<<Blocks(std::max<int64_t>(n / N, 1)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, step, scale, param, grad, exp_avg, exp_avg_sq);
+    AdamWKernel<N><<<Blocks(AdamWItems<N>(n, head)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        n, head, step, scale, param, grad, exp_avg, exp_avg_sq);
   });
   return known ? LaunchError() : "unsupported pack width";
 }

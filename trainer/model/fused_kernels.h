@@ -116,9 +116,9 @@ const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, El
 
 // AdamW (fused_adamw.h) over one parameter's n contiguous fp32 elements, in place; the gradient
 // is read only. scale: one double on the device (the clip factor), or null for 1. `pack`: 1 or
-// kPack<float>, as PackFor chose it for the four arrays (the tail past the last whole pack is
-// done element by element).
-const char* LaunchAdamW(int64_t n, int pack, const AdamWStep& step, const double* scale, float* param,
+// kPack<float>; with kPack<float>, `head` is the four arrays' CommonPackStart (0 with 1): the
+// elements before it and past the last whole pack are done one at a time (AdamWItem).
+const char* LaunchAdamW(int64_t n, int pack, int64_t head, const AdamWStep& step, const double* scale, float* param,
                         const float* grad, float* exp_avg, float* exp_avg_sq, void* stream);
 
 }  // namespace meshwork::model::fused

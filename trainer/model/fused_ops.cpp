@@ -678,7 +678,10 @@ void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, con
   TORCH_CHECK(!scale.defined() || (scale.numel() == 1 && scale.device() == param.device()),
               "FusedAdamWUpdate: the scale must be one element on ", param.device());
   const int64_t n = param.numel();
-  const int pack = fused::PackFor({}, {ArrayOf(param), ArrayOf(grad), ArrayOf(exp_avg), ArrayOf(exp_avg_sq)});
+  const int64_t start =
+      fused::CommonPackStart(n, {ArrayOf(param), ArrayOf(grad), ArrayOf(exp_avg), ArrayOf(exp_avg_sq)});
+  const int pack = start >= 0 ? fused::kPack<float> : 1;
+  const int64_t head = std::max<int64_t>(start, 0);
   float* p = param.data_ptr<float>();
   const float* g = grad.data_ptr<float>();
   float* m = exp_avg.data_ptr<float>();
@@ -687,7 +690,7 @@ void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, con
   if (param.is_cuda()) {
     OnDevice on(param);
     const torch::Tensor factor = scale.defined() ? scale.to(torch::kDouble).contiguous() : torch::Tensor();
-    CheckLaunch(fused::LaunchAdamW(n, pack, step, factor.defined() ? factor.data_ptr<double>() : nullptr, p, g, m, q,
+    CheckLaunch(fused::LaunchAdamW(n, pack, head, step, factor.defined() ? factor.data_ptr<double>() : nullptr, p, g, m, q,
                                    on.stream()),
                 "AdamW", "optimizer.implementation=fused runs libtorch's kernel instead");
     return;
@@ -696,11 +699,23 @@ void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, con
   const float c = scale.defined() ? static_cast<float>(scale.item<double>()) : 1.0f;
   TORCH_CHECK(fused::VisitPack<float>(pack, [&](auto width) {
                 constexpr int N = decltype(width)::value;
-                const int64_t packs = n / N;
-                HostLoop(packs, [&](int64_t v) { fused::AdamWAt<N>(v, step, c, p, g, m, q); });
-                for (int64_t i = packs * N; i < n; ++i) fused::AdamWAt<1>(i, step, c, p, g, m, q);
+                HostLoop(fused::AdamWItems<N>(n, head),
+                         [&](int64_t r) { fused::AdamWItem<N>(r, n, head, step, c, p, g, m, q); });
               }),
               "unsupported pack width ", pack);
+}
+
+torch::Tensor ZerosInLineWith(const torch::Tensor& t) {
+  const auto bytes = static_cast<uintptr_t>(t.element_size());
+  const auto offset = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16;
+  if (offset == 0 || offset % bytes != 0 || !t.is_contiguous() || t.layout() != torch::kStrided) {
+    return torch::zeros_like(t, torch::MemoryFormat::Contiguous);
+  }
+  const auto line = static_cast<int64_t>(16 / bytes);
+  const torch::Tensor buffer = torch::zeros({t.numel() + line}, t.options());
+  const auto base = reinterpret_cast<uintptr_t>(buffer.data_ptr()) % 16;
+  const auto shift = static_cast<int64_t>(((16 + offset - base) % 16) / bytes);
+  return buffer.narrow(0, shift, t.numel()).view(t.sizes());
 }
 
 }  // namespace meshwork::model

@@ -88,10 +88,17 @@ SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::
 // exp_avg_sq updated in place from grad times `scale` (a one-element tensor on the parameter's
 // device, any floating dtype: the clip factor; undefined for 1). The gradient is not written.
 // FusedAdamWSupports says whether the four tensors qualify: fp32, contiguous, one shape, one
-// device, the CPU or a CUDA device where this build has the kernels.
+// device, the CPU or a CUDA device where this build has the kernels. 16-byte accesses where the
+// four share their offset within a 16-byte line (CommonPackStart), else one element at a time.
 bool FusedAdamWSupports(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
                         const torch::Tensor& exp_avg_sq);
 void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
                       const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale);
+
+// Zeros shaped like t (contiguous, t's dtype and device) that start at t's offset within a
+// 16-byte line, so that a kernel taking 16-byte packs of both can take them from the same element
+// (CommonPackStart): AdamW's moments for an FSDP shard, a view of its flat group at any element.
+// A plain zeros_like where t is aligned, not contiguous, or not at a whole element of the line.
+torch::Tensor ZerosInLineWith(const torch::Tensor& t);
 
 }  // namespace meshwork::model

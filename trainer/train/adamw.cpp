@@ -87,8 +87,8 @@ void AdamW::SetState(const torch::Tensor& param, const std::optional<AdamWParamS
   torch::NoGradGuard no_grad;
   AdamWParamState mine;
   mine.step = state->step;
-  mine.exp_avg = torch::empty_like(param).copy_(state->exp_avg);
-  mine.exp_avg_sq = torch::empty_like(param).copy_(state->exp_avg_sq);
+  mine.exp_avg = model::ZerosInLineWith(param).copy_(state->exp_avg);
+  mine.exp_avg_sq = model::ZerosInLineWith(param).copy_(state->exp_avg_sq);
   slot.state = std::move(mine);
 }
 
@@ -105,7 +105,9 @@ void AdamW::Step(const torch::Tensor& grad_scale) {
   for (Slot& s : slots_) {
     if (!s.param.grad().defined()) continue;
     if (!s.state) {
-      s.state = AdamWParamState{0, torch::zeros_like(s.param), torch::zeros_like(s.param)};
+      // At the parameter's offset within a 16-byte line: Meshwork's kernel takes 16-byte packs of
+      // an FSDP shard (a view at any element of its flat group) and its moments together.
+      s.state = AdamWParamState{0, model::ZerosInLineWith(s.param), model::ZerosInLineWith(s.param)};
     }
     batches[{s.weight_decay, KernelOf(s)}].push_back(&s);
   }
@@ -164,6 +166,11 @@ void AdamW::StepMeshwork(const std::vector<Slot*>& slots, double weight_decay, c
                             scale);
     s->state->step = step;
     s->device_step = torch::Tensor();  // the fused kernel's copy of the count is stale now
+    // The kernel writes through the data pointers: the version counters advance as libtorch's
+    // in-place ops would have advanced them.
+    for (const torch::Tensor* t : {&s->param, &s->state->exp_avg, &s->state->exp_avg_sq}) {
+      t->unsafeGetTensorImpl()->bump_version();
+    }
   }
 }
 

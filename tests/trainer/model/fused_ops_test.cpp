@@ -183,7 +183,9 @@ TEST(FusedQkvRopeTest, EqualsSplitAndApplyRopeForwardAndBackward) {
         EXPECT_FALSE(got[i].is_alias_of(qkv_in)) << i;
       }
       EXPECT_TRUE(torch::allclose(grad, grad_ref, Tolerance(dtype), Tolerance(dtype))) << (grad - grad_ref).abs().max();
-      if (!use_k) EXPECT_TRUE(torch::equal(grad.narrow(2, heads * d, kv * d), torch::zeros({b, t, kv * d}, dtype)));
+      if (!use_k) {
+        EXPECT_TRUE(torch::equal(grad.narrow(2, heads * d, kv * d), torch::zeros({b, t, kv * d}, dtype)));
+      }
     }
   }
 }
@@ -670,6 +672,42 @@ TEST(DividerTest, EqualsPlainDivisionBelowTwoToThe31) {
   const fused::Divider big(3, kLimit);  // a dividend may reach 2^31: plain division
   EXPECT_FALSE(big.fast);
   EXPECT_EQ(big.Div(int64_t{1} << 40), (int64_t{1} << 40) / 3);
+}
+
+// The first element where arrays sharing their offset within a 16-byte line are all aligned,
+// and no packs where they differ, an address is not a whole element, or no whole pack is left.
+TEST(FusedPackTest, CommonPackStartFindsTheSharedBoundary) {
+  const auto a = torch::zeros({64}), b = torch::zeros({64});
+  const auto at = [](const torch::Tensor& t, int64_t k) { return fused::PackArray{t.data_ptr<float>() + k, 4}; };
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(a.data_ptr()) % 16, 0u);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(b.data_ptr()) % 16, 0u);
+  for (int64_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(fused::CommonPackStart(40, {at(a, k), at(b, k)}), (4 - k) % 4) << k;
+    EXPECT_EQ(fused::CommonPackStart(40, {at(a, k), at(b, (k + 1) % 4)}), -1) << k;
+  }
+  EXPECT_EQ(fused::CommonPackStart(7, {at(a, 1), at(b, 1)}), 3);  // elements 3-6: one pack
+  EXPECT_EQ(fused::CommonPackStart(6, {at(a, 1), at(b, 1)}), -1);
+  EXPECT_EQ(fused::CommonPackStart(3, {at(a, 0)}), -1);
+  const auto* bytes = static_cast<const char*>(a.data_ptr());
+  EXPECT_EQ(fused::CommonPackStart(40, {{bytes + 2, 4}}), -1);
+  EXPECT_EQ(fused::CommonPackStart(40, {at(a, 0), {b.data_ptr(), 2}}), -1);  // mixed element sizes
+  EXPECT_EQ(fused::CommonPackStart(40, {}), -1);
+}
+
+// Zeros at a tensor's offset within a 16-byte line, whatever the allocator's own alignment.
+TEST(FusedPackTest, ZerosInLineWithSharesTheTensorsOffset) {
+  const auto flat = torch::randn({67});
+  for (int64_t k = 0; k < 4; ++k) {
+    const auto shard = flat.narrow(0, k, 60).view({12, 5});
+    const auto z = ZerosInLineWith(shard);
+    EXPECT_EQ(z.sizes(), shard.sizes());
+    EXPECT_TRUE(z.is_contiguous());
+    EXPECT_EQ(z.scalar_type(), torch::kFloat);
+    EXPECT_TRUE(torch::equal(z, torch::zeros({12, 5}))) << k;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(z.data_ptr()) % 16, reinterpret_cast<uintptr_t>(shard.data_ptr()) % 16) << k;
+  }
+  const auto transposed = torch::randn({4, 6}).t();
+  EXPECT_TRUE(ZerosInLineWith(transposed).is_contiguous());
 }
 
 }  // namespace

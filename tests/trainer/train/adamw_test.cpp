@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_elementwise.h"
 #include "trainer/model/fused_ops.h"
 
 namespace meshwork::train {
@@ -199,6 +200,41 @@ TEST(AdamWTest, MeshworkKernelLeavesANonContiguousParameterToForeach) {
     opt.Step();
     reference.step();
     EXPECT_TRUE(torch::equal(mine, theirs)) << step;
+  }
+}
+
+// An FSDP shard is a view of its flat group at any element, its gradient a view of the reduced
+// flat gradient at the same element. Meshwork's kernel gives the moments the shard's offset within
+// a 16-byte line and takes 16-byte packs from the first common boundary (the elements before it
+// and past the last pack one at a time): libtorch's AdamW to rounding, for each of the 4 offsets.
+TEST(AdamWTest, MeshworkKernelTakesPacksOfAShardAtAnyOffset) {
+  for (int64_t k = 0; k < 4; ++k) {
+    SCOPED_TRACE("offset " + std::to_string(k));
+    torch::manual_seed(7);
+    const auto flat = torch::randn({64});
+    auto mine = flat.clone().narrow(0, k, 37).detach().requires_grad_(true);
+    auto theirs = flat.clone().narrow(0, k, 37).detach().requires_grad_(true);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(mine.data_ptr()) % 16, static_cast<uintptr_t>(4 * k));
+    AdamW opt({{{mine}, kWd}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
+    torch::optim::AdamW reference(std::vector<torch::Tensor>{theirs},
+                                  torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).eps(1e-8).weight_decay(kWd));
+    for (int step = 0; step < 3; ++step) {
+      const auto reduced = torch::randn({64});
+      mine.mutable_grad() = reduced.narrow(0, k, 37);
+      theirs.mutable_grad() = reduced.narrow(0, k, 37).clone();
+      const auto version = mine._version();
+      opt.Step();
+      reference.step();
+      EXPECT_GT(mine._version(), version) << "the update bumps the parameter's version counter";
+      EXPECT_TRUE(torch::allclose(mine, theirs, 1e-6, 1e-7)) << step << ": " << (mine - theirs).abs().max().item<float>();
+    }
+    const AdamWParamState state = *opt.State(mine);
+    const auto arrays = {model::fused::PackArray{mine.data_ptr(), 4}, {mine.grad().data_ptr(), 4},
+                         {state.exp_avg.data_ptr(), 4}, {state.exp_avg_sq.data_ptr(), 4}};
+    EXPECT_EQ(model::fused::CommonPackStart(37, arrays), (4 - k) % 4);
+    // A restored state keeps the offset.
+    opt.SetState(mine, state);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(opt.State(mine)->exp_avg.data_ptr()) % 16, static_cast<uintptr_t>(4 * k));
   }
 }
 
