@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "tests/common/needs_gloo.h"
@@ -14,6 +15,8 @@
 #include "trainer/compiler/passes.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/fsdp/fully_shard.h"
+#include "trainer/model/fused_elementwise.h"
+#include "trainer/model/fused_ops.h"
 
 namespace meshwork::fsdp {
 namespace {
@@ -423,6 +426,77 @@ TEST_F(FullyShard, TiedEmbeddingsShardAsOneParameter) {
 
 TEST_F(FullyShard, GradientAccumulationSkipsCommunicationUntilTheLastMicroBatch) {
   ExpectSame(SingleProcess(false, 2), Sharded(false, 1, 2, 2), "dp_shard 2, accum 2");
+}
+
+// Meshwork's AdamW kernel takes 16-byte packs of a shard, its gradient and its moments only where
+// the three share their offset within a 16-byte line (fused::CommonPackStart). With a width no 4
+// divides (42), shards start at odd elements of their flat group; their gradients, views of the
+// reduced flat gradient, must stay at the same offset through accumulation over micro-batches
+// that each reduce (an out-of-place sum would put them back at the allocator's alignment).
+TEST_F(FullyShard, ShardGradientsShareTheirShardsOffsetWithinA16ByteLine) {
+  model::LlamaConfig c = SmallConfig(false);
+  c.hidden_size = 42;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  std::vector<model::LlamaForCausalLM> models;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(7);
+    models.emplace_back(c);
+  }
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<std::string>> off_line(2);
+  std::vector<int> shifted(2, 0);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto fail = [&](const Status& s) { errors[rank] = s.ToString(); };
+      dist::CommunicatorOptions copts;
+      copts.timeout = std::chrono::seconds(60);
+      auto factory = [](c10::intrusive_ptr<c10d::Store> s, int r, int n, const dist::CommunicatorOptions& o) {
+        return dist::MakeGlooCommunicator(s, r, n, o, "127.0.0.1");
+      };
+      auto mesh = dist::DeviceMesh::Create(store, rank, {1, 2, 1}, factory, copts);
+      if (!mesh.ok()) return fail(mesh.status());
+      auto fsdp = FullyShardedLlama::Create(
+          models[rank], {&(*mesh)->group("dp_shard"), &(*mesh)->group("dp_shard_reduce"), &(*mesh)->group("dp_replicate")},
+          FsdpOptions{});
+      if (!fsdp.ok()) return fail(fsdp.status());
+      auto& f = **fsdp;
+      f.ZeroGrad();
+      for (int micro = 0; micro < 2; ++micro) {
+        const auto b = Tokens(micro).narrow(0, rank * 2, 2);
+        f.SetGradientSync(true);  // every micro-batch reduces: the gradients are summed here
+        model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq)).backward();
+        if (Status s = f.FinishBackward(); !s.ok()) return fail(s);
+      }
+      std::vector<torch::Tensor> shards = f.DecayShards(), more = f.NoDecayShards();
+      shards.insert(shards.end(), more.begin(), more.end());
+      for (const torch::Tensor& shard : shards) {
+        if (shard.numel() < 7) continue;  // 7: room for a whole pack after up to 3 loose elements
+        if (!shard.grad().defined()) {
+          errors[rank] = "a shard without a gradient";
+          return;
+        }
+        const torch::Tensor moment = model::ZerosInLineWith(shard);
+        const int64_t start = model::fused::CommonPackStart(
+            shard.numel(), {{shard.data_ptr(), 4}, {shard.grad().data_ptr(), 4}, {moment.data_ptr(), 4}});
+        if (start > 0) ++shifted[rank];
+        if (start < 0) {
+          std::ostringstream what;
+          what << shard.sizes() << " at element " << shard.storage_offset() << ", its gradient at "
+               << shard.grad().storage_offset();
+          off_line[rank].push_back(what.str());
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(off_line[r], std::vector<std::string>{}) << "rank " << r;
+  }
+  EXPECT_GT(shifted[0] + shifted[1], 0) << "no shard off the 16-byte line, so this checks nothing";
 }
 
 TEST_F(FullyShard, ShardBytesFallAsOneOverTheWorld) {
