@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -428,6 +429,36 @@ TEST_F(FullyShard, GradientAccumulationSkipsCommunicationUntilTheLastMicroBatch)
   ExpectSame(SingleProcess(false, 2), Sharded(false, 1, 2, 2), "dp_shard 2, accum 2");
 }
 
+// Each of `models` on a rank of its own (threads over one Gloo group of them all), wrapped by
+// FullyShardedLlama with `options`; then body(rank, f, group). A failed set-up or a status body
+// returns fails the test, naming the rank.
+void OnRanks(std::vector<model::LlamaForCausalLM> models, const FsdpOptions& options,
+             const std::function<Status(int, FullyShardedLlama&, dist::Communicator&)>& body) {
+  const int world = static_cast<int>(models.size());
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      dist::CommunicatorOptions copts;
+      copts.timeout = std::chrono::seconds(60);
+      auto group = dist::MakeGlooCommunicator(store, rank, world, copts, "127.0.0.1");
+      if (!group.ok()) {
+        errors[rank] = group.status().ToString();
+        return;
+      }
+      auto fsdp = FullyShardedLlama::Create(models[rank], {group->get(), nullptr, nullptr}, options);
+      if (!fsdp.ok()) {
+        errors[rank] = fsdp.status().ToString();
+        return;
+      }
+      if (Status s = body(rank, **fsdp, **group); !s.ok()) errors[rank] = s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 // Meshwork's AdamW kernel takes 16-byte packs of a shard, its gradient and its moments only where
 // the three share their offset within a 16-byte line (fused::CommonPackStart). With a width no 4
 // divides (42), shards start at odd elements of their flat group; their gradients, views of the
@@ -443,59 +474,35 @@ TEST_F(FullyShard, ShardGradientsShareTheirShardsOffsetWithinA16ByteLine) {
     torch::manual_seed(7);
     models.emplace_back(c);
   }
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(2);
   std::vector<std::vector<std::string>> off_line(2);
   std::vector<int> shifted(2, 0);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto fail = [&](const Status& s) { errors[rank] = s.ToString(); };
-      dist::CommunicatorOptions copts;
-      copts.timeout = std::chrono::seconds(60);
-      auto factory = [](c10::intrusive_ptr<c10d::Store> s, int r, int n, const dist::CommunicatorOptions& o) {
-        return dist::MakeGlooCommunicator(s, r, n, o, "127.0.0.1");
-      };
-      auto mesh = dist::DeviceMesh::Create(store, rank, {1, 2, 1}, factory, copts);
-      if (!mesh.ok()) return fail(mesh.status());
-      auto fsdp = FullyShardedLlama::Create(
-          models[rank], {&(*mesh)->group("dp_shard"), &(*mesh)->group("dp_shard_reduce"), &(*mesh)->group("dp_replicate")},
-          FsdpOptions{});
-      if (!fsdp.ok()) return fail(fsdp.status());
-      auto& f = **fsdp;
-      f.ZeroGrad();
-      for (int micro = 0; micro < 2; ++micro) {
-        const auto b = Tokens(micro).narrow(0, rank * 2, 2);
-        f.SetGradientSync(true);  // every micro-batch reduces: the gradients are summed here
-        model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq)).backward();
-        if (Status s = f.FinishBackward(); !s.ok()) return fail(s);
+  OnRanks(models, FsdpOptions{}, [&](int rank, FullyShardedLlama& f, dist::Communicator&) {
+    f.ZeroGrad();
+    for (int micro = 0; micro < 2; ++micro) {
+      const auto b = Tokens(micro).narrow(0, rank * 2, 2);
+      f.SetGradientSync(true);  // every micro-batch reduces: the gradients are summed here
+      model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq)).backward();
+      MW_RETURN_IF_ERROR(f.FinishBackward());
+    }
+    std::vector<torch::Tensor> shards = f.DecayShards(), more = f.NoDecayShards();
+    shards.insert(shards.end(), more.begin(), more.end());
+    for (const torch::Tensor& shard : shards) {
+      if (shard.numel() < 7) continue;  // 7: room for a whole pack after up to 3 loose elements
+      std::ostringstream what;
+      what << shard.sizes() << " at element " << shard.storage_offset();
+      if (!shard.grad().defined()) {
+        off_line[rank].push_back(what.str() + ", no gradient");
+        continue;
       }
-      std::vector<torch::Tensor> shards = f.DecayShards(), more = f.NoDecayShards();
-      shards.insert(shards.end(), more.begin(), more.end());
-      for (const torch::Tensor& shard : shards) {
-        if (shard.numel() < 7) continue;  // 7: room for a whole pack after up to 3 loose elements
-        if (!shard.grad().defined()) {
-          errors[rank] = "a shard without a gradient";
-          return;
-        }
-        const torch::Tensor moment = model::ZerosInLineWith(shard);
-        const int64_t start = model::fused::CommonPackStart(
-            shard.numel(), {{shard.data_ptr(), 4}, {shard.grad().data_ptr(), 4}, {moment.data_ptr(), 4}});
-        if (start > 0) ++shifted[rank];
-        if (start < 0) {
-          std::ostringstream what;
-          what << shard.sizes() << " at element " << shard.storage_offset() << ", its gradient at "
-               << shard.grad().storage_offset();
-          off_line[rank].push_back(what.str());
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(errors[r], "") << "rank " << r;
-    EXPECT_EQ(off_line[r], std::vector<std::string>{}) << "rank " << r;
-  }
+      const torch::Tensor moment = model::ZerosInLineWith(shard);
+      const int64_t start = model::fused::CommonPackStart(
+          shard.numel(), {{shard.data_ptr(), 4}, {shard.grad().data_ptr(), 4}, {moment.data_ptr(), 4}});
+      if (start > 0) ++shifted[rank];
+      if (start < 0) off_line[rank].push_back(what.str() + ", its gradient at " + std::to_string(shard.grad().storage_offset()));
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(off_line[r], std::vector<std::string>{}) << "rank " << r;
   EXPECT_GT(shifted[0] + shifted[1], 0) << "no shard off the 16-byte line, so this checks nothing";
 }
 
@@ -559,52 +566,38 @@ std::vector<torch::Tensor> Prefixed(FullyShardedLlama& f, const std::string& pre
 }
 
 Lifecycle Observe(const FsdpOptions& options) {
-  std::vector<model::LlamaForCausalLM> models{MakeModel(false), MakeModel(false)};
-  auto store = c10::make_intrusive<c10d::HashStore>();
   Lifecycle seen;
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto fail = [&](const Status& s) { errors[rank] = s.ToString(); };
-      dist::CommunicatorOptions copts;
-      copts.timeout = std::chrono::seconds(60);
-      auto group = dist::MakeGlooCommunicator(store, rank, 2, copts, "127.0.0.1");
-      if (!group.ok()) return fail(group.status());
-      auto fsdp = FullyShardedLlama::Create(models[rank], {group->get(), nullptr, nullptr}, options);
-      if (!fsdp.ok()) return fail(fsdp.status());
-      auto& f = **fsdp;
-      const std::string layer0 = "model.layers.0.mlp.up_proj.weight", last = "model.layers.1.mlp.up_proj.weight";
-      auto count = [&](dist::Collective c) { return (*group)->stats().calls[static_cast<int>(c)]; };
-      auto b = Tokens(0).narrow(0, rank * 4, 4);
-      auto micro = [&](bool sync) {
-        f.SetGradientSync(sync);
-        auto loss = model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq));
-        if (rank == 0 && sync) {
-          seen.layer0_after_forward = StorageBytes(f, layer0);
-          seen.last_after_forward = StorageBytes(f, last);
-          seen.params_one_storage = BackToBack(Prefixed(f, "model.layers.1.", false, false));
-        }
-        loss.backward();
-        if (Status s = f.FinishBackward(); !s.ok()) fail(s);
-        if (rank == 0 && !sync) seen.grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, false));
-      };
-      const int64_t rs0 = count(dist::Collective::kReduceScatter), ag0 = count(dist::Collective::kAllGather);
-      micro(false);
-      const int64_t rs1 = count(dist::Collective::kReduceScatter);
-      micro(true);
-      if (rank != 0) return;
-      seen.reduce_scatters_without_sync = rs1 - rs0;
-      seen.reduce_scatters_with_sync = count(dist::Collective::kReduceScatter) - rs1;
-      seen.all_gathers_per_step = (count(dist::Collective::kAllGather) - ag0) / 2;
-      seen.layer0_after_backward = StorageBytes(f, layer0);
-      seen.root_after_backward = StorageBytes(f, "model.embed_tokens.weight");
-      seen.shard_grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, true));
-      seen.gradient_copies = f.TakeStats().gradient_copies;
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  OnRanks({MakeModel(false), MakeModel(false)}, options, [&](int rank, FullyShardedLlama& f, dist::Communicator& group) {
+    const std::string layer0 = "model.layers.0.mlp.up_proj.weight", last = "model.layers.1.mlp.up_proj.weight";
+    auto count = [&](dist::Collective c) { return group.stats().calls[static_cast<int>(c)]; };
+    auto b = Tokens(0).narrow(0, rank * 4, 4);
+    auto micro = [&](bool sync) {
+      f.SetGradientSync(sync);
+      auto loss = model::CausalLmLoss(f.Forward(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq));
+      if (rank == 0 && sync) {
+        seen.layer0_after_forward = StorageBytes(f, layer0);
+        seen.last_after_forward = StorageBytes(f, last);
+        seen.params_one_storage = BackToBack(Prefixed(f, "model.layers.1.", false, false));
+      }
+      loss.backward();
+      MW_RETURN_IF_ERROR(f.FinishBackward());
+      if (rank == 0 && !sync) seen.grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, false));
+      return Status::Ok();
+    };
+    const int64_t rs0 = count(dist::Collective::kReduceScatter), ag0 = count(dist::Collective::kAllGather);
+    MW_RETURN_IF_ERROR(micro(false));
+    const int64_t rs1 = count(dist::Collective::kReduceScatter);
+    MW_RETURN_IF_ERROR(micro(true));
+    if (rank != 0) return Status::Ok();
+    seen.reduce_scatters_without_sync = rs1 - rs0;
+    seen.reduce_scatters_with_sync = count(dist::Collective::kReduceScatter) - rs1;
+    seen.all_gathers_per_step = (count(dist::Collective::kAllGather) - ag0) / 2;
+    seen.layer0_after_backward = StorageBytes(f, layer0);
+    seen.root_after_backward = StorageBytes(f, "model.embed_tokens.weight");
+    seen.shard_grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, true));
+    seen.gradient_copies = f.TakeStats().gradient_copies;
+    return Status::Ok();
+  });
   return seen;
 }
 
