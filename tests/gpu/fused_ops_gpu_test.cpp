@@ -635,27 +635,27 @@ TEST(FusedOpsGpu, MeshworkAdamWEqualsLibtorchAdamW) {
 TEST(FusedOpsGpu, MeshworkAdamWHandlesUnalignedParameters) {
   // A parameter one element into its buffer; its gradient either a fresh tensor (offsets differ
   // within the 16-byte line: one element at a time) or a view at the same element, as FSDP's
-  // shards and reduced gradients are (16-byte packs from element 3, the moments allocated at
-  // the parameter's offset).
+  // shards and reduced gradients are: 16-byte packs from element 3 and 3 loose elements at each
+  // end, the moments allocated at the parameter's offset.
   for (const bool same_offset : {false, true}) {
     SCOPED_TRACE(same_offset ? "gradient at the parameter's offset" : "gradient aligned");
     torch::manual_seed(5);
     const auto buffer = torch::randn({4097}, model::kCuda);
-    auto mine = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
-    auto theirs = buffer.clone().narrow(0, 1, 4095).detach().requires_grad_(true);
+    auto mine = buffer.clone().narrow(0, 1, 4094).detach().requires_grad_(true);
+    auto theirs = buffer.clone().narrow(0, 1, 4094).detach().requires_grad_(true);
     AdamW opt({{{mine}, 0.1}}, AdamWOptions{1e-3, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
     torch::optim::AdamW reference(std::vector<torch::Tensor>{theirs},
                                   torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
     for (int step = 0; step < 3; ++step) {
       const auto g = torch::randn({4097}, model::kCuda);
-      mine.mutable_grad() = same_offset ? g.narrow(0, 1, 4095) : g.narrow(0, 1, 4095).clone();
-      theirs.mutable_grad() = g.narrow(0, 1, 4095).clone();
+      mine.mutable_grad() = same_offset ? g.narrow(0, 1, 4094) : g.narrow(0, 1, 4094).clone();
+      theirs.mutable_grad() = g.narrow(0, 1, 4094).clone();
       opt.Step();
       reference.step();
     }
     const AdamWParamState& state = *opt.State(mine);
     EXPECT_EQ(model::fused::CommonPackStart(
-                  4095, {{mine.data_ptr(), 4}, {mine.grad().data_ptr(), 4}, {state.exp_avg.data_ptr(), 4},
+                  4094, {{mine.data_ptr(), 4}, {mine.grad().data_ptr(), 4}, {state.exp_avg.data_ptr(), 4},
                          {state.exp_avg_sq.data_ptr(), 4}}),
               same_offset ? 3 : -1);
     EXPECT_TRUE(torch::allclose(mine, theirs, 1e-5, 1e-6)) << (mine - theirs).abs().max().item<float>();

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/fused_ops.h"
 #include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::fsdp {
@@ -166,7 +167,8 @@ torch::Tensor VocabParallelHead::Backward(const torch::Tensor& grad_loss, Saved&
   // row's tail through the ranks that hold it.
   grad_rows.div_(static_cast<double>(world_));
   torch::Tensor& shard_grad = table_->shard.mutable_grad();
-  if (!shard_grad.defined()) shard_grad = torch::zeros_like(table_->shard);
+  // At the shard's offset within a 16-byte line, as unit.cpp keeps it: AdamW's 16-byte packs.
+  if (!shard_grad.defined()) shard_grad = model::ZerosInLineWith(table_->shard);
   torch::Tensor flat_grad = shard_grad.view({-1});
   const torch::Tensor rows_flat = grad_rows.view({-1});
   const int64_t own = owned > 0 ? me.end - me.lo * width_ : 0;

@@ -709,7 +709,7 @@ torch::Tensor ZerosInLineWith(const torch::Tensor& t) {
   const auto bytes = static_cast<uintptr_t>(t.element_size());
   const auto offset = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16;
   if (offset == 0 || offset % bytes != 0 || !t.is_contiguous() || t.layout() != torch::kStrided) {
-    return torch::zeros_like(t, torch::MemoryFormat::Contiguous);
+    return torch::zeros_like(t);  // t's strides: libtorch's fused AdamW wants them equal
   }
   const auto line = static_cast<int64_t>(16 / bytes);
   const torch::Tensor buffer = torch::zeros({t.numel() + line}, t.options());

@@ -95,10 +95,11 @@ bool FusedAdamWSupports(const torch::Tensor& param, const torch::Tensor& grad, c
 void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
                       const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale);
 
-// Zeros shaped like t (contiguous, t's dtype and device) that start at t's offset within a
-// 16-byte line, so that a kernel taking 16-byte packs of both can take them from the same element
+// Zeros shaped like t (t's dtype and device) that start at t's offset within a 16-byte line, so
+// that a kernel taking 16-byte packs of both can take them from the same element
 // (CommonPackStart): AdamW's moments for an FSDP shard, a view of its flat group at any element.
-// A plain zeros_like where t is aligned, not contiguous, or not at a whole element of the line.
+// A plain zeros_like (t's strides) where t is aligned, not contiguous, or not at a whole element
+// of the line.
 torch::Tensor ZerosInLineWith(const torch::Tensor& t);
 
 }  // namespace meshwork::model

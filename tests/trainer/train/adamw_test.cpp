@@ -235,6 +235,7 @@ TEST(AdamWTest, MeshworkKernelTakesPacksOfAShardAtAnyOffset) {
     // A restored state keeps the offset.
     opt.SetState(mine, state);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(opt.State(mine)->exp_avg.data_ptr()) % 16, static_cast<uintptr_t>(4 * k));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(opt.State(mine)->exp_avg_sq.data_ptr()) % 16, static_cast<uintptr_t>(4 * k));
   }
 }
 
