@@ -34,15 +34,6 @@ AdamW::AdamW(std::vector<AdamWGroup> groups, AdamWOptions options)
   }
 }
 
-const char* AdamWKernelName(AdamWKernel kernel) {
-  switch (kernel) {
-    case AdamWKernel::kForeach: return "foreach";
-    case AdamWKernel::kFused: return "fused";
-    case AdamWKernel::kMeshwork: return "meshwork";
-  }
-  return "?";
-}
-
 AdamWKernel AdamW::DefaultKernel(const torch::Device& device) {
   if (!device.is_cuda()) return AdamWKernel::kForeach;
   if (model::FusedKernelsBuilt()) return AdamWKernel::kMeshwork;

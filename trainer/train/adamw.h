@@ -22,11 +22,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/enum_names.h"
+
 namespace meshwork::train {
 
 enum class AdamWKernel { kForeach, kFused, kMeshwork };
-// "foreach", "fused", "meshwork".
-const char* AdamWKernelName(AdamWKernel kernel);
+inline constexpr EnumName<AdamWKernel> kAdamWKernelNames[] = {
+    {AdamWKernel::kForeach, "foreach"}, {AdamWKernel::kFused, "fused"}, {AdamWKernel::kMeshwork, "meshwork"}};
+inline const char* AdamWKernelName(AdamWKernel kernel) { return NameOf(kAdamWKernelNames, kernel); }
 
 struct AdamWOptions {
   double lr = 1e-3;

@@ -87,45 +87,43 @@ TEST(Train, StartUpNamesTheKernels) {
   EXPECT_NE(log.str().find("SwiGLU + RoPE composition (training.fused_kernels)"), std::string::npos) << log.str();
 }
 
+// Two runs over the same tokens, `base` and `other` set on top: the same losses to fp32
+// rounding (1e-5), and, where `says` is given, other's start-up log contains it.
+void ExpectTrainsAlike(const std::vector<std::string>& base, const std::vector<std::string>& other,
+                       const std::string& says = "") {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  auto with = [&](std::vector<std::string> keys) {
+    keys.insert(keys.begin(), "data.train=" + tokens);
+    return Config(keys);
+  };
+  auto plain = TrainQuietly(with(base));
+  std::ostringstream log;
+  auto changed = Train(with(other), log);
+  ASSERT_TRUE(plain.ok() && changed.ok()) << plain.status().ToString() << " / " << changed.status().ToString();
+  ASSERT_EQ(plain->losses.size(), changed->losses.size());
+  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(plain->losses[i], changed->losses[i], 1e-5) << i;
+  if (!says.empty()) {
+    EXPECT_NE(log.str().find(says), std::string::npos) << log.str();
+  }
+}
+
 // training.fused_kernels: on runs SwiGLU and RoPE fused on the CPU too (the host loops over the
 // CUDA kernels' arithmetic): the losses of the composition (fp32 here, so to within 1e-5), and
 // the kernels line says so.
 TEST(Train, FusedKernelsTrainAlike) {
-  TempDir dir;
-  const std::string tokens = WriteText(dir);
-  auto plain = TrainQuietly(Config({"data.train=" + tokens, "training.fused_kernels=off"}));
-  std::ostringstream log;
-  auto fused = Train(Config({"data.train=" + tokens, "training.fused_kernels=on"}), log);
-  ASSERT_TRUE(plain.ok() && fused.ok()) << fused.status().ToString();
-  ASSERT_EQ(plain->losses.size(), fused->losses.size());
-  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(plain->losses[i], fused->losses[i], 1e-5) << i;
-  EXPECT_NE(log.str().find("SwiGLU + RoPE fused host loops"), std::string::npos) << log.str();
+  ExpectTrainsAlike({"training.fused_kernels=off"}, {"training.fused_kernels=on"}, "SwiGLU + RoPE fused host loops");
 }
 
 // optimizer.implementation: meshwork runs Meshwork's AdamW kernel (its host loop on the CPU): the
 // losses of libtorch's foreach AdamW to fp32 rounding, and the kernels line says so.
 TEST(Train, MeshworkAdamWTrainsLikeForeach) {
-  TempDir dir;
-  const std::string tokens = WriteText(dir);
-  auto plain = TrainQuietly(Config({"data.train=" + tokens, "optimizer.implementation=foreach"}));
-  std::ostringstream log;
-  auto mine = Train(Config({"data.train=" + tokens, "optimizer.implementation=meshwork"}), log);
-  ASSERT_TRUE(plain.ok() && mine.ok()) << mine.status().ToString();
-  ASSERT_EQ(plain->losses.size(), mine->losses.size());
-  for (size_t i = 0; i < plain->losses.size(); ++i) EXPECT_NEAR(plain->losses[i], mine->losses[i], 1e-5) << i;
-  EXPECT_NE(log.str().find("AdamW meshwork (optimizer.implementation)"), std::string::npos) << log.str();
+  ExpectTrainsAlike({"optimizer.implementation=foreach"}, {"optimizer.implementation=meshwork"},
+                    "AdamW meshwork (optimizer.implementation)");
 }
 
 // training.merge_projections: false runs each projection on its own; the losses are the same.
-TEST(Train, SeparateProjectionsTrainAlike) {
-  TempDir dir;
-  const std::string tokens = WriteText(dir);
-  auto merged = TrainQuietly(Config({"data.train=" + tokens}));
-  auto separate = TrainQuietly(Config({"data.train=" + tokens, "training.merge_projections=false"}));
-  ASSERT_TRUE(merged.ok() && separate.ok());
-  ASSERT_EQ(merged->losses.size(), separate->losses.size());
-  for (size_t i = 0; i < merged->losses.size(); ++i) EXPECT_NEAR(merged->losses[i], separate->losses[i], 1e-5) << i;
-}
+TEST(Train, SeparateProjectionsTrainAlike) { ExpectTrainsAlike({}, {"training.merge_projections=false"}); }
 
 // Activation checkpointing changes memory, not numerics: every layer recomputed gives the same
 // losses, and the steady step's tensor peak (counted on the CPU) is lower.
