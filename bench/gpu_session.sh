@@ -7,11 +7,13 @@
 # is faster here, whichever SDPA picks by itself), with training.residual_dtype=fp32 (the fp32 residual stream of before), with
 # training.loss_gradient=recompute (the head's old backward) and with
 # training.merge_projections=false (one GEMM per projection), with training.fused_kernels=off (the
-# composition instead of Meshwork's SwiGLU and RoPE kernels) and with optimizer.implementation=fused
-# (libtorch's AdamW kernel instead of Meshwork's), for the A/Bs; then llama3-1b at
+# composition instead of Meshwork's SwiGLU and RoPE kernels), with optimizer.implementation=fused
+# (libtorch's AdamW kernel instead of Meshwork's) and with training.weight_copies=off (every weight
+# cast each forward), for the A/Bs; then llama3-1b at
 # larger batches until one does not fit. If the gpu test of those
 # kernels fails, every later run takes training.fused_kernels=off (optimizer.implementation=fused
-# where Meshwork's AdamW kernel is what failed), and the log says so. Each part has a
+# where Meshwork's AdamW kernel is what failed, training.weight_copies=off where the weight
+# copies are), and the log says so. Each part has a
 # time cap, so that a lease that runs short still returns what finished. docs/gpu.md.
 #
 #   OUT          where session.log, the results table, the traces (.json.gz) and logs.tgz go
@@ -25,7 +27,7 @@
 #   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
 #   FIT_BATCHES="16 24" FIT_CAP=45   llama3-1b batches past the table's, run until one fails (out
 #                of memory), for MFU at the batch that fits (issue 18's moonshot)
-#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the seven above); a lease too
+#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the eight above); a lease too
 #                short for all names the one it needs
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,13 +64,15 @@ echo "ctest exit $?" | tee -a "$log"
 grep -E "tests passed|Failed|\*\*\*" "$out/ctest.log" | tee -a "$log"
 # Kernels that fail their equality test must not run the benchmarks: the composition does instead.
 # Meshwork's AdamW kernel failing alone (its cases are named MeshworkAdamW*) turns off only it:
-# libtorch's fused AdamW instead.
+# libtorch's fused AdamW instead; the weight copies' case (WeightCopies*) only the copies.
 sets=()
 if grep -qE "gpu_fused_ops .*(Failed|Exception|Timeout)" "$out/ctest.log"; then
   grep -E "^\[  FAILED  \]|Failure" "$out/ctest.log" | head -20 | tee -a "$log"
   off=()
   grep -E "^\[  FAILED  \] FusedOpsGpu\.MeshworkAdamW" "$out/ctest.log" >/dev/null && off+=(optimizer.implementation=fused)
-  grep -E "^\[  FAILED  \] FusedOpsGpu\." "$out/ctest.log" | grep -vq "MeshworkAdamW" && off+=(training.fused_kernels=off)
+  grep -E "^\[  FAILED  \] FusedOpsGpu\.WeightCopies" "$out/ctest.log" >/dev/null && off+=(training.weight_copies=off)
+  grep -E "^\[  FAILED  \] FusedOpsGpu\." "$out/ctest.log" | grep -vqE "MeshworkAdamW|WeightCopies" &&
+    off+=(training.fused_kernels=off)
   [ "${#off[@]}" -gt 0 ] || off=(training.fused_kernels=off optimizer.implementation=fused)  # crashed: no names
   stamp "gpu_fused_ops failed: every run below takes ${off[*]}"
   for kv in "${off[@]}"; do sets+=(--set "$kv"); done
@@ -83,7 +87,7 @@ cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytor
 
 one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
        --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1 "${sets[@]}")
-for ab in ${AB_LIST:-optimizer.implementation=fused training.attention_backend=flash training.attention_backend=cudnn training.residual_dtype=fp32 training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
+for ab in ${AB_LIST:-optimizer.implementation=fused training.weight_copies=off training.attention_backend=flash training.attention_backend=cudnn training.residual_dtype=fp32 training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
   stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
   c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
     >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1

@@ -37,7 +37,7 @@ prometheus::Family<prometheus::Gauge>& MakeDeviceGauges(prometheus::Registry& r,
 // buckets per decade so quantiles stay within a factor of ~2.
 // Known label values, created at zero so that rate() and alerts see every series from the start.
 constexpr const char* kCollectives[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
-constexpr const char* kStateKinds[] = {"parameters", "gradients", "optimizer"};
+constexpr const char* kStateKinds[] = {"parameters", "gradients", "optimizer", "weight_copies"};
 
 prometheus::Histogram::BucketBoundaries StepDurationBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,

@@ -58,7 +58,8 @@ class TrainerMetrics {
   // Communication of this rank since the last call: seconds blocked on collectives, and bytes
   // sent per collective ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier").
   void RecordCommunication(double exposed_seconds, const std::map<std::string, double>& bytes_sent);
-  // Bytes this rank holds of the model's state ("parameters", "gradients", "optimizer").
+  // Bytes this rank holds of the model's state ("parameters", "gradients", "optimizer",
+  // "weight_copies").
   void SetStateBytes(const std::string& kind, double bytes);
 
  private:

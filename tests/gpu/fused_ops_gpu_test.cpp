@@ -27,6 +27,7 @@
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/mixed_linear.h"
+#include "trainer/model/weight_copies.h"
 #include "trainer/train/adamw.h"
 
 namespace meshwork::model {
@@ -659,6 +660,53 @@ TEST(FusedOpsGpu, MeshworkAdamWHandlesUnalignedParameters) {
                          {state.exp_avg_sq.data_ptr(), 4}}),
               same_offset ? 3 : -1);
     EXPECT_TRUE(torch::allclose(mine, theirs, 1e-5, 1e-6)) << (mine - theirs).abs().max().item<float>();
+  }
+}
+
+// Persistent bf16 weight copies (weight_copies.h) written by Meshwork's AdamW kernel, as one
+// process trains by default on CUDA: after every step each projection's and the head's copy is
+// current and equal to the cast of the updated weight, and the run follows one that casts every
+// forward (the same bf16 values: equal losses, up to the nondeterminism of the GPU's kernels;
+// bound chosen, not yet measured).
+TEST(FusedOpsGpu, WeightCopiesWrittenByAdamWTrainLikeCasting) {
+  ASSERT_TRUE(model::FusedKernelsBuilt()) << "this build has no CUDA kernels";
+  model::LlamaForCausalLM cast = model::TwoLayerModel(21), copied = model::TwoLayerModel(21);
+  auto copies = std::make_shared<model::WeightCopies>(torch::kBFloat16);
+  copied->set_weight_copies(copies);
+  const auto tokens = torch::randint(0, 1000, {2, 129}, torch::TensorOptions(model::kCuda).dtype(torch::kLong));
+  const auto inputs = tokens.narrow(1, 0, 128), targets = tokens.narrow(1, 1, 128);
+  std::vector<AdamW> opts;
+  for (model::LlamaForCausalLM* m : {&cast, &copied}) {
+    (*m)->set_fused_kernels(true);
+    (*m)->set_loss_gradient(model::HeadGradient::kStored);
+    opts.emplace_back(std::vector<AdamWGroup>{{(*m)->parameters(), 0.1}},
+                      AdamWOptions{1e-3, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
+  }
+  opts[1].SetWeightCopies(copies);
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE(step);
+    double losses[2];
+    for (int i = 0; i < 2; ++i) {
+      model::LlamaForCausalLM& m = i == 0 ? cast : copied;
+      m->zero_grad();
+      torch::Tensor loss;
+      {
+        compat::CudaAutocastGuard amp(true, torch::kBFloat16);
+        loss = m->Loss(inputs, targets);
+      }
+      loss.backward();
+      opts[i].Step();
+      losses[i] = loss.item<double>();
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-4 * losses[0]);
+    int matrices = 0;
+    for (const auto& p : copied->parameters()) {
+      if (p.dim() != 2) continue;
+      ++matrices;
+      EXPECT_TRUE(copies->IsCurrent(p)) << p.sizes();
+      EXPECT_TRUE(torch::equal(copies->CopyOf(p), p.detach().to(torch::kBFloat16))) << p.sizes();
+    }
+    EXPECT_EQ(matrices, 2 * 7 + 1);  // 7 projections a layer and the tied table
   }
 }
 

@@ -77,7 +77,7 @@ TEST(TrainerMetricsTest, EverySeriesExistsAtZeroAfterConstruction) {
   for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"}) {
     EXPECT_EQ(Sample(text, Series("meshwork_trainer_comm_bytes_total", std::string(",collective=\"") + c + "\"")), 0.0) << c;
   }
-  for (const char* k : {"parameters", "gradients", "optimizer"}) {
+  for (const char* k : {"parameters", "gradients", "optimizer", "weight_copies"}) {
     EXPECT_EQ(Sample(text, Series("meshwork_trainer_state_bytes", std::string(",kind=\"") + k + "\"")), 0.0) << k;
   }
   for (const char* device : {"cpu", "cuda"}) {

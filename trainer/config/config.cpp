@@ -183,6 +183,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       BoolField("training.merge_projections", &c.training.merge_projections),
       EnumField("training.fused_kernels", &c.training.fused_kernels, kFusedKernelsNames),
       EnumField("training.residual_dtype", &c.training.residual_dtype, kResidualDtypeNames),
+      EnumField("training.weight_copies", &c.training.weight_copies, kWeightCopiesNames),
       EnumField("training.attention_backend", &c.training.attention_backend, kAttentionBackendNames),
       IntField("training.memory_limit_mib", &c.training.memory_limit_mib, 0, 1 << 30),
       StringField("training.profile_out", &c.training.profile_out),

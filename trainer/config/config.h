@@ -49,6 +49,11 @@ enum class FusedKernels { kAuto, kOn, kOff };
 inline constexpr EnumName<FusedKernels> kFusedKernelsNames[] = {
     {FusedKernels::kAuto, "auto"}, {FusedKernels::kOn, "on"}, {FusedKernels::kOff, "off"}};
 
+// Persistent bf16 copies of the fp32 weights for the matmuls (model/weight_copies.h).
+enum class WeightCopies { kAuto, kOff };
+inline constexpr EnumName<WeightCopies> kWeightCopiesNames[] = {{WeightCopies::kAuto, "auto"},
+                                                                {WeightCopies::kOff, "off"}};
+
 enum class ResidualDtype { kAuto, kFp32, kBf16 };
 inline constexpr EnumName<ResidualDtype> kResidualDtypeNames[] = {
     {ResidualDtype::kAuto, "auto"}, {ResidualDtype::kFp32, "fp32"}, {ResidualDtype::kBf16, "bf16"}};
@@ -137,6 +142,10 @@ struct TrainingConfig {
   // autocast: auto = bf16; fp32; bf16 (refused where nothing runs under autocast). Without
   // autocast it is the weights' dtype.
   ResidualDtype residual_dtype = ResidualDtype::kAuto;
+  // Persistent bf16 copies of the weights, written by Meshwork's AdamW kernel and read by the
+  // fused projections and the output head instead of casting every weight each forward: auto =
+  // where they apply (one process, bf16 autocast, fused kernels, AdamW meshwork); off = never.
+  WeightCopies weight_copies = WeightCopies::kAuto;
   // The attention kernel: auto = SDPA's own choice for the model's shapes and dtype; flash,
   // cudnn, efficient (CUDA) or math = that one only (exit 2 at start-up if it cannot run them).
   AttentionBackend attention_backend = AttentionBackend::kAuto;

@@ -13,7 +13,10 @@
 // the step's constants rounded to fp32 once on the host:
 //   g = grad * scale; p *= 1 - lr * wd; m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-// The gradient is read, never written.
+// The gradient is read, never written. Where the parameter has a persistent copy in the matmuls'
+// dtype (weight_copies.h), the same pass also writes the updated value there, rounded once
+// (C = c10::BFloat16; 2 bytes an element more, where forward would have read 4 and written 2 to
+// cast it again).
 #pragma once
 
 #include <cstdint>
@@ -47,10 +50,11 @@ inline AdamWStep MakeAdamWStep(double lr, double beta1, double beta2, double eps
 }
 
 // Elements [v * N, v * N + N) of a parameter: p, exp_avg and exp_avg_sq updated in place from
-// grad times `scale` (the clip factor, 1 when not clipping).
-template <int N>
+// grad times `scale` (the clip factor, 1 when not clipping), and the new p rounded into `copy`
+// unless it is null.
+template <int N, typename C>
 MW_HOST_DEVICE void AdamWAt(int64_t v, const AdamWStep& s, float scale, float* param, const float* grad,
-                            float* exp_avg, float* exp_avg_sq) {
+                            float* exp_avg, float* exp_avg_sq, C* copy) {
   const int64_t at = v * N;
   Pack<float, N> p = LoadPack<N>(param + at);
   const Pack<float, N> g = LoadPack<N>(grad + at);
@@ -67,13 +71,20 @@ MW_HOST_DEVICE void AdamWAt(int64_t v, const AdamWStep& s, float scale, float* p
   StorePack<N>(param + at, p);
   StorePack<N>(exp_avg + at, m);
   StorePack<N>(exp_avg_sq + at, q);
+  if (copy != nullptr) {
+    Pack<C, N> c;
+    MW_UNROLL
+    for (int k = 0; k < N; ++k) c.v[k] = static_cast<C>(p.v[k]);
+    StorePack<N>(copy + at, c);
+  }
 }
 
 // A parameter of n elements in work items: `head` loose elements (those before the four arrays'
 // common 16-byte boundary, fused_elementwise.h CommonPackStart; 0 with N = 1), then whole packs of
 // N, then the loose elements past the last pack. Item r < AdamWPacks is pack r from the
 // boundary; the others are the loose elements, one each. The kernel deals the items to its
-// threads grid-stride, the host loop in turn.
+// threads grid-stride, the host loop in turn. `copy` (or null) has the parameter's n elements,
+// its element `head` aligned to a pack of N (AdamWCopyFits).
 template <int N>
 MW_HOST_DEVICE int64_t AdamWPacks(int64_t n, int64_t head) {
   return (n - head) / N;
@@ -82,16 +93,25 @@ template <int N>
 MW_HOST_DEVICE int64_t AdamWItems(int64_t n, int64_t head) {
   return n - AdamWPacks<N>(n, head) * (N - 1);
 }
-template <int N>
+template <int N, typename C>
 MW_HOST_DEVICE void AdamWItem(int64_t r, int64_t n, int64_t head, const AdamWStep& s, float scale, float* param,
-                              const float* grad, float* exp_avg, float* exp_avg_sq) {
+                              const float* grad, float* exp_avg, float* exp_avg_sq, C* copy) {
   const int64_t packs = AdamWPacks<N>(n, head);
   if (r < packs) {
-    AdamWAt<N>(r, s, scale, param + head, grad + head, exp_avg + head, exp_avg_sq + head);
+    AdamWAt<N>(r, s, scale, param + head, grad + head, exp_avg + head, exp_avg_sq + head,
+               copy != nullptr ? copy + head : copy);
     return;
   }
   const int64_t loose = r - packs;
-  AdamWAt<1>(loose < head ? loose : packs * N + loose, s, scale, param, grad, exp_avg, exp_avg_sq);
+  AdamWAt<1>(loose < head ? loose : packs * N + loose, s, scale, param, grad, exp_avg, exp_avg_sq, copy);
+}
+
+// Whether a copy of `bytes`-sized elements at `address` can be written by packs of n floats that
+// start at element `head`: its element `head` aligned to a pack of n of its own elements (so
+// every element to its size as well). Host only.
+inline bool AdamWCopyFits(const void* address, size_t bytes, int64_t head, int n) {
+  const auto at = reinterpret_cast<uintptr_t>(address) + static_cast<uintptr_t>(head) * bytes;
+  return at % (bytes * static_cast<uintptr_t>(n)) == 0;
 }
 
 }  // namespace meshwork::model::fused

@@ -146,11 +146,11 @@ __global__ void __launch_bounds__(kNormThreads)
 // sync for the clip factor.
 template <int N>
 __global__ void AdamWKernel(int64_t n, int64_t head, AdamWStep step, const double* scale, float* param,
-                            const float* grad, float* exp_avg, float* exp_avg_sq) {
+                            const float* grad, float* exp_avg, float* exp_avg_sq, c10::BFloat16* copy) {
   const float c = scale != nullptr ? static_cast<float>(*scale) : 1.0f;
   const int64_t items = AdamWItems<N>(n, head);
   for (int64_t r = FirstIndex(); r < items; r += Stride()) {
-    AdamWItem<N>(r, n, head, step, c, param, grad, exp_avg, exp_avg_sq);
+    AdamWItem<N>(r, n, head, step, c, param, grad, exp_avg, exp_avg_sq, copy);
   }
 }
 
@@ -284,13 +284,13 @@ const char* LaunchRopeBackward(ElementType type, int64_t batch, const RopeShape&
 }
 
 const char* LaunchAdamW(int64_t n, int pack, int64_t head, const AdamWStep& step, const double* scale, float* param,
-                        const float* grad, float* exp_avg, float* exp_avg_sq, void* stream) {
+                        const float* grad, float* exp_avg, float* exp_avg_sq, c10::BFloat16* copy, void* stream) {
   if (n == 0) return nullptr;
   if (head < 0 || head >= n || (pack == 1 && head != 0)) return "AdamW: a head of elements outside [0, n) or with packs of 1";
   const bool known = VisitPack<float>(pack, [&](auto width) {
     constexpr int N = decltype(width)::value;
     AdamWKernel<N><<<Blocks(AdamWItems<N>(n, head)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, head, step, scale, param, grad, exp_avg, exp_avg_sq);
+        n, head, step, scale, param, grad, exp_avg, exp_avg_sq, copy);
   });
   return known ? LaunchError() : "unsupported pack width";
 }

@@ -117,8 +117,9 @@ const char* LaunchRmsNormBackward(ElementType x_type, ElementType delta_type, El
 // AdamW (fused_adamw.h) over one parameter's n contiguous fp32 elements, in place; the gradient
 // is read only. scale: one double on the device (the clip factor), or null for 1. `pack`: 1 or
 // kPack<float>; with kPack<float>, `head` is the four arrays' CommonPackStart (0 with 1): the
-// elements before it and past the last whole pack are done one at a time (AdamWItem).
+// elements before it and past the last whole pack are done one at a time (AdamWItem). `copy`: the
+// parameter's bf16 copy to write the new values into (AdamWCopyFits), or null.
 const char* LaunchAdamW(int64_t n, int pack, int64_t head, const AdamWStep& step, const double* scale, float* param,
-                        const float* grad, float* exp_avg, float* exp_avg_sq, void* stream);
+                        const float* grad, float* exp_avg, float* exp_avg_sq, c10::BFloat16* copy, void* stream);
 
 }  // namespace meshwork::model::fused

@@ -669,8 +669,9 @@ bool FusedAdamWSupports(const torch::Tensor& param, const torch::Tensor& grad, c
   return true;
 }
 
-void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
-                      const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale) {
+bool FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                      const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale,
+                      const torch::Tensor& copy) {
   TORCH_CHECK(FusedAdamWSupports(param, grad, exp_avg, exp_avg_sq), "FusedAdamWUpdate: parameter ", param.sizes(),
               " ", param.scalar_type(), " on ", param.device(),
               ": needs fp32 contiguous parameter, gradient and moments of one shape on one device (the CPU, or "
@@ -686,23 +687,28 @@ void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, con
   const float* g = grad.data_ptr<float>();
   float* m = exp_avg.data_ptr<float>();
   float* q = exp_avg_sq.data_ptr<float>();
+  const bool write_copy = copy.defined() && copy.layout() == torch::kStrided && copy.scalar_type() == torch::kBFloat16 &&
+                          copy.is_contiguous() && copy.numel() == n && copy.device() == param.device() &&
+                          fused::AdamWCopyFits(copy.data_ptr(), sizeof(c10::BFloat16), head, pack);
+  c10::BFloat16* w = write_copy ? copy.data_ptr<c10::BFloat16>() : nullptr;
 #if defined(MESHWORK_FUSED_KERNELS)
   if (param.is_cuda()) {
     OnDevice on(param);
     const torch::Tensor factor = scale.defined() ? scale.to(torch::kDouble).contiguous() : torch::Tensor();
     CheckLaunch(fused::LaunchAdamW(n, pack, head, step, factor.defined() ? factor.data_ptr<double>() : nullptr, p, g, m, q,
-                                   on.stream()),
+                                   w, on.stream()),
                 "AdamW", "optimizer.implementation=fused runs libtorch's kernel instead");
-    return;
+    return write_copy;
   }
 #endif
   const float c = scale.defined() ? static_cast<float>(scale.item<double>()) : 1.0f;
   TORCH_CHECK(fused::VisitPack<float>(pack, [&](auto width) {
                 constexpr int N = decltype(width)::value;
                 HostLoop(fused::AdamWItems<N>(n, head),
-                         [&](int64_t r) { fused::AdamWItem<N>(r, n, head, step, c, p, g, m, q); });
+                         [&](int64_t r) { fused::AdamWItem<N>(r, n, head, step, c, p, g, m, q, w); });
               }),
               "unsupported pack width ", pack);
+  return write_copy;
 }
 
 torch::Tensor ZerosInLineWith(const torch::Tensor& t) {

@@ -90,10 +90,15 @@ SoftmaxGradientStats SoftmaxGradientInPlace(torch::Tensor& logits, const torch::
 // FusedAdamWSupports says whether the four tensors qualify: fp32, contiguous, one shape, one
 // device, the CPU or a CUDA device where this build has the kernels. 16-byte accesses where the
 // four share their offset within a 16-byte line (CommonPackStart), else one element at a time.
+// `copy` (or undefined): the parameter's bf16 copy (weight_copies.h), written with the new values
+// in the same pass where it is contiguous, of the parameter's size and device, and aligned with
+// the packs (AdamWCopyFits). Returns whether it was written (the caller then marks it current
+// and bumps the version counters; the update writes through data pointers).
 bool FusedAdamWSupports(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
                         const torch::Tensor& exp_avg_sq);
-void FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
-                      const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale);
+bool FusedAdamWUpdate(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                      const torch::Tensor& exp_avg_sq, const fused::AdamWStep& step, const torch::Tensor& scale,
+                      const torch::Tensor& copy = {});
 
 // Zeros shaped like t (t's dtype and device) that start at t's offset within a 16-byte line, so
 // that a kernel taking 16-byte packs of both can take them from the same element

@@ -11,17 +11,17 @@ namespace meshwork::model {
 namespace {
 
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
-  // hidden [n, d] and weight [vocab, d] in their own dtypes (under autocast the final norm's
-  // output, fp32 from the composition and bf16 from the fused norm, and the fp32 parameter); the
-  // matmuls run in `matmul_dtype`, cast here rather than by autograd so that the gradients come
-  // back in their inputs' dtypes (the weight's fp32) without a round trip through bf16;
-  // targets [n]. Runs under no grad.
+  // hidden [n, d] in its own dtype (under autocast the final norm's output, fp32 from the
+  // composition and bf16 from the fused norm); weight [vocab, d] (the fp32 parameter) only for
+  // its gradient, and `w` the weight in the matmuls' dtype (cast by the caller, or its persistent
+  // copy), which is not differentiated; the matmuls run in w's dtype, with h cast here rather than
+  // by autograd so that the gradients come back in their inputs' dtypes (the weight's fp32)
+  // without a round trip through bf16; targets [n]. Runs under no grad.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
-                               const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk_rows,
-                               bool store_gradient, bool fused_softmax, int64_t matmul_dtype) {
-    const auto dtype = static_cast<torch::ScalarType>(matmul_dtype);
+                               const torch::Tensor& weight, const torch::Tensor& w, const torch::Tensor& targets,
+                               int64_t chunk_rows, bool store_gradient, bool fused_softmax) {
+    const auto dtype = w.scalar_type();
     const torch::Tensor h = hidden.to(dtype);
-    const torch::Tensor w = weight.to(dtype);
     const int64_t n = h.size(0);
     const auto stats = LossStatsDtype(h);
     torch::Tensor lse = torch::empty({n}, h.options().dtype(stats));
@@ -74,7 +74,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     const auto stats = LossStatsDtype(h);
     const torch::Tensor scale = grad_out[0].to(stats) / static_cast<double>(n);
     const bool need_hidden = ctx->needs_input_grad(0);
-    const bool need_weight = ctx->needs_input_grad(1);
+    const bool need_weight = ctx->needs_input_grad(1);  // input 2, w, is never differentiated
     torch::Tensor grad_hidden, grad_weight;
     if (logit_grad.defined()) {
       // Stored: one matmul per input over every token, scaled after (in fp32, on the products).
@@ -125,7 +125,7 @@ int64_t LossChunkRows(int64_t vocab, int64_t chunk_bytes) {
 
 torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                  const torch::Tensor& targets, int64_t chunk_rows, HeadGradient gradient,
-                                 bool fused_softmax) {
+                                 bool fused_softmax, const torch::Tensor& weight_copy) {
   TORCH_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1), "LinearCrossEntropy: hidden ", hidden.sizes(),
               " does not match weight ", weight.sizes());
   TORCH_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "LinearCrossEntropy: targets ", targets.sizes(),
@@ -133,9 +133,18 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tenso
   const int64_t d = hidden.size(-1);
   const torch::Tensor t = targets.reshape({-1}).to(torch::kLong);
   if (chunk_rows <= 0) chunk_rows = LossChunkRows(weight.size(0));
-  return LinearCrossEntropyFunction::apply(hidden.reshape({-1, d}), weight, t, chunk_rows,
-                                           gradient == HeadGradient::kStored, fused_softmax,
-                                           static_cast<int64_t>(compat::MatmulDtype(hidden)));
+  const auto dtype = compat::MatmulDtype(hidden);
+  TORCH_CHECK(!weight_copy.defined() || (weight_copy.scalar_type() == dtype && weight_copy.sizes() == weight.sizes() &&
+                                         weight_copy.device() == weight.device()),
+              "LinearCrossEntropy: weight copy ", weight_copy.sizes(), " does not match weight ", weight.sizes(),
+              " in the matmul dtype ", dtype);
+  torch::Tensor w = weight_copy;
+  if (!w.defined()) {
+    torch::NoGradGuard no_grad;
+    w = weight.to(dtype);
+  }
+  return LinearCrossEntropyFunction::apply(hidden.reshape({-1, d}), weight, w, t, chunk_rows,
+                                           gradient == HeadGradient::kStored, fused_softmax);
 }
 
 }  // namespace meshwork::model

@@ -8,6 +8,7 @@
 #include "trainer/model/fused_ops.h"
 #include "trainer/model/linear_cross_entropy.h"
 #include "trainer/model/mixed_linear.h"
+#include "trainer/model/weight_copies.h"
 
 namespace meshwork::model {
 
@@ -96,9 +97,10 @@ torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const t
 
 // x times the stacked rows of `weights`: with `fused` and fp32 weights under autocast, by
 // MixedLinear (one cast into the stacked weight, fp32 weight gradients from the GEMM itself);
-// otherwise the composition, F::linear over MergedWeight.
-torch::Tensor StackedLinear(const torch::Tensor& x, std::initializer_list<torch::Tensor> weights, bool fused) {
-  if (fused && MixedLinearApplies(x, *weights.begin())) return MixedLinear(x, weights);
+// otherwise the composition, F::linear over MergedWeight. MixedLinear reads `copies` (null: none).
+torch::Tensor StackedLinear(const torch::Tensor& x, std::initializer_list<torch::Tensor> weights, bool fused,
+                            WeightCopies* copies) {
+  if (fused && MixedLinearApplies(x, *weights.begin())) return MixedLinear(x, weights, copies);
   if (weights.size() == 1) return F::linear(x, *weights.begin());
   return F::linear(x, MergedWeight(weights, x));
 }
@@ -108,13 +110,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   torch::Tensor q, k, v;
   if (merged && fused) {
     // One op from the GEMM output to attention's inputs and back (FusedQkvRope).
-    const auto qkv = FusedQkvRope(StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused),
+    const auto qkv = FusedQkvRope(StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies),
                                   num_heads_, num_kv_heads_, rope.cos, rope.sin);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
     if (merged) {
       const auto qkv =
-          StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused)
+          StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies)
               .split_with_sizes({num_heads_ * head_dim_, num_kv_heads_ * head_dim_, num_kv_heads_ * head_dim_}, -1);
       q = qkv[0], k = qkv[1], v = qkv[2];
     } else {
@@ -129,7 +131,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
   auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
   y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
-  return merged ? StackedLinear(y, {o_proj->weight}, fused) : o_proj(y);
+  return merged ? StackedLinear(y, {o_proj->weight}, fused, weight_copies) : o_proj(y);
 }
 
 MlpImpl::MlpImpl(const LlamaConfig& c) {
@@ -143,8 +145,8 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   if (!merged) return down_proj(F::silu(gate_proj(x)) * up_proj(x));
-  const auto gate_up = StackedLinear(x, {gate_proj->weight, up_proj->weight}, fused);
-  if (fused) return StackedLinear(FusedSwiGlu(gate_up), {down_proj->weight}, fused);
+  const auto gate_up = StackedLinear(x, {gate_proj->weight, up_proj->weight}, fused, weight_copies);
+  if (fused) return StackedLinear(FusedSwiGlu(gate_up), {down_proj->weight}, fused, weight_copies);
   const auto halves = gate_up.chunk(2, -1);
   return down_proj(F::silu(halves[0]) * halves[1]);
 }
@@ -213,6 +215,15 @@ void LlamaForCausalLMImpl::set_fused_kernels(bool fused) {
   fused_ = fused;
 }
 
+void LlamaForCausalLMImpl::set_weight_copies(std::shared_ptr<WeightCopies> copies) {
+  weight_copies_ = std::move(copies);
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto& layer = *model->layers[i]->as<DecoderLayer>();
+    layer.self_attn->weight_copies = weight_copies_.get();
+    layer.mlp->weight_copies = weight_copies_.get();
+  }
+}
+
 const RopeTables& LlamaForCausalLMImpl::Rope(int64_t seq_len, const torch::Device& device) {
   // Tables are cached per (length, device): recomputing them every step costs time for nothing.
   if (rope_len_ < seq_len || rope_.cos.device() != device) {
@@ -229,6 +240,11 @@ torch::Tensor LlamaForCausalLMImpl::Embed(const torch::Tensor& tokens, bool head
     return EmbeddingWithSparseGradient(table, tokens);
   }
   return model->embed_tokens(tokens);
+}
+
+torch::Tensor LlamaForCausalLMImpl::OutputWeightCopy(const torch::Tensor& hidden) {
+  if (!weight_copies_ || !fused_ || compat::MatmulDtype(hidden) != weight_copies_->dtype()) return {};
+  return weight_copies_->Stacked({OutputWeight()});
 }
 
 torch::Tensor LlamaForCausalLMImpl::ToResidualDtype(const torch::Tensor& embedded) const {
@@ -274,7 +290,8 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   h = FinalNorm(h);
   if (targets.defined() && loss) return loss(h, targets);
   if (targets.defined()) {
-    return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_);
+    return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_,
+                              OutputWeightCopy(h));
   }
   return torch::matmul(h, OutputWeight().t());
 }

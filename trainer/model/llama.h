@@ -12,10 +12,12 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include "trainer/model/llama_config.h"
 #include "trainer/model/linear_cross_entropy.h"
+#include "trainer/model/weight_copies.h"
 
 namespace meshwork::model {
 
@@ -63,6 +65,8 @@ class AttentionImpl : public torch::nn::Module {
   // and the q/k/v and output projections by MixedLinear (mixed_linear.h) where it applies (fp32
   // weights under autocast).
   bool fused = false;
+  // With fused, the projections' persistent weight copies (weight_copies.h), or null.
+  WeightCopies* weight_copies = nullptr;
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -80,6 +84,7 @@ class MlpImpl : public torch::nn::Module {
   // gate/up and down projections by MixedLinear where it applies; separate projections (merged
   // false) always take the composition.
   bool fused = false;
+  WeightCopies* weight_copies = nullptr;  // as AttentionImpl::weight_copies
 };
 TORCH_MODULE(Mlp);
 
@@ -153,6 +158,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // stored head gradient's fused softmax (LinearCrossEntropy's fused_softmax)
   // (training.fused_kernels).
   void set_fused_kernels(bool fused);
+  // Persistent copies of the weights in the matmul's dtype that the fused projections and the
+  // output head read instead of casting the fp32 weights each forward (weight_copies.h;
+  // training.weight_copies); null: none. Shared with the optimizer, which writes them.
+  void set_weight_copies(std::shared_ptr<WeightCopies> copies);
   // Under CUDA autocast, the residual stream (the embedding's output, so every decoder layer's
   // input and output) in `dtype` (training.residual_dtype): bf16 halves what the stream reads,
   // writes and keeps for backward; the fused norms still add and normalise in fp32, rounding
@@ -171,6 +180,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
  private:
   torch::Tensor OutputWeight();
+  // The output weight's current copy for a head over `hidden`, or undefined (no copies, not
+  // fused, or another matmul dtype).
+  torch::Tensor OutputWeightCopy(const torch::Tensor& hidden);
   const RopeTables& Rope(int64_t seq_len, const torch::Device& device);
   // The token embedding's rows for `tokens`. With the fused kernels and a tied fp32 table, the
   // table's gradient from the lookup is sparse (the batch's rows only, coalesced:
@@ -194,6 +206,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   HeadGradient loss_gradient_ = HeadGradient::kRecompute;
   bool fused_ = false;  // the final norm and the stored head gradient's softmax
   std::optional<torch::ScalarType> residual_dtype_;
+  std::shared_ptr<WeightCopies> weight_copies_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

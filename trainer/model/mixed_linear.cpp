@@ -3,23 +3,18 @@
 #include <torch/torch.h>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/weight_copies.h"
 
 namespace meshwork::model {
 namespace {
 
 struct MixedLinearFunction : torch::autograd::Function<MixedLinearFunction> {
+  // `w`: the weights stacked in the matmul's dtype (StackWeights, or their persistent copies),
+  // not differentiated; `weights` only carry the gradients.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               at::TensorList weights, int64_t matmul_dtype) {
-    const auto dtype = static_cast<torch::ScalarType>(matmul_dtype);
-    int64_t rows = 0;
-    for (const torch::Tensor& w : weights) rows += w.size(0);
-    // One cast per weight, each straight into its rows of the stacked weight.
-    torch::Tensor w = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype));
-    int64_t row = 0;
-    for (const torch::Tensor& part : weights) {
-      w.narrow(0, row, part.size(0)).copy_(part);
-      row += part.size(0);
-    }
+                               const torch::Tensor& w, at::TensorList weights) {
+    const auto dtype = w.scalar_type();
+    const int64_t rows = w.size(0);
     const torch::Tensor x2 = x.reshape({-1, x.size(-1)}).to(dtype);
     std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
     out_shape.back() = rows;
@@ -43,17 +38,18 @@ struct MixedLinearFunction : torch::autograd::Function<MixedLinearFunction> {
     const auto weight_dtype = static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
     const std::vector<int64_t> splits = ctx->saved_data["splits"].toIntVector();
     const torch::Tensor dy = grad_out[0].reshape({-1, w.size(0)}).to(w.scalar_type());
-    torch::autograd::variable_list grads(1 + splits.size() + 1);
+    // x, the stacked weight (no gradient), each weight.
+    torch::autograd::variable_list grads(2 + splits.size());
     if (ctx->needs_input_grad(0)) {
       grads[0] = compat::MatmulTo(dy, w, x_dtype).view(ctx->saved_data["x_shape"].toIntVector());
     }
     bool any_weight = false;
-    for (size_t i = 0; i < splits.size(); ++i) any_weight = any_weight || ctx->needs_input_grad(1 + i);
+    for (size_t i = 0; i < splits.size(); ++i) any_weight = any_weight || ctx->needs_input_grad(2 + i);
     if (any_weight) {
       const torch::Tensor dw = compat::MatmulTo(dy.t(), x2, weight_dtype);
       int64_t row = 0;
       for (size_t i = 0; i < splits.size(); ++i) {
-        if (ctx->needs_input_grad(1 + i)) grads[1 + i] = dw.narrow(0, row, splits[i]);
+        if (ctx->needs_input_grad(2 + i)) grads[2 + i] = dw.narrow(0, row, splits[i]);
         row += splits[i];
       }
     }
@@ -67,7 +63,21 @@ bool MixedLinearApplies(const torch::Tensor& x, const torch::Tensor& weight) {
   return compat::MatmulDtype(x) != weight.scalar_type();
 }
 
-torch::Tensor MixedLinear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights) {
+torch::Tensor StackWeights(const std::vector<torch::Tensor>& weights, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  int64_t rows = 0;
+  for (const torch::Tensor& w : weights) rows += w.size(0);
+  // One cast per weight, each straight into its rows of the stacked weight.
+  torch::Tensor w = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype));
+  int64_t row = 0;
+  for (const torch::Tensor& part : weights) {
+    w.narrow(0, row, part.size(0)).copy_(part);
+    row += part.size(0);
+  }
+  return w;
+}
+
+torch::Tensor MixedLinear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights, WeightCopies* copies) {
   TORCH_CHECK(!weights.empty(), "MixedLinear: no weights");
   for (const torch::Tensor& w : weights) {
     TORCH_CHECK(w.dim() == 2 && w.size(1) == x.size(-1) && w.scalar_type() == weights[0].scalar_type() &&
@@ -75,7 +85,10 @@ torch::Tensor MixedLinear(const torch::Tensor& x, const std::vector<torch::Tenso
                 "MixedLinear: weight ", w.sizes(), " ", w.scalar_type(), " does not fit x ", x.sizes(), " and ",
                 weights[0].sizes(), " ", weights[0].scalar_type());
   }
-  return MixedLinearFunction::apply(x, at::TensorList(weights), static_cast<int64_t>(compat::MatmulDtype(x)));
+  const auto dtype = compat::MatmulDtype(x);
+  torch::Tensor stacked = copies != nullptr && copies->dtype() == dtype ? copies->Stacked(weights) : torch::Tensor();
+  if (!stacked.defined()) stacked = StackWeights(weights, dtype);
+  return MixedLinearFunction::apply(x, stacked, at::TensorList(weights));
 }
 
 }  // namespace meshwork::model

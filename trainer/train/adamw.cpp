@@ -10,6 +10,7 @@
 
 #include "trainer/model/compat.h"
 #include "trainer/model/fused_ops.h"
+#include "trainer/model/weight_copies.h"
 
 namespace meshwork::train {
 namespace {
@@ -47,8 +48,8 @@ AdamWKernel AdamW::Runnable(const torch::Device& device, bool meshwork_takes_it)
   return AdamWKernel::kForeach;
 }
 
-std::string AdamW::KernelFor(const torch::Device& device) const {
-  return AdamWKernelName(Runnable(device, device.is_cpu() || model::FusedKernelsBuilt()));
+AdamWKernel AdamW::KernelOn(const torch::Device& device) const {
+  return Runnable(device, device.is_cpu() || model::FusedKernelsBuilt());
 }
 
 AdamWKernel AdamW::KernelOf(const Slot& s) const {
@@ -151,10 +152,11 @@ void AdamW::StepMeshwork(const std::vector<Slot*>& slots, double weight_decay, c
     // The count advances only once the update is queued: a refused update (FusedAdamWUpdate's
     // checks) leaves the state as it was.
     const int64_t step = s->state->step + 1;
-    model::FusedAdamWUpdate(s->param, s->param.grad(), s->state->exp_avg, s->state->exp_avg_sq,
-                            model::fused::MakeAdamWStep(options_.lr, options_.beta1, options_.beta2, options_.eps,
-                                                        weight_decay, step),
-                            scale);
+    const torch::Tensor copy = weight_copies_ ? weight_copies_->CopyOf(s->param) : torch::Tensor();
+    const bool wrote_copy = model::FusedAdamWUpdate(
+        s->param, s->param.grad(), s->state->exp_avg, s->state->exp_avg_sq,
+        model::fused::MakeAdamWStep(options_.lr, options_.beta1, options_.beta2, options_.eps, weight_decay, step),
+        scale, copy);
     s->state->step = step;
     s->device_step = torch::Tensor();  // the fused kernel's copy of the count is stale now
     // The kernel writes through the data pointers: the version counters advance as libtorch's
@@ -162,6 +164,9 @@ void AdamW::StepMeshwork(const std::vector<Slot*>& slots, double weight_decay, c
     for (const torch::Tensor* t : {&s->param, &s->state->exp_avg, &s->state->exp_avg_sq}) {
       t->unsafeGetTensorImpl()->bump_version();
     }
+    // After the parameter's bump: the copy is current with the version the parameter has now.
+    // A copy not written goes stale with that bump, and forward writes it again.
+    if (wrote_copy) weight_copies_->MarkWritten(s->param);
   }
 }
 

@@ -17,12 +17,17 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/enum_names.h"
+
+namespace meshwork::model {
+class WeightCopies;
+}
 
 namespace meshwork::train {
 
@@ -62,8 +67,9 @@ class AdamW {
   // The default kernel for parameters on `device`: meshwork on CUDA where this build has the
   // kernels, else fused on CUDA with libtorch 2.x, else foreach.
   static AdamWKernel DefaultKernel(const torch::Device& device);
-  // What Step runs for fp32 contiguous parameters on `device` under these options.
-  std::string KernelFor(const torch::Device& device) const;
+  // What Step runs for fp32 contiguous parameters on `device` under these options, and its name.
+  AdamWKernel KernelOn(const torch::Device& device) const;
+  std::string KernelFor(const torch::Device& device) const { return AdamWKernelName(KernelOn(device)); }
 
   // Updates every parameter that has a gradient. `grad_scale` (a one-element tensor on the
   // parameters' device, or undefined for 1) multiplies the gradients first: gradient clipping's
@@ -77,6 +83,10 @@ class AdamW {
   // copied into tensors made here, on the parameter's device.
   void SetState(const torch::Tensor& param, const std::optional<AdamWParamState>& state);
   bool HasState() const;
+  // The model's persistent weight copies (weight_copies.h), or null: the meshwork kernel writes a
+  // parameter's copy in its update, so that forward need not cast the weight again. The other
+  // kernels leave the copies stale (forward rewrites them).
+  void SetWeightCopies(std::shared_ptr<model::WeightCopies> copies) { weight_copies_ = std::move(copies); }
   const std::vector<AdamWGroup>& groups() const { return groups_; }
   const AdamWOptions& options() const { return options_; }
 
@@ -100,6 +110,7 @@ class AdamW {
   AdamWOptions options_;
   std::vector<Slot> slots_;
   std::unordered_map<const void*, size_t> index_;  // TensorImpl -> slot
+  std::shared_ptr<model::WeightCopies> weight_copies_;
 };
 
 }  // namespace meshwork::train

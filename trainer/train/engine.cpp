@@ -51,6 +51,10 @@ class LocalEngine : public Engine {
         targets);
   }
   Status AfterBackward(bool) override { return Status::Ok(); }
+  bool AttachWeightCopies(const std::shared_ptr<model::WeightCopies>& copies) override {
+    model_->set_weight_copies(copies);
+    return true;
+  }
   Result<torch::Tensor> GradNorm() override {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> grads;

@@ -60,6 +60,11 @@ class Engine {
   // Bytes of this rank's parameters (gradients are the same, AdamW state twice that).
   virtual int64_t ParamBytes() const = 0;
 
+  // Hands the model persistent weight copies (model/weight_copies.h) for its matmuls to read;
+  // false where this engine's weights cannot have them (FSDP: each layer's weights are gathered
+  // and freed, and a copy of them would undo resharding), and then nothing holds them.
+  virtual bool AttachWeightCopies(const std::shared_ptr<model::WeightCopies>& /*copies*/) { return false; }
+
   // Mean loss of one evaluation batch, without gradients.
   virtual torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) = 0;
   // Mean of a per-rank value over the data-parallel ranks.

@@ -170,6 +170,15 @@ Status RestrictAttention(const config::TrainConfig& cfg, const torch::Device& de
                        " (use auto)");
 }
 
+// training.weight_copies: auto keeps them where forward casts fp32 weights for bf16 matmuls
+// (autocast with the fused projections and head) and Meshwork's AdamW kernel writes them, so the
+// step casts nothing; the engine still has to take them (one process).
+bool WeightCopiesApply(const TrainingRun& r) {
+  if (r.cfg.training.weight_copies == config::WeightCopies::kOff || !r.autocast) return false;
+  const Result<bool> fused = config::UsesFusedKernels(r.cfg, r.device.is_cuda(), model::FusedKernelsBuilt());
+  return fused.ok() && *fused && r.optimizer->KernelOn(r.device) == AdamWKernel::kMeshwork;
+}
+
 // The kernels the step's heavy parts take: attention (SDPA's pick for this model's shapes and
 // dtype, asked with one sequence), the fused head's backward, and AdamW's update.
 std::string KernelNote(const TrainingRun& r) {
@@ -192,7 +201,8 @@ std::string KernelNote(const TrainingRun& r) {
          (stored ? (fused.ok() && *fused ? "stored logit gradient, fused softmax" : "stored logit gradient")
                  : "recomputed logits") +
          " (training.loss_gradient); AdamW " +
-         r.optimizer->KernelFor(r.device) + " (optimizer.implementation)";
+         r.optimizer->KernelFor(r.device) + " (optimizer.implementation); weight copies " +
+         (r.weight_copies ? "bf16, written by AdamW" : "off") + " (training.weight_copies)";
 }
 
 void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_step) {
@@ -345,6 +355,13 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   const DeviceProfile profile = ResolveDeviceProfile(cfg.metrics.device_profile, cfg.metrics.peak_tflops, r.device);
 
   r.optimizer = MakeOptimizer(cfg.optimizer, adamw_kernel, *r.engine);
+  if (WeightCopiesApply(r)) {
+    auto copies = std::make_shared<model::WeightCopies>(torch::kBFloat16);
+    if (r.engine->AttachWeightCopies(copies)) {
+      r.optimizer->SetWeightCopies(copies);
+      r.weight_copies = std::move(copies);
+    }
+  }
   // Resume: every rank loads its shards and AdamW state from checkpoint.dir/latest, if any; the
   // loop then continues at the next step (the data order and the learning rate are functions of
   // the step, so nothing else needs restoring).

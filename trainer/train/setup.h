@@ -45,6 +45,9 @@ struct TrainingRun {
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<metrics::TrainerMetrics> metrics;
   std::unique_ptr<AdamW> optimizer;
+  // Persistent bf16 weight copies the model reads and the optimizer writes (training.weight_copies;
+  // model/weight_copies.h), or null.
+  std::shared_ptr<model::WeightCopies> weight_copies;
   std::unique_ptr<Checkpointer> checkpointer;
   ResumePoint resumed;
   TrainSummary summary;

@@ -144,6 +144,35 @@ TEST(LinearCrossEntropyTest, MismatchedShapesAreRefused) {
   const auto hidden = torch::zeros({4, 8});
   EXPECT_THROW(LinearCrossEntropy(hidden, torch::zeros({10, 7}), torch::zeros({4}, torch::kLong)), c10::Error);
   EXPECT_THROW(LinearCrossEntropy(hidden, torch::zeros({10, 8}), torch::zeros({5}, torch::kLong)), c10::Error);
+  // A weight copy not in the matmul's dtype (hidden's, on the CPU), or not the weight's shape.
+  const auto targets = torch::zeros({4}, torch::kLong);
+  EXPECT_THROW(LinearCrossEntropy(hidden, torch::zeros({10, 8}), targets, 0, HeadGradient::kRecompute, false,
+                                  torch::zeros({10, 8}, torch::kBFloat16)),
+               c10::Error);
+  EXPECT_THROW(LinearCrossEntropy(hidden.to(torch::kBFloat16), torch::zeros({10, 8}), targets, 0,
+                                  HeadGradient::kRecompute, false, torch::zeros({9, 8}, torch::kBFloat16)),
+               c10::Error);
+}
+
+// The weight's bf16 copy (weight_copies.h) in place of casting it: the same bf16 values, so the
+// same loss and gradients bit for bit, each way, the weight's gradient still fp32.
+TEST(LinearCrossEntropyTest, AWeightCopyGivesTheSameResultsAsCasting) {
+  torch::manual_seed(8);
+  const auto hidden = torch::randn({2, 5, 16}).to(torch::kBFloat16);
+  const auto weight = torch::randn({37, 16});
+  const auto targets = torch::randint(0, 37, {2, 5}, torch::kLong);
+  for (const Way& way : kWays) {
+    SCOPED_TRACE(Name(way));
+    const Result cast = Fused(hidden, weight, targets, 3, way.gradient, way.fused_softmax);
+    auto h = hidden.clone().requires_grad_(true);
+    auto w = weight.clone().requires_grad_(true);
+    auto loss = LinearCrossEntropy(h, w, targets, 3, way.gradient, way.fused_softmax, weight.to(torch::kBFloat16));
+    loss.backward();
+    EXPECT_TRUE(torch::equal(loss.detach(), cast.loss));
+    EXPECT_TRUE(torch::equal(h.grad(), cast.grad_hidden));
+    ASSERT_EQ(w.grad().scalar_type(), torch::kFloat);
+    EXPECT_TRUE(torch::equal(w.grad(), cast.grad_weight));
+  }
 }
 
 TEST(LinearCrossEntropyTest, ChunkRowsKeepAQuarterGibibyteOfLogits) {

@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include "trainer/model/weight_copies.h"
+
 namespace meshwork::model {
 namespace {
 
@@ -19,9 +21,10 @@ struct Outcome {
   std::vector<torch::Tensor> dw;
 };
 
-// y, and the gradients of sum(y * probe) for x and each weight, by MixedLinear or by the
-// composition.
-Outcome Forward(bool mixed, const torch::Tensor& x0, const std::vector<torch::Tensor>& w0, const torch::Tensor& probe) {
+// y, and the gradients of sum(y * probe) for x and each weight, by MixedLinear (over `copies`
+// where given) or by the composition.
+Outcome Forward(bool mixed, const torch::Tensor& x0, const std::vector<torch::Tensor>& w0, const torch::Tensor& probe,
+                WeightCopies* copies = nullptr) {
   const auto x = x0.detach().requires_grad_(true);
   std::vector<torch::Tensor> w;
   std::vector<torch::Tensor> cast;
@@ -30,7 +33,7 @@ Outcome Forward(bool mixed, const torch::Tensor& x0, const std::vector<torch::Te
     cast.push_back(w.back().to(x.scalar_type()));
   }
   Outcome run;
-  run.y = mixed ? MixedLinear(x, w) : F::linear(x, torch::cat(cast, 0));
+  run.y = mixed ? MixedLinear(x, w, copies) : F::linear(x, torch::cat(cast, 0));
   (run.y * probe).sum().backward();
   run.dx = x.grad();
   for (const auto& t : w) run.dw.push_back(t.grad());
@@ -83,6 +86,27 @@ TEST(MixedLinear, Bf16OverFp32WeightsFollowsTheComposition) {
     EXPECT_TRUE(torch::allclose(mixed.dw[i], plain.dw[i], 2e-2, 5e-2))
         << (mixed.dw[i] - plain.dw[i]).abs().max().item<float>();
   }
+}
+
+// Over persistent bf16 copies of the weights (weight_copies.h): the same bf16 values as the
+// casts, so the same output and gradients, bit for bit, on the first forward (which writes the
+// copies) and the next (which reads them as they are).
+TEST(MixedLinear, WeightCopiesGiveTheSameResultsAsCasting) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({3, 7, 32}).to(torch::kBFloat16);
+  const std::vector<torch::Tensor> w = {torch::randn({24, 32}) * 0.1, torch::randn({8, 32}) * 0.1};
+  const auto probe = torch::randn({3, 7, 32}).to(torch::kBFloat16);
+  const Outcome cast = Forward(true, x, w, probe);
+  WeightCopies copies(torch::kBFloat16);
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass);
+    const Outcome copied = Forward(true, x, w, probe, &copies);
+    EXPECT_TRUE(torch::equal(copied.y, cast.y));
+    EXPECT_TRUE(torch::equal(copied.dx, cast.dx));
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_TRUE(torch::equal(copied.dw[i], cast.dw[i])) << i;
+  }
+  // Forward's weights are fresh leaves each pass: every pass writes a stack of its own.
+  EXPECT_GT(copies.bytes(), 0);
 }
 
 // Only the gradients asked for; a weight that does not require one gets none.

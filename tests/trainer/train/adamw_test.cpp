@@ -13,6 +13,7 @@
 #include "trainer/model/compat.h"
 #include "trainer/model/fused_elementwise.h"
 #include "trainer/model/fused_ops.h"
+#include "trainer/model/weight_copies.h"
 
 namespace meshwork::train {
 namespace {
@@ -236,6 +237,45 @@ TEST(AdamWTest, MeshworkKernelTakesPacksOfAShardAtAnyOffset) {
     opt.SetState(mine, state);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(opt.State(mine)->exp_avg.data_ptr()) % 16, static_cast<uintptr_t>(4 * k));
     EXPECT_EQ(reinterpret_cast<uintptr_t>(opt.State(mine)->exp_avg_sq.data_ptr()) % 16, static_cast<uintptr_t>(4 * k));
+  }
+}
+
+// With the model's weight copies (weight_copies.h), Meshwork's kernel writes each weight's bf16
+// copy in its update: current after every step and equal to the cast of the updated weight, the
+// update itself unchanged. A copy the packs cannot write (its rows start off an 8-byte boundary)
+// and copies under libtorch's kernels are left stale, and the next Stacked casts them again.
+TEST(AdamWTest, MeshworkKernelWritesTheWeightCopies) {
+  for (const AdamWKernel kernel : {AdamWKernel::kMeshwork, AdamWKernel::kForeach}) {
+    SCOPED_TRACE(AdamWKernelName(kernel));
+    torch::manual_seed(9);
+    // a: 65 elements (packs and one loose element); b's rows start 130 bytes into the stack.
+    const auto a0 = torch::randn({5, 13}), b0 = torch::randn({3, 13});
+    auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    auto a_plain = a0.clone().requires_grad_(true), b_plain = b0.clone().requires_grad_(true);
+    auto copies = std::make_shared<model::WeightCopies>(torch::kBFloat16);
+    ASSERT_TRUE(copies->Stacked({a, b}).defined());
+    AdamW opt({{{a, b}, kWd}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8, kernel});
+    opt.SetWeightCopies(copies);
+    AdamW plain({{{a_plain, b_plain}, kWd}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8, kernel});
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(step);
+      for (auto [mine, theirs] : {std::pair{a, a_plain}, std::pair{b, b_plain}}) {
+        const auto g = torch::randn(mine.sizes());
+        mine.mutable_grad() = g;
+        theirs.mutable_grad() = g.clone();
+      }
+      opt.Step();
+      plain.Step();
+      EXPECT_TRUE(torch::equal(a, a_plain) && torch::equal(b, b_plain)) << "writing copies changes no update";
+      EXPECT_EQ(copies->IsCurrent(a), kernel == AdamWKernel::kMeshwork);
+      if (kernel == AdamWKernel::kMeshwork) {
+        EXPECT_TRUE(torch::equal(copies->CopyOf(a), a.detach().to(torch::kBFloat16)));
+      }
+      EXPECT_FALSE(copies->IsCurrent(b));
+      const auto stack = copies->Stacked({a, b});
+      EXPECT_TRUE(torch::equal(stack, torch::cat({a.detach(), b.detach()}).to(torch::kBFloat16)));
+      EXPECT_TRUE(copies->IsCurrent(a) && copies->IsCurrent(b));
+    }
   }
 }
 

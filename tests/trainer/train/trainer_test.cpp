@@ -122,6 +122,17 @@ TEST(Train, MeshworkAdamWTrainsLikeForeach) {
                     "AdamW meshwork (optimizer.implementation)");
 }
 
+// training.weight_copies: the copies apply only under bf16 autocast (CUDA: the gpu tests train with
+// and without them); on the CPU off and auto train alike, and the kernels line says they are off.
+TEST(Train, WeightCopiesAreOffWithoutAutocast) {
+  ExpectTrainsAlike({}, {"training.weight_copies=off"}, "weight copies off (training.weight_copies)");
+  TempDir dir;
+  std::ostringstream log;
+  auto run = Train(Config({"data.train=" + WriteText(dir), "training.weight_copies=auto"}), log);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_NE(log.str().find("weight copies off (training.weight_copies)"), std::string::npos) << log.str();
+}
+
 // training.merge_projections: false runs each projection on its own; the losses are the same.
 TEST(Train, SeparateProjectionsTrainAlike) { ExpectTrainsAlike({}, {"training.merge_projections=false"}); }
 

@@ -1,0 +1,102 @@
+#include "trainer/model/weight_copies.h"
+
+#include <torch/torch.h>
+
+namespace meshwork::model {
+namespace {
+
+const void* KeyOf(const torch::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+bool Copyable(const std::vector<torch::Tensor>& weights) {
+  if (weights.empty()) return false;
+  for (const torch::Tensor& w : weights) {
+    if (!w.defined() || w.dim() != 2 || w.scalar_type() != torch::kFloat || w.layout() != torch::kStrided ||
+        w.device() != weights[0].device() || w.size(1) != weights[0].size(1)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool WeightCopies::Fits(const Stack& stack, const std::vector<torch::Tensor>& weights) const {
+  if (stack.weights.size() != weights.size() || stack.buffer.device() != weights[0].device() ||
+      stack.buffer.size(1) != weights[0].size(1)) {
+    return false;
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (stack.weights[i] != KeyOf(weights[i])) return false;
+    rows += weights[i].size(0);
+  }
+  return rows == stack.buffer.size(0);
+}
+
+bool WeightCopies::AddStack(const std::vector<torch::Tensor>& weights) {
+  const void* key = KeyOf(weights[0]);
+  for (const torch::Tensor& w : weights) {
+    auto it = copies_.find(KeyOf(w));
+    if (it != copies_.end() && it->second.stack != key) return false;
+  }
+  // A stack that no longer fits (the weights moved device, or were replaced) is made again.
+  if (auto old = stacks_.find(key); old != stacks_.end()) {
+    for (const void* w : old->second.weights) copies_.erase(w);
+    stacks_.erase(old);
+  }
+  int64_t rows = 0;
+  for (const torch::Tensor& w : weights) rows += w.size(0);
+  Stack stack;
+  stack.buffer = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype_));
+  int64_t row = 0;
+  for (const torch::Tensor& w : weights) {
+    copies_[KeyOf(w)] = Copy{stack.buffer.narrow(0, row, w.size(0)), key, nullptr, -1};
+    stack.weights.push_back(KeyOf(w));
+    row += w.size(0);
+  }
+  stacks_[key] = std::move(stack);
+  return true;
+}
+
+torch::Tensor WeightCopies::Stacked(const std::vector<torch::Tensor>& weights) {
+  if (!Copyable(weights)) return {};
+  auto it = stacks_.find(KeyOf(weights[0]));
+  if (it == stacks_.end() || !Fits(it->second, weights)) {
+    if (!AddStack(weights)) return {};
+    it = stacks_.find(KeyOf(weights[0]));
+  }
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& w : weights) {
+    Copy& c = copies_.at(KeyOf(w));
+    if (c.data == w.data_ptr() && c.version == w._version()) continue;
+    c.rows.copy_(w);  // bumps the buffer's version counter
+    c.data = w.data_ptr();
+    c.version = w._version();
+  }
+  return it->second.buffer;
+}
+
+torch::Tensor WeightCopies::CopyOf(const torch::Tensor& weight) const {
+  auto it = copies_.find(KeyOf(weight));
+  return it == copies_.end() ? torch::Tensor() : it->second.rows;
+}
+
+void WeightCopies::MarkWritten(const torch::Tensor& weight) {
+  Copy& c = copies_.at(KeyOf(weight));
+  c.rows.unsafeGetTensorImpl()->bump_version();
+  c.data = weight.data_ptr();
+  c.version = weight._version();
+}
+
+bool WeightCopies::IsCurrent(const torch::Tensor& weight) const {
+  auto it = copies_.find(KeyOf(weight));
+  return it != copies_.end() && it->second.data == weight.data_ptr() && it->second.version == weight._version();
+}
+
+int64_t WeightCopies::bytes() const {
+  int64_t b = 0;
+  for (const auto& [key, stack] : stacks_) b += stack.buffer.numel() * stack.buffer.element_size();
+  return b;
+}
+
+}  // namespace meshwork::model
