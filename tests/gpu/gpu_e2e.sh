@@ -11,6 +11,10 @@
 #                                   collective through NCCL, losses within 1e-4 of the plain model
 #       bf16-follows-fp32           50 steps of tiny in bf16 autocast and in fp32: the first 20
 #                                   steps' losses within 0.5%, the eval loss after within 2%
+#       weight-copies               tiny in bf16 with its persistent bf16 weight copies (auto: the
+#                                   kernels line says so, /metrics reports their bytes) and without
+#                                   (off): 20 steps' losses within 0.1% (the same bf16 values;
+#                                   a bound chosen, not yet measured)
 #       fsdp-bf16                   FSDP (compiled, one rank, NCCL) under bf16 autocast, its
 #                                   residual stream bf16 (auto) and fp32: 10 steps each within 1%
 #                                   of the plain model's bf16 losses (a bound not yet measured)
@@ -135,6 +139,22 @@ case "$case_name" in
       printf "eval loss after 50 steps: fp32 %s, bf16 %s (%.2f%% apart)\n", a, b, 100 * d; exit d <= 0.02 ? 0 : 1 }' \
       || fail "bf16's trained model evaluates more than 2% from fp32's"
     echo "PASS: bf16 follows fp32 over 50 steps of tiny"
+    ;;
+  weight-copies)
+    # The whole wiring (training.weight_copies -> the model and AdamW) as a user runs it: the copies
+    # hold the same bf16 values as the casts, so the losses follow the run that casts.
+    run=(--set schedule.steps=20 --set logging.every=20 --set training.dtype=bf16)
+    "$bin" train "${tiny[@]}" "${run[@]}" --set training.weight_copies=off --set logging.jsonl="$work/off.jsonl" \
+      >"$work/off.log" 2>&1 || fail "off: $(tail -5 "$work/off.log")"
+    "$bin" train "${tiny[@]}" "${run[@]}" --set logging.jsonl="$work/on.jsonl" >"$work/on.log" 2>&1 ||
+      fail "auto: $(tail -5 "$work/on.log")"
+    grep -q "weight copies bf16, written by AdamW (training.weight_copies)" "$work/on.log" ||
+      fail "auto does not keep weight copies: $(grep '^kernels:' "$work/on.log")"
+    grep -q "weight copies off (training.weight_copies)" "$work/off.log" ||
+      fail "off keeps weight copies: $(grep '^kernels:' "$work/off.log")"
+    python3 "$root/tests/common/compare_losses.py" "$work/off.jsonl" "$work/on.jsonl" 20 1e-3 ||
+      fail "training with weight copies strays from casting every forward"
+    echo "PASS: weight copies train like casting"
     ;;
   *) echo "unknown case '$case_name'"; exit 2 ;;
 esac

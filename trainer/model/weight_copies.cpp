@@ -20,6 +20,11 @@ bool Copyable(const std::vector<torch::Tensor>& weights) {
 
 }  // namespace
 
+const WeightCopies::Copy* WeightCopies::Find(const void* key) const {
+  auto it = copies_.find(key);
+  return it == copies_.end() || it->second.weight.expired() ? nullptr : &it->second;
+}
+
 bool WeightCopies::Fits(const Stack& stack, const std::vector<torch::Tensor>& weights) const {
   if (stack.weights.size() != weights.size() || stack.buffer.device() != weights[0].device() ||
       stack.buffer.size(1) != weights[0].size(1)) {
@@ -27,30 +32,44 @@ bool WeightCopies::Fits(const Stack& stack, const std::vector<torch::Tensor>& we
   }
   int64_t rows = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
-    if (stack.weights[i] != KeyOf(weights[i])) return false;
+    if (stack.weights[i] != KeyOf(weights[i]) || Find(stack.weights[i]) == nullptr) return false;
     rows += weights[i].size(0);
   }
   return rows == stack.buffer.size(0);
 }
 
+void WeightCopies::DropStack(const void* key) {
+  auto it = stacks_.find(key);
+  if (it == stacks_.end()) return;
+  for (const void* w : it->second.weights) copies_.erase(w);
+  stacks_.erase(it);
+}
+
 bool WeightCopies::AddStack(const std::vector<torch::Tensor>& weights) {
+  std::vector<const void*> dead;
+  for (const auto& [key, stack] : stacks_) {
+    for (const void* w : stack.weights) {
+      if (Find(w) == nullptr) {
+        dead.push_back(key);
+        break;
+      }
+    }
+  }
+  for (const void* key : dead) DropStack(key);
   const void* key = KeyOf(weights[0]);
   for (const torch::Tensor& w : weights) {
-    auto it = copies_.find(KeyOf(w));
-    if (it != copies_.end() && it->second.stack != key) return false;
+    const Copy* c = Find(KeyOf(w));
+    if (c != nullptr && c->stack != key) return false;
   }
-  // A stack that no longer fits (the weights moved device, or were replaced) is made again.
-  if (auto old = stacks_.find(key); old != stacks_.end()) {
-    for (const void* w : old->second.weights) copies_.erase(w);
-    stacks_.erase(old);
-  }
+  // A stack that no longer fits (the weights moved device, or are another list) is made again.
+  DropStack(key);
   int64_t rows = 0;
   for (const torch::Tensor& w : weights) rows += w.size(0);
   Stack stack;
   stack.buffer = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype_));
   int64_t row = 0;
   for (const torch::Tensor& w : weights) {
-    copies_[KeyOf(w)] = Copy{stack.buffer.narrow(0, row, w.size(0)), key, nullptr, -1};
+    copies_.insert_or_assign(KeyOf(w), Copy{WeakImpl(w.getIntrusivePtr()), stack.buffer.narrow(0, row, w.size(0)), key, nullptr, -1});
     stack.weights.push_back(KeyOf(w));
     row += w.size(0);
   }
@@ -77,8 +96,8 @@ torch::Tensor WeightCopies::Stacked(const std::vector<torch::Tensor>& weights) {
 }
 
 torch::Tensor WeightCopies::CopyOf(const torch::Tensor& weight) const {
-  auto it = copies_.find(KeyOf(weight));
-  return it == copies_.end() ? torch::Tensor() : it->second.rows;
+  const Copy* c = Find(KeyOf(weight));
+  return c == nullptr ? torch::Tensor() : c->rows;
 }
 
 void WeightCopies::MarkWritten(const torch::Tensor& weight) {
@@ -89,8 +108,8 @@ void WeightCopies::MarkWritten(const torch::Tensor& weight) {
 }
 
 bool WeightCopies::IsCurrent(const torch::Tensor& weight) const {
-  auto it = copies_.find(KeyOf(weight));
-  return it != copies_.end() && it->second.data == weight.data_ptr() && it->second.version == weight._version();
+  const Copy* c = Find(KeyOf(weight));
+  return c != nullptr && c->data == weight.data_ptr() && c->version == weight._version();
 }
 
 int64_t WeightCopies::bytes() const {

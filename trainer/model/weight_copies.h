@@ -17,6 +17,9 @@
 // FSDP rank's weights are gathered for each layer and freed, and a copy would undo resharding.
 #pragma once
 
+#include <c10/core/TensorImpl.h>
+#include <c10/core/UndefinedTensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -50,7 +53,11 @@ class WeightCopies {
   int64_t bytes() const;
 
  private:
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   struct Copy {
+    // The weight, held weakly: while held, no other tensor can take its TensorImpl's address
+    // (the key), and a weight since freed shows as expired.
+    WeakImpl weight;
     torch::Tensor rows;              // a view of the stack's buffer
     const void* stack = nullptr;     // the key of its stack (the first weight's TensorImpl)
     const void* data = nullptr;      // the weight's storage it was written from
@@ -60,8 +67,12 @@ class WeightCopies {
     torch::Tensor buffer;
     std::vector<const void*> weights;  // TensorImpls, in row order
   };
-  // A new stack for `weights`, or false where one of them is in another stack.
+  // A new stack for `weights`, or false where one of them is in another stack. Drops the stacks
+  // of freed weights first.
   bool AddStack(const std::vector<torch::Tensor>& weights);
+  void DropStack(const void* key);
+  // The copy of a live weight at `key`, or null.
+  const Copy* Find(const void* key) const;
   bool Fits(const Stack& stack, const std::vector<torch::Tensor>& weights) const;
 
   torch::ScalarType dtype_;

@@ -154,19 +154,21 @@ TEST(LinearCrossEntropyTest, MismatchedShapesAreRefused) {
                c10::Error);
 }
 
-// The weight's bf16 copy (weight_copies.h) in place of casting it: the same bf16 values, so the
-// same loss and gradients bit for bit, each way, the weight's gradient still fp32.
-TEST(LinearCrossEntropyTest, AWeightCopyGivesTheSameResultsAsCasting) {
+// The weight's bf16 copy (weight_copies.h) is what the matmuls read: given the copy of another
+// weight (twice this one), the loss and both gradients are bit for bit those of that weight cast,
+// each way, and the weight's gradient is still fp32 and still this weight's.
+TEST(LinearCrossEntropyTest, TheMatmulsReadTheWeightCopy) {
   torch::manual_seed(8);
   const auto hidden = torch::randn({2, 5, 16}).to(torch::kBFloat16);
   const auto weight = torch::randn({37, 16});
   const auto targets = torch::randint(0, 37, {2, 5}, torch::kLong);
   for (const Way& way : kWays) {
     SCOPED_TRACE(Name(way));
-    const Result cast = Fused(hidden, weight, targets, 3, way.gradient, way.fused_softmax);
+    const Result cast = Fused(hidden, weight * 2, targets, 3, way.gradient, way.fused_softmax);
     auto h = hidden.clone().requires_grad_(true);
     auto w = weight.clone().requires_grad_(true);
-    auto loss = LinearCrossEntropy(h, w, targets, 3, way.gradient, way.fused_softmax, weight.to(torch::kBFloat16));
+    auto loss =
+        LinearCrossEntropy(h, w, targets, 3, way.gradient, way.fused_softmax, (weight * 2).to(torch::kBFloat16));
     loss.backward();
     EXPECT_TRUE(torch::equal(loss.detach(), cast.loss));
     EXPECT_TRUE(torch::equal(h.grad(), cast.grad_hidden));

@@ -1,7 +1,7 @@
 // WeightCopies (trainer/model/weight_copies.h): a stack of bf16 copies is the cast of its weights,
 // reused while they are unchanged and rewritten when they change in place or get new storage;
 // a copy the optimizer marks written is reused as written; and a graph that saved a copy since
-// rewritten fails in backward instead of using the new values.
+// rewritten fails in backward instead of using the new values; stacks of freed weights go.
 #include "trainer/model/weight_copies.h"
 
 #include <gtest/gtest.h>
@@ -90,6 +90,21 @@ TEST(WeightCopies, WeightsThatCannotHaveCopiesGetNone) {
   ASSERT_TRUE(copies.Stacked({a, b}).defined());
   EXPECT_FALSE(copies.Stacked({b}).defined());
   EXPECT_FALSE(copies.CopyOf(torch::randn({4, 8})).defined());
+}
+
+// Stacks of freed weights are dropped when the next stack is made: their buffers go, and a new
+// weight never finds a freed one's copy.
+TEST(WeightCopies, StacksOfFreedWeightsAreDropped) {
+  WeightCopies copies(torch::kBFloat16);
+  {
+    const auto gone = torch::randn({64, 8});
+    ASSERT_TRUE(copies.Stacked({gone}).defined());
+    EXPECT_EQ(copies.bytes(), 64 * 8 * 2);
+  }
+  const auto kept = torch::randn({4, 8});
+  ASSERT_TRUE(copies.Stacked({kept}).defined());
+  EXPECT_EQ(copies.bytes(), 4 * 8 * 2);
+  EXPECT_TRUE(copies.IsCurrent(kept));
 }
 
 // MixedLinear saves the stack for backward: rewriting it before that backward (the weight

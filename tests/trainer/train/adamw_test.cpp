@@ -279,6 +279,31 @@ TEST(AdamWTest, MeshworkKernelWritesTheWeightCopies) {
   }
 }
 
+// A weight one float into its buffer (its packs from element 3, as an FSDP shard's may be), its
+// copy 13 elements into the stack, so that the copy's element 3 starts an 8-byte pack: the kernel
+// writes the copy through the packs and the loose elements at both ends.
+TEST(AdamWTest, MeshworkKernelWritesTheCopyOfAWeightOffItsLine) {
+  torch::manual_seed(10);
+  const auto flat = torch::randn({1 + 65});
+  auto w = flat.clone().narrow(0, 1, 65).view({5, 13}).detach().requires_grad_(true);
+  const auto pad = torch::randn({1, 13});
+  auto copies = std::make_shared<model::WeightCopies>(torch::kBFloat16);
+  ASSERT_TRUE(copies->Stacked({pad, w}).defined());
+  AdamW opt({{{w}, kWd}}, AdamWOptions{kLr, 0.9, 0.95, 1e-8, AdamWKernel::kMeshwork});
+  opt.SetWeightCopies(copies);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    w.mutable_grad() = torch::randn({1 + 65}).narrow(0, 1, 65).view({5, 13});
+    opt.Step();
+    const AdamWParamState& state = *opt.State(w);
+    ASSERT_EQ(model::fused::CommonPackStart(65, {{w.data_ptr(), 4}, {w.grad().data_ptr(), 4},
+                                                 {state.exp_avg.data_ptr(), 4}, {state.exp_avg_sq.data_ptr(), 4}}),
+              3);
+    EXPECT_TRUE(copies->IsCurrent(w));
+    EXPECT_TRUE(torch::equal(copies->CopyOf(w), w.detach().to(torch::kBFloat16)));
+  }
+}
+
 TEST(AdamWTest, KernelChoice) {
   EXPECT_EQ(AdamW::DefaultKernel(torch::kCPU), AdamWKernel::kForeach);
   const torch::Device cuda(torch::kCUDA, 0);
