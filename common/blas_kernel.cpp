@@ -70,6 +70,18 @@ void UseBestBlasKernel(char** argv) {
   unsetenv(kChosenBy);
 }
 
+int BlasThreads() {
+  using Get = int (*)();
+  auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get == nullptr ? 0 : get();
+}
+
+void SetBlasThreads(int threads) {
+  using Set = void (*)(int);
+  auto set = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set != nullptr) set(threads);
+}
+
 std::string BlasKernelNote() {
   const std::string loaded = LoadedCorename();
   if (loaded.empty()) return "";

@@ -27,6 +27,12 @@ bool IsPreAvx2BlasKernel(const std::string& corename);
 // fails (a line on stderr says so; the program goes on, slower).
 void UseBestBlasKernel(char** argv);
 
+// The threads the OpenBLAS in this process multiplies matrices with (openblas_get_num_threads(),
+// its own pool, which libtorch's thread setting does not size), or 0 when none is loaded.
+int BlasThreads();
+// Sets them (openblas_set_num_threads); nothing when no OpenBLAS is loaded.
+void SetBlasThreads(int threads);
+
 // What the BLAS runs, for a start-up log: "OpenBLAS SkylakeX kernels", with why when this
 // program chose them; "" when no OpenBLAS is loaded (MKL, cuBLAS on a GPU build).
 std::string BlasKernelNote();

@@ -10,7 +10,13 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
+#include <thread>
 
+#include <sched.h>
+#include <time.h>
+
+#include "common/blas_kernel.h"
 #include "metrics/process_memory.h"
 #include "trainer/dist/env.h"
 
@@ -72,21 +78,63 @@ class LiftCpuLimit {
 };
 }  // namespace
 
-double MeasureCpuMatmulFlops() {
-  // Large square GEMMs: small ones (512) reach under half the throughput the model's own
-  // matmuls get, which would put MFU above 100%. About 0.3 s on a 2-core VM.
+namespace {
+// While alive, libtorch and OpenBLAS (its own pool, which libtorch's setting does not size)
+// compute on one thread.
+class OneThread {
+ public:
+  OneThread() : saved_(torch::get_num_threads()), saved_blas_(BlasThreads()) {
+    torch::set_num_threads(1);
+    if (saved_blas_ > 0) SetBlasThreads(1);
+  }
+  ~OneThread() {
+    torch::set_num_threads(saved_);
+    if (saved_blas_ > 0) SetBlasThreads(saved_blas_);
+  }
+
+ private:
+  int saved_, saved_blas_;
+};
+}  // namespace
+
+double CpuPeakFlops(double core_flops, int threads, int cores) {
+  return core_flops * std::max(1, std::min(threads, cores));
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+namespace {
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+}  // namespace
+
+double MeasureCoreMatmulFlops() {
+  // Square GEMMs large enough for one thread's blocking to reach its peak (smaller ones fall
+  // short, which would put MFU above 100%), small enough to repeat. Timed in this process's CPU
+  // time, not wall time: other processes on the machine (the other ranks starting, the control
+  // plane) take turns on the core, which stretches the wall time of a round but not the CPU time
+  // it used.
   LiftCpuLimit unlimited;
+  OneThread one;
   torch::NoGradGuard no_grad;
-  const int64_t n = 2048;
+  const int64_t n = 1024;
   auto a = torch::randn({n, n});
   auto b = torch::randn({n, n});
-  auto c = torch::matmul(a, b);  // warm-up: thread pool start, page faults
+  auto c = torch::matmul(a, b);  // warm-up: page faults, the BLAS's buffers
   double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = ProcessCpuSeconds();
     c = torch::matmul(a, b);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * n / s);
+    const double s = ProcessCpuSeconds() - t0;
+    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
   }
   return best;
 }
@@ -162,8 +210,12 @@ DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_t
     return p;
   }
   if (resolved == P::kCpu) {
-    p.peak_flops = MeasureCpuMatmulFlops();
-    p.basis = "measured fp32 matmul peak of this CPU";
+    // The matmuls, the FLOPs MFU counts, run on OpenBLAS's threads where it is the BLAS.
+    const int threads = std::max(torch::get_num_threads(), BlasThreads()), cores = UsableCores();
+    const double core = MeasureCoreMatmulFlops();
+    p.peak_flops = CpuPeakFlops(core, threads, cores);
+    p.basis = "one core's fp32 matmul peak, measured, x " + std::to_string(std::max(1, std::min(threads, cores))) +
+              " (" + std::to_string(threads) + " compute threads, " + std::to_string(cores) + " usable cores)";
     return p;
   }
   p.peak_flops = DatasheetPeak(resolved);

@@ -42,8 +42,18 @@ DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_t
 // PCIe or NVL has other peaks than the SXM's).
 config::DeviceProfileName ProfileForCudaName(const std::string& name);
 
-// Best fp32 GEMM throughput of a few square matmuls on this CPU, in FLOP/s.
-double MeasureCpuMatmulFlops();
+// The CPU's peak that MFU is relative to: one core's fp32 GEMM throughput (`core_flops`,
+// MeasureCoreMatmulFlops) times the cores this process computes on, its libtorch `threads` but at
+// most the `cores` it may run on.
+double CpuPeakFlops(double core_flops, int threads, int cores);
+// Best fp32 GEMM throughput of one thread on this CPU, in FLOP/s of the process's CPU time
+// (square 1024 matmuls, best of 5; well under a second). Not wall time over the whole machine:
+// that is only as good as the moment it runs in, since the ranks of one machine start together
+// and each measured whatever share the others left it (the demo's MFU read 19% in one run and
+// 53% in the next); CPU time does not count the turns other processes take on the core.
+double MeasureCoreMatmulFlops();
+// The cores this process may run on (its CPU affinity), at least 1.
+int UsableCores();
 
 // Bytes held by tensors: on CUDA the caching allocator's allocated bytes; on the CPU what
 // tensors took through libtorch's CPU allocator since CountCpuTensorBytes(). What the compiled

@@ -3,12 +3,16 @@
 // counter behind a step's tensor peak. No GPU needed.
 #include "trainer/train/device.h"
 
+#include "common/blas_kernel.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
 
 namespace meshwork::train {
 namespace {
@@ -156,6 +160,31 @@ TEST(DeviceProfile, AutoOnCudaReadsTheDevicesName) {
   EXPECT_EQ(ProfileForCudaName("NVIDIA H100 PCIe"), P::kAuto);
   EXPECT_EQ(ProfileForCudaName("NVIDIA L40S"), P::kAuto);
   EXPECT_EQ(ProfileForCudaName(""), P::kAuto);
+}
+
+// The CPU's peak is one core's times the threads that compute, no more than the usable cores.
+TEST(DeviceProfile, CpuPeakIsOneCoresTimesTheThreadsThatFitTheCores) {
+  EXPECT_DOUBLE_EQ(CpuPeakFlops(10e9, 4, 2), 20e9);
+  EXPECT_DOUBLE_EQ(CpuPeakFlops(10e9, 1, 8), 10e9);
+  EXPECT_DOUBLE_EQ(CpuPeakFlops(10e9, 0, 8), 10e9);
+  EXPECT_GE(UsableCores(), 1);
+}
+
+// The measurement runs on one thread and gives the process its threads back; the profile's
+// figure is that measurement scaled (bounded here by the measurement's own spread: the profile
+// measures again), and its basis says how it was made.
+TEST(DeviceProfile, CpuPeakIsMeasuredOnOneThreadAndSaysSo) {
+  const int threads = torch::get_num_threads(), blas = BlasThreads();
+  const double core = MeasureCoreMatmulFlops();
+  EXPECT_GT(core, 1e8);
+  EXPECT_EQ(torch::get_num_threads(), threads);
+  EXPECT_EQ(BlasThreads(), blas);
+  const DeviceProfile p = ResolveDeviceProfile(config::DeviceProfileName::kAuto, 0, torch::kCPU);
+  EXPECT_EQ(p.name, "cpu");
+  EXPECT_GT(p.peak_flops, 0);
+  const int used = std::max(1, std::min(std::max(threads, blas), UsableCores()));
+  EXPECT_NE(p.basis.find("x " + std::to_string(used)), std::string::npos) << p.basis;
+  EXPECT_EQ(ResolveDeviceProfile(config::DeviceProfileName::kCpu, 2.5, torch::kCPU).peak_flops, 2.5e12);
 }
 
 }  // namespace
