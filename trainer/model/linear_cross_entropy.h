@@ -42,8 +42,9 @@ enum class HeadGradient { kRecompute, kStored };
 // `fused_softmax` (training.fused_kernels) with kStored: the logits of every row at once in the
 // matmul's dtype, turned into their gradient in place by SoftmaxGradientInPlace (fused_ops.h),
 // instead of chunk by chunk through fp32 (chunk_rows then applies to evaluation only).
-// `weight_copy`, where defined: weight's current copy in the matmul's dtype (weight_copies.h),
-// which the matmuls read instead of casting weight; the gradient is still weight's.
+// `weight_copy`, where defined: weight already in the matmul's dtype (its persistent copy, or a
+// cast: weight_copies.h MatmulWeights), which the matmuls read instead of casting weight here;
+// the gradient is still weight's.
 torch::Tensor LinearCrossEntropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                  const torch::Tensor& targets, int64_t chunk_rows = 0,
                                  HeadGradient gradient = HeadGradient::kRecompute, bool fused_softmax = false,

@@ -242,9 +242,8 @@ torch::Tensor LlamaForCausalLMImpl::Embed(const torch::Tensor& tokens, bool head
   return model->embed_tokens(tokens);
 }
 
-torch::Tensor LlamaForCausalLMImpl::OutputWeightCopy(const torch::Tensor& hidden) {
-  if (!weight_copies_ || !fused_ || compat::MatmulDtype(hidden) != weight_copies_->dtype()) return {};
-  return weight_copies_->Stacked({OutputWeight()});
+torch::Tensor LlamaForCausalLMImpl::OutputWeightIn(const torch::Tensor& hidden) {
+  return MatmulWeights(weight_copies_.get(), {OutputWeight()}, compat::MatmulDtype(hidden));
 }
 
 torch::Tensor LlamaForCausalLMImpl::ToResidualDtype(const torch::Tensor& embedded) const {
@@ -291,7 +290,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   if (targets.defined() && loss) return loss(h, targets);
   if (targets.defined()) {
     return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_,
-                              OutputWeightCopy(h));
+                              OutputWeightIn(h));
   }
   return torch::matmul(h, OutputWeight().t());
 }

@@ -180,9 +180,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
  private:
   torch::Tensor OutputWeight();
-  // The output weight's current copy for a head over `hidden`, or undefined (no copies, not
-  // fused, or another matmul dtype).
-  torch::Tensor OutputWeightCopy(const torch::Tensor& hidden);
+  // The output weight in the head's matmul dtype over `hidden`: its current copy where this
+  // model keeps copies (set_weight_copies), else cast now (MatmulWeights).
+  torch::Tensor OutputWeightIn(const torch::Tensor& hidden);
   const RopeTables& Rope(int64_t seq_len, const torch::Device& device);
   // The token embedding's rows for `tokens`. With the fused kernels and a tied fp32 table, the
   // table's gradient from the lookup is sparse (the batch's rows only, coalesced:

@@ -9,7 +9,7 @@ namespace meshwork::model {
 namespace {
 
 struct MixedLinearFunction : torch::autograd::Function<MixedLinearFunction> {
-  // `w`: the weights stacked in the matmul's dtype (StackWeights, or their persistent copies),
+  // `w`: the weights stacked in the matmul's dtype (MatmulWeights: their copies, or cast now),
   // not differentiated; `weights` only carry the gradients.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w, at::TensorList weights) {
@@ -63,20 +63,6 @@ bool MixedLinearApplies(const torch::Tensor& x, const torch::Tensor& weight) {
   return compat::MatmulDtype(x) != weight.scalar_type();
 }
 
-torch::Tensor StackWeights(const std::vector<torch::Tensor>& weights, torch::ScalarType dtype) {
-  torch::NoGradGuard no_grad;
-  int64_t rows = 0;
-  for (const torch::Tensor& w : weights) rows += w.size(0);
-  // One cast per weight, each straight into its rows of the stacked weight.
-  torch::Tensor w = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype));
-  int64_t row = 0;
-  for (const torch::Tensor& part : weights) {
-    w.narrow(0, row, part.size(0)).copy_(part);
-    row += part.size(0);
-  }
-  return w;
-}
-
 torch::Tensor MixedLinear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights, WeightCopies* copies) {
   TORCH_CHECK(!weights.empty(), "MixedLinear: no weights");
   for (const torch::Tensor& w : weights) {
@@ -85,10 +71,8 @@ torch::Tensor MixedLinear(const torch::Tensor& x, const std::vector<torch::Tenso
                 "MixedLinear: weight ", w.sizes(), " ", w.scalar_type(), " does not fit x ", x.sizes(), " and ",
                 weights[0].sizes(), " ", weights[0].scalar_type());
   }
-  const auto dtype = compat::MatmulDtype(x);
-  torch::Tensor stacked = copies != nullptr && copies->dtype() == dtype ? copies->Stacked(weights) : torch::Tensor();
-  if (!stacked.defined()) stacked = StackWeights(weights, dtype);
-  return MixedLinearFunction::apply(x, stacked, at::TensorList(weights));
+  return MixedLinearFunction::apply(x, MatmulWeights(copies, weights, compat::MatmulDtype(x)),
+                                    at::TensorList(weights));
 }
 
 }  // namespace meshwork::model

@@ -24,9 +24,6 @@ class WeightCopies;
 // (compat::MatmulDtype) is not the weights' dtype.
 bool MixedLinearApplies(const torch::Tensor& x, const torch::Tensor& weight);
 
-// `weights` stacked by rows in `dtype`, one cast per weight into one new buffer.
-torch::Tensor StackWeights(const std::vector<torch::Tensor>& weights, torch::ScalarType dtype);
-
 // x [..., in], weights [out_i, in] (same dtype and device): [..., sum out_i] in the matmul's
 // dtype. Differentiable in x and every weight. With `copies` in the matmul's dtype, the GEMM
 // reads the weights' persistent copies (weight_copies.h) instead of casting them.

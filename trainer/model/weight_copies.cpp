@@ -20,6 +20,37 @@ bool Copyable(const std::vector<torch::Tensor>& weights) {
 
 }  // namespace
 
+torch::Tensor StackWeights(const std::vector<torch::Tensor>& weights, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  if (weights.size() == 1 && weights[0].scalar_type() == dtype) return weights[0];
+  int64_t rows = 0;
+  for (const torch::Tensor& w : weights) rows += w.size(0);
+  torch::Tensor stack = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype));
+  int64_t row = 0;
+  for (const torch::Tensor& part : weights) {
+    stack.narrow(0, row, part.size(0)).copy_(part);
+    row += part.size(0);
+  }
+  return stack;
+}
+
+torch::Tensor MatmulWeights(WeightCopies* copies, const std::vector<torch::Tensor>& weights, torch::ScalarType dtype) {
+  if (copies != nullptr && copies->dtype() == dtype) {
+    torch::Tensor stack = copies->Stacked(weights);
+    if (stack.defined()) return stack;
+  }
+  return StackWeights(weights, dtype);
+}
+
+bool WeightCopies::Current(const Copy& c, const torch::Tensor& weight) {
+  return c.data == weight.data_ptr() && c.version == weight._version();
+}
+
+void WeightCopies::Written(Copy& c, const torch::Tensor& weight) {
+  c.data = weight.data_ptr();
+  c.version = weight._version();
+}
+
 const WeightCopies::Copy* WeightCopies::Find(const void* key) const {
   auto it = copies_.find(key);
   return it == copies_.end() || it->second.weight.expired() ? nullptr : &it->second;
@@ -63,13 +94,13 @@ bool WeightCopies::AddStack(const std::vector<torch::Tensor>& weights) {
   }
   // A stack that no longer fits (the weights moved device, or are another list) is made again.
   DropStack(key);
-  int64_t rows = 0;
-  for (const torch::Tensor& w : weights) rows += w.size(0);
   Stack stack;
-  stack.buffer = torch::empty({rows, weights[0].size(1)}, weights[0].options().dtype(dtype_));
+  stack.buffer = StackWeights(weights, dtype_);  // fp32 weights: always a new buffer
   int64_t row = 0;
   for (const torch::Tensor& w : weights) {
-    copies_.insert_or_assign(KeyOf(w), Copy{WeakImpl(w.getIntrusivePtr()), stack.buffer.narrow(0, row, w.size(0)), key, nullptr, -1});
+    Copy c{WeakImpl(w.getIntrusivePtr()), stack.buffer.narrow(0, row, w.size(0)), key};
+    Written(c, w);
+    copies_.insert_or_assign(KeyOf(w), std::move(c));
     stack.weights.push_back(KeyOf(w));
     row += w.size(0);
   }
@@ -87,10 +118,9 @@ torch::Tensor WeightCopies::Stacked(const std::vector<torch::Tensor>& weights) {
   torch::NoGradGuard no_grad;
   for (const torch::Tensor& w : weights) {
     Copy& c = copies_.at(KeyOf(w));
-    if (c.data == w.data_ptr() && c.version == w._version()) continue;
+    if (Current(c, w)) continue;
     c.rows.copy_(w);  // bumps the buffer's version counter
-    c.data = w.data_ptr();
-    c.version = w._version();
+    Written(c, w);
   }
   return it->second.buffer;
 }
@@ -103,13 +133,12 @@ torch::Tensor WeightCopies::CopyOf(const torch::Tensor& weight) const {
 void WeightCopies::MarkWritten(const torch::Tensor& weight) {
   Copy& c = copies_.at(KeyOf(weight));
   c.rows.unsafeGetTensorImpl()->bump_version();
-  c.data = weight.data_ptr();
-  c.version = weight._version();
+  Written(c, weight);
 }
 
 bool WeightCopies::IsCurrent(const torch::Tensor& weight) const {
   const Copy* c = Find(KeyOf(weight));
-  return c != nullptr && c->data == weight.data_ptr() && c->version == weight._version();
+  return c != nullptr && Current(*c, weight);
 }
 
 int64_t WeightCopies::bytes() const {

@@ -28,6 +28,16 @@
 
 namespace meshwork::model {
 
+// `weights` stacked by rows in `dtype`, one cast per weight straight into its rows of one new
+// buffer (one weight already in `dtype`: the weight itself). Under no grad.
+torch::Tensor StackWeights(const std::vector<torch::Tensor>& weights, torch::ScalarType dtype);
+
+class WeightCopies;
+
+// The weights a matmul in `dtype` reads: their current copies' stack where `copies` (or null)
+// keeps copies in that dtype and can keep these, else StackWeights now.
+torch::Tensor MatmulWeights(WeightCopies* copies, const std::vector<torch::Tensor>& weights, torch::ScalarType dtype);
+
 class WeightCopies {
  public:
   explicit WeightCopies(torch::ScalarType dtype) : dtype_(dtype) {}
@@ -67,12 +77,16 @@ class WeightCopies {
     torch::Tensor buffer;
     std::vector<const void*> weights;  // TensorImpls, in row order
   };
-  // A new stack for `weights`, or false where one of them is in another stack. Drops the stacks
-  // of freed weights first.
+  // A new stack for `weights`, written from them (current), or false where one of them is in
+  // another stack. Drops the stacks of freed weights first.
   bool AddStack(const std::vector<torch::Tensor>& weights);
   void DropStack(const void* key);
   // The copy of a live weight at `key`, or null.
   const Copy* Find(const void* key) const;
+  // Whether `c` was written from `weight` as it is now.
+  static bool Current(const Copy& c, const torch::Tensor& weight);
+  // Records that `c` now holds `weight`'s values.
+  static void Written(Copy& c, const torch::Tensor& weight);
   bool Fits(const Stack& stack, const std::vector<torch::Tensor>& weights) const;
 
   torch::ScalarType dtype_;

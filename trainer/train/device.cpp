@@ -97,8 +97,10 @@ class OneThread {
 };
 }  // namespace
 
+int CpuComputeCores(int threads, int cores) { return std::max(1, std::min(threads, cores)); }
+
 double CpuPeakFlops(double core_flops, int threads, int cores) {
-  return core_flops * std::max(1, std::min(threads, cores));
+  return core_flops * CpuComputeCores(threads, cores);
 }
 
 int UsableCores() {
@@ -214,7 +216,7 @@ DeviceProfile ResolveDeviceProfile(config::DeviceProfileName name, double peak_t
     const int threads = std::max(torch::get_num_threads(), BlasThreads()), cores = UsableCores();
     const double core = MeasureCoreMatmulFlops();
     p.peak_flops = CpuPeakFlops(core, threads, cores);
-    p.basis = "one core's fp32 matmul peak, measured, x " + std::to_string(std::max(1, std::min(threads, cores))) +
+    p.basis = "one core's fp32 matmul peak, measured, x " + std::to_string(CpuComputeCores(threads, cores)) +
               " (" + std::to_string(threads) + " compute threads, " + std::to_string(cores) + " usable cores)";
     return p;
   }

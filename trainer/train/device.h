@@ -44,7 +44,8 @@ config::DeviceProfileName ProfileForCudaName(const std::string& name);
 
 // The CPU's peak that MFU is relative to: one core's fp32 GEMM throughput (`core_flops`,
 // MeasureCoreMatmulFlops) times the cores this process computes on, its libtorch `threads` but at
-// most the `cores` it may run on.
+// most the `cores` it may run on (CpuComputeCores).
+int CpuComputeCores(int threads, int cores);
 double CpuPeakFlops(double core_flops, int threads, int cores);
 // Best fp32 GEMM throughput of one thread on this CPU, in FLOP/s of the process's CPU time
 // (square 1024 matmuls, best of 5; well under a second). Not wall time over the whole machine:
