@@ -239,10 +239,28 @@ std::optional<FinalReport> Reconciler::ReadFinalReport(const json& job) {
   return ParseFinalLine(*log);
 }
 
+namespace {
+
+// An object of the job's child's name that the job does not own: an error naming it.
+k8s::Error NotOwned(const std::string& kind, const json& object) {
+  const json& meta = object["metadata"];
+  return k8s::Error(k8s::ErrorKind::kAlreadyExists, kind + " " + meta.value("namespace", "") + "/" +
+                                                        meta.value("name", "") +
+                                                        " exists and is not owned by this TrainingJob; rename "
+                                                        "the job or delete the " + kind);
+}
+
+}  // namespace
+
 k8s::Error Reconciler::EnsureService(const json& job, const JobSpec& spec) {
-  auto created = api_->Create(k8s::resources::Services(), "", DesiredService(job, spec));
-  if (created.ok() || k8s::IsAlreadyExists(created.error())) return k8s::Error::Ok();
-  return created.error();
+  const json want = DesiredService(job, spec);
+  auto created = api_->Create(k8s::resources::Services(), "", want);
+  if (created.ok()) return k8s::Error::Ok();
+  if (!k8s::IsAlreadyExists(created.error())) return created.error();
+  auto have = api_->Get(k8s::resources::Services(), want["metadata"]["namespace"], want["metadata"]["name"]);
+  if (!have.ok()) return have.error();
+  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) return NotOwned("Service", *have);
+  return k8s::Error::Ok();
 }
 
 k8s::Error Reconciler::EnsureConfigMap(const json& job, const JobSpec& spec) {
@@ -253,6 +271,7 @@ k8s::Error Reconciler::EnsureConfigMap(const json& job, const JobSpec& spec) {
   const std::string ns = want["metadata"]["namespace"];
   auto have = api_->Get(k8s::resources::ConfigMaps(), ns, want["metadata"]["name"]);
   if (!have.ok()) return have.error();
+  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) return NotOwned("ConfigMap", *have);
   if (have->value("data", json::object()) == want["data"]) return k8s::Error::Ok();
   json updated = *have;
   updated["data"] = want["data"];
@@ -516,10 +535,12 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
   const GangFit fit = FitGang(*nodes, others, gang);
   if (!fit.fits) {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string& last = gang_waiting_[key];
-    if (last != fit.why) {
-      last = fit.why;
+    // Remembered only once the Event is recorded (RecordEvents): a reconcile that fails before
+    // that says it again on the next one.
+    const auto last = gang_waiting_.find(key);
+    if (last == gang_waiting_.end() || last->second != fit.why) {
       created->events.push_back({"Normal", "GangWaiting", "waiting until every Pod fits at once: " + fit.why});
+      created->gang_waiting = fit.why;
     }
     created->requeue_after = std::chrono::seconds(3);
     return std::nullopt;
@@ -705,10 +726,12 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   if (spec.ok()) in.check_config = [&] { return CheckConfig(key, job, *spec); };
   in.final_report = [&] { return ReadFinalReport(job); };
 
-  // Kueue: the job's Workload, made here; until Kueue admits it the job is held (suspended).
+  // Kueue: the job's Workload, made here; until Kueue admits it the job is held (suspended). It
+  // is read whatever the spec: a job that fails because its spec no longer parses must still
+  // mark its Workload Finished, or the quota stays reserved until the job is deleted.
   std::optional<json> workload;
   WorkloadState queue_state;
-  if (const std::string queue = KueueQueue(job); !queue.empty() && spec.ok()) {
+  if (const std::string queue = KueueQueue(job); !queue.empty()) {
     const std::string ns = meta.value("namespace", "default");
     auto wl = api_->Get(KueueWorkloads(), ns, WorkloadName(job));
     if (!wl.ok() && !k8s::IsNotFound(wl.error())) return Failed(wl.error(), "reading Workload of " + key);
@@ -716,7 +739,7 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
       workload = *wl;
       queue_state = ReadWorkload(*wl);
     }
-    if (!finished) {
+    if (!finished && spec.ok()) {
       // A Workload of another size (a resize while queued) is replaced, as Kueue's job framework does.
       const json pod_sets = workload ? workload->value("spec", json::object()).value("podSets", json::array()) : json();
       if (workload && !queue_state.has_admission && PrebuiltWorkload(job).empty() &&
@@ -765,8 +788,14 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
     out.phase = "";
     return out;
   }
+  // A transition's Events go out as soon as its status is written: a step after the write that
+  // fails (a Pod delete, the Workload's status) must not lose them, and a later reconcile, which
+  // finds the transition already made, has none to give.
+  bool plan_events_recorded = false;
   if (plan.status_first) {
     if (auto failed = WriteStatus(key, job, plan.status)) return *failed;
+    RecordEvents(key, job, plan.events, &out);
+    plan_events_recorded = true;
   }
   Created created;
   if (auto failed = CreateChildren(key, job, spec, plan, &created)) return *failed;
@@ -782,8 +811,11 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
     out.phase = plan.phase;
     out.requeue_after = plan.requeue_after;
     created = Created{};
+    plan_events_recorded = false;
     if (plan.status_first) {
       if (auto failed = WriteStatus(key, job, plan.status)) return *failed;
+      RecordEvents(key, job, plan.events, &out);
+      plan_events_recorded = true;
     }
   }
   if (created.requeue_after) out.requeue_after = created.requeue_after;
@@ -823,15 +855,23 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   }
 
   // 5. The Events, once the status is written.
-  std::vector<EventToRecord> events = plan.events;
-  events.insert(events.end(), created.events.begin(), created.events.end());
-  events.insert(events.end(), runtime_events.begin(), runtime_events.end());
+  if (!plan_events_recorded) RecordEvents(key, job, plan.events, &out);
+  RecordEvents(key, job, created.events, &out);
+  RecordEvents(key, job, runtime_events, &out);
+  if (created.gang_waiting) {
+    std::lock_guard<std::mutex> lock(mu_);
+    gang_waiting_[key] = *created.gang_waiting;
+  }
+  return out;
+}
+
+void Reconciler::RecordEvents(const std::string& key, const json& job, const std::vector<EventToRecord>& events,
+                              ReconcileOutcome* out) {
   for (const auto& ev : events) {
-    if (ev.reason == "InvalidSpec") out.invalid_spec = true;
+    if (ev.reason == "InvalidSpec") out->invalid_spec = true;
     Log(key + ": " + ev.reason + ": " + ev.message);
     if (hooks_.record_event) hooks_.record_event(job, ev);
   }
-  return out;
 }
 
 }  // namespace meshwork::op

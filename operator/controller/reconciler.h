@@ -94,6 +94,7 @@ class Reconciler {
     std::optional<std::chrono::seconds> requeue_after;  // a Pod name is still taken
     // The API server refused a Pod as invalid (422, 400): no retry can fix the spec that made it.
     std::optional<std::string> refused;
+    std::optional<std::string> gang_waiting;  // the GangWaiting reason of `events`, remembered once recorded
   };
 
   // The job's Pods in the cache: labelled with its name and owned by its `uid`. Their uids go to
@@ -115,9 +116,16 @@ class Reconciler {
   // reason) and asks to look again.
   std::optional<ReconcileOutcome> AdmitGang(const std::string& key, const nlohmann::json& job, const JobSpec& spec,
                                             const std::vector<nlohmann::json>& pods, Created* created);
+  // Records `events` (and logs them); an InvalidSpec one marks `out`.
+  void RecordEvents(const std::string& key, const nlohmann::json& job, const std::vector<EventToRecord>& events,
+                    ReconcileOutcome* out);
   // Writes `status` unless the cached job already has it.
   std::optional<ReconcileOutcome> WriteStatus(const std::string& key, const nlohmann::json& job,
                                               const nlohmann::json& status);
+  // The job's headless Service and its inline config's ConfigMap: made, or kept in step with the
+  // spec when the job owns them; one of the same name that it does not own is an error naming it
+  // (never taken over: a user's ConfigMap is not overwritten, a foreign Service would leave the
+  // ranks' names unresolved).
   k8s::Error EnsureService(const nlohmann::json& job, const JobSpec& spec);
   k8s::Error EnsureConfigMap(const nlohmann::json& job, const JobSpec& spec);
   // Creates the job's PodGroup, or sets its minCount to the gang's size; one of the same name

@@ -95,6 +95,21 @@ refused "a failurePolicy rule for exit code 0" \
 refused "an unknown failurePolicy action" \
   's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: Retry, onExitCodes: {values: [3]}}]}}|' \
   'action: Unsupported value: "Retry"'
+# What the operator's parser refuses must be refused at apply time too: an edit of a running job
+# that the API server stored and the operator could not parse would fail the job.
+refused "a bounded repetition in onMessagePattern" \
+  's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: FailJob, onMessagePattern: "exit code [0-9]{3}"}]}}|' \
+  "has a bounded repetition ({m,n}), which is not supported"
+refused "a back-reference in onMessagePattern" \
+  's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: FailJob, onMessagePattern: "(a)\\\\1"}]}}|' \
+  "has a back-reference"
+refused "backoffLimit past the operator's 2^20" 's|^  checkpoint:.*|  runPolicy: {backoffLimit: 2000000}|' \
+  "spec.runPolicy.backoffLimit: Invalid value: 2000000"
+refused "activeDeadlineSeconds past int32" 's|^  checkpoint:.*|  runPolicy: {activeDeadlineSeconds: 3000000000}|' \
+  "spec.runPolicy.activeDeadlineSeconds: Invalid value"
+out="$(job esc | sed -e 's|^  checkpoint:.*|  runPolicy: {failurePolicy: {rules: [{action: FailJob, onMessagePattern: "NCCL.*timeout \\\\{x"}]}}|' |
+  k apply -f - 2>&1)" && pass "an escaped brace in onMessagePattern is accepted" || fail "escaped brace: $out"
+k delete trainingjob esc --wait=false >/dev/null 2>&1
 refused "successPolicy: Rank1" 's|^  checkpoint:.*|  runPolicy: {successPolicy: Rank1}|' 'successPolicy: Unsupported value: "Rank1"'
 refused "a Volcano queue with Coscheduling" \
   's|^  checkpoint:.*|  runPolicy: {schedulingPolicy: {gangAdmission: Coscheduling, queue: research}}|' \

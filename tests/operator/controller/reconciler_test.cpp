@@ -154,6 +154,28 @@ TEST_F(ReconcilerTest, AFailedStatusWriteStopsTheReconcileBeforeAnyDelete) {
   EXPECT_THAT(events_, IsEmpty());  // Events only after the status is written
 }
 
+// A transition's Events go out once its status is written, whatever fails after: the next
+// reconcile finds the transition made and has no Events of its own to give.
+TEST_F(ReconcilerTest, ARestartsEventsGoOutEvenWhenItsPodDeletesFail) {
+  SetJob(Job({}, {{"launchedGeneration", 0}, {"restartGeneration", 0}, {"phase", "Running"}}));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Failed", 137)});
+  api_.FailNext("delete", "pods", k8s::Error(k8s::ErrorKind::kServerError, "boom"));
+  api_.ClearCalls();
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("deleting Pod tiny-0"));
+  EXPECT_EQ(Status()["restartGeneration"], 1);
+  EXPECT_THAT(events_, Contains("GangRestart"));
+  EXPECT_THAT(events_, Contains("ReconcileError"));  // and why the reconcile stopped
+
+  // The retry deletes the old gang and says nothing twice.
+  SyncJob();
+  events_.clear();
+  const ReconcileOutcome again = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(again.ok) << again.message;
+  EXPECT_THAT(events_, Not(Contains("GangRestart")));
+}
+
 TEST_F(ReconcilerTest, TheTrainerConfigIsCheckedOnlyWhenAGangIsAboutToStart) {
   const json spec = {{"config", {{"inline", nullptr}, {"configMapRef", {{"name", "cfg"}}}}}};
   // A running gang: its ConfigMap is not read, even gone.
@@ -532,6 +554,65 @@ TEST_F(ReconcilerTest, EveryGangOfAJobSharesOneRandomRendezvousTokenFromItsOwnSe
   EXPECT_THAT(Calls("create pods"), IsEmpty());
 }
 
+// The job's Service and inline config's ConfigMap are the job's own: one of the same name that
+// it does not own (a user's, another job's) is an error naming it, never overwritten.
+TEST_F(ReconcilerTest, AConfigMapOrServiceTheJobDoesNotOwnIsNotTakenOver) {
+  const json users = json::parse(R"({"metadata": {"name": "tiny-config", "namespace": "ml"},
+      "data": {"config.yaml": "theirs", "tokenizer.json": "{}"}})");
+  api_.Add(k8s::resources::ConfigMaps(), users);
+  SetJob(Job());
+  ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("ConfigMap ml/tiny-config exists and is not owned by this TrainingJob"));
+  EXPECT_EQ((*api_.Find(k8s::resources::ConfigMaps(), "ml", "tiny-config"))["data"], users["data"]);
+  EXPECT_THAT(Calls("create pods"), IsEmpty());
+
+  // Its own ConfigMap (an earlier gang's) follows the spec.
+  json ours = users;
+  ours["metadata"]["ownerReferences"] = json::array({{{"uid", "uid-1"}, {"kind", kKind}, {"name", "tiny"}}});
+  api_.Add(k8s::resources::ConfigMaps(), ours);
+  out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ((*api_.Find(k8s::resources::ConfigMaps(), "ml", "tiny-config"))["data"],
+            json({{"config.yaml", "model:\n  preset: tiny\n"}}));
+
+  // A Service of the job's name that it does not own: the ranks' names would not resolve.
+  SetJob(Job());
+  SetPods({});
+  api_.Delete(k8s::resources::Services(), "ml", "tiny", {});
+  api_.Add(k8s::resources::Services(), json::parse(R"({"metadata": {"name": "tiny", "namespace": "ml"},
+      "spec": {"selector": {"app": "web"}}})"));
+  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                             ReconcilerHooks{});
+  api_.ClearCalls();
+  out = reconciler_->Reconcile(kKey);
+  EXPECT_FALSE(out.ok);
+  EXPECT_THAT(out.message, HasSubstr("Service ml/tiny exists and is not owned by this TrainingJob"));
+  EXPECT_THAT(Calls("create pods"), IsEmpty());
+}
+
+// A queued job whose spec stops parsing (an edit the CRD let through) fails, and hands its quota
+// back: its Workload is Finished, as for any other finish.
+TEST_F(ReconcilerTest, AKueueJobFailedForItsSpecFinishesItsWorkload) {
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  api_.Add(workloads, json::parse(R"({"metadata": {"name": "trainingjob-tiny", "namespace": "ml", "uid": "wl-1"},
+      "spec": {"queueName": "lq", "podSets": [{"name": "trainer", "count": 2}]},
+      "status": {"admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "trainer", "count": 2}]},
+                 "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]}})"));
+  json job = Job({{"runPolicy", {{"backoffLimit", 2000000}}}},
+                 {{"launchedGeneration", 0}, {"restartGeneration", 0}, {"phase", "Running"}});
+  job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  SetJob(job);
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Running")});
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_EQ(Status()["phase"], "Failed");
+  const json conditions = (*api_.Find(workloads, "ml", "trainingjob-tiny"))["status"]["conditions"];
+  bool finished = false;
+  for (const auto& c : conditions) finished = finished || (c["type"] == "Finished" && c["status"] == "True");
+  EXPECT_TRUE(finished) << conditions.dump();
+}
+
 TEST_F(ReconcilerTest, ARuntimeEditThatBreaksTheSpecDoesNotKillARunningGang) {
   api_.Add(Runtimes(), {{"metadata", {{"name", "cpu-pool"}}},
                         {"spec", {{"device", "cpu"}, {"config", {{"inline", "model: [unclosed"}}}}}});
@@ -702,9 +783,18 @@ TEST_F(ReconcilerTest, GangAdmissionReadsTheHoldingPodsCacheNotAList) {
   holding.Upsert("other/big", json::parse(R"({"metadata": {"name": "big", "namespace": "other", "uid": "big-uid"},
     "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
     "status": {"phase": "Running"}})"));
+  // A GangWaiting Event lost with its status write (a conflict) is given again by the retry.
+  api_.FailNext("update-status", "trainingjobs", k8s::Error(k8s::ErrorKind::kConflict, "modified"));
+  ASSERT_FALSE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(events_, Not(Contains("GangWaiting")));
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
   EXPECT_THAT(events_, Contains("GangWaiting"));
   EXPECT_THAT(Calls("patch pods"), IsEmpty());
+  // Said once per reason.
+  events_.clear();
+  SyncJob();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  EXPECT_THAT(events_, Not(Contains("GangWaiting")));
   holding.Remove("other/big");
   SyncJob();
   // The holding cache shows the released Pods only a while after their PATCH (the watch): the
