@@ -609,7 +609,12 @@ std::optional<ReconcileOutcome> Reconciler::WriteStatus(const std::string& key, 
   updated["status"] = status;
   auto put = api_->UpdateStatus(Jobs(), job["metadata"].value("namespace", "default"), updated);
   if (!put.ok()) return Failed(put.error(), "writing the status of " + key);
-  WroteStatus(key, job["metadata"].value("resourceVersion", ""));
+  // Wait for the cache to move past the version this write replaced, unless the write replaced
+  // none: an update the API server found equal to what it stores (a field it pruned, such as a
+  // null) keeps the resourceVersion, and waiting for a change would stop the job's reconciles.
+  const std::string based_on = job["metadata"].value("resourceVersion", "");
+  const std::string written = put->value("metadata", json::object()).value("resourceVersion", "");
+  if (written != based_on) WroteStatus(key, based_on);
   return std::nullopt;
 }
 

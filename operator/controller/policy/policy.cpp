@@ -141,11 +141,14 @@ std::string FormatDuration(int64_t seconds) {
 }
 
 json ReportJson(const TrainerReport& r, SystemTime now, int world_size) {
-  return {{"step", r.step},
-          {"totalSteps", r.total_steps},
-          {"loss", std::round(r.loss * 1e4) / 1e4},
-          {"tokensPerSecond", std::round(r.tokens_per_second * world_size * 10) / 10},
-          {"updateTime", FormatTime(now)}};
+  json report = {{"step", r.step}, {"totalSteps", r.total_steps}, {"updateTime", FormatTime(now)}};
+  // A NaN or infinite loss (a diverging run) would be written as null, which the API server
+  // prunes: the field is left out instead, as it is before the first step.
+  if (std::isfinite(r.loss)) report["loss"] = std::round(r.loss * 1e4) / 1e4;
+  if (std::isfinite(r.tokens_per_second)) {
+    report["tokensPerSecond"] = std::round(r.tokens_per_second * world_size * 10) / 10;
+  }
+  return report;
 }
 
 }  // namespace meshwork::op::policy

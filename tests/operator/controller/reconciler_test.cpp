@@ -141,6 +141,21 @@ TEST_F(ReconcilerTest, AFailedRankRestartsTheGangWritingTheStatusFirst) {
   EXPECT_THAT(events_, Contains("GangRestart"));
 }
 
+// A status write the API server found unchanged keeps the resourceVersion: there is no newer
+// version for the cache to show, and waiting for one would stop the job's reconciles for good.
+TEST_F(ReconcilerTest, AStatusWriteTheServerKeptUnchangedDoesNotStopTheReconciles) {
+  SetJob(Job({}, {{"launchedGeneration", 0}, {"restartGeneration", 0}, {"phase", "Running"}}));
+  SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Failed", 137)});
+  api_.StatusWritesKeepTheVersion();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);  // the restart: status first, then the deletes
+  SyncJob();
+  SyncPods();
+  api_.ClearCalls();
+  const ReconcileOutcome out = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(out.ok) << out.message;
+  EXPECT_THAT(Calls("create pods"), ElementsAre("create pods ml/tiny-0", "create pods ml/tiny-1"));
+}
+
 TEST_F(ReconcilerTest, AFailedStatusWriteStopsTheReconcileBeforeAnyDelete) {
   SetJob(Job({}, {{"launchedGeneration", 0}, {"restartGeneration", 0}}));
   SetPods({Pod(0, 0, "Running"), Pod(1, 0, "Failed", 137)});

@@ -46,6 +46,12 @@ class FakeObjectApi : public ObjectApi {
     std::lock_guard<std::mutex> lock(mu_);
     failures_[{verb, resource}] = std::move(error);
   }
+  // From now on a status write keeps the object's resourceVersion, as kube-apiserver does for an
+  // update it finds equal to what it stores (after pruning, say, a null the writer sent).
+  void StatusWritesKeepTheVersion() {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_writes_keep_version_ = true;
+  }
   // "verb resource ns/name", in order.
   std::vector<std::string> calls() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -164,7 +170,7 @@ class FakeObjectApi : public ObjectApi {
     }
     nlohmann::json next = status_only ? it->second : obj;
     if (status_only) next["status"] = obj.value("status", nlohmann::json::object());
-    next["metadata"]["resourceVersion"] = std::to_string(++serial_);
+    if (!(status_only && status_writes_keep_version_)) next["metadata"]["resourceVersion"] = std::to_string(++serial_);
     it->second = next;
     return next;
   }
@@ -175,6 +181,7 @@ class FakeObjectApi : public ObjectApi {
   std::map<std::pair<std::string, std::string>, Error> failures_;
   std::vector<std::string> calls_;
   int64_t serial_ = 0;
+  bool status_writes_keep_version_ = false;
 };
 
 }  // namespace meshwork::k8s::testing

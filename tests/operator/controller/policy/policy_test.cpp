@@ -2,6 +2,9 @@
 // Finish; cleanPodPolicy; the current gang and its counts.
 #include "operator/controller/policy/policy.h"
 
+#include <cmath>
+#include <limits>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -108,6 +111,25 @@ TEST(JobStateTest, TheCurrentGangIsTheStatusGenerationWithinReplicas) {
   EXPECT_TRUE(job.Missing().empty());
   State fresh(Job(), {Pod(1, 0, "Running")});
   EXPECT_THAT(fresh.Get().Missing(), ElementsAre(0));
+}
+
+// A diverged run reports a NaN loss: JSON has no NaN (it would go out as null, which the API
+// server prunes), so the field is left out, and the rest of the report still goes.
+TEST(ReportJsonTest, ANonFiniteLossOrRateIsLeftOut) {
+  TrainerReport r;
+  r.step = 7;
+  r.total_steps = 10;
+  r.loss = std::nan("");
+  r.tokens_per_second = std::numeric_limits<double>::infinity();
+  const json report = ReportJson(r, SystemTime{}, 2);
+  EXPECT_FALSE(report.contains("loss"));
+  EXPECT_FALSE(report.contains("tokensPerSecond"));
+  EXPECT_EQ(report["step"], 7);
+  EXPECT_EQ(report.dump().find("null"), std::string::npos) << report.dump();
+  r.loss = 2.34567;
+  r.tokens_per_second = 100;
+  EXPECT_DOUBLE_EQ(ReportJson(r, SystemTime{}, 2)["loss"].get<double>(), 2.3457);
+  EXPECT_DOUBLE_EQ(ReportJson(r, SystemTime{}, 2)["tokensPerSecond"].get<double>(), 200.0);
 }
 
 TEST(CountsTest, CountTheCurrentGang) {
