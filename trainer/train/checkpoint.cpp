@@ -560,8 +560,21 @@ Status Checkpointer::Commit(int64_t step) {
   return Prune(cfg_.dir, step, cfg_.keep);
 }
 
+Status Checkpointer::Uncommit(int64_t step) {
+  if (engine_.rank() != 0) return Status::Ok();
+  auto latest = FindLatest(cfg_.dir);
+  // A `latest` that cannot be read names nothing this save could damage; Commit rewrites it.
+  if (!latest.ok() || !*latest || fs::path(**latest).filename().string() != StepDirName(step)) return Status::Ok();
+  std::error_code ec;
+  fs::remove(Join(cfg_.dir, "latest"), ec);
+  if (ec) return IOError("cannot remove '" + Join(cfg_.dir, "latest") + "' before rewriting " + **latest + ": " + ec.message());
+  return SyncDirectory(cfg_.dir);
+}
+
 Status Checkpointer::Save(int64_t step) {
   const std::string step_dir = Join(cfg_.dir, StepDirName(step));
+  // Before any rank writes (the agreement is the barrier): no `latest` names what is rewritten.
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, Uncommit(step), StatusCode::kIOError, "uncommitting " + step_dir));
   MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, WriteFiles(step), StatusCode::kIOError, "writing " + step_dir));
   // Every rank's files are on disk: the checkpoint is complete once `latest` names it.
   return AgreeAcrossRanks(engine_, Commit(step), StatusCode::kIOError, "committing " + step_dir);

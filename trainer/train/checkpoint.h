@@ -100,8 +100,12 @@ class Checkpointer {
   // Whether to save after completing step `step` (1-based) of `total_steps`.
   bool Due(int64_t step, int64_t total_steps) const;
 
-  // WriteFiles, wait until every rank wrote its files, then rank 0 Commits.
+  // Uncommit, WriteFiles, wait until every rank wrote its files, then rank 0 Commits.
   Status Save(int64_t step);
+  // Rank 0: when DIR/latest names step-N itself (a run that started afresh, checkpoint.resume:
+  // never, reaching a step an earlier run saved), removes `latest` before step-N is rewritten in
+  // place, so that a save cut short never leaves `latest` naming files that fail their checksums.
+  Status Uncommit(int64_t step);
   // This rank's file (and rank 0's meta.json) under DIR/step-N; `latest` is not touched.
   Status WriteFiles(int64_t step);
   // Rank 0: point DIR/latest at step-N, then delete complete checkpoints beyond `keep` and

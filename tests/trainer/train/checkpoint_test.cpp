@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "tests/common/temp_dir.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
@@ -323,6 +325,43 @@ TEST(Checkpoint, NoLatestMeansAFreshStartAndResumeNeverIgnoresOne) {
   auto ignored = never.checkpointer->Resume();
   ASSERT_TRUE(ignored.ok()) << ignored.status().ToString();
   EXPECT_EQ(ignored->step, 0);
+}
+
+// A run that started afresh (resume: never) and reaches a step an earlier run saved rewrites
+// that directory in place. Cut short after its rank file is replaced but before the file's
+// checksum is (here: the checksum's temporary path is taken by a directory), it must not leave
+// `latest` naming files that fail their checksums: every later start would fail (exit 3).
+TEST(Checkpoint, ARewriteOfTheCheckpointLatestNamesCutShortLeavesNoLatestNamingIt) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState first = MakeRun(dir, 1);
+  Step(first, 0);
+  ASSERT_TRUE(first.checkpointer->Save(1).ok());
+  ASSERT_EQ(LatestText(dir), "step-00000001\n");
+
+  TrainingState again = MakeRun(dir, 7, SmallDims(), 2, "never");
+  Step(again, 0);
+  const std::string sum_tmp = dir + "/step-00000001/rank-00000.pt.sum.tmp." + std::to_string(::getpid());
+  fs::create_directories(sum_tmp + "/blocker");
+  const Status cut = again.checkpointer->Save(1);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.code(), StatusCode::kIOError) << cut.ToString();
+  EXPECT_FALSE(fs::exists(dir + "/latest"));
+
+  // The next start finds no checkpoint and starts afresh; it does not fail on the torn one.
+  TrainingState next = MakeRun(dir, 1);
+  auto point = next.checkpointer->Resume();
+  ASSERT_TRUE(point.ok()) << point.status().ToString();
+  EXPECT_EQ(point->step, 0);
+
+  // Once the save goes through, `latest` names it again.
+  fs::remove_all(sum_tmp);
+  ASSERT_TRUE(again.checkpointer->Save(1).ok());
+  EXPECT_EQ(LatestText(dir), "step-00000001\n");
+  TrainingState resumed = MakeRun(dir, 1);
+  auto loaded = resumed.checkpointer->Resume();
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->step, 1);
 }
 
 TEST(Checkpoint, DueEveryNStepsAndAtTheLastStep) {
