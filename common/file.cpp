@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 namespace meshwork {
@@ -170,6 +172,17 @@ Status ReadOnlyFile::ReadAt(uint64_t offset, void* out, size_t size) const {
     size -= static_cast<size_t>(n);
     offset += static_cast<uint64_t>(n);
   }
+  return Status::Ok();
+}
+
+Status EnsureWritableDirectory(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec || !std::filesystem::is_directory(path)) {
+    return IOError("cannot create directory '" + path + "': " + (ec ? ec.message() : "it is not a directory"));
+  }
+  // Dropped without Commit: the temporary file is removed.
+  MW_ASSIGN_OR_RETURN(AtomicFileWriter probe, AtomicFileWriter::Create(path + "/.meshwork-write-check"));
   return Status::Ok();
 }
 

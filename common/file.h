@@ -71,6 +71,11 @@ Status WriteAll(int fd, const void* data, size_t size, const std::string& what);
 // fsyncs directory `dir`, so that the renames and creations in it survive a power loss.
 Status SyncDirectory(const std::string& dir);
 
+// Creates directory `path` (and its parents) when missing and checks that a file can be created
+// in it (a temporary one, removed at once), so that an output path the run cannot write is found
+// before the run rather than after it. IOError with the OS's reason.
+Status EnsureWritableDirectory(const std::string& path);
+
 // The whole file as a string (for JSON side files such as config.json).
 Result<std::string> ReadTextFile(const std::string& path);
 

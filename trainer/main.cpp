@@ -103,6 +103,8 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
   std::string error, value;
   for (size_t i = 0; i < args.size(); ++i) {
     if (TakeValue(args, i, "--config", &value, &error)) {
+      // `--config "$CFG"` with CFG unset would otherwise run the defaults as if asked to.
+      if (error.empty() && value.empty()) error = "--config needs a file name (got an empty one)";
       c.config_path = value;
     } else if (TakeValue(args, i, "--config-env", &value, &error)) {
       c.config_env = value;

@@ -49,6 +49,13 @@ expect "bf16 residual without autocast" 2 "key 'training.residual_dtype': bf16 n
   -- train --set training.dtype=fp32 --set training.residual_dtype=bf16
 expect "attention kernel the CPU lacks" 2 "key 'training.attention_backend': efficient" \
   -- train --set training.device=auto --set training.attention_backend=efficient "${small[@]}"
+expect "an empty --config (an unset variable)" 2 "--config needs a file name" -- train --config ""
+expect "a hex integer" 2 "key 'schedule.steps': expected an integer, got '0x10'" -- train --set schedule.steps=0x10
+if [[ "$("$bin" config --set data.seq_len=0200 2>&1)" == *"seq_len: 200"* ]]; then
+  pass "a zero-padded integer is decimal (seq_len 0200 is 200)"
+else
+  fail "zero-padded integer: $("$bin" config --set data.seq_len=0200 2>&1 | grep seq_len)"
+fi
 expect "libtorch's fused AdamW off CUDA" 2 "key 'optimizer.implementation': fused is libtorch's CUDA kernel" \
   -- train --set training.device=auto --set optimizer.implementation=fused "${small[@]}"
 
@@ -59,6 +66,24 @@ expect "missing token file" 3 "$work/none.bin" -- train --set data.train="$work/
 python3 -c 'import struct,sys; sys.stdout.buffer.write(struct.pack("<3i", 20240520, 7, 100) + bytes(1012) + bytes(200))' >"$work/corrupt.bin"
 expect "corrupt token file" 3 "$work/corrupt.bin" -- train --set data.train="$work/corrupt.bin" "${small[@]}"
 expect "missing weights" 3 "$work/nohf" -- eval --weights "$work/nohf" --data "$work/none.bin"
+
+# --- output paths found bad before training, not after: exit 4 ------------------------------
+touch "$work/afile"
+expect "an export path that is a file" 4 "key 'checkpoint.export_hf': cannot create directory '$work/afile'" \
+  -- train "${small[@]}" --set schedule.steps=50 --set checkpoint.export_hf="$work/afile"
+expect "a checkpoint dir under a file" 4 "key 'checkpoint.dir': cannot create directory '$work/afile/ck'" \
+  -- train "${small[@]}" --set schedule.steps=50 --set checkpoint.dir="$work/afile/ck"
+expect "logging.jsonl on a full disk" 4 "key 'logging.jsonl': writing step 1 to '/dev/full' failed" \
+  -- train "${small[@]}" --set schedule.steps=3 --set logging.jsonl=/dev/full
+
+# --- prepare-data never writes over what it reads or writes twice: exit 2 ------------------
+printf 'some text to keep\n' >"$work/notes.txt"
+expect "prepare-data --out is its input" 2 "--out '$work/notes.txt' is the input" \
+  -- prepare-data --out "$work/notes.txt" "$work/notes.txt"
+expect "prepare-data --val-out is --out by another name" 2 "train and val outputs are the same file" \
+  -- prepare-data --out "$work/notes.txt" --val-out "$work/./notes.txt" "$work/notes.txt"
+[ "$(cat "$work/notes.txt")" = "some text to keep" ] && pass "the input text is untouched" ||
+  fail "the input text changed: $(head -c 100 "$work/notes.txt")"
 
 # --- prepare-data, train with /metrics live, export, eval ----------------------------------
 if "$bin" prepare-data --out "$work/train.bin" --val-out "$work/val.bin" /usr/share/common-licenses/GPL-3 \

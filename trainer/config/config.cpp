@@ -47,12 +47,24 @@ std::string Str(T v) {
   return os.str();
 }
 
+// A decimal integer: digits with an optional sign, a leading zero read as decimal (as YAML
+// 1.2's core schema reads `010`). yaml-cpp's own conversion reads `010` as octal 8 and `0x10` as
+// 16, which would silently turn a zero-padded `seq_len: 0512` into 330.
+bool ParseDecimal(const std::string& text, int64_t* v) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (first != last && *first == '+') ++first;
+  if (first == last || (*first == '-' && first + 1 == last)) return false;
+  const auto [end, ec] = std::from_chars(first, last, *v, 10);
+  return ec == std::errc() && end == last;
+}
+
 Field IntField(const std::string& key, int64_t* out, int64_t lo, int64_t hi,
                std::function<void()> on_set = {}) {
   return {key,
           [=](const YAML::Node& n) -> Status {
             int64_t v = 0;
-            if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+            if (!n.IsScalar() || !ParseDecimal(n.Scalar(), &v)) {
               return TypeError(key, "an integer", n);
             }
             if (v < lo || v > hi) {

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 namespace meshwork::data {
 namespace {
@@ -88,7 +89,12 @@ Status ValidateOptions(const PrepareOptions& options) {
                          FormatDouble(options.val_fraction));
   }
   if (!options.val_out.empty()) {
-    if (options.val_out == options.train_out) {
+    // By another name too: `./a.bin`, a link, or a path through `..` (neither need exist yet).
+    std::error_code ec, ec_val, ec_train;
+    const fs::path val = fs::weakly_canonical(options.val_out, ec_val);
+    const fs::path train = fs::weakly_canonical(options.train_out, ec_train);
+    if (options.val_out == options.train_out || fs::equivalent(options.val_out, options.train_out, ec) ||
+        (!ec_val && !ec_train && val == train)) {
       return InvalidConfig("prepare-data: train and val outputs are the same file '" +
                            options.train_out + "'");
     }
@@ -152,6 +158,17 @@ Result<PrepareReport> PrepareTokens(const PrepareOptions& options) {
       }
       return InvalidInput("input '" + doc.path + "' has a NUL byte at offset " +
                           std::to_string(nul) + "; it looks binary, not text");
+    }
+    // A text input that is also an output (`--out notes.txt notes.txt`, or a text file in an input
+    // directory) would be overwritten with tokens. (An earlier run's token file in an input
+    // directory is binary, skipped above, and may be written again.)
+    for (const auto& [flag, out] : {std::pair<const char*, const std::string*>{"--out", &options.train_out},
+                                    std::pair<const char*, const std::string*>{"--val-out", &options.val_out}}) {
+      std::error_code ec;
+      if (!out->empty() && fs::equivalent(*out, doc.path, ec)) {
+        return InvalidConfig(std::string("prepare-data: ") + flag + " '" + *out + "' is the input '" + doc.path +
+                             "'; writing it would overwrite that text");
+      }
     }
     const std::vector<uint32_t> tokens = EncodeBytes(text, /*add_bos=*/true, /*add_eos=*/true);
     const size_t at = split ? SplitPoint(tokens, options.val_fraction) : tokens.size();

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "common/file.h"
 
@@ -28,6 +29,7 @@ class FdGuard {
   FdGuard(const FdGuard&) = delete;
   FdGuard& operator=(const FdGuard&) = delete;
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -72,6 +74,17 @@ TokenFile::TokenFile(PrivateTag, std::string path) : path_(std::move(path)) {}
 
 TokenFile::~TokenFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status TokenFile::CheckNotTruncated() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return IOError("cannot stat token file " + Quote(path_) + ": " + ErrnoText(errno));
+  if (static_cast<uint64_t>(st.st_size) >= mapping_bytes_) return Status::Ok();
+  return InvalidInput("token file " + Quote(path_) + " was truncated while in use: it had " +
+                      std::to_string(mapping_bytes_) + " bytes when opened and has " + std::to_string(st.st_size) +
+                      " now (write a new token file under another name and rename it into place, as prepare-data "
+                      "does)");
 }
 
 Result<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, TokenFormat format) {
@@ -95,6 +108,7 @@ Result<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, Toke
 
   auto file = std::make_unique<TokenFile>(PrivateTag{}, path);
   MW_RETURN_IF_ERROR(file->Map(fd.get(), static_cast<size_t>(st.st_size)));
+  file->fd_ = fd.release();  // kept open to see the file truncated (CheckNotTruncated)
   MW_RETURN_IF_ERROR(file->ResolveLayout(format));
   return Result<std::unique_ptr<TokenFile>>(std::move(file));
 }

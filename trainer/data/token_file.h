@@ -50,6 +50,10 @@ class TokenFile {
 
   // out[k] = at(begin + k) for k in [0, count). Precondition: the range lies inside the file.
   void CopyRange(int64_t begin, int64_t count, int64_t* out) const;
+  // InvalidInput naming the file when it is shorter now than when it was opened: a read of the
+  // mapping past its new end would kill the process (SIGBUS). Called before each batch's reads;
+  // a file rewritten by rename (prepare-data's way) keeps the old one mapped and is fine.
+  Status CheckNotTruncated() const;
 
  private:
   Status Map(int fd, size_t bytes);
@@ -57,6 +61,7 @@ class TokenFile {
 
   std::string path_;
   TokenFormat format_ = TokenFormat::kAuto;
+  int fd_ = -1;              // owned: closed in the destructor
   void* mapping_ = nullptr;  // owned: munmap'd in the destructor
   size_t mapping_bytes_ = 0;
   const unsigned char* tokens_ = nullptr;  // first token byte, inside mapping_

@@ -103,6 +103,7 @@ int64_t FileTokenSource::WindowStart(int64_t step, int64_t row) const {
 
 Result<Batch> FileTokenSource::Rows(int64_t step, int64_t first_row, int64_t num_rows) {
   MW_RETURN_IF_ERROR(CheckRowRange(step, first_row, num_rows));
+  MW_RETURN_IF_ERROR(file_->CheckNotTruncated());
   const int64_t window = seq_len_ + 1;
   torch::Tensor windows = torch::empty({num_rows, window}, torch::kLong);
   int64_t* out = windows.data_ptr<int64_t>();
@@ -192,6 +193,7 @@ Result<Batch> EvalWindows(const TokenFile& file, int64_t seq_len, int64_t first_
   int64_t* out = windows.data_ptr<int64_t>();
   const int64_t start = first_window * window;
   // The requested windows are adjacent in the file: one contiguous copy.
+  MW_RETURN_IF_ERROR(file.CheckNotTruncated());
   file.CopyRange(start, num_windows * window, out);
   MW_RETURN_IF_ERROR(CheckVocab(out, num_windows * window, vocab_size, file, start));
   return SplitWindows(windows, seq_len);

@@ -3,9 +3,11 @@
 #include "trainer/train/report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "common/units.h"
@@ -48,12 +50,12 @@ Result<std::unique_ptr<ProgressReport>> ProgressReport::Create(Run run, const st
     jsonl = std::make_unique<std::ofstream>(jsonl_path, std::ios::app);
     if (!*jsonl) return IOError("key 'logging.jsonl': cannot open '" + jsonl_path + "' for appending");
   }
-  return std::unique_ptr<ProgressReport>(new ProgressReport(run, std::move(jsonl), metrics, out, summary));
+  return std::unique_ptr<ProgressReport>(new ProgressReport(run, jsonl_path, std::move(jsonl), metrics, out, summary));
 }
 
 void ProgressReport::Start() { start_ = Clock::now(); }
 
-void ProgressReport::Step(const StepRecord& r) {
+Status ProgressReport::Step(const StepRecord& r) {
   const int64_t step = r.step;
   if (step == run_.first_step) after_first_ = Clock::now();
   summary_.losses.push_back(r.loss);
@@ -88,6 +90,10 @@ void ProgressReport::Step(const StepRecord& r) {
             << Format("%.6f", r.comm.exposed_comm_seconds) << ",\"peak_tensor_bytes\":" << r.memory.tensors.peak
             << "}\n";
     jsonl_->flush();
+    if (!*jsonl_) {
+      return IOError("key 'logging.jsonl': writing step " + std::to_string(step + 1) + " to '" + jsonl_path_ +
+                     "' failed: " + std::strerror(errno) + " (a full disk?)");
+    }
   }
   metrics_.RecordMemory(r.memory.current_bytes, r.memory.peak_bytes, r.memory.limit_bytes, r.memory.device);
 
@@ -103,6 +109,7 @@ void ProgressReport::Step(const StepRecord& r) {
          << Mib(r.memory.peak_bytes) << ", " << r.memory.device << ") | eta " << Duration(eta) << "\n";
     out_.flush();
   }
+  return Status::Ok();
 }
 
 void ProgressReport::Finish() {

@@ -53,7 +53,9 @@ class ProgressReport {
 
   // The loop starts now (ETA and throughput count from here).
   void Start();
-  void Step(const StepRecord& r);
+  // An IOError naming logging.jsonl when its line could not be written (a full disk): the run
+  // stops rather than go on losing its record.
+  Status Step(const StepRecord& r);
   // The run's totals into the summary: steps, tokens, seconds, throughput without the first
   // (warm-up) step, mean MFU.
   void Finish();
@@ -61,12 +63,18 @@ class ProgressReport {
   void PrintSummary(bool has_eval) const;
 
  private:
-  ProgressReport(Run run, std::unique_ptr<std::ofstream> jsonl, metrics::TrainerMetrics& metrics, std::ostream& out,
-                 TrainSummary& summary)
-      : run_(run), jsonl_(std::move(jsonl)), metrics_(metrics), out_(out), summary_(summary) {}
+  ProgressReport(Run run, std::string jsonl_path, std::unique_ptr<std::ofstream> jsonl, metrics::TrainerMetrics& metrics,
+                 std::ostream& out, TrainSummary& summary)
+      : run_(run),
+        jsonl_path_(std::move(jsonl_path)),
+        jsonl_(std::move(jsonl)),
+        metrics_(metrics),
+        out_(out),
+        summary_(summary) {}
 
   using Clock = std::chrono::steady_clock;
   Run run_;
+  std::string jsonl_path_;
   std::unique_ptr<std::ofstream> jsonl_;
   metrics::TrainerMetrics& metrics_;
   std::ostream& out_;

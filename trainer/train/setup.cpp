@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/blas_kernel.h"
+#include "common/file.h"
 #include "common/units.h"
 #include "trainer/config/hardware.h"
 #include "trainer/dist/env.h"
@@ -365,6 +366,18 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   // Resume: every rank loads its shards and AdamW state from checkpoint.dir/latest, if any; the
   // loop then continues at the next step (the data order and the learning rate are functions of
   // the step, so nothing else needs restoring).
+  // Output paths are checked now, not when first written: a bad one would otherwise be found
+  // only at the first checkpoint or, for the export, after the whole run.
+  if (!cfg.checkpoint.dir.empty()) {
+    if (Status s = EnsureWritableDirectory(cfg.checkpoint.dir); !s.ok()) {
+      return IOError("key 'checkpoint.dir': " + s.message());
+    }
+  }
+  if (!cfg.checkpoint.export_hf.empty() && r.engine->rank() == 0) {
+    if (Status s = EnsureWritableDirectory(cfg.checkpoint.export_hf); !s.ok()) {
+      return IOError("key 'checkpoint.export_hf': " + s.message());
+    }
+  }
   r.checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint, *r.engine, *r.optimizer, RunMeta(cfg, r.dims, *r.engine));
   MW_ASSIGN_OR_RETURN(r.resumed, r.checkpointer->Resume());
   // /metrics opens only now, its step already the checkpoint's: a resumed gang never reports

@@ -133,7 +133,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     // The first forward makes the copies: their bytes are known from then on.
     if (r.weight_copies) r.metrics->SetStateBytes("weight_copies", static_cast<double>(r.weight_copies->bytes()));
     if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->AfterStep(step, record.seconds, r.log()));
-    r.report->Step(record);  // metrics and logging.jsonl every step, a line every logging.every
+    MW_RETURN_IF_ERROR(r.report->Step(record));  // metrics and logging.jsonl every step, a line every logging.every
     MW_RETURN_IF_ERROR(AfterStep(r, step + 1));
   }
   r.report->Finish();

@@ -165,6 +165,11 @@ const Rejected kRejected[] = {
      "'lr' is not a section"},
     {"SetValueNotYaml", "", {"optimizer.lr=[1"}, "--set 'optimizer.lr=[1'", "not valid YAML"},
     {"SetSectionToScalar", "", {"optimizer=3"}, "'optimizer'", "'3'"},
+    // yaml-cpp alone would read these as 16 and 8: integers are decimal, digits only.
+    {"HexInteger", "", {"schedule.steps=0x10"}, "schedule.steps", "0x10"},
+    {"OctalPrefixInteger", "", {"schedule.steps=0o10"}, "schedule.steps", "0o10"},
+    {"IntegerWithExponent", "", {"schedule.steps=1e3"}, "schedule.steps", "1e3"},
+    {"IntegerPastInt64", "", {"training.seed=99999999999999999999"}, "training.seed", "99999999999999999999"},
 };
 // clang-format on
 
@@ -470,6 +475,20 @@ TEST(ConfigTest, AcceptsRangeEdges) {
     auto c = LoadConfigFromString("", o);
     EXPECT_TRUE(c.ok()) << o.front() << ": " << c.status().ToString();
   }
+}
+
+// A zero-padded integer is the decimal it reads as (YAML 1.2's core schema), never octal: yaml-cpp's
+// own conversion made `seq_len: 0200` 128.
+TEST(ConfigTest, ZeroPaddedIntegersAreDecimal) {
+  auto c = LoadConfigFromString("data:\n  seq_len: 0200\n", {"checkpoint.every=0100", "metrics.port=09400",
+                                                              "training.seed=+7", "metrics.port=-1"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->data.seq_len, 200);
+  EXPECT_EQ(c->checkpoint.every, 100);
+  EXPECT_EQ(c->training.seed, 7);
+  auto port = LoadConfigFromString("", {"metrics.port=09400"});
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  EXPECT_EQ(port->metrics.port, 9400);
 }
 
 TEST(ConfigTest, DefaultWarmupShrinksToAShortRunAndAGivenOneIsChecked) {

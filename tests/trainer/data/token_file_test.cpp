@@ -105,6 +105,29 @@ TEST(TokenFileTest, AutoDetectsLlmcHeaderByMagic) {
   EXPECT_EQ(ReadAll(**file), (std::vector<uint32_t>{5, 6, 70000}));
 }
 
+// Truncated in place while mapped (a `>` redirect, `truncate`): reading the mapping past the new
+// end would be SIGBUS; the check before each batch says what happened instead.
+TEST(TokenFileTest, AFileTruncatedWhileOpenIsReportedNotRead) {
+  TempDir dir;
+  const std::string path = dir.File("shrinks.bin");
+  ASSERT_TRUE(WriteTokenFile(path, std::vector<uint32_t>(5000, 7), TokenFormat::kLlmc).ok());
+  auto file = TokenFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_TRUE((*file)->CheckNotTruncated().ok());
+  std::filesystem::resize_file(path, 100);
+  const Status s = (*file)->CheckNotTruncated();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr("truncated while in use"), HasSubstr("has 100 now")));
+  // Replaced by rename (prepare-data's way): the mapped file is the old one, whole.
+  ASSERT_TRUE(WriteTokenFile(path + ".new", {1, 2, 3}, TokenFormat::kLlmc).ok());
+  ASSERT_TRUE(WriteTokenFile(path, std::vector<uint32_t>(5000, 7), TokenFormat::kLlmc).ok());
+  auto again = TokenFile::Open(path);
+  ASSERT_TRUE(again.ok());
+  std::filesystem::rename(path + ".new", path);
+  EXPECT_TRUE((*again)->CheckNotTruncated().ok());
+  EXPECT_EQ((*again)->at(4999), 7u);
+}
+
 TEST(TokenFileTest, AutoReadsHeaderlessFileAsRawU16) {
   TempDir dir;
   const std::string path = dir.File("nanogpt.bin");
