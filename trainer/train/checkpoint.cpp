@@ -264,7 +264,9 @@ std::string MetaToJson(const CheckpointMeta& m) {
         {"num_hidden_layers", m.dims.num_hidden_layers},
         {"num_attention_heads", m.dims.num_attention_heads},
         {"num_key_value_heads", m.dims.num_key_value_heads},
-        {"tie_word_embeddings", m.dims.tie_word_embeddings}}},
+        {"tie_word_embeddings", m.dims.tie_word_embeddings},
+        {"rope_theta", m.dims.rope_theta},
+        {"rms_norm_eps", m.dims.rms_norm_eps}}},
       {"data",
        {{"train", m.data_train},
         {"seed", m.seed},
@@ -305,6 +307,12 @@ Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
     m.dims.num_attention_heads = d.at("num_attention_heads").get<int64_t>();
     m.dims.num_key_value_heads = d.at("num_key_value_heads").get<int64_t>();
     m.dims.tie_word_embeddings = d.at("tie_word_embeddings").get<bool>();
+    // Recorded since 2026-11-28; an older checkpoint's are unknown and not checked.
+    m.numerics_recorded = d.contains("rope_theta") && d.contains("rms_norm_eps");
+    if (m.numerics_recorded) {
+      m.dims.rope_theta = d.at("rope_theta").get<double>();
+      m.dims.rms_norm_eps = d.at("rms_norm_eps").get<double>();
+    }
     const json& data = doc.at("data");
     m.data_train = data.at("train").get<std::string>();
     m.seed = data.at("seed").get<int64_t>();
@@ -336,6 +344,10 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
   check("model.num_attention_heads", saved.dims.num_attention_heads, now.dims.num_attention_heads);
   check("model.num_key_value_heads", saved.dims.num_key_value_heads, now.dims.num_key_value_heads);
   check("model.tie_word_embeddings", saved.dims.tie_word_embeddings, now.dims.tie_word_embeddings);
+  if (saved.numerics_recorded) {
+    check("model.rope_theta", saved.dims.rope_theta, now.dims.rope_theta);
+    check("model.rms_norm_eps", saved.dims.rms_norm_eps, now.dims.rms_norm_eps);
+  }
   if ((saved.dp_shard > 1 || now.dp_shard > 1) && saved.shard_layout != now.shard_layout) {
     diffs.push_back("shard layout '" + saved.shard_layout + "' in the checkpoint, '" + now.shard_layout +
                     "' in this run (a checkpoint sharded by rows was written by a Meshwork before the flat FSDP "

@@ -42,6 +42,9 @@ struct CheckpointMeta {
   // shard_layout key). With dp_shard 1 both are whole parameters.
   std::string shard_layout = "flat";
   model::LlamaConfig dims;
+  // Whether meta.json recorded dims.rope_theta and dims.rms_norm_eps (checkpoints before
+  // 2026-11-28 did not; theirs are then not compared on resume).
+  bool numerics_recorded = true;
   std::string data_train;
   int64_t seed = 0;
   int64_t seq_len = 0;

@@ -34,6 +34,9 @@ Status CheckDimsMatch(const model::LlamaConfig& want, const model::LlamaConfig& 
   MW_RETURN_IF_ERROR(check("num_attention_heads", want.num_attention_heads, ckpt.num_attention_heads));
   MW_RETURN_IF_ERROR(check("num_key_value_heads", want.num_key_value_heads, ckpt.num_key_value_heads));
   MW_RETURN_IF_ERROR(check("tie_word_embeddings", want.tie_word_embeddings, ckpt.tie_word_embeddings));
+  // Not shapes, but the same weights under another theta or epsilon compute another function.
+  MW_RETURN_IF_ERROR(check("rope_theta", want.rope_theta, ckpt.rope_theta));
+  MW_RETURN_IF_ERROR(check("rms_norm_eps", want.rms_norm_eps, ckpt.rms_norm_eps));
   return Status::Ok();
 }
 

@@ -419,6 +419,29 @@ TEST_F(DamagedCheckpoint, OtherModelDimsNameEveryDifferenceAndTheDirectory) {
   EXPECT_THAT(s.message(), HasSubstr("model.num_hidden_layers 2 in the checkpoint, 3 in this run"));
 }
 
+// Not shapes, but another function of the same weights: refused on resume too.
+TEST_F(DamagedCheckpoint, OtherRopeThetaOrNormEpsilonIsNamed) {
+  model::LlamaConfig other = SmallDims();
+  other.rope_theta = 500.0;
+  other.rms_norm_eps = 1e-6;
+  const Status s = ResumeWith(other);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(ExitCodeFor(s.code()), 3);
+  EXPECT_THAT(s.message(), HasSubstr("model.rope_theta 10000 in the checkpoint, 500 in this run"));
+  EXPECT_THAT(s.message(), HasSubstr("model.rms_norm_eps 1e-05 in the checkpoint, 1e-06 in this run"));
+
+  // A checkpoint from before they were recorded resumes under whatever this run says.
+  std::string meta = ReadBytes(StepDir() + "/meta.json");
+  for (const std::string key : {"rope_theta", "rms_norm_eps"}) {
+    const auto at = meta.find("\"" + key + "\":");
+    ASSERT_NE(at, std::string::npos) << meta;
+    const auto line = meta.rfind('\n', at);
+    meta.erase(line, meta.find('\n', at) - line);  // the whole line, its comma too (keys are sorted)
+  }
+  WriteBytes(StepDir() + "/meta.json", meta);
+  EXPECT_TRUE(ResumeWith(other).ok()) << meta;
+}
+
 TEST_F(DamagedCheckpoint, OtherWorldSizeAndMeshAreNamed) {
   std::string meta = ReadBytes(StepDir() + "/meta.json");
   auto set = [&](const std::string& from, const std::string& to) {

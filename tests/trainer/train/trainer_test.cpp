@@ -328,6 +328,11 @@ TEST(Train, CheckpointDimsThatDisagreeWithTheConfigNameTheKey) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidConfig);
   EXPECT_NE(bad.status().message().find("'model.num_hidden_layers': 3 differs from 2"), std::string::npos)
       << bad.status().message();
+  // So is another rope theta: the same weights would compute another function.
+  auto theta = Evaluate(Config({"model.init_from=" + out, "eval.data=" + tokens, "model.rope_theta=5"}), log);
+  ASSERT_FALSE(theta.ok());
+  EXPECT_NE(theta.status().message().find("'model.rope_theta': 5 differs from 10000"), std::string::npos)
+      << theta.status().message();
 }
 
 TEST(Train, TokenOutsideTheVocabularyIsAnInputError) {
