@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <thread>
@@ -205,6 +206,12 @@ Result<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
   if (o.node_rank >= o.nnodes) {
     return InvalidConfig("--node-rank " + std::to_string(o.node_rank) +
                          " must be less than --nnodes " + std::to_string(o.nnodes));
+  }
+  // Each flag is in range alone; the world they make must still be a rank number.
+  if (static_cast<int64_t>(o.nnodes) * o.nproc > std::numeric_limits<int32_t>::max()) {
+    return InvalidConfig("--nnodes " + std::to_string(o.nnodes) + " x --nproc " + std::to_string(o.nproc) +
+                         " processes is more than the " + std::to_string(std::numeric_limits<int32_t>::max()) +
+                         " ranks a world can have");
   }
   return o;
 }

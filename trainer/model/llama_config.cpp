@@ -65,6 +65,20 @@ Status LlamaConfig::Validate(const std::string& p) const {
     os << "key '" << p << "rope_theta': must be > 0, got " << rope_theta;
     return InvalidConfig(os.str());
   }
+  // Dims no device could hold (a value with digits too many): refused here, naming them, rather
+  // than as an allocator's failure or an int64 overflow in the sizes later. Counted in double.
+  const double h = static_cast<double>(hidden_size);
+  const double embed = static_cast<double>(vocab_size) * h * (tie_word_embeddings ? 1.0 : 2.0);
+  const double per_layer = 3.0 * h * static_cast<double>(intermediate_size) + 4.0 * h * h;
+  const double parameters = embed + per_layer * static_cast<double>(num_hidden_layers);
+  constexpr double kMaxParameters = 1e15;
+  if (parameters > kMaxParameters) {
+    os << "keys '" << p << "*': vocab_size " << vocab_size << ", hidden_size " << hidden_size
+       << ", intermediate_size " << intermediate_size << " and num_hidden_layers " << num_hidden_layers
+       << " give about " << parameters << " parameters, more than the " << kMaxParameters
+       << " any machine could hold";
+    return InvalidConfig(os.str());
+  }
   return Status::Ok();
 }
 

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <ostream>
+#include <string>
+#include <string_view>
 
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
@@ -185,6 +187,12 @@ auto Guard(const char* what, F&& f) -> decltype(f()) {
                        " (lower data.batch_size, or let compiled FSDP plan within the memory: fsdp.mode: compiled, "
                        "training.activation_checkpointing: auto)");
   } catch (const c10::Error& e) {
+    // libtorch 1.13's CPU allocator reports running out as a plain c10::Error.
+    if (std::string_view(e.what_without_backtrace()).find("can't allocate memory") != std::string_view::npos) {
+      const std::string message = e.what_without_backtrace();
+      return Unavailable(std::string(what) + ": out of host memory: " + message.substr(0, message.find('\n')) +
+                         " (lower data.batch_size or data.seq_len, or the model dims)");
+    }
     return Internal(std::string(what) + ": libtorch error: " + e.what_without_backtrace());
   } catch (const std::bad_alloc&) {
     return Unavailable(std::string(what) + ": out of memory");

@@ -160,6 +160,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadArgs{{"--master-port=abc", "x"}, {"--master-port 'abc'"}},
         BadArgs{{"--master-addr=", "x"}, {"--master-addr"}},
         BadArgs{{"--node-rank", "2", "--nnodes", "2", "x"}, {"--node-rank 2", "--nnodes 2"}},
+        // In range one by one, but 2048 x 2^20 ranks overflowed RANK and WORLD_SIZE.
+        BadArgs{{"--nproc", "2048", "--nnodes", "1048576", "x"}, {"--nnodes 1048576 x --nproc 2048"}},
         BadArgs{{"--nproc"}, {"--nproc needs a value"}},
         BadArgs{{"--bogus", "1", "x"}, {"unknown flag '--bogus'"}}));
 

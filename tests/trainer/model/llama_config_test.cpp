@@ -2,6 +2,8 @@
 // and the parameter / FLOP counts the trainer reports (checked against hand sums).
 #include "trainer/model/llama_config.h"
 
+#include <limits>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -73,6 +75,23 @@ TEST(LlamaConfigTest, UnknownPresetErrorNamesKeyAndListsKnownPresets) {
 
 TEST(LlamaConfigTest, DefaultConfigValidates) {
   EXPECT_TRUE(LlamaConfig{}.Validate().ok()) << LlamaConfig{}.Validate().ToString();
+}
+
+// A typo's extra digits: refused by name before anything is allocated (it was libtorch's
+// "can't allocate memory", exit 1, or an int64 overflow in the sizes).
+TEST(LlamaConfigTest, ValidateRejectsDimsNoMachineCouldHold) {
+  LlamaConfig c;
+  c.intermediate_size = 1000000000000;
+  Status s = c.Validate("model.");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(s.message(), HasSubstr("intermediate_size 1000000000000"));
+  EXPECT_THAT(s.message(), HasSubstr("parameters, more than the 1e+15"));
+  c = LlamaConfig{};
+  c.vocab_size = std::numeric_limits<int64_t>::max();
+  EXPECT_FALSE(c.Validate().ok());
+  ASSERT_TRUE(PresetConfig("llama3-8b").ok());
+  EXPECT_TRUE(PresetConfig("llama3-8b")->Validate().ok());
 }
 
 TEST(LlamaConfigTest, ValidateRejectsHiddenNotDivisibleByHeads) {
