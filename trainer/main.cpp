@@ -158,6 +158,7 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
 int RunPrepareData(const std::vector<std::string>& args) {
   meshwork::data::PrepareOptions o;
   std::string error, value;
+  bool fraction_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (TakeValue(args, i, "--out", &value, &error)) {
       o.train_out = value;
@@ -167,9 +168,11 @@ int RunPrepareData(const std::vector<std::string>& args) {
       char* end = nullptr;
       o.val_fraction = std::strtod(value.c_str(), &end);
       if (value.empty() || *end != '\0') return Usage("--val-fraction: expected a number, got '" + value + "'");
+      fraction_given = true;
     } else if (TakeValue(args, i, "--format", &value, &error)) {
       auto f = meshwork::data::ParseTokenFormat(value);
-      if (!f.ok()) return Fail(f.status());
+      // The parser names the config key; here the value came from the flag.
+      if (!f.ok()) return Usage("--format: '" + value + "' is not a token format (auto, llmc, raw_u16, raw_u32)");
       o.format = *f;
     } else if (args[i].rfind("--", 0) == 0) {
       return Usage("unknown option '" + args[i] + "' for 'prepare-data'");
@@ -180,6 +183,8 @@ int RunPrepareData(const std::vector<std::string>& args) {
   }
   if (o.train_out.empty()) return Usage("prepare-data needs --out FILE");
   if (o.inputs.empty()) return Usage("prepare-data needs at least one INPUT file or directory");
+  // Without a val output every token goes to --out: a fraction asked for would silently do nothing.
+  if (fraction_given && o.val_out.empty()) return Usage("--val-fraction needs --val-out FILE (where the split goes)");
   auto r = meshwork::data::PrepareTokens(o);
   if (!r.ok()) return Fail(r.status());
   std::cout << "prepared " << r->documents << " documents: " << r->train_tokens << " tokens -> "

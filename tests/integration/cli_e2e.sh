@@ -82,6 +82,10 @@ expect "prepare-data --out is its input" 2 "--out '$work/notes.txt' is the input
   -- prepare-data --out "$work/notes.txt" "$work/notes.txt"
 expect "prepare-data --val-out is --out by another name" 2 "train and val outputs are the same file" \
   -- prepare-data --out "$work/notes.txt" --val-out "$work/./notes.txt" "$work/notes.txt"
+expect "prepare-data --val-fraction without --val-out" 2 "--val-fraction needs --val-out" \
+  -- prepare-data --out "$work/t.bin" --val-fraction 0.5 "$work/notes.txt"
+expect "prepare-data --format bogus" 2 "--format: 'bogus' is not a token format" \
+  -- prepare-data --out "$work/t.bin" --format bogus "$work/notes.txt"
 [ "$(cat "$work/notes.txt")" = "some text to keep" ] && pass "the input text is untouched" ||
   fail "the input text changed: $(head -c 100 "$work/notes.txt")"
 
