@@ -36,6 +36,9 @@ std::optional<Decision> Suspend(const JobState& job) {
                        (job.spec.suspend ? was_reason != "Queued" : was_reason == "Queued" && was_message == msg);
   if (already) return d;
   d.conditions = {{"Suspended", "True", reason, msg}, {"Running", "False", reason, msg}};
+  // A restart the suspension cut short is over: the resumed job is Created until its gang runs,
+  // not Restarting.
+  if (ConditionTrue(job.status, "Restarting")) d.conditions.push_back({"Restarting", "False", reason, msg});
   if (auto start = ParseTime(job.status.value("startTime", ""))) {
     const auto ran = std::chrono::duration_cast<seconds>(job.in.now - *start).count();
     d.status["activeSeconds"] = IntOr(job.status, "activeSeconds", 0) + std::max<int64_t>(0, ran);

@@ -35,6 +35,20 @@ TEST(SuspendTest, SuspendingDeletesThePodsAndBanksTheActiveTime) {
   EXPECT_TRUE(d->status_first);
 }
 
+TEST(SuspendTest, SuspendingMidRestartEndsTheRestart) {
+  State s(Job(Suspended(true), {{"conditions", json::array({Condition("Restarting", "True")})}}),
+          {Pod(0, 1, "Pending")});
+  const auto d = Suspend(s.Get());
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(ReasonOf(*d, "Restarting"), "JobSuspended");
+  bool restarting_false = false;
+  for (const auto& c : d->conditions) restarting_false = restarting_false || (c.type == "Restarting" && c.value == "False");
+  EXPECT_TRUE(restarting_false);
+  // Without a restart under way there is no Restarting condition to end.
+  State plain(Job(Suspended(true)), {Pod(0, 0, "Running")});
+  EXPECT_EQ(ReasonOf(*Suspend(plain.Get()), "Restarting"), "");
+}
+
 TEST(SuspendTest, AnAlreadySuspendedJobOnlyLosesPodsThatReappeared) {
   State s(Job(Suspended(true), {{"conditions", json::array({Condition("Suspended", "True")})}}),
           {Pod(0, 0, "Pending")});
