@@ -241,13 +241,14 @@ std::optional<FinalReport> Reconciler::ReadFinalReport(const json& job) {
 
 namespace {
 
-// An object of the job's child's name that the job does not own: an error naming it.
-k8s::Error NotOwned(const std::string& kind, const json& object) {
+// An object of the job's child's name that the job does not own: an error naming it (and its
+// API version, `detail`, where the kind alone is ambiguous).
+k8s::Error NotOwned(const std::string& kind, const json& object, const std::string& detail = "") {
   const json& meta = object["metadata"];
-  return k8s::Error(k8s::ErrorKind::kAlreadyExists, kind + " " + meta.value("namespace", "") + "/" +
-                                                        meta.value("name", "") +
-                                                        " exists and is not owned by this TrainingJob; rename "
-                                                        "the job or delete the " + kind);
+  return k8s::Error(k8s::ErrorKind::kAlreadyExists,
+                    kind + " " + meta.value("namespace", "") + "/" + meta.value("name", "") +
+                        (detail.empty() ? "" : " (" + detail + ")") +
+                        " exists and is not owned by this TrainingJob; rename the job or delete the " + kind);
 }
 
 }  // namespace
@@ -288,11 +289,7 @@ k8s::Error Reconciler::EnsurePodGroup(const json& job, const JobSpec& spec) {
   const std::string ns = want["metadata"]["namespace"];
   auto have = api_->Get(ref, ns, want["metadata"]["name"]);
   if (!have.ok()) return have.error();
-  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) {
-    return k8s::Error(k8s::ErrorKind::kAlreadyExists,
-                      "PodGroup " + ns + "/" + want["metadata"].value("name", "") + " (" + ref.ApiVersion() +
-                          ") exists and is not owned by this TrainingJob");
-  }
+  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) return NotOwned("PodGroup", *have, ref.ApiVersion());
   // A resize changes the gang's size (minCount, minMember), an edit the queue or timeout: the
   // fields the operator sets follow the spec; any others (a scheduler's) stay.
   json updated = *have;
@@ -338,10 +335,7 @@ k8s::Error Reconciler::EnsureRendezvousSecret(const json& job) {
   const std::string name = want["metadata"]["name"];
   auto have = api_->Get(k8s::resources::Secrets(), ns, name);
   if (!have.ok()) return have.error();
-  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) {
-    return k8s::Error(k8s::ErrorKind::kAlreadyExists,
-                      "Secret " + ns + "/" + name + " exists and is not owned by this TrainingJob");
-  }
+  if (!OwnedBy(*have, job["metadata"].value("uid", ""))) return NotOwned("Secret", *have);
   if (!have->value("data", json::object()).contains(kRendezvousTokenKey)) {
     return k8s::Error(k8s::ErrorKind::kInvalid, "Secret " + ns + "/" + name + " has no key '" + kRendezvousTokenKey +
                                                     "'; delete it and the operator makes a new one");

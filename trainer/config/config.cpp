@@ -53,7 +53,10 @@ std::string Str(T v) {
 bool ParseDecimal(const std::string& text, int64_t* v) {
   const char* first = text.data();
   const char* last = text.data() + text.size();
-  if (first != last && *first == '+') ++first;
+  if (first != last && *first == '+') {
+    ++first;
+    if (first != last && *first == '-') return false;  // "+-5"
+  }
   if (first == last || (*first == '-' && first + 1 == last)) return false;
   const auto [end, ec] = std::from_chars(first, last, *v, 10);
   return ec == std::errc() && end == last;

@@ -344,10 +344,6 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
   check("model.num_attention_heads", saved.dims.num_attention_heads, now.dims.num_attention_heads);
   check("model.num_key_value_heads", saved.dims.num_key_value_heads, now.dims.num_key_value_heads);
   check("model.tie_word_embeddings", saved.dims.tie_word_embeddings, now.dims.tie_word_embeddings);
-  if (saved.numerics_recorded) {
-    check("model.rope_theta", saved.dims.rope_theta, now.dims.rope_theta);
-    check("model.rms_norm_eps", saved.dims.rms_norm_eps, now.dims.rms_norm_eps);
-  }
   if ((saved.dp_shard > 1 || now.dp_shard > 1) && saved.shard_layout != now.shard_layout) {
     diffs.push_back("shard layout '" + saved.shard_layout + "' in the checkpoint, '" + now.shard_layout +
                     "' in this run (a checkpoint sharded by rows was written by a Meshwork before the flat FSDP "
@@ -376,6 +372,12 @@ std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, co
   note("training.grad_accum", saved.grad_accum, now.grad_accum);
   note("schedule.steps", saved.total_steps, now.total_steps);
   note("fsdp.mode", saved.fsdp_mode, now.fsdp_mode);
+  // Not shapes: the weights load, but compute another function. Said, not refused: a larger
+  // theta on resume is how a run extends its context.
+  if (saved.numerics_recorded) {
+    note("model.rope_theta", saved.dims.rope_theta, now.dims.rope_theta);
+    note("model.rms_norm_eps", saved.dims.rms_norm_eps, now.dims.rms_norm_eps);
+  }
   return notes;
 }
 
@@ -594,7 +596,13 @@ Status Checkpointer::Save(int64_t step) {
 
 Result<ResumePoint> Checkpointer::Resume() {
   ResumePoint point;
-  if (!enabled() || cfg_.resume == config::Resume::kNever) return point;
+  if (!enabled()) return point;
+  // Every rank can write here (found now, not at the first save); a rank that cannot fails
+  // them all at once rather than leave the others waiting in the next collective.
+  Status writable = EnsureWritableDirectory(cfg_.dir);
+  if (!writable.ok()) writable = IOError("key 'checkpoint.dir': " + writable.message());
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, writable, StatusCode::kIOError, "checking checkpoint.dir " + cfg_.dir));
+  if (cfg_.resume == config::Resume::kNever) return point;
 
   // Every rank reads `latest` itself (checkpoint.dir is storage all ranks share); they must agree.
   std::optional<std::string> latest;

@@ -115,7 +115,8 @@ class Checkpointer {
   // any incomplete one older than step N.
   Status Commit(int64_t step);
 
-  // Loads DIR/latest when it exists and checkpoint.resume is auto.
+  // Creates DIR and checks every rank can write in it (IOError naming checkpoint.dir, agreed
+  // across ranks), then loads DIR/latest when it exists and checkpoint.resume is auto.
   Result<ResumePoint> Resume();
 
  private:

@@ -371,11 +371,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   // the step, so nothing else needs restoring).
   // Output paths are checked now, not when first written: a bad one would otherwise be found
   // only at the first checkpoint or, for the export, after the whole run.
-  if (!cfg.checkpoint.dir.empty()) {
-    if (Status s = EnsureWritableDirectory(cfg.checkpoint.dir); !s.ok()) {
-      return IOError("key 'checkpoint.dir': " + s.message());
-    }
-  }
+  // (checkpoint.dir: by every rank, in Checkpointer::Resume.)
   if (!cfg.checkpoint.export_hf.empty() && r.engine->rank() == 0) {
     if (Status s = EnsureWritableDirectory(cfg.checkpoint.export_hf); !s.ok()) {
       return IOError("key 'checkpoint.export_hf': " + s.message());

@@ -83,7 +83,7 @@ app.kubernetes.io/part-of: meshwork
   verbs: [get]
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, watch, create]
+  verbs: [get, list, watch, create]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, update]

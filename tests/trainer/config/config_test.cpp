@@ -169,6 +169,7 @@ const Rejected kRejected[] = {
     {"HexInteger", "", {"schedule.steps=0x10"}, "schedule.steps", "0x10"},
     {"OctalPrefixInteger", "", {"schedule.steps=0o10"}, "schedule.steps", "0o10"},
     {"IntegerWithExponent", "", {"schedule.steps=1e3"}, "schedule.steps", "1e3"},
+    {"IntegerWithTwoSigns", "", {"fsdp.memory_budget=+-5"}, "fsdp.memory_budget", "+-5"},
     {"IntegerPastInt64", "", {"training.seed=99999999999999999999"}, "training.seed", "99999999999999999999"},
 };
 // clang-format on
