@@ -133,6 +133,24 @@ created="$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 ~ /^meshwork_opera
 [ "$created" -ge 2 ] 2>/dev/null && pass "the operator's Pod counter shows the $created Pods it created" ||
   fail "meshwork_operator_pods_created_total: '$created'"
 
+# ---- a gang launched while the job's Service is there (a suspend, then a resume): the operator
+# checks that Service is the job's own (get services), which the RBAC audit below must allow
+sed -e 's/name: from-helm/name: cycle/' -e "s/masterPort: $master/masterPort: $(e2e_free_port)/" \
+  -e "s/metricsPort: $metrics/metricsPort: $(e2e_free_port)/" -e 's/steps: 20, warmup_steps: 5/steps: 100000, warmup_steps: 5/' \
+  "$work/job.yaml" >"$work/cycle.yaml"
+cycle_phase() { [ "$(k -n ml get tj cycle -o jsonpath='{.status.phase}' 2>/dev/null)" = "$1" ]; }
+cycle_gen() { [ "$(k -n ml get tj cycle -o jsonpath='{.status.restartGeneration}/{.status.launchedGeneration}' 2>/dev/null)" = "$1" ]; }
+suspend_cycle() { k -n ml patch tj cycle --type=merge -p "{\"spec\":{\"runPolicy\":{\"suspend\":$1}}}" >/dev/null 2>&1; }
+if k apply -f "$work/cycle.yaml" >/dev/null 2>&1 && e2e_wait_for 120 "cycle runs" cycle_phase Running &&
+   suspend_cycle true && e2e_wait_for 60 "cycle is suspended" cycle_phase Suspended &&
+   suspend_cycle false && e2e_wait_for 120 "cycle's second gang is created" cycle_gen 1/1; then
+  pass "a job suspended and resumed gets its second gang (its Service already there)"
+else
+  fail "suspend and resume: $(k -n ml get tj cycle -o jsonpath='{.status}' 2>&1)"
+  dump
+fi
+k -n ml delete tj cycle --wait=false >/dev/null 2>&1
+
 # ---- the Deployment replaces a deleted operator Pod; the new one takes the Lease
 k -n "$ns" delete pod "$pod" --wait=false >/dev/null 2>&1
 new_pod() { k -n "$ns" get pods -l app.kubernetes.io/name=meshwork-operator -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | grep -vx "$pod"; }
