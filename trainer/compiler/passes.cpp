@@ -204,9 +204,8 @@ bool DelayOneWait(Graph& g, const std::vector<std::string>& ids, size_t k) {
   return true;
 }
 
-// What the eager executor does at the end of backward (FinishBackward): every reduce-scatter's
-// wait, in issue order, each followed by its all-reduce (HSDP), then every all-reduce's wait,
-// then optimizer_step. No wait is left inside backward, so compute never blocks on gradients;
+// Every reduce-scatter's wait at the end of backward, in issue order, each followed by its
+// all-reduce (HSDP), then every all-reduce's wait, then optimizer_step. No wait is left inside backward, so compute never blocks on gradients;
 // the cost is that every full gradient stays allocated until the step. False if a wait is not
 // there.
 bool WaitAllAtStep(Graph& g, const std::vector<std::string>& ids) {
@@ -239,12 +238,12 @@ bool Acceptable(const Graph& placed, const PassContext& ctx) {
   return WithinBudget(placed, ctx) && Validate(placed).ok();
 }
 
-// Where each reduce-scatter is waited for (with its all-reduce). The eager executor's way:
-// every wait at the optimizer step (WaitAllAtStep). Else the faster, by the simulator, of that
-// and each wait just after the next reduce-scatter is issued (the last ones before
-// optimizer_step, all-reduce waits last: with HSDP this starts the all-reduces during
-// backward), among those within the budget; under a budget that takes neither whole, move by
-// move, each kept only if the program stays valid and within the budget.
+// Where each reduce-scatter is waited for (with its all-reduce). The eager executor's way
+// (FSDP2's): each wait just after the next reduce-scatter is issued, one in flight (the last
+// ones before optimizer_step, all-reduce waits last: with HSDP this starts the all-reduces
+// during backward). Else the faster, by the simulator, of that and every wait at the optimizer
+// step (WaitAllAtStep), among those within the budget; under a budget that takes neither whole,
+// move by move, each kept only if the program stays valid and within the budget.
 Graph PrefetchOne(Graph g, const PassContext& ctx);
 
 Graph DelayReduceScatterWaits(Graph g, const PassContext& ctx, bool as_eager_executor) {
@@ -264,13 +263,11 @@ Graph DelayReduceScatterWaits(Graph g, const PassContext& ctx, bool as_eager_exe
       best_seconds = t;
     }
   };
-  Graph at_step = g;
-  if (WaitAllAtStep(at_step, ids)) {
-    if (as_eager_executor) return PlaceFrees(std::move(at_step));
-    consider(std::move(at_step));
-  }
   Graph one_behind = g;
   for (size_t k = 0; k < ids.size(); ++k) DelayOneWait(one_behind, ids, k);
+  if (as_eager_executor) return PlaceFrees(std::move(one_behind));
+  Graph at_step = g;
+  if (WaitAllAtStep(at_step, ids)) consider(std::move(at_step));
   consider(std::move(one_behind));
   if (best) return std::move(*best);
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -496,7 +493,17 @@ Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx) {
 }
 
 Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx) {
-  Graph g = BlockBuckets(naive, OpKind::kAllGather);
+  // As the eager executor runs FSDP2's defaults: the root's modules (all but the decoder layers)
+  // and the last decoder layer stay gathered from their forward to their backward.
+  Graph g = naive;
+  bool last_layer = true;
+  for (int m = static_cast<int>(naive.modules.size()) - 1; m >= 0; --m) {
+    const bool layer = naive.modules[m].name.rfind("layers.", 0) == 0;
+    if (layer && !last_layer) continue;
+    g = KeepGathered(g, m);
+    last_layer = last_layer && !layer;
+  }
+  g = BlockBuckets(std::move(g), OpKind::kAllGather);
   g = BlockBuckets(std::move(g), OpKind::kReduceScatter);
   PassContext unlimited = ctx;
   unlimited.memory_budget_bytes = 0;  // FSDP2's eager prefetch does not look at memory

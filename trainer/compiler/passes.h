@@ -56,9 +56,11 @@ Result<Graph> Reorder(const Graph& g, const PassContext& ctx);
 Result<Graph> InsertFrees(const Graph& g, const PassContext& ctx);
 
 // The eager baseline as a plan: what the eager executor (trainer/fsdp/eager_schedule) does, one
-// all-gather and one reduce-scatter per module, each all-gather issued one compute ahead, every
-// reduce-scatter waited for at the end of backward; no memory budget. The simulator compares
-// plans with it, and its peak is the compiled plan's default budget.
+// all-gather and one reduce-scatter per module, the root's modules and the last decoder layer
+// kept gathered from their forward to their backward, each all-gather issued one compute ahead, each
+// reduce-scatter waited for once the next one is issued (FSDP2's one in flight); no memory
+// budget. The simulator compares plans with it, and its peak is the compiled plan's default
+// budget.
 Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx);
 
 // A fast stand-in for the pipeline's result, with no search: checkpointing to fit the budget,

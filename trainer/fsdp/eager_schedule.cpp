@@ -34,12 +34,10 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens, const torch::T
         if (h.requires_grad()) {
           Unit* prev = i > 0 ? units[i].get() : nullptr;
           Unit* before_prev = prefetch && i > 1 ? units[i - 1].get() : nullptr;
-          // Under a memory limit (the warm-up before a plan) one reduce-scatter at a time: the
-          // one the layer after this issued is waited for once this one is issued, so their
-          // gradients do not pile up until the end of backward.
-          Unit* reduced_before = state->options.checkpointing == LayerCheckpointing::kAllUntilPlanned && i + 2 < static_cast<int64_t>(units.size())
-                                     ? units[i + 2].get()
-                                     : nullptr;
+          // One reduce-scatter in flight, as FSDP2: the one the layer after this issued is
+          // waited for once this one is issued, so the layers' full gradients do not pile up
+          // until the end of backward (that pile-up would be eager's peak).
+          Unit* reduced_before = i + 2 < static_cast<int64_t>(units.size()) ? units[i + 2].get() : nullptr;
           h.register_hook([state, unit, prev, before_prev, reduced_before, sync, trace, i](const torch::Tensor&) {
             trace->bwd[i + 1] = {trace->mark, trace->clock.Now()};
             state->TraceCompute("bwd layers." + std::to_string(i), trace->bwd[i + 1].from.host,
@@ -54,13 +52,10 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens, const torch::T
         torch::Tensor out = RunLayer(layer, h, rope, CheckpointedInEager(state->options, i));
         trace->fwd[i + 1] = {start, trace->clock.Now()};
         state->TraceCompute("fwd layers." + std::to_string(i), start.host, trace->fwd[i + 1].to.host);
-        if (state->options.reshard_after_forward) unit->Free();
-        if (i + 1 == layers) {
-          // The last layer is the first one backward needs: gather it while the head and the
-          // loss run. The head's time counts from here.
-          if (prefetch) unit->StartGather();
-          trace->mark = trace->clock.Now();
-        }
+        // The last layer is the first one backward needs: it stays gathered, as FSDP2's
+        // default keeps the last block (freeing it would only gather it again at once).
+        if (state->options.reshard_after_forward && i + 1 < layers) unit->Free();
+        if (i + 1 == layers) trace->mark = trace->clock.Now();  // the head's time counts from here
         if (i + 1 == layers && out.requires_grad()) {
           // Pre-backward of the last layer (the others get theirs from the next layer's hook).
           Unit* before = prefetch && i > 0 ? units[i].get() : nullptr;

@@ -1,4 +1,4 @@
-// The eager FSDP schedule (FSDP2-like): hooks on each layer's input and output tensors decide, as
+// The eager FSDP schedule (FSDP2's defaults): hooks on each layer's input and output tensors decide, as
 // autograd reaches them, when a unit is gathered, reduced and freed. It also records the step's
 // compute per module (StepTrace), which the compiler plans from.
 #pragma once

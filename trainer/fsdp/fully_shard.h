@@ -1,4 +1,4 @@
-// FSDP for the Llama model, eager schedule (FSDP2-like): the parameters of each module (a
+// FSDP for the Llama model, eager schedule (FSDP2's defaults): the parameters of each module (a
 // decoder layer, the embedding, the final norm with an untied head) form a flat group, laid out
 // back to back and sharded as one flat vector over the dp_shard group (padded to a multiple of
 // its size), kept as an fp32 master shard (unit.h); a unit (one decoder layer, or the root:
@@ -12,8 +12,10 @@
 // refilled before its backward, so autograd's saved tensors stay valid and nothing is
 // recomputed. Hooks on each layer's input and output tensors drive backward: the pre-backward
 // waits for the layer's all-gather and prefetches the previous layer's; the post-backward
-// reduce-scatters the layer's gradients (async) and frees it. The root unit stays gathered for
-// the whole step (its weights are used at both ends of the model, as FSDP2 keeps the root).
+// reduce-scatters the layer's gradients (async), waits for the previous layer's reduce-scatter
+// (one in flight) and frees it. The root unit stays gathered for the whole step (its weights are
+// used at both ends of the model), and so does the last decoder layer from its forward to its
+// backward, as FSDP2's defaults keep them (docs/distributed.md maps each option to FSDP2's).
 //
 // That schedule is EagerSchedule (eager_schedule.h); compiled mode swaps in PlanExecutor
 // (plan_executor.h). Both drive the same units (unit.h) over the state in step_schedule.h.
@@ -43,14 +45,15 @@ enum class LayerCheckpointing {
   kPlanned,  // the layers the compiled plan checkpoints (ws= in its IR); none in eager steps
   // Every layer in eager steps (the warm-up and the traced step), then the layers the compiled
   // plan checkpoints: for compiled FSDP under a memory limit that the eager steps, holding every
-  // layer's activations, would overrun. The eager steps also keep one reduce-scatter in flight at
-  // a time (not every layer's gradients until the end of backward). The traced backward then
-  // includes a recompute, which Skeleton() takes out (one forward per layer).
+  // layer's activations, would overrun. The traced backward then includes a recompute, which
+  // Skeleton() takes out (one forward per layer).
   kAllUntilPlanned,
 };
 
 struct FsdpOptions {
-  bool reshard_after_forward = true;       // free each layer's gathered weights after forward
+  // Free each decoder layer's gathered weights after its forward (FSDP2's reshard_after_forward;
+  // the last layer, which backward needs first, is kept, as torchtitan sets it).
+  bool reshard_after_forward = true;
   torch::ScalarType param_dtype = torch::kFloat32;   // gathered weights (bf16 on GPU)
   torch::ScalarType reduce_dtype = torch::kFloat32;  // gradient reduction
   bool prefetch = true;  // issue the next unit's all-gather before computing the current one

@@ -1,5 +1,5 @@
 // Internal to trainer/fsdp: the sharded state FullyShardedLlama owns, and the interface of the two
-// schedules that drive it through a training step (EagerSchedule: FSDP2-like hooks;
+// schedules that drive it through a training step (EagerSchedule: FSDP2's defaults, by hooks;
 // PlanExecutor: a compiled plan's ops in order). Both move the same units; they differ in when.
 #pragma once
 

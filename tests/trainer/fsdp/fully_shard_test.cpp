@@ -539,7 +539,16 @@ struct Lifecycle {
   // shard gradients after the step (the reduced shard) are each one storage, back to back.
   bool params_one_storage = false, grads_one_storage = false, shard_grads_one_storage = false;
   int64_t gradient_copies = -1;
+  // Whether the layers' shard gradients were there once loss.backward() returned, before
+  // FinishBackward: their reduce-scatter had been waited for during backward.
+  bool last_reduced_in_backward = false, layer0_reduced_in_backward = false;
 };
+
+bool AllDefined(const std::vector<torch::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (!t.defined()) return false;
+  return !ts.empty();
+}
 
 // Whether `ts` are views of one storage, each starting where the one before ends.
 bool BackToBack(const std::vector<torch::Tensor>& ts) {
@@ -580,6 +589,10 @@ Lifecycle Observe(const FsdpOptions& options) {
         seen.params_one_storage = BackToBack(Prefixed(f, "model.layers.1.", false, false));
       }
       loss.backward();
+      if (rank == 0 && sync) {
+        seen.last_reduced_in_backward = AllDefined(Prefixed(f, "model.layers.1.", true, true));
+        seen.layer0_reduced_in_backward = AllDefined(Prefixed(f, "model.layers.0.", true, true));
+      }
       MW_RETURN_IF_ERROR(f.FinishBackward());
       if (rank == 0 && !sync) seen.grads_one_storage = BackToBack(Prefixed(f, "model.layers.0.", true, false));
       return Status::Ok();
@@ -612,13 +625,14 @@ size_t LayerGroupBytes() {
 TEST_F(FullyShard, ReshardAfterForwardFreesLayersUntilTheirBackward) {
   const Lifecycle seen = Observe(FsdpOptions());
   EXPECT_EQ(seen.layer0_after_forward, 0u) << "layer 0 stays gathered after its forward";
-  // The last layer's all-gather is started at the end of forward (backward needs it first):
-  // it writes straight into the layer's storage, allocated at its issue.
+  // The last layer, which backward needs first, stays gathered (FSDP2's default for the last
+  // block under torchtitan).
   EXPECT_EQ(seen.last_after_forward, LayerGroupBytes());
   EXPECT_EQ(seen.layer0_after_backward, 0u);
   EXPECT_EQ(seen.root_after_backward, 0u);
-  // Forward gathers the root (embedding and head groups) + 2 layers; backward the 2 layers again.
-  EXPECT_EQ(seen.all_gathers_per_step, 6);
+  // Forward gathers the root (embedding and head groups) + 2 layers; backward gathers layer 0
+  // again, not the last layer (freeing it after forward would only gather it again at once).
+  EXPECT_EQ(seen.all_gathers_per_step, 5);
   // Gradient accumulation: no reduce-scatter until the last micro-batch, then one per group.
   EXPECT_EQ(seen.reduce_scatters_without_sync, 0);
   EXPECT_EQ(seen.reduce_scatters_with_sync, 4);
@@ -637,6 +651,20 @@ TEST_F(FullyShard, WithoutReshardLayersStayGatheredUntilTheirBackward) {
   EXPECT_EQ(seen.last_after_forward, LayerGroupBytes());
   EXPECT_EQ(seen.layer0_after_backward, 0u) << "freed after backward";
   EXPECT_EQ(seen.all_gathers_per_step, 4) << "one gather per group, none again in backward";
+}
+
+// FSDP2 keeps one reduce-scatter in flight: a layer's post-backward waits for the one the layer
+// after it issued. So by the end of backward the last layer's gradients are reduced (layer 0's,
+// issued last, are still in flight), where waiting for every reduce-scatter at the end of
+// backward would hold every layer's full gradients until then.
+TEST_F(FullyShard, EagerWaitsForEachReduceScatterAtTheNextLayersPostBackward) {
+  for (bool reshard : {true, false}) {
+    FsdpOptions options;
+    options.reshard_after_forward = reshard;
+    const Lifecycle seen = Observe(options);
+    EXPECT_TRUE(seen.last_reduced_in_backward) << "reshard " << reshard;
+    EXPECT_FALSE(seen.layer0_reduced_in_backward) << "reshard " << reshard;
+  }
 }
 
 }  // namespace
