@@ -7,10 +7,8 @@
 #include <sstream>
 
 namespace meshwork::compiler {
-namespace {
 
-// Shortest text that parses back to the same double.
-std::string Num(double v) {
+std::string ShortestText(double v) {
   char buf[64];
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
@@ -18,6 +16,10 @@ std::string Num(double v) {
   }
   return buf;
 }
+
+namespace {
+
+std::string Num(double v) { return ShortestText(v); }
 
 std::string IntList(const std::vector<int>& v) {
   std::string s = "[";

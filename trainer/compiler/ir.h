@@ -131,6 +131,9 @@ std::string Print(const Graph& g);
 // Errors are kInvalidInput naming the line number and the offending text.
 Result<Graph> Parse(std::string_view text);
 
+// The shortest text that parses back to the same double (how the IR writes its figures).
+std::string ShortestText(double v);
+
 // The rules every program must keep (checked after every pass, and by the executor before it
 // runs a plan): ids defined once; a wait after its collective and at most once per issue; a
 // compute's parameters gathered and waited for, not freed, before it; every parameter

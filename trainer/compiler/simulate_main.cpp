@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/file.h"
+#include "trainer/compiler/calibration.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/compiler/mesh_choice.h"
@@ -27,6 +29,7 @@ namespace compiler = meshwork::compiler;
 namespace exit_code = meshwork::exit_code;
 
 constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --model NAME --gpus N [options]
+       meshwork-simulate --calibration FILE [calibration options] [--bucketing MODE] [--dump-plan]
 
   --profile FILE|NAME     hardware profile: a file, or the name of a built-in one (those of
                           bench/profiles/: h100-nvlink-node, h100-ib-400g, cpu-gloo-local)
@@ -48,8 +51,22 @@ constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --mode
                           checkpoint every layer in both plans (keep each layer's input,
                           recompute its forward in backward); the trainer has no such option yet
 
+From a compiled-FSDP run's calibration instead (fsdp.calibration_out: its links, CPU
+interference, step overhead, traced modules and fitted compute scale), both plans as that run
+would make them, under:
+  --calibration FILE      the file the trainer wrote
+  --link-scale X          the dp_shard and dp_replicate links' bandwidth times X (default 1;
+                          latencies kept): the same run on links X times as fast
+  --reshard-after-forward true|false   (default true) fsdp.reshard_after_forward
+  --embedding-rows true|false          (default true) fsdp.embedding_rows
+  --vocab-parallel-head true|false     (default true) fsdp.vocab_parallel_head
+  --memory-budget-mib N   the compiled plan's budget, as fsdp.memory_budget N (default: the eager
+                          plan's peak, as fsdp.memory_budget -1)
+Then the lines carry no tokens/s or MFU (the file names no device).
+
 Prints one line per plan: step time, exposed and total communication, peak memory, collectives
-per step, tokens/s per device and MFU. Exit codes: 0 ok, 2 bad command line, 3 bad profile file.
+per step, tokens/s per device and MFU. Exit codes: 0 ok, 2 bad command line, 3 bad profile or
+calibration file.
 )";
 
 int Usage(const std::string& problem) {
@@ -74,7 +91,18 @@ struct Options {
   double memory_budget_gib = 0;  // 0: derived from the profile
   bool dump_plan = false;
   bool activation_checkpointing = false;
+  // --calibration and its options.
+  std::string calibration;
+  double link_scale = 1;
+  bool reshard_after_forward = true, embedding_rows = true, vocab_parallel_head = true;
+  int64_t memory_budget_mib = 0;  // 0: the eager plan's peak
 };
+
+Status ParseBool(const std::string& flag, const std::string& text, bool* out) {
+  if (text != "true" && text != "false") return meshwork::InvalidConfig(flag + ": expected true or false, got '" + text + "'");
+  *out = text == "true";
+  return Status::Ok();
+}
 
 // A whole-string integer in [lo, hi]; `flag` names it in the error.
 Status ParseInt(const std::string& flag, const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
@@ -94,12 +122,20 @@ Status ParseInt(const std::string& flag, const std::string& text, int64_t lo, in
 
 Result<Options> ParseArgs(const std::vector<std::string>& args) {
   const std::vector<std::string> valued = {"--profile", "--model", "--gpus", "--dp-shard", "--seq-len",
-                                           "--batch", "--bucketing", "--memory-budget-gib"};
+                                           "--batch", "--bucketing", "--memory-budget-gib", "--calibration",
+                                           "--link-scale", "--reshard-after-forward", "--embedding-rows",
+                                           "--vocab-parallel-head", "--memory-budget-mib"};
+  const std::vector<std::string> profile_only = {"--profile", "--model", "--gpus", "--dp-shard", "--seq-len",
+                                                 "--batch", "--memory-budget-gib", "--activation-checkpointing"};
+  const std::vector<std::string> calibration_only = {"--link-scale", "--reshard-after-forward", "--embedding-rows",
+                                                     "--vocab-parallel-head", "--memory-budget-mib"};
+  std::vector<std::string> given;
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
     // `--flag VALUE` or `--flag=VALUE`.
     const size_t eq = args[i].rfind("--", 0) == 0 ? args[i].find('=') : std::string::npos;
     const std::string flag = args[i].substr(0, eq);
+    given.push_back(flag);
     if (flag == "--dump-plan" && eq == std::string::npos) {
       o.dump_plan = true;
       continue;
@@ -136,6 +172,22 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 24, &o.seq_len));
     } else if (flag == "--batch") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &o.batch));
+    } else if (flag == "--calibration") {
+      o.calibration = value;
+    } else if (flag == "--link-scale") {
+      char* end = nullptr;
+      o.link_scale = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !std::isfinite(o.link_scale) || o.link_scale <= 0) {
+        return meshwork::InvalidConfig("--link-scale: expected a positive number, got '" + value + "'");
+      }
+    } else if (flag == "--reshard-after-forward") {
+      MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.reshard_after_forward));
+    } else if (flag == "--embedding-rows") {
+      MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.embedding_rows));
+    } else if (flag == "--vocab-parallel-head") {
+      MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.vocab_parallel_head));
+    } else if (flag == "--memory-budget-mib") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, int64_t{1} << 30, &o.memory_budget_mib));
     } else if (flag == "--bucketing") {
       auto b = meshwork::ParseName(compiler::kBucketingNames, value);
       if (!b) return meshwork::InvalidConfig("--bucketing: expected none, block or auto, got '" + value + "'");
@@ -148,6 +200,15 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
       }
     }
   }
+  if (!o.calibration.empty()) {
+    for (const std::string& flag : given)
+      if (std::find(profile_only.begin(), profile_only.end(), flag) != profile_only.end())
+        return meshwork::InvalidConfig(flag + " does not go with --calibration (the calibration file is the model and the cluster)");
+    return o;
+  }
+  for (const std::string& flag : given)
+    if (std::find(calibration_only.begin(), calibration_only.end(), flag) != calibration_only.end())
+      return meshwork::InvalidConfig(flag + " needs --calibration FILE");
   if (o.profile.empty()) return meshwork::InvalidConfig("--profile FILE is required");
   if (o.model.empty()) return meshwork::InvalidConfig("--model NAME is required");
   if (o.gpus == 0) return meshwork::InvalidConfig("--gpus N is required");
@@ -267,7 +328,48 @@ Result<int> ChooseDpShard(const Options& o, const meshwork::model::LlamaConfig& 
   return choice.dp_shard;
 }
 
+// --calibration: both plans as the calibrated run's trainer would make them under `o`.
+int RunCalibrated(const Options& o) {
+  auto text = meshwork::ReadTextFile(o.calibration);
+  if (!text.ok()) return Fail(meshwork::InvalidInput("--calibration: " + text.status().message()));
+  auto cal = compiler::ParseCalibration(*text);
+  if (!cal.ok()) return Fail(meshwork::InvalidInput(o.calibration + ": " + cal.status().message()));
+  const compiler::CostModel cost = compiler::ScaleLinks(cal->cost, o.link_scale);
+  compiler::PlanOptions options;
+  options.bucketing = o.bucketing;
+  options.reshard_after_forward = o.reshard_after_forward;
+  using Rows = compiler::PlanOptions::Rows;
+  options.read_by_rows = o.embedding_rows ? Rows::kWhenFaster : Rows::kNever;
+  options.split_by_vocabulary = o.vocab_parallel_head ? Rows::kWhenFaster : Rows::kNever;
+  options.budget = o.memory_budget_mib > 0
+                       ? compiler::MemoryBudget{compiler::MemoryBudget::Source::kFixed, o.memory_budget_mib << 20}
+                       : compiler::MemoryBudget{compiler::MemoryBudget::Source::kEagerPeak, 0};
+  std::ostringstream dump;
+  auto plans = compiler::PlanStep(compiler::ScaleCompute(cal->skeleton, cal->compute_scale), cost, options,
+                                  o.dump_plan ? &dump : nullptr);
+  if (!plans.ok()) return Fail(plans.status());
+  std::cout << "meshwork-simulate (simulated, not measured) from the calibration " << o.calibration << ": mesh dp_replicate="
+            << cost.dp_replicate << " dp_shard=" << cost.dp_shard << ", compute x" << Fixed(cal->compute_scale, 3)
+            << " (fitted to a measured eager step of " << Fixed(cal->eager_step_seconds, 3) << " s), links x"
+            << Fixed(o.link_scale, 3) << " (shard link " << Fixed(cost.shard_link.bus_bytes_per_second / 1e9, 3)
+            << " GB/s + " << Fixed(cost.shard_link.latency_seconds * 1e6, 1) << " us), memory budget "
+            << Fixed(static_cast<double>(plans->ctx.memory_budget_bytes) / (1 << 20), 0) << " MiB ("
+            << (o.memory_budget_mib > 0 ? "--memory-budget-mib" : "the eager plan's peak") << ")\n";
+  for (const std::string& choice : plans->choices) std::cout << "  compiled plan: " << choice << "\n";
+  if (o.dump_plan) std::cout << "== eager_plan ==\n" << compiler::Print(plans->eager) << dump.str();
+  for (const auto& [label, plan] : {std::pair{"eager", &plans->eager}, std::pair{"compiled", &plans->compiled}}) {
+    const compiler::SimResult r = compiler::Simulate(*plan, plans->ctx.cost);
+    std::cout << std::left << std::setw(10) << (std::string(label) + ":") << "step " << Fixed(r.step_seconds, 4)
+              << " s | exposed comm " << Fixed(r.exposed_comm_seconds, 4) << " s | comm " << Fixed(r.comm_seconds, 4)
+              << " s | peak " << Fixed(static_cast<double>(r.peak_bytes + r.static_bytes) / (1 << 20), 1)
+              << " MiB (dynamic " << Fixed(static_cast<double>(r.peak_bytes) / (1 << 20), 1) << " + static "
+              << Fixed(static_cast<double>(r.static_bytes) / (1 << 20), 1) << ") | " << r.collectives << " collectives\n";
+  }
+  return exit_code::kOk;
+}
+
 int Run(Options o) {
+  if (!o.calibration.empty()) return RunCalibrated(o);
   auto profile = compiler::FindHardwareProfile(o.profile);
   if (!profile.ok()) return Fail(profile.status());
   auto config = ModelConfig(o.model);

@@ -225,6 +225,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("fsdp.memory_budget", &c.fsdp.memory_budget, -1, int64_t{1} << 30),
       BoolField("fsdp.dump_plan", &c.fsdp.dump_plan),
       StringField("fsdp.trace_out", &c.fsdp.trace_out),
+      StringField("fsdp.calibration_out", &c.fsdp.calibration_out),
       BoolField("fsdp.single_process", &c.fsdp.single_process),
 
       IntField("dist.timeout_seconds", &c.dist.timeout_seconds, 1, 86400),
@@ -388,6 +389,11 @@ Status ValidateCrossFields(const TrainConfig& c) {
   }
   if (!c.fsdp.trace_out.empty() && c.schedule.steps < 3) {
     return InvalidConfig("key 'fsdp.trace_out': traces step 3, but schedule.steps is " + Str(c.schedule.steps));
+  }
+  if (!c.fsdp.calibration_out.empty() && (c.fsdp.mode != FsdpMode::kCompiled || c.schedule.steps < 3)) {
+    return InvalidConfig("key 'fsdp.calibration_out': written when the compiled plan is made, before step 3; it needs "
+                         "fsdp.mode compiled (is " + std::string(NameOf(kFsdpModeNames, c.fsdp.mode)) +
+                         ") and schedule.steps >= 3 (is " + Str(c.schedule.steps) + ")");
   }
   return Status::Ok();
 }

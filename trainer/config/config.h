@@ -189,6 +189,7 @@ struct FsdpConfig {
   int64_t memory_budget = 0;
   bool dump_plan = false;             // compiled: print the IR before/after each pass (rank 0)
   std::string trace_out;              // Chrome trace of step 3 (every rank's lanes) written here by rank 0
+  std::string calibration_out;        // compiled: rank 0 writes the plan's calibration here (compiler::Calibration)
   bool single_process = false;        // one process too runs FSDP, over a mesh of one rank
 };
 

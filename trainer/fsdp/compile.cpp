@@ -5,7 +5,9 @@
 #include <vector>
 #include <sstream>
 
+#include "common/file.h"
 #include "common/units.h"
+#include "trainer/compiler/calibration.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 #include "trainer/dist/host_collectives.h"
@@ -202,6 +204,17 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
                                            cfg.dump_plan ? &log : nullptr));
     log << Describe(plans, c.options, cfg, cpu, c.unslowed, c.scale, eager.step_seconds);
     c.predicted_step_seconds = compiler::Simulate(plans.compiled, c.cost).step_seconds;
+    if (!cfg.calibration_out.empty()) {
+      // What the plan was made from, for meshwork-simulate --calibration to plan other runs.
+      const std::string text = compiler::PrintCalibration({c.cost, c.scale, eager.step_seconds, c.skeleton});
+      Status written = [&]() -> Status {
+        MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(cfg.calibration_out));
+        MW_RETURN_IF_ERROR(out.Write(text.data(), text.size()));
+        return out.Commit();
+      }();
+      if (!written.ok()) return IOError("key 'fsdp.calibration_out': " + written.message());
+      log << "calibration: written to " << cfg.calibration_out << "\n";
+    }
     plan = std::move(plans.compiled);
   }
   MW_ASSIGN_OR_RETURN(c.plan, AgreeOnPlan(mesh.group("world"), plan));

@@ -377,6 +377,14 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
       return IOError("key 'checkpoint.export_hf': " + s.message());
     }
   }
+  if (!cfg.fsdp.calibration_out.empty() && r.engine->rank() == 0) {
+    const std::string& path = cfg.fsdp.calibration_out;
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    if (Status s = EnsureWritableDirectory(dir); !s.ok()) {
+      return IOError("key 'fsdp.calibration_out': " + s.message());
+    }
+  }
   r.checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint, *r.engine, *r.optimizer, RunMeta(cfg, r.dims, *r.engine));
   MW_ASSIGN_OR_RETURN(r.resumed, r.checkpointer->Resume());
   // /metrics opens only now, its step already the checkpoint's: a resumed gang never reports
