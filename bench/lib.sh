@@ -1,8 +1,25 @@
-# Shared by the bench scripts (source it): provenance lines and the parsing of a trainer log.
+# Shared by the bench scripts (source it): provenance lines, the parsing of a trainer log, and the
+# benchmark protocol's loop and records (bench/protocol.py, bench/README.md).
 
-# bench_command_line SCRIPT ROOT: "Command: `SCRIPT` (date, commit ...)"
+# bench_command_line SCRIPT ROOT [VAR...]: "Command: `VAR=value... SCRIPT` (date, commit ...)", each
+# VAR that is set in the environment written before the script as the command was given; the
+# commit is marked when the working tree differs from it.
 bench_command_line() {
-  echo "Command: \`$1\` ($(date -u +%Y-%m-%d), commit $(git -C "$2" rev-parse --short HEAD 2>/dev/null || echo unknown))"
+  local script=$1 root=$2 var env="" commit
+  shift 2
+  for var in "$@"; do
+    [ -n "${!var+set}" ] || continue
+    if [[ ${!var} =~ ^[A-Za-z0-9_./:=+,-]*$ ]]; then
+      env+="$var=${!var} "
+    else
+      env+="$var=\"$(sed 's/["$`\\]/\\&/g' <<<"${!var}")\" "
+    fi
+  done
+  commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  if [ "$commit" != unknown ] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null; then
+    commit+=" with uncommitted changes"
+  fi
+  echo "Command: \`$env$script\` ($(date -u +%Y-%m-%d), commit $commit)"
 }
 
 # bench_machine: "N cores, <CPU model>"
@@ -43,4 +60,47 @@ for line in table.splitlines():
     elif cells[0].startswith("home-made"):
         print(line)
 PY
+}
+
+# The benchmark protocol (bench/protocol.py, bench/README.md): every configuration runs REPEATS
+# times (default 5), interleaved, and each run's figure is the median over MEASURED steps (default
+# 20) after the warm-up it skips; a table gives the median, min and max over the repeats.
+# bench_protocol_sizes: sets repeats and measured from the environment.
+bench_protocol_sizes() {
+  repeats=${REPEATS:-5}
+  measured=${MEASURED:-20}
+  [[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "REPEATS '$repeats': expected a positive integer" >&2; return 2; }
+  [[ $measured =~ ^[1-9][0-9]*$ ]] || { echo "MEASURED '$measured': expected a positive integer" >&2; return 2; }
+}
+
+# bench_interleave RUN NAME...: `RUN NAME REPEAT` for REPEAT 1..$repeats, every NAME in the order given
+# within each round (A B C A B C ...), so that a drift of the machine falls on every configuration
+# alike. RUN records its own failures; a failing RUN does not stop the rounds.
+bench_interleave() {
+  local run=$1 rep name
+  shift
+  for ((rep = 1; rep <= repeats; rep++)); do
+    for name in "$@"; do
+      "$run" "$name" "$rep" || echo "[bench] $name, repeat $rep: failed (recorded)" >&2
+    done
+  done
+}
+
+# bench_record RAW SKIP STEPS_JSONL LOG STATUS [--tag K=V]... [--attach NAME=FILE]...: one run into the
+# raw records (protocol.py record); STATUS ok or failed.
+bench_record() {
+  local raw=$1 skip=$2 steps=$3 log=$4 status=$5
+  shift 5
+  python3 "$(dirname "${BASH_SOURCE[0]}")/protocol.py" record "$raw" --skip "$skip" --steps "$steps" \
+    --log "$log" --status "$status" "$@"
+}
+
+# bench_estimate RUNS STEPS STEP_SECONDS OVERHEAD_SECONDS: "RUNS runs x STEPS steps: about H h MM min"
+bench_estimate() {
+  python3 -c '
+import sys
+runs, steps, step_s, overhead_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+total = runs * (steps * step_s + overhead_s)
+print(f"{runs} runs x {steps} steps at about {step_s:.1f} s a step (+{overhead_s:.0f} s a run): "
+      f"about {int(total // 3600)} h {int(total % 3600 // 60):02d} min")' "$@"
 }
