@@ -135,6 +135,8 @@ std::string Print(const Graph& g) {
     if (m.backward_workspace_bytes != 0) out << " ws=" << m.backward_workspace_bytes;
     if (m.checkpoint_input_bytes != 0) out << " ckpt=" << m.checkpoint_input_bytes;
     if (m.backward_temp_bytes != 0) out << " tmp=" << m.backward_temp_bytes;
+    if (m.transient_bytes != 0) out << " tr=" << m.transient_bytes;
+    if (m.vocab_transient_bytes != 0) out << " vtr=" << m.vocab_transient_bytes;
     if (!m.rows.empty()) out << " rows=" << IntList(m.rows);
     if (!m.vocab.empty()) out << " vocab=" << IntList(m.vocab);
     out << " params=" << IntList(m.params) << "\n";
@@ -222,10 +224,10 @@ Result<Graph> Parse(std::string_view text) {
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() < 6 || w.size() > 11) {
+      if (w.size() < 6 || w.size() > 13) {
         return err(
             "expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] [tmp=<bytes>] "
-            "[rows=[..]] [vocab=[..]] params=[..]'");
+            "[tr=<bytes>] [vtr=<bytes>] [rows=[..]] [vocab=[..]] params=[..]'");
       }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
@@ -246,6 +248,14 @@ Result<Graph> Parse(std::string_view text) {
         if (!ParseInt64(v, &m.backward_temp_bytes)) return err("bad tmp=");
         ++k;
       }
+      if (k + 1 < w.size() && KeyValue(w[k], "tr", &v)) {
+        if (!ParseInt64(v, &m.transient_bytes)) return err("bad tr=");
+        ++k;
+      }
+      if (k + 1 < w.size() && KeyValue(w[k], "vtr", &v)) {
+        if (!ParseInt64(v, &m.vocab_transient_bytes)) return err("bad vtr=");
+        ++k;
+      }
       if (k + 1 < w.size() && KeyValue(w[k], "rows", &v)) {
         if (!ParseList(v, &m.rows) || m.rows.empty()) return err("bad rows= (a parameter list like [0])");
         ++k;
@@ -255,7 +265,7 @@ Result<Graph> Parse(std::string_view text) {
         ++k;
       }
       if (k + 1 != w.size())
-        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, rows=, then vocab=)");
+        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, tr=, vtr=, rows=, then vocab=)");
       if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
       for (const auto* list : {&m.params, &m.rows, &m.vocab})
         for (int p : *list)

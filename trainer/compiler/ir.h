@@ -77,6 +77,13 @@ struct ModuleInfo {
   // backward makes and drops (attention's score gradients when attention is not fused). Printed
   // as tmp=, only when non-zero.
   int64_t backward_temp_bytes = 0;
+  // Held for a moment inside its compute, forward or backward, over what it keeps: the output
+  // head's chunk of fp32 logits (printed as tr=, only when non-zero). When the module splits a
+  // parameter by vocabulary, vocab_transient_bytes replaces it (vtr=): the chunk of logits over
+  // this rank's rows for every rank's tokens, which forward holds twice (the logits and
+  // log-sum-exp's exponentials).
+  int64_t transient_bytes = 0;
+  int64_t vocab_transient_bytes = 0;
 };
 
 // Activation checkpointing applied to `m` (a candidate): it keeps only its input from forward,

@@ -1,5 +1,7 @@
 // LlamaSkeleton: the module table of a Llama decoder under FSDP with compute and activation
 // memory modelled from the dimensions, for the simulator and for planning before a trace.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -126,14 +128,24 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // loss (model/linear_cross_entropy.h). Keeps the inputs of the norm and of the projection and
   // one fp32 log-sum-exp per token, not the logits. Its backward either recomputes each chunk's
   // logits (bwd = 3 x fwd) or, with head_stores_logit_grad, uses the logits' gradient its
-  // forward kept (tokens x vocab more memory; bwd = 2 x fwd). The chunk's transient fp32
-  // logits (a few x training.loss_chunk_mib) are not modelled.
+  // forward kept (tokens x vocab more memory; bwd = 2 x fwd). Inside its compute it holds one
+  // chunk of fp32 logits for a moment (transient_bytes; chunks of at most 256 MiB, as
+  // model::LossChunkRows makes them by default), or split by vocabulary, a chunk over this rank's
+  // rows for every rank's tokens (vocab_transient_bytes).
   const int norm = add_param({"model.norm.weight", h, 1});
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab, h});
   double head_bytes = tokens * (h * residual_bytes + h * shape.activation_bytes + 4.0);
   if (shape.head_stores_logit_grad) head_bytes += tokens * vocab * shape.activation_bytes;
   add_module("head", {norm, output}, 2.0 * tokens * h * vocab, head_bytes);
   g.modules.back().bwd_seconds = (shape.head_stores_logit_grad ? 2 : 3) * g.modules.back().fwd_seconds;
+  constexpr double kChunkBytes = 256.0 * 1024 * 1024;
+  auto chunk_bytes = [&](double rows_of_tokens, double vocab_rows) {
+    const double chunk_rows = std::max(1.0, std::floor(kChunkBytes / (vocab_rows * 4.0)));
+    return static_cast<int64_t>(std::min(rows_of_tokens, chunk_rows) * vocab_rows * 4.0);
+  };
+  const double owned = std::ceil(static_cast<double>(vocab) / std::max(1, shape.dp_shard));
+  g.modules.back().transient_bytes = chunk_bytes(tokens, static_cast<double>(vocab));
+  g.modules.back().vocab_transient_bytes = chunk_bytes(tokens * std::max(1, shape.dp_shard), owned);
   GroupByOwner(g);
   return g;
 }

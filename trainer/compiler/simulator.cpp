@@ -47,10 +47,13 @@ int64_t WalkMemory(const Graph& g, F&& on_step) {
           vocab_kept += every_rank + g.params[p].gathered_bytes / std::max(1, g.dp_shard);
           vocab_temp += every_rank + g.params[p].shard_bytes;
         }
+        // A moment's chunk of logits inside the compute (the head's).
+        const int64_t transient = m.vocab.empty() ? m.transient_bytes : m.vocab_transient_bytes;
         if (op.phase == Phase::kForward) {
           live += m.activation_bytes + vocab_kept;
+          peak = std::max(peak, live + (m.vocab.empty() ? 1 : 2) * transient);
         } else {
-          peak = std::max(peak, live + vocab_temp);
+          peak = std::max(peak, live + vocab_temp + transient);
           live -= vocab_kept;
           int64_t grads = 0;
           for (int p : m.params) {

@@ -359,6 +359,13 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   std::vector<int> head{index.at("model.norm.weight")};
   head.push_back(index.count("lm_head.weight") ? index.at("lm_head.weight") : embed);
   add_module("head", head, static_cast<size_t>(c.num_hidden_layers + 1));
+  // The head's chunk of fp32 logits, held for a moment inside its compute: this rank's tokens
+  // over the whole vocabulary (model/linear_cross_entropy.h) or, split by vocabulary, every
+  // rank's tokens over this rank's rows (vocab_head.h).
+  const int64_t tokens = std::max<int64_t>(trace.batch, 1) * std::max<int64_t>(trace.seq, 1);
+  const int64_t owned = (c.vocab_size + g.dp_shard - 1) / g.dp_shard;
+  g.modules.back().transient_bytes = std::min(tokens, state_->model->loss_chunk_rows()) * c.vocab_size * 4;
+  g.modules.back().vocab_transient_bytes = std::min(tokens * g.dp_shard, model::LossChunkRows(owned)) * owned * 4;
   return g;
 }
 

@@ -150,6 +150,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   const LlamaConfig& config() const { return config_; }
   // Rows per chunk of the fused head + loss (<= 0: LossChunkRows(vocab)).
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
+  int64_t loss_chunk_rows() const { return loss_chunk_rows_ > 0 ? loss_chunk_rows_ : LossChunkRows(config_.vocab_size); }
   // How the fused head + loss gets the logits' gradient for backward (linear_cross_entropy.h).
   void set_loss_gradient(HeadGradient gradient) { loss_gradient_ = gradient; }
   // Every layer's AttentionImpl::merged and MlpImpl::merged (training.merge_projections).

@@ -221,6 +221,49 @@ TEST(Simulator, BackwardWorkspaceCountsOnlyDuringItsBackward) {
   EXPECT_EQ(Print(*g).find("ws=100000") != std::string::npos, true);
 }
 
+// The head's chunk of logits (tr=) counts only while its compute runs, forward and backward; split
+// by vocabulary its chunk is vtr=, which forward holds twice (the logits and log-sum-exp's
+// exponentials). Both round-trip on the module line.
+TEST(Simulator, TheHeadsChunkOfLogitsCountsWhileItsComputeRuns) {
+  const std::string head_ops = R"(%ag0 = all_gather [5]
+wait %ag0
+compute fwd head
+compute bwd head
+%rs0 = reduce_scatter [5]
+wait %rs0
+free %ag0
+)";
+  auto plain = Parse(kSmallModel + head_ops);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  const int64_t without = PeakBytes(*plain);
+  std::string model = kSmallModel;
+  const std::string from = "module head fwd=0.002 bwd=0.004 act=800 params=[5]";
+  model.replace(model.find(from), from.size(), "module head fwd=0.002 bwd=0.004 act=800 tr=100000 vtr=30000 params=[5]");
+  auto g = Parse(model + head_ops);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Print(*g), model + head_ops);
+  // Gathered 4000, activations 800 and the chunk, in forward and again in backward.
+  EXPECT_EQ(PeakBytes(*g), 4000 + 800 + 100000);
+  EXPECT_GT(PeakBytes(*g), without);
+  // Split by vocabulary, what the head holds for a moment is vtr=, twice in forward.
+  auto tied = Parse(kSmallModel);
+  ASSERT_TRUE(tied.ok());
+  tied->params[0].row_bytes = 640;
+  tied->modules[3].params = {5, 0};
+  ReadByRows(*tied);
+  SplitByVocabulary(*tied);
+  Graph split = BuildNaiveProgram(*tied, {true});
+  const int64_t split_without = PeakBytes(split);
+  split.modules[3].transient_bytes = 100000;
+  EXPECT_EQ(PeakBytes(split), split_without) << "tr= does not apply to a head split by vocabulary";
+  split.modules[3].vocab_transient_bytes = 30000;
+  const int64_t at_30000 = PeakBytes(split);
+  EXPECT_GT(at_30000, split_without);
+  // The head's forward is now the peak: 10000 more of it is 20000 more peak (held twice).
+  split.modules[3].vocab_transient_bytes = 40000;
+  EXPECT_EQ(PeakBytes(split), at_30000 + 2 * 10000);
+}
+
 // The gradients accumulate in the parameters' dtype, in the buffer a reduce-scatter reads. When
 // the reduction runs in another dtype (bf16 weights, fp32 reduction: grad = 2 x gathered here)
 // its issue casts them (both held for a moment); with rs_recv=full (Gloo) it also holds a
