@@ -15,6 +15,9 @@
 #        1-2 eager, plans before step 3 and re-plans before step 5; eager skips as many)
 #        CONFIGS="eager-reshard eager-keep sched-vs-reshard full-vs-reshard sched-vs-keep full-vs-keep"
 #        SETS="..." (extra trainer flags for every run)  COMPILED_SETS="..." (for the compiled runs)
+#        BUDGET=model (default): compiled runs plan within the eager plan's predicted peak
+#        (fsdp.memory_budget -1) with the faced configuration's reshard after forward; measured: within
+#        the faced eager run's measured step peak less the static state
 #        CAL_RATE=1gbit CAL_CONFIG=full-vs-reshard: the run the simulator is calibrated on (repeat 1)
 #        OUT=<file> (default bench/results/netlab_compiled_vs_eager.md; the earlier results in it
 #        are kept below the new ones)  RAW=<file.jsonl.gz> (default bench/results/raw/...)
@@ -35,6 +38,8 @@ seq=${SEQ:-256}
 batch=${BATCH:-4}
 skip=${SKIP:-4}
 configs=(${CONFIGS:-eager-reshard eager-keep sched-vs-reshard full-vs-reshard sched-vs-keep full-vs-keep})
+budget_rule=${BUDGET:-model}
+case "$budget_rule" in model | measured) ;; *) echo "BUDGET: model or measured, got '$budget_rule'" >&2; exit 2 ;; esac
 read -r -a compiled_sets <<<"${COMPILED_SETS:-}"
 read -r -a both_sets <<<"${SETS:-}"
 # shellcheck source=bench/lib.sh
@@ -137,7 +142,15 @@ run_one() {
     full-vs-*) mode=compiled; faces=eager-${config#full-vs-} ;;
   esac
   flags+=(--set fsdp.mode="$mode")
-  if [ "$mode" = compiled ]; then
+  local raf=true
+  [ "$faces" != eager-keep ] || raf=false
+  if [ "$mode" = compiled ] && [ "$budget_rule" = model ]; then
+    # The eager plan's predicted peak (fsdp.memory_budget -1), with the faced configuration's
+    # reshard after forward: the planner's memory model errs alike for both plans, so the budget
+    # holds the compiled plan where the faced eager run was.
+    flags+=(--set fsdp.memory_budget=-1 --set fsdp.reshard_after_forward="$raf" "${compiled_sets[@]}")
+    [ -z "$calibration_key" ] || flags+=(--set "$calibration_key=$prefix.calibration")
+  elif [ "$mode" = compiled ]; then
     if ! budget="$(budget_for "$rate" "$faces")"; then
       reason="no measured step peak of $faces at $rate (repeat 1) to set fsdp.memory_budget from"
       echo "[netlab] $rate $config repeat $rep: skipped: $reason" >&2
@@ -157,7 +170,8 @@ run_one() {
   grep -hE '^(compiled plan|re-plan)' "$prefix.rank0.log" | sed 's/^/    /' >&2 || true
   bench_record "$raw" "$skip" "$prefix.jsonl" "$prefix.rank0.log" "$status" --tag rate="$rate" --tag config="$config" \
     --tag mode="$mode" --tag repeat="$rep" --tag order="$order" ${faces:+--tag faces="$faces"} \
-    ${budget:+--tag budget_mib="$budget"} --attach calibration="$prefix.calibration"
+    ${budget:+--tag budget_mib="$budget"} $([ "$mode" = compiled ] && [ "$budget_rule" = model ] && echo "--tag budget=eager-plan --tag raf=$raf") \
+    --attach calibration="$prefix.calibration"
   [ "$status" = ok ]
 }
 
@@ -167,7 +181,7 @@ bench_interleave run_one "${names[@]}"
 {
   python3 "$root/bench/protocol.py" title "$raw" "FSDP eager vs compiled on netlab, (step time, peak) points" --group rate,config
   echo
-  bench_command_line "bench/netlab_compiled_vs_eager.sh" "$root" RATES WORLD PRESET SEQ BATCH REPEATS MEASURED SKIP CONFIGS SETS COMPILED_SETS CAL_RATE CAL_CONFIG SHARE_CORES
+  bench_command_line "bench/netlab_compiled_vs_eager.sh" "$root" RATES WORLD PRESET SEQ BATCH REPEATS MEASURED SKIP CONFIGS BUDGET SETS COMPILED_SETS CAL_RATE CAL_CONFIG SHARE_CORES
   echo
   echo "Machine: $(bench_machine), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo). Each rank in its own network namespace, its"
   echo "link shaped to the rate in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core"
@@ -186,9 +200,17 @@ bench_interleave run_one "${names[@]}"
   echo "true / false (eager has no coarser units than one module: no third configuration). \`sched-vs-X\`:"
   echo "compiled, schedule-only (\`fsdp.embedding_rows=false fsdp.vocab_parallel_head=false\`: the same bytes"
   echo "as eager, only when they move differs); \`full-vs-X\`: compiled with those two on (the defaults). Both"
-  echo "with \`fsdp.memory_budget\` = the step peak tensors of eager-X's first run at that rate (round 1's)"
-  echo "less the static state (4 x the parameters on a rank, which the budget leaves out: it bounds the"
-  echo "dynamic part), so the plan may hold what eager-X held; one budget for every repeat (bench/README.md)."
+  if [ "$budget_rule" = model ]; then
+    echo "with \`fsdp.memory_budget=-1\` (the eager plan's predicted peak) and eager-X's \`fsdp.reshard_after_forward\`:"
+    echo "the plan may hold what the planner's memory model says eager-X holds. (BUDGET=measured gives it"
+    echo "eager-X's measured step peak less the static state instead; the model then errs on the compiled"
+    echo "plan alone: it predicted eager's peak 50 MiB and the compiled plan's 55-73 MiB under the measured"
+    echo "ones, so a plan filling a measured budget ran past eager's peak by about that.)"
+  else
+    echo "with \`fsdp.memory_budget\` = the step peak tensors of eager-X's first run at that rate (round 1's)"
+    echo "less the static state (4 x the parameters on a rank, which the budget leaves out: it bounds the"
+    echo "dynamic part), so the plan may hold what eager-X held; one budget for every repeat (bench/README.md)."
+  fi
   [ -z "${COMPILED_SETS:-}" ] || echo "Compiled runs add: \`${COMPILED_SETS}\`."
   [ -z "${SETS:-}" ] || echo "Every run adds: \`${SETS}\`."
   [ "${SHARE_CORES:-0}" != 1 ] || echo "SHARE_CORES=1: rank r on core r % $cores; ranks share cores."

@@ -49,7 +49,8 @@ def points(runs):
         first = next(r for r in runs if protocol.matches(r, where))
         s["mode"] = first.get("mode")
         s["faces"] = first.get("faces")
-        budgets = sorted({r.get("budget_mib") for r in runs if protocol.matches(r, where) and r.get("budget_mib")})
+        budgets = sorted({r.get("budget_mib") or r.get("budget") for r in runs
+                          if protocol.matches(r, where) and (r.get("budget_mib") or r.get("budget"))})
         s["budget_mib"] = budgets
         s["peak_rss_mib"] = protocol.spread(r["facts"].get("peak_rss_mib") for r in runs
                                             if protocol.matches(r, where) and r["status"] == "ok")

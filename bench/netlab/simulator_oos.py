@@ -65,6 +65,8 @@ def simulate_args(run, cal_rate):
         schedule_only = config.startswith("sched-")
         args += ["--embedding-rows", "false" if schedule_only else "true",
                  "--vocab-parallel-head", "false" if schedule_only else "true"]
+        if run.get("raf"):
+            args += ["--reshard-after-forward", run["raf"]]
         if run.get("budget_mib"):
             args += ["--memory-budget-mib", str(run["budget_mib"])]
     return args
