@@ -4,7 +4,7 @@
 # carried): the gpu tests, bench/gpu_vs_pytorch.sh, the A/Bs below, a profile (training.profile_out) and a
 # compiled-FSDP trace (--trace-out) of llama3-1b at batch 4 x 2048, and the table's Meshwork row
 # again with each attention kernel alone (training.attention_backend=flash and =cudnn: which
-# is faster here, whichever SDPA picks by itself), with training.residual_dtype=fp32 (the fp32 residual stream of before), with
+# is faster here, whichever SDPA picks by itself), with
 # training.loss_gradient=recompute (the head's old backward) and with
 # training.merge_projections=false (one GEMM per projection), with training.fused_kernels=off (the
 # composition instead of Meshwork's SwiGLU and RoPE kernels), with optimizer.implementation=fused
@@ -19,16 +19,22 @@
 #   OUT          where session.log, the results table, the traces (.json.gz) and logs.tgz go
 #                (default: a new folder under /tmp)
 #   TEST_CAP=90 BENCH_CAP=420 AB_CAP=45 PROFILE_CAP=60 TRACE_CAP=60   seconds for each part (on an
-#                H200 on 2026-11-27: the gpu tests took 17 s, the bench 230 s with one torch.compile
-#                row (each compile row adds 60-100 s), each A/B 16 s, the profile 15 s, the trace 16 s)
+#                H200 on 2026-11-27: the gpu tests took 17 s, each A/B 16 s, the profile 15 s, the
+#                trace 16 s, a bench run 20-30 s and a model's first torch.compile 60-100 s more).
+#                The bench runs four trainers a configuration REPEATS times: by those figures about
+#                6 minutes for llama3-1b-4 at 3 repeats, 15-20 for its three configurations (not yet
+#                measured). BENCH_CAP stops it where it is (the table keeps every finished run, each
+#                row's n says how many): size it with CONFIGS and REPEATS
 #   SESSION_CAP=570  seconds for the whole session (the device tool's 600 s a call, less packing):
 #                    a part gets what is left when that is less than its cap, and is skipped (said in
 #                    the log) when under 20 s are left
-#   COMPILE_FOR  passed to bench/gpu_vs_pytorch.sh (its torch.compile peers take 1-2 min each)
+#   REPEATS CONFIGS TRAINERS COMPILE_FOR   passed to bench/gpu_vs_pytorch.sh (its header says what
+#                each does; e.g. CONFIGS=llama3-1b-4 REPEATS=3 for the issue's target alone)
 #   FIT_BATCHES="16 24" FIT_CAP=45   llama3-1b batches past the table's, run until one fails (out
 #                of memory), for MFU at the batch that fits (issue 18's moonshot)
-#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the eight above); a lease too
-#                short for all names the one it needs
+#   AB_LIST      the A/B settings, each KEY=VALUE run once (default: the seven above; the fp32
+#                residual stream is a row of the bench's table, repeated); a lease too short for all
+#                names the one it needs
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -87,7 +93,7 @@ cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytor
 
 one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
        --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1 "${sets[@]}")
-for ab in ${AB_LIST:-optimizer.implementation=fused training.weight_copies=off training.attention_backend=flash training.attention_backend=cudnn training.residual_dtype=fp32 training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
+for ab in ${AB_LIST:-optimizer.implementation=fused training.weight_copies=off training.attention_backend=flash training.attention_backend=cudnn training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
   stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
   c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
     >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1

@@ -75,9 +75,11 @@ done
 # --- download and unpack: pinned wheels for CPython 3.11 on x86-64 Linux, whatever python runs
 # pip (the C++ files in them are the same for every CPython version), unpacked into site/torch and
 # site/nvidia as pip would lay them out in site-packages, so that libtorch's RPATH
-# ($ORIGIN/../../nvidia/cu13/lib, .../nvidia/nccl/lib) finds them at link time. A stamp names the
-# wheels unpacked: when it matches, nothing is downloaded. The wheels are removed once unpacked
-# unless MESHWORK_CUDA_KEEP_WHEELS=1.
+# ($ORIGIN/../../nvidia/cu13/lib, .../nvidia/nccl/lib) finds them at link time. The torch wheel is
+# unpacked whole (its Python packages torch, torchgen and functorch too, about 100 MB more than
+# libtorch): the PyTorch peer runs on it (bench/peers/check_cpu_flavor.sh). A stamp names the
+# wheels unpacked: when it matches (and the Python package is there), nothing is downloaded. The
+# wheels are removed once unpacked unless MESHWORK_CUDA_KEEP_WHEELS=1.
 site="$cache/site"
 stamp="$site/.unpacked"
 # fetch SPEC...: pip downloads the wheels into $cache/wheels (skipping files already there); prints
@@ -100,7 +102,7 @@ fetch() {
 drop_wheels() {
   [ "${MESHWORK_CUDA_KEEP_WHEELS:-0}" = 1 ] || rm -rf "$cache/wheels"
 }
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${wheels[*]}" ]; then
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${wheels[*]}" ] || [ ! -f "$site/torch/__init__.py" ]; then
   log "downloading ${wheels[*]} into $cache/wheels"
   mapfile -t files < <(fetch "${wheels[@]}")
   ((${#files[@]} == ${#wheels[@]})) || die "pip did not download ${wheels[*]}"
@@ -110,7 +112,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${wheels[*]}" ]; then
   mkdir -p "$site"
   for f in "${files[@]}"; do
     case "$(basename "$f")" in
-      torch-*) unzip -q -o "$f" 'torch/include/*' 'torch/lib/*' 'torch/share/*' -d "$site" ;;
+      torch-*) unzip -q -o "$f" -d "$site" ;;
       *) unzip -q -o "$f" 'nvidia/*' -d "$site" ;;
     esac
   done
@@ -175,6 +177,24 @@ if [ ! -f "$runtime_stamp" ] || [ "$(cat "$runtime_stamp")" != "${runtime_wheels
   echo "${runtime_wheels[*]}" >"$runtime_stamp"
   drop_wheels
 fi
+# The pure-Python packages that importing torch and building its optimizers import, for the
+# PyTorch peer (the ctest llama_peer_same_losses, bench/peers/check_cpu_flavor.sh), in versions
+# torch 2.11's METADATA accepts: Debian 12's are too old (typing_extensions 4.4 has no TypeIs,
+# sympy 1.11 no equal_valued). Unpacked into python/, which that test puts ahead of site/.
+python_wheels=(typing_extensions==4.16.0 sympy==1.14.0 mpmath==1.3.0)
+python_dir="$cache/python"
+python_stamp="$python_dir/.unpacked"
+if [ ! -f "$python_stamp" ] || [ "$(cat "$python_stamp")" != "${python_wheels[*]}" ]; then
+  log "downloading the pure-Python packages torch imports: ${python_wheels[*]}"
+  mapfile -t files < <(fetch "${python_wheels[@]}")
+  ((${#files[@]} == ${#python_wheels[@]})) || die "pip did not download ${python_wheels[*]}"
+  rm -rf "$python_dir"
+  mkdir -p "$python_dir"
+  for f in "${files[@]}"; do unzip -q -o "$f" -d "$python_dir"; done
+  echo "${python_wheels[*]}" >"$python_stamp"
+  drop_wheels
+fi
+
 lib_path="$site/torch/lib:$site/nvidia/cu13/lib:$site/nvidia/nccl/lib"
 for dir in "$runtime"/nvidia/*/lib; do lib_path="$lib_path:$dir"; done
 export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -19,6 +19,7 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
   curl ca-certificates python3 python3-yaml procps  # procps: pkill in the operator e2e test
+  python3-numpy  # the PyTorch peer (bench/peers/llama_peer.py), which ctest llama_peer_same_losses runs
   iproute2  # ss: the operator e2e test checks the address rank 0's store listens on; netlab: ip, tc
   openssl  # meshwork-cluster makes the local cluster's certificates with it
   prometheus  # promtool: the dashboards' and alert rules' tests (the package also ships the server)

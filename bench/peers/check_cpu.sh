@@ -25,6 +25,9 @@ work="$(mktemp -d)"
 if [ "${KEEP:-0}" = 1 ]; then echo "[check] work folder: $work" >&2; else trap 'rm -rf "$work"' EXIT; fi
 
 mw() { "$bin" train --set training.device=cpu --set metrics.port=-1 --set logging.every=1000 "$@"; }
+# One intra-op thread for the peer: torch's default, one per core, spins OpenMP workers that any
+# other load on the machine (ctest -j) slows 10-15x here. The losses are the same either way.
+peer_run() { "$python" "$peer" --device cpu --dtype fp32 --threads 1 "$@"; }
 
 # compare NAME MESHWORK_JSONL PEER_LOSSES: prints each step's pair, fails beyond TOL.
 compare() {
@@ -59,8 +62,8 @@ mw --set model.preset=tiny --set data.train="$work/tokens.bin" --set schedule.st
 mw --set model.init_from="$work/init" --set data.train="$work/tokens.bin" \
   --set schedule.steps="$steps" --set logging.jsonl="$work/file.jsonl" >"$work/file-mw.log" 2>&1 ||
   { cat "$work/file-mw.log" >&2; exit 1; }
-"$python" "$peer" --init-from "$work/init" --data "$work/tokens.bin" --steps "$steps" \
-  --device cpu --dtype fp32 --losses-out "$work/file-peer.txt" >"$work/file-peer.log"
+peer_run --init-from "$work/init" --data "$work/tokens.bin" --steps "$steps" \
+  --losses-out "$work/file-peer.txt" >"$work/file-peer.log"
 status=0
 compare file "$work/file.jsonl" "$work/file-peer.txt" || status=1
 
@@ -69,7 +72,7 @@ warmup=$((steps / 3))
 mw --set model.preset=tiny --set data.train=synthetic --set schedule.steps="$steps" \
   --set schedule.warmup_steps="$warmup" --set logging.jsonl="$work/synthetic.jsonl" \
   >"$work/synthetic-mw.log" 2>&1 || { cat "$work/synthetic-mw.log" >&2; exit 1; }
-"$python" "$peer" --preset tiny --steps "$steps" --warmup "$warmup" --device cpu --dtype fp32 \
+peer_run --preset tiny --steps "$steps" --warmup "$warmup" \
   --losses-out "$work/synthetic-peer.txt" >"$work/synthetic-peer.log"
 compare synthetic "$work/synthetic.jsonl" "$work/synthetic-peer.txt" || status=1
 exit $status

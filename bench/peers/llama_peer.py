@@ -16,7 +16,10 @@ What it mirrors, and where Meshwork defines it:
   optimizer  trainer/train/setup.cpp, schedule.cpp, config.cpp: AdamW (decay on matrices only),
              linear warmup then cosine to lr * 0.1, global-norm clipping, the same defaults.
   report     trainer/train/report.cpp: MFU = tokens/s * flops_per_token / peak, flops_per_token =
-             6 * (N_non_embedding + vocab * hidden) + 12 * layers * hidden * seq.
+             6 * (N_non_embedding + vocab * hidden) + 12 * layers * hidden * seq (every attention
+             score counted); the summary also gives mfu_causal, with the attention term halved
+             (6 * layers * hidden * seq: the causal mask's half only), as llm.c counts.
+  allocator  trainer/train/device.cpp: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless set.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import json
 import math
 import mmap
+import os
 import resource
 import sys
 import time
@@ -32,8 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
-import torch
+# Before torch is imported, as meshwork-train sets it before anything touches CUDA: the caching
+# allocator reads it once. Segments that grow in place instead of new fixed-size ones, so less
+# memory is reserved and left fragmented. A value in the environment is kept.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import torch.nn.functional as F
 from torch import nn
 
@@ -83,12 +92,15 @@ class LlamaConfig:
         embed = self.vocab_size * self.hidden_size
         return self.num_non_embedding_parameters() + embed * (1 if self.tie_word_embeddings else 2)
 
-    def training_flops_per_token(self, seq_len: int) -> float:
-        """Forward + backward FLOPs per token, as LlamaConfig::TrainingFlopsPerToken counts them."""
+    def training_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """Forward + backward FLOPs per token, as LlamaConfig::TrainingFlopsPerToken counts them:
+        the attention scores and their products with V counted for every (query, key) pair.
+        causal=True counts only the pairs the causal mask keeps (half), as llm.c does; the two
+        conventions differ by 6 * layers * hidden * seq."""
         n = float(self.num_non_embedding_parameters())
         head = float(self.vocab_size) * float(self.hidden_size)
         attn = 12.0 * self.num_hidden_layers * self.hidden_size * seq_len
-        return 6.0 * (n + head) + attn
+        return 6.0 * (n + head) + (attn / 2.0 if causal else attn)
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -375,6 +387,19 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def make_loss_fn(model: LlamaForCausalLM, compile_it: bool) -> LossFn:
+    """(tokens, targets) -> mean loss: the model, its final norm and head, and the cross-entropy.
+    With compile_it, torch.compile takes all of it as one region, so that Inductor can fuse the
+    logits' cast to fp32 into the loss and its backward instead of keeping an fp32 copy of the
+    logits (the largest activation at a 128k vocabulary); eager, the same ops run one by one."""
+    def loss_fn(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return causal_lm_loss(model(tokens), targets)
+    return torch.compile(loss_fn) if compile_it else loss_fn
+
+
 # --- Hugging Face weights (safetensors, read by hand) ------------------------------------------
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
@@ -635,7 +660,7 @@ def make_source(args: argparse.Namespace,
                            args.seed)
 
 
-def train_step(step: int, model: Callable[[torch.Tensor], torch.Tensor], params: list[nn.Parameter],
+def train_step(step: int, loss_fn: LossFn, params: list[nn.Parameter],
                optimizer: torch.optim.Optimizer, source: FileTokenSource | SyntheticTokenSource,
                args: argparse.Namespace, schedule: Schedule, device: torch.device) -> StepRecord:
     """One optimizer step in meshwork-train's order (trainer/train/trainer.cpp's TrainStep)."""
@@ -649,8 +674,7 @@ def train_step(step: int, model: Callable[[torch.Tensor], torch.Tensor], params:
     inputs, targets = source.rows(step, 0, args.batch)
     autocast = device.type == "cuda" and args.dtype == "bf16"
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(inputs.to(device, non_blocking=True))
-        loss = causal_lm_loss(logits, targets.to(device, non_blocking=True))
+        loss = loss_fn(inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True))
     loss.backward()
     # Host-device sync: the loss is needed for the log and the divergence check (as in Meshwork).
     loss_value = loss.item()
@@ -684,10 +708,12 @@ def run(args: argparse.Namespace) -> int:
         sys.exit("llama_peer: --dtype bf16 is autocast on CUDA; use --dtype fp32 on the CPU")
     config, name = resolve_config(args)
     flops_per_token = config.training_flops_per_token(args.seq)
+    flops_per_token_causal = config.training_flops_per_token(args.seq, causal=True)
     print(f"model: {name}, {config.num_parameters() / 1e6:.2f}M parameters "
           f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, heads "
           f"{config.num_attention_heads}/{config.num_key_value_heads}, vocab {config.vocab_size}), "
-          f"flops_per_token={flops_per_token:.6g}", flush=True)
+          f"flops_per_token={flops_per_token:.6g} flops_per_token_causal="
+          f"{flops_per_token_causal:.6g}", flush=True)
     if args.dry_run:
         return 0
 
@@ -700,21 +726,24 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(config, args, device)
     params = list(model.parameters())
     optimizer = make_optimizer(model, args, device.type == "cuda")
-    forward = torch.compile(model) if args.compile else model
+    loss_fn = make_loss_fn(model, args.compile)
     source = make_source(args, config.vocab_size)
     warmup = min(20, args.steps) if args.warmup is None else args.warmup
     schedule = Schedule(args.steps, warmup)
     peak, basis = peak_flops(device, args.peak_tflops)
     tokens_per_step = args.batch * args.seq
+    allocator = ""
+    if device.type == "cuda":
+        allocator = f"; allocator {os.environ.get('PYTORCH_CUDA_ALLOC_CONF')}"
     print(f"data: {'synthetic' if args.data is None else args.data}, seed {args.seed}, batch "
           f"{args.batch} x seq {args.seq} = {tokens_per_step} tokens/step; device {device} "
-          f"({args.dtype}{', torch.compile' if args.compile else ', eager'}), torch "
-          f"{torch.__version__}; attention {attention} (--sdpa {args.sdpa}); mfu vs "
-          f"{format_flops(peak)} ({basis})", flush=True)
+          f"({args.dtype}{', torch.compile of model + loss' if args.compile else ', eager'}), "
+          f"torch {torch.__version__}; attention {attention} (--sdpa {args.sdpa}); mfu vs "
+          f"{format_flops(peak)} ({basis}){allocator}", flush=True)
 
     records: list[StepRecord] = []
     for step in range(args.steps):
-        r = train_step(step, forward, params, optimizer, source, args, schedule, device)
+        r = train_step(step, loss_fn, params, optimizer, source, args, schedule, device)
         records.append(r)
         print(f"step {step + 1}/{args.steps} | loss {r.loss:.4f} | lr {r.lr:.2e} | grad_norm "
               f"{r.grad_norm:.3f} | {tokens_per_step / r.seconds:.0f} tok/s | "
@@ -726,10 +755,11 @@ def run(args: argparse.Namespace) -> int:
     steady = records[args.skip:] if len(records) > args.skip else records[-1:]
     tps = tokens_per_step * len(steady) / sum(r.seconds for r in steady)
     mfu = tps * flops_per_token / peak
+    mfu_causal = tps * flops_per_token_causal / peak
     print(f"peer: preset={name} device={device.type} dtype={args.dtype} "
           f"compile={int(args.compile)} batch={args.batch} seq={args.seq} steps={args.steps} "
           f"steady_from={len(records) - len(steady) + 1} sdpa={attention.split()[0]} tok/s={tps:.0f} "
-          f"mfu={mfu * 100:.2f}% "
+          f"mfu={mfu * 100:.2f}% mfu_causal={mfu_causal * 100:.2f}% "
           f"{peak_memory(device)} final_loss={records[-1].loss:.4f}", flush=True)
     return 0
 
@@ -768,7 +798,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="cuda, cuda:N or cpu")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="bf16 = fp32 weights + bf16 autocast (CUDA; the default there); fp32")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model together with its loss (final norm, head, "
+                        "cross-entropy); the optimizer stays eager")
     p.add_argument("--repeat-kv", action="store_true",
                    help="materialise the repeated K/V heads (as Meshwork's attention did up to "
                         "commit 0c347d9) instead of SDPA's enable_gqa")
@@ -783,7 +815,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--losses-out", type=Path, default=None, metavar="FILE",
                    help="write each step's loss, one a line")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the model line (parameters, flops_per_token) and exit")
+                   help="print the model line (parameters, flops_per_token in both attention "
+                        "conventions) and exit")
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
