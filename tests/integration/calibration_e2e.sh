@@ -9,32 +9,18 @@ set -uo pipefail
 train="$1" simulate="$2"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+# shellcheck source=tests/common/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/checks.sh"
+expect() { expect_exit "$@"; }
 
-# expect NAME WANT_EXIT WANT_STDERR_SUBSTRING -- COMMAND...
-expect() {
-  local name="$1" want_rc="$2" want_msg="$3"
-  shift 4
-  local out rc
-  out="$("$@" 2>&1 >/dev/null)"
-  rc=$?
-  if [ "$rc" -ne "$want_rc" ]; then
-    fail "$name: exit $rc, want $want_rc; stderr: $out"
-  elif [[ "$out" != *"$want_msg"* ]]; then
-    fail "$name: stderr lacks '$want_msg': $out"
-  else
-    pass "$name (exit $rc)"
-  fi
-}
+# A free port for each launch: other tests launch ranks on this machine at the same time.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 run=(--set model.preset=tiny --set data.train=synthetic --set data.seq_len=32 --set data.batch_size=2
      --set schedule.steps=3 --set metrics.port=-1 --set logging.every=1000 --set fsdp.mode=compiled
      --set fsdp.memory_budget=64 --set fsdp.replan=false)
 
-"$train" launch --nproc 2 train "${run[@]}" --set fsdp.calibration_out="$work/run.calibration" >"$work/train.log" 2>&1
+"$train" launch --nproc 2 --master-port "$(free_port)" train "${run[@]}" --set fsdp.calibration_out="$work/run.calibration" >"$work/train.log" 2>&1
 rc=$?
 if [ "$rc" -ne 0 ] || [ ! -s "$work/run.calibration" ]; then
   fail "a compiled run writes its calibration (exit $rc): $(tail -n 5 "$work/train.log")"
@@ -74,7 +60,7 @@ fi
 expect "calibration of an eager run" 2 "key 'fsdp.calibration_out'" -- \
   "$train" train --set fsdp.calibration_out="$work/x.calibration"
 expect "calibration into a folder that cannot be made" 4 "key 'fsdp.calibration_out'" -- \
-  "$train" launch --nproc 2 train "${run[@]}" --set fsdp.calibration_out=/proc/no/such/dir/x.calibration
+  "$train" launch --nproc 2 --master-port "$(free_port)" train "${run[@]}" --set fsdp.calibration_out=/proc/no/such/dir/x.calibration
 expect "simulate: no such calibration file" 3 "--calibration" -- "$simulate" --calibration "$work/missing"
 printf 'meshwork-calibration 1\nmesh 2 1\nshard_link 0 fast\n' >"$work/bad.calibration"
 expect "simulate: a malformed calibration" 3 "calibration line 3" -- "$simulate" --calibration "$work/bad.calibration"
@@ -87,5 +73,4 @@ expect "simulate: a bad link scale" 2 "--link-scale: expected a positive number,
 expect "simulate: a bad boolean" 2 "--embedding-rows: expected true or false, got 'yes'" -- \
   "$simulate" --calibration "$work/run.calibration" --embedding-rows yes
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_done calibration_e2e

@@ -7,26 +7,13 @@ set -uo pipefail
 bin="$1"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"; [ -n "${train_pid:-}" ] && kill "$train_pid" 2>/dev/null' EXIT
-passed=0
-failed=0
-
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
-
-# expect NAME WANT_EXIT WANT_STDERR_SUBSTRING -- ARGS...
+# shellcheck source=tests/common/checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/checks.sh"
+# expect NAME WANT_EXIT WANT_STDERR_SUBSTRING -- ARGS...: meshwork-train ARGS...
 expect() {
   local name="$1" want_rc="$2" want_msg="$3"
   shift 4
-  local out rc
-  out="$("$bin" "$@" 2>&1 >/dev/null)"
-  rc=$?
-  if [ "$rc" -ne "$want_rc" ]; then
-    fail "$name: exit $rc, want $want_rc; stderr: $out"
-  elif [[ "$out" != *"$want_msg"* ]]; then
-    fail "$name: stderr lacks '$want_msg': $out"
-  else
-    pass "$name (exit $rc)"
-  fi
+  expect_exit "$name" "$want_rc" "$want_msg" -- "$bin" "$@"
 }
 
 small=(--set model.hidden_size=64 --set model.intermediate_size=128 --set model.num_hidden_layers=2
@@ -145,5 +132,4 @@ port="$(cat "$work/port")"
 expect "metrics port in use" 5 "127.0.0.1:$port" -- train "${small[@]}" --set metrics.host=127.0.0.1 --set metrics.port="$port"
 kill "$holder" 2>/dev/null
 
-echo "cli_e2e: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_done cli_e2e

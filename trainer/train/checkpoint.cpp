@@ -47,15 +47,6 @@ int64_t ParseStepDirName(const std::string& name) {
   return std::stoll(digits);
 }
 
-// Every rank learns whether all succeeded (one all-reduce, which also waits for the slowest): a
-// rank that failed returns its own error, the others `code` saying that a peer failed.
-Status AgreeAcrossRanks(Engine& engine, const Status& local, StatusCode code, const std::string& what) {
-  MW_ASSIGN_OR_RETURN(const double failed, engine.AverageAcrossRanks(local.ok() ? 0.0 : 1.0));
-  if (!local.ok()) return local;
-  if (failed > 0) return Status(code, what + " failed on another rank (see that rank's error)");
-  return Status::Ok();
-}
-
 // A 64-bit checksum of a byte stream, fed in pieces of any size (FNV-1a's multiply on 8-byte
 // words, with a shift to mix high bits down). libtorch's zip reader does not check CRCs, so a
 // flipped bit in a tensor would otherwise load silently.

@@ -357,4 +357,11 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, !device.is_cuda(), device_memory, log));
 }
 
+Status AgreeAcrossRanks(Engine& engine, const Status& local, StatusCode code, const std::string& what) {
+  MW_ASSIGN_OR_RETURN(const double failed, engine.AverageAcrossRanks(local.ok() ? 0.0 : 1.0));
+  if (!local.ok()) return local;
+  if (failed > 0) return Status(code, what + " failed on another rank (see that rank's error)");
+  return Status::Ok();
+}
+
 }  // namespace meshwork::train

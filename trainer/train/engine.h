@@ -83,4 +83,8 @@ std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, int64_t c
 Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
                                            const torch::Device& device, std::ostream& log);
 
+// Every rank learns whether all succeeded (one all-reduce, which also waits for the slowest): a
+// rank that failed returns its own error, the others `code` saying that a peer failed. Collective.
+Status AgreeAcrossRanks(Engine& engine, const Status& local, StatusCode code, const std::string& what);
+
 }  // namespace meshwork::train

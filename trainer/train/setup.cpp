@@ -372,19 +372,23 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   // Output paths are checked now, not when first written: a bad one would otherwise be found
   // only at the first checkpoint or, for the export, after the whole run.
   // (checkpoint.dir: by every rank, in Checkpointer::Resume.)
+  // Rank 0 writes them; every rank learns the outcome, so that all exit alike (4) rather than
+  // the others failing in their next collective.
+  Status outputs = Status::Ok();
   if (!cfg.checkpoint.export_hf.empty() && r.engine->rank() == 0) {
     if (Status s = EnsureWritableDirectory(cfg.checkpoint.export_hf); !s.ok()) {
-      return IOError("key 'checkpoint.export_hf': " + s.message());
+      outputs = IOError("key 'checkpoint.export_hf': " + s.message());
     }
   }
-  if (!cfg.fsdp.calibration_out.empty() && r.engine->rank() == 0) {
+  if (!cfg.fsdp.calibration_out.empty() && r.engine->rank() == 0 && outputs.ok()) {
     const std::string& path = cfg.fsdp.calibration_out;
     const size_t slash = path.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
     if (Status s = EnsureWritableDirectory(dir); !s.ok()) {
-      return IOError("key 'fsdp.calibration_out': " + s.message());
+      outputs = IOError("key 'fsdp.calibration_out': " + s.message());
     }
   }
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(*r.engine, outputs, StatusCode::kIOError, "checking the output paths on rank 0"));
   r.checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint, *r.engine, *r.optimizer, RunMeta(cfg, r.dims, *r.engine));
   MW_ASSIGN_OR_RETURN(r.resumed, r.checkpointer->Resume());
   // /metrics opens only now, its step already the checkpoint's: a resumed gang never reports
