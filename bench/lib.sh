@@ -95,6 +95,14 @@ bench_record() {
     --log "$log" --status "$status" "$@"
 }
 
+# bench_earlier_results OUT: the results file's earlier contents under "## Earlier results", their
+# titles one level down (nothing when OUT does not exist yet): what a script appends below its new table.
+bench_earlier_results() {
+  [ -f "$1" ] || return 0
+  printf '## Earlier results\n\n'
+  sed 's/^# /### /' "$1"
+}
+
 # bench_estimate RUNS STEPS STEP_SECONDS OVERHEAD_SECONDS: "RUNS runs x STEPS steps: about H h MM min"
 bench_estimate() {
   python3 -c '

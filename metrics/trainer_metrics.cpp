@@ -101,7 +101,10 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry, const Labels& con
                        .Name("meshwork_trainer_state_bytes")
                        .Help("Bytes of model state this rank holds, by kind (sharded under FSDP).")
                        .Labels(const_labels)
-                       .Register(registry)) {
+                       .Register(registry)),
+      checkpoint_stall_seconds_(MakeGauge(
+          registry, const_labels, "meshwork_trainer_checkpoint_stall_seconds",
+          "Seconds the last checkpoint save held training (async: its copy to host memory).")) {
   for (const char* c : kCollectives) comm_bytes_total_.Add({{"collective", c}});
   for (const char* k : kStateKinds) state_bytes_.Add({{"kind", k}});
 }
@@ -158,5 +161,7 @@ void TrainerMetrics::RecordCommunication(double exposed_seconds,
 void TrainerMetrics::SetStateBytes(const std::string& kind, double bytes) {
   state_bytes_.Add({{"kind", kind}}).Set(bytes);
 }
+
+void TrainerMetrics::RecordCheckpointStall(double seconds) { checkpoint_stall_seconds_.Set(seconds); }
 
 }  // namespace meshwork::metrics

@@ -61,6 +61,9 @@ class TrainerMetrics {
   // Bytes this rank holds of the model's state ("parameters", "gradients", "optimizer",
   // "weight_copies").
   void SetStateBytes(const std::string& kind, double bytes);
+  // How long the last checkpoint save held training (checkpoint.async: the copy to host memory
+  // and the wait for the previous save; else the whole save).
+  void RecordCheckpointStall(double seconds);
 
  private:
   prometheus::Counter& steps_total_;
@@ -82,6 +85,7 @@ class TrainerMetrics {
   prometheus::Counter& exposed_comm_seconds_total_;
   prometheus::Family<prometheus::Counter>& comm_bytes_total_;
   prometheus::Family<prometheus::Gauge>& state_bytes_;
+  prometheus::Gauge& checkpoint_stall_seconds_;
   prometheus::Gauge* info_series_ = nullptr;
 };
 

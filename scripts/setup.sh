@@ -19,6 +19,8 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev libssl-dev
   libopenblas0-pthread  # libtorch calls the system BLAS: netlib's reference BLAS is ~30x slower
   curl ca-certificates python3 python3-yaml procps  # procps: pkill in the operator e2e test
+  libsentencepiece-dev  # prepare-data with SentencePiece .model files (trainer/data/spm_module.cpp)
+  python3-pip  # the reference tokenizers the tests compare with (below)
   python3-numpy  # the PyTorch peer (bench/peers/llama_peer.py), which ctest llama_peer_same_losses runs
   iproute2  # ss: the operator e2e test checks the address rank 0's store listens on; netlab: ip, tc
   openssl  # meshwork-cluster makes the local cluster's certificates with it
@@ -48,6 +50,21 @@ fi
 # kube-controller-manager, kube-scheduler, kubectl, etcd and helm, built from their Go modules
 # into .meshwork/kube/bin (scripts/kube-build.sh; about 8 minutes on 2 cores the first time).
 "$root/scripts/kube-build.sh"
+
+# The reference tokenizers tests/integration/tokenizer_e2e.sh compares meshwork-train with: PyPI's
+# tokenizers at the version of the crate meshwork-train links (trainer/data/hf_tokenizers/
+# Cargo.toml), and sentencepiece. Without PyPI the test skips and says why.
+tokenizer_ref="$root/.meshwork/tools/tokenizer-ref"
+if [ ! -f "$tokenizer_ref/.installed" ]; then
+  echo "[setup] installing the reference tokenizers into $tokenizer_ref"
+  rm -rf "$tokenizer_ref"
+  if /usr/bin/python3 -m pip install -q --no-deps --only-binary=:all: --target "$tokenizer_ref" \
+      tokenizers==0.23.2 sentencepiece==0.2.1; then
+    touch "$tokenizer_ref/.installed"
+  else
+    echo "[setup] warning: could not install the reference tokenizers from PyPI; tokenizer_e2e will skip" >&2
+  fi
+fi
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

@@ -1,11 +1,15 @@
-// meshwork-train: the trainer's command line. Subcommands train, eval, prepare-data and config;
+// meshwork-train: the trainer's command line. Subcommands train, eval, prepare-data, tokenize,
+// config, devices and launch;
 // every failure is one line on stderr and a distinct exit code (docs/config.md, "Exit codes").
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -13,6 +17,7 @@
 #include "trainer/config/config.h"
 #include "trainer/data/prepare.h"
 #include "trainer/data/token_file.h"
+#include "trainer/data/tokenizer.h"
 #include "trainer/launch/launcher.h"
 #include "trainer/train/device.h"
 #include "trainer/train/trainer.h"
@@ -45,9 +50,17 @@ commands:
                   --data FILE       token file (eval.data)
                   --windows N       windows of seq_len+1 tokens (eval.windows)
                   --config FILE, --config-env VAR, --set KEY=VALUE as for train
-  prepare-data  turn text files into a token file with the byte-level vocabulary
+  prepare-data  turn text files into a token file (docs/data.md)
                   --out FILE [--val-out FILE] [--val-fraction F] [--format llmc|raw_u16|raw_u32]
+                  --tokenizer T     tokenizer.json, SentencePiece .model, a model directory
+                                    holding one, or bytes (the default: byte-level vocabulary)
+                  --bos-token S --eos-token S  document separators (default: the tokenizer's)
+                  --jsonl-field F   the inputs are JSON Lines: one document per line, in field F
                   INPUT...          text files or directories
+  tokenize      print each file's token ids, one line per file (--tokenizer, --bos-token,
+                --eos-token as for prepare-data; --document adds the separators, --info prints
+                the vocabulary size and the separators instead, --time N encodes the files as
+                one batch N times and prints each pass's time as a JSON line)
   config        print the resolved config (all keys, defaults included)
                   --config FILE, --config-env VAR, --set KEY=VALUE as for train
   devices       print the libtorch in use and the CUDA devices it sees (CUDA_VISIBLE_DEVICES
@@ -155,9 +168,26 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
   return exit_code::kOk;
 }
 
+// --tokenizer, --bos-token and --eos-token, shared by prepare-data and tokenize; true if args[i] was one.
+bool TakeTokenizerFlag(const std::vector<std::string>& args, size_t& i, std::string* spec,
+                       meshwork::data::TokenizerOptions* options, std::string* error) {
+  std::string value;
+  if (TakeValue(args, i, "--tokenizer", &value, error)) {
+    *spec = value;
+  } else if (TakeValue(args, i, "--bos-token", &value, error)) {
+    options->bos_token = value;
+  } else if (TakeValue(args, i, "--eos-token", &value, error)) {
+    options->eos_token = value;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 int RunPrepareData(const std::vector<std::string>& args) {
   meshwork::data::PrepareOptions o;
-  std::string error, value;
+  std::string error, value, tokenizer_spec = "bytes";
+  meshwork::data::TokenizerOptions tokenizer_options;
   bool fraction_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (TakeValue(args, i, "--out", &value, &error)) {
@@ -174,6 +204,10 @@ int RunPrepareData(const std::vector<std::string>& args) {
       // The parser names the config key; here the value came from the flag.
       if (!f.ok()) return Usage("--format: '" + value + "' is not a token format (auto, llmc, raw_u16, raw_u32)");
       o.format = *f;
+    } else if (TakeValue(args, i, "--jsonl-field", &value, &error)) {
+      if (value.empty()) return Usage("--jsonl-field needs the name of the field holding each document's text");
+      o.jsonl_field = value;
+    } else if (TakeTokenizerFlag(args, i, &tokenizer_spec, &tokenizer_options, &error)) {
     } else if (args[i].rfind("--", 0) == 0) {
       return Usage("unknown option '" + args[i] + "' for 'prepare-data'");
     } else {
@@ -185,13 +219,93 @@ int RunPrepareData(const std::vector<std::string>& args) {
   if (o.inputs.empty()) return Usage("prepare-data needs at least one INPUT file or directory");
   // Without a val output every token goes to --out: a fraction asked for would silently do nothing.
   if (fraction_given && o.val_out.empty()) return Usage("--val-fraction needs --val-out FILE (where the split goes)");
+  auto tokenizer = meshwork::data::LoadTokenizer(tokenizer_spec, tokenizer_options);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  o.tokenizer = tokenizer->get();
   auto r = meshwork::data::PrepareTokens(o);
   if (!r.ok()) return Fail(r.status());
-  std::cout << "prepared " << r->documents << " documents: " << r->train_tokens << " tokens -> "
-            << o.train_out;
+  const auto& t = **tokenizer;
+  std::cout << "prepared " << r->documents << " documents with " << t.description() << ": " << r->train_tokens
+            << " tokens -> " << o.train_out;
   if (!o.val_out.empty()) std::cout << ", " << r->val_tokens << " tokens -> " << o.val_out;
   if (r->skipped_binary_files > 0) std::cout << " (skipped " << r->skipped_binary_files << " binary files)";
   std::cout << "\n";
+  if (t.kind() != meshwork::data::TokenizerKind::kBytes) {
+    std::cout << "documents are " << (t.bos() ? "bos " + std::to_string(*t.bos()) + " + " : std::string("")) << "text + eos "
+              << t.eos() << " (from " << t.specials_source() << ")\n";
+  }
+  return exit_code::kOk;
+}
+
+int RunTokenize(const std::vector<std::string>& args) {
+  std::string error, tokenizer_spec = "bytes";
+  meshwork::data::TokenizerOptions tokenizer_options;
+  bool document = false, info = false;
+  int64_t passes = 0;
+  std::string value;
+  std::vector<std::string> files;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (TakeTokenizerFlag(args, i, &tokenizer_spec, &tokenizer_options, &error)) {
+    } else if (TakeValue(args, i, "--time", &value, &error)) {
+      char* end = nullptr;
+      passes = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || passes < 1) return Usage("--time: expected a positive pass count, got '" + value + "'");
+    } else if (args[i] == "--document") {
+      document = true;
+    } else if (args[i] == "--info") {
+      info = true;
+    } else if (args[i].rfind("--", 0) == 0) {
+      return Usage("unknown option '" + args[i] + "' for 'tokenize'");
+    } else {
+      files.push_back(args[i]);
+    }
+    if (!error.empty()) return Usage(error);
+  }
+  if (files.empty() && !info) return Usage("tokenize needs at least one FILE (or --info)");
+  auto tokenizer = meshwork::data::LoadTokenizer(tokenizer_spec, tokenizer_options);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  const auto& t = **tokenizer;
+  if (info) {
+    std::cout << "tokenizer " << t.description() << "\nvocab_size " << t.VocabSize() << "\nbos "
+              << (t.bos() ? std::to_string(*t.bos()) : std::string("none")) << "\neos " << t.eos()
+              << "\nseparators_from " << t.specials_source() << "\n";
+    return exit_code::kOk;
+  }
+  std::vector<std::string> texts;
+  for (const auto& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return Fail(meshwork::NotFound("cannot open '" + file + "' for reading"));
+    texts.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  if (passes > 0) {
+    // bench/tokenizer_throughput.sh: every file one text of a batch, encoded `passes` times; one JSON
+    // line a pass, in the bench protocol's step records (reading the files is not timed).
+    const std::vector<std::string_view> views(texts.begin(), texts.end());
+    int64_t bytes = 0;
+    for (const auto& text : texts) bytes += static_cast<int64_t>(text.size());
+    for (int64_t pass = 1; pass <= passes; ++pass) {
+      const auto start = std::chrono::steady_clock::now();
+      auto batch = t.EncodeBatch(views);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!batch.ok()) return Fail(batch.status());
+      int64_t tokens = 0;
+      for (const auto& ids : *batch) tokens += static_cast<int64_t>(ids.size());
+      std::cout << "{\"step\": " << pass << ", \"step_seconds\": " << seconds << ", \"tokens\": " << tokens
+                << ", \"bytes\": " << bytes << ", \"texts\": " << texts.size() << "}" << std::endl;
+    }
+    return exit_code::kOk;
+  }
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string& file = files[f];
+    const std::string& text = texts[f];
+    auto ids = t.Encode(text);
+    if (!ids.ok()) return Fail(meshwork::InvalidInput("'" + file + "': " + ids.status().message()));
+    std::string line;
+    if (document && t.bos()) line = std::to_string(*t.bos());
+    for (uint32_t id : *ids) line += (line.empty() ? "" : " ") + std::to_string(id);
+    if (document) line += (line.empty() ? "" : " ") + std::to_string(t.eos());
+    std::cout << line << "\n";
+  }
   return exit_code::kOk;
 }
 
@@ -201,7 +315,7 @@ int RunLaunch(const std::vector<std::string>& args) {
   if (!options.ok()) return Fail(options.status());
   auto& command = options->command;
   const std::string first = command.empty() ? "" : command.front();
-  if (first == "train" || first == "eval" || first == "config" || first == "prepare-data") {
+  if (first == "train" || first == "eval" || first == "config" || first == "prepare-data" || first == "tokenize") {
     char self[PATH_MAX];
     const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0) return Fail(meshwork::Internal("cannot find this executable (/proc/self/exe)"));
@@ -250,6 +364,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train" || command == "eval" || command == "config") return RunConfigCommand(command, args);
     if (command == "prepare-data") return RunPrepareData(args);
+    if (command == "tokenize") return RunTokenize(args);
     if (command == "launch") return RunLaunch(args);
     if (command == "devices") return RunDevices(args);
   } catch (const std::exception& e) {

@@ -1,7 +1,8 @@
 // Resume as the operator does it: a training job is killed (SIGKILL) after it wrote a
 // checkpoint, then the same command runs again. The restarted run must continue from the
 // checkpoint and end with exactly the losses of a run that was never interrupted: on one
-// process, and on ranks started by `meshwork-train launch` (FSDP eager, compiled, HSDP).
+// process, and on ranks started by `meshwork-train launch` (FSDP eager, compiled, HSDP); and
+// resharded across world sizes, to fp32 rounding.
 // Also `train --config-env VAR` as the operator passes a ConfigMap.
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +12,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -241,15 +244,107 @@ TEST_F(ResumeTest, HsdpTwoByTwoKilledAfterACheckpointEndsWithTheUninterruptedLos
   KillAndResume(4, {"--set", "mesh.dp_replicate=2"});
 }
 
-TEST_F(ResumeTest, ACheckpointOfAnotherWorldSizeIsExitCode3NamingTheDifference) {
+// A checkpoint reshards to any mesh: 4 ranks, then 2, then 1 process, then 4 again, each run
+// killed once it saved past the previous one's checkpoint, the global batch the same throughout
+// (data.batch_size is per rank), ends with the losses of 4 ranks never interrupted. The world
+// sizes sum gradients in different orders, so to fp32 rounding, not bit for bit.
+TEST_F(ResumeTest, ReshardedFourTwoOneFourEndsWithTheUninterruptedLosses) {
+  const std::string whole_log = tmp_.File("whole.log");
+  Process whole(Command("whole", 4, {}, ""), whole_log);
+  ASSERT_EQ(whole.Wait(), 0) << ReadBytes(whole_log);
+  const auto want = Losses(tmp_.File("whole.jsonl"));
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+
+  const std::string ckpt = tmp_.File("ckpt");
+  auto latest_step = [&]() -> int {
+    std::ifstream in(ckpt + "/latest");
+    std::string name;
+    if (!(in >> name) || name.rfind("step-", 0) != 0) return 0;
+    return std::stoi(name.substr(5));
+  };
+  int segment = 0;
+  for (const int nproc : {4, 2, 1}) {
+    const int past = latest_step();
+    const std::string log = tmp_.File("segment" + std::to_string(++segment) + ".log");
+    Process run(Command("resharded", nproc, {}, ckpt), log);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (latest_step() <= past && run.Running() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(run.Running()) << "segment " << segment << " ended (exit " << run.exit_code()
+                               << ") before it could be killed after a checkpoint:\n" << ReadBytes(log);
+    ASSERT_GT(latest_step(), past) << ReadBytes(log);
+    const std::vector<pid_t> ranks = nproc > 1 ? ChildrenOf(run.pid()) : std::vector<pid_t>{run.pid()};
+    ASSERT_FALSE(ranks.empty());
+    ::kill(ranks.back(), SIGKILL);
+    run.Wait();
+    if (segment > 1) {
+      EXPECT_THAT(ReadBytes(log), HasSubstr("resharded: the checkpoint was written by world size"));
+    }
+    std::cout << "segment " << segment << ": " << nproc << " rank(s), killed after step-" << latest_step() << "\n";
+  }
+  const std::string last_log = tmp_.File("segment4.log");
+  Process last(Command("resharded", 4, {}, ckpt), last_log);
+  ASSERT_EQ(last.Wait(), 0) << ReadBytes(last_log);
+  const std::string log = ReadBytes(last_log);
+  EXPECT_THAT(log, HasSubstr("resharded: the checkpoint was written by world size 1 (dp_replicate 1 x dp_shard 1), "
+                             "this run is 4 (1 x 4)"));
+  EXPECT_THAT(log, HasSubstr("MiB of the checkpoint's"));
+  const auto got = Losses(tmp_.File("resharded.jsonl"));
+  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+  double worst = 0;
+  for (int step = 1; step <= kSteps; ++step) {
+    const double w = std::stod(want.at(step)), g = std::stod(got.at(step));
+    worst = std::max(worst, std::abs(g - w) / std::abs(w));
+    EXPECT_NEAR(g, w, 1e-6 * std::abs(w)) << "step " << step;
+  }
+  std::cout << "largest relative loss difference over " << kSteps << " steps: " << worst << "\n";
+}
+
+// checkpoint.async, killed at every phase of the save of step 8 (before the copy, while the
+// thread writes, before `latest` moves): `latest` stays on step 4, and the rerun, resuming from
+// it, ends with the uninterrupted losses bit for bit.
+TEST_F(ResumeTest, AsyncSaveKilledAtEveryPhaseLeavesTheLastCompleteCheckpoint) {
+  const std::vector<std::string> async = {"--set", "checkpoint.async=true"};
+  Process whole(Command("whole", 1, {}, ""), tmp_.File("whole.log"));
+  ASSERT_EQ(whole.Wait(), 0) << ReadBytes(tmp_.File("whole.log"));
+  const auto want = Losses(tmp_.File("whole.jsonl"));
+  for (const std::string phase : {"copy", "write", "commit"}) {
+    const std::string ckpt = tmp_.File("ckpt-" + phase), log = tmp_.File(phase + ".log");
+    const auto cmd = Command("async-" + phase, 1, async, ckpt);
+    {
+      Process first(cmd, log, {{"MESHWORK_CHECKPOINT_TEST_PAUSE", phase + ":8:60"}});
+      const std::string marker = "test pause at " + phase + " of step 8";
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (ReadBytes(log).find(marker) == std::string::npos && first.Running() &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      ASSERT_THAT(ReadBytes(log), HasSubstr(marker));
+      ::kill(first.pid(), SIGKILL);
+      first.Wait();
+    }
+    EXPECT_EQ(ReadBytes(ckpt + "/latest"), "step-00000004\n") << phase;
+    const std::string rerun_log = tmp_.File(phase + "-rerun.log");
+    Process rerun(cmd, rerun_log);
+    ASSERT_EQ(rerun.Wait(), 0) << ReadBytes(rerun_log);
+    EXPECT_THAT(ReadBytes(rerun_log), HasSubstr("(step 4 of " + std::to_string(kSteps) + ")")) << phase;
+    EXPECT_THAT(ReadBytes(rerun_log), HasSubstr("in the background; the step stalled")) << phase;
+    const auto got = Losses(tmp_.File("async-" + phase + ".jsonl"));
+    ASSERT_EQ(got.size(), static_cast<size_t>(kSteps)) << phase;
+    for (int step = 1; step <= kSteps; ++step) EXPECT_EQ(got.at(step), want.at(step)) << phase << " step " << step;
+  }
+}
+
+TEST_F(ResumeTest, ACheckpointOfAnotherModelIsExitCode3NamingTheDifference) {
   const std::string ckpt = tmp_.File("ckpt");
   Process one(Command("one", 1, {"--set", "schedule.steps=2", "--set", "schedule.warmup_steps=1"}, ckpt),
               tmp_.File("one.log"));
   ASSERT_EQ(one.Wait(), 0) << ReadBytes(tmp_.File("one.log"));
-  Process two(Command("two", 2, {}, ckpt), tmp_.File("two.log"));
+  Process two(Command("two", 2, {"--set", "model.intermediate_size=96"}, ckpt), tmp_.File("two.log"));
   EXPECT_EQ(two.Wait(), 3) << ReadBytes(tmp_.File("two.log"));
   const std::string log = ReadBytes(tmp_.File("two.log"));
-  EXPECT_THAT(log, HasSubstr("world size 1 in the checkpoint, 2 in this run"));
+  EXPECT_THAT(log, HasSubstr("model.intermediate_size 90 in the checkpoint, 96 in this run"));
   EXPECT_THAT(log, HasSubstr(ckpt + "/step-00000002"));
 }
 

@@ -71,7 +71,7 @@ TEST(TrainerMetricsTest, EverySeriesExistsAtZeroAfterConstruction) {
         "meshwork_trainer_step_duration_seconds_count",
         "meshwork_trainer_step_duration_seconds_sum", "meshwork_trainer_mfu_ratio",
         "meshwork_trainer_learning_rate", "meshwork_trainer_grad_norm",
-        "meshwork_trainer_exposed_comm_seconds_total"}) {
+        "meshwork_trainer_exposed_comm_seconds_total", "meshwork_trainer_checkpoint_stall_seconds"}) {
     EXPECT_EQ(Sample(text, Series(name)), 0.0) << name;
   }
   for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"}) {
@@ -185,7 +185,7 @@ TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
-  EXPECT_EQ(exposed.size(), 19u);
+  EXPECT_EQ(exposed.size(), 20u);
   for (const auto& name : exposed) {
     // A table row starts with the name in backticks.
     EXPECT_THAT(docs, HasSubstr("| `" + name + "`")) << name << " is not in docs/metrics.md";

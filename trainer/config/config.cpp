@@ -169,6 +169,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       StringField("data.train", &c.data.train),
       StringField("data.val", &c.data.val),
       EnumField("data.token_format", &c.data.token_format, data::kTokenFormatNames),
+      EnumField("data.order", &c.data.order, data::kSampleOrderNames),
       IntField("data.seq_len", &c.data.seq_len, 1, 1 << 20),
       IntField("data.batch_size", &c.data.batch_size, 1, 1 << 20),
 
@@ -245,6 +246,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("checkpoint.every", &c.checkpoint.every, 0, kMaxInt),
       IntField("checkpoint.keep", &c.checkpoint.keep, 1, 1 << 20),
       EnumField("checkpoint.resume", &c.checkpoint.resume, kResumeNames),
+      BoolField("checkpoint.async", &c.checkpoint.async),
   };
 }
 

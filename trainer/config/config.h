@@ -89,6 +89,7 @@ struct DataConfig {
   std::string train = "synthetic";  // token file, or "synthetic"
   std::string val;                  // token file for evaluation (optional)
   data::TokenFormat token_format = data::TokenFormat::kAuto;
+  data::SampleOrder order = data::SampleOrder::kRandom;  // how training rows are drawn
   int64_t seq_len = 128;
   int64_t batch_size = 16;  // sequences per micro-batch
 };
@@ -215,6 +216,7 @@ struct CheckpointConfig {
   int64_t every = 0;                   // save every N steps; 0 = only after the last step
   int64_t keep = 2;                    // complete checkpoints kept; older ones are deleted
   Resume resume = Resume::kAuto;       // auto: resume from dir/latest when it exists
+  bool async = false;                  // write in a background thread; the step stalls only to copy
 };
 
 struct TrainConfig {

@@ -184,6 +184,12 @@ Status TokenFile::ResolveLayout(TokenFormat requested) {
   }
   tokens_ = bytes + kLlmcHeaderBytes;
   num_tokens_ = count;
+  const int32_t vocab = ReadLeI32(bytes + 4 * kLlmcTokenizerVocabIndex);
+  if (vocab < 0) {
+    return InvalidInput(where + " records a tokenizer vocabulary of " + std::to_string(vocab) +
+                        " tokens in its llm.c header (slot 3); expected 0 (unrecorded) or a size");
+  }
+  tokenizer_vocab_size_ = vocab;
   return Status::Ok();
 }
 
@@ -204,7 +210,7 @@ void TokenFile::CopyRange(int64_t begin, int64_t count, int64_t* out) const {
 }
 
 Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
-                      TokenFormat format) {
+                      TokenFormat format, int64_t tokenizer_vocab_size) {
   if (tokens.empty()) {
     return InvalidInput("refusing to write token file " + Quote(path) +
                         ": no tokens (an empty token file cannot be read back)");
@@ -212,6 +218,15 @@ Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& toke
   if (format == TokenFormat::kAuto) format = TokenFormat::kLlmc;  // the format that self-describes
 
   const auto max_it = std::max_element(tokens.begin(), tokens.end());
+  if (tokenizer_vocab_size < 0 || tokenizer_vocab_size > std::numeric_limits<int32_t>::max()) {
+    return InvalidInput("cannot write " + Quote(path) + ": tokenizer vocabulary size " +
+                        std::to_string(tokenizer_vocab_size) + " does not fit the llm.c header");
+  }
+  if (tokenizer_vocab_size > 0 && *max_it >= tokenizer_vocab_size) {
+    return InvalidInput("cannot write " + Quote(path) + ": token " + std::to_string(*max_it) +
+                        " at position " + std::to_string(max_it - tokens.begin()) +
+                        " is outside the tokenizer's " + std::to_string(tokenizer_vocab_size) + " ids");
+  }
   const bool fits_u16 = *max_it < 65536u;
   int width = 4;
   switch (format) {
@@ -245,6 +260,7 @@ Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& toke
     AppendLe(buffer, static_cast<uint32_t>(kLlmcMagic), 4);
     AppendLe(buffer, static_cast<uint32_t>(width == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
     AppendLe(buffer, static_cast<uint32_t>(tokens.size()), 4);
+    AppendLe(buffer, static_cast<uint32_t>(tokenizer_vocab_size), 4);  // slot 3
     buffer.resize(kLlmcHeaderBytes, 0);
   }
   // Chunks bound the staging memory for large files.

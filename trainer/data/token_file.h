@@ -19,6 +19,9 @@ inline constexpr int32_t kLlmcVersionU16 = 1;
 inline constexpr int32_t kLlmcVersionU32 = 2;
 inline constexpr int64_t kLlmcHeaderInts = 256;
 inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+// Meshwork's one addition, in a slot llm.c leaves zero: [3] the vocabulary size of the tokenizer
+// that wrote the file (0: not recorded), so training refuses a model whose vocab_size is smaller.
+inline constexpr int64_t kLlmcTokenizerVocabIndex = 3;
 
 // One of kTokenFormatNames; an error names the key 'data.token_format'.
 Result<TokenFormat> ParseTokenFormat(const std::string& name);
@@ -47,6 +50,9 @@ class TokenFile {
   // The format actually read: never kAuto.
   TokenFormat format() const { return format_; }
   const std::string& path() const { return path_; }
+  // The vocabulary size of the tokenizer that wrote the file (llm.c header slot 3), 0 when the file
+  // does not record it (raw files, llm.c's own, Meshwork's before it wrote the slot).
+  int64_t tokenizer_vocab_size() const { return tokenizer_vocab_size_; }
 
   // out[k] = at(begin + k) for k in [0, count). Precondition: the range lies inside the file.
   void CopyRange(int64_t begin, int64_t count, int64_t* out) const;
@@ -67,13 +73,15 @@ class TokenFile {
   const unsigned char* tokens_ = nullptr;  // first token byte, inside mapping_
   int64_t num_tokens_ = 0;
   int bytes_per_token_ = 2;
+  int64_t tokenizer_vocab_size_ = 0;
 };
 
 // Writes `tokens` to `path` atomically (a temporary file in the same folder, then rename), so a
 // reader never sees a half-written file. kLlmc (and kAuto) pick version 1 (uint16) when every
 // token is below 65536, else version 2 (uint32); kRawU16 refuses a token >= 65536. An empty
-// token list is refused because Open would refuse the file it makes.
+// token list is refused because Open would refuse the file it makes. kLlmc records
+// tokenizer_vocab_size in the header (0: unknown); a token at or past it is refused.
 Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
-                      TokenFormat format);
+                      TokenFormat format, int64_t tokenizer_vocab_size = 0);
 
 }  // namespace meshwork::data

@@ -18,4 +18,12 @@ inline constexpr EnumName<TokenFormat> kTokenFormatNames[] = {{TokenFormat::kAut
                                                              {TokenFormat::kRawU32, "raw_u32"}};
 inline const char* TokenFormatName(TokenFormat format) { return NameOf(kTokenFormatNames, format); }
 
+// data.order: how training rows are drawn from a token file (docs/data.md).
+enum class SampleOrder {
+  kRandom,  // random windows, with replacement: row r of step s from (seed, s, r) alone
+  kEpochs,  // every non-overlapping window once per epoch, in a seeded permutation per epoch
+};
+inline constexpr EnumName<SampleOrder> kSampleOrderNames[] = {{SampleOrder::kRandom, "random"},
+                                                             {SampleOrder::kEpochs, "epochs"}};
+
 }  // namespace meshwork::data

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -487,6 +489,25 @@ Status SaveHfCheckpoint(const std::string& dir, const model::LlamaConfig& c,
   HfConfigExtras extras;
   extras.torch_dtype = dtype_name;
   return WriteHfConfig(dir, c, extras);
+}
+
+Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
+  std::vector<std::string> copied;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const std::filesystem::path from = std::filesystem::path(from_dir) / name;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(from, ec)) continue;
+    std::ifstream in(from, std::ios::binary);
+    if (!in) return IOError("cannot open '" + from.string() + "' to copy it beside the export");
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) return IOError("cannot read '" + from.string() + "' to copy it beside the export");
+    const std::string to = (std::filesystem::path(to_dir) / name).string();
+    MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(to));
+    MW_RETURN_IF_ERROR(out.Write(bytes.data(), bytes.size()));
+    MW_RETURN_IF_ERROR(out.Commit());
+    copied.push_back(name);
+  }
+  return copied;
 }
 
 }  // namespace meshwork::io

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "trainer/io/safetensors.h"
@@ -62,5 +63,11 @@ Status LoadHfWeightsInto(const std::string& dir, torch::nn::Module& module,
 // when the config is untied.
 Status SaveHfCheckpoint(const std::string& dir, const model::LlamaConfig& c,
                         torch::nn::Module& module, torch::ScalarType dtype = torch::kFloat32);
+
+// The tokenizer files of a Hugging Face model directory (tokenizer.json, tokenizer.model,
+// tokenizer_config.json, special_tokens_map.json) copied from `from_dir` into `to_dir`, each
+// written atomically, so an exported model loads with the tokenizer it was trained with. Returns
+// the names copied (none when from_dir has none). IOError naming the file on a failed copy.
+Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir);
 
 }  // namespace meshwork::io

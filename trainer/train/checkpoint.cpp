@@ -1,6 +1,6 @@
-// Training checkpoints (see checkpoint.h): rank files through libtorch's serialize archives
-// (the same API in 1.13 and 2.x) holding CPU tensors only, meta.json through nlohmann::json,
-// `latest` as one line.
+// Training checkpoints (see checkpoint.h): shard files through the safetensors reader and
+// writer (trainer/io), format 2's rank files through libtorch's serialize archives, meta.json
+// through nlohmann::json, `latest` as one line.
 #include "trainer/train/checkpoint.h"
 
 #include <nlohmann/json.hpp>
@@ -9,13 +9,22 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <iomanip>
+#include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "common/file.h"
+#include "trainer/io/safetensors.h"
 #include "trainer/model/compat.h"
 #include "trainer/train/adamw.h"
 #include "trainer/train/engine.h"
@@ -32,6 +41,11 @@ constexpr int64_t kFormatVersion = 2;
 constexpr int64_t kFormatVersionLibtorchOptimizer = 1;
 constexpr int64_t kNoState = -1;  // in adamw/steps: the parameter has no AdamW state yet
 constexpr const char* kFormatName = "meshwork-training-checkpoint";
+// meta.json's version: 3, shard files that any mesh loads; 2 (still read), format 2's rank files
+// (kFormatVersion above), loaded at the mesh that wrote them.
+constexpr int64_t kMetaVersion = 3;
+constexpr int64_t kMetaVersionRankFiles = 2;
+constexpr const char* kShardFileFormat = "meshwork-shards";
 constexpr const char* kStepPrefix = "step-";
 
 std::string Join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
@@ -106,8 +120,8 @@ Result<std::pair<uint64_t, std::string>> FileChecksum(const std::string& path) {
   return std::make_pair(static_cast<uint64_t>(file.size()), Hex(sum.Final()));
 }
 
-// Checks `path` against its .sum file: same size, same checksum.
-Status VerifyChecksum(const std::string& path) {
+// What `path`'s .sum file recorded: its size in bytes and its checksum.
+Result<std::pair<uint64_t, std::string>> RecordedChecksum(const std::string& path) {
   auto recorded = ReadTextFile(SumPath(path));
   if (!recorded.ok()) {
     if (recorded.status().code() == StatusCode::kNotFound) {
@@ -116,11 +130,19 @@ Status VerifyChecksum(const std::string& path) {
     return recorded.status();
   }
   std::istringstream in(*recorded);
-  uint64_t want_bytes = 0;
-  std::string want_sum;
-  if (!(in >> want_bytes >> want_sum)) {
+  uint64_t bytes = 0;
+  std::string sum;
+  if (!(in >> bytes >> sum)) {
     return InvalidInput("checksum file '" + SumPath(path) + "' is corrupt: expected '<bytes> <checksum>'");
   }
+  return std::make_pair(bytes, sum);
+}
+
+// Checks `path` against its .sum file: same size, same checksum.
+Status VerifyChecksum(const std::string& path) {
+  MW_ASSIGN_OR_RETURN(const auto want, RecordedChecksum(path));
+  const uint64_t want_bytes = want.first;
+  const std::string& want_sum = want.second;
   MW_ASSIGN_OR_RETURN(const auto actual, FileChecksum(path));
   if (actual.first != want_bytes) {
     return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + std::to_string(actual.first) +
@@ -143,8 +165,8 @@ Status WriteTextAtomically(const std::string& path, const std::string& text) {
 bool IsComplete(const std::string& step_dir) {
   auto meta = ReadMeta(step_dir);
   if (!meta.ok()) return false;
-  for (int r = 0; r < meta->world_size; ++r) {
-    const std::string file = Join(step_dir, RankFileName(r));
+  for (const std::string& name : meta->files) {
+    const std::string file = Join(step_dir, name);
     if (!fs::exists(file) || !fs::exists(SumPath(file))) return false;
   }
   return true;
@@ -221,6 +243,7 @@ CheckpointMeta RunMeta(const config::TrainConfig& cfg, const model::LlamaConfig&
   m.seq_len = cfg.data.seq_len;
   m.batch_size = cfg.data.batch_size;
   m.grad_accum = cfg.training.grad_accum;
+  for (int r = 0; r < m.world_size; ++r) m.files.push_back(ShardFileName(r));
   return m;
 }
 
@@ -236,12 +259,22 @@ std::string RankFileName(int rank) {
   return buf;
 }
 
+std::string ShardFileName(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
+  return buf;
+}
+
 std::string MetaToJson(const CheckpointMeta& m) {
   json files = json::array();
-  for (int r = 0; r < m.world_size; ++r) files.push_back(RankFileName(r));
+  for (int r = 0; r < m.world_size; ++r) {
+    files.push_back(static_cast<size_t>(r) < m.files.size()                ? m.files[static_cast<size_t>(r)]
+                    : m.format_version == kMetaVersionRankFiles ? RankFileName(r)
+                                                                             : ShardFileName(r));
+  }
   const json doc = {
       {"format", kFormatName},
-      {"version", kFormatVersion},
+      {"version", m.format_version},
       {"step", m.step},
       {"total_steps", m.total_steps},
       {"world_size", m.world_size},
@@ -263,7 +296,8 @@ std::string MetaToJson(const CheckpointMeta& m) {
         {"seed", m.seed},
         {"seq_len", m.seq_len},
         {"batch_size", m.batch_size},
-        {"grad_accum", m.grad_accum}}},
+        {"grad_accum", m.grad_accum},
+        {"samples", m.samples}}},
       {"files", files},
   };
   return doc.dump(2) + "\n";
@@ -278,10 +312,11 @@ Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
     if (doc.at("format").get<std::string>() != kFormatName) {
       return InvalidInput("checkpoint metadata '" + path + "' is not a Meshwork training checkpoint");
     }
-    if (doc.at("version").get<int64_t>() != kFormatVersion) {
+    m.format_version = doc.at("version").get<int64_t>();
+    if (m.format_version != kMetaVersion && m.format_version != kMetaVersionRankFiles) {
       return InvalidInput("checkpoint metadata '" + path + "' has format version " +
-                          std::to_string(doc.at("version").get<int64_t>()) + "; this trainer reads version " +
-                          std::to_string(kFormatVersion));
+                          std::to_string(m.format_version) + "; this trainer reads versions " +
+                          std::to_string(kMetaVersionRankFiles) + " and " + std::to_string(kMetaVersion));
     }
     m.step = doc.at("step").get<int64_t>();
     m.total_steps = doc.at("total_steps").get<int64_t>();
@@ -310,10 +345,21 @@ Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
     m.seq_len = data.at("seq_len").get<int64_t>();
     m.batch_size = data.at("batch_size").get<int64_t>();
     m.grad_accum = data.at("grad_accum").get<int64_t>();
+    m.samples = data.value("samples", int64_t{-1});
+    for (const json& f : doc.at("files")) m.files.push_back(f.get<std::string>());
   } catch (const json::exception& e) {
     return InvalidInput("checkpoint metadata '" + path + "' is corrupt: " + e.what());
   }
   if (m.world_size < 1) return InvalidInput("checkpoint metadata '" + path + "': world_size must be >= 1");
+  if (m.files.size() != static_cast<size_t>(m.world_size)) {
+    return InvalidInput("checkpoint metadata '" + path + "' lists " + std::to_string(m.files.size()) +
+                        " files for world_size " + std::to_string(m.world_size));
+  }
+  for (const std::string& f : m.files) {
+    if (f.empty() || f.find('/') != std::string::npos || f.rfind("rank-", 0) != 0) {
+      return InvalidInput("checkpoint metadata '" + path + "' lists a file '" + f + "' that is not a rank file");
+    }
+  }
   return m;
 }
 
@@ -325,9 +371,13 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
     os << std::boolalpha << what << " " << a << " in the checkpoint, " << b << " in this run";
     diffs.push_back(os.str());
   };
-  check("world size", saved.world_size, now.world_size);
-  check("mesh dp_replicate", saved.dp_replicate, now.dp_replicate);
-  check("mesh dp_shard", saved.dp_shard, now.dp_shard);
+  // Format 2's rank files hold each rank's tensors by position: only the same mesh can read them.
+  const bool fixed_mesh = saved.format_version == kMetaVersionRankFiles;
+  if (fixed_mesh) {
+    check("world size", saved.world_size, now.world_size);
+    check("mesh dp_replicate", saved.dp_replicate, now.dp_replicate);
+    check("mesh dp_shard", saved.dp_shard, now.dp_shard);
+  }
   check("model.vocab_size", saved.dims.vocab_size, now.dims.vocab_size);
   check("model.hidden_size", saved.dims.hidden_size, now.dims.hidden_size);
   check("model.intermediate_size", saved.dims.intermediate_size, now.dims.intermediate_size);
@@ -335,7 +385,7 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
   check("model.num_attention_heads", saved.dims.num_attention_heads, now.dims.num_attention_heads);
   check("model.num_key_value_heads", saved.dims.num_key_value_heads, now.dims.num_key_value_heads);
   check("model.tie_word_embeddings", saved.dims.tie_word_embeddings, now.dims.tie_word_embeddings);
-  if ((saved.dp_shard > 1 || now.dp_shard > 1) && saved.shard_layout != now.shard_layout) {
+  if (fixed_mesh && (saved.dp_shard > 1 || now.dp_shard > 1) && saved.shard_layout != now.shard_layout) {
     diffs.push_back("shard layout '" + saved.shard_layout + "' in the checkpoint, '" + now.shard_layout +
                     "' in this run (a checkpoint sharded by rows was written by a Meshwork before the flat FSDP "
                     "layout; resume it with that release)");
@@ -343,8 +393,10 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
   if (diffs.empty()) return Status::Ok();
   std::string msg = "checkpoint '" + step_dir + "' does not match this run: ";
   for (size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
-  msg += " (every rank's shards depend on these: resume with the same world size, mesh and model, or "
-         "point checkpoint.dir at a new directory)";
+  msg += fixed_mesh ? " (a format 2 checkpoint's shards depend on these: resume with the same world size, mesh and "
+                      "model, or point checkpoint.dir at a new directory)"
+                    : " (the parameters' shapes depend on these: resume with the same model, or point "
+                      "checkpoint.dir at a new directory)";
   return InvalidInput(msg);
 }
 
@@ -363,6 +415,13 @@ std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, co
   note("training.grad_accum", saved.grad_accum, now.grad_accum);
   note("schedule.steps", saved.total_steps, now.total_steps);
   note("fsdp.mode", saved.fsdp_mode, now.fsdp_mode);
+  if (saved.world_size != now.world_size || saved.dp_replicate != now.dp_replicate || saved.dp_shard != now.dp_shard) {
+    std::ostringstream os;
+    os << "resharded: the checkpoint was written by world size " << saved.world_size << " (dp_replicate "
+       << saved.dp_replicate << " x dp_shard " << saved.dp_shard << "), this run is " << now.world_size
+       << " (" << now.dp_replicate << " x " << now.dp_shard << ")";
+    notes.push_back(os.str());
+  }
   // Not shapes: the weights load, but compute another function. Said, not refused: a larger
   // theta on resume is how a run extends its context.
   if (saved.numerics_recorded) {
@@ -527,9 +586,409 @@ Status LoadRankFile(const std::string& path, int64_t step,
   return Status::Ok();
 }
 
+// --- format 3: shard files ---------------------------------------------------------------------
+
+namespace {
+
+// A tensor's bytes (contiguous, on the CPU) through Checksum.
+std::string TensorChecksum(const torch::Tensor& t) {
+  Checksum sum;
+  sum.Update(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  return Hex(sum.Final());
+}
+
+std::string PieceKey(const std::string& name, int64_t begin) { return name + "@" + std::to_string(begin); }
+
+// One piece as a shard file's metadata describes it.
+struct SavedPiece {
+  size_t file = 0;  // index into the checkpoint's files
+  std::string key;  // its tensor's name in the file; "/exp_avg" and "/exp_avg_sq" for the moments
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  int64_t numel = 0;
+  int64_t adamw_step = kNoState;
+  std::map<std::string, std::string> sums;  // "value", "exp_avg", "exp_avg_sq" -> checksum
+};
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// A shard file's header and pieces; its size checked against the .sum file (a cheap check that
+// catches a torn or truncated file without reading it all).
+struct ShardFileIndex {
+  std::string path;
+  io::SafetensorsHeader header;
+  std::vector<SavedPiece> pieces;
+};
+
+Result<ShardFileIndex> ReadShardIndex(const std::string& path, size_t file, int64_t step) {
+  if (!fs::exists(path)) return NotFound("checkpoint file '" + path + "' does not exist");
+  MW_ASSIGN_OR_RETURN(const auto recorded, RecordedChecksum(path));
+  const uint64_t want_bytes = recorded.first;
+  std::error_code ec;
+  const uint64_t bytes = fs::file_size(path, ec);
+  if (ec) return IOError("cannot stat checkpoint file '" + path + "': " + ec.message());
+  if (bytes != want_bytes) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt or truncated: " + std::to_string(bytes) + " bytes, " +
+                        std::to_string(want_bytes) + " were written");
+  }
+  ShardFileIndex index;
+  index.path = path;
+  auto header = io::ReadSafetensorsHeader(path);
+  if (!header.ok()) return InvalidInput("checkpoint file '" + path + "' is corrupt: " + header.status().message());
+  index.header = std::move(*header);
+  const auto& meta = index.header.metadata;
+  auto field = [&](const char* key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  if (field("format") != kShardFileFormat) {
+    return InvalidInput("checkpoint file '" + path + "' is not a Meshwork shard file (no format '" + kShardFileFormat +
+                        "' in its metadata)");
+  }
+  if (field("step") != std::to_string(step)) {
+    return InvalidInput("checkpoint file '" + path + "' holds step " + field("step") + ", but its directory is step " +
+                        std::to_string(step));
+  }
+  try {
+    for (const json& p : json::parse(field("pieces"))) {
+      SavedPiece piece;
+      piece.file = file;
+      piece.key = p.at("key").get<std::string>();
+      piece.shape = p.at("shape").get<std::vector<int64_t>>();
+      piece.begin = p.at("begin").get<int64_t>();
+      piece.numel = p.at("numel").get<int64_t>();
+      piece.adamw_step = p.at("adamw_step").get<int64_t>();
+      piece.sums = p.at("sums").get<std::map<std::string, std::string>>();
+      const io::SafetensorsEntry* value = index.header.Find(piece.key);
+      if (value == nullptr || piece.begin < 0 || piece.numel < 0 || piece.begin + piece.numel > Numel(piece.shape) ||
+          Numel(value->shape) != piece.numel) {
+        return InvalidInput("checkpoint file '" + path + "' is corrupt: piece '" + piece.key +
+                            "' does not match its tensor or its parameter's shape");
+      }
+      index.pieces.push_back(std::move(piece));
+    }
+  } catch (const json::exception& e) {
+    return InvalidInput("checkpoint file '" + path + "' is corrupt: its pieces metadata: " + e.what());
+  }
+  return index;
+}
+
+}  // namespace
+
+Status SaveShardFile(const std::string& path, int64_t step, const std::vector<ShardPiece>& pieces,
+                     const AdamW& optimizer) {
+  std::vector<std::optional<AdamWParamState>> states;
+  for (const ShardPiece& piece : pieces) {
+    const AdamWParamState* state = optimizer.State(piece.value);
+    states.push_back(state != nullptr ? std::optional<AdamWParamState>(*state) : std::nullopt);
+  }
+  return WriteShardFile(path, step, pieces, states);
+}
+
+Status WriteShardFile(const std::string& path, int64_t step, const std::vector<ShardPiece>& pieces,
+                      const std::vector<std::optional<AdamWParamState>>& states) {
+  if (states.size() != pieces.size()) return Internal("WriteShardFile: one state per piece");
+  io::TensorMap tensors;
+  json described = json::array();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const ShardPiece& piece = pieces[i];
+    const std::string key = PieceKey(piece.name, piece.begin);
+    // Flattened fp32 CPU copies: a file never records the device or the dtype of the run.
+    auto flat = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat).contiguous().reshape({-1}); };
+    const torch::Tensor value = flat(piece.value);
+    json sums = {{"value", TensorChecksum(value)}};
+    tensors[key] = value;
+    const std::optional<AdamWParamState>& state = states[i];
+    if (state) {
+      const torch::Tensor m = flat(state->exp_avg), v = flat(state->exp_avg_sq);
+      tensors[key + "/exp_avg"] = m;
+      tensors[key + "/exp_avg_sq"] = v;
+      sums["exp_avg"] = TensorChecksum(m);
+      sums["exp_avg_sq"] = TensorChecksum(v);
+    }
+    described.push_back({{"key", key},
+                         {"name", piece.name},
+                         {"shape", piece.shape},
+                         {"begin", piece.begin},
+                         {"numel", value.numel()},
+                         {"adamw_step", state ? state->step : kNoState},
+                         {"sums", sums}});
+  }
+  MW_RETURN_IF_ERROR(io::WriteSafetensors(
+      path, tensors, {{"format", kShardFileFormat}, {"step", std::to_string(step)}, {"pieces", described.dump()}}));
+  return WriteChecksumFile(path);
+}
+
+Result<ShardLoadReport> LoadShards(const std::string& step_dir, const CheckpointMeta& saved,
+                                   const std::vector<ShardPiece>& pieces, AdamW& optimizer) {
+  ShardLoadReport report;
+  std::vector<ShardFileIndex> files;
+  std::map<std::string, std::vector<const SavedPiece*>> by_name;
+  for (size_t f = 0; f < saved.files.size(); ++f) {
+    MW_ASSIGN_OR_RETURN(ShardFileIndex index, ReadShardIndex(Join(step_dir, saved.files[f]), f, saved.step));
+    files.push_back(std::move(index));
+  }
+  for (const ShardFileIndex& index : files) {
+    for (const SavedPiece& p : index.pieces) {
+      const std::string name = p.key.substr(0, p.key.rfind('@'));
+      by_name[name].push_back(&p);
+      report.bytes_in_files += p.numel * 4 * (p.adamw_step == kNoState ? 1 : 3);
+    }
+  }
+  for (auto& [name, list] : by_name) {
+    std::sort(list.begin(), list.end(), [](const SavedPiece* a, const SavedPiece* b) { return a->begin < b->begin; });
+  }
+
+  // Reads one tensor of a saved piece ("value", "exp_avg", "exp_avg_sq") and checks its checksum;
+  // each is read at most once however many local pieces need it.
+  std::map<std::pair<const SavedPiece*, std::string>, torch::Tensor> cache;
+  std::map<size_t, ReadOnlyFile> open;
+  std::vector<bool> touched(files.size(), false);
+  auto read = [&](const SavedPiece& p, const std::string& what) -> Result<torch::Tensor> {
+    auto cached = cache.find({&p, what});
+    if (cached != cache.end()) return cached->second;
+    const ShardFileIndex& index = files[p.file];
+    const std::string key = what == "value" ? p.key : p.key + "/" + what;
+    const io::SafetensorsEntry* entry = index.header.Find(key);
+    auto sum = p.sums.find(what);
+    if (entry == nullptr || sum == p.sums.end() || entry->dtype != torch::kFloat || Numel(entry->shape) != p.numel) {
+      return InvalidInput("checkpoint file '" + index.path + "' is corrupt: no fp32 tensor '" + key + "' of " +
+                          std::to_string(p.numel) + " elements with a checksum");
+    }
+    if (open.count(p.file) == 0) {
+      MW_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::Open(index.path));
+      open.emplace(p.file, std::move(file));
+    }
+    torch::Tensor t = torch::empty({p.numel}, torch::kFloat);
+    const size_t bytes = static_cast<size_t>(entry->end - entry->begin);
+    Status got = open.at(p.file).ReadAt(index.header.data_start + entry->begin, t.data_ptr(), bytes);
+    if (!got.ok()) return InvalidInput("checkpoint file '" + index.path + "' is corrupt or truncated: " + got.message());
+    if (TensorChecksum(t) != sum->second) {
+      return InvalidInput("checkpoint file '" + index.path + "' is corrupt: the checksum of tensor '" + key +
+                          "' differs from the one recorded in its header");
+    }
+    report.bytes_read += static_cast<int64_t>(bytes);
+    touched[p.file] = true;
+    cache.emplace(std::make_pair(&p, what), t);
+    return t;
+  };
+
+  // Everything is assembled on the CPU first; nothing of the run changes until all of it is read.
+  struct Filled {
+    torch::Tensor value;
+    std::optional<AdamWParamState> state;
+  };
+  std::vector<Filled> filled;
+  for (const ShardPiece& mine : pieces) {
+    const int64_t n = mine.value.numel();
+    auto it = by_name.find(mine.name);
+    if (it == by_name.end()) {
+      return InvalidInput("checkpoint '" + step_dir + "' has no tensor '" + mine.name + "', which this model has");
+    }
+    const auto& saved_pieces = it->second;
+    if (saved_pieces.front()->shape != mine.shape) {
+      return InvalidInput("checkpoint '" + step_dir + "': tensor '" + mine.name + "' has shape " +
+                          ShapeText(saved_pieces.front()->shape) + ", this model's is " + ShapeText(mine.shape));
+    }
+    Filled out{torch::empty({n}, torch::kFloat), std::nullopt};
+    torch::Tensor m, v;
+    int64_t adamw_step = kNoState;
+    bool first = true;
+    for (int64_t at = mine.begin, end = mine.begin + n; at < end;) {
+      // The saved piece holding element `at` that reaches furthest (replicas hold the same ones).
+      const SavedPiece* from = nullptr;
+      int64_t next_begin = end;
+      for (const SavedPiece* p : saved_pieces) {
+        if (p->begin <= at && at < p->begin + p->numel) {
+          if (from == nullptr || p->begin + p->numel > from->begin + from->numel) from = p;
+        } else if (p->begin > at) {
+          next_begin = std::min(next_begin, p->begin);
+        }
+      }
+      if (from == nullptr) {
+        return InvalidInput("checkpoint '" + step_dir + "' holds no file with elements [" + std::to_string(at) + ", " +
+                            std::to_string(next_begin) + ") of tensor '" + mine.name + "' (a file is missing from it)");
+      }
+      if (first) {
+        adamw_step = from->adamw_step;
+        if (adamw_step != kNoState) {
+          m = torch::empty({n}, torch::kFloat);
+          v = torch::empty({n}, torch::kFloat);
+        }
+        first = false;
+      } else if (from->adamw_step != adamw_step) {
+        return InvalidInput("checkpoint '" + step_dir + "': the pieces of tensor '" + mine.name +
+                            "' have different AdamW steps (" + std::to_string(adamw_step) + " and " +
+                            std::to_string(from->adamw_step) + ")");
+      }
+      const int64_t take = std::min(end, from->begin + from->numel) - at;
+      const int64_t src = at - from->begin, dst = at - mine.begin;
+      MW_ASSIGN_OR_RETURN(torch::Tensor value, read(*from, "value"));
+      out.value.narrow(0, dst, take).copy_(value.narrow(0, src, take));
+      if (adamw_step != kNoState) {
+        MW_ASSIGN_OR_RETURN(torch::Tensor saved_m, read(*from, "exp_avg"));
+        MW_ASSIGN_OR_RETURN(torch::Tensor saved_v, read(*from, "exp_avg_sq"));
+        m.narrow(0, dst, take).copy_(saved_m.narrow(0, src, take));
+        v.narrow(0, dst, take).copy_(saved_v.narrow(0, src, take));
+      }
+      at += take;
+    }
+    if (adamw_step != kNoState) {
+      out.state = AdamWParamState{adamw_step, m.view(mine.value.sizes()), v.view(mine.value.sizes())};
+    }
+    filled.push_back(std::move(out));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    pieces[i].value.view({-1}).copy_(filled[i].value);
+    optimizer.SetState(pieces[i].value, filled[i].state);
+  }
+  report.files_read = static_cast<int>(std::count(touched.begin(), touched.end(), true));
+  return report;
+}
+
+// --- asynchronous saves -----------------------------------------------------------------------
+
+namespace {
+
+// MESHWORK_CHECKPOINT_TEST_PAUSE=PHASE:STEP:SECONDS holds the save of step STEP at PHASE ("copy":
+// before the step's state is copied; "write": in the thread, before the rank file is written;
+// "commit": on rank 0, once every rank's files are there, before `latest` moves), saying so on
+// stderr, so that a test can kill the process there (tests/integration/checkpoint_resume_test.cpp).
+// Unset in real runs.
+void TestPause(const char* phase, int64_t step) {
+  static const std::string spec = [] {
+    const char* v = std::getenv("MESHWORK_CHECKPOINT_TEST_PAUSE");
+    return std::string(v != nullptr ? v : "");
+  }();
+  const std::string want = std::string(phase) + ":" + std::to_string(step) + ":";
+  if (spec.rfind(want, 0) != 0) return;
+  std::cerr << "checkpoint: test pause at " << phase << " of step " << step << std::endl;
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(spec.c_str() + want.size())));
+}
+
+}  // namespace
+
+struct Checkpointer::InFlight {
+  int64_t step = 0;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::promise<Status> written;  // this rank's files (and rank 0's meta.json) on disk, or why not
+  Status committed;              // rank 0: the commit's outcome, read after join
+};
+
 Checkpointer::Checkpointer(config::CheckpointConfig cfg, Engine& engine, AdamW& optimizer,
                            CheckpointMeta run)
     : cfg_(std::move(cfg)), engine_(engine), optimizer_(optimizer), run_(std::move(run)) {}
+
+Checkpointer::~Checkpointer() {
+  if (in_flight_ && in_flight_->thread.joinable()) {
+    in_flight_->stop = true;
+    in_flight_->thread.join();
+  }
+}
+
+Status Checkpointer::Finish() {
+  if (!in_flight_) return Status::Ok();
+  std::unique_ptr<InFlight> flight = std::move(in_flight_);
+  const std::string step_dir = Join(cfg_.dir, StepDirName(flight->step));
+  // First every rank's own write, agreed: a rank whose write failed never writes its .sum, and
+  // rank 0's thread, waiting for it, is then told to stop rather than joined forever.
+  const Status written = flight->written.get_future().get();
+  const Status all_written =
+      AgreeAcrossRanks(engine_, written, StatusCode::kIOError, "writing " + step_dir + " in the background");
+  if (!all_written.ok()) flight->stop = true;
+  flight->thread.join();
+  MW_RETURN_IF_ERROR(all_written);
+  return AgreeAcrossRanks(engine_, flight->committed, StatusCode::kIOError, "committing " + step_dir);
+}
+
+Status Checkpointer::SaveAsync(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  MW_RETURN_IF_ERROR(Finish());
+  const std::string step_dir = Join(cfg_.dir, StepDirName(step));
+  // Rank 0 commits when it sees every rank's .sum: this rank's files of an earlier attempt at
+  // this step (a run that died before committing it) must be gone before any rank looks.
+  Status cleared = [&]() -> Status {
+    MW_RETURN_IF_ERROR(Uncommit(step));
+    const std::string mine = Join(step_dir, ShardFileName(engine_.rank()));
+    std::error_code ec;
+    for (const std::string& path : {SumPath(mine), mine}) {
+      fs::remove(path, ec);
+      if (ec) return IOError("cannot remove '" + path + "' before rewriting it: " + ec.message());
+    }
+    return Status::Ok();
+  }();
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, cleared, StatusCode::kIOError, "preparing " + step_dir));
+
+  // The copy: what the step stalls for. The optimizer's next update writes these tensors.
+  TestPause("copy", step);
+  std::vector<ShardPiece> pieces = engine_.LocalShards();
+  std::vector<std::optional<AdamWParamState>> states;
+  {
+    torch::NoGradGuard no_grad;
+    auto host = [](const torch::Tensor& t) {
+      torch::Tensor out = torch::empty(t.sizes(), t.options().device(torch::kCPU).dtype(torch::kFloat)
+                                                       .pinned_memory(t.is_cuda()));
+      out.copy_(t);
+      return out;
+    };
+    for (ShardPiece& p : pieces) {
+      const AdamWParamState* state = optimizer_.State(p.value);
+      states.push_back(state != nullptr ? std::optional<AdamWParamState>(AdamWParamState{
+                                              state->step, host(state->exp_avg), host(state->exp_avg_sq)})
+                                        : std::nullopt);
+      p.value = host(p.value);
+    }
+  }
+  CheckpointMeta meta = run_;
+  meta.step = step;
+  auto flight = std::make_unique<InFlight>();
+  flight->step = step;
+  InFlight* f = flight.get();
+  const int rank = engine_.rank();
+  flight->thread = std::thread([this, f, step, step_dir, rank, meta, pieces = std::move(pieces),
+                                states = std::move(states)]() {
+    const Status written = [&]() -> Status {
+      std::error_code ec;
+      fs::create_directories(step_dir, ec);
+      if (ec && !fs::is_directory(step_dir)) {
+        return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
+      }
+      TestPause("write", step);
+      MW_RETURN_IF_ERROR(WriteShardFile(Join(step_dir, ShardFileName(rank)), step, pieces, states));
+      if (rank == 0) MW_RETURN_IF_ERROR(WriteTextAtomically(Join(step_dir, "meta.json"), MetaToJson(meta)));
+      return SyncDirectory(step_dir);
+    }();
+    f->written.set_value(written);
+    if (rank != 0 || !written.ok()) return;
+    // Rank 0 commits as soon as every rank's .sum (written after its file) is on the shared
+    // storage, without waiting for the training loop to ask.
+    f->committed = [&]() -> Status {
+      for (const std::string& name : meta.files) {
+        while (!fs::exists(SumPath(Join(step_dir, name)))) {
+          if (f->stop) return Internal("the save of " + step_dir + " was stopped before every rank's files were written");
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
+      TestPause("commit", step);
+      return Commit(step);
+    }();
+  });
+  in_flight_ = std::move(flight);
+  last_stall_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::Ok();
+}
 
 bool Checkpointer::Due(int64_t step, int64_t total_steps) const {
   return enabled() && ((cfg_.every > 0 && step % cfg_.every == 0) || step == total_steps);
@@ -543,13 +1002,14 @@ Status Checkpointer::WriteFiles(int64_t step) {
     return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
   }
   // Temporary files this rank left in an earlier attempt at this step (killed mid-write).
-  const std::string mine = RankFileName(engine_.rank());
+  const std::string mine = ShardFileName(engine_.rank());
+  const std::string own_prefix = mine.substr(0, mine.find('.') + 1);  // "rank-00003.": either format's files
   for (const auto& entry : fs::directory_iterator(step_dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool own = name.rfind(mine, 0) == 0 || (engine_.rank() == 0 && name.rfind("meta.json", 0) == 0);
+    const bool own = name.rfind(own_prefix, 0) == 0 || (engine_.rank() == 0 && name.rfind("meta.json", 0) == 0);
     if (own && name.find(".tmp.") != std::string::npos) fs::remove(entry.path(), ec);
   }
-  MW_RETURN_IF_ERROR(SaveRankFile(Join(step_dir, mine), step, engine_.LocalParams(), optimizer_));
+  MW_RETURN_IF_ERROR(SaveShardFile(Join(step_dir, mine), step, engine_.LocalShards(), optimizer_));
   if (engine_.rank() == 0) {
     CheckpointMeta meta = run_;
     meta.step = step;
@@ -577,12 +1037,16 @@ Status Checkpointer::Uncommit(int64_t step) {
 }
 
 Status Checkpointer::Save(int64_t step) {
+  if (cfg_.async) return SaveAsync(step);
+  const auto start = std::chrono::steady_clock::now();
   const std::string step_dir = Join(cfg_.dir, StepDirName(step));
   // Before any rank writes (the agreement is the barrier): no `latest` names what is rewritten.
   MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, Uncommit(step), StatusCode::kIOError, "uncommitting " + step_dir));
   MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, WriteFiles(step), StatusCode::kIOError, "writing " + step_dir));
   // Every rank's files are on disk: the checkpoint is complete once `latest` names it.
-  return AgreeAcrossRanks(engine_, Commit(step), StatusCode::kIOError, "committing " + step_dir);
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, Commit(step), StatusCode::kIOError, "committing " + step_dir));
+  last_stall_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::Ok();
 }
 
 Result<ResumePoint> Checkpointer::Resume() {
@@ -623,8 +1087,21 @@ Result<ResumePoint> Checkpointer::Resume() {
     }
     MW_RETURN_IF_ERROR(CheckCompatible(saved, run_, point.step_dir));
     point.notes = DescribeSoftDifferences(saved, run_);
-    return LoadRankFile(Join(point.step_dir, RankFileName(engine_.rank())), point.step, engine_.LocalParams(),
-                        optimizer_);
+    point.saved = saved;
+    if (saved.format_version == kMetaVersionRankFiles) {
+      return LoadRankFile(Join(point.step_dir, saved.files[static_cast<size_t>(engine_.rank())]), point.step,
+                          engine_.LocalParams(), optimizer_);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    MW_ASSIGN_OR_RETURN(const ShardLoadReport read, LoadShards(point.step_dir, saved, engine_.LocalShards(), optimizer_));
+    std::ostringstream os;
+    os << "rank " << engine_.rank() << " read " << std::fixed << std::setprecision(1)
+       << static_cast<double>(read.bytes_read) / (1 << 20) << " MiB of the checkpoint's "
+       << static_cast<double>(read.bytes_in_files) / (1 << 20) << " MiB, from " << read.files_read << " of "
+       << saved.files.size() << " files, in " << std::setprecision(3)
+       << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s";
+    point.notes.push_back(os.str());
+    return Status::Ok();
   }();
   MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine_, loaded, StatusCode::kInvalidInput, "loading " + point.step_dir));
   return point;

@@ -74,6 +74,13 @@ class LocalEngine : public Engine {
     for (const auto& item : model_->named_parameters()) out.emplace_back(item.key(), item.value());
     return out;
   }
+  std::vector<ShardPiece> LocalShards() const override {
+    std::vector<ShardPiece> out;
+    for (const auto& item : model_->named_parameters()) {
+      out.push_back(ShardPiece{item.key(), item.value().sizes().vec(), 0, item.value()});
+    }
+    return out;
+  }
   int64_t ParamBytes() const override {
     int64_t b = 0;
     for (const auto& p : model_->parameters()) b += dist::TensorBytes(p);
@@ -180,6 +187,12 @@ class FsdpEngine : public Engine {
     // of it to save.
     for (const auto& p : fsdp_->sharded_params())
       if (p.shard.numel() > 0) out.emplace_back(p.name, p.shard);
+    return out;
+  }
+  std::vector<ShardPiece> LocalShards() const override {
+    std::vector<ShardPiece> out;
+    for (const auto& p : fsdp_->sharded_params())
+      if (p.shard.numel() > 0) out.push_back(ShardPiece{p.name, p.full_shape, p.shard_begin, p.shard});
     return out;
   }
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }

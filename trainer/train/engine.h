@@ -18,6 +18,17 @@
 
 namespace meshwork::train {
 
+// Elements [begin, begin + value.numel()) of parameter `name` flattened (its whole shape
+// `shape`): what one rank holds of it, `value` the very tensor the optimizer updates (FSDP: a
+// view of a flat group's master shard; one process: the parameter itself). A resharding
+// checkpoint stores pieces with these offsets, so any mesh can find the elements it needs.
+struct ShardPiece {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  torch::Tensor value;
+};
+
 struct EngineStats {
   double exposed_comm_seconds = 0;  // blocked waiting on collectives since the last call
   dist::CommStats comm;             // cumulative, all of this rank's groups
@@ -57,6 +68,9 @@ class Engine {
   // non-empty fp32 master shards, slices of the flat groups' shards). A training checkpoint saves
   // and restores these.
   virtual std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const = 0;
+  // The same tensors with where they sit in each whole parameter (ShardPiece); what a
+  // checkpoint saves, and fills again at any mesh.
+  virtual std::vector<ShardPiece> LocalShards() const = 0;
   // Bytes of this rank's parameters (gradients are the same, AdamW state twice that).
   virtual int64_t ParamBytes() const = 0;
 

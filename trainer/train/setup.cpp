@@ -6,6 +6,9 @@
 #include "common/file.h"
 #include "common/units.h"
 #include "trainer/config/hardware.h"
+#include "trainer/data/token_file.h"
+#include "trainer/data/token_source.h"
+#include "trainer/data/tokenizer.h"
 #include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
@@ -331,6 +334,62 @@ Result<double> TrainingRun::EvalLoss() {
                          autocast);
 }
 
+namespace {
+
+// model.init_from's tokenizer, where the directory carries one: the model needs an id for each of
+// its tokens, and a token file that records its tokenizer's vocabulary size must have the same one
+// (text prepared with the byte-level vocabulary for an imported Llama would train on meaningless
+// ids). A tokenizer this build cannot read is reported and not checked.
+Status CheckInitFromTokenizer(const config::TrainConfig& cfg, const model::LlamaConfig& dims, std::ostream& log) {
+  const std::string& dir = cfg.model.init_from;
+  if (dir.empty() || data::FindTokenizerFile(dir).empty()) return Status::Ok();
+  auto tok = data::LoadTokenizer(dir);
+  if (!tok.ok()) {
+    log << "note: the tokenizer in " << dir << " was not checked against the model and the data: "
+        << tok.status().message() << "\n";
+    return Status::Ok();
+  }
+  const int64_t n = (*tok)->VocabSize();
+  if (n > dims.vocab_size) {
+    return InvalidInput("model.init_from '" + dir + "' carries a tokenizer of " + std::to_string(n) +
+                        " tokens, but its config.json has vocab_size " + std::to_string(dims.vocab_size));
+  }
+  const std::string& eval_path = cfg.eval.data.empty() ? cfg.data.val : cfg.eval.data;
+  for (const std::string& path : {cfg.data.train, eval_path}) {
+    if (path.empty() || path == data::kSyntheticSourceName) continue;
+    MW_ASSIGN_OR_RETURN(auto file, data::TokenFile::Open(path, cfg.data.token_format));
+    const int64_t recorded = file->tokenizer_vocab_size();
+    if (recorded != 0 && recorded != n) {
+      return InvalidInput("token file '" + path + "' was written by a tokenizer of " + std::to_string(recorded) +
+                          " tokens (its header), but model.init_from '" + dir + "' carries one of " + std::to_string(n) +
+                          ": prepare the text with `meshwork-train prepare-data --tokenizer " + dir + "`");
+    }
+  }
+  log << "tokenizer: " << (*tok)->description() << "\n";
+  return Status::Ok();
+}
+
+// Where the data continues: step 0 at sample 0, or a resumed step at the sample its checkpoint
+// recorded (older checkpoints: the step times this run's rows a step). With data.order epochs a
+// resume under another global batch continues the same sequence of windows, and says so.
+Status SetDataPosition(TrainingRun& r) {
+  const config::TrainConfig& cfg = r.cfg;
+  const int64_t rows = cfg.data.batch_size * cfg.training.grad_accum * r.engine->dp_size();
+  const int64_t step = r.resumed.step;
+  int64_t samples = step * rows;
+  if (step > 0 && r.resumed.saved.samples >= 0) samples = r.resumed.saved.samples;
+  if (step > 0 && cfg.data.order == data::SampleOrder::kEpochs && r.resumed.saved.RowsPerStep() != rows) {
+    r.resumed.notes.push_back("data: the checkpoint's run took " + std::to_string(r.resumed.saved.RowsPerStep()) +
+                              " rows a step, this one takes " + std::to_string(rows) +
+                              "; the epoch order continues at sample " + std::to_string(samples) +
+                              (r.resumed.saved.samples < 0 ? " (assumed: the checkpoint predates the recorded position)"
+                                                           : ""));
+  }
+  return r.source->SetPosition(step, samples, rows);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cfg, std::ostream& log) {
   auto run = std::make_unique<TrainingRun>(cfg);
   TrainingRun& r = *run;
@@ -351,8 +410,10 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   r.out = env.rank == 0 ? &log : &r.discard;
   MW_ASSIGN_OR_RETURN(r.engine, MakeEngine(cfg, std::move(net), r.device, r.log()));
 
+  MW_RETURN_IF_ERROR(CheckInitFromTokenizer(cfg, r.dims, r.log()));
   MW_ASSIGN_OR_RETURN(r.source, data::MakeTokenSource(cfg.data.train, cfg.data.token_format, cfg.data.seq_len,
-                                                      r.dims.vocab_size, static_cast<uint64_t>(cfg.training.seed)));
+                                                      r.dims.vocab_size, static_cast<uint64_t>(cfg.training.seed),
+                                                      cfg.data.order));
   if (!cfg.data.val.empty() || !cfg.eval.data.empty()) {
     MW_ASSIGN_OR_RETURN(r.eval_file, OpenEvalFile(cfg));
   }
@@ -391,6 +452,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   MW_RETURN_IF_ERROR(AgreeAcrossRanks(*r.engine, outputs, StatusCode::kIOError, "checking the output paths on rank 0"));
   r.checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint, *r.engine, *r.optimizer, RunMeta(cfg, r.dims, *r.engine));
   MW_ASSIGN_OR_RETURN(r.resumed, r.checkpointer->Resume());
+  MW_RETURN_IF_ERROR(SetDataPosition(r));
   // /metrics opens only now, its step already the checkpoint's: a resumed gang never reports
   // step 0 while it loads (the operator's STEP went 117 -> 0 -> 113; issue 20).
   MW_RETURN_IF_ERROR(StartMetrics(r, env));

@@ -39,7 +39,12 @@ Status ExportHf(Engine& engine, const config::TrainConfig& cfg, const model::Lla
     for (auto& item : copy->named_parameters()) item.value().copy_(state.at(item.key()));
   }
   const auto dtype = cfg.checkpoint.export_dtype == config::ExportDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  return io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *copy, dtype);
+  MW_RETURN_IF_ERROR(io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *copy, dtype));
+  // The tokenizer the model was imported with goes beside it, so the export loads with its tokenizer.
+  if (!cfg.model.init_from.empty()) {
+    MW_RETURN_IF_ERROR(io::CopyTokenizerFiles(cfg.model.init_from, cfg.checkpoint.export_hf).status());
+  }
+  return Status::Ok();
 }
 
 // A host batch on `device`. For a GPU it goes through page-locked memory first, so the copy is
@@ -111,9 +116,17 @@ Status AfterStep(TrainingRun& r, int64_t steps_done) {
   }
   if (r.checkpointer->Due(steps_done, cfg.schedule.steps)) {
     const auto t_save = Clock::now();
+    r.checkpointer->SetSamplesConsumed(r.source->SamplesBefore(steps_done));
     MW_RETURN_IF_ERROR(r.checkpointer->Save(steps_done));
-    r.log() << "checkpoint: saved " << cfg.checkpoint.dir << "/" << StepDirName(steps_done) << " in "
-            << Format("%.2f", Seconds(t_save)) << " s\n";
+    r.metrics->RecordCheckpointStall(r.checkpointer->last_stall_seconds());
+    if (cfg.checkpoint.async) {
+      r.log() << "checkpoint: saving " << cfg.checkpoint.dir << "/" << StepDirName(steps_done)
+              << " in the background; the step stalled " << Format("%.3f", r.checkpointer->last_stall_seconds())
+              << " s (the previous save's wait and the copy to host memory)\n";
+    } else {
+      r.log() << "checkpoint: saved " << cfg.checkpoint.dir << "/" << StepDirName(steps_done) << " in "
+              << Format("%.2f", Seconds(t_save)) << " s\n";
+    }
     r.log().flush();
   }
   return Status::Ok();
@@ -139,6 +152,13 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     MW_RETURN_IF_ERROR(AfterStep(r, step + 1));
   }
   r.report->Finish();
+  // An asynchronous save still in flight is committed (and its failure reported) before the run ends.
+  if (cfg.checkpoint.async) {
+    const auto t_wait = Clock::now();
+    MW_RETURN_IF_ERROR(r.checkpointer->Finish());
+    r.log() << "checkpoint: the last background save is committed (waited " << Format("%.2f", Seconds(t_wait))
+            << " s)\n";
+  }
 
   if (r.eval_file) {
     MW_ASSIGN_OR_RETURN(r.summary.final_eval_loss, r.EvalLoss());

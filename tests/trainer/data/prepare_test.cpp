@@ -229,5 +229,38 @@ TEST_F(PrepareTokensTest, BinaryFileNamedDirectlyIsInvalidInput) {
   EXPECT_THAT(report.status().message(), AllOf(HasSubstr("bin.dat"), HasSubstr("NUL")));
 }
 
+// JSON Lines: one document per line in the named field; blank lines and empty strings skipped;
+// every malformed line named by file and line, with nothing written.
+TEST_F(PrepareTokensTest, JsonLinesTakeOneDocumentPerLineFromTheField) {
+  WriteBytes(dir_.File("docs.jsonl"),
+             "{\"text\": \"hi\", \"id\": 1}\n\n{\"id\": 2, \"text\": \"gr\\u00fc\\u00dfe\\n\"}\r\n{\"text\": \"\"}\n");
+  PrepareOptions options;
+  options.inputs = {dir_.File("docs.jsonl")};
+  options.train_out = dir_.File("train.bin");
+  options.jsonl_field = "text";
+  auto report = PrepareTokens(options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->documents, 2);
+  EXPECT_EQ(report->skipped_empty_documents, 1);
+  EXPECT_EQ(DecodeBytes(ReadTokens(options.train_out)), "<|bos|>hi<|eos|><|bos|>grüße\n<|eos|>");
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", "line 2 has no field 'text' (--jsonl-field)"},
+      {"{\"text\": \"ok\"}\n[1, 2]\n", "line 2 is not a JSON object"},
+      {"{\"text\": 7}\n", "line 1: field 'text' is number, not a string"},
+      {"\n\n{\"text\": \"unterminated}\n", "line 3 is not JSON"},
+      {"{\"text\": \"bad \xff\"}\n", "line 1 is not JSON"},
+  };
+  for (const auto& [content, want] : bad) {
+    WriteBytes(dir_.File("bad.jsonl"), content);
+    options.inputs = {dir_.File("bad.jsonl")};
+    options.train_out = dir_.File("bad.bin");
+    auto refused = PrepareTokens(options);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidInput) << content;
+    EXPECT_THAT(refused.status().message(), AllOf(HasSubstr("bad.jsonl"), HasSubstr(want))) << content;
+    EXPECT_FALSE(std::filesystem::exists(options.train_out)) << content;
+  }
+}
+
 }  // namespace
 }  // namespace meshwork::data

@@ -171,6 +171,83 @@ TEST_F(FileTokenSourceTest, NonPositiveSeqLenOrVocabIsInvalidConfig) {
   }
 }
 
+// --- data.order: epochs -------------------------------------------------------------------
+
+TEST(PermuteIndexTest, IsABijectionForManySizesAndKeys) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 5ull, 16ull, 17ull, 311ull, 1000ull, 4097ull}) {
+    for (uint64_t key : {0ull, 1ull, 0xdeadbeefull}) {
+      std::set<uint64_t> seen;
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t p = PermuteIndex(i, n, key);
+        ASSERT_LT(p, n);
+        seen.insert(p);
+      }
+      EXPECT_EQ(seen.size(), n) << "n " << n << " key " << key;
+    }
+  }
+  // Another key, another order (for a size with room for many).
+  int moved = 0;
+  for (uint64_t i = 0; i < 1000; ++i) moved += PermuteIndex(i, 1000, 1) != PermuteIndex(i, 1000, 2);
+  EXPECT_GT(moved, 900);
+}
+
+// The first token of each row of steps [0, steps), in order, from a source at `rows` rows a step
+// that started (or resumed) at `from_step` with `samples` before it.
+std::vector<int64_t> EpochStarts(FileTokenSource& source, int64_t from_step, int64_t steps, int64_t rows) {
+  std::vector<int64_t> starts;
+  for (int64_t s = from_step; s < steps; ++s) {
+    auto batch = source.Rows(s, 0, rows);
+    EXPECT_TRUE(batch.ok()) << batch.status().ToString();
+    for (int64_t r = 0; r < rows; ++r) starts.push_back(batch->inputs[r][0].item<int64_t>());
+  }
+  return starts;
+}
+
+TEST_F(FileTokenSourceTest, EpochsVisitEveryWindowOnceAndReshuffleEachEpoch) {
+  auto file = TokenFile::Open(path_);
+  ASSERT_TRUE(file.ok());
+  auto source = FileTokenSource::Create(std::move(file).value(), kSeqLen, kVocab, 7, SampleOrder::kEpochs);
+  ASSERT_TRUE(source.ok());
+  const int64_t windows = (*source)->NumEpochWindows();  // (5000 - 1) / 16 = 312
+  EXPECT_EQ(windows, 312);
+  ASSERT_TRUE((*source)->SetPosition(0, 0, 8).ok());
+  const auto starts = EpochStarts(**source, 0, 78, 8);  // 624 rows: two epochs
+  ASSERT_EQ(starts.size(), 624u);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::set<int64_t> seen(starts.begin() + epoch * windows, starts.begin() + (epoch + 1) * windows);
+    EXPECT_EQ(seen.size(), static_cast<size_t>(windows)) << "epoch " << epoch;
+    for (int64_t start : seen) EXPECT_EQ(start % kSeqLen, 0);
+  }
+  EXPECT_NE(std::vector<int64_t>(starts.begin(), starts.begin() + windows),
+            std::vector<int64_t>(starts.begin() + windows, starts.end()));
+  // Rows of another step than the position allows, or past a step's rows, are refused.
+  EXPECT_EQ((*source)->Rows(3, 4, 5).status().code(), StatusCode::kInternal);
+}
+
+// Resumed at step 10 with twice the rows a step (another data-parallel size), the run continues
+// the very sequence of samples: nothing twice, nothing skipped.
+TEST_F(FileTokenSourceTest, EpochsContinueTheGlobalOrderUnderAnotherBatch) {
+  auto open = [&]() {
+    auto file = TokenFile::Open(path_);
+    EXPECT_TRUE(file.ok());
+    return std::move(FileTokenSource::Create(std::move(file).value(), kSeqLen, kVocab, 3, SampleOrder::kEpochs).value());
+  };
+  auto whole = open();
+  ASSERT_TRUE(whole->SetPosition(0, 0, 4).ok());
+  const auto want = EpochStarts(*whole, 0, 60, 4);  // 240 samples
+  auto first = open();
+  ASSERT_TRUE(first->SetPosition(0, 0, 4).ok());
+  auto got = EpochStarts(*first, 0, 10, 4);
+  EXPECT_EQ(first->SamplesBefore(10), 40);
+  auto resumed = open();
+  ASSERT_TRUE(resumed->SetPosition(10, 40, 8).ok());
+  const auto rest = EpochStarts(*resumed, 10, 35, 8);
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(resumed->SamplesBefore(35), 240);
+  EXPECT_THAT(resumed->Describe(), HasSubstr("epochs of 312 non-overlapping windows"));
+}
+
 TEST(TokenSourceVocabTest, OutOfVocabTokenErrorNamesFileTokenAndPosition) {
   TempDir dir;
   const std::string path = dir.File("bad.bin");

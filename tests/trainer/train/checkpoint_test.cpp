@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "common/file.h"
+#include "trainer/data/token_file.h"
+#include "trainer/io/safetensors.h"
 #include "tests/common/temp_dir.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
@@ -53,9 +55,10 @@ struct TrainingState {
 };
 
 TrainingState MakeRun(const std::string& dir, uint64_t seed, model::LlamaConfig dims = SmallDims(), int64_t keep = 2,
-            const std::string& resume = "auto") {
+            const std::string& resume = "auto", bool async = false) {
   TrainingState r;
   r.cfg.model.dims = dims;
+  r.cfg.checkpoint.async = async;
   r.cfg.checkpoint.dir = dir;
   r.cfg.checkpoint.keep = keep;
   r.cfg.checkpoint.resume = *ParseName(config::kResumeNames, resume);
@@ -98,7 +101,7 @@ TEST(Checkpoint, ResumeRestoresParametersAndAdamWStateBitForBit) {
   TrainingState a = MakeRun(dir, 1);
   for (int64_t s = 0; s < 3; ++s) Step(a, s);
   ASSERT_TRUE(a.checkpointer->Save(3).ok());
-  EXPECT_TRUE(fs::exists(dir + "/step-00000003/rank-00000.pt"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003/rank-00000.safetensors"));
   EXPECT_TRUE(fs::exists(dir + "/step-00000003/meta.json"));
   EXPECT_EQ(LatestText(dir), "step-00000003\n");
   EXPECT_FALSE(meshwork::testing::AnyNameContains(dir + "/step-00000003", ".tmp"));
@@ -116,6 +119,51 @@ TEST(Checkpoint, ResumeRestoresParametersAndAdamWStateBitForBit) {
     Step(b, s);
   }
   ExpectSameParams(a, b);
+}
+
+// checkpoint.async: the save copies the state at its step; the updates after it, made while the
+// thread writes, are not in the file; Finish commits it, and a resume gets that step's state.
+TEST(Checkpoint, AsyncSaveHoldsTheStateOfItsStepAndResumesBitForBit) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1, SmallDims(), 2, "auto", /*async=*/true);
+  for (int64_t s = 0; s < 3; ++s) Step(a, s);
+  std::vector<torch::Tensor> at_save;
+  for (const auto& [name, t] : a.engine->LocalParams()) at_save.push_back(t.detach().clone());
+  ASSERT_TRUE(a.checkpointer->Save(3).ok());
+  EXPECT_GT(a.checkpointer->last_stall_seconds(), 0.0);
+  Step(a, 3);  // while the thread may still be writing
+  ASSERT_TRUE(a.checkpointer->Finish().ok());
+  EXPECT_EQ(LatestText(dir), "step-00000003\n");
+  EXPECT_TRUE(a.checkpointer->Finish().ok());  // nothing in flight: a no-op
+
+  TrainingState b = MakeRun(dir, 2);
+  auto point = b.checkpointer->Resume();
+  ASSERT_TRUE(point.ok()) << point.status().ToString();
+  EXPECT_EQ(point->step, 3);
+  const auto params = b.engine->LocalParams();
+  ASSERT_EQ(params.size(), at_save.size());
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].second, at_save[i])) << params[i].first;
+  Step(b, 3);
+  ExpectSameParams(a, b);  // the moments and step counts came back too
+}
+
+// A second save waits for the first; both end complete, `latest` on the second.
+TEST(Checkpoint, AsyncSecondSaveWaitsForTheFirst) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt");
+  TrainingState a = MakeRun(dir, 1, SmallDims(), 3, "auto", /*async=*/true);
+  Step(a, 0);
+  ASSERT_TRUE(a.checkpointer->Save(1).ok());
+  Step(a, 1);
+  ASSERT_TRUE(a.checkpointer->Save(2).ok());  // commits the first before it starts
+  EXPECT_TRUE(fs::exists(dir + "/step-00000001/rank-00000.safetensors.sum"));
+  ASSERT_TRUE(a.checkpointer->Finish().ok());
+  EXPECT_EQ(LatestText(dir), "step-00000002\n");
+  for (const char* d : {"/step-00000001", "/step-00000002"}) {
+    EXPECT_TRUE(fs::exists(dir + d + "/rank-00000.safetensors.sum")) << d;
+    EXPECT_FALSE(meshwork::testing::AnyNameContains(dir + d, ".tmp")) << d;
+  }
 }
 
 // The chain a restarted gang goes through (on CUDA it once crashed at the second save): resume,
@@ -166,28 +214,96 @@ TEST(Checkpoint, ParametersWithoutAdamWStateResumeWithout) {
   ExpectSameParams(a, b);
 }
 
-// The rank file holds plain tensors a reader can check: parameters and AdamW moments by position,
-// the step counts, and nothing of libtorch's optimizer archive.
-TEST(Checkpoint, RankFileHoldsAdamWStatePerParameter) {
+// The shard file is a safetensors file any reader can check: each piece flattened, named
+// "<param>@<begin>", its moments beside it, and the header's metadata giving the whole shape, the
+// offset, the AdamW step and a checksum per tensor.
+TEST(Checkpoint, ShardFileHoldsPiecesWithOffsetsAndAdamWState) {
   TempDir tmp;
   const std::string dir = tmp.File("ckpt");
   TrainingState a = MakeRun(dir, 1);
   for (int64_t s = 0; s < 3; ++s) Step(a, s);
   ASSERT_TRUE(a.checkpointer->Save(3).ok());
-  torch::serialize::InputArchive archive;
-  archive.load_from(dir + "/step-00000003/rank-00000.pt");
-  torch::Tensor version, steps, exp_avg, ignored;
-  archive.read("format_version", version);
-  EXPECT_EQ(version.item<int64_t>(), 2);
-  archive.read("adamw/steps", steps);
-  const auto params = a.engine->LocalParams();
-  ASSERT_EQ(steps.numel(), static_cast<int64_t>(params.size()));
-  EXPECT_TRUE(torch::equal(steps, torch::full({steps.numel()}, 3, torch::kLong)));
-  archive.read("adamw/0/exp_avg", exp_avg);
-  const AdamWParamState* state = a.optimizer->State(params[0].second);
+  const std::string file = dir + "/step-00000003/rank-00000.safetensors";
+  auto header = io::ReadSafetensorsHeader(file);
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  EXPECT_EQ(header->metadata.at("format"), "meshwork-shards");
+  EXPECT_EQ(header->metadata.at("step"), "3");
+  auto tensors = io::ReadSafetensors(file);
+  ASSERT_TRUE(tensors.ok());
+  const auto pieces = a.engine->LocalShards();
+  ASSERT_FALSE(pieces.empty());
+  const ShardPiece& first = pieces.front();
+  EXPECT_EQ(first.begin, 0);
+  const std::string key = first.name + "@0";
+  ASSERT_EQ(tensors->count(key), 1u);
+  EXPECT_TRUE(torch::equal(tensors->at(key), first.value.reshape({-1})));
+  const AdamWParamState* state = a.optimizer->State(first.value);
   ASSERT_NE(state, nullptr);
-  EXPECT_TRUE(torch::equal(exp_avg, state->exp_avg));
-  EXPECT_FALSE(archive.try_read("optimizer", ignored));
+  EXPECT_TRUE(torch::equal(tensors->at(key + "/exp_avg"), state->exp_avg.reshape({-1})));
+  const std::string described = header->metadata.at("pieces");
+  EXPECT_THAT(described, HasSubstr("\"key\":\"" + key + "\""));
+  EXPECT_THAT(described, HasSubstr("\"adamw_step\":3"));
+  EXPECT_EQ(tensors->size(), 3 * pieces.size());  // value and two moments each
+}
+
+// The loader on its own: pieces saved as one split of each parameter fill another split, moments
+// and all, reading only the pieces that overlap; a missing piece and another shape are named.
+TEST(Checkpoint, ShardsSavedAsHalvesLoadAsThirds) {
+  TempDir tmp;
+  const std::string dir = tmp.path();
+  torch::manual_seed(3);
+  const torch::Tensor w = torch::randn({6, 5}), b = torch::randn({7});
+  auto split = [](const std::string& name, const torch::Tensor& full, int parts, int part) {
+    const int64_t n = full.numel(), size = (n + parts - 1) / parts, begin = std::min(n, part * size);
+    const int64_t end = std::min(n, begin + size);
+    return ShardPiece{name, full.sizes().vec(), begin, full.reshape({-1}).narrow(0, begin, end - begin).clone()};
+  };
+  CheckpointMeta saved;
+  saved.step = 5;
+  saved.world_size = 2;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<ShardPiece> mine = {split("w", w, 2, r), split("b", b, 2, r)};
+    std::vector<AdamWGroup> groups{{{mine[0].value, mine[1].value}, 0.0}};
+    AdamW opt(groups, AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
+    for (auto& p : mine) opt.SetState(p.value, AdamWParamState{5, p.value * 2, p.value * 3});
+    saved.files.push_back(ShardFileName(r));
+    ASSERT_TRUE(SaveShardFile(dir + "/" + ShardFileName(r), 5, mine, opt).ok());
+  }
+  for (int r = 0; r < 3; ++r) {
+    std::vector<ShardPiece> mine = {split("w", torch::zeros({6, 5}), 3, r), split("b", torch::zeros({7}), 3, r)};
+    std::vector<AdamWGroup> groups{{{mine[0].value, mine[1].value}, 0.0}};
+    AdamW opt(groups, AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
+    auto report = LoadShards(dir, saved, mine, opt);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    // The first and last thirds lie within one half each: one file is read, not both.
+    if (r != 1) {
+      EXPECT_EQ(report->files_read, 1) << "rank " << r;
+    }
+    for (const auto& [p, full] : {std::pair{mine[0], w}, std::pair{mine[1], b}}) {
+      const torch::Tensor want = full.reshape({-1}).narrow(0, p.begin, p.value.numel());
+      EXPECT_TRUE(torch::equal(p.value, want)) << p.name << " rank " << r;
+      const AdamWParamState* st = opt.State(p.value);
+      ASSERT_NE(st, nullptr);
+      EXPECT_EQ(st->step, 5);
+      EXPECT_TRUE(torch::equal(st->exp_avg, want * 2));
+      EXPECT_TRUE(torch::equal(st->exp_avg_sq, want * 3));
+    }
+  }
+  std::vector<ShardPiece> other = {ShardPiece{"w", {5, 6}, 0, torch::zeros({30})}};
+  std::vector<AdamWGroup> groups{{{other[0].value}, 0.0}};
+  AdamW opt(groups, AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
+  auto shape = LoadShards(dir, saved, other, opt);
+  EXPECT_EQ(shape.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(shape.status().message(), HasSubstr("tensor 'w' has shape [6, 5], this model's is [5, 6]"));
+  std::vector<ShardPiece> absent = {ShardPiece{"c", {4}, 0, torch::zeros({4})}};
+  auto missing = LoadShards(dir, saved, absent, opt);
+  EXPECT_THAT(missing.status().message(), HasSubstr("has no tensor 'c'"));
+  fs::remove(dir + "/" + ShardFileName(1));
+  fs::remove(dir + "/" + ShardFileName(1) + ".sum");
+  saved.files = {ShardFileName(0)};
+  std::vector<ShardPiece> whole = {ShardPiece{"b", {7}, 0, torch::zeros({7})}};
+  auto gap = LoadShards(dir, saved, whole, opt);
+  EXPECT_THAT(gap.status().message(), HasSubstr("holds no file with elements [4, 7) of tensor 'b'"));
 }
 
 // Files of format 1 (libtorch's optimizer archive inside) still resume exactly.
@@ -230,6 +346,12 @@ TEST(Checkpoint, FormatOneFilesStillResume) {
     archive.save_to(file);
   }
   ASSERT_TRUE(WriteChecksumFile(file).ok());
+  // ... and meta.json as format 2 names its files.
+  auto meta = ReadMeta(dir + "/step-00000003");
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  meta->format_version = 2;
+  meta->files = {"rank-00000.pt"};
+  WriteBytes(dir + "/step-00000003/meta.json", MetaToJson(*meta));
 
   TrainingState b = MakeRun(dir, 2);
   auto point = b.checkpointer->Resume();
@@ -251,7 +373,7 @@ TEST(Checkpoint, LatestMovesOnlyAfterACheckpointIsComplete) {
   Step(a, 1);
   // Files of step 2 written (as by ranks that got that far before a crash), never committed.
   ASSERT_TRUE(a.checkpointer->WriteFiles(2).ok());
-  EXPECT_TRUE(fs::exists(dir + "/step-00000002/rank-00000.pt"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000002/rank-00000.safetensors"));
   EXPECT_EQ(LatestText(dir), "step-00000001\n");
 
   TrainingState b = MakeRun(dir, 2);
@@ -275,7 +397,7 @@ TEST(Checkpoint, SavingAgainClearsThisRanksTemporaryFilesFromAKilledAttempt) {
   EXPECT_FALSE(fs::exists(dir + "/step-00000001/rank-00000.pt.tmp.99999"));
   EXPECT_FALSE(fs::exists(dir + "/step-00000001/meta.json.tmp.99999"));
   EXPECT_TRUE(fs::exists(dir + "/step-00000001/rank-00001.pt.tmp.99999"));
-  EXPECT_TRUE(fs::exists(dir + "/step-00000001/rank-00000.pt"));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000001/rank-00000.safetensors"));
 }
 
 TEST(Checkpoint, KeepsTheNewestCompleteCheckpointsAndDeletesOlderOnes) {
@@ -342,7 +464,7 @@ TEST(Checkpoint, ARewriteOfTheCheckpointLatestNamesCutShortLeavesNoLatestNamingI
 
   TrainingState again = MakeRun(dir, 7, SmallDims(), 2, "never");
   Step(again, 0);
-  const std::string sum_tmp = dir + "/step-00000001/rank-00000.pt.sum.tmp." + std::to_string(::getpid());
+  const std::string sum_tmp = dir + "/step-00000001/rank-00000.safetensors.sum.tmp." + std::to_string(::getpid());
   fs::create_directories(sum_tmp + "/blocker");
   const Status cut = again.checkpointer->Save(1);
   ASSERT_FALSE(cut.ok());
@@ -401,7 +523,7 @@ class DamagedCheckpoint : public ::testing::Test {
     return r.ok() ? Status::Ok() : r.status();
   }
   std::string StepDir() const { return dir_ + "/step-00000001"; }
-  std::string RankFile() const { return StepDir() + "/rank-00000.pt"; }
+  std::string RankFile() const { return StepDir() + "/rank-00000.safetensors"; }
 
   TempDir tmp_;
   std::string dir_;
@@ -450,17 +572,16 @@ TEST_F(DamagedCheckpoint, OtherRopeThetaOrNormEpsilonResumesWithANote) {
   EXPECT_THAT(::testing::PrintToString(old->notes), Not(HasSubstr("rope_theta")));
 }
 
-TEST_F(DamagedCheckpoint, OtherWorldSizeAndMeshAreNamed) {
-  std::string meta = ReadBytes(StepDir() + "/meta.json");
-  auto set = [&](const std::string& from, const std::string& to) {
-    const auto at = meta.find(from);
-    ASSERT_NE(at, std::string::npos) << from;
-    meta.replace(at, from.size(), to);
-  };
-  set("\"world_size\": 1", "\"world_size\": 4");
-  set("\"dp_shard\": 1", "\"dp_shard\": 2");
-  set("\"dp_replicate\": 1", "\"dp_replicate\": 2");
-  WriteBytes(StepDir() + "/meta.json", meta);
+// Format 2's rank files hold tensors by position: only the mesh that wrote them reads them.
+TEST_F(DamagedCheckpoint, AFormatTwoCheckpointOfAnotherWorldSizeAndMeshIsRefusedNamingThem) {
+  auto meta = ReadMeta(StepDir());
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  meta->format_version = 2;
+  meta->world_size = 4;
+  meta->dp_shard = 2;
+  meta->dp_replicate = 2;
+  meta->files.clear();
+  WriteBytes(StepDir() + "/meta.json", MetaToJson(*meta));
   const Status s = ResumeWith();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
@@ -468,6 +589,18 @@ TEST_F(DamagedCheckpoint, OtherWorldSizeAndMeshAreNamed) {
   EXPECT_THAT(s.message(), HasSubstr("mesh dp_shard 2 in the checkpoint, 1 in this run"));
   EXPECT_THAT(s.message(), HasSubstr("mesh dp_replicate 2 in the checkpoint, 1 in this run"));
   EXPECT_THAT(s.message(), HasSubstr(StepDir()));
+}
+
+TEST_F(DamagedCheckpoint, AMetaListingTooFewFilesIsNamed) {
+  std::string meta = ReadBytes(StepDir() + "/meta.json");
+  const auto at = meta.find("\"world_size\": 1");
+  ASSERT_NE(at, std::string::npos);
+  meta.replace(at, 15, "\"world_size\": 2");
+  WriteBytes(StepDir() + "/meta.json", meta);
+  const Status s = ResumeWith();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(s.message(), HasSubstr("lists 1 files for world_size 2"));
 }
 
 TEST_F(DamagedCheckpoint, TruncatedRankFileNamesTheFile) {
@@ -495,7 +628,7 @@ TEST_F(DamagedCheckpoint, FlippedBytesInsideATensorAreCaughtByTheChecksum) {
   const Status s = ResumeWith();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kInvalidInput);
-  EXPECT_THAT(s.message(), HasSubstr("checkpoint file '" + RankFile() + "' is corrupt: its checksum"));
+  EXPECT_THAT(s.message(), HasSubstr("checkpoint file '" + RankFile() + "' is corrupt: the checksum of tensor"));
 }
 
 TEST_F(DamagedCheckpoint, MissingChecksumFileIsNamed) {
@@ -542,6 +675,7 @@ TEST(Checkpoint, ShardLayoutMustMatchWhenSharded) {
   TempDir tmp;
   const std::string& dir = tmp.path();
   CheckpointMeta flat;
+  flat.format_version = 2;  // format 3's pieces carry their offsets: any layout loads them
   flat.world_size = 2;
   flat.dp_shard = 2;
   std::string json = MetaToJson(flat);
@@ -598,6 +732,35 @@ TEST(CheckpointTrain, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {
   ASSERT_EQ(resumed->losses.size(), 2u);
   EXPECT_EQ(resumed->losses[0], whole->losses[6]);
   EXPECT_EQ(resumed->losses[1], whole->losses[7]);
+}
+
+// data.order epochs: a checkpoint records where the data stands, and a resume under another
+// global batch continues the order from that sample and says so.
+TEST(CheckpointTrain, EpochOrderResumesAtTheRecordedSampleUnderAnotherBatch) {
+  TempDir tmp;
+  const std::string dir = tmp.File("ckpt"), tokens = tmp.File("t.bin");
+  std::vector<uint32_t> ids(4000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i % 64);
+  ASSERT_TRUE(data::WriteTokenFile(tokens, ids, data::TokenFormat::kLlmc).ok());
+  const std::vector<std::string> keys = {"data.train=" + tokens, "data.order=epochs", "checkpoint.dir=" + dir,
+                                         "checkpoint.every=3"};
+  std::ostringstream log;
+  auto saving = Train(TrainCfg(keys), log);
+  ASSERT_TRUE(saving.ok()) << saving.status().ToString();
+  auto meta = ReadMeta(dir + "/step-00000006");
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  EXPECT_EQ(meta->samples, 24);  // 6 steps of 4 rows
+  WriteBytes(dir + "/latest", "step-00000006\n");
+  std::vector<std::string> smaller = keys;
+  smaller.push_back("data.batch_size=2");
+  std::ostringstream resumed_log;
+  auto resumed = Train(TrainCfg(smaller), resumed_log);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_THAT(resumed_log.str(), HasSubstr("resume: note: data: the checkpoint's run took 4 rows a step, this one "
+                                           "takes 2; the epoch order continues at sample 24"));
+  auto last = ReadMeta(dir + "/step-00000008");
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ(last->samples, 28);  // and 2 steps of 2
 }
 
 TEST(CheckpointTrain, ResumeAfterTheLastStepFinishesAtOnceAndStillExports) {
