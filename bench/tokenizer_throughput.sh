@@ -69,7 +69,7 @@ PY
 docs=("$tmp"/docs/*.txt)
 
 run() {
-  local name=$1 rep=$2 side threads log="$tmp/$1.$2.log" steps="$tmp/$1.$2.jsonl" status=ok
+  local name=$1 rep=$2 side threads log="$tmp/${1//\//-}.$2.log" steps="$tmp/${1//\//-}.$2.jsonl" status=ok
   side=${name%%/*} threads=${name#*/}
   if [ "$side" = meshwork ]; then
     RAYON_NUM_THREADS=$threads "$bin" tokenize --tokenizer "$tmp/tokenizer.json" --time $((skip + measured)) "${docs[@]}" \
