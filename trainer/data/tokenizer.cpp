@@ -310,6 +310,13 @@ const SpmModule& Spm() {
   return module;
 }
 
+// The module's error message, its buffer released.
+std::string TakeSpmError(const SpmModule& m, char* err) {
+  std::string message = err != nullptr ? err : "unknown error";
+  m.free_buffer(err);
+  return message;
+}
+
 class SpmTokenizer : public Tokenizer {
  public:
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path, const TokenizerOptions& options) {
@@ -318,9 +325,7 @@ class SpmTokenizer : public Tokenizer {
     MwSpm* raw = nullptr;
     char* err = nullptr;
     if (m.load(path.c_str(), &raw, &err) != 0) {
-      std::string message = err != nullptr ? err : "unknown error";
-      m.free_buffer(err);
-      return InvalidInput("cannot read the SentencePiece model '" + path + "': " + message);
+      return InvalidInput("cannot read the SentencePiece model '" + path + "': " + TakeSpmError(m, err));
     }
     std::unique_ptr<SpmTokenizer> tok(new SpmTokenizer(path, raw));
     tok->description_ = "SentencePiece model '" + path + "' (" + std::to_string(tok->VocabSize()) + " tokens)";
@@ -344,9 +349,7 @@ class SpmTokenizer : public Tokenizer {
     size_t n = 0;
     char* err = nullptr;
     if (m.encode(spm_, text.data(), text.size(), &ids, &n, &err) != 0) {
-      std::string message = err != nullptr ? err : "unknown error";
-      m.free_buffer(err);
-      return InvalidInput("SentencePiece: " + message);
+      return InvalidInput("SentencePiece: " + TakeSpmError(m, err));
     }
     std::vector<uint32_t> out(ids, ids + n);
     m.free_buffer(ids);
@@ -359,9 +362,7 @@ class SpmTokenizer : public Tokenizer {
     size_t len = 0;
     char* err = nullptr;
     if (m.decode(spm_, in.data(), in.size(), &text, &len, &err) != 0) {
-      std::string message = err != nullptr ? err : "unknown error";
-      m.free_buffer(err);
-      return InvalidInput("SentencePiece: " + message);
+      return InvalidInput("SentencePiece: " + TakeSpmError(m, err));
     }
     std::string out(text, len);
     m.free_buffer(text);

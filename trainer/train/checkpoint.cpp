@@ -685,14 +685,23 @@ Result<ShardFileIndex> ReadShardIndex(const std::string& path, size_t file, int6
 
 }  // namespace
 
-Status SaveShardFile(const std::string& path, int64_t step, const std::vector<ShardPiece>& pieces,
-                     const AdamW& optimizer) {
+namespace {
+
+// Each piece's AdamW state as the optimizer holds it now (tensors shared, not copied).
+std::vector<std::optional<AdamWParamState>> StatesOf(const std::vector<ShardPiece>& pieces, const AdamW& optimizer) {
   std::vector<std::optional<AdamWParamState>> states;
   for (const ShardPiece& piece : pieces) {
     const AdamWParamState* state = optimizer.State(piece.value);
     states.push_back(state != nullptr ? std::optional<AdamWParamState>(*state) : std::nullopt);
   }
-  return WriteShardFile(path, step, pieces, states);
+  return states;
+}
+
+}  // namespace
+
+Status SaveShardFile(const std::string& path, int64_t step, const std::vector<ShardPiece>& pieces,
+                     const AdamW& optimizer) {
+  return WriteShardFile(path, step, pieces, StatesOf(pieces, optimizer));
 }
 
 Status WriteShardFile(const std::string& path, int64_t step, const std::vector<ShardPiece>& pieces,
@@ -861,6 +870,28 @@ Result<ShardLoadReport> LoadShards(const std::string& step_dir, const Checkpoint
 
 namespace {
 
+// One rank's part of a save, for both ways of saving: its shard file (and, on rank 0, meta.json)
+// under step_dir, after removing the temporary files this rank left in an earlier attempt at the
+// step (killed mid-write).
+Status WriteStepFiles(const std::string& step_dir, int rank, int64_t step, const std::vector<ShardPiece>& pieces,
+                      const std::vector<std::optional<AdamWParamState>>& states, const CheckpointMeta& meta) {
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec && !fs::is_directory(step_dir)) {
+    return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
+  }
+  const std::string mine = ShardFileName(rank);
+  const std::string own_prefix = mine.substr(0, mine.find('.') + 1);  // "rank-00003.": either format's files
+  for (const auto& entry : fs::directory_iterator(step_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool own = name.rfind(own_prefix, 0) == 0 || (rank == 0 && name.rfind("meta.json", 0) == 0);
+    if (own && name.find(".tmp.") != std::string::npos) fs::remove(entry.path(), ec);
+  }
+  MW_RETURN_IF_ERROR(WriteShardFile(Join(step_dir, mine), step, pieces, states));
+  if (rank == 0) MW_RETURN_IF_ERROR(WriteTextAtomically(Join(step_dir, "meta.json"), MetaToJson(meta)));
+  return SyncDirectory(step_dir);
+}
+
 // MESHWORK_CHECKPOINT_TEST_PAUSE=PHASE:STEP:SECONDS holds the save of step STEP at PHASE ("copy":
 // before the step's state is copied; "write": in the thread, before the rank file is written;
 // "commit": on rank 0, once every rank's files are there, before `latest` moves), saying so on
@@ -959,17 +990,8 @@ Status Checkpointer::SaveAsync(int64_t step) {
   const int rank = engine_.rank();
   flight->thread = std::thread([this, f, step, step_dir, rank, meta, pieces = std::move(pieces),
                                 states = std::move(states)]() {
-    const Status written = [&]() -> Status {
-      std::error_code ec;
-      fs::create_directories(step_dir, ec);
-      if (ec && !fs::is_directory(step_dir)) {
-        return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
-      }
-      TestPause("write", step);
-      MW_RETURN_IF_ERROR(WriteShardFile(Join(step_dir, ShardFileName(rank)), step, pieces, states));
-      if (rank == 0) MW_RETURN_IF_ERROR(WriteTextAtomically(Join(step_dir, "meta.json"), MetaToJson(meta)));
-      return SyncDirectory(step_dir);
-    }();
+    TestPause("write", step);
+    const Status written = WriteStepFiles(step_dir, rank, step, pieces, states, meta);
     f->written.set_value(written);
     if (rank != 0 || !written.ok()) return;
     // Rank 0 commits as soon as every rank's .sum (written after its file) is on the shared
@@ -995,27 +1017,11 @@ bool Checkpointer::Due(int64_t step, int64_t total_steps) const {
 }
 
 Status Checkpointer::WriteFiles(int64_t step) {
-  const std::string step_dir = Join(cfg_.dir, StepDirName(step));
-  std::error_code ec;
-  fs::create_directories(step_dir, ec);
-  if (ec && !fs::is_directory(step_dir)) {
-    return IOError("cannot create checkpoint directory '" + step_dir + "': " + ec.message());
-  }
-  // Temporary files this rank left in an earlier attempt at this step (killed mid-write).
-  const std::string mine = ShardFileName(engine_.rank());
-  const std::string own_prefix = mine.substr(0, mine.find('.') + 1);  // "rank-00003.": either format's files
-  for (const auto& entry : fs::directory_iterator(step_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    const bool own = name.rfind(own_prefix, 0) == 0 || (engine_.rank() == 0 && name.rfind("meta.json", 0) == 0);
-    if (own && name.find(".tmp.") != std::string::npos) fs::remove(entry.path(), ec);
-  }
-  MW_RETURN_IF_ERROR(SaveShardFile(Join(step_dir, mine), step, engine_.LocalShards(), optimizer_));
-  if (engine_.rank() == 0) {
-    CheckpointMeta meta = run_;
-    meta.step = step;
-    MW_RETURN_IF_ERROR(WriteTextAtomically(Join(step_dir, "meta.json"), MetaToJson(meta)));
-  }
-  return SyncDirectory(step_dir);
+  CheckpointMeta meta = run_;
+  meta.step = step;
+  const std::vector<ShardPiece> pieces = engine_.LocalShards();
+  return WriteStepFiles(Join(cfg_.dir, StepDirName(step)), engine_.rank(), step, pieces, StatesOf(pieces, optimizer_),
+                        meta);
 }
 
 Status Checkpointer::Commit(int64_t step) {
