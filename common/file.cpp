@@ -78,6 +78,20 @@ Status AtomicFileWriter::Write(const void* data, size_t size) {
   return WriteAll(fd_, data, size, "'" + TempPath() + "'");
 }
 
+Status AtomicFileWriter::WriteAt(uint64_t offset, const void* data, size_t size) {
+  if (fd_ < 0) return Internal("write to '" + path_ + "' after it was committed");
+  const auto* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd_, bytes, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return IOError("cannot write '" + TempPath() + "': " + ErrnoText(n < 0 ? errno : EIO));
+    bytes += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
 Status AtomicFileWriter::Commit() {
   if (fd_ < 0) return Internal("'" + path_ + "' committed twice");
   // fsync before rename: otherwise a power loss can leave the new name pointing at an empty file.

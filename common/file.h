@@ -25,6 +25,9 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
 
   Status Write(const void* data, size_t size);
+  // Overwrites bytes already written (a header whose counts are known only at the end); the
+  // file position, where Write appends, does not move.
+  Status WriteAt(uint64_t offset, const void* data, size_t size);
   // Flushes to disk (fsync), closes and renames into place.
   Status Commit();
 

@@ -66,6 +66,20 @@ if [ ! -f "$tokenizer_ref/.installed" ]; then
   fi
 fi
 
+# Apache Arrow's C++ library for Parquet input (cmake/parquet.cmake): PyPI's pyarrow wheel carries
+# libarrow, libparquet and their headers, and Debian 12 packages no Arrow. The same package writes
+# the Parquet files the tests read. Without PyPI the build leaves Parquet out and says so.
+arrow_dir="$root/.meshwork/tools/arrow"
+if [ ! -f "$arrow_dir/.installed" ]; then
+  echo "[setup] installing Apache Arrow (pyarrow wheel) into $arrow_dir"
+  rm -rf "$arrow_dir"
+  if /usr/bin/python3 -m pip install -q --no-deps --only-binary=:all: --target "$arrow_dir" pyarrow==26.0.1; then
+    touch "$arrow_dir/.installed"
+  else
+    echo "[setup] warning: could not install pyarrow from PyPI; prepare-data will refuse Parquet inputs" >&2
+  fi
+fi
+
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 

@@ -2,14 +2,17 @@
 // config, devices and launch;
 // every failure is one line on stderr and a distinct exit code (docs/config.md, "Exit codes").
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,8 +58,14 @@ commands:
                   --tokenizer T     tokenizer.json, SentencePiece .model, a model directory
                                     holding one, or bytes (the default: byte-level vocabulary)
                   --bos-token S --eos-token S  document separators (default: the tokenizer's)
-                  --jsonl-field F   the inputs are JSON Lines: one document per line, in field F
-                  INPUT...          text files or directories
+                  --field F         documents are records: a row's string column F in Parquet
+                                    inputs, field F of each line in the others (JSON Lines);
+                                    without it each input file is one document of text
+                                    (--jsonl-field F is the same flag)
+                  --threads N       encoding threads (default: one per core)
+                  --progress-every S  a progress line on stderr every S seconds (default 5;
+                                    0: none)
+                  INPUT...          files or directories (every file below, in path order)
   tokenize      print each file's token ids, one line per file (--tokenizer, --bos-token,
                 --eos-token as for prepare-data; --document adds the separators, --info prints
                 the vocabulary size and the separators instead, --time N encodes the files as
@@ -204,9 +213,22 @@ int RunPrepareData(const std::vector<std::string>& args) {
       // The parser names the config key; here the value came from the flag.
       if (!f.ok()) return Usage("--format: '" + value + "' is not a token format (auto, llmc, raw_u16, raw_u32)");
       o.format = *f;
-    } else if (TakeValue(args, i, "--jsonl-field", &value, &error)) {
-      if (value.empty()) return Usage("--jsonl-field needs the name of the field holding each document's text");
-      o.jsonl_field = value;
+    } else if (TakeValue(args, i, "--field", &value, &error) || TakeValue(args, i, "--jsonl-field", &value, &error)) {
+      if (value.empty()) return Usage("--field needs the name of the field (or Parquet column) holding each document's text");
+      o.field = value;
+    } else if (TakeValue(args, i, "--threads", &value, &error)) {
+      char* end = nullptr;
+      const long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 1 || n > 1024) {
+        return Usage("--threads: expected a whole number from 1 to 1024, got '" + value + "'");
+      }
+      o.threads = static_cast<int>(n);
+    } else if (TakeValue(args, i, "--progress-every", &value, &error)) {
+      char* end = nullptr;
+      o.progress_seconds = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(o.progress_seconds >= 0)) {
+        return Usage("--progress-every: expected seconds >= 0, got '" + value + "'");
+      }
     } else if (TakeTokenizerFlag(args, i, &tokenizer_spec, &tokenizer_options, &error)) {
     } else if (args[i].rfind("--", 0) == 0) {
       return Usage("unknown option '" + args[i] + "' for 'prepare-data'");
@@ -222,6 +244,7 @@ int RunPrepareData(const std::vector<std::string>& args) {
   auto tokenizer = meshwork::data::LoadTokenizer(tokenizer_spec, tokenizer_options);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   o.tokenizer = tokenizer->get();
+  o.progress = &std::cerr;
   auto r = meshwork::data::PrepareTokens(o);
   if (!r.ok()) return Fail(r.status());
   const auto& t = **tokenizer;
@@ -230,6 +253,14 @@ int RunPrepareData(const std::vector<std::string>& args) {
   if (!o.val_out.empty()) std::cout << ", " << r->val_tokens << " tokens -> " << o.val_out;
   if (r->skipped_binary_files > 0) std::cout << " (skipped " << r->skipped_binary_files << " binary files)";
   std::cout << "\n";
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
+  std::ostringstream rate;
+  rate << std::fixed << std::setprecision(1) << static_cast<double>(r->input_bytes) / 1e6 << " MB of input in "
+       << std::setprecision(2) << r->seconds << " s ("
+       << std::setprecision(1) << (r->seconds > 0 ? static_cast<double>(r->input_bytes) / 1e6 / r->seconds : 0.0)
+       << " MB/s), peak memory " << usage.ru_maxrss / 1024 << " MiB";
+  std::cout << "read " << rate.str() << "\n";
   if (t.kind() != meshwork::data::TokenizerKind::kBytes) {
     std::cout << "documents are " << (t.bos() ? "bos " + std::to_string(*t.bos()) + " + " : std::string("")) << "text + eos "
               << t.eos() << " (from " << t.specials_source() << ")\n";

@@ -1,18 +1,30 @@
-// Byte-level tokenisation of text files into train / val token files.
+// Text, JSON Lines and Parquet into train / val token files: a reader thread, encoding workers
+// and the calling thread as the in-order writer (prepare.h).
 #include "trainer/data/prepare.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "trainer/data/parquet_reader.h"
 
 namespace meshwork::data {
 namespace {
@@ -57,14 +69,6 @@ Result<std::vector<Document>> CollectDocuments(const std::vector<std::string>& i
     }
   }
   return docs;
-}
-
-Result<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IOError("cannot open input '" + path + "' for reading");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return IOError("cannot read input '" + path + "'");
-  return text;
 }
 
 bool IsUtf8Continuation(uint32_t token) { return token >= 0x80 && token <= 0xBF; }
@@ -116,107 +120,304 @@ Status ValidateOptions(const PrepareOptions& options) {
   return Status::Ok();
 }
 
-}  // namespace
 
-Result<PrepareReport> PrepareTokens(const PrepareOptions& options) {
-  MW_RETURN_IF_ERROR(ValidateOptions(options));
-  MW_ASSIGN_OR_RETURN(std::vector<Document> docs, CollectDocuments(options.inputs));
+enum class InputKind { kText, kJsonLines, kParquet };
 
-  const bool split = !options.val_out.empty();
-  std::unique_ptr<Tokenizer> bytes;
-  const Tokenizer* tokenizer = options.tokenizer;
-  if (tokenizer == nullptr) {
-    MW_ASSIGN_OR_RETURN(bytes, LoadTokenizer("bytes"));
-    tokenizer = bytes.get();
-  }
-  const bool byte_level = tokenizer->kind() == TokenizerKind::kBytes;
-  PrepareReport report;
+// A unit of work: some documents of one input, in input order. The reader fills it; a worker
+// parses and encodes it; the writer appends what it gives when its turn comes.
+struct Chunk {
+  int64_t seq = 0;
+  InputKind kind = InputKind::kText;
+  std::string path;
+  std::string text;               // kText: the whole document; kJsonLines: whole lines
+  int64_t first_line = 1;         // kJsonLines: text's first line number in the file
+  std::vector<std::string> rows;  // kParquet: the column's values
+  int64_t first_row = 0;          // kParquet: rows[0]'s row number
+  Status status;                  // the reader's error, reported when this chunk's turn comes
+  int64_t bytes = 0;              // input bytes the chunk covers
+  int64_t skipped_binary_files = 0;
+  int64_t skipped_empty_files = 0;
+};
+
+struct Encoded {
+  Status status;
   std::vector<uint32_t> train;
   std::vector<uint32_t> val;
+  int64_t documents = 0;
+  int64_t skipped_empty_documents = 0;
+  int64_t bytes = 0;
+  int64_t skipped_binary_files = 0;
+  int64_t skipped_empty_files = 0;
+};
 
-  // Documents are encoded a batch at a time, so a Hugging Face tokenizer works on all cores.
-  std::vector<std::string> texts;
-  auto flush = [&]() -> Status {
-    if (texts.empty()) return Status::Ok();
-    std::vector<std::string_view> views(texts.begin(), texts.end());
-    MW_ASSIGN_OR_RETURN(auto encoded, tokenizer->EncodeBatch(views));
-    for (auto& ids : encoded) {
-      std::vector<uint32_t> tokens;
-      tokens.reserve(ids.size() + 2);
-      if (tokenizer->bos()) tokens.push_back(*tokenizer->bos());
-      tokens.insert(tokens.end(), ids.begin(), ids.end());
-      tokens.push_back(tokenizer->eos());
-      const size_t at = split ? SplitPoint(tokens, options.val_fraction, byte_level) : tokens.size();
-      train.insert(train.end(), tokens.begin(), tokens.begin() + at);
-      val.insert(val.end(), tokens.begin() + at, tokens.end());
+constexpr size_t kChunkBytes = size_t{4} << 20;
+constexpr size_t kParquetRows = 1024;
+
+std::string Where(const Chunk& c, int64_t index) {
+  switch (c.kind) {
+    case InputKind::kText: return "input '" + c.path + "'";
+    case InputKind::kJsonLines: return "input '" + c.path + "' line " + std::to_string(index);
+    case InputKind::kParquet: return "input '" + c.path + "' row " + std::to_string(index);
+  }
+  return c.path;
+}
+
+std::string MegabytesPerSecond(int64_t bytes, double seconds) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1e6 << " MB in " << seconds << " s ("
+    << (seconds > 0 ? static_cast<double>(bytes) / 1e6 / seconds : 0.0) << " MB/s)";
+  return s.str();
+}
+
+class Pipeline {
+ public:
+  Pipeline(const PrepareOptions& options, const Tokenizer& tokenizer, std::vector<Document> docs)
+      : options_(options),
+        tokenizer_(tokenizer),
+        docs_(std::move(docs)),
+        byte_level_(tokenizer.kind() == TokenizerKind::kBytes),
+        split_(!options.val_out.empty()),
+        threads_(options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency())),
+        max_in_flight_(2 * threads_ + 2) {}
+
+  Result<PrepareReport> Run() {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t vocab = tokenizer_.VocabSize();
+    const auto max_token = static_cast<uint32_t>(std::max<int64_t>(vocab - 1, 0));
+    MW_ASSIGN_OR_RETURN(TokenFileWriter train, TokenFileWriter::Create(options_.train_out, options_.format, max_token, vocab));
+    std::optional<TokenFileWriter> val;
+    if (split_) {
+      MW_ASSIGN_OR_RETURN(TokenFileWriter v, TokenFileWriter::Create(options_.val_out, options_.format, max_token, vocab));
+      val.emplace(std::move(v));
     }
-    texts.clear();
-    return Status::Ok();
-  };
-  constexpr size_t kBatchDocuments = 256;
-  constexpr size_t kBatchBytes = size_t{64} << 20;
-  size_t batch_bytes = 0;
-  // One document's text: checked (a tokenizer needs UTF-8; the error names where the text came
-  // from, not a position in a batch) and batched.
-  auto add = [&](std::string text, const std::string& where) -> Status {
-    if (!byte_level) {
-      const size_t bad = FirstInvalidUtf8(text);
-      if (bad != std::string::npos) {
-        const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
-        return InvalidInput(where + " is not UTF-8: invalid byte 0x" + Hex(text[bad]) + " at line " +
-                            std::to_string(line) + ", byte offset " + std::to_string(bad) + " (" +
-                            tokenizer->description() + " needs UTF-8 text)");
-      }
+    std::thread reader([this] { ReadAll(); });
+    std::vector<std::thread> workers;
+    for (int i = 0; i < threads_; ++i) workers.emplace_back([this] { Work(); });
+    Status status = WriteInOrder(&train, val ? &*val : nullptr, start);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
     }
-    batch_bytes += text.size();
-    texts.push_back(std::move(text));
-    ++report.documents;
-    if (texts.size() >= kBatchDocuments || batch_bytes >= kBatchBytes) {
-      MW_RETURN_IF_ERROR(flush());
-      batch_bytes = 0;
+    cv_.notify_all();
+    reader.join();
+    for (auto& w : workers) w.join();
+    MW_RETURN_IF_ERROR(status);
+
+    if (report_.documents == 0) {
+      std::string names;
+      for (const auto& in : options_.inputs) names += (names.empty() ? "'" : ", '") + in + "'";
+      return InvalidInput("no text found in " + names + " (" + std::to_string(report_.skipped_empty_files) +
+                          " empty and " + std::to_string(report_.skipped_binary_files) + " binary files skipped" +
+                          (options_.field.empty() ? "" : ", " + std::to_string(report_.skipped_empty_documents) +
+                                                             " empty documents") + ")");
     }
-    return Status::Ok();
-  };
-  const bool jsonl = !options.jsonl_field.empty();
-  for (const Document& doc : docs) {
-    MW_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(doc.path));
-    if (text.empty()) {
-      ++report.skipped_empty_files;
-      continue;
+    if (split_ && val->size() == 0) {
+      return InvalidInput("val split is empty: the " + std::to_string(report_.documents) +
+                          " documents are too short for val_fraction " + FormatDouble(options_.val_fraction) +
+                          " to take a token from any");
     }
-    const size_t nul = text.find('\0');
-    if (nul != std::string::npos) {
-      if (doc.from_directory) {
-        ++report.skipped_binary_files;
-        continue;
-      }
-      return InvalidInput("input '" + doc.path + "' has a NUL byte at offset " +
-                          std::to_string(nul) + "; it looks binary, not text");
+    report_.train_tokens = train.size();
+    report_.val_tokens = val ? val->size() : 0;
+    MW_RETURN_IF_ERROR(train.Commit());
+    if (val) MW_RETURN_IF_ERROR(val->Commit());
+    report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return report_;
+  }
+
+ private:
+  // --- the reader: inputs into chunks, in order -------------------------------------------------
+
+  // Hands a chunk to the workers once fewer than max_in_flight_ chunks are unwritten; false when
+  // the writer stopped (an error, or the end).
+  bool Emit(Chunk chunk) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || issued_ - written_ < max_in_flight_; });
+    if (stop_) return false;
+    chunk.seq = issued_++;
+    todo_.push_back(std::move(chunk));
+    cv_.notify_all();
+    return true;
+  }
+
+  bool EmitError(const std::string& path, Status status) {
+    Chunk c;
+    c.path = path;
+    c.status = std::move(status);
+    Emit(std::move(c));
+    return false;  // nothing after an error is read
+  }
+
+  void ReadAll() {
+    for (const Document& doc : docs_) {
+      if (!ReadInput(doc)) break;
     }
-    // A text input that is also an output (`--out notes.txt notes.txt`, or a text file in an input
-    // directory) would be overwritten with tokens. (An earlier run's token file in an input
-    // directory is binary, skipped above, and may be written again.)
-    for (const auto& [flag, out] : {std::pair<const char*, const std::string*>{"--out", &options.train_out},
-                                    std::pair<const char*, const std::string*>{"--val-out", &options.val_out}}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reader_done_ = true;
+    cv_.notify_all();
+  }
+
+  // A text input that is also an output (`--out notes.txt notes.txt`, or a text file in an input
+  // directory) would be overwritten with tokens. (An earlier run's token file in an input
+  // directory is binary, skipped, and may be written again.)
+  Status CheckNotAnOutput(const std::string& path) const {
+    for (const auto& [flag, out] : {std::pair<const char*, const std::string*>{"--out", &options_.train_out},
+                                    std::pair<const char*, const std::string*>{"--val-out", &options_.val_out}}) {
       std::error_code ec;
-      if (!out->empty() && fs::equivalent(*out, doc.path, ec)) {
-        return InvalidConfig(std::string("prepare-data: ") + flag + " '" + *out + "' is the input '" + doc.path +
+      if (!out->empty() && fs::equivalent(*out, path, ec)) {
+        return InvalidConfig(std::string("prepare-data: ") + flag + " '" + *out + "' is the input '" + path +
                              "'; writing it would overwrite that text");
       }
     }
-    if (!jsonl) {
-      MW_RETURN_IF_ERROR(add(std::move(text), "input '" + doc.path + "'"));
-      continue;
+    return Status::Ok();
+  }
+
+  // A NUL byte at `nul` of a file: skipped (counted) under a directory, an error when named.
+  bool SkipOrRefuseBinary(const Document& doc, size_t nul, bool parquet) {
+    if (doc.from_directory) {
+      Chunk c;
+      c.path = doc.path;
+      c.skipped_binary_files = 1;
+      return Emit(std::move(c));
     }
-    // JSON Lines: every non-blank line an object whose field holds one document's text.
-    int64_t line_number = 0;
-    for (size_t at = 0; at < text.size();) {
-      const size_t end = std::min(text.find('\n', at), text.size());
-      const std::string_view line(text.data() + at, end - at);
+    if (parquet) {
+      return EmitError(doc.path, InvalidConfig("input '" + doc.path +
+                                               "' is a Parquet file: name the column that holds the text with "
+                                               "--field"));
+    }
+    return EmitError(doc.path, InvalidInput("input '" + doc.path + "' has a NUL byte at offset " +
+                                            std::to_string(nul) + "; it looks binary, not text"));
+  }
+
+  bool ReadInput(const Document& doc) {
+    if (Status s = CheckNotAnOutput(doc.path); !s.ok()) return EmitError(doc.path, std::move(s));
+    const bool parquet = LooksLikeParquet(doc.path);
+    if (!options_.field.empty() && parquet) return ReadParquet(doc);
+    std::ifstream in(doc.path, std::ios::binary);
+    if (!in) return EmitError(doc.path, IOError("cannot open input '" + doc.path + "' for reading"));
+    if (options_.field.empty()) {
+      Chunk c;
+      c.kind = InputKind::kText;
+      c.path = doc.path;
+      c.text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (in.bad()) return EmitError(doc.path, IOError("cannot read input '" + doc.path + "'"));
+      if (c.text.empty()) {
+        c.skipped_empty_files = 1;
+        return Emit(std::move(c));
+      }
+      const size_t nul = c.text.find('\0');
+      if (nul != std::string::npos) return SkipOrRefuseBinary(doc, nul, parquet);
+      c.bytes = static_cast<int64_t>(c.text.size());
+      return Emit(std::move(c));
+    }
+    // JSON Lines, about kChunkBytes of whole lines per chunk (a longer line is one chunk).
+    std::string carry;
+    int64_t line = 1;
+    bool first = true;
+    std::vector<char> buffer(kChunkBytes);
+    while (true) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const auto got = static_cast<size_t>(in.gcount());
+      if (in.bad()) return EmitError(doc.path, IOError("cannot read input '" + doc.path + "'"));
+      const bool end = got < buffer.size();
+      carry.append(buffer.data(), got);
+      size_t cut = end ? carry.size() : carry.rfind('\n');
+      if (cut == std::string::npos) continue;  // one line longer than a chunk: read on
+      if (!end) ++cut;                          // the newline belongs to its line
+      if (first && end && carry.empty()) {
+        Chunk c;
+        c.path = doc.path;
+        c.skipped_empty_files = 1;
+        return Emit(std::move(c));
+      }
+      Chunk c;
+      c.kind = InputKind::kJsonLines;
+      c.path = doc.path;
+      c.text = carry.substr(0, cut);
+      carry.erase(0, cut);
+      const size_t nul = c.text.find('\0');
+      if (nul != std::string::npos) {
+        if (first) return SkipOrRefuseBinary(doc, nul, parquet);
+        const auto at_line = line + std::count(c.text.begin(), c.text.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+        return EmitError(doc.path, InvalidInput("input '" + doc.path + "' line " + std::to_string(at_line) +
+                                                " has a NUL byte; it is not JSON Lines text"));
+      }
+      first = false;
+      c.first_line = line;
+      line += std::count(c.text.begin(), c.text.end(), '\n');
+      c.bytes = static_cast<int64_t>(c.text.size());
+      if (!c.text.empty() && !Emit(std::move(c))) return false;
+      if (end) return true;
+    }
+  }
+
+  bool ReadParquet(const Document& doc) {
+    auto file = ParquetTextReader::Open(doc.path, options_.field);
+    if (!file.ok()) return EmitError(doc.path, file.status());
+    if ((*file)->num_rows() == 0) {
+      Chunk c;
+      c.path = doc.path;
+      c.skipped_empty_files = 1;
+      return Emit(std::move(c));
+    }
+    while (true) {
+      Chunk c;
+      c.kind = InputKind::kParquet;
+      c.path = doc.path;
+      auto n = (*file)->Next(kParquetRows, kChunkBytes, &c.rows, &c.first_row);
+      if (!n.ok()) return EmitError(doc.path, n.status());
+      if (*n == 0) return true;
+      for (const auto& r : c.rows) c.bytes += static_cast<int64_t>(r.size());
+      if (!Emit(std::move(c))) return false;
+    }
+  }
+
+  // --- the workers: chunks into tokens ----------------------------------------------------------
+
+  void Work() {
+    while (true) {
+      Chunk chunk;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !todo_.empty() || reader_done_; });
+        if (stop_ || todo_.empty()) return;
+        chunk = std::move(todo_.front());
+        todo_.pop_front();
+      }
+      Encoded out = Encode(chunk);
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.emplace(chunk.seq, std::move(out));
+      cv_.notify_all();
+    }
+  }
+
+  // The chunk's documents (text, and where each came from for errors), JSON parsed.
+  Status Documents(const Chunk& c, std::vector<std::string>* texts, std::vector<int64_t>* index, Encoded* out) const {
+    if (c.kind == InputKind::kText) {
+      if (!c.text.empty()) {
+        texts->push_back(c.text);
+        index->push_back(0);
+      }
+      return Status::Ok();
+    }
+    if (c.kind == InputKind::kParquet) {
+      for (size_t i = 0; i < c.rows.size(); ++i) {
+        if (c.rows[i].empty()) {
+          ++out->skipped_empty_documents;
+          continue;
+        }
+        texts->push_back(c.rows[i]);
+        index->push_back(c.first_row + static_cast<int64_t>(i));
+      }
+      return Status::Ok();
+    }
+    int64_t line_number = c.first_line - 1;
+    for (size_t at = 0; at < c.text.size();) {
+      const size_t end = std::min(c.text.find('\n', at), c.text.size());
+      const std::string_view line(c.text.data() + at, end - at);
       at = end + 1;
       ++line_number;
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-      const std::string where = "input '" + doc.path + "' line " + std::to_string(line_number);
+      const std::string where = Where(c, line_number);
       nlohmann::json object;
       try {
         object = nlohmann::json::parse(line);
@@ -224,43 +425,143 @@ Result<PrepareReport> PrepareTokens(const PrepareOptions& options) {
         return InvalidInput(where + " is not JSON: " + e.what());
       }
       if (!object.is_object()) return InvalidInput(where + " is not a JSON object");
-      auto field = object.find(options.jsonl_field);
-      if (field == object.end()) {
-        return InvalidInput(where + " has no field '" + options.jsonl_field + "' (--jsonl-field)");
-      }
+      auto field = object.find(options_.field);
+      if (field == object.end()) return InvalidInput(where + " has no field '" + options_.field + "' (--field)");
       if (!field->is_string()) {
-        return InvalidInput(where + ": field '" + options.jsonl_field + "' is " + field->type_name() + ", not a string");
+        return InvalidInput(where + ": field '" + options_.field + "' is " + field->type_name() + ", not a string");
       }
       std::string document = field->get<std::string>();
       if (document.empty()) {
-        ++report.skipped_empty_documents;
+        ++out->skipped_empty_documents;
         continue;
       }
-      MW_RETURN_IF_ERROR(add(std::move(document), where));
+      texts->push_back(std::move(document));
+      index->push_back(line_number);
+    }
+    return Status::Ok();
+  }
+
+  Encoded Encode(const Chunk& c) const {
+    Encoded out;
+    out.status = c.status;
+    out.bytes = c.bytes;
+    out.skipped_binary_files = c.skipped_binary_files;
+    out.skipped_empty_files = c.skipped_empty_files;
+    if (!out.status.ok()) return out;
+    std::vector<std::string> texts;
+    std::vector<int64_t> index;
+    out.status = Documents(c, &texts, &index, &out);
+    if (!out.status.ok()) return out;
+    if (!byte_level_) {
+      // A tokenizer needs UTF-8; the error names where the text came from, not a batch position.
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const std::string& text = texts[i];
+        const size_t bad = FirstInvalidUtf8(text);
+        if (bad == std::string::npos) continue;
+        std::string where = Where(c, index[i]);
+        if (c.kind == InputKind::kText) {
+          const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+          where += " is not UTF-8: invalid byte 0x" + Hex(text[bad]) + " at line " + std::to_string(line) + ", byte offset " + std::to_string(bad);
+        } else {
+          where += " is not UTF-8: invalid byte 0x" + Hex(text[bad]) + " at byte offset " + std::to_string(bad) + " of the text";
+        }
+        out.status = InvalidInput(where + " (" + tokenizer_.description() + " needs UTF-8 text)");
+        return out;
+      }
+    }
+    if (texts.empty()) return out;
+    std::vector<std::string_view> views(texts.begin(), texts.end());
+    auto encoded = tokenizer_.EncodeBatch(views);
+    if (!encoded.ok()) {
+      out.status = encoded.status();
+      return out;
+    }
+    std::vector<uint32_t> tokens;
+    for (auto& ids : *encoded) {
+      tokens.clear();
+      if (tokenizer_.bos()) tokens.push_back(*tokenizer_.bos());
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+      tokens.push_back(tokenizer_.eos());
+      const size_t at = split_ ? SplitPoint(tokens, options_.val_fraction, byte_level_) : tokens.size();
+      out.train.insert(out.train.end(), tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(at));
+      out.val.insert(out.val.end(), tokens.begin() + static_cast<std::ptrdiff_t>(at), tokens.end());
+    }
+    out.documents = static_cast<int64_t>(encoded->size());
+    return out;
+  }
+
+  // --- the writer: the calling thread, chunk after chunk in input order -------------------------
+
+  Status WriteInOrder(TokenFileWriter* train, TokenFileWriter* val, std::chrono::steady_clock::time_point start) {
+    auto last_progress = start;
+    const bool progress = options_.progress != nullptr && options_.progress_seconds > 0;
+    while (true) {
+      Encoded e;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return done_.count(written_) > 0 || (reader_done_ && written_ == issued_); });
+        auto it = done_.find(written_);
+        if (it == done_.end()) return Status::Ok();  // the reader is done and everything is written
+        e = std::move(it->second);
+        done_.erase(it);
+      }
+      MW_RETURN_IF_ERROR(e.status);
+      MW_RETURN_IF_ERROR(train->Append(e.train.data(), e.train.size()));
+      if (val != nullptr) MW_RETURN_IF_ERROR(val->Append(e.val.data(), e.val.size()));
+      report_.documents += e.documents;
+      report_.input_bytes += e.bytes;
+      report_.skipped_binary_files += e.skipped_binary_files;
+      report_.skipped_empty_files += e.skipped_empty_files;
+      report_.skipped_empty_documents += e.skipped_empty_documents;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++written_;
+      }
+      cv_.notify_all();
+      const auto now = std::chrono::steady_clock::now();
+      if (progress && std::chrono::duration<double>(now - last_progress).count() >= options_.progress_seconds) {
+        last_progress = now;
+        *options_.progress << "prepare-data: " << report_.documents << " documents, "
+                           << train->size() + (val ? val->size() : 0) << " tokens, "
+                           << MegabytesPerSecond(report_.input_bytes, std::chrono::duration<double>(now - start).count())
+                           << std::endl;
+      }
     }
   }
-  MW_RETURN_IF_ERROR(flush());
 
-  if (report.documents == 0) {
-    std::string names;
-    for (const auto& in : options.inputs) names += (names.empty() ? "'" : ", '") + in + "'";
-    return InvalidInput("no text found in " + names + " (" +
-                        std::to_string(report.skipped_empty_files) + " empty and " +
-                        std::to_string(report.skipped_binary_files) + " binary files skipped" +
-                        (jsonl ? ", " + std::to_string(report.skipped_empty_documents) + " empty documents" : "") + ")");
-  }
-  if (split && val.empty()) {
-    return InvalidInput("val split is empty: the " + std::to_string(report.documents) +
-                        " documents are too short for val_fraction " +
-                        FormatDouble(options.val_fraction) + " to take a token from any");
-  }
+  const PrepareOptions& options_;
+  const Tokenizer& tokenizer_;
+  const std::vector<Document> docs_;
+  const bool byte_level_;
+  const bool split_;
+  const int threads_;
+  const int64_t max_in_flight_;
 
-  const int64_t vocab = tokenizer->VocabSize();
-  MW_RETURN_IF_ERROR(WriteTokenFile(options.train_out, train, options.format, vocab));
-  if (split) MW_RETURN_IF_ERROR(WriteTokenFile(options.val_out, val, options.format, vocab));
-  report.train_tokens = static_cast<int64_t>(train.size());
-  report.val_tokens = static_cast<int64_t>(val.size());
-  return report;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Chunk> todo_;           // issued, not yet taken by a worker
+  std::map<int64_t, Encoded> done_;  // encoded, waiting for their turn
+  int64_t issued_ = 0;               // chunks the reader emitted
+  int64_t written_ = 0;              // chunks the writer appended: the next one to write
+  bool reader_done_ = false;
+  bool stop_ = false;  // the writer finished or failed: the reader and the workers stop
+
+  PrepareReport report_;  // the writer's
+};
+
+}  // namespace
+
+Result<PrepareReport> PrepareTokens(const PrepareOptions& options) {
+  MW_RETURN_IF_ERROR(ValidateOptions(options));
+  MW_ASSIGN_OR_RETURN(std::vector<Document> docs, CollectDocuments(options.inputs));
+  std::unique_ptr<Tokenizer> bytes;
+  const Tokenizer* tokenizer = options.tokenizer;
+  if (tokenizer == nullptr) {
+    MW_ASSIGN_OR_RETURN(bytes, LoadTokenizer("bytes"));
+    tokenizer = bytes.get();
+  }
+  Pipeline pipeline(options, *tokenizer, std::move(docs));
+  return pipeline.Run();
 }
 
 }  // namespace meshwork::data

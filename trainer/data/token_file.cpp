@@ -209,70 +209,102 @@ void TokenFile::CopyRange(int64_t begin, int64_t count, int64_t* out) const {
   }
 }
 
-Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
-                      TokenFormat format, int64_t tokenizer_vocab_size) {
-  if (tokens.empty()) {
-    return InvalidInput("refusing to write token file " + Quote(path) +
-                        ": no tokens (an empty token file cannot be read back)");
-  }
+Result<TokenFileWriter> TokenFileWriter::Create(const std::string& path, TokenFormat format, uint32_t max_token,
+                                                int64_t tokenizer_vocab_size) {
   if (format == TokenFormat::kAuto) format = TokenFormat::kLlmc;  // the format that self-describes
-
-  const auto max_it = std::max_element(tokens.begin(), tokens.end());
   if (tokenizer_vocab_size < 0 || tokenizer_vocab_size > std::numeric_limits<int32_t>::max()) {
     return InvalidInput("cannot write " + Quote(path) + ": tokenizer vocabulary size " +
                         std::to_string(tokenizer_vocab_size) + " does not fit the llm.c header");
   }
-  if (tokenizer_vocab_size > 0 && *max_it >= tokenizer_vocab_size) {
-    return InvalidInput("cannot write " + Quote(path) + ": token " + std::to_string(*max_it) +
-                        " at position " + std::to_string(max_it - tokens.begin()) +
-                        " is outside the tokenizer's " + std::to_string(tokenizer_vocab_size) + " ids");
+  if (tokenizer_vocab_size > 0 && max_token >= tokenizer_vocab_size) {
+    max_token = static_cast<uint32_t>(tokenizer_vocab_size - 1);  // ids past the vocabulary are refused anyway
   }
-  const bool fits_u16 = *max_it < 65536u;
+  const bool fits_u16 = max_token < 65536u;
   int width = 4;
-  switch (format) {
-    case TokenFormat::kLlmc:
-      if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-        return InvalidInput("cannot write " + Quote(path) + " as llmc: " +
-                            std::to_string(tokens.size()) +
-                            " tokens exceed the int32 count in its header; use raw_u16/raw_u32");
-      }
-      width = fits_u16 ? 2 : 4;
-      break;
-    case TokenFormat::kRawU16:
-      if (!fits_u16) {
-        return InvalidInput("cannot write " + Quote(path) + " as raw_u16: token " +
-                            std::to_string(*max_it) + " at position " +
-                            std::to_string(max_it - tokens.begin()) +
-                            " does not fit in 16 bits; use raw_u32 or llmc");
-      }
-      width = 2;
-      break;
-    case TokenFormat::kRawU32:
-    case TokenFormat::kAuto:
-      width = 4;
-      break;
+  if (format == TokenFormat::kLlmc) width = fits_u16 ? 2 : 4;
+  if (format == TokenFormat::kRawU16) {
+    if (!fits_u16) {
+      return InvalidInput("cannot write " + Quote(path) + " as raw_u16: ids up to " + std::to_string(max_token) +
+                          " do not fit in 16 bits; use raw_u32 or llmc");
+    }
+    width = 2;
   }
-
   MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
-  std::vector<unsigned char> buffer;
+  TokenFileWriter writer(path, std::move(out), format, width, max_token, tokenizer_vocab_size);
   if (format == TokenFormat::kLlmc) {
-    buffer.reserve(kLlmcHeaderBytes);
-    AppendLe(buffer, static_cast<uint32_t>(kLlmcMagic), 4);
-    AppendLe(buffer, static_cast<uint32_t>(width == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
-    AppendLe(buffer, static_cast<uint32_t>(tokens.size()), 4);
-    AppendLe(buffer, static_cast<uint32_t>(tokenizer_vocab_size), 4);  // slot 3
-    buffer.resize(kLlmcHeaderBytes, 0);
+    // Zeros now; Commit writes the header once the count is known.
+    const std::vector<unsigned char> header(kLlmcHeaderBytes, 0);
+    MW_RETURN_IF_ERROR(writer.out_.Write(header.data(), header.size()));
   }
-  // Chunks bound the staging memory for large files.
+  return writer;
+}
+
+TokenFileWriter::TokenFileWriter(std::string path, AtomicFileWriter out, TokenFormat format, int width,
+                                 uint32_t max_token, int64_t vocab)
+    : path_(std::move(path)),
+      out_(std::move(out)),
+      format_(format),
+      width_(width),
+      max_token_(max_token),
+      tokenizer_vocab_size_(vocab) {}
+
+Status TokenFileWriter::Append(const uint32_t* tokens, size_t n) {
+  // Chunks bound the staging memory whatever n is.
   constexpr size_t kChunkTokens = size_t{1} << 20;
-  for (size_t begin = 0; begin < tokens.size(); begin += kChunkTokens) {
-    const size_t end = std::min(tokens.size(), begin + kChunkTokens);
-    buffer.reserve(buffer.size() + (end - begin) * width);
-    for (size_t i = begin; i < end; ++i) AppendLe(buffer, tokens[i], width);
-    MW_RETURN_IF_ERROR(out.Write(buffer.data(), buffer.size()));
-    buffer.clear();
+  for (size_t begin = 0; begin < n; begin += kChunkTokens) {
+    const size_t end = std::min(n, begin + kChunkTokens);
+    staging_.clear();
+    staging_.reserve((end - begin) * static_cast<size_t>(width_));
+    for (size_t i = begin; i < end; ++i) {
+      if (tokens[i] > max_token_) {
+        const int64_t position = count_ + static_cast<int64_t>(i);
+        if (tokenizer_vocab_size_ > 0 && tokens[i] >= tokenizer_vocab_size_) {
+          return InvalidInput("cannot write " + Quote(path_) + ": token " + std::to_string(tokens[i]) +
+                              " at position " + std::to_string(position) + " is outside the tokenizer's " +
+                              std::to_string(tokenizer_vocab_size_) + " ids");
+        }
+        return InvalidInput("cannot write " + Quote(path_) + " as " + TokenFormatName(format_) + ": token " +
+                            std::to_string(tokens[i]) + " at position " + std::to_string(position) +
+                            " does not fit in " + std::to_string(8 * width_) + " bits");
+      }
+      AppendLe(staging_, tokens[i], width_);
+    }
+    MW_RETURN_IF_ERROR(out_.Write(staging_.data(), staging_.size()));
   }
-  return out.Commit();
+  count_ += static_cast<int64_t>(n);
+  return Status::Ok();
+}
+
+Status TokenFileWriter::Commit() {
+  if (count_ == 0) {
+    return InvalidInput("refusing to write token file " + Quote(path_) +
+                        ": no tokens (an empty token file cannot be read back)");
+  }
+  if (format_ == TokenFormat::kLlmc) {
+    if (count_ > std::numeric_limits<int32_t>::max()) {
+      return InvalidInput("cannot write " + Quote(path_) + " as llmc: " + std::to_string(count_) +
+                          " tokens exceed the int32 count in its header; use raw_u16/raw_u32");
+    }
+    std::vector<unsigned char> header;
+    header.reserve(kLlmcHeaderBytes);
+    AppendLe(header, static_cast<uint32_t>(kLlmcMagic), 4);
+    AppendLe(header, static_cast<uint32_t>(width_ == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
+    AppendLe(header, static_cast<uint32_t>(count_), 4);
+    AppendLe(header, static_cast<uint32_t>(tokenizer_vocab_size_), 4);  // slot 3
+    header.resize(kLlmcHeaderBytes, 0);
+    MW_RETURN_IF_ERROR(out_.WriteAt(0, header.data(), header.size()));
+  }
+  return out_.Commit();
+}
+
+Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
+                      TokenFormat format, int64_t tokenizer_vocab_size) {
+  const uint32_t max_token = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
+  // Named at its position by Append, not by Create's "ids up to".
+  const uint32_t width_bound = format == TokenFormat::kRawU16 ? std::min<uint32_t>(max_token, 65535u) : max_token;
+  MW_ASSIGN_OR_RETURN(TokenFileWriter writer, TokenFileWriter::Create(path, format, width_bound, tokenizer_vocab_size));
+  MW_RETURN_IF_ERROR(writer.Append(tokens.data(), tokens.size()));
+  return writer.Commit();
 }
 
 }  // namespace meshwork::data

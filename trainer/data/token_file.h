@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file.h"
 #include "common/status.h"
 #include "trainer/data/token_format.h"
 
@@ -76,11 +77,42 @@ class TokenFile {
   int64_t tokenizer_vocab_size_ = 0;
 };
 
-// Writes `tokens` to `path` atomically (a temporary file in the same folder, then rename), so a
-// reader never sees a half-written file. kLlmc (and kAuto) pick version 1 (uint16) when every
-// token is below 65536, else version 2 (uint32); kRawU16 refuses a token >= 65536. An empty
-// token list is refused because Open would refuse the file it makes. kLlmc records
-// tokenizer_vocab_size in the header (0: unknown); a token at or past it is refused.
+// Writes a token file as its tokens arrive, in bounded memory, atomically: nothing appears at
+// `path` until Commit renames a temporary file beside it, and a writer dropped before Commit
+// removes its temporary. The token width is fixed at Create from the largest id that may come:
+// llm.c (and kAuto, which writes llm.c) take uint16 when max_token < 65536, else uint32; kRawU16
+// refuses a max_token that does not fit 16 bits. kLlmc records tokenizer_vocab_size in header slot
+// 3 (0: unknown), and the header's count is written at Commit.
+class TokenFileWriter {
+ public:
+  static Result<TokenFileWriter> Create(const std::string& path, TokenFormat format, uint32_t max_token,
+                                        int64_t tokenizer_vocab_size = 0);
+
+  // InvalidInput naming the token and its position in the file when it is past max_token.
+  Status Append(const uint32_t* tokens, size_t n);
+  // InvalidInput when nothing was appended (TokenFile::Open would refuse the file) or when an
+  // llm.c count would not fit its int32 header slot.
+  Status Commit();
+  int64_t size() const { return count_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TokenFileWriter(std::string path, AtomicFileWriter out, TokenFormat format, int width, uint32_t max_token,
+                  int64_t vocab);
+
+  std::string path_;
+  AtomicFileWriter out_;
+  TokenFormat format_;
+  int width_;
+  uint32_t max_token_;
+  int64_t tokenizer_vocab_size_;
+  int64_t count_ = 0;
+  std::vector<unsigned char> staging_;
+};
+
+// Writes `tokens` to `path` atomically through TokenFileWriter, with the narrowest width that holds
+// the largest token. Errors as TokenFileWriter's, naming the first offending token's position: a
+// token at or past tokenizer_vocab_size, one past 16 bits for kRawU16, an empty list.
 Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,
                       TokenFormat format, int64_t tokenizer_vocab_size = 0);
 

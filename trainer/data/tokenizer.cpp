@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/data/plugin.h"
 #include "trainer/data/spm_module.h"
 #ifdef MESHWORK_HAVE_HF_TOKENIZERS
 #include "trainer/data/hf_tokenizers/mwtok.h"
@@ -247,14 +248,6 @@ struct SpmModule {
   std::string error;  // why it could not be loaded
 };
 
-std::string SelfDirectory() {
-  char buf[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return fs::path(buf).parent_path().string();
-}
-
 // The module is looked for at $MESHWORK_SPM_MODULE, beside the running executable, and where this
 // build put it.
 const SpmModule& Spm() {
@@ -265,32 +258,13 @@ const SpmModule& Spm() {
     module.error = "this meshwork-train was built without SentencePiece (libsentencepiece-dev was not found when "
                    "it was configured; scripts/setup.sh installs it)";
 #else
-    std::vector<std::string> candidates;
-    if (const char* env = std::getenv("MESHWORK_SPM_MODULE"); env != nullptr && *env != '\0') {
-      candidates.push_back(env);
-    } else {
-      const std::string self = SelfDirectory();
-      if (!self.empty()) candidates.push_back(self + "/libmeshwork_spm.so");
-      candidates.push_back(MESHWORK_SPM_MODULE_BUILD_PATH);
-    }
-    std::string tried;
-    for (const auto& path : candidates) {
-      std::error_code ec;
-      if (!fs::exists(path, ec)) {
-        tried += (tried.empty() ? "" : ", ") + path + " (absent)";
-        continue;
-      }
-      module.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-      if (module.handle == nullptr) {
-        tried += (tried.empty() ? "" : ", ") + path + " (" + dlerror() + ")";
-        continue;
-      }
-      break;
-    }
-    if (module.handle == nullptr) {
-      module.error = "cannot load the SentencePiece module libmeshwork_spm.so: tried " + tried;
+    const Plugin plugin = OpenPlugin("libmeshwork_spm.so", "MESHWORK_SPM_MODULE", MESHWORK_SPM_MODULE_BUILD_PATH,
+                                     "the SentencePiece module");
+    if (plugin.handle == nullptr) {
+      module.error = plugin.error;
       return;
     }
+    module.handle = plugin.handle;
     auto sym = [&](const char* name) { return dlsym(module.handle, name); };
     module.load = reinterpret_cast<MwSpmLoadFn>(sym("mwspm_load"));
     module.free = reinterpret_cast<MwSpmFreeFn>(sym("mwspm_free"));

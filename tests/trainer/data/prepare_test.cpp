@@ -237,7 +237,7 @@ TEST_F(PrepareTokensTest, JsonLinesTakeOneDocumentPerLineFromTheField) {
   PrepareOptions options;
   options.inputs = {dir_.File("docs.jsonl")};
   options.train_out = dir_.File("train.bin");
-  options.jsonl_field = "text";
+  options.field = "text";
   auto report = PrepareTokens(options);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->documents, 2);
@@ -245,7 +245,7 @@ TEST_F(PrepareTokensTest, JsonLinesTakeOneDocumentPerLineFromTheField) {
   EXPECT_EQ(DecodeBytes(ReadTokens(options.train_out)), "<|bos|>hi<|eos|><|bos|>grüße\n<|eos|>");
 
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", "line 2 has no field 'text' (--jsonl-field)"},
+      {"{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", "line 2 has no field 'text' (--field)"},
       {"{\"text\": \"ok\"}\n[1, 2]\n", "line 2 is not a JSON object"},
       {"{\"text\": 7}\n", "line 1: field 'text' is number, not a string"},
       {"\n\n{\"text\": \"unterminated}\n", "line 3 is not JSON"},
@@ -260,6 +260,130 @@ TEST_F(PrepareTokensTest, JsonLinesTakeOneDocumentPerLineFromTheField) {
     EXPECT_THAT(refused.status().message(), AllOf(HasSubstr("bad.jsonl"), HasSubstr(want))) << content;
     EXPECT_FALSE(std::filesystem::exists(options.train_out)) << content;
   }
+}
+
+// The pipeline reads in ~4 MB chunks and encodes them on several threads: the file written is
+// the same whatever the thread count, no line is lost or doubled at a chunk boundary, and line
+// numbers past the first chunk are the file's.
+TEST_F(PrepareTokensTest, ChunkedParallelOutputIsTheSameAtAnyThreadCount) {
+  std::string jsonl;
+  int64_t lines = 0;
+  std::string expected;
+  while (jsonl.size() < (size_t{9} << 20)) {  // three chunks and a bit
+    const std::string text = "document " + std::to_string(lines) + std::string(lines % 97, 'x');
+    jsonl += "{\"text\": \"" + text + "\"}\n";
+    expected += "<|bos|>" + text + "<|eos|>";
+    ++lines;
+  }
+  WriteBytes(dir_.File("big.jsonl"), jsonl);
+  WriteBytes(dir_.File("small.jsonl"), "{\"text\": \"last\"}");  // no final newline
+  expected += "<|bos|>last<|eos|>";
+  std::vector<std::vector<uint32_t>> outputs;
+  for (int threads : {1, 2, 5}) {
+    PrepareOptions options;
+    options.inputs = {dir_.File("big.jsonl"), dir_.File("small.jsonl")};
+    options.train_out = dir_.File("t" + std::to_string(threads) + ".bin");
+    options.field = "text";
+    options.threads = threads;
+    auto report = PrepareTokens(options);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->documents, lines + 1);
+    EXPECT_EQ(report->input_bytes, static_cast<int64_t>(jsonl.size()) + 16);
+    outputs.push_back(ReadTokens(options.train_out));
+  }
+  EXPECT_EQ(DecodeBytes(outputs[0]), expected);
+  EXPECT_EQ(outputs[1], outputs[0]);
+  EXPECT_EQ(outputs[2], outputs[0]);
+
+  // A bad line in the third chunk is named by its line in the file, and nothing is written.
+  const size_t third = jsonl.find('\n', size_t{8} << 20) + 1;
+  const int64_t bad_line = 1 + std::count(jsonl.begin(), jsonl.begin() + static_cast<std::ptrdiff_t>(third), '\n');
+  jsonl.insert(third, "{\"title\": \"no text\"}\n");
+  WriteBytes(dir_.File("big.jsonl"), jsonl);
+  PrepareOptions options;
+  options.inputs = {dir_.File("big.jsonl")};
+  options.train_out = dir_.File("bad.bin");
+  options.val_out = dir_.File("bad_val.bin");
+  options.field = "text";
+  options.threads = 3;
+  auto refused = PrepareTokens(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(refused.status().message(), HasSubstr("big.jsonl' line " + std::to_string(bad_line) + " has no field"));
+  EXPECT_FALSE(std::filesystem::exists(options.train_out));
+  EXPECT_FALSE(std::filesystem::exists(options.val_out));
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) {
+    EXPECT_THAT(e.path().filename().string(), ::testing::Not(HasSubstr("bad"))) << "a temporary was left behind";
+  }
+}
+
+// With several bad inputs the error is the first in input order, whichever worker saw its own first.
+TEST_F(PrepareTokensTest, TheFirstErrorInInputOrderIsTheOneReported) {
+  std::vector<std::string> inputs;
+  for (int i = 0; i < 12; ++i) {
+    const std::string name = dir_.File("f" + std::to_string(10 + i) + ".jsonl");
+    // Files 15 and 20 are bad; file 20 is short, so a worker is done with it first.
+    const std::string good = "{\"text\": \"" + std::string(200000, 'a') + "\"}\n";
+    WriteBytes(name, i == 5 ? good + "{\"text\": 5}\n" : i == 10 ? "nope\n" : good);
+    inputs.push_back(name);
+  }
+  for (int threads : {1, 4}) {
+    PrepareOptions options;
+    options.inputs = inputs;
+    options.train_out = dir_.File("out.bin");
+    options.field = "text";
+    options.threads = threads;
+    auto refused = PrepareTokens(options);
+    EXPECT_THAT(refused.status().message(), HasSubstr("f15.jsonl' line 2")) << threads;
+  }
+}
+
+TEST_F(PrepareTokensTest, ProgressLinesSayDocumentsTokensAndRate) {
+  std::ostringstream progress;
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = dir_.File("train.bin");
+  options.progress = &progress;
+  options.progress_seconds = 1e-9;  // after every chunk
+  auto report = PrepareTokens(options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(progress.str(), AllOf(HasSubstr("prepare-data: 2 documents, 54 tokens, 0.0 MB in"), HasSubstr("MB/s)")));
+  EXPECT_EQ(report->input_bytes, 11 + 39);
+}
+
+// A tokenizer with ids past 65535 is written as uint32 (llm.c version 2) even when this corpus's
+// ids happen to be small; raw_u16 cannot hold such a vocabulary and says so before reading.
+TEST_F(PrepareTokensTest, VocabulariesPast65535AreWrittenAsUint32) {
+  class WideBytes : public Tokenizer {
+   public:
+    explicit WideBytes(std::unique_ptr<Tokenizer> bytes)
+        : Tokenizer(TokenizerKind::kBytes, "wide"), bytes_(std::move(bytes)) {
+      bos_ = bytes_->bos();
+      eos_ = bytes_->eos();
+    }
+    Result<std::vector<uint32_t>> Encode(std::string_view text) const override { return bytes_->Encode(text); }
+    Result<std::string> Decode(const std::vector<uint32_t>& ids) const override { return bytes_->Decode(ids); }
+    int64_t VocabSize() const override { return 128256; }
+   private:
+    std::unique_ptr<Tokenizer> bytes_;
+  };
+  auto bytes = LoadTokenizer("bytes");
+  ASSERT_TRUE(bytes.ok());
+  WideBytes wide(std::move(*bytes));
+  PrepareOptions options;
+  options.inputs = {corpus_ + "/a.txt"};
+  options.train_out = dir_.File("wide.bin");
+  options.tokenizer = &wide;
+  ASSERT_TRUE(PrepareTokens(options).ok());
+  auto file = TokenFile::Open(options.train_out);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ((*file)->bytes_per_token(), 4);
+  EXPECT_EQ((*file)->tokenizer_vocab_size(), 128256);
+
+  options.format = TokenFormat::kRawU16;
+  options.train_out = dir_.File("narrow.bin");
+  auto refused = PrepareTokens(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(refused.status().message(), AllOf(HasSubstr("narrow.bin"), HasSubstr("16 bits")));
 }
 
 }  // namespace
