@@ -92,14 +92,20 @@ Status AtomicFileWriter::WriteAt(uint64_t offset, const void* data, size_t size)
   return Status::Ok();
 }
 
-Status AtomicFileWriter::Commit() {
-  if (fd_ < 0) return Internal("'" + path_ + "' committed twice");
-  // fsync before rename: otherwise a power loss can leave the new name pointing at an empty file.
+Status AtomicFileWriter::Sync() {
+  if (fd_ < 0) return Internal("'" + path_ + "' synced after it was committed");
   if (::fsync(fd_) != 0) {
     const int err = errno;
     Abandon();
     return IOError("cannot flush '" + TempPath() + "': " + ErrnoText(err));
   }
+  return Status::Ok();
+}
+
+Status AtomicFileWriter::Commit() {
+  if (fd_ < 0) return Internal("'" + path_ + "' committed twice");
+  // fsync before rename: otherwise a power loss can leave the new name pointing at an empty file.
+  MW_RETURN_IF_ERROR(Sync());
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int err = errno;

@@ -28,6 +28,9 @@ class AtomicFileWriter {
   // Overwrites bytes already written (a header whose counts are known only at the end); the
   // file position, where Write appends, does not move.
   Status WriteAt(uint64_t offset, const void* data, size_t size);
+  // Flushes to disk (fsync) without renaming: a caller that commits several files syncs them all
+  // first, so a failure there leaves none of them replaced.
+  Status Sync();
   // Flushes to disk (fsync), closes and renames into place.
   Status Commit();
 

@@ -172,6 +172,8 @@ std::vector<Field> Fields(TrainConfig& c) {
       EnumField("data.order", &c.data.order, data::kSampleOrderNames),
       IntField("data.seq_len", &c.data.seq_len, 1, 1 << 20),
       IntField("data.batch_size", &c.data.batch_size, 1, 1 << 20),
+      BoolField("data.document_masking", &c.data.document_masking),
+      IntField("data.document_separator", &c.data.document_separator, -1, kMaxInt),
 
       FloatField("optimizer.lr", &c.optimizer.lr, 0.0, 10.0, true),
       FloatField("optimizer.weight_decay", &c.optimizer.weight_decay, 0.0, 10.0, false),
@@ -375,6 +377,10 @@ Status ValidateCrossFields(const TrainConfig& c) {
                          "'cpu' (use auto, foreach or meshwork)");
   }
   if (c.data.train.empty()) return InvalidConfig("key 'data.train': must name a token file or 'synthetic'");
+  if (c.data.document_masking && c.training.attention_backend == AttentionBackend::kFlash) {
+    return InvalidConfig("key 'training.attention_backend': flash cannot take data.document_masking's mask "
+                         "(FlashAttention has no mask input; use auto, efficient, cudnn or math)");
+  }
   if (c.model.init_from.empty()) {
     MW_RETURN_IF_ERROR(c.model.dims.Validate("model."));
     if (c.data.seq_len > c.model.dims.max_position_embeddings) {

@@ -92,6 +92,10 @@ struct DataConfig {
   data::SampleOrder order = data::SampleOrder::kRandom;  // how training rows are drawn
   int64_t seq_len = 128;
   int64_t batch_size = 16;  // sequences per micro-batch
+  // Packed documents attend only within themselves (model::DocumentMask), at the cost of a mask
+  // in attention (docs/data.md "Document masking").
+  bool document_masking = false;
+  int64_t document_separator = -1;  // the id that ends a document; -1: what the token file records
 };
 
 // Which kernel runs AdamW's update (train/adamw.h): auto = Meshwork's own on CUDA where the

@@ -1,6 +1,7 @@
 // libmeshwork_parquet.so: Apache Arrow's Parquet reader behind the C ABI of parquet_module.h
-// (see there for why it is a module). Memory stays bounded by one batch of rows: the column is
-// read through a RecordBatchReader with a small batch size, without pre-buffering whole row groups.
+// (see there for why it is a module). Memory stays bounded by a batch of rows and the pages being
+// decoded: the column is read through a RecordBatchReader with a small batch size, with
+// pre-buffering (which reads whole column chunks ahead) off.
 #include "trainer/data/parquet_module.h"
 
 #include <arrow/api.h>
@@ -49,8 +50,24 @@ int FromStatus(char** err, const arrow::Status& status, const std::string& what)
 }
 
 bool IsStringType(const arrow::DataType& type) {
+  if (type.id() == arrow::Type::DICTIONARY) {
+    return IsStringType(*static_cast<const arrow::DictionaryType&>(type).value_type());
+  }
   return type.id() == arrow::Type::STRING || type.id() == arrow::Type::LARGE_STRING ||
          type.id() == arrow::Type::STRING_VIEW;
+}
+
+// Row `at` of a string array (IsStringType; dictionary-encoded ones through their dictionary).
+std::string_view ValueAt(const arrow::Array& array, int64_t at) {
+  switch (array.type_id()) {
+    case arrow::Type::STRING: return static_cast<const arrow::StringArray&>(array).GetView(at);
+    case arrow::Type::LARGE_STRING: return static_cast<const arrow::LargeStringArray&>(array).GetView(at);
+    case arrow::Type::DICTIONARY: {
+      const auto& dict = static_cast<const arrow::DictionaryArray&>(array);
+      return ValueAt(*dict.dictionary(), dict.GetValueIndex(at));
+    }
+    default: return static_cast<const arrow::StringViewArray&>(array).GetView(at);
+  }
 }
 
 }  // namespace
@@ -65,6 +82,7 @@ __attribute__((visibility("default"))) int mwparquet_open(const char* path, cons
     file->column = column;
     parquet::ArrowReaderProperties properties;
     properties.set_batch_size(256);
+    properties.set_pre_buffer(false);
     parquet::arrow::FileReaderBuilder builder;
     if (auto s = builder.OpenFile(path); !s.ok()) return FromStatus(err, s, "cannot open it as Parquet");
     auto reader = builder.properties(properties)->Build();
@@ -101,7 +119,9 @@ __attribute__((visibility("default"))) int mwparquet_open(const char* path, cons
     *out = file.release();
     return kMwParquetOk;
   } catch (const parquet::ParquetException& e) {
-    return Fail(err, kMwParquetBadInput, std::string("not a Parquet file: ") + e.what());
+    return Fail(err, kMwParquetBadInput, std::string("not a readable Parquet file: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return Fail(err, kMwParquetIoError, "out of memory opening it");
   } catch (const std::exception& e) {
     return Fail(err, kMwParquetBadInput, e.what());
   }
@@ -130,19 +150,19 @@ __attribute__((visibility("default"))) int mwparquet_next(MwParquet* file, size_
       file->current_offset = 0;
     }
     const arrow::Array& array = *file->current;
-    const int64_t count = std::min<int64_t>(static_cast<int64_t>(max_rows), array.length() - file->current_offset);
+    int64_t count = std::min<int64_t>(static_cast<int64_t>(max_rows), array.length() - file->current_offset);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t at = file->current_offset + i;
       if (array.IsNull(at)) {
+        // The rows before it first; the next call starts at the null and reports it.
+        if (i > 0) {
+          count = i;
+          break;
+        }
         return Fail(err, kMwParquetBadInput,
-                    "row " + std::to_string(file->next_row + i) + " of column '" + file->column + "' is null");
+                    "row " + std::to_string(file->next_row) + " of column '" + file->column + "' is null");
       }
-      std::string_view text;
-      switch (array.type_id()) {
-        case arrow::Type::STRING: text = static_cast<const arrow::StringArray&>(array).GetView(at); break;
-        case arrow::Type::LARGE_STRING: text = static_cast<const arrow::LargeStringArray&>(array).GetView(at); break;
-        default: text = static_cast<const arrow::StringViewArray&>(array).GetView(at); break;
-      }
+      const std::string_view text = ValueAt(array, at);
       texts[i] = text.data();
       lengths[i] = text.size();
     }
@@ -150,6 +170,10 @@ __attribute__((visibility("default"))) int mwparquet_next(MwParquet* file, size_
     file->next_row += count;
     *n = static_cast<size_t>(count);
     return kMwParquetOk;
+  } catch (const parquet::ParquetException& e) {
+    return Fail(err, kMwParquetBadInput, "cannot read rows from " + std::to_string(file->next_row) + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    return Fail(err, kMwParquetIoError, "out of memory reading rows from " + std::to_string(file->next_row));
   } catch (const std::exception& e) {
     return Fail(err, kMwParquetBadInput, e.what());
   }

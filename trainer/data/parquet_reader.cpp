@@ -81,6 +81,7 @@ int64_t ParquetTextReader::num_rows() const { return Module().num_rows(file_); }
 
 Result<size_t> ParquetTextReader::Next(size_t max_rows, size_t max_bytes, std::vector<std::string>* out,
                                        int64_t* first_row) {
+  if (!pending_.ok()) return pending_;
   const ParquetModule& m = Module();
   std::vector<const char*> texts(max_rows);
   std::vector<size_t> lengths(max_rows);
@@ -90,7 +91,13 @@ Result<size_t> ParquetTextReader::Next(size_t max_rows, size_t max_bytes, std::v
     int64_t row = 0;
     char* err = nullptr;
     const int code = m.next(file_, max_rows - added, texts.data(), lengths.data(), &n, &row, &err);
-    if (code != kMwParquetOk) return FromModule(m, code, err, "Parquet input '" + path_ + "'");
+    if (code != kMwParquetOk) {
+      // Rows read before the bad one are returned first; the error comes with the next call.
+      const Status status = FromModule(m, code, err, "Parquet input '" + path_ + "'");
+      if (added == 0) return status;
+      pending_ = status;
+      break;
+    }
     if (n == 0) break;
     if (added == 0) *first_row = row;
     for (size_t i = 0; i < n; ++i) {

@@ -38,6 +38,7 @@ class ParquetTextReader {
   std::string path_;
   std::string column_;
   MwParquet* file_;  // owned
+  Status pending_;   // an error found after the rows a call returned, for the next call
 };
 
 }  // namespace meshwork::data

@@ -102,6 +102,12 @@ Status ValidateOptions(const PrepareOptions& options) {
     return InvalidConfig("val_fraction must be in [0, 1), got " +
                          FormatDouble(options.val_fraction));
   }
+  for (const std::string* out : {&options.train_out, &options.val_out}) {
+    std::error_code ec;
+    if (!out->empty() && fs::is_directory(*out, ec)) {
+      return InvalidConfig("prepare-data: the output '" + *out + "' is a directory; name a file");
+    }
+  }
   if (!options.val_out.empty()) {
     // By another name too: `./a.bin`, a link, or a path through `..` (neither need exist yet).
     std::error_code ec, ec_val, ec_train;
@@ -184,23 +190,28 @@ class Pipeline {
     const auto start = std::chrono::steady_clock::now();
     const int64_t vocab = tokenizer_.VocabSize();
     const auto max_token = static_cast<uint32_t>(std::max<int64_t>(vocab - 1, 0));
-    MW_ASSIGN_OR_RETURN(TokenFileWriter train, TokenFileWriter::Create(options_.train_out, options_.format, max_token, vocab));
+    MW_ASSIGN_OR_RETURN(TokenFileWriter train, TokenFileWriter::Create(options_.train_out, options_.format, max_token, vocab,
+                                                                                  tokenizer_.eos()));
     std::optional<TokenFileWriter> val;
     if (split_) {
-      MW_ASSIGN_OR_RETURN(TokenFileWriter v, TokenFileWriter::Create(options_.val_out, options_.format, max_token, vocab));
+      MW_ASSIGN_OR_RETURN(TokenFileWriter v, TokenFileWriter::Create(options_.val_out, options_.format, max_token, vocab,
+                                                                                tokenizer_.eos()));
       val.emplace(std::move(v));
     }
-    std::thread reader([this] { ReadAll(); });
-    std::vector<std::thread> workers;
-    for (int i = 0; i < threads_; ++i) workers.emplace_back([this] { Work(); });
-    Status status = WriteInOrder(&train, val ? &*val : nullptr, start);
+    Status status;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      // Every thread started is stopped and joined on every way out, an exception included (a
+      // joinable std::thread destroyed would end the process, leaving the temporaries).
+      ThreadsJoiner threads(this);
+      try {
+        threads.started.emplace_back([this] { ReadAll(); });
+        for (int i = 0; i < threads_; ++i) threads.started.emplace_back([this] { Work(); });
+      } catch (const std::system_error& e) {
+        return Unavailable("prepare-data: cannot start " + std::to_string(threads_ + 1) + " threads (--threads " +
+                           std::to_string(threads_) + "): " + e.what());
+      }
+      status = WriteInOrder(&train, val ? &*val : nullptr, start);
     }
-    cv_.notify_all();
-    reader.join();
-    for (auto& w : workers) w.join();
     MW_RETURN_IF_ERROR(status);
 
     if (report_.documents == 0) {
@@ -218,6 +229,9 @@ class Pipeline {
     }
     report_.train_tokens = train.size();
     report_.val_tokens = val ? val->size() : 0;
+    // Both flushed before either is renamed: a failure here leaves both outputs as they were.
+    MW_RETURN_IF_ERROR(train.Finish());
+    if (val) MW_RETURN_IF_ERROR(val->Finish());
     MW_RETURN_IF_ERROR(train.Commit());
     if (val) MW_RETURN_IF_ERROR(val->Commit());
     report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -225,6 +239,38 @@ class Pipeline {
   }
 
  private:
+  struct ThreadsJoiner {
+    explicit ThreadsJoiner(Pipeline* p) : pipeline(p) {}
+    ~ThreadsJoiner() {
+      {
+        std::lock_guard<std::mutex> lock(pipeline->mu_);
+        pipeline->stop_ = true;
+      }
+      pipeline->cv_.notify_all();
+      for (auto& t : started) t.join();
+    }
+    Pipeline* pipeline;
+    std::vector<std::thread> started;
+  };
+
+  // An exception in the reader or a worker (out of memory, a library's): the run stops with it.
+  void Fatal(const std::string& who, const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fatal_.ok()) {
+      fatal_ = dynamic_cast<const std::bad_alloc*>(&e) != nullptr
+                   ? Unavailable("prepare-data: out of memory in the " + who + " (a single document or line too "
+                                 "large for this machine?)")
+                   : Internal("prepare-data: the " + who + " failed: " + e.what());
+    }
+    stop_ = true;
+    cv_.notify_all();
+  }
+
+  bool Stopped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
+
   // --- the reader: inputs into chunks, in order -------------------------------------------------
 
   // Hands a chunk to the workers once fewer than max_in_flight_ chunks are unwritten; false when
@@ -248,8 +294,12 @@ class Pipeline {
   }
 
   void ReadAll() {
-    for (const Document& doc : docs_) {
-      if (!ReadInput(doc)) break;
+    try {
+      for (const Document& doc : docs_) {
+        if (!ReadInput(doc)) break;
+      }
+    } catch (const std::exception& e) {
+      Fatal("reader", e);
     }
     std::lock_guard<std::mutex> lock(mu_);
     reader_done_ = true;
@@ -289,9 +339,16 @@ class Pipeline {
   }
 
   bool ReadInput(const Document& doc) {
-    if (Status s = CheckNotAnOutput(doc.path); !s.ok()) return EmitError(doc.path, std::move(s));
+    // A file named directly is checked against the outputs at once; one under a directory once it
+    // is known to be read (an earlier run's token file there is binary, skipped, and may be
+    // written again).
+    auto check_output = [&]() -> bool {
+      Status s = CheckNotAnOutput(doc.path);
+      return s.ok() || EmitError(doc.path, std::move(s));
+    };
+    if (!doc.from_directory && !check_output()) return false;
     const bool parquet = LooksLikeParquet(doc.path);
-    if (!options_.field.empty() && parquet) return ReadParquet(doc);
+    if (!options_.field.empty() && parquet) return (!doc.from_directory || check_output()) && ReadParquet(doc);
     std::ifstream in(doc.path, std::ios::binary);
     if (!in) return EmitError(doc.path, IOError("cannot open input '" + doc.path + "' for reading"));
     if (options_.field.empty()) {
@@ -306,23 +363,30 @@ class Pipeline {
       }
       const size_t nul = c.text.find('\0');
       if (nul != std::string::npos) return SkipOrRefuseBinary(doc, nul, parquet);
+      if (doc.from_directory && !check_output()) return false;
       c.bytes = static_cast<int64_t>(c.text.size());
       return Emit(std::move(c));
     }
-    // JSON Lines, about kChunkBytes of whole lines per chunk (a longer line is one chunk).
+    // JSON Lines, about kChunkBytes of whole lines per chunk (a longer line is one chunk). A NUL
+    // byte in the first chunk marks the file binary; later, it is an error at its line.
     std::string carry;
     int64_t line = 1;
     bool first = true;
     std::vector<char> buffer(kChunkBytes);
-    while (true) {
+    while (!Stopped()) {
       in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
       const auto got = static_cast<size_t>(in.gcount());
       if (in.bad()) return EmitError(doc.path, IOError("cannot read input '" + doc.path + "'"));
       const bool end = got < buffer.size();
+      const size_t old_size = carry.size();
       carry.append(buffer.data(), got);
-      size_t cut = end ? carry.size() : carry.rfind('\n');
-      if (cut == std::string::npos) continue;  // one line longer than a chunk: read on
-      if (!end) ++cut;                          // the newline belongs to its line
+      // Only the bytes just read can hold the chunk's last newline: the carry before them has none.
+      size_t cut = carry.size();
+      if (!end) {
+        const size_t last = std::string_view(carry).substr(old_size).rfind('\n');
+        if (last == std::string_view::npos) continue;  // one line longer than a chunk: read on
+        cut = old_size + last + 1;                      // the newline belongs to its line
+      }
       if (first && end && carry.empty()) {
         Chunk c;
         c.path = doc.path;
@@ -334,20 +398,27 @@ class Pipeline {
       c.path = doc.path;
       c.text = carry.substr(0, cut);
       carry.erase(0, cut);
+      c.first_line = line;
       const size_t nul = c.text.find('\0');
       if (nul != std::string::npos) {
         if (first) return SkipOrRefuseBinary(doc, nul, parquet);
+        // The lines before the NUL's go first, so an error among them is the one reported.
+        const size_t line_start = c.text.rfind('\n', nul) == std::string::npos ? 0 : c.text.rfind('\n', nul) + 1;
         const auto at_line = line + std::count(c.text.begin(), c.text.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+        c.text.resize(line_start);
+        c.bytes = static_cast<int64_t>(c.text.size());
+        if (!c.text.empty() && !Emit(std::move(c))) return false;
         return EmitError(doc.path, InvalidInput("input '" + doc.path + "' line " + std::to_string(at_line) +
                                                 " has a NUL byte; it is not JSON Lines text"));
       }
+      if (first && doc.from_directory && !check_output()) return false;
       first = false;
-      c.first_line = line;
       line += std::count(c.text.begin(), c.text.end(), '\n');
       c.bytes = static_cast<int64_t>(c.text.size());
       if (!c.text.empty() && !Emit(std::move(c))) return false;
       if (end) return true;
     }
+    return false;
   }
 
   bool ReadParquet(const Document& doc) {
@@ -383,18 +454,25 @@ class Pipeline {
         chunk = std::move(todo_.front());
         todo_.pop_front();
       }
-      Encoded out = Encode(chunk);
+      const int64_t seq = chunk.seq;
+      Encoded out;
+      try {
+        out = Encode(std::move(chunk));
+      } catch (const std::exception& e) {
+        Fatal("encoder", e);
+        return;
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      done_.emplace(chunk.seq, std::move(out));
+      done_.emplace(seq, std::move(out));
       cv_.notify_all();
     }
   }
 
   // The chunk's documents (text, and where each came from for errors), JSON parsed.
-  Status Documents(const Chunk& c, std::vector<std::string>* texts, std::vector<int64_t>* index, Encoded* out) const {
+  Status Documents(Chunk& c, std::vector<std::string>* texts, std::vector<int64_t>* index, Encoded* out) const {
     if (c.kind == InputKind::kText) {
       if (!c.text.empty()) {
-        texts->push_back(c.text);
+        texts->push_back(std::move(c.text));
         index->push_back(0);
       }
       return Status::Ok();
@@ -405,7 +483,7 @@ class Pipeline {
           ++out->skipped_empty_documents;
           continue;
         }
-        texts->push_back(c.rows[i]);
+        texts->push_back(std::move(c.rows[i]));
         index->push_back(c.first_row + static_cast<int64_t>(i));
       }
       return Status::Ok();
@@ -441,7 +519,7 @@ class Pipeline {
     return Status::Ok();
   }
 
-  Encoded Encode(const Chunk& c) const {
+  Encoded Encode(Chunk c) const {
     Encoded out;
     out.status = c.status;
     out.bytes = c.bytes;
@@ -473,7 +551,14 @@ class Pipeline {
     std::vector<std::string_view> views(texts.begin(), texts.end());
     auto encoded = tokenizer_.EncodeBatch(views);
     if (!encoded.ok()) {
+      // Rare: find the document that failed, to name where it came from.
       out.status = encoded.status();
+      for (size_t i = 0; i < views.size(); ++i) {
+        if (auto one = tokenizer_.Encode(views[i]); !one.ok()) {
+          out.status = Status(one.status().code(), Where(c, index[i]) + ": " + one.status().message());
+          break;
+        }
+      }
       return out;
     }
     std::vector<uint32_t> tokens;
@@ -499,7 +584,10 @@ class Pipeline {
       Encoded e;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return done_.count(written_) > 0 || (reader_done_ && written_ == issued_); });
+        cv_.wait(lock, [&] {
+          return !fatal_.ok() || done_.count(written_) > 0 || (reader_done_ && written_ == issued_);
+        });
+        if (!fatal_.ok()) return fatal_;
         auto it = done_.find(written_);
         if (it == done_.end()) return Status::Ok();  // the reader is done and everything is written
         e = std::move(it->second);
@@ -545,6 +633,7 @@ class Pipeline {
   int64_t written_ = 0;              // chunks the writer appended: the next one to write
   bool reader_done_ = false;
   bool stop_ = false;  // the writer finished or failed: the reader and the workers stop
+  Status fatal_;       // an exception in the reader or a worker
 
   PrepareReport report_;  // the writer's
 };

@@ -190,6 +190,13 @@ Status TokenFile::ResolveLayout(TokenFormat requested) {
                         " tokens in its llm.c header (slot 3); expected 0 (unrecorded) or a size");
   }
   tokenizer_vocab_size_ = vocab;
+  const int32_t separator = ReadLeI32(bytes + 4 * kLlmcDocumentSeparatorIndex);
+  if (separator < 0 || (vocab > 0 && separator > vocab)) {
+    return InvalidInput(where + " records document separator " + std::to_string(separator - 1) +
+                        " in its llm.c header (slot 4, stored plus one), outside its tokenizer's " +
+                        std::to_string(vocab) + " ids");
+  }
+  if (separator > 0) document_separator_ = static_cast<uint32_t>(separator - 1);
   return Status::Ok();
 }
 
@@ -210,7 +217,8 @@ void TokenFile::CopyRange(int64_t begin, int64_t count, int64_t* out) const {
 }
 
 Result<TokenFileWriter> TokenFileWriter::Create(const std::string& path, TokenFormat format, uint32_t max_token,
-                                                int64_t tokenizer_vocab_size) {
+                                                int64_t tokenizer_vocab_size,
+                                                std::optional<uint32_t> document_separator) {
   if (format == TokenFormat::kAuto) format = TokenFormat::kLlmc;  // the format that self-describes
   if (tokenizer_vocab_size < 0 || tokenizer_vocab_size > std::numeric_limits<int32_t>::max()) {
     return InvalidInput("cannot write " + Quote(path) + ": tokenizer vocabulary size " +
@@ -230,7 +238,12 @@ Result<TokenFileWriter> TokenFileWriter::Create(const std::string& path, TokenFo
     width = 2;
   }
   MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+  if (document_separator && (*document_separator > max_token || *document_separator >= std::numeric_limits<int32_t>::max())) {
+    return InvalidInput("cannot write " + Quote(path) + ": document separator " + std::to_string(*document_separator) +
+                        " is past the largest id " + std::to_string(max_token));
+  }
   TokenFileWriter writer(path, std::move(out), format, width, max_token, tokenizer_vocab_size);
+  writer.document_separator_ = document_separator;
   if (format == TokenFormat::kLlmc) {
     // Zeros now; Commit writes the header once the count is known.
     const std::vector<unsigned char> header(kLlmcHeaderBytes, 0);
@@ -276,6 +289,11 @@ Status TokenFileWriter::Append(const uint32_t* tokens, size_t n) {
 }
 
 Status TokenFileWriter::Commit() {
+  if (!finished_) MW_RETURN_IF_ERROR(Finish());
+  return out_.Commit();
+}
+
+Status TokenFileWriter::Finish() {
   if (count_ == 0) {
     return InvalidInput("refusing to write token file " + Quote(path_) +
                         ": no tokens (an empty token file cannot be read back)");
@@ -290,11 +308,14 @@ Status TokenFileWriter::Commit() {
     AppendLe(header, static_cast<uint32_t>(kLlmcMagic), 4);
     AppendLe(header, static_cast<uint32_t>(width_ == 2 ? kLlmcVersionU16 : kLlmcVersionU32), 4);
     AppendLe(header, static_cast<uint32_t>(count_), 4);
-    AppendLe(header, static_cast<uint32_t>(tokenizer_vocab_size_), 4);  // slot 3
+    AppendLe(header, static_cast<uint32_t>(tokenizer_vocab_size_), 4);                            // slot 3
+    AppendLe(header, document_separator_ ? *document_separator_ + 1 : 0, 4);  // slot 4
     header.resize(kLlmcHeaderBytes, 0);
     MW_RETURN_IF_ERROR(out_.WriteAt(0, header.data(), header.size()));
   }
-  return out_.Commit();
+  MW_RETURN_IF_ERROR(out_.Sync());
+  finished_ = true;
+  return Status::Ok();
 }
 
 Status WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens,

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ inline constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 // Meshwork's one addition, in a slot llm.c leaves zero: [3] the vocabulary size of the tokenizer
 // that wrote the file (0: not recorded), so training refuses a model whose vocab_size is smaller.
 inline constexpr int64_t kLlmcTokenizerVocabIndex = 3;
+// And [4]: the id that ends each document (the tokenizer's eos), plus one (0: not recorded), for
+// data.document_masking.
+inline constexpr int64_t kLlmcDocumentSeparatorIndex = 4;
 
 // One of kTokenFormatNames; an error names the key 'data.token_format'.
 Result<TokenFormat> ParseTokenFormat(const std::string& name);
@@ -54,6 +58,8 @@ class TokenFile {
   // The vocabulary size of the tokenizer that wrote the file (llm.c header slot 3), 0 when the file
   // does not record it (raw files, llm.c's own, Meshwork's before it wrote the slot).
   int64_t tokenizer_vocab_size() const { return tokenizer_vocab_size_; }
+  // The id that ends each document (llm.c header slot 4), when the file records it.
+  std::optional<uint32_t> document_separator() const { return document_separator_; }
 
   // out[k] = at(begin + k) for k in [0, count). Precondition: the range lies inside the file.
   void CopyRange(int64_t begin, int64_t count, int64_t* out) const;
@@ -75,6 +81,7 @@ class TokenFile {
   int64_t num_tokens_ = 0;
   int bytes_per_token_ = 2;
   int64_t tokenizer_vocab_size_ = 0;
+  std::optional<uint32_t> document_separator_;
 };
 
 // Writes a token file as its tokens arrive, in bounded memory, atomically: nothing appears at
@@ -82,16 +89,20 @@ class TokenFile {
 // removes its temporary. The token width is fixed at Create from the largest id that may come:
 // llm.c (and kAuto, which writes llm.c) take uint16 when max_token < 65536, else uint32; kRawU16
 // refuses a max_token that does not fit 16 bits. kLlmc records tokenizer_vocab_size in header slot
-// 3 (0: unknown), and the header's count is written at Commit.
+// 3 (0: unknown) and document_separator in slot 4, and the header's count is written at Commit.
 class TokenFileWriter {
  public:
   static Result<TokenFileWriter> Create(const std::string& path, TokenFormat format, uint32_t max_token,
-                                        int64_t tokenizer_vocab_size = 0);
+                                        int64_t tokenizer_vocab_size = 0,
+                                        std::optional<uint32_t> document_separator = std::nullopt);
 
   // InvalidInput naming the token and its position in the file when it is past max_token.
   Status Append(const uint32_t* tokens, size_t n);
-  // InvalidInput when nothing was appended (TokenFile::Open would refuse the file) or when an
-  // llm.c count would not fit its int32 header slot.
+  // Writes the header and flushes the file to disk, not yet renamed. InvalidInput when nothing was
+  // appended (TokenFile::Open would refuse the file) or when an llm.c count would not fit its
+  // int32 header slot.
+  Status Finish();
+  // Finish (once) and rename into place.
   Status Commit();
   int64_t size() const { return count_; }
   const std::string& path() const { return path_; }
@@ -106,7 +117,9 @@ class TokenFileWriter {
   int width_;
   uint32_t max_token_;
   int64_t tokenizer_vocab_size_;
+  std::optional<uint32_t> document_separator_;
   int64_t count_ = 0;
+  bool finished_ = false;
   std::vector<unsigned char> staging_;
 };
 

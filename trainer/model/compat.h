@@ -27,6 +27,20 @@ inline at::Tensor RepeatKv(const at::Tensor& x, int64_t heads) {
   return x.unsqueeze(2).expand({b, kv_heads, heads / kv_heads, t, d}).reshape({b, heads, t, d});
 }
 
+// Attention spelled out, for libtorch 1.13 (its fused kernel is private): `allowed` bool, true
+// where a query may attend a key; the softmax in fp32 as the fused kernels do (double stays
+// double: the tests' exact references).
+inline at::Tensor MathAttention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                                const at::Tensor& allowed) {
+  const at::Tensor k = RepeatKv(k_in, q.size(1));
+  const at::Tensor v = RepeatKv(v_in, q.size(1));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  at::Tensor probs = at::softmax(scores.to(c10::promoteTypes(scores.scalar_type(), at::kFloat)), -1);
+  return at::matmul(probs.to(v.scalar_type()), v);
+}
+
 // Causal scaled-dot-product attention: q [batch, heads, seq, head_dim], k and v with heads or
 // fewer (grouped-query: a divisor of heads) kv heads. libtorch >= 2.5 takes the kv heads as they
 // are (enable_gqa: no widened copies) into its fused kernel (flash / memory-efficient on GPU);
@@ -41,24 +55,36 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k_in, c
   return at::scaled_dot_product_attention(q, RepeatKv(k_in, q.size(1)), RepeatKv(v_in, q.size(1)),
                                           /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
-  const at::Tensor k = RepeatKv(k_in, q.size(1));
-  const at::Tensor v = RepeatKv(v_in, q.size(1));
   const int64_t seq = q.size(-2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
-  at::Tensor future = at::ones({seq, k.size(-2)}, q.options().dtype(at::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(v.scalar_type());
-  return at::matmul(probs, v);
+  return MathAttention(q, k_in, v_in, at::ones({seq, k_in.size(-2)}, q.options().dtype(at::kBool)).tril());
 #endif
 }
 
-// Which kernel CausalAttention runs for tensors shaped and typed like these: SDPA's own choice
-// ("flash_attention", "efficient_attention", "cudnn_attention", "math") from libtorch 2.5, where
-// a silent fall back to the math kernel would cost seq² memory and most of the speed.
-inline std::string CausalAttentionKernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// Attention under an explicit mask (document masking): `allowed` bool, broadcastable to
+// [batch, heads, q seq, k seq], true where a query may attend a key. Every row must allow at least
+// one key (a document's token always sees itself). With a mask SDPA cannot take the flash kernel
+// (the memory-efficient one on GPU, or math), and the mask itself costs batch · seq² bytes.
+inline at::Tensor MaskedAttention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                                  const at::Tensor& allowed) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
-  switch (at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+  return at::scaled_dot_product_attention(q, k_in, v_in, allowed, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/k_in.size(1) != q.size(1));
+#elif TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, RepeatKv(k_in, q.size(1)), RepeatKv(v_in, q.size(1)), allowed,
+                                          /*dropout_p=*/0.0, /*is_causal=*/false);
+#else
+  return MathAttention(q, k_in, v_in, allowed);
+#endif
+}
+
+// Which kernel CausalAttention (or, with `mask`, MaskedAttention) runs for tensors shaped and
+// typed like these: SDPA's own choice ("flash_attention", "efficient_attention",
+// "cudnn_attention", "math") from libtorch 2.5, where a silent fall back to the math kernel would
+// cost seq² memory and most of the speed.
+inline std::string AttentionKernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& mask = {}) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  switch (at::_fused_sdp_choice(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(),
                                 /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1))) {
     case 0: return "math";
     case 1: return "flash_attention";
@@ -70,12 +96,13 @@ inline std::string CausalAttentionKernel(const at::Tensor& q, const at::Tensor& 
   (void)q;
   (void)k;
   (void)v;
+  (void)mask;
   return TORCH_VERSION_MAJOR >= 2 ? "sdpa (libtorch < 2.5 does not say which)" : "math (libtorch 1.13: spelled out)";
 #endif
 }
 
 // Restricts the attention kernel (libtorch's process-wide SDPA switches) to one of the names
-// CausalAttentionKernel gives ("flash_attention", "efficient_attention", "cudnn_attention",
+// AttentionKernel gives ("flash_attention", "efficient_attention", "cudnn_attention",
 // "math"), or with "" enables them all (SDPA's own choice, its default). False where this
 // libtorch cannot: before 2.5 only "" is known, and on libtorch 1.13 "math" too (its attention
 // is the composition).

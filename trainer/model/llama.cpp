@@ -129,7 +129,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
     k = fused ? FusedRope(k, rope.cos, rope.sin) : ApplyRope(k, rope);
   }
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
-  auto y = compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
+  auto y = rope.attention_mask.defined() ? compat::MaskedAttention(q, k, v, rope.attention_mask)
+                                         : compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
   y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
   return merged ? StackedLinear(y, {o_proj->weight}, fused, weight_copies) : o_proj(y);
 }
@@ -280,7 +281,8 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.max_position_embeddings, "sequence length ",
               tokens.size(1), " exceeds max_position_embeddings ", config_.max_position_embeddings);
-  const auto& rope = Rope(tokens.size(1), tokens.device());
+  RopeTables rope = Rope(tokens.size(1), tokens.device());  // tensors shared with the cache
+  if (document_separator_) rope.attention_mask = DocumentMask(tokens, *document_separator_);
   // A sparse lookup gradient only where this model's own head adds the table's dense one.
   auto h = ToResidualDtype(embed ? embed(tokens) : Embed(tokens, /*head_is_ours=*/!(targets.defined() && loss)));
   for (size_t i = 0; i < model->layers->size(); ++i) {
@@ -309,6 +311,16 @@ void LlamaForCausalLMImpl::InitWeights(double std) {
       p.normal_(0.0, std);
     }
   }
+}
+
+torch::Tensor DocumentMask(const torch::Tensor& tokens, int64_t separator) {
+  torch::NoGradGuard no_grad;
+  const int64_t t = tokens.size(1);
+  const auto ends = tokens.eq(separator);
+  const auto document = ends.cumsum(1) - ends.to(torch::kLong);  // separators strictly before
+  const auto same = document.unsqueeze(2).eq(document.unsqueeze(1));
+  const auto causal = torch::ones({t, t}, tokens.options().dtype(torch::kBool)).tril();
+  return same.logical_and(causal).unsqueeze(1);
 }
 
 torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& targets) {

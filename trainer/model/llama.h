@@ -35,11 +35,17 @@ TORCH_MODULE(RMSNorm);
 
 // Rotary position embedding tables (cos, sin) for positions [0, seq_len), [seq_len, head_dim],
 // in HF's layout: the two halves of the head dim rotate together (rotate_half).
+// What every decoder layer's attention reads besides the hidden states: the rotary tables and,
+// where documents are masked, which keys each query may attend.
 struct RopeTables {
   torch::Tensor cos;  // fp32
   torch::Tensor sin;
   torch::Tensor cos_bf16;  // the same, cast once: bf16 q and k (autocast) use these
   torch::Tensor sin_bf16;
+  // Set for one forward when the model masks documents (set_document_separator): bool
+  // [batch, 1, seq, seq], true where the query (row) may attend the key (column): causal and in
+  // the same document. Undefined: plain causal attention.
+  torch::Tensor attention_mask;
 };
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& c);
 RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::Device& device);
@@ -171,6 +177,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_residual_dtype(std::optional<torch::ScalarType> dtype) { residual_dtype_ = dtype; }
   std::optional<torch::ScalarType> residual_dtype() const { return residual_dtype_; }
   HeadGradient loss_gradient() const { return loss_gradient_; }
+  // Packed documents attend only within themselves (data.document_masking): a token's document
+  // is the number of `separator` tokens before it (the separator ends its own document), and
+  // attention is causal within a document. nullopt: causal over the whole window. Positions are
+  // not reset: RoPE makes attention depend on distances only, so a masked document computes what
+  // it would alone.
+  void set_document_separator(std::optional<int64_t> separator) { document_separator_ = separator; }
+  std::optional<int64_t> document_separator() const { return document_separator_; }
 
   // Initialises every weight from a normal(0, std) (residual output projections scaled by
   // 1/sqrt(2·layers), as GPT-2 does) and norms to one. Deterministic under torch::manual_seed.
@@ -207,9 +220,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   HeadGradient loss_gradient_ = HeadGradient::kRecompute;
   bool fused_ = false;  // the final norm and the stored head gradient's softmax
   std::optional<torch::ScalarType> residual_dtype_;
+  std::optional<int64_t> document_separator_;
   std::shared_ptr<WeightCopies> weight_copies_;
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// The attention mask of set_document_separator for tokens [batch, seq]: bool [batch, 1, seq, seq].
+torch::Tensor DocumentMask(const torch::Tensor& tokens, int64_t separator);
 
 // Mean token cross-entropy of logits [batch, seq, vocab] against targets [batch, seq], in fp32.
 torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& targets);

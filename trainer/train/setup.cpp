@@ -123,17 +123,19 @@ std::string CheckpointingNote(const config::TrainConfig& cfg, const Engine& engi
 // The attention kernel SDPA takes for this model's shapes and dtype here, asked with one
 // sequence that requires grad (as in training). Throws c10::Error where no enabled kernel can.
 std::string AttentionKernelFor(const model::LlamaConfig& dims, int64_t seq, const torch::Device& device,
-                               bool autocast) {
+                               bool autocast, bool masked) {
   const int64_t heads = dims.num_attention_heads, kv = dims.num_key_value_heads, d = dims.head_dim();
   const auto options = torch::TensorOptions()
                            .device(device)
                            .dtype(autocast ? torch::kBFloat16 : torch::kFloat)
                            .requires_grad(true);
-  return compat::CausalAttentionKernel(torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options),
-                                       torch::empty({1, kv, seq, d}, options));
+  const torch::Tensor mask = masked ? torch::ones({1, 1, seq, seq}, torch::TensorOptions().device(device).dtype(torch::kBool))
+                                    : torch::Tensor();
+  return compat::AttentionKernel(torch::empty({1, heads, seq, d}, options), torch::empty({1, kv, seq, d}, options),
+                                 torch::empty({1, kv, seq, d}, options), mask);
 }
 
-// SDPA's name (compat::CausalAttentionKernel) of training.attention_backend's kernel; "" for auto.
+// SDPA's name (compat::AttentionKernel) of training.attention_backend's kernel; "" for auto.
 std::string AttentionKernelName(config::AttentionBackend backend) {
   switch (backend) {
     case config::AttentionBackend::kAuto: return "";
@@ -163,7 +165,7 @@ Status RestrictAttention(const config::TrainConfig& cfg, const torch::Device& de
   const bool autocast = UseAutocast(cfg, device);
   std::string got;
   try {
-    got = AttentionKernelFor(dims, cfg.data.seq_len, device, autocast);
+    got = AttentionKernelFor(dims, cfg.data.seq_len, device, autocast, cfg.data.document_masking);
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     got = "libtorch: " + what.substr(0, what.find('\n'));
@@ -173,7 +175,8 @@ Status RestrictAttention(const config::TrainConfig& cfg, const torch::Device& de
   return InvalidConfig(key + " cannot run this model's attention on " + device.str() + " (heads " +
                        std::to_string(dims.num_attention_heads) + "/" + std::to_string(dims.num_key_value_heads) +
                        ", head_dim " + std::to_string(dims.head_dim()) + ", seq_len " +
-                       std::to_string(cfg.data.seq_len) + ", " + (autocast ? "bf16" : "fp32") + "): " + got +
+                       std::to_string(cfg.data.seq_len) + ", " + (autocast ? "bf16" : "fp32") +
+                       (cfg.data.document_masking ? ", masked by data.document_masking" : "") + "): " + got +
                        " (use auto)");
 }
 
@@ -189,7 +192,8 @@ bool WeightCopiesApply(const TrainingRun& r) {
 // The kernels the step's heavy parts take: attention (SDPA's pick for this model's shapes and
 // dtype, asked with one sequence), the fused head's backward, and AdamW's update.
 std::string KernelNote(const TrainingRun& r) {
-  const std::string attention = AttentionKernelFor(r.dims, r.cfg.data.seq_len, r.device, r.autocast);
+  const std::string attention =
+      AttentionKernelFor(r.dims, r.cfg.data.seq_len, r.device, r.autocast, r.cfg.data.document_masking);
   const bool stored = config::StoresLossGradient(r.cfg, r.device.is_cuda());
   const Result<bool> fused = config::UsesFusedKernels(r.cfg, r.device.is_cuda(), model::FusedKernelsBuilt());
   std::string elementwise = fused.ok() && *fused ? (r.device.is_cuda() ? "fused CUDA kernels" : "fused host loops")
@@ -249,6 +253,36 @@ void PrintRun(TrainingRun& r, const DeviceProfile& profile, int64_t tokens_per_s
   }
 }
 
+// data.document_masking's separator: data.document_separator, else the id the first token file
+// (data.train, else the evaluation file) records in its header; nullopt when masking is off.
+Result<std::optional<int64_t>> DocumentSeparator(const config::TrainConfig& cfg, const model::LlamaConfig& dims) {
+  if (!cfg.data.document_masking) return std::optional<int64_t>();
+  int64_t separator = cfg.data.document_separator;
+  std::string source = "data.document_separator";
+  if (separator < 0) {
+    const std::string& eval_path = cfg.eval.data.empty() ? cfg.data.val : cfg.eval.data;
+    const std::string& path = cfg.data.train != data::kSyntheticSourceName ? cfg.data.train : eval_path;
+    if (path.empty() || path == data::kSyntheticSourceName) {
+      return InvalidConfig("key 'data.document_masking': synthetic data records no document separator; set "
+                           "data.document_separator to the id that ends a document");
+    }
+    MW_ASSIGN_OR_RETURN(auto file, data::TokenFile::Open(path, cfg.data.token_format));
+    if (!file->document_separator()) {
+      return InvalidConfig("key 'data.document_masking': token file '" + path +
+                           "' does not record which token ends a document (written by another tool, an older "
+                           "meshwork-train, or in a raw format); set data.document_separator to that id, or "
+                           "prepare the text again with meshwork-train prepare-data");
+    }
+    separator = *file->document_separator();
+    source = "token file '" + path + "'";
+  }
+  if (separator >= dims.vocab_size) {
+    return InvalidConfig("key 'data.document_separator': " + std::to_string(separator) + " (from " + source +
+                         ") is not below model.vocab_size " + std::to_string(dims.vocab_size));
+  }
+  return std::optional<int64_t>(separator);
+}
+
 }  // namespace
 
 // The model the config describes: dims from the preset or from the imported checkpoint,
@@ -284,6 +318,9 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   net->set_merged_projections(cfg.training.merge_projections);
   net->set_fused_kernels(fused);
   net->set_residual_dtype(bf16_residual ? torch::kBFloat16 : torch::kFloat);
+  MW_ASSIGN_OR_RETURN(const std::optional<int64_t> separator, DocumentSeparator(cfg, dims));
+  net->set_document_separator(separator);
+  if (separator) log << "documents: masked in attention, each ended by token " << *separator << "\n";
   return net;
 }
 

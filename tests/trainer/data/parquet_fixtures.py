@@ -3,8 +3,8 @@ pyarrow (the Apache Arrow release whose C++ library meshwork-train's Parquet mod
 
 usage: parquet_fixtures.py OUT_DIR
   OUT_DIR/same.jsonl and OUT_DIR/shards/*.parquet hold the same documents in the same order
-  (three shards, small row groups so reads cross them; one shard stores large_string, one has
-  extra columns); OUT_DIR/bad/*.parquet are the malformed cases the test names.
+  (three shards, small row groups so reads cross them; one stores large_string and has extra
+  columns, one is dictionary-encoded and zstd-compressed); OUT_DIR/bad/*.parquet are the malformed cases the test names.
 """
 import json
 import os
@@ -34,8 +34,8 @@ def main(out):
     pq.write_table(pa.table({"id": list(range(300, 650)), "text": pa.array(parts[1], pa.large_string()),
                              "score": [0.5] * len(parts[1])}),
                    os.path.join(out, "shards", "part-1.parquet"), row_group_size=100)
-    pq.write_table(pa.table({"text": parts[2]}), os.path.join(out, "shards", "part-2.parquet"),
-                   compression="zstd")
+    pq.write_table(pa.table({"text": pa.array(parts[2]).dictionary_encode()}),
+                   os.path.join(out, "shards", "part-2.parquet"), compression="zstd")
 
     bad = os.path.join(out, "bad")
     pq.write_table(pa.table({"body": ["x"], "id": [1]}), os.path.join(bad, "no-column.parquet"))

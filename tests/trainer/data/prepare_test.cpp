@@ -386,5 +386,58 @@ TEST_F(PrepareTokensTest, VocabulariesPast65535AreWrittenAsUint32) {
   EXPECT_THAT(refused.status().message(), AllOf(HasSubstr("narrow.bin"), HasSubstr("16 bits")));
 }
 
+// Reading a directory that holds an earlier run's output: that token file is binary and skipped,
+// not refused as "the output is an input".
+TEST_F(PrepareTokensTest, ASecondRunOverTheDirectoryHoldingItsOutputSkipsIt) {
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = corpus_ + "/train.bin";
+  ASSERT_TRUE(PrepareTokens(options).ok());
+  auto again = PrepareTokens(options);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->skipped_binary_files, 2);  // bin.dat and the first run's train.bin
+  EXPECT_EQ(again->documents, 2);
+  // A text file in the directory that is also the output is still refused.
+  options.train_out = corpus_ + "/a.txt";
+  EXPECT_EQ(PrepareTokens(options).status().code(), StatusCode::kInvalidConfig);
+}
+
+// An output that is a directory is refused before anything is written, so the other output is
+// not replaced either.
+TEST_F(PrepareTokensTest, AnOutputThatIsADirectoryIsRefusedAndNothingIsReplaced) {
+  WriteBytes(dir_.File("train.bin"), "old");
+  std::filesystem::create_directories(dir_.File("val.bin"));
+  PrepareOptions options;
+  options.inputs = {corpus_};
+  options.train_out = dir_.File("train.bin");
+  options.val_out = dir_.File("val.bin");
+  auto refused = PrepareTokens(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(refused.status().message(), HasSubstr("val.bin' is a directory"));
+  EXPECT_EQ(std::filesystem::file_size(options.train_out), 3u);
+}
+
+// A bad line before a NUL byte in the same (not first) chunk is the error reported.
+TEST_F(PrepareTokensTest, ABadLineBeforeANulInOneChunkIsReportedFirst) {
+  std::string jsonl;
+  while (jsonl.size() < (size_t{5} << 20)) jsonl += "{\"text\": \"a line of text\"}\n";
+  const int64_t lines = std::count(jsonl.begin(), jsonl.end(), '\n');
+  jsonl += "not json\n";
+  jsonl += std::string("{\"text\": \"x\0y\"}\n", 16);
+  WriteBytes(dir_.File("nul.jsonl"), jsonl);
+  PrepareOptions options;
+  options.inputs = {dir_.File("nul.jsonl")};
+  options.train_out = dir_.File("out.bin");
+  options.field = "text";
+  auto refused = PrepareTokens(options);
+  EXPECT_THAT(refused.status().message(), HasSubstr("line " + std::to_string(lines + 1) + " is not JSON"));
+  // Without the bad line, the NUL is named at its line.
+  jsonl.erase(jsonl.find("not json\n"), 9);
+  WriteBytes(dir_.File("nul.jsonl"), jsonl);
+  refused = PrepareTokens(options);
+  EXPECT_THAT(refused.status().message(), HasSubstr("line " + std::to_string(lines + 1) + " has a NUL byte"));
+  EXPECT_FALSE(std::filesystem::exists(options.train_out));
+}
+
 }  // namespace
 }  // namespace meshwork::data

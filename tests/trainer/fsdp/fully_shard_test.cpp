@@ -41,15 +41,39 @@ constexpr int kRowsPerStep = 8;  // global batch
 constexpr int kSeq = 12;
 constexpr double kClip = 0.5;    // small enough that clipping is active
 
+// Document masking for every model and batch these helpers make, while a DocumentMasking
+// object lives (one test at a time: gtest runs a binary's tests in sequence).
+// With mask false, the batches hold the separators but the models do not mask.
+std::optional<int64_t> g_document_separator;
+bool g_mask_documents = false;
+struct DocumentMasking {
+  DocumentMasking(int64_t separator, bool mask) {
+    g_document_separator = separator;
+    g_mask_documents = mask;
+  }
+  ~DocumentMasking() {
+    g_document_separator.reset();
+    g_mask_documents = false;
+  }
+};
+
 torch::Tensor Tokens(int step) {
   torch::manual_seed(1000 + step);
-  return torch::randint(0, 37, {kRowsPerStep, kSeq + 1}, torch::kLong);
+  auto tokens = torch::randint(0, 37, {kRowsPerStep, kSeq + 1}, torch::kLong);
+  if (g_document_separator) {
+    // Every row holds three documents, and the last row's first is one token long.
+    tokens.index_put_({torch::indexing::Slice(), 4}, *g_document_separator);
+    tokens.index_put_({torch::indexing::Slice(), 8}, *g_document_separator);
+    tokens.index_put_({kRowsPerStep - 1, 0}, *g_document_separator);
+  }
+  return tokens;
 }
 
 model::LlamaForCausalLM MakeModel(bool tied) {
   torch::manual_seed(7);
   model::LlamaForCausalLM m(SmallConfig(tied));
   m->InitWeights(0.2);
+  if (g_mask_documents) m->set_document_separator(g_document_separator);
   return m;
 }
 
@@ -297,6 +321,24 @@ int CheckpointedModules(const std::string& plan) {
   int n = 0;
   for (size_t at = plan.find(" ws="); at != std::string::npos; at = plan.find(" ws=", at + 1)) ++n;
   return n;
+}
+
+// data.document_masking: the mask is made from each rank's own rows inside the model's forward,
+// so eager and compiled FSDP (and recomputed layers) train as one process does with it; and the
+// mask changes the losses (the comparison could fail).
+TEST_F(FullyShard, DocumentMaskingEqualsSingleProcess) {
+  const TrainRun unmasked = [] {
+    DocumentMasking separators_only(5, /*mask=*/false);
+    return SingleProcess(/*tied=*/false, 1);
+  }();
+  DocumentMasking masking(5, /*mask=*/true);
+  const TrainRun want = SingleProcess(/*tied=*/false, 1);
+  EXPECT_GT(std::abs(want.losses.back() - unmasked.losses.back()), 1e-4);
+  ExpectSame(want, Sharded(false, 1, 2, 1), "eager, dp_shard 2");
+  Compile compiled{true, compiler::Bucketing::kAuto, true};
+  compiled.checkpointing = LayerCheckpointing::kAll;
+  ExpectSame(want, Sharded(false, 1, 2, 1, compiled), "compiled, every layer recomputed");
+  ExpectSame(SingleProcess(true, 2), Sharded(true, 2, 2, 2, compiled), "tied, HSDP 2x2, accum 2");
 }
 
 TEST_F(FullyShard, ActivationCheckpointingEqualsSingleProcess) {
