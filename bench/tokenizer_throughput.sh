@@ -30,42 +30,8 @@ trap 'rm -rf "$tmp"' EXIT
 raw="$tmp/raw.jsonl"
 
 # The corpus and the tokenizer.
-PYTHONPATH="$ref_dir" "$python" - "$tmp" "$vocab" "$root/docs" "$root/README.md" /usr/share/common-licenses <<'PY'
-import os, sys
-sys.path.insert(0, os.path.join(sys.argv[3], "..", "tests", "trainer", "data"))
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-import tokenizer_reference as ref
-out, vocab, sources = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-text = []
-for src in sources:
-    paths = [src] if os.path.isfile(src) else [os.path.join(r, f) for r, _, fs in os.walk(src) for f in sorted(fs)]
-    for p in sorted(paths):
-        with open(p, encoding="utf-8", errors="replace") as f:
-            text.append(f.read())
-paragraphs = "\n\n".join(text).split("\n\n")
-docs, cur = [], ""
-for para in paragraphs:
-    cur += para + "\n\n"
-    if len(cur) >= 4096:
-        docs.append(cur)
-        cur = ""
-if cur:
-    docs.append(cur)
-os.makedirs(os.path.join(out, "docs"))
-for i, d in enumerate(docs):
-    with open(os.path.join(out, "docs", "%05d.txt" % i), "w", encoding="utf-8") as f:
-        f.write(d)
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.Sequence([
-    pre_tokenizers.Split(Regex(ref.LLAMA3_PATTERN), behavior="isolated", invert=False),
-    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-tok.decoder = decoders.ByteLevel()
-tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-                                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-tok.save(os.path.join(out, "tokenizer.json"))
-print("[tokenizer] %d documents, %.1f MB, vocabulary %d" % (len(docs), sum(len(d.encode()) for d in docs) / 1e6,
-                                                           tok.get_vocab_size(True)), file=sys.stderr)
-PY
+PYTHONPATH="$ref_dir" "$python" "$root/bench/peers/bench_corpus.py" "$tmp" "$vocab" 0 "$root/docs" "$root/README.md" \
+  /usr/share/common-licenses
 docs=("$tmp"/docs/*.txt)
 
 run() {

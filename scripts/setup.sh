@@ -80,6 +80,19 @@ if [ ! -f "$arrow_dir/.installed" ]; then
   fi
 fi
 
+# PyPI transformers, which tests/integration/hf_export_transformers.sh loads an HF export with (on
+# the CUDA flavor's PyPI torch, run on the CPU). Without PyPI that test skips and says why.
+transformers_dir="$root/.meshwork/tools/transformers"
+if [ ! -f "$transformers_dir/.installed" ]; then
+  echo "[setup] installing transformers into $transformers_dir"
+  rm -rf "$transformers_dir"
+  if /usr/bin/python3 -m pip install -q --only-binary=:all: --target "$transformers_dir" transformers==5.24.0; then
+    touch "$transformers_dir/.installed"
+  else
+    echo "[setup] warning: could not install transformers from PyPI; hf_export_transformers will skip" >&2
+  fi
+fi
+
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 

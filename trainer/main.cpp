@@ -66,6 +66,10 @@ commands:
                   --progress-every S  a progress line on stderr every S seconds (default 5;
                                     0: none)
                   INPUT...          files or directories (every file below, in path order)
+  train-tokenizer  train a byte-level BPE (Llama 3's pre-tokenizer) on text files (docs/data.md)
+                  --vocab-size N    ids, the 256 bytes and <|begin_of_text|>, <|end_of_text|> included
+                  --out DIR         writes DIR/tokenizer.json and DIR/tokenizer_config.json
+                  INPUT...          text files or directories, as for prepare-data
   tokenize      print each file's token ids, one line per file (--tokenizer, --bos-token,
                 --eos-token as for prepare-data; --document adds the separators, --info prints
                 the vocabulary size and the separators instead, --time N encodes the files as
@@ -268,6 +272,39 @@ int RunPrepareData(const std::vector<std::string>& args) {
   return exit_code::kOk;
 }
 
+int RunTrainTokenizer(const std::vector<std::string>& args) {
+  std::string error, value, out;
+  int64_t vocab = 0;
+  std::vector<std::string> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (TakeValue(args, i, "--out", &value, &error)) {
+      out = value;
+    } else if (TakeValue(args, i, "--vocab-size", &value, &error)) {
+      char* end = nullptr;
+      vocab = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0') return Usage("--vocab-size: expected a whole number, got '" + value + "'");
+    } else if (args[i].rfind("--", 0) == 0) {
+      return Usage("unknown option '" + args[i] + "' for 'train-tokenizer'");
+    } else {
+      inputs.push_back(args[i]);
+    }
+    if (!error.empty()) return Usage(error);
+  }
+  if (out.empty()) return Usage("train-tokenizer needs --out DIR (where tokenizer.json goes)");
+  if (vocab == 0) return Usage("train-tokenizer needs --vocab-size N");
+  if (inputs.empty()) return Usage("train-tokenizer needs at least one INPUT file or directory");
+  auto texts = meshwork::data::ReadTextDocuments(inputs);
+  if (!texts.ok()) return Fail(texts.status());
+  if (Status s = meshwork::data::TrainBpeTokenizer(*texts, vocab, out); !s.ok()) return Fail(s);
+  auto tok = meshwork::data::LoadTokenizer(out);
+  if (!tok.ok()) return Fail(tok.status());
+  size_t bytes = 0;
+  for (const auto& t : *texts) bytes += t.size();
+  std::cout << "trained " << (*tok)->description() << " on " << texts->size() << " documents (" << bytes
+            << " bytes), with " << out << "/tokenizer_config.json (bos <|begin_of_text|>, eos <|end_of_text|>)\n";
+  return exit_code::kOk;
+}
+
 int RunTokenize(const std::vector<std::string>& args) {
   std::string error, tokenizer_spec = "bytes";
   meshwork::data::TokenizerOptions tokenizer_options;
@@ -396,6 +433,7 @@ int main(int argc, char** argv) {
     if (command == "train" || command == "eval" || command == "config") return RunConfigCommand(command, args);
     if (command == "prepare-data") return RunPrepareData(args);
     if (command == "tokenize") return RunTokenize(args);
+    if (command == "train-tokenizer") return RunTrainTokenizer(args);
     if (command == "launch") return RunLaunch(args);
     if (command == "devices") return RunDevices(args);
   } catch (const std::exception& e) {

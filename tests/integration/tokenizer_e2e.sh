@@ -121,6 +121,44 @@ else
   fail "training on the tokenized file: $(tail -3 "$work/train2.log")"
 fi
 
+printf 'fine first line\nbad \xff byte\n' >"$work/bad.txt"
+# --- train-tokenizer: the crate's BpeTrainer, as PyPI's runs it ---------------------------------------
+if "$bin" train-tokenizer --vocab-size 600 --out "$work/mwtok" "$root/docs" >"$work/tt.log" 2>&1; then
+  pass "train-tokenizer: $(cat "$work/tt.log")"
+  same="$(PYTHONPATH="$ref_dir" "$python" - "$work/mwtok/tokenizer.json" "$root/docs" <<'PY'
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[2], "..", "tests", "trainer", "data"))
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+import tokenizer_reference as ref
+paths = sorted(os.path.join(r, f) for r, _, fs in os.walk(sys.argv[2]) for f in fs)
+docs = [open(p, encoding="utf-8").read() for p in paths]
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(ref.LLAMA3_PATTERN), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+want = json.loads(tok.to_str())["model"]
+got = json.load(open(sys.argv[1]))["model"]
+print("same" if (want["vocab"], want["merges"]) == (got["vocab"], got["merges"]) else
+      "differ: %d/%d ids, %d/%d merges" % (len(got["vocab"]), len(want["vocab"]), len(got["merges"]), len(want["merges"])))
+PY
+)"
+  [ "$same" = same ] && pass "train-tokenizer's vocabulary and merges equal PyPI's BpeTrainer on the same documents" ||
+    fail "train-tokenizer against PyPI's trainer: $same"
+  want="$(ref encode "$work/mwtok/tokenizer.json" "${docs[@]}")"
+  got="$("$bin" tokenize --tokenizer "$work/mwtok" "${docs[@]}")"
+  [ "$want" = "$got" ] && pass "the trained tokenizer: ids identical to the reference's on ${#docs[@]} documents" ||
+    fail "the trained tokenizer's ids differ from the reference's"
+else
+  fail "train-tokenizer: $(cat "$work/tt.log")"
+fi
+expect_exit "train-tokenizer with too few ids" 2 "--vocab-size: 100 must count the 256 byte tokens" \
+  -- "$bin" train-tokenizer --vocab-size 100 --out "$work/x" "$root/docs"
+expect_exit "train-tokenizer on text that is not UTF-8" 3 "is not UTF-8: invalid byte 0xff at byte offset 20" \
+  -- "$bin" train-tokenizer --vocab-size 300 --out "$work/x" "$work/bad.txt"
+
 # --- bad input ---------------------------------------------------------------------------------
 printf 'fine first line\nbad \xff byte\n' >"$work/bad.txt"
 expect_exit "invalid UTF-8" 3 "input '$work/bad.txt' is not UTF-8: invalid byte 0xff at line 2, byte offset 20" \

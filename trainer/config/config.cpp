@@ -172,6 +172,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       EnumField("data.order", &c.data.order, data::kSampleOrderNames),
       IntField("data.seq_len", &c.data.seq_len, 1, 1 << 20),
       IntField("data.batch_size", &c.data.batch_size, 1, 1 << 20),
+      StringField("data.tokenizer", &c.data.tokenizer),
       BoolField("data.document_masking", &c.data.document_masking),
       IntField("data.document_separator", &c.data.document_separator, -1, kMaxInt),
 

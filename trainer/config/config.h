@@ -94,6 +94,10 @@ struct DataConfig {
   int64_t batch_size = 16;  // sequences per micro-batch
   // Packed documents attend only within themselves (model::DocumentMask), at the cost of a mask
   // in attention (docs/data.md "Document masking").
+  // The tokenizer the token files were made with (a tokenizer.json, a SentencePiece .model, or a
+  // directory holding one); "": model.init_from's, where it carries one. Checked against the model
+  // and the files, and copied beside checkpoint.export_hf.
+  std::string tokenizer;
   bool document_masking = false;
   int64_t document_separator = -1;  // the id that ends a document; -1: what the token file records
 };

@@ -653,4 +653,30 @@ Result<PrepareReport> PrepareTokens(const PrepareOptions& options) {
   return pipeline.Run();
 }
 
+Result<std::vector<std::string>> ReadTextDocuments(const std::vector<std::string>& inputs) {
+  MW_ASSIGN_OR_RETURN(std::vector<Document> docs, CollectDocuments(inputs));
+  std::vector<std::string> texts;
+  for (const Document& doc : docs) {
+    std::ifstream in(doc.path, std::ios::binary);
+    if (!in) return IOError("cannot open input '" + doc.path + "' for reading");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) return IOError("cannot read input '" + doc.path + "'");
+    if (text.empty()) continue;
+    const size_t nul = text.find('\0');
+    if (nul != std::string::npos) {
+      if (doc.from_directory) continue;
+      return InvalidInput("input '" + doc.path + "' has a NUL byte at offset " + std::to_string(nul) +
+                          "; it looks binary, not text");
+    }
+    const size_t bad = FirstInvalidUtf8(text);
+    if (bad != std::string::npos) {
+      return InvalidInput("input '" + doc.path + "' is not UTF-8: invalid byte 0x" + Hex(text[bad]) + " at byte offset " +
+                          std::to_string(bad));
+    }
+    texts.push_back(std::move(text));
+  }
+  if (texts.empty()) return InvalidInput("no text found in the inputs");
+  return texts;
+}
+
 }  // namespace meshwork::data

@@ -71,4 +71,10 @@ struct PrepareReport {
 // offset). Unavailable: a Parquet input to a meshwork-train built without the Parquet module.
 Result<PrepareReport> PrepareTokens(const PrepareOptions& options);
 
+// The text of every input as PrepareTokens reads it without a field (a file one document;
+// directories walked in sorted path order, zero-byte and binary files under them skipped; a
+// binary file named directly refused), held in memory: for training a tokenizer. A text that is
+// not UTF-8 is InvalidInput naming the file and the byte offset.
+Result<std::vector<std::string>> ReadTextDocuments(const std::vector<std::string>& inputs);
+
 }  // namespace meshwork::data

@@ -479,4 +479,50 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec, const 
                       "model (.model), or 'bytes'");
 }
 
+Status TrainBpeTokenizer(const std::vector<std::string>& texts, int64_t vocab_size, const std::string& dir) {
+  if (vocab_size < 258 || vocab_size > (int64_t{1} << 31)) {
+    return InvalidConfig("--vocab-size: " + std::to_string(vocab_size) +
+                         " must count the 256 byte tokens and the 2 special tokens (>= 258) and stay below 2^31");
+  }
+#ifdef MESHWORK_HAVE_HF_TOKENIZERS
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return IOError("cannot create the tokenizer directory '" + dir + "': " + ec.message());
+  std::vector<const uint8_t*> data;
+  std::vector<size_t> lens;
+  for (const auto& t : texts) {
+    data.push_back(reinterpret_cast<const uint8_t*>(t.data()));
+    lens.push_back(t.size());
+  }
+  const char* specials[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+  // Written beside, then renamed: a tokenizer.json that exists is a whole one.
+  const std::string out = (fs::path(dir) / "tokenizer.json").string();
+  const std::string tmp = out + ".tmp";
+  char* err = nullptr;
+  const int rc = mwtok_train_bpe(data.data(), lens.data(), data.size(), static_cast<size_t>(vocab_size), specials, 2,
+                                 tmp.c_str(), &err);
+  if (rc != 0) {
+    fs::remove(tmp, ec);
+    return rc == 1 ? InvalidInput("training the tokenizer: " + TakeError(err))
+                   : Internal("training the tokenizer: " + TakeError(err));
+  }
+  fs::rename(tmp, out, ec);
+  if (ec) return IOError("cannot rename '" + tmp + "' to '" + out + "': " + ec.message());
+  nlohmann::ordered_json config;
+  config["tokenizer_class"] = "PreTrainedTokenizerFast";
+  config["bos_token"] = specials[0];
+  config["eos_token"] = specials[1];
+  config["clean_up_tokenization_spaces"] = false;
+  std::ofstream cfg((fs::path(dir) / "tokenizer_config.json").string(), std::ios::trunc);
+  cfg << config.dump(2) << "\n";
+  if (!cfg) return IOError("cannot write '" + (fs::path(dir) / "tokenizer_config.json").string() + "'");
+  return Status::Ok();
+#else
+  (void)texts;
+  (void)dir;
+  return Unavailable("this meshwork-train was built without Hugging Face tokenizers (no cargo when it was "
+                     "configured; scripts/setup.sh builds them)");
+#endif
+}
+
 }  // namespace meshwork::data

@@ -92,6 +92,14 @@ std::string FindTokenizerFile(const std::string& dir);
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec,
                                                  const TokenizerOptions& options = {});
 
+// Trains a byte-level BPE tokenizer the way Llama 3's is built (its pre-tokenizer regex, then the
+// byte mapping: no text is ever unknown) on `texts` with the tokenizers crate's BpeTrainer, and
+// writes `dir`/tokenizer.json and `dir`/tokenizer_config.json (bos <|begin_of_text|>, eos
+// <|end_of_text|>, ids 0 and 1). vocab_size counts the 256 byte tokens and the two specials.
+// InvalidConfig: vocab_size below 258 or above 2^31; InvalidInput: a text that is not UTF-8 (its
+// index); Unavailable: no Hugging Face support in this build.
+Status TrainBpeTokenizer(const std::vector<std::string>& texts, int64_t vocab_size, const std::string& dir);
+
 // Whether this build can read tokenizer.json files / SentencePiece models, and if not, why.
 bool HaveHuggingFaceTokenizers();
 bool HaveSentencePiece(std::string* why_not = nullptr);

@@ -491,21 +491,56 @@ Status SaveHfCheckpoint(const std::string& dir, const model::LlamaConfig& c,
   return WriteHfConfig(dir, c, extras);
 }
 
-Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
+namespace {
+Status WriteWhole(const std::string& to, const std::string& bytes) {
+  MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(to));
+  MW_RETURN_IF_ERROR(out.Write(bytes.data(), bytes.size()));
+  return out.Commit();
+}
+}  // namespace
+
+Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& from, const std::string& to_dir,
+                                                    const TokenizerConfigDefaults& defaults) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // (source, name in the export)
+  std::vector<std::pair<fs::path, std::string>> files;
+  fs::path dir = from;
+  if (fs::is_regular_file(from, ec)) {
+    dir = fs::path(from).parent_path();
+    files.emplace_back(from, fs::path(from).extension() == ".model" ? "tokenizer.model" : "tokenizer.json");
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) files.emplace_back(dir / name, name);
+  } else {
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"}) {
+      files.emplace_back(dir / name, name);
+    }
+  }
   std::vector<std::string> copied;
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"}) {
-    const std::filesystem::path from = std::filesystem::path(from_dir) / name;
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(from, ec)) continue;
-    std::ifstream in(from, std::ios::binary);
-    if (!in) return IOError("cannot open '" + from.string() + "' to copy it beside the export");
+  bool has_tokenizer = false, has_config = false;
+  for (const auto& [source, name] : files) {
+    if (!fs::is_regular_file(source, ec)) continue;
+    std::ifstream in(source, std::ios::binary);
+    if (!in) return IOError("cannot open '" + source.string() + "' to copy it beside the export");
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) return IOError("cannot read '" + from.string() + "' to copy it beside the export");
-    const std::string to = (std::filesystem::path(to_dir) / name).string();
-    MW_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(to));
-    MW_RETURN_IF_ERROR(out.Write(bytes.data(), bytes.size()));
-    MW_RETURN_IF_ERROR(out.Commit());
+    if (in.bad()) return IOError("cannot read '" + source.string() + "' to copy it beside the export");
+    MW_RETURN_IF_ERROR(WriteWhole((fs::path(to_dir) / name).string(), bytes));
     copied.push_back(name);
+    has_tokenizer = has_tokenizer || name == "tokenizer.json" || name == "tokenizer.model";
+    has_config = has_config || name == "tokenizer_config.json";
+  }
+  if (has_tokenizer && !has_config) {
+    // PreTrainedTokenizerFast reads tokenizer.json as it is (its normalizer, pre-tokenizer and
+    // post-processor); LlamaTokenizer reads a SentencePiece model.
+    const bool spm = std::find(copied.begin(), copied.end(), "tokenizer.json") == copied.end();
+    nlohmann::ordered_json config;
+    config["tokenizer_class"] = spm ? "LlamaTokenizer" : "PreTrainedTokenizerFast";
+    if (!defaults.bos_token.empty()) config["bos_token"] = defaults.bos_token;
+    if (!defaults.eos_token.empty()) config["eos_token"] = defaults.eos_token;
+    config["add_bos_token"] = false;  // what `meshwork-train tokenize` gives: the text's ids alone
+    config["add_eos_token"] = false;
+    config["clean_up_tokenization_spaces"] = false;
+    MW_RETURN_IF_ERROR(WriteWhole((fs::path(to_dir) / "tokenizer_config.json").string(), config.dump(2) + "\n"));
+    copied.push_back("tokenizer_config.json");
   }
   return copied;
 }

@@ -65,9 +65,18 @@ Status SaveHfCheckpoint(const std::string& dir, const model::LlamaConfig& c,
                         torch::nn::Module& module, torch::ScalarType dtype = torch::kFloat32);
 
 // The tokenizer files of a Hugging Face model directory (tokenizer.json, tokenizer.model,
-// tokenizer_config.json, special_tokens_map.json) copied from `from_dir` into `to_dir`, each
-// written atomically, so an exported model loads with the tokenizer it was trained with. Returns
-// the names copied (none when from_dir has none). IOError naming the file on a failed copy.
-Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir);
+// tokenizer_config.json, special_tokens_map.json) copied from `from` into `to_dir`, each
+// written atomically, so an exported model loads with the tokenizer it was trained with. `from` is
+// a directory, or a tokenizer file (copied as tokenizer.json or tokenizer.model, whatever its name,
+// with the configuration files beside it). Where no tokenizer_config.json comes along, one is
+// written from `defaults` (the class that reads the file as it is, and the document separators), so
+// transformers' AutoTokenizer loads the directory. Returns the names written (none when `from`
+// holds no tokenizer). IOError naming the file on a failed copy.
+struct TokenizerConfigDefaults {
+  std::string bos_token;  // "" when the tokenizer has none
+  std::string eos_token;
+};
+Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& from, const std::string& to_dir,
+                                                    const TokenizerConfigDefaults& defaults = {});
 
 }  // namespace meshwork::io

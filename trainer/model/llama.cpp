@@ -49,7 +49,7 @@ RopeTables MakeRopeTables(const LlamaConfig& c, int64_t seq_len, const torch::De
   auto pos = torch::arange(seq_len, torch::kDouble);
   auto freqs = torch::outer(pos, inv_freq);  // [seq, head_dim/2]
   auto emb = torch::cat({freqs, freqs}, -1);  // [seq, head_dim]
-  RopeTables t{emb.cos().to(torch::kFloat).to(device), emb.sin().to(torch::kFloat).to(device), {}, {}};
+  RopeTables t{emb.cos().to(torch::kFloat).to(device), emb.sin().to(torch::kFloat).to(device), {}, {}, {}};
   t.cos_bf16 = t.cos.to(torch::kBFloat16);
   t.sin_bf16 = t.sin.to(torch::kBFloat16);
   return t;

@@ -373,23 +373,29 @@ Result<double> TrainingRun::EvalLoss() {
 
 namespace {
 
-// model.init_from's tokenizer, where the directory carries one: the model needs an id for each of
-// its tokens, and a token file that records its tokenizer's vocabulary size must have the same one
-// (text prepared with the byte-level vocabulary for an imported Llama would train on meaningless
-// ids). A tokenizer this build cannot read is reported and not checked.
-Status CheckInitFromTokenizer(const config::TrainConfig& cfg, const model::LlamaConfig& dims, std::ostream& log) {
-  const std::string& dir = cfg.model.init_from;
-  if (dir.empty() || data::FindTokenizerFile(dir).empty()) return Status::Ok();
+// The run's tokenizer (data.tokenizer, else model.init_from's where the directory carries one): the
+// model needs an id for each of its tokens, and a token file that records its tokenizer's
+// vocabulary size must have the same one (text prepared with the byte-level vocabulary for an
+// imported Llama would train on meaningless ids). An init_from tokenizer this build cannot read is
+// reported and not checked; a data.tokenizer named explicitly must load.
+Status CheckTokenizer(const config::TrainConfig& cfg, const model::LlamaConfig& dims, std::ostream& log) {
+  const bool named = !cfg.data.tokenizer.empty();
+  const std::string& dir = named ? cfg.data.tokenizer : cfg.model.init_from;
+  const std::string key = named ? "data.tokenizer" : "model.init_from";
+  if (!named && (dir.empty() || data::FindTokenizerFile(dir).empty())) return Status::Ok();
   auto tok = data::LoadTokenizer(dir);
   if (!tok.ok()) {
+    if (named) {
+      return Status(tok.status().code(), "key 'data.tokenizer': " + tok.status().message());
+    }
     log << "note: the tokenizer in " << dir << " was not checked against the model and the data: "
         << tok.status().message() << "\n";
     return Status::Ok();
   }
   const int64_t n = (*tok)->VocabSize();
   if (n > dims.vocab_size) {
-    return InvalidInput("model.init_from '" + dir + "' carries a tokenizer of " + std::to_string(n) +
-                        " tokens, but its config.json has vocab_size " + std::to_string(dims.vocab_size));
+    return InvalidInput(key + " '" + dir + "' is a tokenizer of " + std::to_string(n) + " tokens, but the model's vocab_size is " +
+                        std::to_string(dims.vocab_size));
   }
   const std::string& eval_path = cfg.eval.data.empty() ? cfg.data.val : cfg.eval.data;
   for (const std::string& path : {cfg.data.train, eval_path}) {
@@ -398,7 +404,7 @@ Status CheckInitFromTokenizer(const config::TrainConfig& cfg, const model::Llama
     const int64_t recorded = file->tokenizer_vocab_size();
     if (recorded != 0 && recorded != n) {
       return InvalidInput("token file '" + path + "' was written by a tokenizer of " + std::to_string(recorded) +
-                          " tokens (its header), but model.init_from '" + dir + "' carries one of " + std::to_string(n) +
+                          " tokens (its header), but " + key + " '" + dir + "' is one of " + std::to_string(n) +
                           ": prepare the text with `meshwork-train prepare-data --tokenizer " + dir + "`");
     }
   }
@@ -447,7 +453,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   r.out = env.rank == 0 ? &log : &r.discard;
   MW_ASSIGN_OR_RETURN(r.engine, MakeEngine(cfg, std::move(net), r.device, r.log()));
 
-  MW_RETURN_IF_ERROR(CheckInitFromTokenizer(cfg, r.dims, r.log()));
+  MW_RETURN_IF_ERROR(CheckTokenizer(cfg, r.dims, r.log()));
   MW_ASSIGN_OR_RETURN(r.source, data::MakeTokenSource(cfg.data.train, cfg.data.token_format, cfg.data.seq_len,
                                                       r.dims.vocab_size, static_cast<uint64_t>(cfg.training.seed),
                                                       cfg.data.order));

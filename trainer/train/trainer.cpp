@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "trainer/data/tokenizer.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
@@ -40,10 +41,23 @@ Status ExportHf(Engine& engine, const config::TrainConfig& cfg, const model::Lla
   }
   const auto dtype = cfg.checkpoint.export_dtype == config::ExportDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
   MW_RETURN_IF_ERROR(io::SaveHfCheckpoint(cfg.checkpoint.export_hf, dims, *copy, dtype));
-  // The tokenizer the model was imported with goes beside it, so the export loads with its tokenizer.
-  if (!cfg.model.init_from.empty()) {
-    MW_RETURN_IF_ERROR(io::CopyTokenizerFiles(cfg.model.init_from, cfg.checkpoint.export_hf).status());
+  // The run's tokenizer (data.tokenizer, else the one the model was imported with) goes beside it, so
+  // the export loads with its tokenizer.
+  const std::string& tokenizer = !cfg.data.tokenizer.empty() ? cfg.data.tokenizer : cfg.model.init_from;
+  if (tokenizer.empty() || (cfg.data.tokenizer.empty() && data::FindTokenizerFile(tokenizer).empty())) {
+    return Status::Ok();
   }
+  io::TokenizerConfigDefaults defaults;
+  if (auto tok = data::LoadTokenizer(tokenizer); tok.ok()) {
+    const auto& t = **tok;
+    auto text = [&t](uint32_t id) {
+      auto decoded = t.Decode({id});
+      return decoded.ok() ? *decoded : std::string();
+    };
+    if (t.bos()) defaults.bos_token = text(*t.bos());
+    defaults.eos_token = text(t.eos());
+  }
+  MW_RETURN_IF_ERROR(io::CopyTokenizerFiles(tokenizer, cfg.checkpoint.export_hf, defaults).status());
   return Status::Ok();
 }
 

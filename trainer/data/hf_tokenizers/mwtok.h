@@ -29,6 +29,10 @@ int mwtok_encode_batch(const MwTokenizer* tok, const uint8_t* const* texts, cons
                        size_t n, int add_special_tokens, MwIds* out, size_t* bad_index, char** err);
 int mwtok_decode(const MwTokenizer* tok, const uint32_t* ids, size_t n, int skip_special_tokens,
                  char** out, char** err);
+/* A byte-level BPE with Llama 3's pre-tokenizer trained on n UTF-8 texts (vocab_size ids, the
+ * specials first), written to out_path as a tokenizer.json. */
+int mwtok_train_bpe(const uint8_t* const* texts, const size_t* lens, size_t n, size_t vocab_size,
+                    const char* const* specials, size_t n_specials, const char* out_path, char** err);
 void mwtok_free_ids(MwIds ids);
 void mwtok_free_string(char* s);
 

@@ -210,3 +210,65 @@ pub unsafe extern "C" fn mwtok_free_string(s: *mut c_char) {
         drop(CString::from_raw(s));
     }
 }
+
+/// Llama 3's pre-tokenizer split (the regular expression its tokenizer.json carries).
+const LLAMA3_PATTERN: &str = concat!(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*",
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// Trains a byte-level BPE the way Llama 3's tokenizer is built (its regex split, then the byte
+/// mapping; every byte in the initial alphabet, so no text is unknown) on `n` UTF-8 documents, with
+/// `vocab_size` ids including the `n_specials` special tokens (ids 0, 1, ... in order), and
+/// writes it as `out_path` (a tokenizer.json). The crate's own BpeTrainer, as PyPI's
+/// `tokenizers.trainers.BpeTrainer` runs it.
+#[no_mangle]
+pub unsafe extern "C" fn mwtok_train_bpe(
+    texts: *const *const u8,
+    lens: *const usize,
+    n: usize,
+    vocab_size: usize,
+    specials: *const *const c_char,
+    n_specials: usize,
+    out_path: *const c_char,
+    err: *mut *mut c_char,
+) -> i32 {
+    use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+    guarded(err, || {
+        let mut docs: Vec<&str> = Vec::with_capacity(n);
+        for i in 0..n {
+            let text = utf8(*texts.add(i), *lens.add(i)).map_err(|(c, m)| (c, format!("document {i}: {m}")))?;
+            docs.push(text);
+        }
+        let mut special_tokens = Vec::with_capacity(n_specials);
+        for i in 0..n_specials {
+            let s = CStr::from_ptr(*specials.add(i)).to_string_lossy().into_owned();
+            special_tokens.push(AddedToken::from(s, true));
+        }
+        let split = Split::new(SplitPattern::Regex(LLAMA3_PATTERN.to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| (ERR_INTERNAL, e.to_string()))?;
+        let pre = Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]);
+        let mut tok = Tokenizer::new(BPE::default());
+        tok.with_pre_tokenizer(Some(pre));
+        tok.with_decoder(Some(ByteLevelDecoder::default()));
+        let alphabet = ByteLevel::alphabet().into_iter().collect();
+        let trainer = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .show_progress(false)
+            .special_tokens(special_tokens)
+            .initial_alphabet(alphabet)
+            .build();
+        let mut trainer: TrainerWrapper = trainer.into();
+        tok.train(&mut trainer, docs.into_iter()).map_err(|e| (ERR_INTERNAL, e.to_string()))?;
+        let path = CStr::from_ptr(out_path).to_string_lossy().into_owned();
+        tok.save(&path, true).map_err(|e| (ERR_INPUT, format!("cannot write '{path}': {e}")))?;
+        Ok(())
+    })
+}
