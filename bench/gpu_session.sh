@@ -6,7 +6,8 @@
 # again with each attention kernel alone (training.attention_backend=flash and =cudnn: which
 # is faster here, whichever SDPA picks by itself), with
 # training.loss_gradient=recompute (the head's old backward) and with
-# training.merge_projections=false (one GEMM per projection), with training.fused_kernels=off (the
+# training.merge_projections=false (one GEMM per projection), with data.document_masking=true (the
+# attention mask of packed documents: SDPA off FlashAttention), with training.fused_kernels=off (the
 # composition instead of Meshwork's SwiGLU and RoPE kernels), with optimizer.implementation=fused
 # (libtorch's AdamW kernel instead of Meshwork's) and with training.weight_copies=off (every weight
 # cast each forward), for the A/Bs; then llama3-1b at
@@ -91,9 +92,11 @@ c=$(cap "${BENCH_CAP:-420}") && LOGS="$out/bench" RUN_TIMEOUT="${RUN_TIMEOUT:-15
 echo "bench exit $?" | tee -a "$log"
 cp bench/results/gpu_vs_pytorch.md "$out/" 2>/dev/null && cat "$out/gpu_vs_pytorch.md" | tee -a "$log"
 
+# data.document_separator is read only under data.document_masking (one of the A/Bs: the mask's cost).
 one_b=(--set model.preset=llama3-1b --set data.train=synthetic --set data.seq_len=2048 --set data.batch_size=4
-       --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1 "${sets[@]}")
-for ab in ${AB_LIST:-optimizer.implementation=fused training.weight_copies=off training.attention_backend=flash training.attention_backend=cudnn training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off}; do
+       --set training.device=cuda --set training.dtype=bf16 --set metrics.port=-1 --set logging.every=1
+       --set data.document_separator=1 "${sets[@]}")
+for ab in ${AB_LIST:-optimizer.implementation=fused training.weight_copies=off training.attention_backend=flash training.attention_backend=cudnn training.loss_gradient=recompute training.merge_projections=false training.fused_kernels=off data.document_masking=true}; do
   stamp "A/B: llama3-1b batch 4 with $ab (the table's row has the defaults)"
   c=$(cap "${AB_CAP:-45}") && timeout -k 5 "$c" "${run[@]}" "$bin" train "${one_b[@]}" --set schedule.steps=8 --set "$ab" \
     >"$out/ab-${ab#training.}-llama3-1b.log" 2>&1
