@@ -65,6 +65,23 @@ if [ ! -f "$tokenizer_ref/.installed" ]; then
     echo "[setup] warning: could not install the reference tokenizers from PyPI; tokenizer_e2e will skip" >&2
   fi
 fi
+# Real tokenizer files a registry ships: the SentencePiece models Google trained for
+# sentencepiece's own tests (English and Japanese), in its PyPI source archive, with the text they
+# were trained on. tokenizer_e2e compares meshwork-train's ids on them with the Python package's.
+if [ -f "$tokenizer_ref/.installed" ] && [ ! -f "$tokenizer_ref/real/.installed" ]; then
+  echo "[setup] unpacking sentencepiece's test models into $tokenizer_ref/real"
+  sdist="$(mktemp -d)"
+  if /usr/bin/python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$sdist" sentencepiece==0.2.1 &&
+     mkdir -p "$tokenizer_ref/real" &&
+     tar -xzf "$sdist"/sentencepiece-0.2.1.tar.gz -C "$tokenizer_ref/real" --strip-components=2 \
+       sentencepiece-0.2.1/test/test_model.model sentencepiece-0.2.1/test/test_ja_model.model \
+       sentencepiece-0.2.1/test/botchan.txt; then
+    touch "$tokenizer_ref/real/.installed"
+  else
+    echo "[setup] warning: could not unpack sentencepiece's source archive; tokenizer_e2e skips its real models" >&2
+  fi
+  rm -rf "$sdist"
+fi
 
 # Apache Arrow's C++ library for Parquet input (cmake/parquet.cmake): PyPI's pyarrow wheel carries
 # libarrow, libparquet and their headers, and Debian 12 packages no Arrow. The same package writes

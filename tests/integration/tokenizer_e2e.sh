@@ -3,7 +3,8 @@
 # by scripts/setup.sh into .meshwork/tools/tokenizer-ref) train five tokenizers on local text
 # (tests/trainer/data/tokenizer_reference.py), and meshwork-train must give the same ids on a
 # corpus of varied text; then prepare-data with one of them, the vocabulary check at training, and
-# bad input with its exit codes. Skips (exit 77, with the reason) where the reference packages or
+# bad input with its exit codes; and the real SentencePiece models sentencepiece's PyPI sources
+# ship (Google's test models, English and Japanese). Skips (exit 77, with the reason) where the reference packages or
 # this build's Hugging Face support are absent; without SentencePiece its checks print SKIP lines
 # with the reason and the rest runs.
 # usage: tokenizer_e2e.sh path/to/meshwork-train
@@ -52,6 +53,24 @@ for t in llama3-bpe/tokenizer.json bytefallback/tokenizer.json unigram/tokenizer
     fail "$t: ids differ from the reference, first at document ${docs[$((line - 1))]##*/}"
   fi
 done
+
+# --- real tokenizer files a registry ships: sentencepiece's own test models (its PyPI sources) ----
+real="$ref_dir/real"
+if [ $spm_ok = 0 ]; then
+  echo "SKIP: sentencepiece's test models: this build cannot read SentencePiece models"
+elif [ ! -f "$real/.installed" ]; then
+  echo "SKIP: sentencepiece's test models: not unpacked under $real (scripts/setup.sh does it from PyPI's source archive)"
+else
+  for m in test_model.model test_ja_model.model; do
+    want="$(ref encode "$real/$m" "${docs[@]}" "$real/botchan.txt")"
+    got="$("$bin" tokenize --tokenizer "$real/$m" "${docs[@]}" "$real/botchan.txt" 2>"$work/err")"
+    if [ "$want" = "$got" ]; then
+      pass "$m (Google's, shipped in sentencepiece's sources): ids identical on $((${#docs[@]} + 1)) documents ($(wc -w <<<"$got") tokens)"
+    else
+      fail "$m: ids differ from the Python sentencepiece's: $(head -c 300 "$work/err")"
+    fi
+  done
+fi
 
 # --- document separators ------------------------------------------------------------------------
 specials() { # TOKENIZER: "bos eos source" as tokenize --info reports them
