@@ -84,7 +84,9 @@ inline at::Tensor MaskedAttention(const at::Tensor& q, const at::Tensor& k_in, c
 inline std::string AttentionKernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& mask = {}) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
-  switch (at::_fused_sdp_choice(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(),
+  // An undefined tensor is not "no mask": only an empty optional is.
+  const std::optional<at::Tensor> attn_mask = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  switch (at::_fused_sdp_choice(q, k, v, attn_mask, /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(),
                                 /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1))) {
     case 0: return "math";
     case 1: return "flash_attention";
