@@ -52,7 +52,9 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "fsdp2-ckpt-all 2 --set training.activation_checkpointing=all" \
     "compiled2-ckpt-all 2 --set fsdp.mode=compiled --set training.activation_checkpointing=all" \
     "compiled2-ckpt-selective 2 --set fsdp.mode=compiled --set training.activation_checkpointing=selective" \
-    "compiled1-single-process 1 --set fsdp.mode=compiled --set fsdp.single_process=true"; do
+    "compiled1-single-process 1 --set fsdp.mode=compiled --set fsdp.single_process=true" \
+    "tp2 2 --set mesh.tp=2 --set data.batch_size=$global_batch" \
+    "tp2-nosp-ckpt-all 2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.activation_checkpointing=all --set data.batch_size=$global_batch"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -68,6 +70,11 @@ for name in fsdp1-single-process compiled1-single-process; do
   grep -q "FSDP over mesh dp_replicate 1 x dp_shard 1" "$work/$name.log" && pass "$name: FSDP over a mesh of one" ||
     fail "$name: not FSDP: $(grep parallelism "$work/$name.log")"
 done
+# Tensor parallelism: every rank reads the whole global batch (one data parallel rank).
+grep -q "tensor parallel over mesh tp 2 with sequence parallelism (gloo)" "$work/tp2.log" && pass "tp2: tensor parallel with sequence parallelism" ||
+  fail "tp2: not tensor parallel: $(grep parallelism "$work/tp2.log")"
+grep -q "tensor parallel over mesh tp 2 (gloo)" "$work/tp2-nosp-ckpt-all.log" && pass "tp2-nosp-ckpt-all: tensor parallel without sequence parallelism" ||
+  fail "tp2-nosp-ckpt-all: not plain tensor parallel: $(grep parallelism "$work/tp2-nosp-ckpt-all.log")"
 # training.activation_checkpointing: all recomputes every layer (said on the parallelism line and,
 # compiled, in the plan); auto lets the plan checkpoint layers to fit fsdp.memory_budget (1 MiB
 # here: below eager's peak; at data.seq_len 32 the activations fit it since the output head

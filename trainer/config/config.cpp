@@ -217,6 +217,8 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       IntField("mesh.dp_replicate", &c.mesh.dp_replicate, 0, 1 << 20),
       IntField("mesh.dp_shard", &c.mesh.dp_shard, 0, 1 << 20),
+      IntField("mesh.tp", &c.mesh.tp, 1, 1 << 20),
+      BoolField("mesh.sequence_parallel", &c.mesh.sequence_parallel),
 
       BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
       BoolField("fsdp.prefetch", &c.fsdp.prefetch),
@@ -395,6 +397,37 @@ Status ValidateCrossFields(const TrainConfig& c) {
     return InvalidConfig("key 'dist.mesh': auto chooses the mesh itself, but mesh.dp_replicate=" +
                          Str(c.mesh.dp_replicate) + " and mesh.dp_shard=" + Str(c.mesh.dp_shard) +
                          " set one; leave them unset (1 and 0) or use dist.mesh: explicit");
+  }
+  if (c.mesh.tp > 1) {
+    // What tensor parallelism does not compose with yet (docs/distributed.md, "Tensor parallelism").
+    const std::string tp = "mesh.tp=" + Str(c.mesh.tp);
+    if (c.dist.mesh == MeshPolicy::kAuto) {
+      return InvalidConfig("key 'dist.mesh': auto chooses among data parallel meshes only, but " + tp +
+                           " is set; use dist.mesh: explicit");
+    }
+    if (c.mesh.dp_replicate > 1 || c.mesh.dp_shard > 1) {
+      return InvalidConfig("key 'mesh.tp': " + tp + " with mesh.dp_replicate=" + Str(c.mesh.dp_replicate) +
+                           " and mesh.dp_shard=" + Str(c.mesh.dp_shard) +
+                           ": tensor parallelism composed with FSDP or HSDP is not implemented yet; tp must "
+                           "span the world (leave mesh.dp_shard 0 or 1 and mesh.dp_replicate 1)");
+    }
+    if (c.fsdp.mode == FsdpMode::kCompiled) {
+      return InvalidConfig("key 'fsdp.mode': compiled plans FSDP's schedule, and with " + tp +
+                           " spanning the world there is no FSDP to plan; use fsdp.mode: eager");
+    }
+    if (!c.checkpoint.dir.empty()) {
+      return InvalidConfig("key 'checkpoint.dir': training checkpoints with " + tp +
+                           " are not implemented yet (a rank's slice of o_proj and down_proj is not one run "
+                           "of the flattened parameter, which the resharding format stores); leave it unset "
+                           "(checkpoint.export_hf works)");
+    }
+    const int64_t tokens = c.data.batch_size * c.data.seq_len;
+    if (c.mesh.sequence_parallel && tokens % c.mesh.tp != 0) {
+      return InvalidConfig("key 'mesh.sequence_parallel': splits each micro-batch's data.batch_size=" +
+                           Str(c.data.batch_size) + " x data.seq_len=" + Str(c.data.seq_len) + " = " + Str(tokens) +
+                           " tokens over " + tp + ", which does not divide them (set mesh.sequence_parallel: false, "
+                           "or a batch whose tokens divide by tp)");
+    }
   }
   if (!c.fsdp.trace_out.empty() && c.schedule.steps < 3) {
     return InvalidConfig("key 'fsdp.trace_out': traces step 3, but schedule.steps is " + Str(c.schedule.steps));

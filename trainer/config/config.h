@@ -182,6 +182,8 @@ struct LoggingConfig {
 struct MeshConfig {
   int64_t dp_replicate = 1;  // HSDP replicas; 0 = whatever the world size leaves
   int64_t dp_shard = 0;      // ranks a parameter is sharded over; 0 = world / dp_replicate
+  int64_t tp = 1;            // tensor parallel ranks (trainer/tp/tensor_parallel.h)
+  bool sequence_parallel = true;  // with tp > 1: norms and the residual stream split by tokens
 };
 
 struct FsdpConfig {

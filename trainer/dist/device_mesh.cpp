@@ -25,9 +25,12 @@ Result<MeshShape> ResolveMeshShape(int world_size, int dp_replicate, int dp_shar
   if (world_size < 1) {
     return InvalidConfig("world size must be at least 1, got " + std::to_string(world_size));
   }
-  if (tp != 1) {
-    return InvalidConfig("tp=" + std::to_string(tp) +
-                         ": tensor parallelism is reserved and not implemented; tp must be 1");
+  if (tp < 1) {
+    return InvalidConfig("tp=" + std::to_string(tp) + ": tensor parallel ranks must be at least 1");
+  }
+  if (world_size % tp != 0) {
+    return InvalidConfig("tp=" + std::to_string(tp) + " does not divide the world size " +
+                         std::to_string(world_size));
   }
   if (dp_replicate < 0 || dp_shard < 0) {
     return InvalidConfig("mesh dims must be positive or 0 (auto): " +
@@ -35,21 +38,24 @@ Result<MeshShape> ResolveMeshShape(int world_size, int dp_replicate, int dp_shar
   }
   MeshShape shape;
   shape.tp = tp;
+  // The data parallel ranks: what tp leaves of the world.
+  const int dp = world_size / tp;
+  const std::string dp_text = tp == 1 ? "the world size " + std::to_string(world_size)
+                                      : "the world size " + std::to_string(world_size) + " / tp=" +
+                                            std::to_string(tp) + " = " + std::to_string(dp);
   if (dp_replicate == 0 && dp_shard == 0) dp_replicate = 1;
   if (dp_shard == 0) {
-    if (world_size % dp_replicate != 0) {
-      return InvalidConfig("dp_replicate=" + std::to_string(dp_replicate) +
-                           " does not divide the world size " + std::to_string(world_size) +
+    if (dp % dp_replicate != 0) {
+      return InvalidConfig("dp_replicate=" + std::to_string(dp_replicate) + " does not divide " + dp_text +
                            " (dp_shard=0 is auto)");
     }
-    dp_shard = world_size / dp_replicate;
+    dp_shard = dp / dp_replicate;
   } else if (dp_replicate == 0) {
-    if (world_size % dp_shard != 0) {
-      return InvalidConfig("dp_shard=" + std::to_string(dp_shard) +
-                           " does not divide the world size " + std::to_string(world_size) +
+    if (dp % dp_shard != 0) {
+      return InvalidConfig("dp_shard=" + std::to_string(dp_shard) + " does not divide " + dp_text +
                            " (dp_replicate=0 is auto)");
     }
-    dp_replicate = world_size / dp_shard;
+    dp_replicate = dp / dp_shard;
   }
   const long product = static_cast<long>(dp_replicate) * dp_shard * tp;
   if (product != world_size) {
@@ -63,7 +69,7 @@ Result<MeshShape> ResolveMeshShape(int world_size, int dp_replicate, int dp_shar
 }
 
 const std::vector<std::string>& DeviceMesh::DimNames() {
-  static const std::vector<std::string> names = {"world", "dp_replicate", "dp_shard", "dp_shard_reduce"};
+  static const std::vector<std::string> names = {"world", "dp_replicate", "dp_shard", "dp_shard_reduce", "tp"};
   return names;
 }
 
@@ -72,7 +78,7 @@ Result<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(c10::intrusive_ptr<c10d::
                                                        const CommunicatorFactory& factory,
                                                        const CommunicatorOptions& options) {
   const int world = shape.dp_replicate * shape.dp_shard * shape.tp;
-  if (shape.tp != 1 || shape.dp_replicate < 1 || shape.dp_shard < 1) {
+  if (shape.tp < 1 || shape.dp_replicate < 1 || shape.dp_shard < 1) {
     return InvalidConfig("mesh " + ShapeText(shape.dp_replicate, shape.dp_shard, shape.tp) +
                          " is not resolved; use ResolveMeshShape");
   }
@@ -82,10 +88,18 @@ Result<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(c10::intrusive_ptr<c10d::
   }
   std::unique_ptr<DeviceMesh> mesh(new DeviceMesh(rank, shape));
   for (const std::string& dim : DimNames()) {
-    // The group index is the coordinate in the dim(s) the group does not span.
+    if (dim == "tp" && shape.tp == 1) {
+      // No communicator for a group of one: nothing would use it, and under NCCL it would hold
+      // a stream and buffers for every run without tensor parallelism.
+      mesh->groups_.push_back(nullptr);
+      continue;
+    }
+    // The group index is the position in the dims the group does not span, in layout order.
+    const int tp_index = mesh->coordinate("tp");
     int group_index = 0;
-    if (dim == "dp_replicate") group_index = mesh->coordinate("dp_shard");
-    if (dim == "dp_shard" || dim == "dp_shard_reduce") group_index = mesh->coordinate("dp_replicate");
+    if (dim == "dp_replicate") group_index = mesh->coordinate("dp_shard") * shape.tp + tp_index;
+    if (dim == "dp_shard" || dim == "dp_shard_reduce") group_index = mesh->coordinate("dp_replicate") * shape.tp + tp_index;
+    if (dim == "tp") group_index = rank / shape.tp;
     const std::string prefix = "mesh/" + dim + "/" + std::to_string(group_index);
     CommunicatorOptions group_options = options;
     group_options.group_name = dim;
@@ -118,6 +132,7 @@ int DeviceMesh::size(const std::string& dim) const {
     case 1: return shape_.dp_replicate;
     case 2:
     case 3: return shape_.dp_shard;
+    case 4: return shape_.tp;
   }
   throw std::invalid_argument("unknown mesh dim '" + dim + "'; known: " + KnownDims());
 }
@@ -125,9 +140,10 @@ int DeviceMesh::size(const std::string& dim) const {
 int DeviceMesh::coordinate(const std::string& dim) const {
   switch (DimIndex(dim)) {
     case 0: return rank_;
-    case 1: return rank_ / shape_.dp_shard;
+    case 1: return rank_ / shape_.tp / shape_.dp_shard;
     case 2:
-    case 3: return rank_ % shape_.dp_shard;
+    case 3: return rank_ / shape_.tp % shape_.dp_shard;
+    case 4: return rank_ % shape_.tp;
   }
   throw std::invalid_argument("unknown mesh dim '" + dim + "'; known: " + KnownDims());
 }
@@ -137,7 +153,15 @@ Result<Communicator*> DeviceMesh::find_group(const std::string& dim) {
   if (i < 0 || i >= static_cast<int>(groups_.size())) {
     return InvalidConfig("unknown mesh dim '" + dim + "'; known: " + KnownDims());
   }
+  if (groups_[i] == nullptr) return InvalidConfig("mesh dim '" + dim + "' has no group: it is 1 (only tp > 1 has one)");
   return groups_[i].get();
+}
+
+std::vector<Communicator*> DeviceMesh::groups() {
+  std::vector<Communicator*> out;
+  for (const auto& g : groups_)
+    if (g != nullptr) out.push_back(g.get());
+  return out;
 }
 
 Communicator& DeviceMesh::group(const std::string& dim) {

@@ -74,17 +74,14 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope) {
   return x * cos + RotateHalf(x) * sin;
 }
 
-AttentionImpl::AttentionImpl(const LlamaConfig& c)
-    : num_heads_(c.num_attention_heads),
-      num_kv_heads_(c.num_key_value_heads),
-      head_dim_(c.head_dim()) {
+AttentionImpl::AttentionImpl(const LlamaConfig& c) : head_dim_(c.head_dim()) {
   auto linear = [](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   };
-  q_proj = register_module("q_proj", linear(c.hidden_size, num_heads_ * head_dim_));
-  k_proj = register_module("k_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
-  v_proj = register_module("v_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
-  o_proj = register_module("o_proj", linear(num_heads_ * head_dim_, c.hidden_size));
+  q_proj = register_module("q_proj", linear(c.hidden_size, c.num_attention_heads * head_dim_));
+  k_proj = register_module("k_proj", linear(c.hidden_size, c.num_key_value_heads * head_dim_));
+  v_proj = register_module("v_proj", linear(c.hidden_size, c.num_key_value_heads * head_dim_));
+  o_proj = register_module("o_proj", linear(c.num_attention_heads * head_dim_, c.hidden_size));
 }
 
 torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const torch::Tensor& x) {
@@ -107,31 +104,33 @@ torch::Tensor StackedLinear(const torch::Tensor& x, std::initializer_list<torch:
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const int64_t b = x.size(0), t = x.size(1);
+  const int64_t heads = q_proj->weight.size(0) / head_dim_;
+  const int64_t kv_heads = k_proj->weight.size(0) / head_dim_;
   torch::Tensor q, k, v;
   if (merged && fused) {
     // One op from the GEMM output to attention's inputs and back (FusedQkvRope).
     const auto qkv = FusedQkvRope(StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies),
-                                  num_heads_, num_kv_heads_, rope.cos, rope.sin);
+                                  heads, kv_heads, rope.cos, rope.sin);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
     if (merged) {
       const auto qkv =
           StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies)
-              .split_with_sizes({num_heads_ * head_dim_, num_kv_heads_ * head_dim_, num_kv_heads_ * head_dim_}, -1);
+              .split_with_sizes({heads * head_dim_, kv_heads * head_dim_, kv_heads * head_dim_}, -1);
       q = qkv[0], k = qkv[1], v = qkv[2];
     } else {
       q = q_proj(x), k = k_proj(x), v = v_proj(x);
     }
-    q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);
-    k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-    v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+    q = q.view({b, t, heads, head_dim_}).transpose(1, 2);
+    k = k.view({b, t, kv_heads, head_dim_}).transpose(1, 2);
+    v = v.view({b, t, kv_heads, head_dim_}).transpose(1, 2);
     q = fused ? FusedRope(q, rope.cos, rope.sin) : ApplyRope(q, rope);
     k = fused ? FusedRope(k, rope.cos, rope.sin) : ApplyRope(k, rope);
   }
   // Grouped-query attention: each kv head serves num_heads / num_kv_heads query heads.
   auto y = rope.attention_mask.defined() ? compat::MaskedAttention(q, k, v, rope.attention_mask)
                                          : compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
-  y = y.transpose(1, 2).contiguous().view({b, t, num_heads_ * head_dim_});
+  y = y.transpose(1, 2).contiguous().view({b, t, heads * head_dim_});
   return merged ? StackedLinear(y, {o_proj->weight}, fused, weight_copies) : o_proj(y);
 }
 
@@ -166,17 +165,17 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables
     // x goes on through the first norm, so that its gradient from the residual add arrives in
     // that norm's backward kernel rather than in an add of autograd's.
     const auto [through, normed_x] = FusedRmsNormPassingX(x, input_layernorm->weight, input_layernorm->eps(), out_dtype);
-    const auto attention = self_attn(normed_x, rope);
+    const auto attention = region.Exit(self_attn(region.Enter(normed_x), rope));
     if (FusedRmsNormSupports(through, attention, out_dtype)) {
       const auto [h, normed] = FusedAddRmsNorm(through, attention, post_attention_layernorm->weight,
                                                post_attention_layernorm->eps(), out_dtype);
-      return h + mlp(normed);
+      return h + region.Exit(mlp(region.Enter(normed)));
     }
     const auto h = through + attention;
-    return h + mlp(post_attention_layernorm(h));
+    return h + region.Exit(mlp(region.Enter(post_attention_layernorm(h))));
   }
-  auto h = x + self_attn(input_layernorm(x), rope);
-  return h + mlp(post_attention_layernorm(h));
+  auto h = x + region.Exit(self_attn(region.Enter(input_layernorm(x)), rope));
+  return h + region.Exit(mlp(region.Enter(post_attention_layernorm(h))));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {

@@ -75,7 +75,9 @@ class AttentionImpl : public torch::nn::Module {
   WeightCopies* weight_copies = nullptr;
 
  private:
-  int64_t num_heads_, num_kv_heads_, head_dim_;
+  // The heads are counted from the projections' rows at each forward: a tensor-parallel plan
+  // leaves each rank a run of whole query heads and the key/value heads they read.
+  int64_t head_dim_;
 };
 TORCH_MODULE(Attention);
 
@@ -94,10 +96,23 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// Where a tensor-parallel plan (trainer/tp/tensor_parallel.h) enters and leaves the parts of a
+// decoder layer whose weights it splits over its ranks: `enter` takes the normed input of attention
+// and of the MLP (as this rank holds it) to what their first projections read, `exit` takes
+// their output projection's result (this rank's partial sum) back to the residual stream's form.
+// Empty: identity (one process, FSDP). The model calls them without knowing what they exchange.
+struct ParallelRegion {
+  std::function<torch::Tensor(const torch::Tensor&)> enter, exit;
+  torch::Tensor Enter(const torch::Tensor& x) const { return enter ? enter(x) : x; }
+  torch::Tensor Exit(const torch::Tensor& y) const { return exit ? exit(y) : y; }
+};
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const LlamaConfig& c);
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  // Around attention and the MLP: identity unless a tensor-parallel plan set it.
+  ParallelRegion region;
 
   RMSNorm input_layernorm{nullptr};
   Attention self_attn{nullptr};

@@ -18,6 +18,7 @@
 #include "trainer/fsdp/compile.h"
 #include "trainer/fsdp/fully_shard.h"
 #include "trainer/model/recompute.h"
+#include "trainer/tp/tensor_parallel.h"
 #include "trainer/train/device.h"
 #include "trainer/train/mesh_auto.h"
 #ifdef MESHWORK_HAVE_NCCL
@@ -26,6 +27,19 @@
 
 namespace meshwork::train {
 namespace {
+
+// Every group's counters and, where a device backend measures them, its stream's stalls (NCCL:
+// the time the compute stream stood waiting; Gloo: 0, the caller's clock measures that).
+void AddGroupStats(dist::DeviceMesh& mesh, EngineStats* s) {
+  for (dist::Communicator* group : mesh.groups()) {
+    s->exposed_comm_seconds += group->TakeDeviceStallSeconds();
+    const dist::CommStats c = group->stats();
+    for (int i = 0; i < dist::kNumCollectives; ++i) {
+      s->comm.calls[i] += c.calls[i];
+      s->comm.bytes_sent[i] += c.bytes_sent[i];
+    }
+  }
+}
 
 class LocalEngine : public Engine {
  public:
@@ -216,14 +230,7 @@ class FsdpEngine : public Engine {
            << " parameter gradients were accumulated outside their flat group's buffer and copied in before the "
               "reduce-scatter (the accumulation hook did not run); results are right, the copies cost time\n";
     }
-    for (const std::string& dim : dist::DeviceMesh::DimNames()) {
-      s.exposed_comm_seconds += mesh_->group(dim).TakeDeviceStallSeconds();
-      const dist::CommStats c = mesh_->group(dim).stats();
-      for (int i = 0; i < dist::kNumCollectives; ++i) {
-        s.comm.calls[i] += c.calls[i];
-        s.comm.bytes_sent[i] += c.bytes_sent[i];
-      }
-    }
+    AddGroupStats(*mesh_, &s);
     return s;
   }
 
@@ -275,6 +282,89 @@ class FsdpEngine : public Engine {
   double trace_origin_ = 0;
 };
 
+// Tensor parallelism over the whole world (mesh tp = world size): every rank reads the same
+// batch and holds a slice of every layer (trainer/tp/tensor_parallel.h).
+class TensorParallelEngine : public Engine {
+ public:
+  TensorParallelEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<tp::TensorParallelLlama> tp,
+                       int64_t checkpoint_every)
+      : env_(std::move(env)), mesh_(std::move(mesh)), tp_(std::move(tp)), checkpoint_every_(checkpoint_every) {
+    for (const tp::LocalParam& p : tp_->params()) (p.value.dim() >= 2 ? decay_ : no_decay_).push_back(p.value);
+  }
+  int rank() const override { return env_.rank; }
+  int world_size() const override { return env_.world_size; }
+  int dp_rank() const override { return 0; }  // one data parallel rank: the whole tp group
+  int dp_size() const override { return 1; }
+  dist::MeshShape mesh_shape() const override { return mesh_->shape(); }
+  std::string Describe() const override {
+    return std::to_string(env_.world_size) + " ranks, tensor parallel over mesh tp " + std::to_string(mesh_->shape().tp) +
+           (tp_->sequence_parallel() ? " with sequence parallelism" : "") + " (" + mesh_->group("tp").backend() + ")";
+  }
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool) override {
+    if (checkpoint_every_ <= 0) return tp_->Loss(tokens, targets);
+    const int64_t every = checkpoint_every_;
+    return tp_->Loss(tokens, targets,
+                     [every](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h, const model::RopeTables& rope) {
+                       return i % every == 0 ? model::CheckpointedLayer(layer, h, rope) : layer.forward(h, rope);
+                     });
+  }
+  Status AfterBackward(bool sync) override { return sync ? tp_->FinishBackward() : Status::Ok(); }
+  bool AttachWeightCopies(const std::shared_ptr<model::WeightCopies>& copies) override {
+    tp_->model()->set_weight_copies(copies);
+    return true;
+  }
+  Result<torch::Tensor> GradNorm() override {
+    MW_ASSIGN_OR_RETURN(torch::Tensor norm2, tp_->GradNormSquared());
+    return norm2.sqrt();
+  }
+  void ZeroGrad() override {
+    for (const tp::LocalParam& p : tp_->params()) p.value.mutable_grad() = torch::Tensor();
+  }
+  std::vector<torch::Tensor> DecayParams() const override { return decay_; }
+  std::vector<torch::Tensor> NoDecayParams() const override { return no_decay_; }
+  std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const tp::LocalParam& p : tp_->params()) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  // Checkpoints are refused with tp > 1 at start-up (config.cpp says why); nothing reaches here.
+  std::vector<ShardPiece> LocalShards() const override { return {}; }
+  int64_t ParamBytes() const override { return tp_->LocalBytes(); }
+  torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
+    torch::NoGradGuard no_grad;
+    return tp_->Loss(tokens, targets);
+  }
+  Result<double> AverageAcrossRanks(double local) override {
+    MW_ASSIGN_OR_RETURN(const std::vector<double> mean,
+                        dist::AllReduceValues(mesh_->group("world"), {local}, dist::ReduceOp::kAvg));
+    return mean[0];
+  }
+  Result<std::map<std::string, torch::Tensor>> FullState() override { return tp_->GatherFullState(); }
+  EngineStats TakeStats() override {
+    EngineStats s;
+    s.exposed_comm_seconds = tp_->TakeBlockedSeconds();
+    AddGroupStats(*mesh_, &s);
+    return s;
+  }
+
+ private:
+  dist::DistEnv env_;
+  std::unique_ptr<dist::DeviceMesh> mesh_;
+  std::unique_ptr<tp::TensorParallelLlama> tp_;
+  int64_t checkpoint_every_;  // layers 0, N, 2N, ... run checkpointed; 0: none
+  std::vector<torch::Tensor> decay_, no_decay_;
+};
+
+// Decoder layers 0, N, 2N, ... run checkpointed where the config asks for every layer or a
+// selection (0: none): one process and tensor parallelism, which have no plan of their own.
+int64_t CheckpointEvery(const config::TrainConfig& cfg) {
+  if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll) return 1;
+  if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
+    return cfg.training.checkpoint_every;
+  }
+  return 0;
+}
+
 bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
 
 }  // namespace
@@ -288,17 +378,20 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   MW_ASSIGN_OR_RETURN(dist::DistEnv env, dist::ReadDistEnv());
   if (env.world_size == 1 && !cfg.fsdp.single_process) {
     if (!cfg.fsdp.trace_out.empty()) log << "trace: fsdp.trace_out ignored: one process runs no FSDP\n";
-    int64_t every = 0;
-    if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll) every = 1;
-    if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
-      every = cfg.training.checkpoint_every;
+    if (cfg.mesh.tp > 1) {
+      return InvalidConfig("key 'mesh.tp': " + std::to_string(cfg.mesh.tp) + " tensor parallel ranks, but the world is 1 process");
     }
-    return MakeLocalEngine(std::move(model), every);
+    return MakeLocalEngine(std::move(model), CheckpointEvery(cfg));
   }
   dist::MeshShape shape;
   if (cfg.dist.mesh == config::MeshPolicy::kExplicit) {
     MW_ASSIGN_OR_RETURN(shape, dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
-                                                      static_cast<int>(cfg.mesh.dp_shard), 1));
+                                                      static_cast<int>(cfg.mesh.dp_shard), static_cast<int>(cfg.mesh.tp)));
+    if (shape.tp > 1 && shape.tp != env.world_size) {
+      return InvalidConfig("key 'mesh.tp': " + std::to_string(shape.tp) + " of a world of " + std::to_string(env.world_size) +
+                           " ranks leaves data parallel ranks, and tensor parallelism composed with FSDP is not "
+                           "implemented yet; tp must equal the world size");
+    }
   }
   const std::chrono::milliseconds timeout(cfg.dist.timeout_seconds * 1000);
   MW_ASSIGN_OR_RETURN(auto store, dist::Rendezvous(env, timeout));
@@ -330,6 +423,16 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     };
   }
   MW_ASSIGN_OR_RETURN(auto mesh, dist::DeviceMesh::Create(store, env.rank, shape, factory, options));
+  if (env.rank == 0) {
+    log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
+        << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
+  }
+  if (shape.tp > 1) {
+    tp::TensorParallelOptions to;
+    to.sequence_parallel = cfg.mesh.sequence_parallel;
+    MW_ASSIGN_OR_RETURN(auto split, tp::TensorParallelLlama::Create(std::move(model), mesh->group("tp"), to));
+    return std::unique_ptr<Engine>(new TensorParallelEngine(env, std::move(mesh), std::move(split), CheckpointEvery(cfg)));
+  }
 
   fsdp::FsdpOptions fo;
   fo.reshard_after_forward = cfg.fsdp.reshard_after_forward;
@@ -356,10 +459,6 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   groups.reduce_scatter = &mesh->group("dp_shard_reduce");
   groups.replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
   MW_ASSIGN_OR_RETURN(auto sharded, fsdp::FullyShardedLlama::Create(std::move(model), groups, fo));
-  if (env.rank == 0) {
-    log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
-        << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
-  }
   // The compiled plan's default budget: training.memory_limit_mib, else the device's memory, or
   // on the CPU the machine's (or the container's) shared by this machine's ranks.
   const int64_t limit = SampleMemory(device).limit_bytes;

@@ -350,7 +350,7 @@ TEST_P(ResolveMeshShapeTest, ResolvesOrNamesTheProblem) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->dp_replicate, c.want_replicate);
   EXPECT_EQ(r->dp_shard, c.want_shard);
-  EXPECT_EQ(r->tp, 1);
+  EXPECT_EQ(r->tp, c.tp);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -365,7 +365,13 @@ INSTANTIATE_TEST_SUITE_P(
         MeshCase{8, 3, 0, 1, 0, 0, {"dp_replicate=3", "world size 8"}},
         MeshCase{8, 0, 3, 1, 0, 0, {"dp_shard=3", "world size 8"}},
         MeshCase{8, 2, 2, 1, 0, 0, {"dp_replicate=2", "dp_shard=2", "4 ranks", "world size is 8"}},
-        MeshCase{8, 1, 8, 2, 0, 0, {"tp=2", "reserved"}},
+        MeshCase{8, 1, 0, 2, 1, 4, {}},   // FSDP over what tp leaves
+        MeshCase{8, 0, 0, 8, 1, 1, {}},   // tensor parallel only
+        MeshCase{8, 2, 0, 2, 2, 2, {}},   // HSDP x tp
+        MeshCase{8, 1, 8, 2, 0, 0, {"tp=2", "16 ranks", "world size is 8"}},
+        MeshCase{8, 0, 0, 3, 0, 0, {"tp=3", "does not divide the world size 8"}},
+        MeshCase{8, 3, 0, 2, 0, 0, {"dp_replicate=3", "8 / tp=2 = 4"}},
+        MeshCase{8, 1, 0, 0, 0, 0, {"tp=0"}},
         MeshCase{8, -1, 0, 1, 0, 0, {"dp_replicate=-1"}},
         MeshCase{0, 0, 0, 1, 0, 0, {"world size"}}));
 
@@ -443,12 +449,16 @@ TEST(DeviceMeshTest, TwoByTwoCoordinatesGroupsAndLayout) {
     EXPECT_EQ(m.group("dp_shard_reduce").rank(), rank % 2);
     EXPECT_NE(&m.group("dp_shard_reduce"), &m.group("dp_shard"));
 
-    // One group per dim, created in the same order on every rank.
+    // One group per dim, created in the same order on every rank; tp 1: no tp group.
     ASSERT_EQ(records.size(), 4u);
     EXPECT_EQ(records[0].name, "world");
     EXPECT_EQ(records[1].name, "dp_replicate");
     EXPECT_EQ(records[2].name, "dp_shard");
     EXPECT_EQ(records[3].name, "dp_shard_reduce");
+    EXPECT_EQ(m.size("tp"), 1);
+    EXPECT_EQ(m.coordinate("tp"), 0);
+    EXPECT_THAT(m.find_group("tp").status().message(), HasSubstr("'tp' has no group"));
+    EXPECT_EQ(m.groups().size(), 4u);
     // Tag each group's scoped store: ranks of one group share keys, other groups do not.
     for (const GroupRecord& g : records) {
       g.store->add("members", 1);
@@ -472,15 +482,48 @@ TEST(DeviceMeshTest, TwoByTwoCoordinatesGroupsAndLayout) {
   EXPECT_FALSE(store->check({"mesh/dp_replicate/0/member/1"}));
 }
 
+// tp innermost: a tp group is a run of consecutive ranks (one node's GPUs), the dp groups stride
+// over it. Mesh dp_replicate 2 x dp_shard 2 x tp 2 of 8 ranks.
+TEST(DeviceMeshTest, TensorParallelGroupsAreConsecutiveRanks) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const MeshShape shape{2, 2, 2};
+  for (int rank = 0; rank < 8; ++rank) {
+    std::vector<GroupRecord> records;
+    auto mesh = DeviceMesh::Create(store, rank, shape, RecordingFactory(&records), {});
+    ASSERT_TRUE(mesh.ok()) << mesh.status().ToString();
+    DeviceMesh& m = **mesh;
+    EXPECT_EQ(m.coordinate("tp"), rank % 2);
+    EXPECT_EQ(m.coordinate("dp_shard"), rank / 2 % 2);
+    EXPECT_EQ(m.coordinate("dp_replicate"), rank / 4);
+    EXPECT_EQ((m.coordinate("dp_replicate") * 2 + m.coordinate("dp_shard")) * 2 + m.coordinate("tp"), rank);
+    EXPECT_EQ(m.group("tp").size(), 2);
+    EXPECT_EQ(m.group("tp").rank(), rank % 2);
+    EXPECT_EQ(m.group("dp_shard").size(), 2);
+    EXPECT_EQ(m.group("dp_replicate").size(), 2);
+    ASSERT_EQ(records.size(), 5u);
+    EXPECT_EQ(records[4].name, "tp");
+    for (const GroupRecord& g : records) g.store->set("member/" + std::to_string(rank), std::vector<uint8_t>{'1'});
+  }
+  // tp groups: {0, 1}, {2, 3}, ...; dp_shard groups: {0, 2}, {1, 3}, {4, 6}, {5, 7};
+  // dp_replicate groups: {0, 4}, {1, 5}, {2, 6}, {3, 7}.
+  EXPECT_TRUE(store->check({"mesh/tp/0/member/0", "mesh/tp/0/member/1", "mesh/tp/3/member/6", "mesh/tp/3/member/7"}));
+  EXPECT_FALSE(store->check({"mesh/tp/0/member/2"}));
+  EXPECT_TRUE(store->check({"mesh/dp_shard/0/member/0", "mesh/dp_shard/0/member/2", "mesh/dp_shard/1/member/1",
+                            "mesh/dp_shard/1/member/3", "mesh/dp_shard/2/member/4", "mesh/dp_shard/3/member/7"}));
+  EXPECT_FALSE(store->check({"mesh/dp_shard/0/member/1"}));
+  EXPECT_TRUE(store->check({"mesh/dp_replicate/0/member/0", "mesh/dp_replicate/0/member/4",
+                            "mesh/dp_replicate/3/member/3", "mesh/dp_replicate/3/member/7"}));
+}
+
 TEST(DeviceMeshTest, UnknownDimListsTheKnownOnes) {
   std::vector<GroupRecord> records;
   auto mesh = DeviceMesh::Create(c10::make_intrusive<c10d::HashStore>(), 0, MeshShape{1, 2, 1},
                                  RecordingFactory(&records), {});
   ASSERT_TRUE(mesh.ok()) << mesh.status().ToString();
-  auto g = (*mesh)->find_group("tp");
+  auto g = (*mesh)->find_group("pp");
   ASSERT_FALSE(g.ok());
   EXPECT_THAT(g.status().message(),
-              AllOf(HasSubstr("'tp'"), HasSubstr("world, dp_replicate, dp_shard, dp_shard_reduce")));
+              AllOf(HasSubstr("'pp'"), HasSubstr("world, dp_replicate, dp_shard, dp_shard_reduce, tp")));
   EXPECT_THROW((*mesh)->group("dp"), std::invalid_argument);
   EXPECT_THROW((*mesh)->coordinate("dp"), std::invalid_argument);
 }

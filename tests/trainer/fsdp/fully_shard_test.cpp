@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/common/needs_gloo.h"
+#include "tests/common/parallel_training.h"
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/gloo_communicator.h"
 #include "trainer/compiler/passes.h"
@@ -77,16 +78,7 @@ model::LlamaForCausalLM MakeModel(bool tied) {
   return m;
 }
 
-// eps 1e-4 rather than 1e-8: with a tiny eps, Adam turns a gradient element of 1e-9 (rounding
-// noise) into a full-size update, so reduction order alone would move single weights.
-torch::optim::AdamW MakeOptimizer(std::vector<torch::Tensor> decay, std::vector<torch::Tensor> no_decay) {
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(1e-2).eps(1e-4).weight_decay(0.1)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(1e-2).eps(1e-4).weight_decay(0.0)));
-  return torch::optim::AdamW(groups, torch::optim::AdamWOptions(1e-2));
-}
+using meshwork::testing::MakeOptimizer;
 
 // Compiled mode for Sharded(): after the first (eager, traced) step, rank 0 plans with these
 // settings and every rank switches to the agreed plan.
@@ -142,20 +134,7 @@ TrainRun SingleProcess(bool tied, int accum) {
   return run;
 }
 
-// Checkpointed blocks (model::Recompute's autograd node) in the graph behind `loss`.
-int RecomputeNodes(const torch::Tensor& loss) {
-  std::set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> todo{loss.grad_fn().get()};
-  int n = 0;
-  while (!todo.empty()) {
-    torch::autograd::Node* node = todo.back();
-    todo.pop_back();
-    if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name().find("RecomputeFunction") != std::string::npos) ++n;
-    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
-  }
-  return n;
-}
+using meshwork::testing::RecomputeNodes;
 
 // `world` ranks as threads; mesh dp_replicate x dp_shard.
 TrainRun Sharded(bool tied, int dp_replicate, int dp_shard, int accum, Compile compile = {}) {

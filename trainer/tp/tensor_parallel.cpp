@@ -1,0 +1,350 @@
+#include "trainer/tp/tensor_parallel.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace meshwork::tp {
+
+// What the autograd functions collect over: the tp communicator and the time the calling thread
+// blocked in its collectives (exposed communication, where waits block the host: Gloo). It
+// travels through autograd's saved data as an integer: the TensorParallelLlama owning it
+// outlives every graph that uses it (a step's graph is gone by the step's end).
+struct TpGroup {
+  explicit TpGroup(dist::Communicator& c) : comm(&c) {}
+  dist::Communicator* comm;
+  std::atomic<int64_t> blocked_ns{0};
+};
+
+namespace {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t Handle(TpGroup& group) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&group)); }
+TpGroup& GroupOf(int64_t handle) { return *reinterpret_cast<TpGroup*>(static_cast<intptr_t>(handle)); }
+TpGroup& GroupOf(AutogradContext* ctx) { return GroupOf(ctx->saved_data["group"].toInt()); }
+
+// Issues and waits for one collective. A failure (a peer gone, a timeout) is thrown as a
+// StatusError from inside forward or backward, keeping its code (kUnavailable: the trainer's exit
+// code for a lost peer) and naming what was exchanged.
+void Run(TpGroup& group, Result<std::unique_ptr<dist::Work>> work, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  auto fail = [&](const Status& s) {
+    ThrowIfError(Status(s.code(), std::string("tensor parallel ") + what + " over " + group.comm->group_name() + ": " +
+                                      s.message()));
+  };
+  if (!work.ok()) fail(work.status());
+  if (const Status s = (*work)->Wait(); !s.ok()) fail(s);
+  group.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+torch::Tensor AllReduceSum(TpGroup& group, const torch::Tensor& x, const char* what) {
+  torch::Tensor y = x.clone(at::MemoryFormat::Contiguous);
+  Run(group, group.comm->AllReduce(y, dist::ReduceOp::kSum), what);
+  return y;
+}
+
+// [n...] from every rank -> [size, n...] in rank order.
+torch::Tensor AllGather(TpGroup& group, const torch::Tensor& x, const char* what) {
+  const torch::Tensor in = x.contiguous();
+  std::vector<int64_t> shape = {group.comm->size()};
+  for (int64_t d : in.sizes()) shape.push_back(d);
+  torch::Tensor out = torch::empty(shape, in.options());
+  Run(group, group.comm->AllGatherInto(out.view({-1}), in.view({-1})), what);
+  return out;
+}
+
+// [size · n...] -> this rank's [n...] of the sum over ranks.
+torch::Tensor ReduceScatterSum(TpGroup& group, const torch::Tensor& x, std::vector<int64_t> shape, const char* what) {
+  const torch::Tensor in = x.contiguous();
+  torch::Tensor out = torch::empty(shape, in.options());
+  Run(group, group.comm->ReduceScatter(out.view({-1}), in.view({-1}), dist::ReduceOp::kSum), what);
+  return out;
+}
+
+// Enter without sequence parallelism: every rank has the whole input; its gradient is the sum
+// of every rank's (each rank's heads or vocabulary rows contribute a part).
+struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {AllReduceSum(GroupOf(ctx), grad[0], "all-reduce of a region's input gradient"), torch::Tensor()};
+  }
+};
+
+// Exit without sequence parallelism, and any value every rank then uses alike: the sum over
+// ranks of each rank's part. Every rank computes the same loss from it, so its gradient is
+// already whole on each rank.
+struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, int64_t group) {
+    return AllReduceSum(GroupOf(group), x, "all-reduce of a region's output");
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], torch::Tensor()}; }
+};
+
+// Enter with sequence parallelism: this rank's tokens [1, n/size, hidden] -> the whole stream
+// (`shape`); backward sums every rank's gradient and keeps this rank's tokens.
+struct GatherTokens : torch::autograd::Function<GatherTokens> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group, std::vector<int64_t> shape) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["local"] = x.sizes().vec();
+    auto& g = GroupOf(ctx);
+    return AllGather(g, x, "all-gather of the tokens entering a region").view(shape);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {ReduceScatterSum(GroupOf(ctx), grad[0], ctx->saved_data["local"].toIntVector(),
+                             "reduce-scatter of a region's input gradient"),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Exit with sequence parallelism: the whole stream's partial sum [batch, seq, hidden] -> this
+// rank's tokens of the sum, [1, n/size, hidden]; backward gathers every rank's gradient.
+struct ScatterTokens : torch::autograd::Function<ScatterTokens> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["whole"] = x.sizes().vec();
+    auto& g = GroupOf(ctx);
+    const int64_t tokens = x.numel() / x.size(-1);
+    return ReduceScatterSum(g, x, {1, tokens / g.comm->size(), x.size(-1)}, "reduce-scatter of a region's output");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {AllGather(GroupOf(ctx), grad[0], "all-gather of a region's output gradient")
+                .view(ctx->saved_data["whole"].toIntVector()),
+            torch::Tensor()};
+  }
+};
+
+// Every rank's value [n] -> [size, n], which every rank then uses alike: this rank's value's
+// gradient is its own row of the gradient.
+struct GatherReplicated : torch::autograd::Function<GatherReplicated> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    auto& g = GroupOf(ctx);
+    return AllGather(g, x, "all-gather of the vocabulary slices' log-sum-exp");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {grad[0][GroupOf(ctx).comm->rank()], torch::Tensor()};
+  }
+};
+
+// HF names of the parameters split by rows and by columns (suffixes).
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+Split SplitOf(const std::string& name) {
+  for (const char* rows : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+                           "embed_tokens.weight", "lm_head.weight"}) {
+    if (EndsWith(name, rows)) return Split::kRows;
+  }
+  for (const char* columns : {"o_proj.weight", "down_proj.weight"}) {
+    if (EndsWith(name, columns)) return Split::kColumns;
+  }
+  return Split::kReplicated;
+}
+
+}  // namespace
+
+std::string WhyNotSplittable(const model::LlamaConfig& c, int tp) {
+  if (tp < 1) return "tp=" + std::to_string(tp) + " must be at least 1";
+  auto check = [tp](const char* key, int64_t value) -> std::string {
+    if (value % tp == 0) return "";
+    return std::string(key) + "=" + std::to_string(value) + " does not divide by mesh.tp=" + std::to_string(tp) +
+           " (tensor parallelism gives each rank an equal slice of it)";
+  };
+  for (auto [key, value] : {std::pair<const char*, int64_t>{"model.num_attention_heads", c.num_attention_heads},
+                            {"model.num_key_value_heads", c.num_key_value_heads},
+                            {"model.intermediate_size", c.intermediate_size},
+                            {"model.vocab_size", c.vocab_size}}) {
+    if (std::string why = check(key, value); !why.empty()) return why;
+  }
+  return "";
+}
+
+Result<std::unique_ptr<TensorParallelLlama>> TensorParallelLlama::Create(model::LlamaForCausalLM model,
+                                                                         dist::Communicator& group,
+                                                                         TensorParallelOptions options) {
+  if (std::string why = WhyNotSplittable(model->config(), group.size()); !why.empty()) return InvalidConfig(why);
+  std::unique_ptr<TensorParallelLlama> tp(new TensorParallelLlama(std::move(model), group, options));
+  tp->Shard();
+  return tp;
+}
+
+TensorParallelLlama::TensorParallelLlama(model::LlamaForCausalLM model, dist::Communicator& group,
+                                         TensorParallelOptions options)
+    : model_(std::move(model)), group_(group), tp_group_(std::make_unique<TpGroup>(group)), options_(options) {}
+
+TensorParallelLlama::~TensorParallelLlama() {
+  // The regions call into this object: a model that outlives it runs unsplit code again.
+  for (size_t i = 0; i < model_->model->layers->size(); ++i) {
+    model_->model->layers[i]->as<model::DecoderLayer>()->region = {};
+  }
+}
+
+void TensorParallelLlama::Shard() {
+  torch::NoGradGuard no_grad;
+  const int64_t size = group_.size(), rank = group_.rank();
+  for (auto& item : model_->named_parameters()) {
+    torch::Tensor& p = item.value();
+    LocalParam local{item.key(), p.sizes().vec(), SplitOf(item.key()), 0, p};
+    if (local.split != Split::kReplicated) {
+      const int64_t dim = local.split == Split::kRows ? 0 : 1;
+      const int64_t n = p.size(dim) / size;
+      local.begin = rank * n;
+      // The same Variable, now holding only this rank's slice: the modules, the optimizer and
+      // autograd see one parameter, as before.
+      p.set_data(p.detach().narrow(dim, local.begin, n).clone(at::MemoryFormat::Contiguous));
+    }
+    params_.push_back(local);
+  }
+  vocab_rows_ = model_->config().vocab_size / size;
+  vocab_begin_ = rank * vocab_rows_;
+
+  const int64_t handle = Handle(*tp_group_);
+  model::ParallelRegion region;
+  region.enter = [this, handle](const torch::Tensor& x) {
+    return split_tokens_ ? GatherTokens::apply(x, handle, stream_shape_) : CopyToRegion::apply(x, handle);
+  };
+  region.exit = [this, handle](const torch::Tensor& y) {
+    return split_tokens_ ? ScatterTokens::apply(y, handle) : ReduceFromRegion::apply(y, handle);
+  };
+  for (size_t i = 0; i < model_->model->layers->size(); ++i) {
+    model_->model->layers[i]->as<model::DecoderLayer>()->region = region;
+  }
+}
+
+torch::Tensor TensorParallelLlama::EmbedTokens(const torch::Tensor& tokens) {
+  const torch::Tensor local = tokens - vocab_begin_;
+  const torch::Tensor foreign = local.lt(0).logical_or(local.ge(vocab_rows_));
+  // Tokens another rank owns look up row 0 and are zeroed (their gradient too).
+  torch::Tensor rows = F::embedding(local.masked_fill(foreign, 0), model_->model->embed_tokens->weight);
+  rows = rows.masked_fill(foreign.unsqueeze(-1), 0);
+  const int64_t handle = Handle(*tp_group_);
+  return split_tokens_ ? ScatterTokens::apply(rows, handle) : ReduceFromRegion::apply(rows, handle);
+}
+
+torch::Tensor TensorParallelLlama::VocabParallelLoss(const torch::Tensor& hidden, const torch::Tensor& targets) {
+  const int64_t handle = Handle(*tp_group_);
+  const torch::Tensor h = split_tokens_ ? GatherTokens::apply(hidden, handle, stream_shape_)
+                                        : CopyToRegion::apply(hidden, handle);
+  const torch::Tensor& weight = model_->lm_head ? model_->lm_head->weight : model_->model->embed_tokens->weight;
+  // This rank's vocabulary's logits [tokens, vocab / tp], in fp32 whatever the matmul ran in.
+  const torch::Tensor logits = torch::matmul(h.reshape({-1, h.size(-1)}), weight.t()).to(torch::kFloat);
+  // log-sum-exp over the whole vocabulary from every slice's.
+  const torch::Tensor lse = GatherReplicated::apply(logits.logsumexp(-1), handle).logsumexp(0);
+  // The target's logit, from the rank that owns it (zero from the others).
+  const torch::Tensor local = targets.reshape({-1}) - vocab_begin_;
+  const torch::Tensor foreign = local.lt(0).logical_or(local.ge(vocab_rows_));
+  const torch::Tensor picked =
+      logits.gather(1, local.masked_fill(foreign, 0).unsqueeze(1)).squeeze(1).masked_fill(foreign, 0);
+  const torch::Tensor target_logit = ReduceFromRegion::apply(picked, handle);
+  return (lse - target_logit).mean();
+}
+
+torch::Tensor TensorParallelLlama::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                        const model::LayerRunner& run_layer) {
+  TORCH_CHECK(targets.defined(), "tensor parallel training computes the loss: targets are needed");
+  const int64_t size = group_.size();
+  // Sequence parallelism where the tokens divide by tp; the norms' weights are whole on every
+  // rank, so a batch that does not divide (an evaluation's last) runs the plain regions alike.
+  split_tokens_ = options_.sequence_parallel && tokens.numel() % size == 0;
+  stream_shape_ = {tokens.size(0), tokens.size(1), model_->config().hidden_size};
+  if (torch::GradMode::is_enabled()) {
+    // The replicated parameters' gradients are partial sums after a split forward and whole after
+    // a plain one: one step's micro-batches must all be one or the other (FinishBackward).
+    if (step_split_tokens_ && *step_split_tokens_ != split_tokens_) {
+      ThrowIfError(InvalidInput("tensor parallel: a micro-batch of " + std::to_string(tokens.numel()) +
+                                " tokens " + (split_tokens_ ? "splits" : "does not split") + " over mesh.tp=" +
+                                std::to_string(size) + " where an earlier one of the same step did " +
+                                (split_tokens_ ? "not" : "") + "; every micro-batch of a step must have as many tokens"));
+    }
+    step_split_tokens_ = split_tokens_;
+  }
+  static const model::LayerRunner plain = [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h,
+                                             const model::RopeTables& rope) { return layer.forward(h, rope); };
+  return model_->ForwardWithLayerRunner(
+      tokens, run_layer ? run_layer : plain, targets, [this](const torch::Tensor& t) { return EmbedTokens(t); },
+      [this](const torch::Tensor& h, const torch::Tensor& t) { return VocabParallelLoss(h, t); });
+}
+
+Status TensorParallelLlama::FinishBackward() {
+  const bool split = step_split_tokens_.value_or(false);
+  step_split_tokens_.reset();
+  if (group_.size() == 1) return Status::Ok();
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const LocalParam& p : params_) {
+    if (p.split == Split::kReplicated && p.value.grad().defined()) grads.push_back(p.value.mutable_grad());
+  }
+  if (grads.empty()) return Status::Ok();
+  // One all-reduce for every norm's gradient (they are small). After split forwards each rank's
+  // holds its tokens' part: summed. After plain ones every rank computed the whole gradient from
+  // the same values: averaged, which leaves it as it is, so that the replicated weights cannot
+  // drift apart should a kernel ever round differently on one rank.
+  std::vector<torch::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
+  torch::Tensor all = torch::cat(flat);
+  MW_ASSIGN_OR_RETURN(auto work, group_.AllReduce(all, split ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg));
+  MW_RETURN_IF_ERROR(work->Wait());
+  int64_t at = 0;
+  for (auto& g : grads) {
+    g.view({-1}).copy_(all.narrow(0, at, g.numel()));
+    at += g.numel();
+  }
+  return Status::Ok();
+}
+
+Result<torch::Tensor> TensorParallelLlama::GradNormSquared() {
+  torch::NoGradGuard no_grad;
+  const torch::Device device = params_.front().value.device();
+  torch::Tensor split = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  torch::Tensor replicated = split.clone();
+  for (const LocalParam& p : params_) {
+    if (!p.value.grad().defined()) continue;
+    torch::Tensor& sum = p.split == Split::kReplicated ? replicated : split;
+    sum += p.value.grad().to(torch::kDouble).pow(2).sum();
+  }
+  MW_ASSIGN_OR_RETURN(auto work, group_.AllReduce(split, dist::ReduceOp::kSum));
+  MW_RETURN_IF_ERROR(work->Wait());
+  // Replicated gradients are the same on every rank (FinishBackward made them so): counted once.
+  return split + replicated;
+}
+
+Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullState() {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> state;
+  const int64_t size = group_.size();
+  for (const LocalParam& p : params_) {
+    const torch::Tensor value = p.value.detach();
+    if (p.split == Split::kReplicated) {
+      state[p.name] = value.clone();
+      continue;
+    }
+    torch::Tensor gathered = torch::empty({size * value.numel()}, value.options());
+    MW_ASSIGN_OR_RETURN(auto work, group_.AllGatherInto(gathered, value.contiguous().view({-1})));
+    MW_RETURN_IF_ERROR(work->Wait());
+    if (p.split == Split::kRows) {
+      state[p.name] = gathered.view(p.full_shape);
+    } else {
+      // [size, rows, columns / size] -> [rows, columns].
+      state[p.name] = gathered.view({size, value.size(0), value.size(1)}).permute({1, 0, 2}).reshape(p.full_shape);
+    }
+  }
+  return state;
+}
+
+double TensorParallelLlama::TakeBlockedSeconds() { return static_cast<double>(tp_group_->blocked_ns.exchange(0)) * 1e-9; }
+
+int64_t TensorParallelLlama::LocalBytes() const {
+  int64_t bytes = 0;
+  for (const LocalParam& p : params_) bytes += dist::TensorBytes(p.value);
+  return bytes;
+}
+
+}  // namespace meshwork::tp
