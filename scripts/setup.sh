@@ -46,69 +46,83 @@ else
   echo "[setup] Debian packages present"
 fi
 
+# The Python packages the tests compare with or read through (PyPI). Each install warns and goes
+# on when PyPI is out of reach (its tests then skip and say why): never fatal.
+install_python_tools() {
+  # The reference tokenizers tests/integration/tokenizer_e2e.sh compares meshwork-train with: PyPI's
+  # tokenizers at the version of the crate meshwork-train links (trainer/data/hf_tokenizers/
+  # Cargo.toml), and sentencepiece. Without PyPI the test skips and says why.
+  tokenizer_ref="$root/.meshwork/tools/tokenizer-ref"
+  if [ ! -f "$tokenizer_ref/.installed" ]; then
+    echo "[setup] installing the reference tokenizers into $tokenizer_ref"
+    rm -rf "$tokenizer_ref"
+    if /usr/bin/python3 -m pip install -q --no-deps --only-binary=:all: --target "$tokenizer_ref" \
+        tokenizers==0.23.2 sentencepiece==0.2.1; then
+      touch "$tokenizer_ref/.installed"
+    else
+      echo "[setup] warning: could not install the reference tokenizers from PyPI; tokenizer_e2e will skip" >&2
+    fi
+  fi
+  # Real tokenizer files a registry ships: the SentencePiece models Google trained for
+  # sentencepiece's own tests (English and Japanese), in its PyPI source archive, with the text they
+  # were trained on. tokenizer_e2e compares meshwork-train's ids on them with the Python package's.
+  if [ -f "$tokenizer_ref/.installed" ] && [ ! -f "$tokenizer_ref/real/.installed" ]; then
+    echo "[setup] unpacking sentencepiece's test models into $tokenizer_ref/real"
+    sdist="$(mktemp -d)"
+    if /usr/bin/python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$sdist" sentencepiece==0.2.1 &&
+       mkdir -p "$tokenizer_ref/real" &&
+       tar -xzf "$sdist"/sentencepiece-0.2.1.tar.gz -C "$tokenizer_ref/real" --strip-components=2 \
+         sentencepiece-0.2.1/test/test_model.model sentencepiece-0.2.1/test/test_ja_model.model \
+         sentencepiece-0.2.1/test/botchan.txt; then
+      touch "$tokenizer_ref/real/.installed"
+    else
+      echo "[setup] warning: could not unpack sentencepiece's source archive; tokenizer_e2e skips its real models" >&2
+    fi
+    rm -rf "$sdist"
+  fi
+
+  # Apache Arrow's C++ library for Parquet input (cmake/parquet.cmake): PyPI's pyarrow wheel carries
+  # libarrow, libparquet and their headers, and Debian 12 packages no Arrow. The same package writes
+  # the Parquet files the tests read. Without PyPI the build leaves Parquet out and says so.
+  arrow_dir="$root/.meshwork/tools/arrow"
+  if [ ! -f "$arrow_dir/.installed" ]; then
+    echo "[setup] installing Apache Arrow (pyarrow wheel) into $arrow_dir"
+    rm -rf "$arrow_dir"
+    if /usr/bin/python3 -m pip install -q --no-deps --only-binary=:all: --target "$arrow_dir" pyarrow==26.0.1; then
+      touch "$arrow_dir/.installed"
+    else
+      echo "[setup] warning: could not install pyarrow from PyPI; prepare-data will refuse Parquet inputs" >&2
+    fi
+  fi
+
+  # PyPI transformers, which tests/integration/hf_export_transformers.sh loads an HF export with (on
+  # the CUDA flavor's PyPI torch, run on the CPU). Without PyPI that test skips and says why.
+  transformers_dir="$root/.meshwork/tools/transformers"
+  if [ ! -f "$transformers_dir/.installed" ]; then
+    echo "[setup] installing transformers into $transformers_dir"
+    rm -rf "$transformers_dir"
+    if /usr/bin/python3 -m pip install -q --only-binary=:all: --target "$transformers_dir" transformers==5.24.0; then
+      touch "$transformers_dir/.installed"
+    else
+      echo "[setup] warning: could not install transformers from PyPI; hf_export_transformers will skip" >&2
+    fi
+  fi
+}
+
+# The downloads wait on the network and the Go build on the CPU: they run side by side, the
+# downloads' output printed once both are done.
+python_tools_log="$(mktemp)"
+install_python_tools >"$python_tools_log" 2>&1 &
+python_tools_pid=$!
+trap 'kill "$python_tools_pid" 2>/dev/null || true; rm -f "$python_tools_log"' EXIT
+
 # The real Kubernetes components of the local cluster (meshwork-cluster): kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd and helm, built from their Go modules
-# into .meshwork/kube/bin (scripts/kube-build.sh; about 8 minutes on 2 cores the first time).
+# into .meshwork/kube/bin (scripts/kube-build.sh; 20 to 30 minutes on 2 cores the first time).
 "$root/scripts/kube-build.sh"
 
-# The reference tokenizers tests/integration/tokenizer_e2e.sh compares meshwork-train with: PyPI's
-# tokenizers at the version of the crate meshwork-train links (trainer/data/hf_tokenizers/
-# Cargo.toml), and sentencepiece. Without PyPI the test skips and says why.
-tokenizer_ref="$root/.meshwork/tools/tokenizer-ref"
-if [ ! -f "$tokenizer_ref/.installed" ]; then
-  echo "[setup] installing the reference tokenizers into $tokenizer_ref"
-  rm -rf "$tokenizer_ref"
-  if /usr/bin/python3 -m pip install -q --no-deps --only-binary=:all: --target "$tokenizer_ref" \
-      tokenizers==0.23.2 sentencepiece==0.2.1; then
-    touch "$tokenizer_ref/.installed"
-  else
-    echo "[setup] warning: could not install the reference tokenizers from PyPI; tokenizer_e2e will skip" >&2
-  fi
-fi
-# Real tokenizer files a registry ships: the SentencePiece models Google trained for
-# sentencepiece's own tests (English and Japanese), in its PyPI source archive, with the text they
-# were trained on. tokenizer_e2e compares meshwork-train's ids on them with the Python package's.
-if [ -f "$tokenizer_ref/.installed" ] && [ ! -f "$tokenizer_ref/real/.installed" ]; then
-  echo "[setup] unpacking sentencepiece's test models into $tokenizer_ref/real"
-  sdist="$(mktemp -d)"
-  if /usr/bin/python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$sdist" sentencepiece==0.2.1 &&
-     mkdir -p "$tokenizer_ref/real" &&
-     tar -xzf "$sdist"/sentencepiece-0.2.1.tar.gz -C "$tokenizer_ref/real" --strip-components=2 \
-       sentencepiece-0.2.1/test/test_model.model sentencepiece-0.2.1/test/test_ja_model.model \
-       sentencepiece-0.2.1/test/botchan.txt; then
-    touch "$tokenizer_ref/real/.installed"
-  else
-    echo "[setup] warning: could not unpack sentencepiece's source archive; tokenizer_e2e skips its real models" >&2
-  fi
-  rm -rf "$sdist"
-fi
-
-# Apache Arrow's C++ library for Parquet input (cmake/parquet.cmake): PyPI's pyarrow wheel carries
-# libarrow, libparquet and their headers, and Debian 12 packages no Arrow. The same package writes
-# the Parquet files the tests read. Without PyPI the build leaves Parquet out and says so.
-arrow_dir="$root/.meshwork/tools/arrow"
-if [ ! -f "$arrow_dir/.installed" ]; then
-  echo "[setup] installing Apache Arrow (pyarrow wheel) into $arrow_dir"
-  rm -rf "$arrow_dir"
-  if /usr/bin/python3 -m pip install -q --no-deps --only-binary=:all: --target "$arrow_dir" pyarrow==26.0.1; then
-    touch "$arrow_dir/.installed"
-  else
-    echo "[setup] warning: could not install pyarrow from PyPI; prepare-data will refuse Parquet inputs" >&2
-  fi
-fi
-
-# PyPI transformers, which tests/integration/hf_export_transformers.sh loads an HF export with (on
-# the CUDA flavor's PyPI torch, run on the CPU). Without PyPI that test skips and says why.
-transformers_dir="$root/.meshwork/tools/transformers"
-if [ ! -f "$transformers_dir/.installed" ]; then
-  echo "[setup] installing transformers into $transformers_dir"
-  rm -rf "$transformers_dir"
-  if /usr/bin/python3 -m pip install -q --only-binary=:all: --target "$transformers_dir" transformers==5.24.0; then
-    touch "$transformers_dir/.installed"
-  else
-    echo "[setup] warning: could not install transformers from PyPI; hf_export_transformers will skip" >&2
-  fi
-fi
+wait "$python_tools_pid" || true
+cat "$python_tools_log"
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
