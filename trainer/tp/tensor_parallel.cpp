@@ -302,18 +302,22 @@ Status TensorParallelLlama::FinishBackward() {
 
 Result<torch::Tensor> TensorParallelLlama::GradNormSquared() {
   torch::NoGradGuard no_grad;
-  const torch::Device device = params_.front().value.device();
-  torch::Tensor split = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  torch::Tensor replicated = split.clone();
+  std::vector<torch::Tensor> split_grads, replicated_grads;
   for (const LocalParam& p : params_) {
-    if (!p.value.grad().defined()) continue;
-    torch::Tensor& sum = p.split == Split::kReplicated ? replicated : split;
-    sum += p.value.grad().to(torch::kDouble).pow(2).sum();
+    if (p.value.grad().defined()) (p.split == Split::kReplicated ? replicated_grads : split_grads).push_back(p.value.grad());
   }
+  const torch::TensorOptions fp64 = torch::TensorOptions().dtype(torch::kDouble).device(params_.front().value.device());
+  // One norm per gradient in one multi-tensor call (as one process does), squared and summed in
+  // fp64: no fp64 copy of the gradients on this per-step path.
+  auto squared = [&](const std::vector<torch::Tensor>& grads) {
+    if (grads.empty()) return torch::zeros({1}, fp64);
+    return torch::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble).pow(2).sum().reshape({1});
+  };
+  torch::Tensor split = squared(split_grads);
   MW_ASSIGN_OR_RETURN(auto work, group_.AllReduce(split, dist::ReduceOp::kSum));
   MW_RETURN_IF_ERROR(work->Wait());
   // Replicated gradients are the same on every rank (FinishBackward made them so): counted once.
-  return split + replicated;
+  return split + squared(replicated_grads);
 }
 
 Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullState() {
