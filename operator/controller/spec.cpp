@@ -364,9 +364,18 @@ Result<JobSpec> ParseSpec(const json& job) {
     m.dp_shard = 0;
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "dpReplicate", "spec.mesh.dpReplicate", 1, 1 << 20, &m.dp_replicate));
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "dpShard", "spec.mesh.dpShard", 1, 1 << 20, &m.dp_shard));
-    MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "tp", "spec.mesh.tp", 1, 1 << 20, &m.tp));
+    // A tp group lives in one Pod (below), so tp is at most processesPerReplica's 64.
+    MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "tp", "spec.mesh.tp", 1, 64, &m.tp));
     if (m.dp_shard == 0) return Bad("spec.mesh.dpShard", "is required when spec.mesh is set");
-    if (m.tp != 1) return Bad("spec.mesh.tp", Quote(m.tp) + " is not supported yet (only 1)");
+    // tp is the innermost mesh dim, so a tp group is tp consecutive ranks; a Pod holds
+    // processesPerReplica consecutive ranks. tp dividing processesPerReplica keeps every group
+    // inside one Pod: its collectives run in every layer and need the node's links.
+    if (s.processes_per_replica % m.tp != 0) {
+      return Bad("spec.mesh.tp", Quote(m.tp) + " does not divide processesPerReplica " +
+                                     Quote(s.processes_per_replica) +
+                                     " (a tensor parallel group must be inside one Pod: its ranks are consecutive, "
+                                     "processesPerReplica of them per Pod)");
+    }
     const int64_t product = int64_t{m.dp_replicate} * m.dp_shard * m.tp;
     if (product != s.WorldSize()) {
       return Bad("spec.mesh", "dpReplicate x dpShard x tp = " + m.ToString() + " = " + std::to_string(product) +
@@ -515,6 +524,9 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
   } else {
     out.push_back("mesh.dp_replicate=" + std::to_string(spec.mesh.dp_replicate));
     out.push_back("mesh.dp_shard=" + std::to_string(spec.mesh.dp_shard));
+    // Always, 1 included: the spec's mesh replaces any mesh.tp in the config text, as it does
+    // the other dims.
+    out.push_back("mesh.tp=" + std::to_string(spec.mesh.tp));
   }
   out.push_back("metrics.job=" + name);
   if (spec.metrics_port > 0) {

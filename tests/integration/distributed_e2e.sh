@@ -54,7 +54,9 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "compiled2-ckpt-selective 2 --set fsdp.mode=compiled --set training.activation_checkpointing=selective" \
     "compiled1-single-process 1 --set fsdp.mode=compiled --set fsdp.single_process=true" \
     "tp2 2 --set mesh.tp=2 --set data.batch_size=$global_batch" \
-    "tp2-nosp-ckpt-all 2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.activation_checkpointing=all --set data.batch_size=$global_batch"; do
+    "tp2-nosp-ckpt-all 2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.activation_checkpointing=all --set data.batch_size=$global_batch" \
+    "fsdp2-tp2 4 --set mesh.tp=2 --set mesh.dp_shard=2 --set data.batch_size=$((global_batch / 2))" \
+    "compiled-hsdp2-tp2 4 --set fsdp.mode=compiled --set mesh.tp=2 --set mesh.dp_replicate=2 --set mesh.dp_shard=1 --set data.batch_size=$((global_batch / 2))"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -75,6 +77,12 @@ grep -q "tensor parallel over mesh tp 2 with sequence parallelism (gloo)" "$work
   fail "tp2: not tensor parallel: $(grep parallelism "$work/tp2.log")"
 grep -q "tensor parallel over mesh tp 2 (gloo)" "$work/tp2-nosp-ckpt-all.log" && pass "tp2-nosp-ckpt-all: tensor parallel without sequence parallelism" ||
   fail "tp2-nosp-ckpt-all: not plain tensor parallel: $(grep parallelism "$work/tp2-nosp-ckpt-all.log")"
+# Tensor parallelism under FSDP/HSDP: a tp group reads one batch, the data parallel ranks their rows.
+grep -q "FSDP over mesh dp_replicate 1 x dp_shard 2 x tp 2 with sequence parallelism" "$work/fsdp2-tp2.log" &&
+  pass "fsdp2-tp2: FSDP over tensor parallel slices" || fail "fsdp2-tp2: not FSDP x tp: $(grep parallelism "$work/fsdp2-tp2.log")"
+grep -q "FSDP over mesh dp_replicate 2 x dp_shard 1 x tp 2 with sequence parallelism" "$work/compiled-hsdp2-tp2.log" &&
+  grep -q "compiled plan" "$work/compiled-hsdp2-tp2.log" && pass "compiled-hsdp2-tp2: a compiled plan over HSDP x tp" ||
+  fail "compiled-hsdp2-tp2: not compiled HSDP x tp: $(grep -E "parallelism|compiled plan" "$work/compiled-hsdp2-tp2.log")"
 # training.activation_checkpointing: all recomputes every layer (said on the parallelism line and,
 # compiled, in the plan); auto lets the plan checkpoint layers to fit fsdp.memory_budget (1 MiB
 # here: below eager's peak; at data.seq_len 32 the activations fit it since the output head

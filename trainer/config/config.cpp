@@ -405,21 +405,17 @@ Status ValidateCrossFields(const TrainConfig& c) {
       return InvalidConfig("key 'dist.mesh': auto chooses among data parallel meshes only, but " + tp +
                            " is set; use dist.mesh: explicit");
     }
-    if (c.mesh.dp_replicate > 1 || c.mesh.dp_shard > 1) {
-      return InvalidConfig("key 'mesh.tp': " + tp + " with mesh.dp_replicate=" + Str(c.mesh.dp_replicate) +
-                           " and mesh.dp_shard=" + Str(c.mesh.dp_shard) +
-                           ": tensor parallelism composed with FSDP or HSDP is not implemented yet; tp must "
-                           "span the world (leave mesh.dp_shard 0 or 1 and mesh.dp_replicate 1)");
-    }
-    if (c.fsdp.mode == FsdpMode::kCompiled) {
-      return InvalidConfig("key 'fsdp.mode': compiled plans FSDP's schedule, and with " + tp +
-                           " spanning the world there is no FSDP to plan; use fsdp.mode: eager");
-    }
     if (!c.checkpoint.dir.empty()) {
       return InvalidConfig("key 'checkpoint.dir': training checkpoints with " + tp +
                            " are not implemented yet (a rank's slice of o_proj and down_proj is not one run "
                            "of the flattened parameter, which the resharding format stores); leave it unset "
                            "(checkpoint.export_hf works)");
+    }
+    // The dims are known here unless they come with model.init_from (checked when the model is split).
+    if (c.model.init_from.empty()) {
+      if (std::string why = model::WhyNotSplittable(c.model.dims, static_cast<int>(c.mesh.tp)); !why.empty()) {
+        return InvalidConfig("key 'mesh.tp': " + why);
+      }
     }
     const int64_t tokens = c.data.batch_size * c.data.seq_len;
     if (c.mesh.sequence_parallel && tokens % c.mesh.tp != 0) {

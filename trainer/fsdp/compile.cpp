@@ -180,9 +180,13 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, eager));
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
-  c.options.read_by_rows = cfg.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
-  c.options.split_by_vocabulary =
-      cfg.vocab_parallel_head ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
+  // A model split by tensor parallelism embeds and computes its loss over its vocabulary slice
+  // (FullyShardedLlama::SetModelRunners): the plan reads no rows and splits no head of its own.
+  const bool own_head = !fsdp.has_model_runners();
+  c.options.read_by_rows = cfg.embedding_rows && own_head ? compiler::PlanOptions::Rows::kWhenFaster
+                                                          : compiler::PlanOptions::Rows::kNever;
+  c.options.split_by_vocabulary = cfg.vocab_parallel_head && own_head ? compiler::PlanOptions::Rows::kWhenFaster
+                                                                      : compiler::PlanOptions::Rows::kNever;
   c.options.reshard_after_forward = cfg.reshard_after_forward;
   c.options.budget = BudgetOf(cfg, device_memory_bytes);
   compiler::Graph plan;

@@ -72,7 +72,7 @@ torch::Tensor EagerSchedule::Forward(const torch::Tensor& tokens, const torch::T
         }
         return out;
       },
-      targets);
+      targets, state->embed, state->loss);
   if (layers == 0) trace->mark = trace->clock.Now();
   return logits;
 }

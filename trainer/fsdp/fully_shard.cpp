@@ -173,6 +173,11 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens, const torc
 
 void FullyShardedLlama::SetGradientSync(bool sync) { state_->sync = sync; }
 
+void FullyShardedLlama::SetModelRunners(model::EmbedRunner embed, model::LossRunner loss) {
+  state_->embed = std::move(embed);
+  state_->loss = std::move(loss);
+}
+
 torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   std::vector<std::unique_ptr<Unit>>& units = state_->units;
@@ -187,7 +192,7 @@ torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens, cons
         unit.Free();
         return out;
       },
-      targets);
+      targets, state_->embed, state_->loss);
   units[0]->Free();
   return logits;
 }
@@ -258,6 +263,8 @@ Result<std::map<std::string, torch::Tensor>> FullyShardedLlama::GatherFullState(
 const std::deque<ShardedParam>& FullyShardedLlama::sharded_params() const { return state_->params; }
 
 const model::LlamaConfig& FullyShardedLlama::config() const { return state_->model->config(); }
+
+bool FullyShardedLlama::has_model_runners() const { return state_->embed || state_->loss; }
 
 LayerCheckpointing FullyShardedLlama::checkpointing() const { return state_->options.checkpointing; }
 
@@ -372,6 +379,12 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
 Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
   MW_RETURN_IF_ERROR(CheckPlanMatches(plan, Skeleton()));
   MW_RETURN_IF_ERROR(compiler::Validate(plan));
+  if (has_model_runners()) {
+    for (const auto& m : plan.modules)
+      if (!m.rows.empty() || !m.vocab.empty())
+        return Internal("plan reads module '" + m.name + "' by rows or splits it by vocabulary, but the model " +
+                        "embeds and computes its loss through a plan applied before FSDP (tensor parallelism)");
+  }
   schedule_ = std::make_unique<PlanExecutor>(*state_, plan);
   compiled_ = true;
   return Status::Ok();

@@ -120,6 +120,12 @@ class FullyShardedLlama {
   // Whether this micro-batch's backward reduces gradients (false until the last micro-batch of
   // gradient accumulation: full gradients accumulate locally instead).
   void SetGradientSync(bool sync);
+  // The embedding and the loss of a plan applied to the model before FSDP (tensor parallelism:
+  // the vocabulary split over the tp ranks), used by every forward from here on in place of the
+  // model's own. A compiled plan's by-rows embedding and vocabulary-split head replace them, so
+  // a plan for such a model is made without those (fsdp/compile.cpp).
+  void SetModelRunners(model::EmbedRunner embed, model::LossRunner loss);
+  bool has_model_runners() const;
   // After loss.backward(): reduce the root's gradients, wait for every reduction, write the
   // shard gradients (HSDP: averaged over replicas) and free the root.
   Status FinishBackward();

@@ -143,7 +143,7 @@ torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Te
   pc_ = 0;
   tokens_ = tokens;
   RunUntil(Phase::kForward, "embed");
-  model::EmbedRunner embed;
+  model::EmbedRunner embed = state_.embed;
   if (embed_rows_ != nullptr) embed = [this](const torch::Tensor&) { return embed_rows_->rows(); };
   const int64_t layers = state_.model->config().num_hidden_layers;
   torch::Tensor logits = state_.model->ForwardWithLayerRunner(
@@ -164,7 +164,7 @@ torch::Tensor PlanExecutor::Forward(const torch::Tensor& tokens, const torch::Te
         return out;
       },
       targets, embed,
-      vocab_head_ == nullptr ? model::LossRunner()
+      vocab_head_ == nullptr ? state_.loss
                              : [this](const torch::Tensor& h, const torch::Tensor& t) { return vocab_head_->Loss(h, t); });
   // The head's backward runs before control comes back (at the last layer's backward hook):
   // what the plan schedules between the head's forward and backward is issued now.

@@ -60,7 +60,11 @@ struct ShardedState {
   std::vector<std::unique_ptr<Unit>> units;  // [0] = root (embed + head), then layer i at [i + 1]
   FsdpStats stats;
   ChromeTrace* tracer = nullptr;
-  int64_t gathered_bytes = 0;  // parameter storage allocated now, over every unit
+  int64_t gathered_bytes = 0;
+  // A plan applied before FSDP (tensor parallelism) that embeds and computes the loss its own
+  // way (FullyShardedLlama::SetModelRunners); empty: the model's own.
+  model::EmbedRunner embed;
+  model::LossRunner loss;  // parameter storage allocated now, over every unit
   StepTrace trace;
 };
 

@@ -1,6 +1,8 @@
 #include "trainer/model/llama_config.h"
 
 #include <sstream>
+#include <string>
+#include <utility>
 
 namespace meshwork::model {
 
@@ -83,6 +85,22 @@ Status LlamaConfig::Validate(const std::string& p) const {
 }
 
 std::vector<std::string> PresetNames() { return {"tiny", "llama-100m", "llama3-1b", "llama3-8b"}; }
+
+std::string WhyNotSplittable(const LlamaConfig& c, int tp) {
+  if (tp < 1) return "tp=" + std::to_string(tp) + " must be at least 1";
+  auto check = [tp](const char* key, int64_t value) -> std::string {
+    if (value % tp == 0) return "";
+    return std::string(key) + "=" + std::to_string(value) + " does not divide by mesh.tp=" + std::to_string(tp) +
+           " (tensor parallelism gives each rank an equal slice of it)";
+  };
+  for (auto [key, value] : {std::pair<const char*, int64_t>{"model.num_attention_heads", c.num_attention_heads},
+                            {"model.num_key_value_heads", c.num_key_value_heads},
+                            {"model.intermediate_size", c.intermediate_size},
+                            {"model.vocab_size", c.vocab_size}}) {
+    if (std::string why = check(key, value); !why.empty()) return why;
+  }
+  return "";
+}
 
 Result<LlamaConfig> PresetConfig(const std::string& name) {
   LlamaConfig c;

@@ -46,6 +46,12 @@ struct LlamaConfig {
   Status Validate(const std::string& prefix = "model.") const;
 };
 
+// Why `config` cannot be split over `tp` tensor parallel ranks (heads, kv-heads, intermediate size
+// or vocabulary not divisible: each rank gets an equal slice of each), naming the key and the
+// values; "" when it can. The trainer checks it at config load (dims known) and again when it
+// splits the model (trainer/tp), where a model loaded with model.init_from first has its dims.
+std::string WhyNotSplittable(const LlamaConfig& config, int tp);
+
 // Named presets. "tiny" trains in seconds on a CPU; "llama-100m" is the ~100M-parameter
 // benchmark model; "llama3-1b" and "llama3-8b" follow the public Llama 3.2 1B / Llama 3 8B
 // configs.

@@ -151,21 +151,6 @@ Split SplitOf(const std::string& name) {
 
 }  // namespace
 
-std::string WhyNotSplittable(const model::LlamaConfig& c, int tp) {
-  if (tp < 1) return "tp=" + std::to_string(tp) + " must be at least 1";
-  auto check = [tp](const char* key, int64_t value) -> std::string {
-    if (value % tp == 0) return "";
-    return std::string(key) + "=" + std::to_string(value) + " does not divide by mesh.tp=" + std::to_string(tp) +
-           " (tensor parallelism gives each rank an equal slice of it)";
-  };
-  for (auto [key, value] : {std::pair<const char*, int64_t>{"model.num_attention_heads", c.num_attention_heads},
-                            {"model.num_key_value_heads", c.num_key_value_heads},
-                            {"model.intermediate_size", c.intermediate_size},
-                            {"model.vocab_size", c.vocab_size}}) {
-    if (std::string why = check(key, value); !why.empty()) return why;
-  }
-  return "";
-}
 
 Result<std::unique_ptr<TensorParallelLlama>> TensorParallelLlama::Create(model::LlamaForCausalLM model,
                                                                          dist::Communicator& group,
@@ -247,9 +232,7 @@ torch::Tensor TensorParallelLlama::VocabParallelLoss(const torch::Tensor& hidden
   return (lse - target_logit).mean();
 }
 
-torch::Tensor TensorParallelLlama::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                        const model::LayerRunner& run_layer) {
-  TORCH_CHECK(targets.defined(), "tensor parallel training computes the loss: targets are needed");
+void TensorParallelLlama::BeginForward(const torch::Tensor& tokens) {
   const int64_t size = group_.size();
   // Sequence parallelism where the tokens divide by tp; the norms' weights are whole on every
   // rank, so a batch that does not divide (an evaluation's last) runs the plain regions alike.
@@ -266,23 +249,38 @@ torch::Tensor TensorParallelLlama::Loss(const torch::Tensor& tokens, const torch
     }
     step_split_tokens_ = split_tokens_;
   }
+}
+
+model::EmbedRunner TensorParallelLlama::Embedding() {
+  return [this](const torch::Tensor& t) { return EmbedTokens(t); };
+}
+
+model::LossRunner TensorParallelLlama::LossHead() {
+  return [this](const torch::Tensor& h, const torch::Tensor& t) { return VocabParallelLoss(h, t); };
+}
+
+torch::Tensor TensorParallelLlama::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                        const model::LayerRunner& run_layer) {
+  TORCH_CHECK(targets.defined(), "tensor parallel training computes the loss: targets are needed");
+  BeginForward(tokens);
   static const model::LayerRunner plain = [](int64_t, model::DecoderLayerImpl& layer, const torch::Tensor& h,
                                              const model::RopeTables& rope) { return layer.forward(h, rope); };
-  return model_->ForwardWithLayerRunner(
-      tokens, run_layer ? run_layer : plain, targets, [this](const torch::Tensor& t) { return EmbedTokens(t); },
-      [this](const torch::Tensor& h, const torch::Tensor& t) { return VocabParallelLoss(h, t); });
+  return model_->ForwardWithLayerRunner(tokens, run_layer ? run_layer : plain, targets, Embedding(), LossHead());
 }
 
 Status TensorParallelLlama::FinishBackward() {
-  const bool split = step_split_tokens_.value_or(false);
-  step_split_tokens_.reset();
-  if (group_.size() == 1) return Status::Ok();
-  torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const LocalParam& p : params_) {
     if (p.split == Split::kReplicated && p.value.grad().defined()) grads.push_back(p.value.mutable_grad());
   }
-  if (grads.empty()) return Status::Ok();
+  return ReduceReplicatedGrads(grads);
+}
+
+Status TensorParallelLlama::ReduceReplicatedGrads(const std::vector<torch::Tensor>& grads) {
+  const bool split = step_split_tokens_.value_or(false);
+  step_split_tokens_.reset();
+  if (group_.size() == 1 || grads.empty()) return Status::Ok();
+  torch::NoGradGuard no_grad;
   // One all-reduce for every norm's gradient (they are small). After split forwards each rank's
   // holds its tokens' part: summed. After plain ones every rank computed the whole gradient from
   // the same values: averaged, which leaves it as it is, so that the replicated weights cannot
@@ -293,7 +291,7 @@ Status TensorParallelLlama::FinishBackward() {
   MW_ASSIGN_OR_RETURN(auto work, group_.AllReduce(all, split ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg));
   MW_RETURN_IF_ERROR(work->Wait());
   int64_t at = 0;
-  for (auto& g : grads) {
+  for (const auto& g : grads) {
     g.view({-1}).copy_(all.narrow(0, at, g.numel()));
     at += g.numel();
   }
@@ -301,11 +299,16 @@ Status TensorParallelLlama::FinishBackward() {
 }
 
 Result<torch::Tensor> TensorParallelLlama::GradNormSquared() {
-  torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> split_grads, replicated_grads;
   for (const LocalParam& p : params_) {
     if (p.value.grad().defined()) (p.split == Split::kReplicated ? replicated_grads : split_grads).push_back(p.value.grad());
   }
+  return GradNormSquared(split_grads, replicated_grads);
+}
+
+Result<torch::Tensor> TensorParallelLlama::GradNormSquared(const std::vector<torch::Tensor>& split_grads,
+                                                           const std::vector<torch::Tensor>& replicated_grads) {
+  torch::NoGradGuard no_grad;
   const torch::TensorOptions fp64 = torch::TensorOptions().dtype(torch::kDouble).device(params_.front().value.device());
   // One norm per gradient in one multi-tensor call (as one process does), squared and summed in
   // fp64: no fp64 copy of the gradients on this per-step path.
@@ -321,11 +324,20 @@ Result<torch::Tensor> TensorParallelLlama::GradNormSquared() {
 }
 
 Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullState() {
+  std::map<std::string, torch::Tensor> local;
+  for (const LocalParam& p : params_) local[p.name] = p.value.detach();
+  return GatherFullState(local);
+}
+
+Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullState(
+    const std::map<std::string, torch::Tensor>& local) {
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> state;
   const int64_t size = group_.size();
   for (const LocalParam& p : params_) {
-    const torch::Tensor value = p.value.detach();
+    const auto it = local.find(p.name);
+    if (it == local.end()) return Internal("tensor parallel state: no local value of '" + p.name + "'");
+    const torch::Tensor value = it->second.detach();
     if (p.split == Split::kReplicated) {
       state[p.name] = value.clone();
       continue;
@@ -342,6 +354,8 @@ Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullStat
   }
   return state;
 }
+
+Split TensorParallelLlama::SplitOf(const std::string& name) { return tp::SplitOf(name); }
 
 double TensorParallelLlama::TakeBlockedSeconds() { return static_cast<double>(tp_group_->blocked_ns.exchange(0)) * 1e-9; }
 

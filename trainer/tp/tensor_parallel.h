@@ -62,9 +62,7 @@ struct LocalParam {
 
 struct TpGroup;  // tensor_parallel.cpp: the communicator as the autograd functions hold it
 
-// Why `config` cannot be split over `tp` ranks (heads, kv-heads, intermediate size or vocabulary
-// not divisible), naming the values; "" when it can.
-std::string WhyNotSplittable(const model::LlamaConfig& config, int tp);
+using model::WhyNotSplittable;  // llama_config.h
 
 class TensorParallelLlama {
  public:
@@ -79,17 +77,37 @@ class TensorParallelLlama {
   // targets, int64 [batch, seq]), with decoder layer i run by `run_layer` (activation
   // checkpointing) or plainly when it is empty. Throws (c10::Error) when a collective fails.
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, const model::LayerRunner& run_layer = {});
+
+  // The same forward run by another plan (FSDP composed with TP: FSDP gathers each layer's
+  // weights around its layer runner): BeginForward(tokens) first, then the model's
+  // ForwardWithLayerRunner with these as its embedding and its loss. The decoder layers' regions
+  // are set on the modules already.
+  void BeginForward(const torch::Tensor& tokens);
+  model::EmbedRunner Embedding();
+  model::LossRunner LossHead();
   // After the last micro-batch's backward: all-reduces the replicated parameters' gradients
   // (summed where the step's forwards split the tokens: each rank's holds its tokens' part).
   // A step mixing split and plain micro-batches is refused by Loss (the sums would be wrong).
   // A micro-batch's backward must follow its forward before the next forward: the regions read
   // that forward's split, and activation checkpointing re-runs them in backward.
   Status FinishBackward();
+  // The same over gradients held elsewhere (FSDP's shards of the replicated parameters, which
+  // line up on every tp rank: each rank's slices have the same shapes, so its flat groups the
+  // same layout): summed or averaged over the group as FinishBackward does, in place.
+  Status ReduceReplicatedGrads(const std::vector<torch::Tensor>& grads);
   // The squared norm of the whole model's gradient: each split parameter's slices once, the
   // replicated ones once. fp64, one element, on the parameters' device.
   Result<torch::Tensor> GradNormSquared();
+  // The same from gradients held elsewhere (FSDP's shards): `split` of split parameters (summed
+  // over the group), `replicated` of replicated ones (the same on every rank: counted once).
+  Result<torch::Tensor> GradNormSquared(const std::vector<torch::Tensor>& split,
+                                        const std::vector<torch::Tensor>& replicated);
   // The whole parameters by HF name, gathered from every rank (collective: every rank calls).
   Result<std::map<std::string, torch::Tensor>> GatherFullState();
+  // The same from this rank's slices by HF name (FSDP's gathered state of a TP-split model).
+  Result<std::map<std::string, torch::Tensor>> GatherFullState(const std::map<std::string, torch::Tensor>& local);
+  // How `name` (an HF parameter name) is split.
+  static Split SplitOf(const std::string& name);
 
   const std::vector<LocalParam>& params() const { return params_; }
   model::LlamaForCausalLM& model() { return model_; }

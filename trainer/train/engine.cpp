@@ -18,6 +18,7 @@
 #include "trainer/fsdp/compile.h"
 #include "trainer/fsdp/fully_shard.h"
 #include "trainer/model/recompute.h"
+#include "trainer/parallel/parallelize.h"
 #include "trainer/tp/tensor_parallel.h"
 #include "trainer/train/device.h"
 #include "trainer/train/mesh_auto.h"
@@ -118,13 +119,16 @@ class LocalEngine : public Engine {
   std::vector<torch::Tensor> decay_, no_decay_;
 };
 
+// FSDP (and HSDP) over the data parallel dims, of a model that tensor parallelism may have split
+// first (parallel/parallelize.h).
 class FsdpEngine : public Engine {
  public:
-  FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<fsdp::FullyShardedLlama> fsdp,
+  FsdpEngine(dist::DistEnv env, std::unique_ptr<dist::DeviceMesh> mesh, std::unique_ptr<parallel::ParallelLlama> model,
              config::FsdpConfig fsdp_config, bool cpu, int64_t device_memory_bytes, std::ostream& log)
       : env_(std::move(env)),
         mesh_(std::move(mesh)),
-        fsdp_(std::move(fsdp)),
+        parallel_(std::move(model)),
+        fsdp_(&parallel_->fsdp()),
         cfg_(std::move(fsdp_config)),
         cpu_(cpu),
         device_memory_bytes_(device_memory_bytes),
@@ -132,14 +136,19 @@ class FsdpEngine : public Engine {
 
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
-  // Every rank of the mesh is data parallel (tp = 1): the data index is the global rank.
-  int dp_rank() const override { return env_.rank; }
-  int dp_size() const override { return env_.world_size; }
+  // The data index: the rank's place on the data parallel dims (a tp group reads one batch).
+  int dp_rank() const override { return env_.rank / mesh_->shape().tp; }
+  int dp_size() const override { return env_.world_size / mesh_->shape().tp; }
   dist::MeshShape mesh_shape() const override { return mesh_->shape(); }
   std::string Describe() const override {
     const auto s = mesh_->shape();
+    std::string tp;
+    if (const tp::TensorParallelLlama* split = parallel_->tp(); split != nullptr) {
+      tp = " x tp " + std::to_string(s.tp) + (split->sequence_parallel() ? " with sequence parallelism" : "") +
+           ", FSDP sharding each tensor parallel slice";
+    }
     return std::to_string(env_.world_size) + " ranks, FSDP over mesh dp_replicate " +
-           std::to_string(s.dp_replicate) + " x dp_shard " + std::to_string(s.dp_shard) + " (" +
+           std::to_string(s.dp_replicate) + " x dp_shard " + std::to_string(s.dp_shard) + tp + " (" +
            mesh_->group("dp_shard").backend() + ")";
   }
 
@@ -178,18 +187,18 @@ class FsdpEngine : public Engine {
   }
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool sync) override {
     if (sync) sync_started_ = NowSeconds();
-    fsdp_->SetGradientSync(sync);
-    return fsdp_->Forward(tokens, targets);
+    parallel_->SetGradientSync(sync);
+    return parallel_->Forward(tokens, targets);
   }
   Status AfterBackward(bool sync) override {
-    MW_RETURN_IF_ERROR(fsdp_->FinishBackward());
+    MW_RETURN_IF_ERROR(parallel_->FinishBackward());
     if (sync) last_sync_seconds_ = NowSeconds() - sync_started_;
     if (sync) ++steps_done_;
     if (sync && trace_ && steps_done_ == kTracedStep) MW_RETURN_IF_ERROR(WriteTrace());
     return Status::Ok();
   }
   Result<torch::Tensor> GradNorm() override {
-    MW_ASSIGN_OR_RETURN(torch::Tensor norm2, fsdp_->GradNormSquared());
+    MW_ASSIGN_OR_RETURN(torch::Tensor norm2, parallel_->GradNormSquared());
     return norm2.sqrt();
   }
   void ZeroGrad() override { fsdp_->ZeroGrad(); }
@@ -211,19 +220,21 @@ class FsdpEngine : public Engine {
   }
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
   torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
-    return fsdp_->ForwardNoGrad(tokens, targets);
+    return parallel_->ForwardNoGrad(tokens, targets);
   }
   Result<double> AverageAcrossRanks(double local) override {
     MW_ASSIGN_OR_RETURN(const std::vector<double> mean,
                         dist::AllReduceValues(mesh_->group("world"), {local}, dist::ReduceOp::kAvg));
     return mean[0];
   }
-  Result<std::map<std::string, torch::Tensor>> FullState() override { return fsdp_->GatherFullState(); }
+  Result<std::map<std::string, torch::Tensor>> FullState() override {
+    return parallel_->GatherFullState();
+  }
   EngineStats TakeStats() override {
     EngineStats s;
     // Gloo: the time the host blocked in waits; NCCL: the time the compute stream stood waiting.
     const fsdp::FsdpStats fs = fsdp_->TakeStats();
-    s.exposed_comm_seconds = fs.exposed_comm_seconds;
+    s.exposed_comm_seconds = fs.exposed_comm_seconds + parallel_->TakeTpBlockedSeconds();
     if (fs.gradient_copies > 0 && !warned_gradient_copies_) {
       warned_gradient_copies_ = true;
       log_ << "warning: fsdp: " << fs.gradient_copies
@@ -238,6 +249,8 @@ class FsdpEngine : public Engine {
   static double NowSeconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
+
+
 
   // Ends the trace of step kTracedStep: rank 0 collects every rank's events and writes one file
   // (each rank a process; times from each rank's own start of the step).
@@ -261,7 +274,8 @@ class FsdpEngine : public Engine {
   static constexpr int64_t kCompiledStepsBeforeReplan = 2;
   dist::DistEnv env_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
-  std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
+  std::unique_ptr<parallel::ParallelLlama> parallel_;
+  fsdp::FullyShardedLlama* fsdp_;  // parallel_'s
   config::FsdpConfig cfg_;
   bool cpu_;  // CPU ranks (Gloo): the cost model charges copies and core sharing
   int64_t device_memory_bytes_;  // what this rank's device holds for it (0: unknown)
@@ -387,11 +401,6 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   if (cfg.dist.mesh == config::MeshPolicy::kExplicit) {
     MW_ASSIGN_OR_RETURN(shape, dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
                                                       static_cast<int>(cfg.mesh.dp_shard), static_cast<int>(cfg.mesh.tp)));
-    if (shape.tp > 1 && shape.tp != env.world_size) {
-      return InvalidConfig("key 'mesh.tp': " + std::to_string(shape.tp) + " of a world of " + std::to_string(env.world_size) +
-                           " ranks leaves data parallel ranks, and tensor parallelism composed with FSDP is not "
-                           "implemented yet; tp must equal the world size");
-    }
   }
   const std::chrono::milliseconds timeout(cfg.dist.timeout_seconds * 1000);
   MW_ASSIGN_OR_RETURN(auto store, dist::Rendezvous(env, timeout));
@@ -427,9 +436,16 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
         << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
   }
-  if (shape.tp > 1) {
-    tp::TensorParallelOptions to;
-    to.sequence_parallel = cfg.mesh.sequence_parallel;
+  tp::TensorParallelOptions to;
+  to.sequence_parallel = cfg.mesh.sequence_parallel;
+  if (shape.tp > 1 && shape.tp == env.world_size) {
+    // Tensor parallelism alone: no data parallel dim, nothing to shard, and no FSDP copies around
+    // every layer.
+    if (cfg.fsdp.mode == config::FsdpMode::kCompiled) {
+        return InvalidConfig("key 'fsdp.mode': compiled plans FSDP's schedule, and mesh.tp=" + std::to_string(shape.tp) +
+                             " spans the whole world of " + std::to_string(env.world_size) +
+                             " ranks: there is no FSDP to plan; use fsdp.mode: eager, or a mesh with dp_shard > 1");
+      }
     MW_ASSIGN_OR_RETURN(auto split, tp::TensorParallelLlama::Create(std::move(model), mesh->group("tp"), to));
     return std::unique_ptr<Engine>(new TensorParallelEngine(env, std::move(mesh), std::move(split), CheckpointEvery(cfg)));
   }
@@ -454,19 +470,23 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       break;
   }
   if (device.is_cuda() && cfg.training.dtype != config::Dtype::kFp32) fo.param_dtype = torch::kBFloat16;
-  fsdp::FsdpGroups groups;
-  groups.shard = &mesh->group("dp_shard");
-  groups.reduce_scatter = &mesh->group("dp_shard_reduce");
-  groups.replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
-  MW_ASSIGN_OR_RETURN(auto sharded, fsdp::FullyShardedLlama::Create(std::move(model), groups, fo));
+  // The parallel plans in their order (parallel/parallelize.h): tensor parallelism splits the
+  // weights, activation checkpointing wraps the layers (FSDP's layer runner, `fo`), FSDP shards
+  // what each rank holds.
+  parallel::ParallelGroups groups;
+  groups.tp = shape.tp > 1 ? &mesh->group("tp") : nullptr;
+  groups.fsdp.shard = &mesh->group("dp_shard");
+  groups.fsdp.reduce_scatter = &mesh->group("dp_shard_reduce");
+  groups.fsdp.replicate = shape.dp_replicate > 1 ? &mesh->group("dp_replicate") : nullptr;
+  MW_ASSIGN_OR_RETURN(auto sharded, parallel::ParallelLlama::Create(std::move(model), groups, {to, fo}));
   // The compiled plan's default budget: training.memory_limit_mib, else the device's memory, or
   // on the CPU the machine's (or the container's) shared by this machine's ranks.
   const int64_t limit = SampleMemory(device).limit_bytes;
   const int64_t device_memory = TensorMemoryLimit() > 0 ? TensorMemoryLimit()
                                 : device.is_cuda()      ? limit
                                                         : limit / std::max(1, env.local_world_size);
-  return std::unique_ptr<Engine>(
-      new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp, !device.is_cuda(), device_memory, log));
+  return std::unique_ptr<Engine>(new FsdpEngine(env, std::move(mesh), std::move(sharded), cfg.fsdp,
+                                                !device.is_cuda(), device_memory, log));
 }
 
 Status AgreeAcrossRanks(Engine& engine, const Status& local, StatusCode code, const std::string& what) {

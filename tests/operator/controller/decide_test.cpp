@@ -411,6 +411,31 @@ TEST(DecideTest, ScaleRestartsTheGangAtTheNewSize) {
   EXPECT_EQ(q.create[0]["metadata"]["labels"][kWorldSizeLabel], "1");
 }
 
+// Without CEL (or with the schema's rules bypassed) an edit of a running tensor parallel job that
+// breaks the mesh rules fails it naming the values, rather than starting a gang the mesh does
+// not fit.
+TEST(DecideTest, AnEditThatBreaksATensorParallelMeshIsInvalidSpec) {
+  const json tp_mesh = {{"replicas", 2}, {"processesPerReplica", 2}, {"mesh", {{"dpShard", 2}, {"tp", 2}}}};
+  json job = RunningJob(tp_mesh);
+  EXPECT_EQ(job["status"]["meshShape"], "1x2x2");
+  EXPECT_EQ(job["status"]["mesh"], json({{"dpReplicate", 1}, {"dpShard", 2}, {"tp", 2}}));
+  const std::vector<std::pair<json, std::string>> edits = {
+      {{{"replicas", 3}},  // kubectl scale alone
+       "spec.mesh: dpReplicate x dpShard x tp = 1x2x2 = 4 does not equal replicas x processesPerReplica = 3x2 = 6"},
+      {{{"processesPerReplica", 3}, {"mesh", {{"dpShard", 3}}}},
+       "spec.mesh.tp: 2 does not divide processesPerReplica 3"},
+  };
+  for (const auto& [edit, message] : edits) {
+    json edited = job;
+    edited["spec"].merge_patch(edit);
+    Plan p = Decide(In(edited, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}));
+    EXPECT_EQ(p.phase, "Failed") << message;
+    EXPECT_EQ(ConditionReason(p.status, "Failed"), "InvalidSpec") << message;
+    EXPECT_THAT(p.status["conditions"].dump(), HasSubstr(message));
+    EXPECT_TRUE(p.create.empty());
+  }
+}
+
 TEST(DecideTest, ResizeWithCheckpointsFailsInsteadOfCrashLooping) {
   json job = RunningJob({{"checkpoint", {{"path", "/ckpt"}}}});
   job["spec"]["replicas"] = 1;

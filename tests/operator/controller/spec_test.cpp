@@ -169,6 +169,60 @@ TEST(SpecTest, MeshAutoLeavesTheChoiceToTheTrainer) {
   EXPECT_THAT(not_bool.status().message(), HasSubstr("spec.mesh.auto"));
 }
 
+// spec.mesh.tp: each tp group is tp consecutive ranks inside one Pod; the trainer gets the
+// whole mesh, tp included, on its command line and in the environment.
+TEST(SpecTest, TensorParallelMeshIsAcceptedWhenEachGroupIsInOnePod) {
+  json job = Job({{"replicas", 2}, {"processesPerReplica", 2}, {"mesh", {{"dpShard", 2}, {"tp", 2}}}});
+  auto s = ParseSpec(job);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->mesh.ToString(), "1x2x2");
+  const json pod = DesiredPod(job, *s, 1, 0);
+  std::map<std::string, std::string> env;
+  for (const auto& e : pod["spec"]["containers"][0]["env"])
+    if (e.contains("value")) env[e["name"]] = e["value"];
+  EXPECT_EQ(env["MESHWORK_MESH_TP"], "2");
+  EXPECT_EQ(env["MESHWORK_MESH_DP_SHARD"], "2");
+  EXPECT_EQ(env["MESHWORK_MESH_DP_REPLICATE"], "1");
+  EXPECT_EQ(pod["metadata"]["labels"][kMeshLabel], "1x2x2");
+  const std::string cmd = pod["spec"]["containers"][0]["command"].dump();
+  EXPECT_THAT(cmd, HasSubstr(R"("--set","mesh.dp_shard=2","--set","mesh.tp=2")"));
+
+  // HSDP with tp, and tp filling the Pod.
+  auto hsdp = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 4},
+                             {"mesh", {{"dpReplicate", 2}, {"dpShard", 2}, {"tp", 2}}}}));
+  ASSERT_TRUE(hsdp.ok()) << hsdp.status().message();
+  EXPECT_EQ(hsdp->mesh.ToString(), "2x2x2");
+  auto whole_pod = ParseSpec(Job({{"replicas", 3}, {"processesPerReplica", 8}, {"mesh", {{"dpShard", 3}, {"tp", 8}}}}));
+  ASSERT_TRUE(whole_pod.ok()) << whole_pod.status().message();
+  EXPECT_EQ(whole_pod->mesh.ToString(), "1x3x8");
+}
+
+// The trainer config is checked with the spec's tp, which replaces any mesh.tp in the config
+// text as the spec's other dims do.
+TEST(SpecTest, TrainerConfigIsCheckedWithTheSpecsTp) {
+  const std::string tokens_15 = "model:\n  preset: tiny\ndata:\n  batch_size: 3\n  seq_len: 5\n";
+  auto tp2 = ParseSpec(Job({{"processesPerReplica", 2}, {"device", "cpu"}, {"mesh", {{"dpShard", 1}, {"tp", 2}}}}));
+  ASSERT_TRUE(tp2.ok()) << tp2.status().message();
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *tp2, "ns", "job", "spec.config.inline").ok());
+  // Sequence parallelism splits each micro-batch's 3 x 5 tokens over tp: the trainer refuses 2.
+  Status bad = ValidateTrainerConfig(tokens_15, *tp2, "ns", "job", "spec.config.inline");
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(bad.message(), HasSubstr("spec.config.inline: the trainer refuses this config"));
+  EXPECT_THAT(bad.message(), HasSubstr("mesh.tp=2"));
+  // A model whose heads do not split over tp is refused here, before any Pod starts: the tiny
+  // preset's 2 key/value heads over tp 4.
+  auto tp4 = ParseSpec(Job({{"processesPerReplica", 4}, {"device", "cpu"}, {"mesh", {{"dpShard", 1}, {"tp", 4}}}}));
+  ASSERT_TRUE(tp4.ok()) << tp4.status().message();
+  Status heads = ValidateTrainerConfig("model:\n  preset: tiny\n", *tp4, "ns", "job", "spec.config.inline");
+  EXPECT_EQ(heads.code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(heads.message(), HasSubstr("model.num_key_value_heads=2 does not divide by mesh.tp=4"));
+  // A job without tp runs at tp 1 whatever the config text says.
+  auto tp1 = ParseSpec(Job({{"device", "cpu"}}));
+  ASSERT_TRUE(tp1.ok());
+  Status config_tp = ValidateTrainerConfig(tokens_15 + "mesh:\n  tp: 2\n", *tp1, "ns", "job", "spec.config.inline");
+  EXPECT_TRUE(config_tp.ok()) << config_tp.message();
+}
+
 TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
   json seventeen_rules = json::array();
   for (int i = 0; i < 17; ++i) seventeen_rules.push_back({{"action", "FailJob"}, {"onExitCodes", {{"values", {1}}}}});
@@ -181,7 +235,16 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
       {{{"config", {{"configMapRef", {{"name", "c"}}}}}}, "spec.config: set exactly one of inline and configMapRef"},
       {{{"mesh", {{"dpShard", 2}, {"dpReplicate", 2}}}},
        "spec.mesh: dpReplicate x dpShard x tp = 2x2x1 = 4 does not equal replicas x processesPerReplica = 1x1 = 1"},
-      {{{"mesh", {{"dpShard", 1}, {"tp", 2}}}}, "spec.mesh.tp: 2 is not supported yet"},
+      // A tp group is tp consecutive ranks: it must fit in a Pod's processesPerReplica ranks.
+      {{{"mesh", {{"dpShard", 1}, {"tp", 2}}}},
+       "spec.mesh.tp: 2 does not divide processesPerReplica 1 (a tensor parallel group must be inside one Pod"},
+      {{{"replicas", 2}, {"processesPerReplica", 3}, {"mesh", {{"dpShard", 3}, {"tp", 2}}}},
+       "spec.mesh.tp: 2 does not divide processesPerReplica 3"},
+      {{{"mesh", {{"dpShard", 1}, {"tp", 0}}}}, "spec.mesh.tp: 0 is outside [1, 64]"},
+      {{{"processesPerReplica", 64}, {"mesh", {{"dpShard", 1}, {"tp", 128}}}}, "spec.mesh.tp: 128 is outside [1, 64]"},
+      {{{"replicas", 2}, {"processesPerReplica", 2}, {"mesh", {{"dpShard", 1}, {"tp", 2}}}},
+       "spec.mesh: dpReplicate x dpShard x tp = 1x1x2 = 2 does not equal replicas x processesPerReplica = 2x2 = 4"},
+      {{{"mesh", {{"auto", true}, {"tp", 2}}}}, "spec.mesh.tp: must not be set with spec.mesh.auto: true"},
       {{{"checkpoint", {{"path", "ckpt"}}}}, "spec.checkpoint.path: \"ckpt\" must be absolute"},
       {{{"runPolicy", {{"restartPolicy", "Always"}}}}, "spec.runPolicy.restartPolicy: unsupported value \"Always\""},
       {{{"runPolicy", {{"permanentExitCodes", {0}}}}}, "spec.runPolicy.permanentExitCodes[0]: 0 must be an exit code"},

@@ -150,13 +150,12 @@ const Rejected kRejected[] = {
     {"MeshPolicyUnknown", "dist:\n  mesh: fastest\n", {}, "'dist.mesh'", "explicit, auto"},
     {"TpZero", "", {"mesh.tp=0"}, "'mesh.tp'", "got 0"},
     {"TpWithMeshAuto", "", {"mesh.tp=2", "dist.mesh=auto"}, "'dist.mesh'", "but mesh.tp=2 is set"},
-    {"TpWithFsdp", "", {"mesh.tp=2", "mesh.dp_shard=2"}, "'mesh.tp'",
-     "mesh.tp=2 with mesh.dp_replicate=1 and mesh.dp_shard=2: tensor parallelism composed with FSDP"},
-    {"TpWithCompiledFsdp", "", {"mesh.tp=2", "fsdp.mode=compiled"}, "'fsdp.mode'", "with mesh.tp=2 spanning the world"},
+    {"TpDoesNotSplitTheModel", "", {"model.preset=tiny", "mesh.tp=4"}, "'mesh.tp'",
+     "model.num_key_value_heads=2 does not divide by mesh.tp=4"},
     {"TpWithCheckpoints", "", {"mesh.tp=2", "checkpoint.dir=ckpt"}, "'checkpoint.dir'",
      "training checkpoints with mesh.tp=2 are not implemented yet"},
-    {"SequenceParallelTokensDoNotDivide", "", {"mesh.tp=4", "data.batch_size=3", "data.seq_len=5"},
-     "'mesh.sequence_parallel'", "data.batch_size=3 x data.seq_len=5 = 15 tokens over mesh.tp=4"},
+    {"SequenceParallelTokensDoNotDivide", "", {"mesh.tp=2", "data.batch_size=3", "data.seq_len=5"},
+     "'mesh.sequence_parallel'", "data.batch_size=3 x data.seq_len=5 = 15 tokens over mesh.tp=2"},
     {"SeqLenAboveMaxPositions", "data:\n  seq_len: 2000\n", {}, "'data.seq_len'",
      "2000 exceeds model.max_position_embeddings 1024"},
     {"UnknownPreset", "model:\n  preset: gpt2\n", {}, "'model.preset'", "'gpt2'"},
@@ -550,6 +549,20 @@ TEST(ConfigTest, SetValuesAreYaml) {
   EXPECT_FALSE(c->model.dims.tie_word_embeddings);
   EXPECT_EQ(c->metrics.host, "127.0.0.1");
   EXPECT_DOUBLE_EQ(c->optimizer.lr, 3e-4);
+}
+
+// Tensor parallelism composes with FSDP and HSDP (a mesh dp_replicate x dp_shard x tp) and with
+// compiled FSDP: none of these is refused at load (a tp spanning the whole world under compiled
+// mode is refused at start-up, where the world size is known).
+TEST(ConfigTest, TensorParallelComposesWithDataParallelDims) {
+  for (const std::vector<std::string>& set :
+       {std::vector<std::string>{"mesh.tp=2", "mesh.dp_shard=2"},
+        std::vector<std::string>{"mesh.tp=2", "mesh.dp_replicate=2", "mesh.dp_shard=1"},
+        std::vector<std::string>{"mesh.tp=2", "mesh.dp_shard=2", "fsdp.mode=compiled"}}) {
+    auto c = LoadConfigFromString("", set);
+    ASSERT_TRUE(c.ok()) << set[1] << ": " << c.status().ToString();
+    EXPECT_EQ(c->mesh.tp, 2);
+  }
 }
 
 TEST(ConfigTest, ExplicitDimOverridesPreset) {

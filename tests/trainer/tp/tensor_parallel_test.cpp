@@ -3,16 +3,13 @@
 // model on the same batches; bad splits are refused naming the values.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "tests/common/needs_gloo.h"
 #include "tests/common/parallel_training.h"
 #include "trainer/dist/device_mesh.h"
-#include "trainer/dist/gloo_communicator.h"
 #include "trainer/model/recompute.h"
 #include "trainer/tp/tensor_parallel.h"
 
@@ -125,24 +122,12 @@ std::vector<TrainRun> Split(const Case& s, int tp) {
   std::vector<torch::Tensor> batches;
   for (int step = 0; step < kSteps; ++step) batches.push_back(Tokens(step, s));
   const torch::Tensor eval_batch = Tokens(99, s);
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<TrainRun> runs(tp);
-  std::vector<std::string> errors(tp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto fail = [&](const Status& st) { errors[rank] = st.ToString(); };
-        dist::CommunicatorOptions copts;
-        copts.timeout = std::chrono::seconds(60);
-        auto factory = [](c10::intrusive_ptr<c10d::Store> st, int r, int n, const dist::CommunicatorOptions& o) {
-          return dist::MakeGlooCommunicator(st, r, n, o, "127.0.0.1");
-        };
-        auto mesh = dist::DeviceMesh::Create(store, rank, {1, 1, tp}, factory, copts);
-        if (!mesh.ok()) return fail(mesh.status());
+  const std::vector<std::string> errors = meshwork::testing::RunMesh({1, 1, tp}, [&](int rank, dist::DeviceMesh& mesh) {
+        auto fail = [](const Status& st) { return st; };
         TensorParallelOptions options;
         options.sequence_parallel = s.sequence_parallel;
-        auto split = TensorParallelLlama::Create(models[rank], (*mesh)->group("tp"), options);
+        auto split = TensorParallelLlama::Create(models[rank], mesh.group("tp"), options);
         if (!split.ok()) return fail(split.status());
         TensorParallelLlama& t = **split;
         std::vector<torch::Tensor> decay, no_decay;
@@ -184,12 +169,8 @@ std::vector<TrainRun> Split(const Case& s, int tp) {
         auto full = t.GatherFullState();
         if (!full.ok()) return fail(full.status());
         runs[rank].params = std::move(*full);
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+        return Status::Ok();
+      });
   for (int r = 0; r < tp; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return runs;
 }
@@ -280,33 +261,23 @@ TEST_F(TensorParallelTraining, EachRankHoldsItsSlices) {
   Case s;
   s.tied = false;
   std::vector<model::LlamaForCausalLM> models = {MakeModel(s), MakeModel(s)};
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::map<std::string, LocalParam>> held(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto factory = [](c10::intrusive_ptr<c10d::Store> st, int r, int n, const dist::CommunicatorOptions& o) {
-        return dist::MakeGlooCommunicator(st, r, n, o, "127.0.0.1");
-      };
-      auto mesh = dist::DeviceMesh::Create(store, rank, {1, 1, 2}, factory, {});
-      if (!mesh.ok()) return void(errors[rank] = mesh.status().ToString());
-      auto& whole = models[rank];
-      std::map<std::string, torch::Tensor> before;
-      for (auto& item : whole->named_parameters()) before[item.key()] = item.value().detach().clone();
-      auto split = TensorParallelLlama::Create(whole, (*mesh)->group("tp"), {});
-      if (!split.ok()) return void(errors[rank] = split.status().ToString());
-      for (const LocalParam& p : (*split)->params()) {
-        held[rank][p.name] = p;
-        const torch::Tensor& b = before.at(p.name);
-        torch::Tensor expect = p.split == Split::kRows      ? b.narrow(0, p.begin, b.size(0) / 2)
-                               : p.split == Split::kColumns ? b.narrow(1, p.begin, b.size(1) / 2)
-                                                            : b;
-        if (!torch::equal(p.value.detach(), expect)) errors[rank] += p.name + " is not its slice; ";
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+  const std::vector<std::string> errors = meshwork::testing::RunMesh({1, 1, 2}, [&](int rank, dist::DeviceMesh& mesh) {
+    auto& whole = models[rank];
+    std::map<std::string, torch::Tensor> before;
+    for (auto& item : whole->named_parameters()) before[item.key()] = item.value().detach().clone();
+    MW_ASSIGN_OR_RETURN(auto split, TensorParallelLlama::Create(whole, mesh.group("tp"), {}));
+    std::string wrong;
+    for (const LocalParam& p : split->params()) {
+      held[rank][p.name] = p;
+      const torch::Tensor& b = before.at(p.name);
+      torch::Tensor expect = p.split == Split::kRows      ? b.narrow(0, p.begin, b.size(0) / 2)
+                             : p.split == Split::kColumns ? b.narrow(1, p.begin, b.size(1) / 2)
+                                                          : b;
+      if (!torch::equal(p.value.detach(), expect)) wrong += p.name + " is not its slice; ";
+    }
+    return wrong.empty() ? Status::Ok() : Internal(wrong);
+  });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
   const auto& r1 = held[1];

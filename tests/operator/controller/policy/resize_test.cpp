@@ -40,7 +40,10 @@ TEST(ResizeTest, NoOpinionWhileTheGangHasTheSpecsShape) {
 TEST(ResizeTest, ANewShapeStartsANewGangThatIsNoFailure) {
   for (const auto& [spec, pod] : std::vector<std::pair<json, json>>{
            {{{"replicas", 1}}, Pod(0, 0, "Running")},
-           {{{"mesh", {{"dpReplicate", 2}, {"dpShard", 1}}}}, WithMesh(Pod(0, 0, "Running"), "1x2x1")}}) {
+           {{{"mesh", {{"dpReplicate", 2}, {"dpShard", 1}}}}, WithMesh(Pod(0, 0, "Running"), "1x2x1")},
+           // The same 2 ranks, now one tensor parallel group.
+           {{{"replicas", 1}, {"processesPerReplica", 2}, {"mesh", {{"dpShard", 1}, {"tp", 2}}}},
+            WithMesh(Pod(0, 0, "Running"), "1x2x1")}}) {
     State s(Job(spec, {{"restartGeneration", 0}, {"restarts", 0}}), {pod});
     EXPECT_FALSE(ResizeWithCheckpoints(s.Get()).has_value());
     const auto d = Resize(s.Get());
