@@ -65,6 +65,23 @@ double CostModel::VocabSeconds(const Graph& g, const ModuleInfo& m, Phase phase)
          (kVocabBackwardCollectives - 1) * CollectiveSeconds(OpKind::kAllGather, 0);
 }
 
+double CostModel::TpSeconds(const ModuleInfo& m, Phase phase) const {
+  const TpExchange& x = phase == Phase::kForward ? m.tp_fwd : m.tp_bwd;
+  if (tp <= 1 || x.calls == 0) return 0;
+  const double bandwidth_term = static_cast<double>(tp - 1) / tp * static_cast<double>(x.bytes) /
+                                std::max(1.0, tp_link.bus_bytes_per_second);
+  return x.calls * std::max(1, m.tp_chunks) * tp_link.latency_seconds + bandwidth_term;
+}
+
+double CostModel::TpExposedSeconds(const ModuleInfo& m, Phase phase, double compute_seconds) const {
+  const double comm = TpSeconds(m, phase);
+  const int k = std::max(1, m.tp_chunks);
+  if (comm <= 0 || k == 1) return comm;
+  const double gemm = std::clamp(m.tp_gemm_share, 0.0, 1.0) * std::max(0.0, compute_seconds);
+  const double pipelined = (gemm + comm) / k + (k - 1.0) / k * std::max(gemm, comm);
+  return std::max(0.0, pipelined - gemm);
+}
+
 Result<LinkCost> FitLink(const std::vector<std::pair<int64_t, double>>& samples, int group_size) {
   std::set<int64_t> sizes;
   for (const auto& s : samples) sizes.insert(s.first);

@@ -42,6 +42,11 @@ struct CostModel {
   // differently from all-gathers (Gloo: an all-to-all and a sum).
   std::optional<LinkCost> shard_reduce_scatter_link;
   LinkCost replicate_link;  // the dp_replicate group's (HSDP all-reduce)
+  // The tp group's collectives (Graph::tp > 1): a link of its own, apart from the data parallel
+  // groups' (a tp group lives inside one node, on its fastest links; the data parallel groups
+  // span nodes), so tensor parallelism's exchanges and FSDP's collectives do not share bandwidth.
+  LinkCost tp_link;
+  int tp = 1;
   // The all-gather and reduce-scatter lanes share the dp_shard link: while both run, each goes
   // at this fraction of its own speed. 0.5 = they split the bandwidth (what one link gives two
   // transfers); up to 1 where the link has room one collective does not use (measured at
@@ -92,6 +97,16 @@ struct CostModel {
   // all-gather (the boundary rows' gradients). 0 for a module without vocab.
   double VocabSeconds(const Graph& g, const ModuleInfo& m, Phase phase) const;
   static constexpr int kVocabForwardCollectives = 4, kVocabBackwardCollectives = 3;
+  // A module's tensor-parallel exchanges in `phase` (ModuleInfo::tp_fwd/tp_bwd) on the tp link,
+  // alone: each collective's latency plus (tp-1)/tp of the bus bytes at its bandwidth (times the
+  // chunks' extra latencies when overlapped). 0 at tp 1.
+  double TpSeconds(const ModuleInfo& m, Phase phase) const;
+  // What those exchanges add to the module's compute of `compute_seconds`: all of TpSeconds when
+  // not overlapped (each blocks the matmul after it). Overlapped in k chunks (ModuleInfo::tp_chunks),
+  // the matmuls next to them (tp_gemm_share of the compute) and the exchanges form a two-stage
+  // pipeline: (gemm + comm) / k + (k - 1) / k x max(gemm, comm) in place of gemm + comm; what
+  // that leaves above the matmuls is exposed.
+  double TpExposedSeconds(const ModuleInfo& m, Phase phase, double compute_seconds) const;
   // Seconds of host copying for `bytes` (0 when copies are free).
   double CopySeconds(int64_t bytes) const {
     return host_copy_bytes_per_second > 0 ? static_cast<double>(bytes) / host_copy_bytes_per_second : 0;

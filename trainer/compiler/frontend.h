@@ -46,7 +46,8 @@ void SplitByVocabulary(Graph& g);
 // uses the embedding's group).
 void GroupByOwner(Graph& g);
 
-// The module table of a Llama model under FSDP, with compute modelled from FLOPs: modules
+// The module table of a Llama model under FSDP (and tensor parallelism), with compute modelled
+// from FLOPs: modules
 // "embed", "layers.<i>", "head"; parameters in HF order with their byte sizes for the given
 // dtypes and dp_shard; per-module forward time = forward FLOPs / flops_per_second and
 // backward twice that; activations per layer from the standard estimate (bf16 or fp32).
@@ -63,6 +64,12 @@ struct LlamaShape {
   int residual_bytes = 0;
   int dp_shard = 1;
   int dp_replicate = 1;
+  // Tensor parallelism (trainer/tp): each rank holds 1/tp of the heads, the MLP width and the
+  // vocabulary (`batch` is then the tp group's, which every rank of it computes a slice of), and
+  // with sequence parallelism the residual stream and norms 1/tp of the tokens. The modules
+  // carry their exchanges over the tp group (ModuleInfo::tp_fwd/tp_bwd).
+  int tp = 1;
+  bool sequence_parallel = true;
   double flops_per_second = 1e12;  // achieved, not peak
   // Per-layer activation checkpointing (what FSDP2 users apply to each block): a layer keeps
   // only its input; its backward recomputes the forward first (one more forward of compute)

@@ -192,13 +192,15 @@ Result<HardwareProfile> FindHardwareProfile(const std::string& name_or_path) {
   return path ? LoadHardwareProfile(name_or_path) : BuiltinProfile(name_or_path);
 }
 
-Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate, int dp_shard) {
+Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate, int dp_shard, int tp) {
   if (dp_shard < 1) return InvalidConfig("dp_shard must be >= 1, got " + std::to_string(dp_shard));
   if (dp_replicate < 1) return InvalidConfig("dp_replicate must be >= 1, got " + std::to_string(dp_replicate));
-  const int world = dp_replicate * dp_shard;
+  if (tp < 1) return InvalidConfig("tp must be >= 1, got " + std::to_string(tp));
+  const int world = dp_replicate * dp_shard * tp;
   CostModel cost;
   cost.dp_shard = dp_shard;
   cost.dp_replicate = dp_replicate;
+  cost.tp = tp;
   cost.interference = profile.interference;
   cost.host_copy_bytes_per_second = profile.host_copy_bytes_per_second;
   auto pick = [&](const char* dim, int size, int stride, LinkCost* out) -> Status {
@@ -210,15 +212,16 @@ Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate
       return InvalidConfig("hardware profile '" + profile.name + "' describes one node of " +
                            std::to_string(profile.gpus_per_node) + " devices and has no inter_node link, but the " +
                            dim + " groups of a " + std::to_string(dp_replicate) + " x " + std::to_string(dp_shard) +
-                           " mesh cross nodes");
+                           " x " + std::to_string(tp) + " mesh cross nodes");
     }
     *out = profile.inter_node;
     return Status::Ok();
   };
-  // dp_shard is the inner mesh dimension: shard groups are consecutive ranks, replicate groups
-  // take one rank from each shard group.
-  MW_RETURN_IF_ERROR(pick("dp_shard", dp_shard, 1, &cost.shard_link));
-  MW_RETURN_IF_ERROR(pick("dp_replicate", dp_replicate, dp_shard, &cost.replicate_link));
+  // tp is the innermost mesh dimension (tp groups are consecutive ranks), then dp_shard (a shard
+  // group takes every tp-th rank), then dp_replicate (every (dp_shard x tp)-th).
+  MW_RETURN_IF_ERROR(pick("tp", tp, 1, &cost.tp_link));
+  MW_RETURN_IF_ERROR(pick("dp_shard", dp_shard, tp, &cost.shard_link));
+  MW_RETURN_IF_ERROR(pick("dp_replicate", dp_replicate, dp_shard * tp, &cost.replicate_link));
   return cost;
 }
 

@@ -48,15 +48,16 @@ Result<HardwareProfile> BuiltinProfile(const std::string& name);
 // A path (it contains '/' or ends in .yaml) is loaded as a file, anything else is a built-in name.
 Result<HardwareProfile> FindHardwareProfile(const std::string& name_or_path);
 
-// Whether every group of a mesh dimension stays inside one node. Ranks are numbered with
-// dp_shard innermost (a shard group is `group_size` consecutive ranks, a replicate group takes
-// every `stride`-th rank) and fill nodes of `gpus_per_node` in order.
+// Whether every group of a mesh dimension stays inside one node. A group is `group_size` ranks
+// `stride` apart (1: consecutive), the groups together every rank of `world`, which fills nodes
+// of `gpus_per_node` in order.
 bool GroupsWithinNode(int group_size, int stride, int world, int gpus_per_node);
 
-// The cost model of a dp_replicate x dp_shard mesh: each dimension's collectives run at the
-// intra-node link when all its groups fit within a node, else at the inter-node link (a ring
-// that crosses nodes runs at its slowest hop). kInvalidConfig when a dimension is < 1 or a
-// group crosses nodes in a profile without an inter-node link.
-Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate, int dp_shard);
+// The cost model of a dp_replicate x dp_shard x tp mesh (tp innermost, as DeviceMesh lays ranks
+// out): each dimension's collectives run at the intra-node link when all its groups fit within a
+// node, else at the inter-node link (a ring that crosses nodes runs at its slowest hop).
+// kInvalidConfig when a dimension is < 1 or a group crosses nodes in a profile without an
+// inter-node link.
+Result<CostModel> MakeCostModel(const HardwareProfile& profile, int dp_replicate, int dp_shard, int tp = 1);
 
 }  // namespace meshwork::compiler

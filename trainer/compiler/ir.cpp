@@ -76,6 +76,22 @@ bool ParseList(const std::string& s, std::vector<int>* out) {
   return true;
 }
 
+// "<bytes>x<calls>/<bytes>x<calls>": a module's tensor-parallel exchanges, forward then backward.
+bool ParseTpExchanges(const std::string& s, TpExchange* fwd, TpExchange* bwd) {
+  const auto slash = s.find('/');
+  if (slash == std::string::npos) return false;
+  auto one = [](const std::string& part, TpExchange* out) {
+    const auto x = part.find('x');
+    int64_t bytes = 0, calls = 0;
+    if (x == std::string::npos || !ParseInt64(part.substr(0, x), &bytes) || !ParseInt64(part.substr(x + 1), &calls) ||
+        calls > 1000000 || (calls == 0) != (bytes == 0))
+      return false;
+    *out = {bytes, static_cast<int>(calls)};
+    return true;
+  };
+  return one(s.substr(0, slash), fwd) && one(s.substr(slash + 1), bwd);
+}
+
 // "key=value" -> value, when the key matches.
 bool KeyValue(const std::string& word, const std::string& key, std::string* value) {
   if (word.rfind(key + "=", 0) != 0) return false;
@@ -111,6 +127,8 @@ int Graph::FindModule(std::string_view name) const {
 void Checkpoint(ModuleInfo& m) {
   if (m.checkpoint_input_bytes <= 0) return;
   m.bwd_seconds += m.fwd_seconds;
+  m.tp_bwd.bytes += m.tp_fwd.bytes;  // the recomputed forward exchanges again
+  m.tp_bwd.calls += m.tp_fwd.calls;
   m.backward_workspace_bytes = m.activation_bytes;
   m.activation_bytes = m.checkpoint_input_bytes;
   m.checkpoint_input_bytes = 0;
@@ -119,8 +137,9 @@ void Checkpoint(ModuleInfo& m) {
 std::string Print(const Graph& g) {
   std::ostringstream out;
   out << "meshwork-ir 1\n";
-  out << "mesh dp_shard=" << g.dp_shard << " dp_replicate=" << g.dp_replicate
-      << (g.reduce_scatter_receives_input ? " rs_recv=full" : "") << "\n";
+  out << "mesh dp_shard=" << g.dp_shard << " dp_replicate=" << g.dp_replicate;
+  if (g.tp > 1) out << " tp=" << g.tp;
+  out << (g.reduce_scatter_receives_input ? " rs_recv=full" : "") << "\n";
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& p = g.params[i];
     out << "param " << i << " " << p.name << " gathered=" << p.gathered_bytes << " grad=" << p.grad_bytes
@@ -137,6 +156,11 @@ std::string Print(const Graph& g) {
     if (m.backward_temp_bytes != 0) out << " tmp=" << m.backward_temp_bytes;
     if (m.transient_bytes != 0) out << " tr=" << m.transient_bytes;
     if (m.vocab_transient_bytes != 0) out << " vtr=" << m.vocab_transient_bytes;
+    if (m.tp_fwd.calls > 0 || m.tp_bwd.calls > 0) {
+      out << " tp=" << m.tp_fwd.bytes << "x" << m.tp_fwd.calls << "/" << m.tp_bwd.bytes << "x" << m.tp_bwd.calls
+          << " gemm=" << Num(m.tp_gemm_share);
+    }
+    if (m.tp_chunks > 1) out << " atp=" << m.tp_chunks;
     if (!m.rows.empty()) out << " rows=" << IntList(m.rows);
     if (!m.vocab.empty()) out << " vocab=" << IntList(m.vocab);
     out << " params=" << IntList(m.params) << "\n";
@@ -189,12 +213,17 @@ Result<Graph> Parse(std::string_view text) {
     }
     std::string v;
     if (w[0] == "mesh") {
-      int64_t s = 0, r = 0;
-      if (w.size() < 3 || w.size() > 4 || !KeyValue(w[1], "dp_shard", &v) || !ParseInt64(v, &s) || s < 1 ||
+      int64_t s = 0, r = 0, t = 1;
+      size_t k = 3;
+      const bool has_tp = w.size() > k && KeyValue(w[k], "tp", &v);
+      if (has_tp && (!ParseInt64(v, &t) || t < 2 || t > 1000000)) return err("bad tp= (tensor parallel ranks, 2 or more)");
+      if (has_tp) ++k;
+      if (w.size() < 3 || w.size() > k + 1 || !KeyValue(w[1], "dp_shard", &v) || !ParseInt64(v, &s) || s < 1 ||
           !KeyValue(w[2], "dp_replicate", &v) || !ParseInt64(v, &r) || r < 1 ||
-          (w.size() == 4 && w[3] != "rs_recv=full"))
-        return err("expected 'mesh dp_shard=<n> dp_replicate=<n> [rs_recv=full]'");
-      g.reduce_scatter_receives_input = w.size() == 4;
+          (w.size() == k + 1 && w[k] != "rs_recv=full"))
+        return err("expected 'mesh dp_shard=<n> dp_replicate=<n> [tp=<n>] [rs_recv=full]'");
+      g.reduce_scatter_receives_input = w.size() == k + 1;
+      g.tp = static_cast<int>(t);
       g.dp_shard = static_cast<int>(s);
       g.dp_replicate = static_cast<int>(r);
       mesh = true;
@@ -224,10 +253,11 @@ Result<Graph> Parse(std::string_view text) {
       g.params.push_back(std::move(p));
     } else if (w[0] == "module") {
       ModuleInfo m;
-      if (w.size() < 6 || w.size() > 13) {
+      if (w.size() < 6 || w.size() > 16) {
         return err(
             "expected 'module <name> fwd=<s> bwd=<s> act=<bytes> [ws=<bytes>] [ckpt=<bytes>] [tmp=<bytes>] "
-            "[tr=<bytes>] [vtr=<bytes>] [rows=[..]] [vocab=[..]] params=[..]'");
+            "[tr=<bytes>] [vtr=<bytes>] [tp=<bytes>x<n>/<bytes>x<n> gemm=<share>] [atp=<chunks>] [rows=[..]] "
+            "[vocab=[..]] params=[..]'");
       }
       m.name = w[1];
       if (g.FindModule(m.name) >= 0) return err("module defined twice");
@@ -256,6 +286,20 @@ Result<Graph> Parse(std::string_view text) {
         if (!ParseInt64(v, &m.vocab_transient_bytes)) return err("bad vtr=");
         ++k;
       }
+      if (k + 1 < w.size() && KeyValue(w[k], "tp", &v)) {
+        if (!ParseTpExchanges(v, &m.tp_fwd, &m.tp_bwd)) return err("bad tp= (<bytes>x<calls>/<bytes>x<calls>)");
+        ++k;
+        if (!(k + 1 < w.size() && KeyValue(w[k], "gemm", &v) && ParseDouble(v, &m.tp_gemm_share) &&
+              m.tp_gemm_share >= 0 && m.tp_gemm_share <= 1))
+          return err("tp= needs gemm=<share of the compute, 0 to 1> after it");
+        ++k;
+      }
+      if (k + 1 < w.size() && KeyValue(w[k], "atp", &v)) {
+        int64_t chunks = 0;
+        if (!ParseInt64(v, &chunks) || chunks < 2 || chunks > 1024) return err("bad atp= (chunks, 2 to 1024)");
+        m.tp_chunks = static_cast<int>(chunks);
+        ++k;
+      }
       if (k + 1 < w.size() && KeyValue(w[k], "rows", &v)) {
         if (!ParseList(v, &m.rows) || m.rows.empty()) return err("bad rows= (a parameter list like [0])");
         ++k;
@@ -265,7 +309,7 @@ Result<Graph> Parse(std::string_view text) {
         ++k;
       }
       if (k + 1 != w.size())
-        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, tr=, vtr=, rows=, then vocab=)");
+        return err("unexpected '" + w[k] + "' (optional keys: ws=, ckpt=, tmp=, tr=, vtr=, tp= gemm=, atp=, rows=, then vocab=)");
       if (!KeyValue(w.back(), "params", &v) || !ParseList(v, &m.params)) return err("bad params=");
       for (const auto* list : {&m.params, &m.rows, &m.vocab})
         for (int p : *list)
@@ -336,7 +380,11 @@ Status Validate(const Graph& g) {
   // Last backward use of each parameter, and which modules use it.
   std::vector<int> last_bwd(np, -1), last_bwd_rows(np, -1);
   std::vector<bool> read_by_rows(np, false);
+  if (g.tp < 1) return Internal("schedule: tp=" + std::to_string(g.tp) + " must be at least 1");
   for (const ModuleInfo& m : g.modules) {
+    if ((m.tp_fwd.calls > 0 || m.tp_bwd.calls > 0) && g.tp < 2)
+      return Internal("schedule: module " + m.name + " exchanges over tensor parallel ranks, but the mesh has tp=1");
+    if (m.tp_chunks < 1) return Internal("schedule: module " + m.name + " has " + std::to_string(m.tp_chunks) + " chunks");
     for (int p : m.rows)
       if (p >= 0 && p < np) read_by_rows[p] = true;
     for (int p : m.vocab) {

@@ -7,9 +7,10 @@
 // Text form (print -> parse -> print is the identity; tests keep passes on golden text):
 //
 //   meshwork-ir 1
-//   mesh dp_shard=2 dp_replicate=1          (then rs_recv=full if set)
+//   mesh dp_shard=2 dp_replicate=1          (then tp=<n> when > 1, rs_recv=full if set)
 //   param 0 model.embed_tokens.weight gathered=65536 grad=65536 shard=32768   (then group=<n>, rows=<bytes> if set)
-//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, rows=[..], vocab=[..] before params= if set)
+//   module embed fwd=0.0001 bwd=0.0002 act=0 params=[0]   (ws=, ckpt=, tmp=, tr=, vtr=, tp=, gemm=, atp=,
+//                                                           rows=[..], vocab=[..] before params= if set)
 //   ...
 //   %ag0 = all_gather [0]
 //   wait %ag0
@@ -45,6 +46,15 @@ struct ParamInfo {
   // rows (an embedding: one row per token, fp32), printed as rows=, only when set; 0: the
   // parameter cannot be read by rows. What a row_gather or row_reduce of it moves per rank.
   int64_t row_bytes = 0;
+};
+
+// What a module's tensor-parallel regions exchange over the tp group in one phase of its compute:
+// bus bytes (an all-gather's output plus a reduce-scatter's input; an all-reduce counted twice,
+// its reduce-scatter and all-gather halves) and how many collectives carry them.
+struct TpExchange {
+  int64_t bytes = 0;
+  int calls = 0;
+  bool operator==(const TpExchange& o) const { return bytes == o.bytes && calls == o.calls; }
 };
 
 // A module the runtime can stop at: "embed", "layers.<i>", "head" (final norm + output head).
@@ -84,11 +94,24 @@ struct ModuleInfo {
   // log-sum-exp's exponentials).
   int64_t transient_bytes = 0;
   int64_t vocab_transient_bytes = 0;
+  // Tensor parallelism (Graph::tp > 1): the exchanges between the module's matmuls, inside its
+  // compute, forward and backward (printed tp=<fwd bytes>x<fwd calls>/<bwd bytes>x<bwd calls>,
+  // only when set). They sit between the matmuls of one module, where the runtime cannot stop, so
+  // they are the module's, like a vocabulary split's exchange: they block its compute unless
+  // overlapped.
+  TpExchange tp_fwd, tp_bwd;
+  // The share of the module's compute in the matmuls next to those exchanges, which overlapped
+  // TP can run beside them (gemm=, only with tp=).
+  double tp_gemm_share = 0;
+  // Overlapped (async) TP: each exchange and its matmul split into this many chunks, chunk i's
+  // communication beside chunk i-1's matmul (atp=, only when > 1; set by the async_tp pass).
+  int tp_chunks = 1;
 };
 
 // Activation checkpointing applied to `m` (a candidate): it keeps only its input from forward,
-// its backward recomputes the forward first (bwd += fwd) and holds the recomputed activations
-// while it runs (ws = what act was). No-op on a module that is not a candidate.
+// its backward recomputes the forward first (bwd += fwd, and its tensor-parallel exchanges with
+// it) and holds the recomputed activations while it runs (ws = what act was). No-op on a module
+// that is not a candidate.
 void Checkpoint(ModuleInfo& m);
 inline bool IsCheckpointed(const ModuleInfo& m) { return m.backward_workspace_bytes > 0; }
 
@@ -123,6 +146,9 @@ struct Op {
 struct Graph {
   int dp_shard = 1;
   int dp_replicate = 1;
+  // Tensor parallel ranks each FSDP rank is one of (the parameters' sizes are a tp rank's slices;
+  // modules carry their exchanges, ModuleInfo::tp_fwd/tp_bwd). Printed tp=<n> when > 1.
+  int tp = 1;
   // A reduce-scatter in flight also holds a receive buffer as large as its input (Gloo's, which
   // all-to-alls the input and sums the chunks at the wait; NCCL receives only the shard).
   // Printed as rs_recv=full on the mesh line.

@@ -511,9 +511,37 @@ Result<Graph> EagerPlan(const Graph& naive, const PassContext& ctx) {
   return Checked(std::move(g), "eager_plan");
 }
 
+Result<Graph> AsyncTensorParallel(const Graph& in, const PassContext& ctx) {
+  Graph g = in;
+  if (g.tp <= 1 || ctx.cost.tp <= 1) return g;
+  for (ModuleInfo& m : g.modules) {
+    if (m.tp_fwd.calls == 0 && m.tp_bwd.calls == 0) continue;
+    // The backward is what the plan will run: a later checkpoint pass adds the recompute's
+    // exchanges, which the same chunks then overlap as well.
+    auto exposed = [&](int chunks) {
+      ModuleInfo trial = m;
+      trial.tp_chunks = chunks;
+      return ctx.cost.TpExposedSeconds(trial, Phase::kForward, m.fwd_seconds) +
+             ctx.cost.TpExposedSeconds(trial, Phase::kBackward, m.bwd_seconds);
+    };
+    int best = 1;
+    double best_seconds = exposed(1);
+    for (int chunks : {2, 4, 8}) {
+      const double s = exposed(chunks);
+      if (s < best_seconds * (1 - 1e-9)) {
+        best = chunks;
+        best_seconds = s;
+      }
+    }
+    m.tp_chunks = best;
+  }
+  return g;
+}
+
 Pipeline Pipeline::Default() {
   Pipeline p;
   p.passes_ = {
+      {"async_tp", true, AsyncTensorParallel},
       {"checkpoint", true, CheckpointToFit},
       {"keep_gathered", true, KeepGatheredWithinBudget},
       {"bucket_all_gathers", true, BucketAllGathers},

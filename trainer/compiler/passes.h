@@ -1,6 +1,12 @@
 // The compiler's passes: each a named `Graph -> Graph` function, tested on golden IR text, run
 // in a pipeline that validates the program after every pass and can print it (--dump-plan).
 //
+//   async_tp
+//       overlapped tensor parallelism, per module with tensor-parallel exchanges (tp=): split each
+//       exchange and the matmul beside it into the chunks (1, 2, 4 or 8; atp=) that the cost
+//       model says leave the least of the exchanges exposed (CostModel::TpExposedSeconds): more
+//       chunks hide more bandwidth time and pay more latencies. A module-local choice: the tp
+//       link is its own, so no other op's timing changes with it.
 //   checkpoint
 //       activation checkpointing per module, under the memory budget: while the least-memory
 //       program (the naive one: one bucket gathered at a time, every reduce-scatter waited for
@@ -48,6 +54,7 @@ struct PassContext {
   int64_t memory_budget_bytes = 0;  // dynamic bytes (gathered + activations + grads); 0 = none
 };
 
+Result<Graph> AsyncTensorParallel(const Graph& g, const PassContext& ctx);
 Result<Graph> CheckpointToFit(const Graph& g, const PassContext& ctx);
 Result<Graph> KeepGatheredWithinBudget(const Graph& g, const PassContext& ctx);
 Result<Graph> BucketAllGathers(const Graph& g, const PassContext& ctx);
@@ -76,7 +83,7 @@ struct Pass {
 
 class Pipeline {
  public:
-  // checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, reorder,
+  // async_tp, checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, reorder,
   // insert_frees (required).
   static Pipeline Default();
 

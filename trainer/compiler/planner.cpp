@@ -5,6 +5,7 @@
 #include "trainer/compiler/simulator.h"
 
 #include <algorithm>
+#include <map>
 #include <array>
 #include <cmath>
 #include <iomanip>
@@ -117,6 +118,7 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
   out.ctx.bucketing = options.bucketing;
   Pipeline pipeline = Pipeline::Default();
   if (!options.reorder) MW_RETURN_IF_ERROR(pipeline.Disable("reorder"));
+  if (!options.async_tp) MW_RETURN_IF_ERROR(pipeline.Disable("async_tp"));
   out.passes = pipeline.Describe();
   const Graph naive = BuildNaiveProgram(skeleton, {options.reshard_after_forward});
   MW_ASSIGN_OR_RETURN(out.eager, EagerPlan(naive, out.ctx));
@@ -264,6 +266,23 @@ std::vector<std::string> DescribeChoices(const Graph& skeleton, const Graph& pla
     } else {
       s << ": the budget holds every layer's activations";
     }
+    out.push_back(s.str());
+  }
+  // Overlapped tensor parallelism: how many modules with exchanges split them, into how many chunks.
+  int exchanging = 0;
+  std::map<int, int> by_chunks;
+  for (const ModuleInfo& m : plan.modules) {
+    if (m.tp_fwd.calls == 0 && m.tp_bwd.calls == 0) continue;
+    ++exchanging;
+    if (m.tp_chunks > 1) ++by_chunks[m.tp_chunks];
+  }
+  if (exchanging > 0) {
+    std::ostringstream s;
+    s << "async TP on ";
+    int overlapped = 0;
+    for (const auto& [chunks, n] : by_chunks) overlapped += n;
+    s << overlapped << " of " << exchanging << " modules with tensor parallel exchanges";
+    for (const auto& [chunks, n] : by_chunks) s << ", " << n << " in " << chunks << " chunks";
     out.push_back(s.str());
   }
   // Layers whose parameters stay gathered from forward to backward (one all-gather a step).

@@ -43,6 +43,9 @@ struct PlanOptions {
   // top of reading it by rows (so never where read_by_rows cannot be): kWhenFaster plans it and
   // keeps it when it fits the budget and is predicted faster than the plan chosen without it.
   Rows split_by_vocabulary = Rows::kWhenFaster;
+  // Whether the async_tp pass may overlap tensor parallelism's exchanges with their matmuls
+  // (passes.h); false: disabled, as torchtitan's TP without async TP.
+  bool async_tp = true;
   MemoryBudget budget;
 };
 

@@ -33,14 +33,25 @@ constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --mode
 
   --profile FILE|NAME     hardware profile: a file, or the name of a built-in one (those of
                           bench/profiles/: h100-nvlink-node, h100-ib-400g, cpu-gloo-local)
-  --model NAME            llama3-70b, or a preset: tiny, llama-100m, llama3-1b, llama3-8b
+  --model NAME            llama3-70b, llama3-405b, or a preset: tiny, llama-100m, llama3-1b,
+                          llama3-8b
   --gpus N                devices in the mesh
-  --dp-shard N|auto       size of each shard group (default: N, fully sharded);
-                          dp_replicate = gpus / dp-shard (HSDP when > 1). auto: every mesh
-                          the profile can build is planned and simulated, and the fastest
-                          compiled plan that fits the device's memory is chosen (as mesh: auto)
+  --tp N                  tensor parallel ranks (default 1): each holds 1/N of every layer's
+                          heads and MLP width and of the vocabulary (trainer/tp); tp is the
+                          innermost mesh dim, so a tp group is N consecutive GPUs of one node
+  --sequence-parallel true|false   (default true) with --tp: the residual stream and norms
+                          split by tokens between the tensor-parallel regions
+  --async-tp true|false   (default true) with --tp: the compiled plan may overlap tensor
+                          parallelism's exchanges with their matmuls (the async_tp pass); the
+                          eager plan never does
+  --dp-shard N|auto       size of each shard group (default: gpus / tp, fully sharded);
+                          dp_replicate = gpus / (dp-shard x tp) (HSDP when > 1). auto (tp 1
+                          only): every mesh the profile can build is planned and simulated, and
+                          the fastest compiled plan that fits the device's memory is chosen
+                          (as mesh: auto)
   --seq-len N             tokens per sequence (default 8192)
-  --batch N               sequences per device per step (default 1)
+  --batch N               sequences per data parallel rank per step (default 1): per GPU
+                          without tp, per tp group with it (torchtitan's local batch size)
   --bucketing MODE        the compiled plan's bucketing: none, block or auto (default auto)
   --memory-budget-gib X   the compiled plan's budget for dynamic memory (gathered weights,
                           activations, full gradients); default: device memory minus the
@@ -83,7 +94,9 @@ struct Options {
   std::string profile;
   std::string model;
   int gpus = 0;
-  int dp_shard = 0;  // 0: all GPUs
+  int dp_shard = 0;  // 0: all GPUs over tp
+  int tp = 1;
+  bool sequence_parallel = true, async_tp = true;
   bool auto_mesh = false;
   int64_t seq_len = 8192;
   int64_t batch = 1;
@@ -121,11 +134,13 @@ Status ParseInt(const std::string& flag, const std::string& text, int64_t lo, in
 }
 
 Result<Options> ParseArgs(const std::vector<std::string>& args) {
-  const std::vector<std::string> valued = {"--profile", "--model", "--gpus", "--dp-shard", "--seq-len",
+  const std::vector<std::string> valued = {"--profile", "--model", "--gpus", "--dp-shard", "--tp",
+                                           "--sequence-parallel", "--async-tp", "--seq-len",
                                            "--batch", "--bucketing", "--memory-budget-gib", "--calibration",
                                            "--link-scale", "--reshard-after-forward", "--embedding-rows",
                                            "--vocab-parallel-head", "--memory-budget-mib"};
-  const std::vector<std::string> profile_only = {"--profile", "--model", "--gpus", "--dp-shard", "--seq-len",
+  const std::vector<std::string> profile_only = {"--profile", "--model", "--gpus", "--dp-shard", "--tp",
+                                                 "--sequence-parallel", "--async-tp", "--seq-len",
                                                  "--batch", "--memory-budget-gib", "--activation-checkpointing"};
   const std::vector<std::string> calibration_only = {"--link-scale", "--reshard-after-forward", "--embedding-rows",
                                                      "--vocab-parallel-head", "--memory-budget-mib"};
@@ -168,6 +183,13 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     } else if (flag == "--dp-shard") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 20, &n));
       o.dp_shard = static_cast<int>(n);
+    } else if (flag == "--tp") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 10, &n));
+      o.tp = static_cast<int>(n);
+    } else if (flag == "--sequence-parallel") {
+      MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.sequence_parallel));
+    } else if (flag == "--async-tp") {
+      MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.async_tp));
     } else if (flag == "--seq-len") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 24, &o.seq_len));
     } else if (flag == "--batch") {
@@ -212,10 +234,18 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
   if (o.profile.empty()) return meshwork::InvalidConfig("--profile FILE is required");
   if (o.model.empty()) return meshwork::InvalidConfig("--model NAME is required");
   if (o.gpus == 0) return meshwork::InvalidConfig("--gpus N is required");
-  if (o.dp_shard == 0) o.dp_shard = o.gpus;  // auto: replaced by the choice
-  if (o.gpus % o.dp_shard != 0) {
+  if (o.gpus % o.tp != 0) {
+    return meshwork::InvalidConfig("--tp: " + std::to_string(o.tp) + " does not divide --gpus " + std::to_string(o.gpus));
+  }
+  if (o.auto_mesh && o.tp > 1) {
+    return meshwork::InvalidConfig("--dp-shard auto chooses among data parallel meshes only; with --tp " +
+                                   std::to_string(o.tp) + " give --dp-shard N");
+  }
+  const int dp = o.gpus / o.tp;
+  if (o.dp_shard == 0) o.dp_shard = dp;  // auto: replaced by the choice
+  if (dp % o.dp_shard != 0) {
     return meshwork::InvalidConfig("--dp-shard: " + std::to_string(o.dp_shard) + " does not divide --gpus " +
-                                   std::to_string(o.gpus));
+                                   std::to_string(o.gpus) + (o.tp > 1 ? " / --tp " + std::to_string(o.tp) : ""));
   }
   return o;
 }
@@ -234,9 +264,21 @@ Result<meshwork::model::LlamaConfig> ModelConfig(const std::string& name) {
     c.tie_word_embeddings = false;
     return c;
   }
+  if (name == "llama3-405b") {  // Llama 3.1 405B (its published config.json)
+    c.vocab_size = 128256;
+    c.hidden_size = 16384;
+    c.intermediate_size = 53248;
+    c.num_hidden_layers = 126;
+    c.num_attention_heads = 128;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 500000.0;
+    c.tie_word_embeddings = false;
+    return c;
+  }
   auto preset = meshwork::model::PresetConfig(name);
   if (!preset.ok()) {
-    std::string names = "llama3-70b";
+    std::string names = "llama3-70b, llama3-405b";
     for (const auto& n : meshwork::model::PresetNames()) names += ", " + n;
     return meshwork::InvalidConfig("--model: unknown model '" + name + "' (known: " + names + ")");
   }
@@ -265,7 +307,8 @@ PlanSummary Summarize(const compiler::SimResult& sim, const Options& o, const me
                       const compiler::HardwareProfile& profile) {
   PlanSummary s;
   s.sim = sim;
-  const double tokens = static_cast<double>(o.batch) * static_cast<double>(o.seq_len);
+  // A data parallel rank's tokens, shared by its tp group's GPUs.
+  const double tokens = static_cast<double>(o.batch) * static_cast<double>(o.seq_len) / o.tp;
   s.tokens_per_second = sim.step_seconds > 0 ? tokens / sim.step_seconds : 0;
   s.mfu = s.tokens_per_second * config.TrainingFlopsPerToken(o.seq_len) / profile.peak_flops_per_second;
   s.fits = sim.peak_bytes + sim.static_bytes <= profile.memory_bytes;
@@ -277,8 +320,11 @@ void PrintSummary(std::ostream& out, const std::string& label, const PlanSummary
                   const compiler::HardwareProfile& profile) {
   const auto& r = s.sim;
   out << std::left << std::setw(10) << (label + ":") << "step " << Fixed(r.step_seconds, 4) << " s | exposed comm "
-      << Fixed(r.exposed_comm_seconds, 4) << " s | comm " << Fixed(r.comm_seconds, 4) << " s | peak "
-      << Fixed(GiB(r.peak_bytes + r.static_bytes), 2) << " GiB (dynamic " << Fixed(GiB(r.peak_bytes), 2)
+      << Fixed(r.exposed_comm_seconds, 4) << " s";
+  if (r.tp_comm_seconds > 0) {
+    out << " (tp " << Fixed(r.tp_exposed_seconds, 4) << " of its " << Fixed(r.tp_comm_seconds, 4) << ")";
+  }
+  out << " | comm " << Fixed(r.comm_seconds, 4) << " s | peak " << Fixed(GiB(r.peak_bytes + r.static_bytes), 2) << " GiB (dynamic " << Fixed(GiB(r.peak_bytes), 2)
       << " + static " << Fixed(GiB(r.static_bytes), 2) << ") | " << r.collectives << " collectives | "
       << Fixed(s.tokens_per_second, 0) << " tok/s/GPU | MFU " << Fixed(100 * s.mfu, 1) << "%";
   if (!s.fits) out << " | exceeds " << Fixed(GiB(profile.memory_bytes), 1) << " GiB device memory";
@@ -297,7 +343,9 @@ compiler::LlamaShape ShapeOf(const Options& o, const meshwork::model::LlamaConfi
   shape.reduce_bytes = 4;
   shape.activation_bytes = 2;
   shape.dp_shard = o.dp_shard;
-  shape.dp_replicate = o.gpus / o.dp_shard;
+  shape.dp_replicate = o.gpus / o.tp / o.dp_shard;
+  shape.tp = o.tp;
+  shape.sequence_parallel = o.sequence_parallel;
   shape.flops_per_second = profile.AchievedFlopsPerSecond();
   shape.activation_checkpointing = o.activation_checkpointing;
   return shape;
@@ -379,13 +427,19 @@ int Run(Options o) {
     if (!chosen.ok()) return Fail(chosen.status());
     o.dp_shard = *chosen;
   }
-  const int dp_replicate = o.gpus / o.dp_shard;
-  auto cost = compiler::MakeCostModel(*profile, dp_replicate, o.dp_shard);
+  if (o.tp > 1) {
+    if (std::string why = meshwork::model::WhyNotSplittable(*config, o.tp); !why.empty()) {
+      return Fail(meshwork::InvalidConfig("--tp: " + why));
+    }
+  }
+  const int dp_replicate = o.gpus / o.tp / o.dp_shard;
+  auto cost = compiler::MakeCostModel(*profile, dp_replicate, o.dp_shard, o.tp);
   if (!cost.ok()) return Fail(cost.status());
   const compiler::Graph skeleton = compiler::LlamaSkeleton(ShapeOf(o, *config, *profile));
 
   compiler::PlanOptions plan_options;
   plan_options.bucketing = o.bucketing;
+  plan_options.async_tp = o.async_tp;
   // The compiled plan's budget: what the device holds beyond the static shards, unless given.
   std::string budget_source;
   if (o.memory_budget_gib > 0) {
@@ -405,12 +459,18 @@ int Run(Options o) {
   std::cout << "meshwork-simulate (simulated, not measured): " << o.model << ", "
             << Count(static_cast<double>(config->NumParameters())) << " parameters, on " << o.gpus
             << " x " << profile->name << "\n"
-            << "  mesh dp_replicate=" << dp_replicate << " dp_shard=" << o.dp_shard << "; seq " << o.seq_len
-            << ", batch " << o.batch << " per GPU; bf16 params and activations, fp32 gradient reduction\n"
+            << "  mesh dp_replicate=" << dp_replicate << " dp_shard=" << o.dp_shard;
+  if (o.tp > 1) std::cout << " tp=" << o.tp << (o.sequence_parallel ? " with sequence parallelism" : "");
+  std::cout << "; seq " << o.seq_len << ", batch " << o.batch << (o.tp > 1 ? " per tp group" : " per GPU")
+            << "; bf16 params and activations, fp32 gradient reduction\n"
             << "  compute at " << Fixed(profile->peak_flops_per_second / 1e12, 0) << " TFLOP/s x "
             << Fixed(profile->achieved_mfu, 2) << " achieved MFU; shard link "
             << Fixed(ctx.cost.shard_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
             << Fixed(ctx.cost.shard_link.latency_seconds * 1e6, 1) << " us";
+  if (o.tp > 1) {
+    std::cout << ", tp link " << Fixed(ctx.cost.tp_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
+              << Fixed(ctx.cost.tp_link.latency_seconds * 1e6, 1) << " us";
+  }
   if (dp_replicate > 1) {
     std::cout << ", replicate link " << Fixed(ctx.cost.replicate_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
               << Fixed(ctx.cost.replicate_link.latency_seconds * 1e6, 1) << " us";

@@ -221,7 +221,20 @@ SimResult Simulate(const Graph& g, const CostModel& cost) {
           r.collectives += op.phase == Phase::kForward ? CostModel::kVocabForwardCollectives
                                                        : CostModel::kVocabBackwardCollectives;
         }
-        start_host(i, d + vocab);
+        // Tensor parallelism's exchanges sit between the module's matmuls: they lengthen its
+        // compute by what overlapping (atp=) does not hide.
+        double tp_exposed = 0;
+        if (g.tp > 1 && cost.tp > 1) {
+          const double tp = cost.TpSeconds(m, op.phase);
+          tp_exposed = cost.TpExposedSeconds(m, op.phase, d);
+          r.tp_comm_seconds += tp;
+          r.tp_exposed_seconds += tp_exposed;
+          r.comm_seconds += tp;
+          r.exposed_comm_seconds += tp_exposed;
+          const TpExchange& x = op.phase == Phase::kForward ? m.tp_fwd : m.tp_bwd;
+          r.collectives += x.calls * std::max(1, m.tp_chunks);
+        }
+        start_host(i, d + vocab + tp_exposed);
       } else if (op.kind == OpKind::kOptimizerStep) {
         start_host(i, std::max(0.0, cost.step_overhead_seconds));
       } else {

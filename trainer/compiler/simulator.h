@@ -14,7 +14,8 @@
 // allocates its output at issue and `free` releases it; forward compute adds the module's
 // activations and its backward releases them; backward adds full gradients (in the parameters'
 // dtype: the buffer the reduce-scatter reads, or casts), released when their reduce-scatter has
-// been waited for.
+// been waited for. A module's tensor-parallel exchanges (tp=) run on their own link inside its
+// compute, adding CostModel::TpExposedSeconds to it.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +36,11 @@ struct SimResult {
   double compute_seconds = 0;       // the modules' compute alone (no copies, no slowdown)
   double copy_seconds = 0;          // host work around collectives (Gloo's reduction at a wait), alone
   double comm_seconds = 0;          // the collectives' own durations, summed over the lanes
-  double exposed_comm_seconds = 0;  // host blocked in waits
+  double exposed_comm_seconds = 0;  // host blocked in waits, and exchanges inside compute
+  // Tensor parallelism's exchanges (in comm_seconds and exposed_comm_seconds too): alone, and
+  // what they added to the modules' compute (less when overlapped).
+  double tp_comm_seconds = 0;
+  double tp_exposed_seconds = 0;
   int64_t peak_bytes = 0;           // gathered weights + activations + full gradients, at peak
   int64_t static_bytes = 0;         // shards: parameters, gradients, AdamW state (4 x shard)
   int collectives = 0;

@@ -181,8 +181,8 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   c.options.bucketing = cfg.bucketing;
   c.options.reorder = cfg.reorder;
   // A model split by tensor parallelism embeds and computes its loss over its vocabulary slice
-  // (FullyShardedLlama::SetModelRunners): the plan reads no rows and splits no head of its own.
-  const bool own_head = !fsdp.has_model_runners();
+  // (FullyShardedLlama::SetTensorParallel): the plan reads no rows and splits no head of its own.
+  const bool own_head = !fsdp.tensor_parallel();
   c.options.read_by_rows = cfg.embedding_rows && own_head ? compiler::PlanOptions::Rows::kWhenFaster
                                                           : compiler::PlanOptions::Rows::kNever;
   c.options.split_by_vocabulary = cfg.vocab_parallel_head && own_head ? compiler::PlanOptions::Rows::kWhenFaster

@@ -173,9 +173,11 @@ torch::Tensor FullyShardedLlama::Forward(const torch::Tensor& tokens, const torc
 
 void FullyShardedLlama::SetGradientSync(bool sync) { state_->sync = sync; }
 
-void FullyShardedLlama::SetModelRunners(model::EmbedRunner embed, model::LossRunner loss) {
-  state_->embed = std::move(embed);
-  state_->loss = std::move(loss);
+void FullyShardedLlama::SetTensorParallel(TensorParallel tp) {
+  state_->embed = std::move(tp.embed);
+  state_->loss = std::move(tp.loss);
+  state_->tp = tp.tp;
+  state_->sequence_parallel = tp.sequence_parallel;
 }
 
 torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets) {
@@ -264,7 +266,7 @@ const std::deque<ShardedParam>& FullyShardedLlama::sharded_params() const { retu
 
 const model::LlamaConfig& FullyShardedLlama::config() const { return state_->model->config(); }
 
-bool FullyShardedLlama::has_model_runners() const { return state_->embed || state_->loss; }
+bool FullyShardedLlama::tensor_parallel() const { return state_->tp > 1; }
 
 LayerCheckpointing FullyShardedLlama::checkpointing() const { return state_->options.checkpointing; }
 
@@ -288,6 +290,7 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   compiler::Graph g;
   g.dp_shard = state_->shard_group->size();
   g.dp_replicate = state_->replicate_group != nullptr ? state_->replicate_group->size() : 1;
+  g.tp = state_->tp;
   g.reduce_scatter_receives_input = std::string(state_->reduce_group->backend()) == "gloo";
   const int64_t param_bytes = c10::elementSize(state_->options.param_dtype);
   const int64_t reduce_bytes = c10::elementSize(state_->options.reduce_dtype);
@@ -319,6 +322,8 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   shape.attention_keeps_probabilities = !compat::kTorch2;
   // As the traced eager steps ran it (a plan's vocabulary-split head stores nothing: conservative).
   shape.head_stores_logit_grad = state_->model->loss_gradient() == model::HeadGradient::kStored;
+  shape.tp = state_->tp;
+  shape.sequence_parallel = state_->sequence_parallel;
   const compiler::Graph estimate = compiler::LlamaSkeleton(shape);
   // t: the module's index in the trace (embed 0, decoder layer i at i + 1, head last).
   auto add_module = [&](const std::string& name, std::vector<int> params, size_t t) {
@@ -370,6 +375,11 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   // over the whole vocabulary (model/linear_cross_entropy.h) or, split by vocabulary, every
   // rank's tokens over this rank's rows (vocab_head.h).
   const int64_t tokens = std::max<int64_t>(trace.batch, 1) * std::max<int64_t>(trace.seq, 1);
+  if (state_->tp > 1) {
+    // Tensor parallelism's loss holds this rank's vocabulary's logits whole (the estimate's).
+    g.modules.back().transient_bytes = estimate.modules.back().transient_bytes;
+    return g;
+  }
   const int64_t owned = (c.vocab_size + g.dp_shard - 1) / g.dp_shard;
   g.modules.back().transient_bytes = std::min(tokens, state_->model->loss_chunk_rows()) * c.vocab_size * 4;
   g.modules.back().vocab_transient_bytes = std::min(tokens * g.dp_shard, model::LossChunkRows(owned)) * owned * 4;
@@ -379,7 +389,7 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
 Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
   MW_RETURN_IF_ERROR(CheckPlanMatches(plan, Skeleton()));
   MW_RETURN_IF_ERROR(compiler::Validate(plan));
-  if (has_model_runners()) {
+  if (tensor_parallel()) {
     for (const auto& m : plan.modules)
       if (!m.rows.empty() || !m.vocab.empty())
         return Internal("plan reads module '" + m.name + "' by rows or splits it by vocabulary, but the model " +

@@ -120,12 +120,19 @@ class FullyShardedLlama {
   // Whether this micro-batch's backward reduces gradients (false until the last micro-batch of
   // gradient accumulation: full gradients accumulate locally instead).
   void SetGradientSync(bool sync);
-  // The embedding and the loss of a plan applied to the model before FSDP (tensor parallelism:
-  // the vocabulary split over the tp ranks), used by every forward from here on in place of the
-  // model's own. A compiled plan's by-rows embedding and vocabulary-split head replace them, so
-  // a plan for such a model is made without those (fsdp/compile.cpp).
-  void SetModelRunners(model::EmbedRunner embed, model::LossRunner loss);
-  bool has_model_runners() const;
+  // Tensor parallelism applied to the model before FSDP (parallel/parallelize.h): its embedding
+  // and loss (the vocabulary split over the tp ranks) replace the model's own in every forward
+  // from here on, and the compiler's view (Skeleton) estimates a tp rank's activations. A
+  // compiled plan's by-rows embedding and vocabulary-split head would bypass them, so a plan for
+  // such a model is made without those (fsdp/compile.cpp) and UsePlan refuses one with them.
+  struct TensorParallel {
+    model::EmbedRunner embed;
+    model::LossRunner loss;
+    int tp = 1;
+    bool sequence_parallel = false;
+  };
+  void SetTensorParallel(TensorParallel tp);
+  bool tensor_parallel() const;
   // After loss.backward(): reduce the root's gradients, wait for every reduction, write the
   // shard gradients (HSDP: averaged over replicas) and free the root.
   Status FinishBackward();
@@ -169,6 +176,8 @@ class FullyShardedLlama {
   // From the next Forward on, every collective, wait and free follows `plan` (validated here
   // against this model); the eager hooks no longer schedule anything.
   Status UsePlan(const compiler::Graph& plan);
+  // TP's exchanges run inside the modules' traced compute here (Skeleton() gives the mesh's tp
+  // and a tp rank's activations, not the exchanges: the calibrated cost model has no tp link).
   bool compiled() const { return compiled_; }
   LayerCheckpointing checkpointing() const;
 

@@ -60,11 +60,13 @@ struct ShardedState {
   std::vector<std::unique_ptr<Unit>> units;  // [0] = root (embed + head), then layer i at [i + 1]
   FsdpStats stats;
   ChromeTrace* tracer = nullptr;
-  int64_t gathered_bytes = 0;
+  int64_t gathered_bytes = 0;  // parameter storage allocated now, over every unit
   // A plan applied before FSDP (tensor parallelism) that embeds and computes the loss its own
-  // way (FullyShardedLlama::SetModelRunners); empty: the model's own.
+  // way, and its shape (FullyShardedLlama::SetTensorParallel); empty, tp 1: the model's own.
   model::EmbedRunner embed;
-  model::LossRunner loss;  // parameter storage allocated now, over every unit
+  model::LossRunner loss;
+  int tp = 1;
+  bool sequence_parallel = false;
   StepTrace trace;
 };
 

@@ -12,7 +12,9 @@ Result<std::unique_ptr<ParallelLlama>> ParallelLlama::Create(model::LlamaForCaus
     MW_ASSIGN_OR_RETURN(p->tp_, tp::TensorParallelLlama::Create(model, *groups.tp, options.tp));
   }
   MW_ASSIGN_OR_RETURN(p->fsdp_, fsdp::FullyShardedLlama::Create(std::move(model), groups.fsdp, options.fsdp));
-  if (p->tp_ != nullptr) p->fsdp_->SetModelRunners(p->tp_->Embedding(), p->tp_->LossHead());
+  if (p->tp_ != nullptr) {
+    p->fsdp_->SetTensorParallel({p->tp_->Embedding(), p->tp_->LossHead(), groups.tp->size(), options.tp.sequence_parallel});
+  }
   p->shard_group_ = groups.fsdp.shard;
   return p;
 }

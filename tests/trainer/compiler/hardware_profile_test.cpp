@@ -218,6 +218,27 @@ TEST(HardwareProfileTest, CostModelPicksTheLinkEachGroupCrosses) {
   EXPECT_DOUBLE_EQ(hsdp->replicate_link.bus_bytes_per_second, 40e9);
 }
 
+// tp is the innermost dim: a tp group is consecutive GPUs of one node, a shard group every tp-th.
+TEST(HardwareProfileTest, TensorParallelGroupsStayInANodeAndShardGroupsStrideOverThem) {
+  auto p = ParseHardwareProfile(kValid, "test.yaml");  // 8 GPUs a node
+  ASSERT_TRUE(p.ok());
+  auto fsdp32_tp8 = MakeCostModel(*p, 1, 32, 8);
+  ASSERT_TRUE(fsdp32_tp8.ok()) << fsdp32_tp8.status().ToString();
+  EXPECT_EQ(fsdp32_tp8->tp, 8);
+  EXPECT_DOUBLE_EQ(fsdp32_tp8->tp_link.bus_bytes_per_second, 300e9);   // within the node
+  EXPECT_DOUBLE_EQ(fsdp32_tp8->shard_link.bus_bytes_per_second, 40e9);  // one GPU a node
+  // dp_shard 2 x tp 4 fills a node: both inside it.
+  auto small = MakeCostModel(*p, 4, 2, 4);
+  ASSERT_TRUE(small.ok());
+  EXPECT_DOUBLE_EQ(small->shard_link.bus_bytes_per_second, 300e9);
+  EXPECT_DOUBLE_EQ(small->replicate_link.bus_bytes_per_second, 40e9);
+  // tp 16 crosses nodes: the inter-node link.
+  auto wide = MakeCostModel(*p, 1, 2, 16);
+  ASSERT_TRUE(wide.ok());
+  EXPECT_DOUBLE_EQ(wide->tp_link.bus_bytes_per_second, 40e9);
+  EXPECT_EQ(MakeCostModel(*p, 1, 2, 0).status().code(), StatusCode::kInvalidConfig);
+}
+
 TEST(HardwareProfileTest, SingleNodeProfileRefusesAMeshThatCrossesNodes) {
   auto p = LoadHardwareProfile(kProfiles + "h100-nvlink-node.yaml");
   ASSERT_TRUE(p.ok());

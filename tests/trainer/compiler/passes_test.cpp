@@ -365,10 +365,10 @@ TEST(Passes, EveryCombinationYieldsAValidProgram) {
 TEST(Passes, PipelineDisablesOptionalPassesByName) {
   Pipeline p = Pipeline::Default();
   EXPECT_EQ(p.Describe(),
-            "checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees");
+            "async_tp, checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, reorder, insert_frees");
   ASSERT_TRUE(p.Disable("reorder").ok());
-  EXPECT_EQ(p.Describe(), "checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, reorder (disabled), "
-                          "insert_frees");
+  EXPECT_EQ(p.Describe(), "async_tp, checkpoint, keep_gathered, bucket_all_gathers, bucket_reduce_scatters, "
+                          "reorder (disabled), insert_frees");
   Status unknown = p.Disable("fuse");
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidConfig);
   EXPECT_NE(unknown.message().find("unknown pass 'fuse'"), std::string::npos);
