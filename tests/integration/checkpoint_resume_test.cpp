@@ -218,6 +218,68 @@ class ResumeTest : public ::testing::Test {
     std::cout << "final loss: uninterrupted " << want.at(kSteps) << ", resumed " << got.at(kSteps) << "\n";
   }
 
+  // One segment of a resharded run: `nproc` ranks with `extra` flags.
+  struct Segment {
+    int nproc;
+    std::vector<std::string> extra;
+  };
+  // Trains `whole` without interruption; then runs `segments` in turn on one checkpoint
+  // directory, each killed once it saved past the previous one's checkpoint, and `last` to the
+  // end; every step's loss must equal the uninterrupted run's within `relative`. The last run's
+  // log must say `resharded` (its reshard note).
+  void ReshardThrough(const Segment& whole, const std::vector<Segment>& segments, const Segment& last,
+                      const std::string& resharded, double relative) {
+    const std::string whole_log = tmp_.File("whole.log");
+    Process uninterrupted(Command("whole", whole.nproc, whole.extra, ""), whole_log);
+    ASSERT_EQ(uninterrupted.Wait(), 0) << ReadBytes(whole_log);
+    const auto want = Losses(tmp_.File("whole.jsonl"));
+    ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+
+    const std::string ckpt = tmp_.File("ckpt");
+    auto latest_step = [&]() -> int {
+      std::ifstream in(ckpt + "/latest");
+      std::string name;
+      if (!(in >> name) || name.rfind("step-", 0) != 0) return 0;
+      return std::stoi(name.substr(5));
+    };
+    int segment = 0;
+    for (const Segment& part : segments) {
+      const int past = latest_step();
+      const std::string log = tmp_.File("segment" + std::to_string(++segment) + ".log");
+      Process run(Command("resharded", part.nproc, part.extra, ckpt), log);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (latest_step() <= past && run.Running() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_TRUE(run.Running()) << "segment " << segment << " ended (exit " << run.exit_code()
+                                 << ") before it could be killed after a checkpoint:\n" << ReadBytes(log);
+      ASSERT_GT(latest_step(), past) << ReadBytes(log);
+      const std::vector<pid_t> ranks = part.nproc > 1 ? ChildrenOf(run.pid()) : std::vector<pid_t>{run.pid()};
+      ASSERT_FALSE(ranks.empty());
+      ::kill(ranks.back(), SIGKILL);
+      run.Wait();
+      if (segment > 1) {
+        EXPECT_THAT(ReadBytes(log), HasSubstr("resharded: the checkpoint was written by world size"));
+      }
+      std::cout << "segment " << segment << ": " << part.nproc << " rank(s), killed after step-" << latest_step() << "\n";
+    }
+    const std::string last_log = tmp_.File("last.log");
+    Process end(Command("resharded", last.nproc, last.extra, ckpt), last_log);
+    ASSERT_EQ(end.Wait(), 0) << ReadBytes(last_log);
+    const std::string log = ReadBytes(last_log);
+    EXPECT_THAT(log, HasSubstr(resharded));
+    EXPECT_THAT(log, HasSubstr("MiB of the checkpoint's"));
+    const auto got = Losses(tmp_.File("resharded.jsonl"));
+    ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+    double worst = 0;
+    for (int step = 1; step <= kSteps; ++step) {
+      const double w = std::stod(want.at(step)), g = std::stod(got.at(step));
+      worst = std::max(worst, std::abs(g - w) / std::abs(w));
+      EXPECT_NEAR(g, w, relative * std::abs(w)) << "step " << step;
+    }
+    std::cout << "largest relative loss difference over " << kSteps << " steps: " << worst << "\n";
+  }
+
   static constexpr int kSteps = 16;
   static constexpr int kEvery = 4;
   TempDir tmp_;
@@ -249,56 +311,29 @@ TEST_F(ResumeTest, HsdpTwoByTwoKilledAfterACheckpointEndsWithTheUninterruptedLos
 // (data.batch_size is per rank), ends with the losses of 4 ranks never interrupted. The world
 // sizes sum gradients in different orders, so to fp32 rounding, not bit for bit.
 TEST_F(ResumeTest, ReshardedFourTwoOneFourEndsWithTheUninterruptedLosses) {
-  const std::string whole_log = tmp_.File("whole.log");
-  Process whole(Command("whole", 4, {}, ""), whole_log);
-  ASSERT_EQ(whole.Wait(), 0) << ReadBytes(whole_log);
-  const auto want = Losses(tmp_.File("whole.jsonl"));
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ReshardThrough({4, {}}, {{4, {}}, {2, {}}, {1, {}}}, {4, {}},
+                 "resharded: the checkpoint was written by world size 1 (dp_replicate 1 x dp_shard 1), "
+                 "this run is 4 (1 x 4)",
+                 1e-6);
+}
 
-  const std::string ckpt = tmp_.File("ckpt");
-  auto latest_step = [&]() -> int {
-    std::ifstream in(ckpt + "/latest");
-    std::string name;
-    if (!(in >> name) || name.rfind("step-", 0) != 0) return 0;
-    return std::stoi(name.substr(5));
-  };
-  int segment = 0;
-  for (const int nproc : {4, 2, 1}) {
-    const int past = latest_step();
-    const std::string log = tmp_.File("segment" + std::to_string(++segment) + ".log");
-    Process run(Command("resharded", nproc, {}, ckpt), log);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (latest_step() <= past && run.Running() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ASSERT_TRUE(run.Running()) << "segment " << segment << " ended (exit " << run.exit_code()
-                               << ") before it could be killed after a checkpoint:\n" << ReadBytes(log);
-    ASSERT_GT(latest_step(), past) << ReadBytes(log);
-    const std::vector<pid_t> ranks = nproc > 1 ? ChildrenOf(run.pid()) : std::vector<pid_t>{run.pid()};
-    ASSERT_FALSE(ranks.empty());
-    ::kill(ranks.back(), SIGKILL);
-    run.Wait();
-    if (segment > 1) {
-      EXPECT_THAT(ReadBytes(log), HasSubstr("resharded: the checkpoint was written by world size"));
-    }
-    std::cout << "segment " << segment << ": " << nproc << " rank(s), killed after step-" << latest_step() << "\n";
-  }
-  const std::string last_log = tmp_.File("segment4.log");
-  Process last(Command("resharded", 4, {}, ckpt), last_log);
-  ASSERT_EQ(last.Wait(), 0) << ReadBytes(last_log);
-  const std::string log = ReadBytes(last_log);
-  EXPECT_THAT(log, HasSubstr("resharded: the checkpoint was written by world size 1 (dp_replicate 1 x dp_shard 1), "
-                             "this run is 4 (1 x 4)"));
-  EXPECT_THAT(log, HasSubstr("MiB of the checkpoint's"));
-  const auto got = Losses(tmp_.File("resharded.jsonl"));
-  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
-  double worst = 0;
-  for (int step = 1; step <= kSteps; ++step) {
-    const double w = std::stod(want.at(step)), g = std::stod(got.at(step));
-    worst = std::max(worst, std::abs(g - w) / std::abs(w));
-    EXPECT_NEAR(g, w, 1e-6 * std::abs(w)) << "step " << step;
-  }
-  std::cout << "largest relative loss difference over " << kSteps << " steps: " << worst << "\n";
+// Tensor parallelism: o_proj and down_proj are column blocks on a tp rank. FSDP over 4 ranks,
+// then dp_shard 2 x tp 2, then tp 2 alone, then FSDP over 4 again (the global batch 8 rows
+// throughout: data.batch_size is per data parallel rank) ends with the losses of FSDP over 4
+// ranks never interrupted, to fp32 rounding.
+TEST_F(ResumeTest, ReshardedThroughTensorParallelMeshesEndsWithTheUninterruptedLosses) {
+  const std::vector<std::string> fsdp2_tp2 = {"--set", "mesh.tp=2", "--set", "mesh.dp_shard=2", "--set",
+                                              "data.batch_size=4"};
+  const std::vector<std::string> tp2 = {"--set", "mesh.tp=2", "--set", "data.batch_size=8"};
+  ReshardThrough({4, {}}, {{4, {}}, {4, fsdp2_tp2}, {2, tp2}}, {4, {}},
+                 "resharded: the checkpoint was written by world size 2 (dp_replicate 1 x dp_shard 1 x tp 2), "
+                 "this run is 4 (1 x 4 x 1)",
+                 1e-6);
+}
+
+// The same mesh resumes bit for bit with tensor parallelism too.
+TEST_F(ResumeTest, FsdpTimesTensorParallelKilledAfterACheckpointEndsWithTheUninterruptedLosses) {
+  KillAndResume(4, {"--set", "mesh.tp=2", "--set", "mesh.dp_shard=2", "--set", "data.batch_size=4"});
 }
 
 // checkpoint.async, killed at every phase of the save of step 8 (before the copy, while the

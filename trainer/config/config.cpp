@@ -405,12 +405,6 @@ Status ValidateCrossFields(const TrainConfig& c) {
       return InvalidConfig("key 'dist.mesh': auto chooses among data parallel meshes only, but " + tp +
                            " is set; use dist.mesh: explicit");
     }
-    if (!c.checkpoint.dir.empty()) {
-      return InvalidConfig("key 'checkpoint.dir': training checkpoints with " + tp +
-                           " are not implemented yet (a rank's slice of o_proj and down_proj is not one run "
-                           "of the flattened parameter, which the resharding format stores); leave it unset "
-                           "(checkpoint.export_hf works)");
-    }
     // The dims are known here unless they come with model.init_from (checked when the model is split).
     if (c.model.init_from.empty()) {
       if (std::string why = model::WhyNotSplittable(c.model.dims, static_cast<int>(c.mesh.tp)); !why.empty()) {

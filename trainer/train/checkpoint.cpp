@@ -236,6 +236,7 @@ CheckpointMeta RunMeta(const config::TrainConfig& cfg, const model::LlamaConfig&
   const dist::MeshShape shape = engine.mesh_shape();
   m.dp_replicate = shape.dp_replicate;
   m.dp_shard = shape.dp_shard;
+  m.tp = shape.tp;
   m.fsdp_mode = engine.world_size() > 1 ? NameOf(config::kFsdpModeNames, cfg.fsdp.mode) : "none";
   m.dims = dims;
   m.data_train = cfg.data.train;
@@ -278,7 +279,7 @@ std::string MetaToJson(const CheckpointMeta& m) {
       {"step", m.step},
       {"total_steps", m.total_steps},
       {"world_size", m.world_size},
-      {"mesh", {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}}},
+      {"mesh", {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"tp", m.tp}}},
       {"fsdp_mode", m.fsdp_mode},
       {"shard_layout", m.shard_layout},
       {"model",
@@ -323,6 +324,7 @@ Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
     m.world_size = doc.at("world_size").get<int>();
     m.dp_replicate = doc.at("mesh").at("dp_replicate").get<int>();
     m.dp_shard = doc.at("mesh").at("dp_shard").get<int>();
+    m.tp = doc.at("mesh").value("tp", 1);  // absent before tensor parallelism
     m.fsdp_mode = doc.at("fsdp_mode").get<std::string>();
     m.shard_layout = doc.value("shard_layout", std::string("rows"));
     const json& d = doc.at("model");
@@ -377,6 +379,7 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
     check("world size", saved.world_size, now.world_size);
     check("mesh dp_replicate", saved.dp_replicate, now.dp_replicate);
     check("mesh dp_shard", saved.dp_shard, now.dp_shard);
+    check("mesh tp", saved.tp, now.tp);
   }
   check("model.vocab_size", saved.dims.vocab_size, now.dims.vocab_size);
   check("model.hidden_size", saved.dims.hidden_size, now.dims.hidden_size);
@@ -415,11 +418,15 @@ std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, co
   note("training.grad_accum", saved.grad_accum, now.grad_accum);
   note("schedule.steps", saved.total_steps, now.total_steps);
   note("fsdp.mode", saved.fsdp_mode, now.fsdp_mode);
-  if (saved.world_size != now.world_size || saved.dp_replicate != now.dp_replicate || saved.dp_shard != now.dp_shard) {
+  if (saved.world_size != now.world_size || saved.dp_replicate != now.dp_replicate || saved.dp_shard != now.dp_shard ||
+      saved.tp != now.tp) {
+    // tp only where one of them has it (the line as it was before tensor parallelism otherwise).
+    const bool tp = saved.tp > 1 || now.tp > 1;
     std::ostringstream os;
     os << "resharded: the checkpoint was written by world size " << saved.world_size << " (dp_replicate "
-       << saved.dp_replicate << " x dp_shard " << saved.dp_shard << "), this run is " << now.world_size
-       << " (" << now.dp_replicate << " x " << now.dp_shard << ")";
+       << saved.dp_replicate << " x dp_shard " << saved.dp_shard << (tp ? " x tp " + std::to_string(saved.tp) : "")
+       << "), this run is " << now.world_size << " (" << now.dp_replicate << " x " << now.dp_shard
+       << (tp ? " x " + std::to_string(now.tp) : "") << ")";
     notes.push_back(os.str());
   }
   // Not shapes: the weights load, but compute another function. Said, not refused: a larger
@@ -597,7 +604,19 @@ std::string TensorChecksum(const torch::Tensor& t) {
   return Hex(sum.Final());
 }
 
-std::string PieceKey(const std::string& name, int64_t begin) { return name + "@" + std::to_string(begin); }
+// "<name>@<begin>", or for a column block "<name>@c<col_begin>@<begin>" (a tp rank's slice of a
+// column-split parameter: its tp peers' pieces start at the same element of their own blocks).
+std::string PieceKey(const std::string& name, int64_t begin, int64_t col_begin, int64_t cols) {
+  return name + "@" + (cols > 0 ? "c" + std::to_string(col_begin) + "@" : std::string()) + std::to_string(begin);
+}
+
+// The row length of a parameter of `shape` as pieces address it: the last dim of a matrix; a
+// vector is one row.
+int64_t RowLength(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return 1;
+  if (shape.size() == 1) return std::max<int64_t>(shape[0], 1);
+  return std::max<int64_t>(shape.back(), 1);
+}
 
 // One piece as a shard file's metadata describes it.
 struct SavedPiece {
@@ -606,6 +625,9 @@ struct SavedPiece {
   std::vector<int64_t> shape;
   int64_t begin = 0;
   int64_t numel = 0;
+  // A column block's (ShardPiece::col_begin, cols); cols 0: the whole width.
+  int64_t col_begin = 0;
+  int64_t cols = 0;
   int64_t adamw_step = kNoState;
   std::map<std::string, std::string> sums;  // "value", "exp_avg", "exp_avg_sq" -> checksum
 };
@@ -669,8 +691,14 @@ Result<ShardFileIndex> ReadShardIndex(const std::string& path, size_t file, int6
       piece.numel = p.at("numel").get<int64_t>();
       piece.adamw_step = p.at("adamw_step").get<int64_t>();
       piece.sums = p.at("sums").get<std::map<std::string, std::string>>();
+      piece.col_begin = p.value("col_begin", int64_t{0});
+      piece.cols = p.value("cols", int64_t{0});
       const io::SafetensorsEntry* value = index.header.Find(piece.key);
-      if (value == nullptr || piece.begin < 0 || piece.numel < 0 || piece.begin + piece.numel > Numel(piece.shape) ||
+      const int64_t width = RowLength(piece.shape);
+      const bool block_ok = piece.cols == 0 || (piece.shape.size() >= 2 && piece.col_begin >= 0 && piece.cols > 0 &&
+                                                piece.col_begin + piece.cols <= width);
+      const int64_t extent = piece.cols > 0 ? Numel(piece.shape) / width * piece.cols : Numel(piece.shape);
+      if (value == nullptr || !block_ok || piece.begin < 0 || piece.numel < 0 || piece.begin + piece.numel > extent ||
           Numel(value->shape) != piece.numel) {
         return InvalidInput("checkpoint file '" + path + "' is corrupt: piece '" + piece.key +
                             "' does not match its tensor or its parameter's shape");
@@ -711,7 +739,7 @@ Status WriteShardFile(const std::string& path, int64_t step, const std::vector<S
   json described = json::array();
   for (size_t i = 0; i < pieces.size(); ++i) {
     const ShardPiece& piece = pieces[i];
-    const std::string key = PieceKey(piece.name, piece.begin);
+    const std::string key = PieceKey(piece.name, piece.begin, piece.col_begin, piece.cols);
     // Flattened fp32 CPU copies: a file never records the device or the dtype of the run.
     auto flat = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat).contiguous().reshape({-1}); };
     const torch::Tensor value = flat(piece.value);
@@ -725,13 +753,18 @@ Status WriteShardFile(const std::string& path, int64_t step, const std::vector<S
       sums["exp_avg"] = TensorChecksum(m);
       sums["exp_avg_sq"] = TensorChecksum(v);
     }
-    described.push_back({{"key", key},
-                         {"name", piece.name},
-                         {"shape", piece.shape},
-                         {"begin", piece.begin},
-                         {"numel", value.numel()},
-                         {"adamw_step", state ? state->step : kNoState},
-                         {"sums", sums}});
+    json d = {{"key", key},
+              {"name", piece.name},
+              {"shape", piece.shape},
+              {"begin", piece.begin},
+              {"numel", value.numel()},
+              {"adamw_step", state ? state->step : kNoState},
+              {"sums", sums}};
+    if (piece.cols > 0) {
+      d["col_begin"] = piece.col_begin;
+      d["cols"] = piece.cols;
+    }
+    described.push_back(std::move(d));
   }
   MW_RETURN_IF_ERROR(io::WriteSafetensors(
       path, tensors, {{"format", kShardFileFormat}, {"step", std::to_string(step)}, {"pieces", described.dump()}}));
@@ -749,7 +782,7 @@ Result<ShardLoadReport> LoadShards(const std::string& step_dir, const Checkpoint
   }
   for (const ShardFileIndex& index : files) {
     for (const SavedPiece& p : index.pieces) {
-      const std::string name = p.key.substr(0, p.key.rfind('@'));
+      const std::string name = p.key.substr(0, p.key.find('@'));
       by_name[name].push_back(&p);
       report.bytes_in_files += p.numel * 4 * (p.adamw_step == kNoState ? 1 : 3);
     }
@@ -813,44 +846,90 @@ Result<ShardLoadReport> LoadShards(const std::string& step_dir, const Checkpoint
     torch::Tensor m, v;
     int64_t adamw_step = kNoState;
     bool first = true;
-    for (int64_t at = mine.begin, end = mine.begin + n; at < end;) {
-      // The saved piece holding element `at` that reaches furthest (replicas hold the same ones).
-      const SavedPiece* from = nullptr;
-      int64_t next_begin = end;
-      for (const SavedPiece* p : saved_pieces) {
-        if (p->begin <= at && at < p->begin + p->numel) {
-          if (from == nullptr || p->begin + p->numel > from->begin + from->numel) from = p;
-        } else if (p->begin > at) {
-          next_begin = std::min(next_begin, p->begin);
-        }
-      }
-      if (from == nullptr) {
-        return InvalidInput("checkpoint '" + step_dir + "' holds no file with elements [" + std::to_string(at) + ", " +
-                            std::to_string(next_begin) + ") of tensor '" + mine.name + "' (a file is missing from it)");
-      }
+    // Copies `take` elements of saved piece `from`, from its element `src`, to this piece's `dst`
+    // (the value and the AdamW moments), checking the pieces agree on the AdamW step.
+    auto copy = [&](const SavedPiece& from, int64_t src, int64_t dst, int64_t take) -> Status {
       if (first) {
-        adamw_step = from->adamw_step;
+        adamw_step = from.adamw_step;
         if (adamw_step != kNoState) {
           m = torch::empty({n}, torch::kFloat);
           v = torch::empty({n}, torch::kFloat);
         }
         first = false;
-      } else if (from->adamw_step != adamw_step) {
+      } else if (from.adamw_step != adamw_step) {
         return InvalidInput("checkpoint '" + step_dir + "': the pieces of tensor '" + mine.name +
                             "' have different AdamW steps (" + std::to_string(adamw_step) + " and " +
-                            std::to_string(from->adamw_step) + ")");
+                            std::to_string(from.adamw_step) + ")");
       }
-      const int64_t take = std::min(end, from->begin + from->numel) - at;
-      const int64_t src = at - from->begin, dst = at - mine.begin;
-      MW_ASSIGN_OR_RETURN(torch::Tensor value, read(*from, "value"));
+      MW_ASSIGN_OR_RETURN(torch::Tensor value, read(from, "value"));
       out.value.narrow(0, dst, take).copy_(value.narrow(0, src, take));
       if (adamw_step != kNoState) {
-        MW_ASSIGN_OR_RETURN(torch::Tensor saved_m, read(*from, "exp_avg"));
-        MW_ASSIGN_OR_RETURN(torch::Tensor saved_v, read(*from, "exp_avg_sq"));
+        MW_ASSIGN_OR_RETURN(torch::Tensor saved_m, read(from, "exp_avg"));
+        MW_ASSIGN_OR_RETURN(torch::Tensor saved_v, read(from, "exp_avg_sq"));
         m.narrow(0, dst, take).copy_(saved_m.narrow(0, src, take));
         v.narrow(0, dst, take).copy_(saved_v.narrow(0, src, take));
       }
-      at += take;
+      return Status::Ok();
+    };
+    auto missing = [&](const std::string& what) {
+      return InvalidInput("checkpoint '" + step_dir + "' holds no file with " + what + " of tensor '" + mine.name +
+                          "' (a file is missing from it)");
+    };
+    const int64_t width = RowLength(mine.shape);
+    auto whole_width = [&](int64_t col_begin, int64_t cols) { return cols == 0 || (col_begin == 0 && cols == width); };
+    bool flat = whole_width(mine.col_begin, mine.cols);
+    for (const SavedPiece* p : saved_pieces) flat = flat && whole_width(p->col_begin, p->cols);
+    if (flat) {
+      // Every piece a run of the flattened parameter: take each element from the saved piece
+      // holding it that reaches furthest (replicas hold the same ones).
+      for (int64_t at = mine.begin, end = mine.begin + n; at < end;) {
+        const SavedPiece* from = nullptr;
+        int64_t next_begin = end;
+        for (const SavedPiece* p : saved_pieces) {
+          if (p->begin <= at && at < p->begin + p->numel) {
+            if (from == nullptr || p->begin + p->numel > from->begin + from->numel) from = p;
+          } else if (p->begin > at) {
+            next_begin = std::min(next_begin, p->begin);
+          }
+        }
+        if (from == nullptr) {
+          return missing("elements [" + std::to_string(at) + ", " + std::to_string(next_begin) + ")");
+        }
+        const int64_t take = std::min(end, from->begin + from->numel) - at;
+        MW_RETURN_IF_ERROR(copy(*from, at - from->begin, at - mine.begin, take));
+        at += take;
+      }
+    } else {
+      // Column blocks (tensor parallelism's column-split slices) on either side: row by row, each
+      // row's run of this piece filled from the saved pieces' runs of the same row.
+      auto block_of = [&](int64_t col_begin, int64_t cols) {
+        return cols > 0 ? std::pair<int64_t, int64_t>{col_begin, cols} : std::pair<int64_t, int64_t>{0, width};
+      };
+      const auto [c0, cw] = block_of(mine.col_begin, mine.cols);
+      for (int64_t row = mine.begin / cw; n > 0 && row <= (mine.begin + n - 1) / cw; ++row) {
+        // This row's elements of the piece: block columns [lo, hi), at `dst` in the piece.
+        const int64_t lo = std::max<int64_t>(mine.begin - row * cw, 0), hi = std::min<int64_t>(mine.begin + n - row * cw, cw);
+        const int64_t dst = row * cw + lo - mine.begin;
+        for (int64_t at = c0 + lo, end = c0 + hi; at < end;) {  // global columns
+          const SavedPiece* from = nullptr;
+          int64_t from_end = 0;
+          for (const SavedPiece* p : saved_pieces) {
+            const auto [sc0, scw] = block_of(p->col_begin, p->cols);
+            const int64_t slo = std::max<int64_t>(p->begin - row * scw, 0),
+                          shi = std::min<int64_t>(p->begin + p->numel - row * scw, scw);
+            if (slo >= shi || at < sc0 + slo || at >= sc0 + shi) continue;
+            if (from == nullptr || sc0 + shi > from_end) {
+              from = p;
+              from_end = sc0 + shi;
+            }
+          }
+          if (from == nullptr) return missing("row " + std::to_string(row) + ", column " + std::to_string(at));
+          const auto [sc0, scw] = block_of(from->col_begin, from->cols);
+          const int64_t take = std::min(end, from_end) - at;
+          MW_RETURN_IF_ERROR(copy(*from, row * scw + (at - sc0) - from->begin, dst + (at - (c0 + lo)), take));
+          at += take;
+        }
+      }
     }
     if (adamw_step != kNoState) {
       out.state = AdamWParamState{adamw_step, m.view(mine.value.sizes()), v.view(mine.value.sizes())};

@@ -11,8 +11,9 @@
 //   DIR/latest                        "step-00000100": the newest complete checkpoint
 //
 // Resuming, each rank reads every file's header, then only the pieces that overlap its own
-// (ShardPiece: elements [begin, begin + n) of a flattened parameter), checking each piece's
-// checksum: PyTorch DCP's idea on flat offsets. Checkpoints of format 2 (rank-NNNNN.pt, libtorch
+// (ShardPiece: elements [begin, begin + n) of a flattened parameter, or of a column block of it:
+// a tensor parallel rank's slice of o_proj or down_proj), checking each piece's checksum:
+// PyTorch DCP's idea on flat offsets. So a checkpoint moves between any meshes, tp included. Checkpoints of format 2 (rank-NNNNN.pt, libtorch
 // archives) still load at the mesh that wrote them.
 //
 // Every file is written under a temporary name, fsynced and renamed. `latest` moves only after
@@ -51,6 +52,7 @@ struct CheckpointMeta {
   int world_size = 1;
   int dp_replicate = 1;
   int dp_shard = 1;
+  int tp = 1;  // tensor parallel ranks (meta.json's mesh.tp; 1 when absent)
   std::string fsdp_mode = "none";  // "none" (one process), "eager" or "compiled"
   // How FSDP shards: "flat" (each module's parameters as one flat vector: fsdp/unit.h), or
   // "rows" (each parameter's dim 0: checkpoints written before the flat layout, which have no

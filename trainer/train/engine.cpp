@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <vector>
@@ -40,6 +41,21 @@ void AddGroupStats(dist::DeviceMesh& mesh, EngineStats* s) {
       s->comm.bytes_sent[i] += c.bytes_sent[i];
     }
   }
+}
+
+// Where a tensor parallel rank's elements of `p` lie in the whole parameter, as a checkpoint
+// addresses them: `local_begin` the first element held of the rank's slice (flattened), `value`
+// them. A slice by rows is a run of the whole parameter; a slice by columns is a column block
+// (ShardPiece::cols); a replicated parameter is whole on every rank.
+ShardPiece TensorParallelPiece(const tp::LocalParam& p, int tp, int64_t local_begin, const torch::Tensor& value) {
+  ShardPiece piece{p.name, p.full_shape, local_begin, value};
+  const int64_t width = p.full_shape.size() >= 2 ? p.full_shape.back() : 1;
+  if (p.split == tp::Split::kRows) piece.begin = p.begin * width + local_begin;
+  if (p.split == tp::Split::kColumns) {
+    piece.col_begin = p.begin;
+    piece.cols = width / tp;
+  }
+  return piece;
 }
 
 class LocalEngine : public Engine {
@@ -132,7 +148,11 @@ class FsdpEngine : public Engine {
         cfg_(std::move(fsdp_config)),
         cpu_(cpu),
         device_memory_bytes_(device_memory_bytes),
-        log_(log) {}
+        log_(log) {
+    if (parallel_->tp() != nullptr) {
+      for (const tp::LocalParam& p : parallel_->tp()->params()) tp_params_[p.name] = &p;
+    }
+  }
 
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
@@ -214,8 +234,14 @@ class FsdpEngine : public Engine {
   }
   std::vector<ShardPiece> LocalShards() const override {
     std::vector<ShardPiece> out;
-    for (const auto& p : fsdp_->sharded_params())
-      if (p.shard.numel() > 0) out.push_back(ShardPiece{p.name, p.full_shape, p.shard_begin, p.shard});
+    for (const auto& p : fsdp_->sharded_params()) {
+      if (p.shard.numel() == 0) continue;
+      // With tensor parallelism FSDP shards a tp rank's slice: placed in the whole parameter.
+      const auto split = tp_params_.find(p.name);
+      out.push_back(split == tp_params_.end()
+                        ? ShardPiece{p.name, p.full_shape, p.shard_begin, p.shard}
+                        : TensorParallelPiece(*split->second, mesh_->shape().tp, p.shard_begin, p.shard));
+    }
     return out;
   }
   int64_t ParamBytes() const override { return fsdp_->ShardBytes(); }
@@ -276,6 +302,7 @@ class FsdpEngine : public Engine {
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::unique_ptr<parallel::ParallelLlama> parallel_;
   fsdp::FullyShardedLlama* fsdp_;  // parallel_'s
+  std::map<std::string, const tp::LocalParam*> tp_params_;  // by name, with tensor parallelism
   config::FsdpConfig cfg_;
   bool cpu_;  // CPU ranks (Gloo): the cost model charges copies and core sharing
   int64_t device_memory_bytes_;  // what this rank's device holds for it (0: unknown)
@@ -341,8 +368,11 @@ class TensorParallelEngine : public Engine {
     for (const tp::LocalParam& p : tp_->params()) out.emplace_back(p.name, p.value);
     return out;
   }
-  // Checkpoints are refused with tp > 1 at start-up (config.cpp says why); nothing reaches here.
-  std::vector<ShardPiece> LocalShards() const override { return {}; }
+  std::vector<ShardPiece> LocalShards() const override {
+    std::vector<ShardPiece> out;
+    for (const tp::LocalParam& p : tp_->params()) out.push_back(TensorParallelPiece(p, mesh_->shape().tp, 0, p.value));
+    return out;
+  }
   int64_t ParamBytes() const override { return tp_->LocalBytes(); }
   torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     torch::NoGradGuard no_grad;

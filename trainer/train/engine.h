@@ -22,11 +22,17 @@ namespace meshwork::train {
 // `shape`): what one rank holds of it, `value` the very tensor the optimizer updates (FSDP: a
 // view of a flat group's master shard; one process: the parameter itself). A resharding
 // checkpoint stores pieces with these offsets, so any mesh can find the elements it needs.
+// With `cols` > 0 the piece is of a column block instead: columns [col_begin, col_begin + cols)
+// of every row of the 2-D parameter, flattened row-major, and `begin` counts within that block
+// (a tensor parallel rank's slice of a column-split parameter, o_proj or down_proj, is such a
+// block; FSDP shards it as a flat run of the block).
 struct ShardPiece {
   std::string name;
   std::vector<int64_t> shape;
   int64_t begin = 0;
   torch::Tensor value;
+  int64_t col_begin = 0;
+  int64_t cols = 0;
 };
 
 struct EngineStats {

@@ -6,6 +6,7 @@
 #     checkpoint and succeeds (kubeflow/training-operator#1478: a restarted worker that could
 #     not rejoin)
 #   - a permanent exit code -> Failed, no restart
+#   - tensor parallelism: a dp_shard 2 x tp 2 job (2 Pods x 2 processes, a tp group per Pod) trains
 #   - a job on a TrainingRuntime (the example files): waits for it, then runs with it merged
 #   - failurePolicy rules (a message rule on the log tail: FailJob; an exit-code rule:
 #     RestartGangAndIgnoreBackoff) and successPolicy Rank0
@@ -388,6 +389,19 @@ if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   cols="$(k get tj train-ok 2>&1)"
   [[ "$cols" == *PHASE*READY*STEP*PROGRESS*ETA*TOKENS/S*RESTARTS*AGE*train-ok*Succeeded*100.0%* ]] && pass "kubectl get shows the printer columns" || fail "get tj: $cols"
 else fail "train-ok did not succeed: $(jp train-ok '{.status}')"; dump; fi
+
+# ---- tensor parallelism through the operator: 2 Pods x 2 processes as dp_shard 2 x tp 2 (each tp
+# group inside one Pod), checkpointing as every job here does.
+job tp-ok 29640 20 '  processesPerReplica: 2
+  mesh: {dpShard: 2, tp: 2}' | kubectl apply -f - >/dev/null
+if e2e_wait_for 300 "tp-ok succeeds" phase_is tp-ok Succeeded; then
+  line="$(k logs tp-ok-0 | grep -m1 '^parallelism:' || true)"
+  [ "$(jp tp-ok '{.status.meshShape}')" = 1x2x2 ] && [ "$(jp tp-ok '{.status.mesh.tp}')" = 2 ] &&
+    [[ "$line" == *"FSDP over mesh dp_replicate 1 x dp_shard 2 x tp 2 with sequence parallelism"* ]] &&
+    [ "$(jp tp-ok '{.status.trainer.step}')" = 20 ] &&
+    pass "a dp_shard 2 x tp 2 job trains through the operator (status mesh 1x2x2; ${line:0:110})" ||
+    fail "tp-ok: meshShape $(jp tp-ok '{.status.meshShape}'), step $(jp tp-ok '{.status.trainer.step}'), rank 0: $line"
+else fail "tp-ok did not succeed: $(jp tp-ok '{.status}')"; dump; fi
 
 # ---- SIGKILL the leading operator mid-run
 job op-kill 29630 40 "" | kubectl apply -f - >/dev/null

@@ -152,8 +152,6 @@ const Rejected kRejected[] = {
     {"TpWithMeshAuto", "", {"mesh.tp=2", "dist.mesh=auto"}, "'dist.mesh'", "but mesh.tp=2 is set"},
     {"TpDoesNotSplitTheModel", "", {"model.preset=tiny", "mesh.tp=4"}, "'mesh.tp'",
      "model.num_key_value_heads=2 does not divide by mesh.tp=4"},
-    {"TpWithCheckpoints", "", {"mesh.tp=2", "checkpoint.dir=ckpt"}, "'checkpoint.dir'",
-     "training checkpoints with mesh.tp=2 are not implemented yet"},
     {"SequenceParallelTokensDoNotDivide", "", {"mesh.tp=2", "data.batch_size=3", "data.seq_len=5"},
      "'mesh.sequence_parallel'", "data.batch_size=3 x data.seq_len=5 = 15 tokens over mesh.tp=2"},
     {"SeqLenAboveMaxPositions", "data:\n  seq_len: 2000\n", {}, "'data.seq_len'",
@@ -551,14 +549,15 @@ TEST(ConfigTest, SetValuesAreYaml) {
   EXPECT_DOUBLE_EQ(c->optimizer.lr, 3e-4);
 }
 
-// Tensor parallelism composes with FSDP and HSDP (a mesh dp_replicate x dp_shard x tp) and with
-// compiled FSDP: none of these is refused at load (a tp spanning the whole world under compiled
+// Tensor parallelism composes with FSDP and HSDP (a mesh dp_replicate x dp_shard x tp), with
+// compiled FSDP and with training checkpoints: none of these is refused at load (a tp spanning the whole world under compiled
 // mode is refused at start-up, where the world size is known).
 TEST(ConfigTest, TensorParallelComposesWithDataParallelDims) {
   for (const std::vector<std::string>& set :
        {std::vector<std::string>{"mesh.tp=2", "mesh.dp_shard=2"},
         std::vector<std::string>{"mesh.tp=2", "mesh.dp_replicate=2", "mesh.dp_shard=1"},
-        std::vector<std::string>{"mesh.tp=2", "mesh.dp_shard=2", "fsdp.mode=compiled"}}) {
+        std::vector<std::string>{"mesh.tp=2", "mesh.dp_shard=2", "fsdp.mode=compiled"},
+        std::vector<std::string>{"mesh.tp=2", "checkpoint.dir=ckpt"}}) {
     auto c = LoadConfigFromString("", set);
     ASSERT_TRUE(c.ok()) << set[1] << ": " << c.status().ToString();
     EXPECT_EQ(c->mesh.tp, 2);

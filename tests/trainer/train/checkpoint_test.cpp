@@ -306,6 +306,73 @@ TEST(Checkpoint, ShardsSavedAsHalvesLoadAsThirds) {
   EXPECT_THAT(gap.status().message(), HasSubstr("holds no file with elements [4, 7) of tensor 'b'"));
 }
 
+// Tensor parallelism: a tp rank's slice of a column-split parameter is a column block (every
+// row, some columns), and FSDP shards it as runs of the block flattened. Saved as 2 tp ranks x 2
+// FSDP shards, it loads as runs of the whole (no tp), as 4 narrower blocks (tp 4) and as an odd
+// run of a block; a missing file names the row and column no file holds.
+TEST(Checkpoint, ColumnBlocksLoadAsRunsAndAsOtherBlocks) {
+  TempDir tmp;
+  const std::string dir = tmp.path();
+  torch::manual_seed(5);
+  const torch::Tensor w = torch::randn({6, 8});
+  // Columns [c0, c0 + cols) of w flattened, elements [begin, end).
+  auto block = [&](const torch::Tensor& full, int64_t c0, int64_t cols, int64_t begin, int64_t end) {
+    ShardPiece p{"w", {6, 8}, begin, full.narrow(1, c0, cols).contiguous().reshape({-1}).narrow(0, begin, end - begin).clone()};
+    p.col_begin = c0;
+    p.cols = cols;
+    return p;
+  };
+  CheckpointMeta saved;
+  saved.step = 2;
+  saved.world_size = 4;
+  for (int r = 0; r < 4; ++r) {
+    const int tp = r % 2, shard = r / 2;  // tp innermost
+    std::vector<ShardPiece> mine = {block(w, 4 * tp, 4, 12 * shard, 12 * shard + 12)};
+    std::vector<AdamWGroup> groups{{{mine[0].value}, 0.0}};
+    AdamW opt(groups, AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
+    opt.SetState(mine[0].value, AdamWParamState{2, mine[0].value * 2, mine[0].value * 3});
+    saved.files.push_back(ShardFileName(r));
+    ASSERT_TRUE(SaveShardFile(dir + "/" + ShardFileName(r), 2, mine, opt).ok());
+  }
+  // Loads `mine` and checks each piece against w's elements it addresses.
+  auto load = [&](std::vector<ShardPiece> mine) {
+    std::vector<torch::Tensor> values;
+    for (auto& p : mine) values.push_back(p.value);
+    std::vector<AdamWGroup> groups{{values, 0.0}};
+    AdamW opt(groups, AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
+    auto report = LoadShards(dir, saved, mine, opt);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const ShardPiece& p = mine[i];
+      const torch::Tensor source = p.cols > 0 ? w.narrow(1, p.col_begin, p.cols).contiguous().reshape({-1}) : w.reshape({-1});
+      const torch::Tensor right = source.narrow(0, p.begin, p.value.numel());
+      EXPECT_TRUE(torch::equal(p.value, right)) << "piece " << i << ": " << p.value << " want " << right;
+      const AdamWParamState* st = opt.State(p.value);
+      ASSERT_NE(st, nullptr);
+      EXPECT_EQ(st->step, 2);
+      EXPECT_TRUE(torch::equal(st->exp_avg, right * 2));
+      EXPECT_TRUE(torch::equal(st->exp_avg_sq, right * 3));
+    }
+  };
+  const torch::Tensor zeros = torch::zeros({6, 8});
+  auto run = [&](int64_t begin, int64_t end) {
+    return ShardPiece{"w", {6, 8}, begin, zeros.reshape({-1}).narrow(0, begin, end - begin).clone()};
+  };
+  load({run(0, 16), run(16, 32), run(32, 48)});  // FSDP over 3, no tp
+  load({block(zeros, 0, 2, 0, 12), block(zeros, 2, 2, 0, 12), block(zeros, 4, 2, 0, 12), block(zeros, 6, 2, 0, 12)});  // tp 4
+  load({block(zeros, 4, 4, 5, 17), run(7, 8)});  // an odd run of a block; one element
+  fs::remove(dir + "/" + ShardFileName(3));
+  fs::remove(dir + "/" + ShardFileName(3) + ".sum");
+  saved.files.pop_back();
+  std::vector<ShardPiece> whole = {run(0, 48)};
+  std::vector<AdamWGroup> groups{{{whole[0].value}, 0.0}};
+  AdamW opt(groups, AdamWOptions{1e-2, 0.9, 0.999, 1e-8, {}});
+  auto gap = LoadShards(dir, saved, whole, opt);
+  EXPECT_EQ(gap.status().code(), StatusCode::kInvalidInput);
+  // Rank 3 held tp 1's columns 4-7 of rows 3-5.
+  EXPECT_THAT(gap.status().message(), HasSubstr("holds no file with row 3, column 4 of tensor 'w'"));
+}
+
 // Files of format 1 (libtorch's optimizer archive inside) still resume exactly.
 TEST(Checkpoint, FormatOneFilesStillResume) {
   TempDir tmp;
