@@ -56,6 +56,7 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "tp2 2 --set mesh.tp=2 --set data.batch_size=$global_batch" \
     "tp2-nosp-ckpt-all 2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.activation_checkpointing=all --set data.batch_size=$global_batch" \
     "fsdp2-tp2 4 --set mesh.tp=2 --set mesh.dp_shard=2 --set data.batch_size=$((global_batch / 2))" \
+    "tp2-async4 2 --set mesh.tp=2 --set mesh.async_tp_chunks=4 --set data.batch_size=$global_batch" \
     "compiled-hsdp2-tp2 4 --set fsdp.mode=compiled --set mesh.tp=2 --set mesh.dp_replicate=2 --set mesh.dp_shard=1 --set data.batch_size=$((global_batch / 2))"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
@@ -77,6 +78,8 @@ grep -q "tensor parallel over mesh tp 2 with sequence parallelism (gloo)" "$work
   fail "tp2: not tensor parallel: $(grep parallelism "$work/tp2.log")"
 grep -q "tensor parallel over mesh tp 2 (gloo)" "$work/tp2-nosp-ckpt-all.log" && pass "tp2-nosp-ckpt-all: tensor parallel without sequence parallelism" ||
   fail "tp2-nosp-ckpt-all: not plain tensor parallel: $(grep parallelism "$work/tp2-nosp-ckpt-all.log")"
+grep -q "tensor parallel over mesh tp 2 with sequence parallelism overlapped in 4 chunks (gloo)" "$work/tp2-async4.log" &&
+  pass "tp2-async4: overlapped tensor parallelism" || fail "tp2-async4: not overlapped: $(grep parallelism "$work/tp2-async4.log")"
 # Tensor parallelism under FSDP/HSDP: a tp group reads one batch, the data parallel ranks their rows.
 grep -q "FSDP over mesh dp_replicate 1 x dp_shard 2 x tp 2 with sequence parallelism" "$work/fsdp2-tp2.log" &&
   pass "fsdp2-tp2: FSDP over tensor parallel slices" || fail "fsdp2-tp2: not FSDP x tp: $(grep parallelism "$work/fsdp2-tp2.log")"

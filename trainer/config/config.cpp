@@ -219,6 +219,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("mesh.dp_shard", &c.mesh.dp_shard, 0, 1 << 20),
       IntField("mesh.tp", &c.mesh.tp, 1, 1 << 20),
       BoolField("mesh.sequence_parallel", &c.mesh.sequence_parallel),
+      IntField("mesh.async_tp_chunks", &c.mesh.async_tp_chunks, 1, 1024),
 
       BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
       BoolField("fsdp.prefetch", &c.fsdp.prefetch),
@@ -418,6 +419,22 @@ Status ValidateCrossFields(const TrainConfig& c) {
                            " tokens over " + tp + ", which does not divide them (set mesh.sequence_parallel: false, "
                            "or a batch whose tokens divide by tp)");
     }
+    if (c.mesh.async_tp_chunks > 1) {
+      const std::string chunks = "mesh.async_tp_chunks=" + Str(c.mesh.async_tp_chunks);
+      if (!c.mesh.sequence_parallel) {
+        return InvalidConfig("key 'mesh.async_tp_chunks': " + chunks + " overlaps the all-gathers and reduce-scatters of "
+                             "sequence parallelism, which mesh.sequence_parallel=false turns off");
+      }
+      if ((tokens / c.mesh.tp) % c.mesh.async_tp_chunks != 0) {
+        return InvalidConfig("key 'mesh.async_tp_chunks': " + chunks + " does not divide each rank's " +
+                             Str(tokens / c.mesh.tp) + " tokens of a micro-batch (data.batch_size=" + Str(c.data.batch_size) +
+                             " x data.seq_len=" + Str(c.data.seq_len) + " over " + tp + ")");
+      }
+    }
+  }
+  if (c.mesh.async_tp_chunks > 1 && c.mesh.tp == 1) {
+    return InvalidConfig("key 'mesh.async_tp_chunks': " + Str(c.mesh.async_tp_chunks) +
+                         " chunks overlap tensor parallelism's exchanges, but mesh.tp is 1");
   }
   if (!c.fsdp.trace_out.empty() && c.schedule.steps < 3) {
     return InvalidConfig("key 'fsdp.trace_out': traces step 3, but schedule.steps is " + Str(c.schedule.steps));

@@ -184,6 +184,9 @@ struct MeshConfig {
   int64_t dp_shard = 0;      // ranks a parameter is sharded over; 0 = world / dp_replicate
   int64_t tp = 1;            // tensor parallel ranks (trainer/tp/tensor_parallel.h)
   bool sequence_parallel = true;  // with tp > 1: norms and the residual stream split by tokens
+  // With sequence parallelism: each region's exchange and matmul in this many chunks that overlap
+  // (async TP); 1: not overlapped.
+  int64_t async_tp_chunks = 1;
 };
 
 struct FsdpConfig {

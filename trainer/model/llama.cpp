@@ -103,20 +103,27 @@ torch::Tensor StackedLinear(const torch::Tensor& x, std::initializer_list<torch:
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  const int64_t b = x.size(0), t = x.size(1);
   const int64_t heads = q_proj->weight.size(0) / head_dim_;
   const int64_t kv_heads = k_proj->weight.size(0) / head_dim_;
+  // Overlapped tensor parallelism: x is this rank's part of the stream, entered by the q/k/v GEMM.
+  const bool overlap = region != nullptr && region->Overlapped();
+  auto stacked_qkv = [&] {
+    return overlap ? region->enter_project(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}))
+                   : StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies);
+  };
   torch::Tensor q, k, v;
-  if (merged && fused) {
+  int64_t b = x.size(0), t = x.size(1);
+  if ((merged || overlap) && fused) {
     // One op from the GEMM output to attention's inputs and back (FusedQkvRope).
-    const auto qkv = FusedQkvRope(StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies),
-                                  heads, kv_heads, rope.cos, rope.sin);
+    const auto projected = stacked_qkv();
+    b = projected.size(0), t = projected.size(1);
+    const auto qkv = FusedQkvRope(projected, heads, kv_heads, rope.cos, rope.sin);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
-    if (merged) {
-      const auto qkv =
-          StackedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight}, fused, weight_copies)
-              .split_with_sizes({heads * head_dim_, kv_heads * head_dim_, kv_heads * head_dim_}, -1);
+    if (merged || overlap) {
+      const auto projected = stacked_qkv();
+      b = projected.size(0), t = projected.size(1);
+      const auto qkv = projected.split_with_sizes({heads * head_dim_, kv_heads * head_dim_, kv_heads * head_dim_}, -1);
       q = qkv[0], k = qkv[1], v = qkv[2];
     } else {
       q = q_proj(x), k = k_proj(x), v = v_proj(x);
@@ -131,6 +138,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   auto y = rope.attention_mask.defined() ? compat::MaskedAttention(q, k, v, rope.attention_mask)
                                          : compat::CausalAttention(q, k, v);  // [b, heads, t, head_dim]
   y = y.transpose(1, 2).contiguous().view({b, t, heads * head_dim_});
+  if (overlap) return region->project_exit(y, o_proj->weight);
   return merged ? StackedLinear(y, {o_proj->weight}, fused, weight_copies) : o_proj(y);
 }
 
@@ -144,6 +152,19 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  // Overlapped tensor parallelism: x is this rank's part of the stream, entered by the gate/up
+  // GEMM, and down's GEMM leaves.
+  if (region != nullptr && region->Overlapped()) {
+    const auto gate_up = region->enter_project(x, torch::cat({gate_proj->weight, up_proj->weight}));
+    torch::Tensor hidden;
+    if (fused) {
+      hidden = FusedSwiGlu(gate_up);
+    } else {
+      const auto halves = gate_up.chunk(2, -1);
+      hidden = F::silu(halves[0]) * halves[1];
+    }
+    return region->project_exit(hidden, down_proj->weight);
+  }
   if (!merged) return down_proj(F::silu(gate_proj(x)) * up_proj(x));
   const auto gate_up = StackedLinear(x, {gate_proj->weight, up_proj->weight}, fused, weight_copies);
   if (fused) return StackedLinear(FusedSwiGlu(gate_up), {down_proj->weight}, fused, weight_copies);
@@ -157,25 +178,33 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   mlp = register_module("mlp", Mlp(c));
+  self_attn->region = &region;
+  mlp->region = &region;
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const auto out_dtype = compat::MatmulDtype(x);
+  // Overlapped, the modules enter and leave the region themselves (ParallelRegion).
+  const bool overlap = region.Overlapped();
+  auto attend = [&](const torch::Tensor& normed) {
+    return overlap ? self_attn(normed, rope) : region.Exit(self_attn(region.Enter(normed), rope));
+  };
+  auto mlp_of = [&](const torch::Tensor& normed) { return overlap ? mlp(normed) : region.Exit(mlp(region.Enter(normed))); };
   if (fused && FusedRmsNormSupports(x, torch::Tensor(), out_dtype)) {
     // x goes on through the first norm, so that its gradient from the residual add arrives in
     // that norm's backward kernel rather than in an add of autograd's.
     const auto [through, normed_x] = FusedRmsNormPassingX(x, input_layernorm->weight, input_layernorm->eps(), out_dtype);
-    const auto attention = region.Exit(self_attn(region.Enter(normed_x), rope));
+    const auto attention = attend(normed_x);
     if (FusedRmsNormSupports(through, attention, out_dtype)) {
       const auto [h, normed] = FusedAddRmsNorm(through, attention, post_attention_layernorm->weight,
                                                post_attention_layernorm->eps(), out_dtype);
-      return h + region.Exit(mlp(region.Enter(normed)));
+      return h + mlp_of(normed);
     }
     const auto h = through + attention;
-    return h + region.Exit(mlp(region.Enter(post_attention_layernorm(h))));
+    return h + mlp_of(post_attention_layernorm(h));
   }
-  auto h = x + region.Exit(self_attn(region.Enter(input_layernorm(x)), rope));
-  return h + region.Exit(mlp(region.Enter(post_attention_layernorm(h))));
+  auto h = x + attend(input_layernorm(x));
+  return h + mlp_of(post_attention_layernorm(h));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {

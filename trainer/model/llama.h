@@ -56,6 +56,27 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const RopeTables& rope);
 // dtype x's matmul runs in (compat::MatmulDtype: the copy autocast would make of each).
 torch::Tensor MergedWeight(std::initializer_list<torch::Tensor> weights, const torch::Tensor& x);
 
+// Where a tensor-parallel plan (trainer/tp/tensor_parallel.h) enters and leaves the parts of a
+// decoder layer whose weights it splits over its ranks: `enter` takes the normed input of attention
+// and of the MLP (as this rank holds it) to what their first projections read, `exit` takes
+// their output projection's result (this rank's partial sum) back to the residual stream's form.
+// Empty: identity (one process, FSDP). The model calls them without knowing what they exchange.
+//
+// Overlapped (async) tensor parallelism: while `overlapped()` says so for this forward, the region
+// is entered fused with its first projection and left fused with its last, so that the plan can
+// split each exchange and its matmul into chunks that overlap: `enter_project(x, w)` is the
+// entered x (from this rank's part) times w^T, shaped [batch, seq, rows of w], and
+// `project_exit(y, w)` is y times w^T, left. The attention and MLP modules call them in place of
+// Enter + their first projection and their last projection + Exit.
+struct ParallelRegion {
+  std::function<torch::Tensor(const torch::Tensor&)> enter, exit;
+  std::function<bool()> overlapped;
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> enter_project, project_exit;
+  torch::Tensor Enter(const torch::Tensor& x) const { return enter ? enter(x) : x; }
+  torch::Tensor Exit(const torch::Tensor& y) const { return exit ? exit(y) : y; }
+  bool Overlapped() const { return overlapped && overlapped(); }
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c);
@@ -73,6 +94,9 @@ class AttentionImpl : public torch::nn::Module {
   bool fused = false;
   // With fused, the projections' persistent weight copies (weight_copies.h), or null.
   WeightCopies* weight_copies = nullptr;
+  // Its decoder layer's region (DecoderLayerImpl::region), when overlapped: the q/k/v projection
+  // enters it and the output projection leaves it.
+  const ParallelRegion* region = nullptr;
 
  private:
   // The heads are counted from the projections' rows at each forward: a tensor-parallel plan
@@ -93,19 +117,10 @@ class MlpImpl : public torch::nn::Module {
   // false) always take the composition.
   bool fused = false;
   WeightCopies* weight_copies = nullptr;  // as AttentionImpl::weight_copies
+  const ParallelRegion* region = nullptr;  // as AttentionImpl::region
 };
 TORCH_MODULE(Mlp);
 
-// Where a tensor-parallel plan (trainer/tp/tensor_parallel.h) enters and leaves the parts of a
-// decoder layer whose weights it splits over its ranks: `enter` takes the normed input of attention
-// and of the MLP (as this rank holds it) to what their first projections read, `exit` takes
-// their output projection's result (this rank's partial sum) back to the residual stream's form.
-// Empty: identity (one process, FSDP). The model calls them without knowing what they exchange.
-struct ParallelRegion {
-  std::function<torch::Tensor(const torch::Tensor&)> enter, exit;
-  torch::Tensor Enter(const torch::Tensor& x) const { return enter ? enter(x) : x; }
-  torch::Tensor Exit(const torch::Tensor& y) const { return exit ? exit(y) : y; }
-};
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "trainer/model/compat.h"
+
 namespace meshwork::tp {
 
 // What the autograd functions collect over: the tp communicator and the time the calling thread
@@ -39,6 +41,25 @@ void Run(TpGroup& group, Result<std::unique_ptr<dist::Work>> work, const char* w
   };
   if (!work.ok()) fail(work.status());
   if (const Status s = (*work)->Wait(); !s.ok()) fail(s);
+  group.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Issues one collective (async); a failure is thrown as Run's are.
+std::unique_ptr<dist::Work> Issue(TpGroup& group, Result<std::unique_ptr<dist::Work>> work, const char* what) {
+  if (!work.ok()) {
+    ThrowIfError(Status(work.status().code(), std::string("tensor parallel ") + what + " over " +
+                                                  group.comm->group_name() + ": " + work.status().message()));
+  }
+  return std::move(work).value();
+}
+
+// Waits for one issued collective, counting the time blocked.
+void Await(TpGroup& group, dist::Work& work, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  if (const Status s = work.Wait(); !s.ok()) {
+    ThrowIfError(Status(s.code(), std::string("tensor parallel ") + what + " over " + group.comm->group_name() + ": " +
+                                      s.message()));
+  }
   group.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -134,6 +155,133 @@ struct GatherReplicated : torch::autograd::Function<GatherReplicated> {
   }
 };
 
+// Overlapped tensor parallelism (TensorParallelOptions::async_chunks): a region's entering fused
+// with its first projection, and its last projection with its leaving, each split into `chunks`
+// chunks of every rank's tokens so that one chunk's exchange runs (on the communicator's thread)
+// while the previous chunk's matmul computes. Tokens: rank r holds the stream's tokens
+// [r n_l, (r + 1) n_l); chunk j of each rank is its tokens [j m, (j + 1) m), m = n_l / chunks. The
+// matmuls run in the autocast dtype (compat::MatmulDtype), the gradients come back in the inputs'.
+
+// x: this rank's tokens [1, n_l, h]; w: [out, h] -> the whole stream times w^T, `shape` [b, t] + out.
+struct AllGatherMatmul : torch::autograd::Function<AllGatherMatmul> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, int64_t group,
+                               int64_t chunks, std::vector<int64_t> shape) {
+    TpGroup& g = GroupOf(group);
+    const int64_t size = g.comm->size();
+    const auto dtype = compat::MatmulDtype(x);
+    const torch::Tensor xl = x.reshape({-1, x.size(-1)}).to(dtype).contiguous();
+    const torch::Tensor wd = w.to(dtype);
+    const int64_t h = xl.size(1), m = xl.size(0) / chunks, out = wd.size(0);
+    // Every rank's chunk j at full[j]: [size, m, h], contiguous, as the all-gather writes it.
+    torch::Tensor full = torch::empty({chunks, size, m, h}, xl.options());
+    torch::Tensor y = torch::empty({chunks, size, m, out}, xl.options());
+    std::vector<std::unique_ptr<dist::Work>> works(chunks);
+    auto issue = [&](int64_t j) {
+      works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), xl.narrow(0, j * m, m).view({-1})),
+                       "all-gather of a chunk of the tokens entering a region");
+    };
+    issue(0);
+    for (int64_t j = 0; j < chunks; ++j) {
+      Await(g, *works[j], "all-gather of a chunk of the tokens entering a region");
+      if (j + 1 < chunks) issue(j + 1);
+      y[j].view({size * m, out}).copy_(torch::mm(full[j].view({size * m, h}), wd.t()));
+    }
+    ctx->save_for_backward({full, wd});
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["chunks"] = chunks;
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    shape.push_back(out);
+    return y.permute({1, 0, 2, 3}).reshape(shape);  // token order: rank, chunk, position
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& full = saved[0];
+    const torch::Tensor& wd = saved[1];
+    TpGroup& g = GroupOf(ctx);
+    const int64_t chunks = ctx->saved_data["chunks"].toInt(), size = full.size(1), m = full.size(2), h = full.size(3);
+    const int64_t out = wd.size(0);
+    // The gradient in the forward's chunk layout: [chunks, size, m, out].
+    const torch::Tensor gy = grad[0].to(wd.scalar_type()).reshape({size, chunks, m, out}).permute({1, 0, 2, 3});
+    torch::Tensor local = torch::empty({chunks, m, h}, full.options());
+    std::vector<torch::Tensor> parts;
+    std::vector<std::unique_ptr<dist::Work>> works;
+    for (int64_t j = 0; j < chunks; ++j) {
+      // Chunk j's input gradient for every rank's tokens, summed into each rank's own.
+      parts.push_back(torch::mm(gy[j].reshape({size * m, out}), wd));
+      works.push_back(Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
+                            "reduce-scatter of a chunk of a region's input gradient"));
+    }
+    const torch::Tensor gw = torch::mm(gy.reshape({-1, out}).t(), full.view({-1, h}));
+    for (auto& w : works) Await(g, *w, "reduce-scatter of a chunk of a region's input gradient");
+    const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    return {local.view(ctx->saved_data["x_shape"].toIntVector()).to(x_dtype), gw.to(w_dtype), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// y: the whole stream [b, t, in] (this rank's columns); w: [h, in] -> this rank's tokens of the
+// sum over ranks of y w^T, [1, n_l, h].
+struct MatmulReduceScatter : torch::autograd::Function<MatmulReduceScatter> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y, const torch::Tensor& w, int64_t group,
+                               int64_t chunks) {
+    TpGroup& g = GroupOf(group);
+    const int64_t size = g.comm->size();
+    const auto dtype = compat::MatmulDtype(y);
+    const torch::Tensor yd = y.reshape({-1, y.size(-1)}).to(dtype).contiguous();
+    const torch::Tensor wd = w.to(dtype);
+    const int64_t in = yd.size(1), n_l = yd.size(0) / size, m = n_l / chunks, h = wd.size(0);
+    const torch::Tensor by_chunk = yd.view({size, chunks, m, in});
+    torch::Tensor local = torch::empty({chunks, m, h}, yd.options());
+    std::vector<torch::Tensor> parts;
+    std::vector<std::unique_ptr<dist::Work>> works;
+    for (int64_t j = 0; j < chunks; ++j) {
+      parts.push_back(torch::mm(by_chunk.select(1, j).reshape({size * m, in}), wd.t()));
+      works.push_back(Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
+                            "reduce-scatter of a chunk of a region's output"));
+    }
+    for (auto& work : works) Await(g, *work, "reduce-scatter of a chunk of a region's output");
+    ctx->save_for_backward({yd, wd});
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["chunks"] = chunks;
+    ctx->saved_data["y_shape"] = y.sizes().vec();
+    ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return local.view({1, n_l, h});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& yd = saved[0];
+    const torch::Tensor& wd = saved[1];
+    TpGroup& g = GroupOf(ctx);
+    const int64_t chunks = ctx->saved_data["chunks"].toInt(), size = g.comm->size();
+    const int64_t in = yd.size(1), n_l = yd.size(0) / size, m = n_l / chunks, h = wd.size(0);
+    const torch::Tensor gl = grad[0].to(wd.scalar_type()).reshape({chunks, m, h}).contiguous();
+    torch::Tensor full = torch::empty({chunks, size, m, h}, gl.options());
+    torch::Tensor gy = torch::empty({size, chunks, m, in}, gl.options());
+    std::vector<std::unique_ptr<dist::Work>> works(chunks);
+    auto issue = [&](int64_t j) {
+      works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), gl[j].view({-1})),
+                       "all-gather of a chunk of a region's output gradient");
+    };
+    issue(0);
+    for (int64_t j = 0; j < chunks; ++j) {
+      Await(g, *works[j], "all-gather of a chunk of a region's output gradient");
+      if (j + 1 < chunks) issue(j + 1);
+      gy.select(1, j).copy_(torch::mm(full[j].view({size * m, h}), wd).view({size, m, in}));
+    }
+    // The whole stream's output gradient in token order, for the weight's.
+    const torch::Tensor g_tokens = full.permute({1, 0, 2, 3}).reshape({-1, h});
+    const torch::Tensor gw = torch::mm(g_tokens.t(), yd);
+    const auto y_dtype = static_cast<c10::ScalarType>(ctx->saved_data["y_dtype"].toInt());
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    return {gy.view(ctx->saved_data["y_shape"].toIntVector()).to(y_dtype), gw.to(w_dtype), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 // HF names of the parameters split by rows and by columns (suffixes).
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -199,6 +347,14 @@ void TensorParallelLlama::Shard() {
   region.exit = [this, handle](const torch::Tensor& y) {
     return split_tokens_ ? ScatterTokens::apply(y, handle) : ReduceFromRegion::apply(y, handle);
   };
+  region.overlapped = [this] { return overlap_; };
+  region.enter_project = [this, handle](const torch::Tensor& x, const torch::Tensor& w) {
+    return AllGatherMatmul::apply(x, w, handle, static_cast<int64_t>(options_.async_chunks),
+                                  std::vector<int64_t>{stream_shape_[0], stream_shape_[1]});
+  };
+  region.project_exit = [this, handle](const torch::Tensor& y, const torch::Tensor& w) {
+    return MatmulReduceScatter::apply(y, w, handle, static_cast<int64_t>(options_.async_chunks));
+  };
   for (size_t i = 0; i < model_->model->layers->size(); ++i) {
     model_->model->layers[i]->as<model::DecoderLayer>()->region = region;
   }
@@ -237,6 +393,8 @@ void TensorParallelLlama::BeginForward(const torch::Tensor& tokens) {
   // Sequence parallelism where the tokens divide by tp; the norms' weights are whole on every
   // rank, so a batch that does not divide (an evaluation's last) runs the plain regions alike.
   split_tokens_ = options_.sequence_parallel && tokens.numel() % size == 0;
+  // Overlapped where each rank's tokens divide into the chunks (else the plain split regions).
+  overlap_ = split_tokens_ && options_.async_chunks > 1 && (tokens.numel() / size) % options_.async_chunks == 0;
   stream_shape_ = {tokens.size(0), tokens.size(1), model_->config().hidden_size};
   if (torch::GradMode::is_enabled()) {
     // The replicated parameters' gradients are partial sums after a split forward and whole after

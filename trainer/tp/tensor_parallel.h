@@ -46,6 +46,12 @@ namespace meshwork::tp {
 
 struct TensorParallelOptions {
   bool sequence_parallel = true;
+  // Overlapped (async) TP, with sequence parallelism: each region's all-gather fused with its
+  // first matmul and its last matmul with the reduce-scatter, both split into this many chunks of
+  // every rank's tokens, so that one chunk's exchange runs while the previous one's matmul
+  // computes (backward alike). 1: not overlapped. A forward whose tokens per rank do not divide
+  // into the chunks runs the plain regions.
+  int async_chunks = 1;
 };
 
 // How a parameter is split over the tp ranks.
@@ -113,6 +119,7 @@ class TensorParallelLlama {
   model::LlamaForCausalLM& model() { return model_; }
   dist::Communicator& group() { return group_; }
   bool sequence_parallel() const { return options_.sequence_parallel; }
+  int async_chunks() const { return options_.async_chunks; }
   int64_t LocalBytes() const;
   // Seconds the calling threads blocked in the regions' collectives since the last call (the
   // exposed communication where waits block the host: Gloo; NCCL's waits order the stream, and
@@ -134,6 +141,7 @@ class TensorParallelLlama {
   // Whether this forward splits the stream by tokens (sequence parallelism, and tokens that
   // divide by tp), and the whole stream's shape [batch, seq, hidden] its gathers restore.
   bool split_tokens_ = false;
+  bool overlap_ = false;  // this forward's regions overlapped (async_chunks)
   std::vector<int64_t> stream_shape_;
   // Whether this step's forwards with gradients split the tokens (unset: none yet).
   std::optional<bool> step_split_tokens_;

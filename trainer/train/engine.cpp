@@ -165,6 +165,7 @@ class FsdpEngine : public Engine {
     std::string tp;
     if (const tp::TensorParallelLlama* split = parallel_->tp(); split != nullptr) {
       tp = " x tp " + std::to_string(s.tp) + (split->sequence_parallel() ? " with sequence parallelism" : "") +
+           (split->async_chunks() > 1 ? " overlapped in " + std::to_string(split->async_chunks()) + " chunks" : "") +
            ", FSDP sharding each tensor parallel slice";
     }
     return std::to_string(env_.world_size) + " ranks, FSDP over mesh dp_replicate " +
@@ -339,7 +340,9 @@ class TensorParallelEngine : public Engine {
   dist::MeshShape mesh_shape() const override { return mesh_->shape(); }
   std::string Describe() const override {
     return std::to_string(env_.world_size) + " ranks, tensor parallel over mesh tp " + std::to_string(mesh_->shape().tp) +
-           (tp_->sequence_parallel() ? " with sequence parallelism" : "") + " (" + mesh_->group("tp").backend() + ")";
+           (tp_->sequence_parallel() ? " with sequence parallelism" : "") +
+           (tp_->async_chunks() > 1 ? " overlapped in " + std::to_string(tp_->async_chunks()) + " chunks" : "") + " (" +
+           mesh_->group("tp").backend() + ")";
   }
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool) override {
     if (checkpoint_every_ <= 0) return tp_->Loss(tokens, targets);
@@ -468,6 +471,7 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
   }
   tp::TensorParallelOptions to;
   to.sequence_parallel = cfg.mesh.sequence_parallel;
+  to.async_chunks = static_cast<int>(cfg.mesh.async_tp_chunks);
   if (shape.tp > 1 && shape.tp == env.world_size) {
     // Tensor parallelism alone: no data parallel dim, nothing to shard, and no FSDP copies around
     // every layer.

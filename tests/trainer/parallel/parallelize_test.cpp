@@ -32,10 +32,12 @@ struct Case {
   fsdp::LayerCheckpointing checkpointing = fsdp::LayerCheckpointing::kPlanned;  // none in eager steps
   int accum = 1;          // micro-batches a step
   bool compiled = false;  // a compiled plan from step 2 on
+  int async_chunks = 1;   // overlapped TP
   std::string what() const {
     return "dp_replicate " + std::to_string(dp_replicate) + " x dp_shard " + std::to_string(dp_shard) + " x tp " +
            std::to_string(tp) + (compiled ? ", compiled" : ", eager") + (sequence_parallel ? "" : ", no SP") +
-           (accum > 1 ? ", accum " + std::to_string(accum) : "");
+           (accum > 1 ? ", accum " + std::to_string(accum) : "") +
+           (async_chunks > 1 ? ", async TP in " + std::to_string(async_chunks) + " chunks" : "");
   }
 };
 
@@ -116,6 +118,7 @@ std::vector<TrainRun> Parallel(const Case& s) {
                        s.dp_replicate > 1 ? &m.group("dp_replicate") : nullptr};
         ParallelOptions options;
         options.tp.sequence_parallel = s.sequence_parallel;
+        options.tp.async_chunks = s.async_chunks;
         options.fsdp.checkpointing = s.checkpointing;
         auto created = ParallelLlama::Create(models[rank], groups, options);
         if (!created.ok()) return fail(created.status());
@@ -237,6 +240,8 @@ TEST_F(ParallelTraining, CheckpointedLayersAndGradientAccumulationEqualOneProces
   Case s;
   s.checkpointing = fsdp::LayerCheckpointing::kAll;
   s.accum = 2;
+  ExpectSameTraining(s);
+  s.async_chunks = 2;  // and overlapped TP: 12 tokens a rank, in chunks of 6
   ExpectSameTraining(s);
 }
 

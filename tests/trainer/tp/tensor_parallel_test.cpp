@@ -47,6 +47,7 @@ struct Case {
   int rows = kRows;
   int seq = kSeq;
   int accum = 1;  // micro-batches a step (rows / accum each)
+  int async_chunks = 1;  // overlapped TP (TensorParallelOptions::async_chunks)
 };
 
 torch::Tensor Tokens(int step, const Case& s) {
@@ -127,6 +128,7 @@ std::vector<TrainRun> Split(const Case& s, int tp) {
         auto fail = [](const Status& st) { return st; };
         TensorParallelOptions options;
         options.sequence_parallel = s.sequence_parallel;
+        options.async_chunks = s.async_chunks;
         auto split = TensorParallelLlama::Create(models[rank], mesh.group("tp"), options);
         if (!split.ok()) return fail(split.status());
         TensorParallelLlama& t = **split;
@@ -247,6 +249,21 @@ TEST_F(TensorParallelTraining, ActivationCheckpointingRecomputesEveryLayerAndEqu
   ExpectSameTraining(s, 2);
   const std::vector<TrainRun> runs = Split(s, 2);
   EXPECT_EQ(runs[0].recomputed_layers, 2);
+}
+
+// Overlapped TP: each region's all-gather + matmul and matmul + reduce-scatter in chunks (3 of a
+// rank's 24 tokens at tp 2, with every layer recomputed; 2 of 12 at tp 4). The evaluation's last
+// batch (3 tokens) does not divide and runs the plain regions.
+TEST_F(TensorParallelTraining, OverlappedInChunksEqualsOneProcess) {
+  Case s;
+  s.async_chunks = 3;
+  s.checkpointing = true;
+  ExpectSameTraining(s, 2);
+  Case four;
+  four.kv_heads = 4;
+  four.async_chunks = 2;
+  four.fused = true;
+  ExpectSameTraining(four, 4);
 }
 
 TEST_F(TensorParallelTraining, FusedKernelsEqualOneProcess) {
