@@ -19,6 +19,7 @@
 #include "trainer/compiler/passes.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
+#include "trainer/config/hardware.h"
 #include "trainer/model/llama_config.h"
 
 namespace {
@@ -383,12 +384,13 @@ int RunCalibrated(const Options& o) {
   auto cal = compiler::ParseCalibration(*text);
   if (!cal.ok()) return Fail(meshwork::InvalidInput(o.calibration + ": " + cal.status().message()));
   const compiler::CostModel cost = compiler::ScaleLinks(cal->cost, o.link_scale);
-  compiler::PlanOptions options;
-  options.bucketing = o.bucketing;
-  options.reshard_after_forward = o.reshard_after_forward;
-  using Rows = compiler::PlanOptions::Rows;
-  options.read_by_rows = o.embedding_rows ? Rows::kWhenFaster : Rows::kNever;
-  options.split_by_vocabulary = o.vocab_parallel_head ? Rows::kWhenFaster : Rows::kNever;
+  // The flags are the trainer's fsdp.* keys: planned as the trainer plans from them.
+  meshwork::config::FsdpConfig fsdp;
+  fsdp.bucketing = o.bucketing;
+  fsdp.reshard_after_forward = o.reshard_after_forward;
+  fsdp.embedding_rows = o.embedding_rows;
+  fsdp.vocab_parallel_head = o.vocab_parallel_head;
+  compiler::PlanOptions options = meshwork::config::PlanOptionsOf(fsdp);
   options.budget = o.memory_budget_mib > 0
                        ? compiler::MemoryBudget{compiler::MemoryBudget::Source::kFixed, o.memory_budget_mib << 20}
                        : compiler::MemoryBudget{compiler::MemoryBudget::Source::kEagerPeak, 0};

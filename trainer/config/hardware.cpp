@@ -27,6 +27,17 @@ Result<compiler::HardwareProfile> MeshProfile(const TrainConfig& cfg, bool cuda,
   return profile;
 }
 
+compiler::PlanOptions PlanOptionsOf(const FsdpConfig& fsdp, bool tensor_parallel) {
+  using Rows = compiler::PlanOptions::Rows;
+  compiler::PlanOptions options;
+  options.bucketing = fsdp.bucketing;
+  options.reorder = fsdp.reorder;
+  options.read_by_rows = fsdp.embedding_rows && !tensor_parallel ? Rows::kWhenFaster : Rows::kNever;
+  options.split_by_vocabulary = fsdp.vocab_parallel_head && !tensor_parallel ? Rows::kWhenFaster : Rows::kNever;
+  options.reshard_after_forward = fsdp.reshard_after_forward;
+  return options;
+}
+
 compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda) {
   compiler::LlamaShape shape;
   shape.config = cfg.model.dims;

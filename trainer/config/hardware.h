@@ -6,6 +6,7 @@
 #include "common/status.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
+#include "trainer/compiler/planner.h"
 #include "trainer/config/config.h"
 
 namespace meshwork::config {
@@ -15,6 +16,14 @@ namespace meshwork::config {
 // or h100-sxm, cpu-gloo-local on the CPU). Its gpus_per_node becomes `ranks_per_node` (the
 // ranks of one Pod share a node's link). Errors name dist.hardware_profile.
 Result<compiler::HardwareProfile> MeshProfile(const TrainConfig& cfg, bool cuda, int ranks_per_node);
+
+// The compiled plan's options the fsdp.* keys ask for (bucketing, reorder, the by-rows embedding,
+// the vocabulary-split head, reshard after forward; the memory budget is the caller's: it needs
+// the device). The one mapping from config to planner: the trainer's plan (fsdp/compile.cpp),
+// dist.mesh: auto and meshwork-simulate's --calibration use it. A model split by tensor
+// parallelism embeds and computes its loss over its own vocabulary slice: its plan reads no rows
+// and splits no head (`tensor_parallel`).
+compiler::PlanOptions PlanOptionsOf(const FsdpConfig& fsdp, bool tensor_parallel = false);
 
 // What one rank trains, as the compiler's Llama model sees it (batch per rank, dtypes).
 compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda);

@@ -10,6 +10,7 @@
 #include "trainer/compiler/calibration.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
+#include "trainer/config/hardware.h"
 #include "trainer/dist/host_collectives.h"
 #include "trainer/fsdp/calibrate.h"
 
@@ -178,16 +179,9 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   // Every rank calibrates and the medians over the ranks (links and traced compute) go into
   // the plan; rank 0 plans and AgreeOnPlan hands its plan to all.
   MW_ASSIGN_OR_RETURN(c.cost, Calibrate(c.skeleton, mesh, cpu, eager));
-  c.options.bucketing = cfg.bucketing;
-  c.options.reorder = cfg.reorder;
-  // A model split by tensor parallelism embeds and computes its loss over its vocabulary slice
-  // (FullyShardedLlama::SetTensorParallel): the plan reads no rows and splits no head of its own.
-  const bool own_head = !fsdp.tensor_parallel();
-  c.options.read_by_rows = cfg.embedding_rows && own_head ? compiler::PlanOptions::Rows::kWhenFaster
-                                                          : compiler::PlanOptions::Rows::kNever;
-  c.options.split_by_vocabulary = cfg.vocab_parallel_head && own_head ? compiler::PlanOptions::Rows::kWhenFaster
-                                                                      : compiler::PlanOptions::Rows::kNever;
-  c.options.reshard_after_forward = cfg.reshard_after_forward;
+  // A model split by tensor parallelism (FullyShardedLlama::SetTensorParallel) reads no rows and
+  // splits no head of the plan's.
+  c.options = config::PlanOptionsOf(cfg, fsdp.tensor_parallel());
   c.options.budget = BudgetOf(cfg, device_memory_bytes);
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {

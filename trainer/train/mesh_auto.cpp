@@ -45,14 +45,7 @@ Result<dist::MeshShape> AgreeOnAutoMesh(c10d::Store& store, const dist::DistEnv&
       MW_ASSIGN_OR_RETURN(const compiler::HardwareProfile profile, config::MeshProfile(cfg, cuda, env.local_world_size));
       compiler::LlamaShape llama = config::TrainingShape(cfg, cuda);
       llama.flops_per_second = profile.AchievedFlopsPerSecond();
-      compiler::PlanOptions options;
-      options.bucketing = cfg.fsdp.bucketing;
-      options.reorder = cfg.fsdp.reorder;
-      options.read_by_rows =
-          cfg.fsdp.embedding_rows ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
-      options.split_by_vocabulary =
-          cfg.fsdp.vocab_parallel_head ? compiler::PlanOptions::Rows::kWhenFaster : compiler::PlanOptions::Rows::kNever;
-      options.reshard_after_forward = cfg.fsdp.reshard_after_forward;
+      const compiler::PlanOptions options = config::PlanOptionsOf(cfg.fsdp);
       MW_ASSIGN_OR_RETURN(const compiler::MeshChoice choice,
                           compiler::ChooseMesh(profile, llama, env.world_size, options, /*plan_chosen=*/false));
       log << Describe(choice, profile, env.world_size);

@@ -91,3 +91,30 @@ TEST(StoresLossGradientTest, AutoStoresOnCudaOnly) {
 
 }  // namespace
 }  // namespace meshwork::config
+
+namespace meshwork::config {
+namespace {
+
+// The fsdp.* keys as the planner takes them, once for the trainer, mesh: auto and the simulator.
+TEST(PlanOptionsOfTest, MapsTheFsdpKeysAndTensorParallelismTurnsTheRowsAndTheSplitHeadOff) {
+  FsdpConfig fsdp;
+  fsdp.bucketing = compiler::Bucketing::kBlock;
+  fsdp.reorder = false;
+  fsdp.reshard_after_forward = false;
+  const compiler::PlanOptions o = PlanOptionsOf(fsdp);
+  EXPECT_EQ(o.bucketing, compiler::Bucketing::kBlock);
+  EXPECT_FALSE(o.reorder);
+  EXPECT_FALSE(o.reshard_after_forward);
+  EXPECT_EQ(o.read_by_rows, compiler::PlanOptions::Rows::kWhenFaster);
+  EXPECT_EQ(o.split_by_vocabulary, compiler::PlanOptions::Rows::kWhenFaster);
+  fsdp.embedding_rows = false;
+  EXPECT_EQ(PlanOptionsOf(fsdp).read_by_rows, compiler::PlanOptions::Rows::kNever);
+  EXPECT_EQ(PlanOptionsOf(fsdp).split_by_vocabulary, compiler::PlanOptions::Rows::kWhenFaster);
+  fsdp.embedding_rows = true;
+  const compiler::PlanOptions tp = PlanOptionsOf(fsdp, /*tensor_parallel=*/true);
+  EXPECT_EQ(tp.read_by_rows, compiler::PlanOptions::Rows::kNever);
+  EXPECT_EQ(tp.split_by_vocabulary, compiler::PlanOptions::Rows::kNever);
+}
+
+}  // namespace
+}  // namespace meshwork::config
