@@ -179,7 +179,9 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
     const int64_t per_token = static_cast<int64_t>(tokens) * 4;
     head.tp_fwd = {(sp ? stream_bytes(a) : 0) + per_token * tp + 2 * per_token, sp ? 3 : 2};
     head.tp_bwd = {stream_bytes(a) * (sp ? 1 : 2), 1};
-    head.tp_gemm_share = 1.0;
+    // Its exchanges are not overlapped: the log-sum-exp and target-logit exchanges need the
+    // matmul's result, and the trainer overlaps only the decoder layers' regions.
+    head.tp_gemm_share = 0.0;
     GroupByOwner(g);
     return g;
   }

@@ -441,7 +441,9 @@ int Run(Options o) {
 
   compiler::PlanOptions plan_options;
   plan_options.bucketing = o.bucketing;
-  plan_options.async_tp = o.async_tp;
+  // Overlapped TP chunks sequence parallelism's all-gathers and reduce-scatters (the trainer
+  // refuses mesh.async_tp_chunks without it): no overlap of all-reduces.
+  plan_options.async_tp = o.async_tp && o.sequence_parallel;
   // The compiled plan's budget: what the device holds beyond the static shards, unless given.
   std::string budget_source;
   if (o.memory_budget_gib > 0) {

@@ -406,6 +406,13 @@ Status ValidateCrossFields(const TrainConfig& c) {
       return InvalidConfig("key 'dist.mesh': auto chooses among data parallel meshes only, but " + tp +
                            " is set; use dist.mesh: explicit");
     }
+    if (c.fsdp.mode == FsdpMode::kCompiled && c.mesh.dp_shard == 1 && c.mesh.dp_replicate == 1) {
+      // Said here too (the engine says it at start-up for any mesh where tp is the whole world),
+      // so that the operator's admission check sees it: its jobs set both dims.
+      return InvalidConfig("key 'fsdp.mode': compiled plans FSDP's schedule, and with mesh.dp_shard=1 and "
+                           "mesh.dp_replicate=1 " + tp + " spans the whole world: there is no FSDP to plan; use "
+                           "fsdp.mode: eager, or a mesh with dp_shard > 1");
+    }
     // The dims are known here unless they come with model.init_from (checked when the model is split).
     if (c.model.init_from.empty()) {
       if (std::string why = model::WhyNotSplittable(c.model.dims, static_cast<int>(c.mesh.tp)); !why.empty()) {

@@ -44,7 +44,13 @@ Status ParallelLlama::FinishBackward() {
 
 torch::Tensor ParallelLlama::ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
-  if (tp_ != nullptr) tp_->BeginForward(tokens);
+  if (tp_ != nullptr) {
+    if (!targets.defined()) {
+      ThrowIfError(InvalidInput("tensor parallel evaluation computes the loss over each rank's vocabulary slice: "
+                                "targets are needed"));
+    }
+    tp_->BeginForward(tokens);
+  }
   return fsdp_->ForwardNoGrad(tokens, targets);
 }
 

@@ -53,6 +53,19 @@ std::unique_ptr<dist::Work> Issue(TpGroup& group, Result<std::unique_ptr<dist::W
   return std::move(work).value();
 }
 
+// Collectives in flight over buffers of the calling frame: should an error leave the frame before
+// they were waited for (a later Issue or Await throws), they are waited for first (their errors
+// ignored: the first one is already on its way up), so that the communicator's thread never writes
+// into freed memory. Awaited ones are reset.
+struct InFlight {
+  std::vector<std::unique_ptr<dist::Work>> works;
+  explicit InFlight(size_t n) : works(n) {}
+  ~InFlight() {
+    for (auto& w : works)
+      if (w != nullptr) (void)w->Wait();
+  }
+};
+
 // Waits for one issued collective, counting the time blocked.
 void Await(TpGroup& group, dist::Work& work, const char* what) {
   const auto start = std::chrono::steady_clock::now();
@@ -175,14 +188,15 @@ struct AllGatherMatmul : torch::autograd::Function<AllGatherMatmul> {
     // Every rank's chunk j at full[j]: [size, m, h], contiguous, as the all-gather writes it.
     torch::Tensor full = torch::empty({chunks, size, m, h}, xl.options());
     torch::Tensor y = torch::empty({chunks, size, m, out}, xl.options());
-    std::vector<std::unique_ptr<dist::Work>> works(chunks);
+    InFlight flight(chunks);
     auto issue = [&](int64_t j) {
-      works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), xl.narrow(0, j * m, m).view({-1})),
-                       "all-gather of a chunk of the tokens entering a region");
+      flight.works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), xl.narrow(0, j * m, m).view({-1})),
+                              "all-gather of a chunk of the tokens entering a region");
     };
     issue(0);
     for (int64_t j = 0; j < chunks; ++j) {
-      Await(g, *works[j], "all-gather of a chunk of the tokens entering a region");
+      Await(g, *flight.works[j], "all-gather of a chunk of the tokens entering a region");
+      flight.works[j].reset();
       if (j + 1 < chunks) issue(j + 1);
       y[j].view({size * m, out}).copy_(torch::mm(full[j].view({size * m, h}), wd.t()));
     }
@@ -206,15 +220,18 @@ struct AllGatherMatmul : torch::autograd::Function<AllGatherMatmul> {
     const torch::Tensor gy = grad[0].to(wd.scalar_type()).reshape({size, chunks, m, out}).permute({1, 0, 2, 3});
     torch::Tensor local = torch::empty({chunks, m, h}, full.options());
     std::vector<torch::Tensor> parts;
-    std::vector<std::unique_ptr<dist::Work>> works;
+    InFlight flight(chunks);
     for (int64_t j = 0; j < chunks; ++j) {
       // Chunk j's input gradient for every rank's tokens, summed into each rank's own.
       parts.push_back(torch::mm(gy[j].reshape({size * m, out}), wd));
-      works.push_back(Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
-                            "reduce-scatter of a chunk of a region's input gradient"));
+      flight.works[j] = Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
+                              "reduce-scatter of a chunk of a region's input gradient");
     }
     const torch::Tensor gw = torch::mm(gy.reshape({-1, out}).t(), full.view({-1, h}));
-    for (auto& w : works) Await(g, *w, "reduce-scatter of a chunk of a region's input gradient");
+    for (auto& w : flight.works) {
+      Await(g, *w, "reduce-scatter of a chunk of a region's input gradient");
+      w.reset();
+    }
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     return {local.view(ctx->saved_data["x_shape"].toIntVector()).to(x_dtype), gw.to(w_dtype), torch::Tensor(),
@@ -236,13 +253,16 @@ struct MatmulReduceScatter : torch::autograd::Function<MatmulReduceScatter> {
     const torch::Tensor by_chunk = yd.view({size, chunks, m, in});
     torch::Tensor local = torch::empty({chunks, m, h}, yd.options());
     std::vector<torch::Tensor> parts;
-    std::vector<std::unique_ptr<dist::Work>> works;
+    InFlight flight(chunks);
     for (int64_t j = 0; j < chunks; ++j) {
       parts.push_back(torch::mm(by_chunk.select(1, j).reshape({size * m, in}), wd.t()));
-      works.push_back(Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
-                            "reduce-scatter of a chunk of a region's output"));
+      flight.works[j] = Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
+                              "reduce-scatter of a chunk of a region's output");
     }
-    for (auto& work : works) Await(g, *work, "reduce-scatter of a chunk of a region's output");
+    for (auto& w : flight.works) {
+      Await(g, *w, "reduce-scatter of a chunk of a region's output");
+      w.reset();
+    }
     ctx->save_for_backward({yd, wd});
     ctx->saved_data["group"] = group;
     ctx->saved_data["chunks"] = chunks;
@@ -261,14 +281,15 @@ struct MatmulReduceScatter : torch::autograd::Function<MatmulReduceScatter> {
     const torch::Tensor gl = grad[0].to(wd.scalar_type()).reshape({chunks, m, h}).contiguous();
     torch::Tensor full = torch::empty({chunks, size, m, h}, gl.options());
     torch::Tensor gy = torch::empty({size, chunks, m, in}, gl.options());
-    std::vector<std::unique_ptr<dist::Work>> works(chunks);
+    InFlight flight(chunks);
     auto issue = [&](int64_t j) {
-      works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), gl[j].view({-1})),
-                       "all-gather of a chunk of a region's output gradient");
+      flight.works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), gl[j].view({-1})),
+                              "all-gather of a chunk of a region's output gradient");
     };
     issue(0);
     for (int64_t j = 0; j < chunks; ++j) {
-      Await(g, *works[j], "all-gather of a chunk of a region's output gradient");
+      Await(g, *flight.works[j], "all-gather of a chunk of a region's output gradient");
+      flight.works[j].reset();
       if (j + 1 < chunks) issue(j + 1);
       gy.select(1, j).copy_(torch::mm(full[j].view({size * m, h}), wd).view({size, m, in}));
     }

@@ -150,6 +150,8 @@ const Rejected kRejected[] = {
     {"MeshPolicyUnknown", "dist:\n  mesh: fastest\n", {}, "'dist.mesh'", "explicit, auto"},
     {"TpZero", "", {"mesh.tp=0"}, "'mesh.tp'", "got 0"},
     {"TpWithMeshAuto", "", {"mesh.tp=2", "dist.mesh=auto"}, "'dist.mesh'", "but mesh.tp=2 is set"},
+    {"CompiledWithTpSpanningTheWorld", "", {"mesh.tp=2", "mesh.dp_shard=1", "fsdp.mode=compiled"}, "'fsdp.mode'",
+     "with mesh.dp_shard=1 and mesh.dp_replicate=1 mesh.tp=2 spans the whole world"},
     {"TpDoesNotSplitTheModel", "", {"model.preset=tiny", "mesh.tp=4"}, "'mesh.tp'",
      "model.num_key_value_heads=2 does not divide by mesh.tp=4"},
     {"SequenceParallelTokensDoNotDivide", "", {"mesh.tp=2", "data.batch_size=3", "data.seq_len=5"},
