@@ -16,6 +16,9 @@ Result<std::unique_ptr<ParallelLlama>> ParallelLlama::Create(model::LlamaForCaus
     p->fsdp_->SetTensorParallel({p->tp_->Embedding(), p->tp_->LossHead(), groups.tp->size(), options.tp.sequence_parallel});
   }
   p->shard_group_ = groups.fsdp.shard;
+  for (const auto& param : p->fsdp_->sharded_params()) {
+    p->split_.push_back(tp::TensorParallelLlama::SplitOf(param.name) != tp::Split::kReplicated);
+  }
   return p;
 }
 
@@ -72,10 +75,11 @@ double ParallelLlama::TakeTpBlockedSeconds() { return tp_ != nullptr ? tp_->Take
 
 std::vector<torch::Tensor> ParallelLlama::ShardGrads(bool split) const {
   std::vector<torch::Tensor> out;
-  for (const auto& p : fsdp_->sharded_params()) {
-    const bool is_split = tp::TensorParallelLlama::SplitOf(p.name) != tp::Split::kReplicated;
+  const auto& params = fsdp_->sharded_params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const fsdp::ShardedParam& p = params[i];
     // A rank holding none of a parameter has nothing to add.
-    if (is_split == split && p.shard.numel() > 0 && p.shard.grad().defined()) out.push_back(p.shard.mutable_grad());
+    if (split_[i] == split && p.shard.numel() > 0 && p.shard.grad().defined()) out.push_back(p.shard.mutable_grad());
   }
   return out;
 }

@@ -80,6 +80,9 @@ class ParallelLlama {
   std::unique_ptr<fsdp::FullyShardedLlama> fsdp_;
   dist::Communicator* shard_group_ = nullptr;
   bool sync_ = true;
+  // Per FSDP parameter (sharded_params() order): whether tensor parallelism splits it. Fixed at
+  // Create, read every step.
+  std::vector<bool> split_;
 };
 
 }  // namespace meshwork::parallel
