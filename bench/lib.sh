@@ -112,3 +112,25 @@ total = runs * (steps * step_s + overhead_s)
 print(f"{runs} runs x {steps} steps at about {step_s:.1f} s a step (+{overhead_s:.0f} s a run): "
       f"about {int(total // 3600)} h {int(total % 3600 // 60):02d} min")' "$@"
 }
+
+# netlab_run_world PREFIX FLAGS...: one training run on netlab (bench/netlab/netlab.sh, already
+# up): every rank in its namespace, rank r pinned to core r (mod the cores) with one intra-op
+# thread, rank 0's per-step records in PREFIX.jsonl and rank r's log in PREFIX.rank<r>.log.
+# Reads bin, netlab, world, cores, preset, seq, steps and both_sets (extra flags for every run)
+# from the caller; FLAGS come last, so they win (data.batch_size among them: per rank).
+netlab_run_world() {
+  local prefix=$1 r pids=() rc=0
+  shift
+  for ((r = 0; r < world; r++)); do
+    RANK=$r WORLD_SIZE=$world LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 \
+      "$netlab" exec "$r" taskset -c "$((r % cores))" "$bin" train --set model.preset="$preset" \
+      --set data.train=synthetic --set data.seq_len="$seq" \
+      --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set training.threads=1 \
+      --set dist.gloo_hostname="$("$netlab" addr "$r")" --set dist.timeout_seconds=600 \
+      --set metrics.port=-1 --set metrics.device_profile=cpu --set logging.every=1000 \
+      --set logging.jsonl="$prefix.jsonl" "${both_sets[@]}" "$@" >"$prefix.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=$?; done
+  return $rc
+}

@@ -91,22 +91,11 @@ echo "[netlab] ${#rates[@]} rates x ${#configs[@]} configurations x $repeats rep
   "$(bench_estimate $((${#names[@]} * repeats)) "$steps" "$est_step" "$est_overhead")" >&2
 ((repeats >= 5 && measured >= 20)) || echo "[netlab] fewer than 5 repeats x 20 measured steps: the table will say so" >&2
 
-# run_world CONFIG PREFIX FLAGS...: every rank in its namespace, rank r on core r (mod the cores).
+# run_world PREFIX FLAGS...: every rank in its namespace (netlab_run_world in bench/lib.sh).
 run_world() {
-  local prefix=$1 r pids=() rc=0
+  local prefix=$1
   shift
-  for ((r = 0; r < world; r++)); do
-    RANK=$r WORLD_SIZE=$world LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 \
-      "$netlab" exec "$r" taskset -c "$((r % cores))" "$bin" train --set model.preset="$preset" \
-      --set data.train=synthetic --set data.seq_len="$seq" --set data.batch_size=$((batch / world)) \
-      --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set training.threads=1 \
-      --set dist.gloo_hostname="$("$netlab" addr "$r")" --set dist.timeout_seconds=600 \
-      --set metrics.port=-1 --set metrics.device_profile=cpu --set logging.every=1000 \
-      --set logging.jsonl="$prefix.jsonl" "${both_sets[@]}" "$@" >"$prefix.rank$r.log" 2>&1 &
-    pids+=($!)
-  done
-  for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=$?; done
-  return $rc
+  netlab_run_world "$prefix" --set data.batch_size=$((batch / world)) "$@"
 }
 
 # budget_for RATE EAGER_CONFIG: fsdp.memory_budget (MiB, dynamic) for the compiled runs that face

@@ -12,6 +12,8 @@ the table rests on (and warns below 5 x 20), `finish` gzips the raw file under b
   protocol.py get RAW FIELD --where K=V...   one field of the first ok run that matches
   protocol.py title RAW TEXT                 "# TEXT: R interleaved repeats x M measured steps ..."
   protocol.py table RAW --group K1,K2        a markdown table, one row per group
+  protocol.py paired RAW --by K --base A --other B
+                                             config B against config A, round by round, at each K
   protocol.py finish RAW DEST.jsonl.gz
 """
 import argparse
@@ -231,6 +233,31 @@ def table(runs, keys):
     return "\n".join(lines)
 
 
+def paired(runs, by, base, other):
+    """Config `other` against config `base`, round by round (the same repeat: the runs that ran
+    next to each other), at each value of `by`: the step time ratio other/base and the share of
+    base's exposed communication that other hides, 1 - exposed(other) / exposed(base); each the
+    median [min, max] over the rounds where both ran."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    lines = [f"| {by} | rounds | step {other} / {base} | exposed comm {other} / {base} | "
+             f"share of {base}'s exposed comm hidden by {other} |", "|" + " --- |" * 5]
+    for (value,) in groups_in_order(ok, [by]):
+        ratios, exposed = [], []
+        for a in (r for r in ok if r.get(by) == value and r.get("config") == base):
+            b = next((r for r in ok if r.get(by) == value and r.get("config") == other
+                      and r.get("repeat") == a.get("repeat")), None)
+            if b is None or not a.get("step_s"):
+                continue
+            ratios.append(b["step_s"] / a["step_s"])
+            if a.get("exposed_s"):
+                exposed.append(b.get("exposed_s", 0.0) / a["exposed_s"])
+        hidden = spread(1 - e for e in exposed)
+        pct = None if hidden is None else tuple(100 * h for h in hidden)
+        lines.append(f"| {value} | {len(ratios)} | x{fmt_spread(spread(ratios))} | x{fmt_spread(spread(exposed))} | "
+                     f"{fmt_spread(pct, 1)}{' %' if pct else ''} |")
+    return "\n".join(lines)
+
+
 def get_field(run, field):
     value = run
     for part in field.split("."):
@@ -263,6 +290,11 @@ def main(argv):
     tb = sub.add_parser("table")
     tb.add_argument("raw")
     tb.add_argument("--group", default="config")
+    pa = sub.add_parser("paired")
+    pa.add_argument("raw")
+    pa.add_argument("--by", required=True)
+    pa.add_argument("--base", required=True)
+    pa.add_argument("--other", required=True)
     f = sub.add_parser("finish")
     f.add_argument("raw")
     f.add_argument("dest")
@@ -285,6 +317,8 @@ def main(argv):
         print(title(load_runs(a.raw), a.text, group_keys=a.group.split(",")))
     elif a.cmd == "table":
         print(table(load_runs(a.raw), a.group.split(",")))
+    elif a.cmd == "paired":
+        print(paired(load_runs(a.raw), a.by, a.base, a.other))
     elif a.cmd == "finish":
         os.makedirs(os.path.dirname(os.path.abspath(a.dest)), exist_ok=True)
         with open(a.raw, "rb") as src, gzip.open(a.dest, "wb") as dst:
