@@ -104,6 +104,17 @@ class Protocol(RawRecords):
         self.assertEqual(protocol.title(protocol.load_runs(full), "T"),
                          "# T: 5 interleaved repeats x 20 measured steps")
 
+    def test_paired_compares_round_by_round_at_each_rate(self):
+        # Round 1: b takes 0.8 of a's step and exposes a quarter; round 2: 0.9 and a half; round
+        # 3's b failed, so round 3 is left out rather than paired with another round's b.
+        for rep, (step_b, exposed_b) in enumerate([(8.0, 0.25), (9.0, 0.5)], start=1):
+            self.add(f"a{rep}", [10.0] * 5, [1.0] * 5, skip=1, rate="1gbit", config="a", repeat=rep)
+            self.add(f"b{rep}", [step_b] * 5, [exposed_b] * 5, skip=1, rate="1gbit", config="b", repeat=rep)
+        self.add("a3", [10.0] * 5, [1.0] * 5, skip=1, rate="1gbit", config="a", repeat=3)
+        self.add("b3", [1.0] * 2, skip=1, rate="1gbit", config="b", repeat=3, status="failed")
+        table = protocol.paired(protocol.load_runs(self.raw), "rate", "a", "b")
+        self.assertIn("| 1gbit | 2 | x0.850 [0.800, 0.900] | x0.375 [0.250, 0.500] | 62.5 [50.0, 75.0] % |", table)
+
     def test_a_failed_run_is_counted_not_measured(self):
         self.add("ok", [1.0] * 6, config="a", repeat=1)
         self.add("bad", [1.0] * 3, config="a", repeat=2, status="failed",

@@ -4,6 +4,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "trainer/compiler/passes/fsdp2_order.h"
+
 namespace meshwork::compiler {
 
 Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& shape, int world,
@@ -34,7 +36,6 @@ Result<MeshChoice> ChooseMesh(const HardwareProfile& profile, const LlamaShape& 
     // under a tight budget takes minutes per mesh for a 70B model.
     PassContext ctx;
     ctx.cost = *cost;
-    ctx.bucketing = options.bucketing;
     ctx.memory_budget_bytes = std::max<int64_t>(1, profile.memory_bytes - StaticBytes(skeletons.back()));
     MW_ASSIGN_OR_RETURN(const Graph quick,
                         QuickPlan(BuildNaiveProgram(skeletons.back(), {options.reshard_after_forward}), ctx));

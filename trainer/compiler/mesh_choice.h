@@ -1,6 +1,6 @@
 // Choosing the device mesh (`mesh: auto`) with the same cost model that plans the step: every
 // dp_replicate x dp_shard factorisation of the world that the hardware profile can build gets a
-// quick plan (passes.h's QuickPlan: checkpointing to fit the device's memory, FSDP2's order) and
+// quick plan (passes/fsdp2_order.h's QuickPlan: checkpointing to fit the device's memory, FSDP2's order) and
 // is simulated; the fastest that fits the device's memory wins (the one with the least memory
 // when none fits), and only that one is planned in full.
 #pragma once

@@ -2,6 +2,8 @@
 
 #include "common/units.h"
 #include "trainer/compiler/frontend.h"
+#include "trainer/compiler/passes/fsdp2_order.h"
+#include "trainer/compiler/passes/registry.h"
 #include "trainer/compiler/simulator.h"
 
 #include <algorithm>
@@ -115,10 +117,7 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
                            std::ostream* dump) {
   StepPlans out;
   out.ctx.cost = cost;
-  out.ctx.bucketing = options.bucketing;
-  Pipeline pipeline = Pipeline::Default();
-  if (!options.reorder) MW_RETURN_IF_ERROR(pipeline.Disable("reorder"));
-  if (!options.async_tp) MW_RETURN_IF_ERROR(pipeline.Disable("async_tp"));
+  const Pipeline pipeline = Pipeline::For(options);
   out.passes = pipeline.Describe();
   const Graph naive = BuildNaiveProgram(skeleton, {options.reshard_after_forward});
   MW_ASSIGN_OR_RETURN(out.eager, EagerPlan(naive, out.ctx));
@@ -139,105 +138,10 @@ Result<StepPlans> PlanStep(const Graph& skeleton, const CostModel& cost, const P
       }
       break;
   }
-  std::ostringstream whole_dump;
-  MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump != nullptr ? &whole_dump : nullptr));
-  std::string dumped = whole_dump.str(), rows_choice;
-  // Whether an alternative plan `by` replaces `current`: always when asked, else the one that fits
-  // the budget, then the faster. `unfit` says when only the current one fits.
-  auto prefer = [&](const SimResult& by, const SimResult& current, bool always, bool* unfit) {
-    const bool fits = by.peak_bytes <= out.ctx.memory_budget_bytes;
-    const bool current_fits = current.peak_bytes <= out.ctx.memory_budget_bytes;
-    *unfit = current_fits && !fits;
-    return always || (fits && !current_fits) || (fits == current_fits && by.step_seconds < current.step_seconds);
-  };
-  // Reading the embedding by rows (ReadByRows) where it pays: each rank's row exchange grows with
-  // dp_shard (every rank's rows), the table's collectives do not. It can only win by taking the
-  // table's collectives off the critical path (an untied table's altogether; a tied one's moved
-  // to where the layers hide them), so it is planned both ways when the row exchange takes less
-  // time than the table's collectives it would relieve; the plan that fits the budget, then the
-  // faster, wins.
-  if (options.read_by_rows != PlanOptions::Rows::kNever && skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
-    Graph by_rows = skeleton;
-    ReadByRows(by_rows);
-    const Graph rows_naive = BuildNaiveProgram(by_rows, {options.reshard_after_forward});
-    std::set<int> by_row;
-    int64_t row_bytes = 0;
-    for (const ModuleInfo& m : by_rows.modules)
-      for (int p : m.rows) by_row.insert(p), row_bytes += by_rows.params[p].row_bytes;
-    // Seconds of the collectives of `g` of `kinds` that move a parameter read by rows.
-    auto seconds_of = [&](const Graph& g, std::set<OpKind> kinds) {
-      double s = 0;
-      for (const Op& op : g.ops)
-        if (kinds.count(op.kind) && std::any_of(op.params.begin(), op.params.end(), [&](int p) { return by_row.count(p) > 0; }))
-          s += cost.CollectiveSeconds(op.kind, cost.CollectiveBytes(g, op), CostModel::CollectiveCalls(g, op));
-      return s;
-    };
-    const double rows_comm = seconds_of(rows_naive, {OpKind::kRowGather, OpKind::kRowReduce});
-    const double whole_comm = seconds_of(naive, {OpKind::kAllGather, OpKind::kReduceScatter});
-    std::ostringstream r;
-    r << std::fixed << std::setprecision(4);
-    const bool always = options.read_by_rows == PlanOptions::Rows::kAlways;
-    if (row_bytes > 0 && (always || rows_comm < whole_comm)) {
-      std::ostringstream rows_dump;
-      MW_ASSIGN_OR_RETURN(Graph rows, pipeline.Run(rows_naive, out.ctx, dump != nullptr ? &rows_dump : nullptr));
-      const SimResult by = Simulate(rows, cost), whole = Simulate(out.compiled, cost);
-      bool unfit = false;
-      if (prefer(by, whole, always, &unfit)) {
-        r << "the embedding is read by rows: predicted step " << by.step_seconds << " s, against "
-          << whole.step_seconds << " s with the table gathered whole";
-        out.compiled = std::move(rows);
-        dumped = rows_dump.str();
-      } else {
-        r << "the embedding is gathered whole: reading it by rows is predicted " << by.step_seconds
-          << " s a step, against " << whole.step_seconds << " s" << (unfit ? ", and does not fit the budget" : "");
-      }
-    } else if (row_bytes > 0) {
-      r << "the embedding is gathered whole: exchanging every rank's rows (dp_shard " << skeleton.dp_shard
-        << " x " << HumanBytes(row_bytes) << ") would take " << std::setprecision(3) << rows_comm
-        << " s a step, the table's whole collectives " << whole_comm << " s";
-    }
-    rows_choice = r.str();
-  }
-  // A module that still uses a table read by rows whole (a tied output head) may split it by
-  // vocabulary (SplitByVocabulary): the table is then never gathered or reduce-scattered whole,
-  // and the head exchanges every rank's hidden states both ways inside its compute, exposed.
-  // Wherever the table may be read by rows, the step is planned that way too, against the plan
-  // chosen so far (whole or by rows: reading by rows alone may lose where it wins with the split
-  // head), and kept when it fits and is predicted faster.
-  std::string vocab_choice;
-  if (options.split_by_vocabulary != PlanOptions::Rows::kNever && options.read_by_rows != PlanOptions::Rows::kNever &&
-      skeleton.dp_shard > 1 && skeleton.dp_replicate == 1) {
-    Graph by_vocab = skeleton;
-    ReadByRows(by_vocab);
-    SplitByVocabulary(by_vocab);
-    const bool splits = std::any_of(by_vocab.modules.begin(), by_vocab.modules.end(),
-                                    [](const ModuleInfo& m) { return !m.vocab.empty(); });
-    if (splits) {
-      std::ostringstream vocab_dump;
-      MW_ASSIGN_OR_RETURN(Graph split, pipeline.Run(BuildNaiveProgram(by_vocab, {options.reshard_after_forward}),
-                                                    out.ctx, dump != nullptr ? &vocab_dump : nullptr));
-      const SimResult by = Simulate(split, cost), whole = Simulate(out.compiled, cost);
-      std::ostringstream v;
-      v << std::fixed << std::setprecision(4);
-      bool unfit = false;
-      if (prefer(by, whole, options.split_by_vocabulary == PlanOptions::Rows::kAlways, &unfit)) {
-        v << "the output head is split by vocabulary (each rank the table rows it owns, for every rank's tokens): "
-             "predicted step "
-          << by.step_seconds << " s, against " << whole.step_seconds << " s with the table gathered for the head"
-          << (rows_choice.find("read by rows:") != std::string::npos ? "" : " and the embedding");
-        out.compiled = std::move(split);
-        dumped = vocab_dump.str();
-      } else {
-        v << "the output head gathers the table whole: splitting it by vocabulary is predicted " << by.step_seconds
-          << " s a step, against " << whole.step_seconds << " s" << (unfit ? ", and does not fit the budget" : "");
-      }
-      vocab_choice = v.str();
-    }
-  }
-  if (dump != nullptr) *dump << dumped;
+  std::vector<std::string> chosen_by_passes;
+  MW_ASSIGN_OR_RETURN(out.compiled, pipeline.Run(naive, out.ctx, dump, &chosen_by_passes));
   out.choices = DescribeChoices(skeleton, out.compiled, out.ctx.memory_budget_bytes);
-  if (!rows_choice.empty()) out.choices.push_back(rows_choice);
-  if (!vocab_choice.empty()) out.choices.push_back(vocab_choice);
+  out.choices.insert(out.choices.end(), chosen_by_passes.begin(), chosen_by_passes.end());
   if (out.static_exceeds_device) {
     out.choices.insert(out.choices.begin(), "the static state alone exceeds the device's memory: no plan fits; "
                                             "planned within the eager plan's peak");

@@ -11,43 +11,10 @@
 #include "common/status.h"
 #include "trainer/compiler/cost_model.h"
 #include "trainer/compiler/ir.h"
-#include "trainer/compiler/passes.h"
+#include "trainer/compiler/passes/pass.h"
+#include "trainer/compiler/plan_options.h"
 
 namespace meshwork::compiler {
-
-// The dynamic bytes (gathered weights, activations, gradients) the compiled plan may hold.
-struct MemoryBudget {
-  enum class Source {
-    kEagerPeak,     // no more than the eager plan would: compiled FSDP is there to be lighter
-                    // than eager, and faster only within that (the trainer's default)
-    kFixed,         // `bytes`; 0: no limit
-    kDeviceMemory,  // `bytes` of device memory less the static shards (the simulator): the
-                    // plan checkpoints activations and waits early where eager would not fit;
-                    // where the shards alone overflow it, the eager plan's peak
-  };
-  Source source = Source::kEagerPeak;
-  int64_t bytes = 0;
-};
-
-struct PlanOptions {
-  Bucketing bucketing = Bucketing::kAuto;
-  bool reorder = true;  // false: the reorder pass is disabled
-  bool reshard_after_forward = true;
-  // Whether the compiled plan reads the embedding by rows (compiler::ReadByRows). Only possible
-  // with dp_shard over 1 and no replicas (HSDP would need the rows' gradients across replicas
-  // too). kWhenFaster: planned both ways when the rows' exchange moves less than the table's
-  // collectives, and the plan that fits the budget, then the faster, is kept.
-  enum class Rows { kNever, kWhenFaster, kAlways };
-  Rows read_by_rows = Rows::kWhenFaster;
-  // Whether a tied output head splits the table by vocabulary (compiler::SplitByVocabulary), on
-  // top of reading it by rows (so never where read_by_rows cannot be): kWhenFaster plans it and
-  // keeps it when it fits the budget and is predicted faster than the plan chosen without it.
-  Rows split_by_vocabulary = Rows::kWhenFaster;
-  // Whether the async_tp pass may overlap tensor parallelism's exchanges with their matmuls
-  // (passes.h); false: disabled, as torchtitan's TP without async TP.
-  bool async_tp = true;
-  MemoryBudget budget;
-};
 
 struct StepPlans {
   Graph eager;         // the eager executor's schedule, for comparison

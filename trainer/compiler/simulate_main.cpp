@@ -16,7 +16,6 @@
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/compiler/mesh_choice.h"
-#include "trainer/compiler/passes.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 #include "trainer/config/hardware.h"

@@ -6,7 +6,7 @@
 #include "common/status.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
-#include "trainer/compiler/planner.h"
+#include "trainer/compiler/plan_options.h"
 #include "trainer/config/config.h"
 
 namespace meshwork::config {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "trainer/compiler/frontend.h"
-#include "trainer/compiler/passes.h"
+#include "trainer/compiler/passes/async_tp.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 

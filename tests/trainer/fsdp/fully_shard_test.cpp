@@ -14,7 +14,6 @@
 #include "tests/common/parallel_training.h"
 #include "trainer/dist/device_mesh.h"
 #include "trainer/dist/gloo_communicator.h"
-#include "trainer/compiler/passes.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/fsdp/fully_shard.h"
 #include "trainer/model/fused_elementwise.h"
