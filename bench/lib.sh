@@ -113,18 +113,19 @@ print(f"{runs} runs x {steps} steps at about {step_s:.1f} s a step (+{overhead_s
       f"about {int(total // 3600)} h {int(total % 3600 // 60):02d} min")' "$@"
 }
 
-# netlab_run_world PREFIX FLAGS...: one training run on netlab (bench/netlab/netlab.sh, already
-# up): every rank in its namespace, rank r pinned to core r (mod the cores) with one intra-op
-# thread, rank 0's per-step records in PREFIX.jsonl and rank r's log in PREFIX.rank<r>.log.
-# Reads bin, netlab, world, cores, preset, seq, steps and both_sets (extra flags for every run)
-# from the caller; FLAGS come last, so they win (data.batch_size among them: per rank).
+# netlab_run_world PREFIX BATCH FLAGS...: one training run on netlab (bench/netlab/netlab.sh,
+# already up): every rank in its namespace, rank r pinned to core r (mod the cores) with one
+# intra-op thread, BATCH sequences a rank (data.batch_size), rank 0's per-step records in
+# PREFIX.jsonl and rank r's log in PREFIX.rank<r>.log. Reads bin, netlab, world, cores, preset,
+# seq, steps and both_sets (the SETS flags for every run) from the caller; both_sets come after
+# BATCH (so SETS may change it) and FLAGS, the configuration's own, last.
 netlab_run_world() {
-  local prefix=$1 r pids=() rc=0
-  shift
+  local prefix=$1 batch_per_rank=$2 r pids=() rc=0
+  shift 2
   for ((r = 0; r < world; r++)); do
     RANK=$r WORLD_SIZE=$world LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 \
       "$netlab" exec "$r" taskset -c "$((r % cores))" "$bin" train --set model.preset="$preset" \
-      --set data.train=synthetic --set data.seq_len="$seq" \
+      --set data.train=synthetic --set data.seq_len="$seq" --set data.batch_size="$batch_per_rank" \
       --set schedule.steps="$steps" --set schedule.warmup_steps=1 --set training.threads=1 \
       --set dist.gloo_hostname="$("$netlab" addr "$r")" --set dist.timeout_seconds=600 \
       --set metrics.port=-1 --set metrics.device_profile=cpu --set logging.every=1000 \

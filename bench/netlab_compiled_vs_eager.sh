@@ -95,7 +95,7 @@ echo "[netlab] ${#rates[@]} rates x ${#configs[@]} configurations x $repeats rep
 run_world() {
   local prefix=$1
   shift
-  netlab_run_world "$prefix" --set data.batch_size=$((batch / world)) "$@"
+  netlab_run_world "$prefix" $((batch / world)) "$@"
 }
 
 # budget_for RATE EAGER_CONFIG: fsdp.memory_budget (MiB, dynamic) for the compiled runs that face

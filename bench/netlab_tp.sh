@@ -61,7 +61,7 @@ current_rate=""
 order=0
 # run_one RATE/CONFIG REPEAT: one run, recorded in the raw records whatever its outcome.
 run_one() {
-  local rate=${1%%/*} config=${1#*/} rep=$2 prefix flags=() status=ok
+  local rate=${1%%/*} config=${1#*/} rep=$2 prefix flags=() per_rank status=ok
   order=$((order + 1))
   prefix="$tmp/$rate-$config-$rep"
   if [ "$rate" != "$current_rate" ]; then
@@ -69,14 +69,15 @@ run_one() {
     current_rate=$rate
   fi
   case "$config" in
-    fsdp) flags=(--set fsdp.mode=eager --set data.batch_size=$((batch / world))) ;;
+    fsdp) per_rank=$((batch / world)); flags=(--set fsdp.mode=eager) ;;
     tp | tp-async*)
+      per_rank=$batch  # the tp group reads one batch
       flags=(--set dist.mesh=explicit --set mesh.tp="$world" --set mesh.dp_shard=1 --set mesh.dp_replicate=1
-        --set mesh.sequence_parallel=true --set data.batch_size="$batch")
+        --set mesh.sequence_parallel=true)
       [ "$config" = tp ] || flags+=(--set mesh.async_tp_chunks="${config#tp-async}") ;;
   esac
   echo "[netlab-tp] round $rep: $preset, world $world, $rate, $config" >&2
-  netlab_run_world "$prefix" "${flags[@]}" || status=failed
+  netlab_run_world "$prefix" "$per_rank" "${flags[@]}" || status=failed
   if [ "$status" = failed ]; then
     for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
   fi

@@ -10,7 +10,6 @@
 #include <map>
 #include <array>
 #include <cmath>
-#include <iomanip>
 #include <set>
 #include <sstream>
 

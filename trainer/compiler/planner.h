@@ -19,7 +19,7 @@ namespace meshwork::compiler {
 struct StepPlans {
   Graph eager;         // the eager executor's schedule, for comparison
   Graph compiled;      // what the plan executor runs
-  PassContext ctx;     // as the passes saw it: the cost model, bucketing, the budget resolved
+  PassContext ctx;     // as the passes saw it: the cost model and the budget resolved
   std::string passes;  // Pipeline::Describe(): names in order, disabled ones marked
   // What the planner chose and why, one clause each ("activation checkpointing on 23 of 80
   // layers: ..."); empty when it made no choice worth naming.

@@ -4,8 +4,6 @@
 #pragma once
 
 #include <cstddef>
-#include <string>
-#include <vector>
 
 #include "common/status.h"
 #include "trainer/compiler/ir.h"

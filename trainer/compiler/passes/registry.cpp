@@ -66,6 +66,22 @@ Pipeline Pipeline::For(const PlanOptions& options) {
   return p;
 }
 
+Result<Pipeline> Pipeline::Of(std::vector<Pass> passes) {
+  bool scheduled = false;
+  for (const Pass& pass : passes) {
+    if (static_cast<bool>(pass.run) == static_cast<bool>(pass.choose))
+      return InvalidConfig("pass '" + pass.name + "' needs exactly one of run (a schedule pass) and choose (a choice pass)");
+    if (pass.choose && scheduled)
+      return InvalidConfig("choice pass '" + pass.name + "' follows a schedule pass: choice passes rewrite the front "
+                           "end's program and run first");
+    scheduled = scheduled || static_cast<bool>(pass.run);
+  }
+  Pipeline p;
+  p.passes_ = std::move(passes);
+  p.enabled_.assign(p.passes_.size(), true);
+  return p;
+}
+
 std::vector<std::string> Pipeline::Names() {
   std::vector<std::string> names;
   for (const Pass& p : Registered(PlanOptions{})) names.push_back(p.name);

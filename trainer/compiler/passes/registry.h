@@ -30,6 +30,10 @@ class Pipeline {
   // turns off (reorder false, async_tp false, read_by_rows or split_by_vocabulary kNever) are
   // disabled.
   static Pipeline For(const PlanOptions& options);
+  // The given passes in order, all enabled (a pipeline of one's own: tests, experiments).
+  // kInvalidConfig when a choice pass follows a schedule pass, or a pass has neither or both of
+  // run and choose.
+  static Result<Pipeline> Of(std::vector<Pass> passes);
   // The names of every registered pass, in order.
   static std::vector<std::string> Names();
 
@@ -37,7 +41,9 @@ class Pipeline {
   Status Disable(const std::string& name);
   // Names in order, disabled ones marked: "bucket_all_gathers, reorder (disabled), ...".
   std::string Describe() const;
-  // Runs every enabled pass, validating after each. `dump` (optional) gets the pipeline by name,
+  // Runs every enabled pass, validating after each. `g` is the front end's program, built with
+  // the reshard_after_forward the pipeline was made with (the choice passes rebuild their
+  // alternatives with it). `dump` (optional) gets the pipeline by name,
   // then the IR before the first pass and after each one, under "== <pass> ==" headers (of the
   // alternative each choice pass kept). `choices` (optional) gets a clause per choice pass that
   // compared or declined alternatives: which it kept, and the predicted steps.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "tests/trainer/compiler/small_graph.h"
 #include "trainer/compiler/frontend.h"
