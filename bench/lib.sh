@@ -135,3 +135,20 @@ netlab_run_world() {
   for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=$?; done
   return $rc
 }
+
+# netlab_begin NAME: what a netlab script does before its runs: the raw records' destination
+# (RAW, else bench/results/raw/NAME/<time>-<commit>.jsonl.gz beside OUT's file `out`), a work
+# folder `tmp` with `raw` in it, removed at exit after netlab is taken down (its files copied to
+# LOGS when set), the build (`bin`) and netlab checked (exit 77 where netlab cannot run), and
+# `cores`. Reads root, out, bin and netlab from the caller.
+netlab_begin() {
+  local stamp
+  stamp="$(date -u +%Y%m%dT%H%M%SZ)-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  raw_dest="${RAW:-$(dirname "$out")/raw/$1/$stamp.jsonl.gz}"
+  tmp="$(mktemp -d)"
+  raw="$tmp/raw.jsonl"
+  trap '"$netlab" down; [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && cp "$tmp"/* "$LOGS"/; }; rm -rf "$tmp"' EXIT
+  [ -x "$bin" ] || { echo "no $bin: build first (scripts/setup.sh)" >&2; exit 1; }
+  "$netlab" check || exit $?
+  cores=$(nproc)
+}

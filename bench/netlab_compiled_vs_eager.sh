@@ -46,15 +46,7 @@ read -r -a both_sets <<<"${SETS:-}"
 source "$root/bench/lib.sh"
 bench_protocol_sizes
 steps=$((skip + measured))
-stamp="$(date -u +%Y%m%dT%H%M%SZ)-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-raw_dest="${RAW:-$(dirname "$out")/raw/netlab_compiled_vs_eager/$stamp.jsonl.gz}"
-tmp="$(mktemp -d)"
-raw="$tmp/raw.jsonl"
-trap '"$netlab" down; [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && cp "$tmp"/* "$LOGS"/; }; rm -rf "$tmp"' EXIT
-
-[ -x "$bin" ] || { echo "no $bin: build first (scripts/setup.sh)" >&2; exit 1; }
-"$netlab" check || exit $?
-cores=$(nproc)
+netlab_begin netlab_compiled_vs_eager
 if ((world > cores)) && [ "${SHARE_CORES:-0}" != 1 ]; then
   echo "WORLD=$world needs $world cores for one core per rank; this machine has $cores (SHARE_CORES=1 runs it anyway)" >&2
   exit 2

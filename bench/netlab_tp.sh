@@ -38,15 +38,7 @@ steps=$((skip + measured))
 for n in "${chunks[@]}"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] && ((n > 1)) || { echo "ASYNC_CHUNKS: each a whole number > 1, got '$n'" >&2; exit 2; }
 done
-stamp="$(date -u +%Y%m%dT%H%M%SZ)-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-raw_dest="${RAW:-$(dirname "$out")/raw/netlab_tp/$stamp.jsonl.gz}"
-tmp="$(mktemp -d)"
-raw="$tmp/raw.jsonl"
-trap '"$netlab" down; [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && cp "$tmp"/* "$LOGS"/; }; rm -rf "$tmp"' EXIT
-
-[ -x "$bin" ] || { echo "no $bin: build first (scripts/setup.sh)" >&2; exit 1; }
-"$netlab" check || exit $?
-cores=$(nproc)
+netlab_begin netlab_tp
 ((world <= cores)) || { echo "WORLD=$world needs $world cores for one core per rank; this machine has $cores" >&2; exit 2; }
 
 configs=(fsdp tp)
