@@ -2,7 +2,8 @@
 // checkpoint, then the same command runs again. The restarted run must continue from the
 // checkpoint and end with exactly the losses of a run that was never interrupted: on one
 // process, and on ranks started by `meshwork-train launch` (FSDP eager, compiled, HSDP); and
-// resharded across world sizes, to fp32 rounding.
+// resharded across world sizes, to fp32 rounding. A Hugging Face import (model.init_from) at every
+// mesh trains as the same import on one process.
 // Also `train --config-env VAR` as the operator passes a ConfigMap.
 #include <fcntl.h>
 #include <signal.h>
@@ -381,6 +382,75 @@ TEST_F(ResumeTest, ACheckpointOfAnotherModelIsExitCode3NamingTheDifference) {
   const std::string log = ReadBytes(tmp_.File("two.log"));
   EXPECT_THAT(log, HasSubstr("model.intermediate_size 90 in the checkpoint, 96 in this run"));
   EXPECT_THAT(log, HasSubstr(ckpt + "/step-00000002"));
+}
+
+// --- model.init_from at any mesh --------------------------------------------------------------
+
+// An HF checkpoint imported by every rank of a sharded run, each reading only its pieces (FSDP's
+// runs, tensor parallelism's slices and column blocks) trains as the same import on one process.
+class HfImportTest : public ResumeTest {};
+
+TEST_F(HfImportTest, EveryMeshTrainsAsOneProcessReadingItsShare) {
+  // The checkpoint: 3 steps of training exported in bf16 (so its weights are not the seed's
+  // initialisation, and the import converts them).
+  const std::string hf = tmp_.File("hf");
+  Process source(Command("source", 1,
+                         {"--set", "schedule.steps=3", "--set", "schedule.warmup_steps=1", "--set",
+                          "checkpoint.export_hf=" + hf, "--set", "checkpoint.export_dtype=bf16"},
+                         ""),
+                 tmp_.File("source.log"));
+  ASSERT_EQ(source.Wait(), 0) << ReadBytes(tmp_.File("source.log"));
+
+  struct Mesh {
+    std::string name;
+    int nproc;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Mesh> meshes = {
+      {"one", 1, {}},
+      {"fsdp2", 2, {}},
+      {"compiled2", 2, {"--set", "fsdp.mode=compiled"}},
+      {"tp2", 2, {"--set", "mesh.tp=2", "--set", "data.batch_size=8"}},
+      {"fsdp2_tp2", 4, {"--set", "mesh.tp=2", "--set", "mesh.dp_shard=2", "--set", "data.batch_size=4"}},
+  };
+  constexpr int kImportSteps = 6;
+  std::map<std::string, std::map<int, std::string>> losses;
+  for (const Mesh& mesh : meshes) {
+    std::vector<std::string> extra = {"--set", "schedule.steps=" + std::to_string(kImportSteps), "--set",
+                                      "model.init_from=" + hf};
+    extra.insert(extra.end(), mesh.extra.begin(), mesh.extra.end());
+    const std::string log_path = tmp_.File(mesh.name + ".log");
+    Process run(Command(mesh.name, mesh.nproc, extra, ""), log_path);
+    ASSERT_EQ(run.Wait(), 0) << mesh.name << ":\n" << ReadBytes(log_path);
+    const std::string log = ReadBytes(log_path);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("loaded weights from \\S+: this rank read .* of its .* "
+                                                     "\\(([0-9.]+)%\\)")))
+        << mesh.name << ":\n" << log;
+    const double percent = std::stod(m[1]);
+    std::cout << mesh.name << ": " << m[0] << "\n";
+    if (mesh.nproc == 1) {
+      EXPECT_EQ(percent, 100);
+    } else {
+      // About its share: the replicated norms, and a tp rank's FSDP-sharded slice, add a little.
+      EXPECT_LT(percent, 60) << mesh.name;
+    }
+    losses[mesh.name] = Losses(tmp_.File(mesh.name + ".jsonl"));
+    ASSERT_EQ(losses[mesh.name].size(), static_cast<size_t>(kImportSteps)) << mesh.name;
+  }
+
+  // Without the import the same run starts elsewhere: the weights were read, not the seed's.
+  Process scratch(Command("scratch", 1, {"--set", "schedule.steps=1", "--set", "schedule.warmup_steps=0"}, ""),
+                  tmp_.File("scratch.log"));
+  ASSERT_EQ(scratch.Wait(), 0) << ReadBytes(tmp_.File("scratch.log"));
+  EXPECT_NE(Losses(tmp_.File("scratch.jsonl")).at(1), losses["one"].at(1));
+
+  for (const Mesh& mesh : meshes) {
+    for (int step = 1; step <= kImportSteps; ++step) {
+      const double want = std::stod(losses["one"].at(step)), got = std::stod(losses[mesh.name].at(step));
+      EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << mesh.name << " step " << step;
+    }
+  }
 }
 
 // --- train --config-env -----------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -386,78 +387,157 @@ Result<TensorMap> ReadHfWeights(const std::string& dir) {
   return out;
 }
 
-Status LoadHfWeightsInto(const std::string& dir, torch::nn::Module& module,
-                         bool tie_word_embeddings) {
-  MW_ASSIGN_OR_RETURN(std::vector<Shard> shards, PlanShards(dir));
-  auto params = module.named_parameters(/*recurse=*/true);
+namespace {
 
+// The checks of CheckHfWeightsMatch on a planned checkpoint.
+Status CheckShardsMatch(const std::string& dir, const std::vector<Shard>& shards, const std::vector<HfParam>& params,
+                        bool tie_word_embeddings) {
   // Match names and shapes from the headers first: a wrong checkpoint should fail in
   // milliseconds, with every problem listed, not after gigabytes were read.
   std::unordered_map<std::string, const SafetensorsEntry*> stored;
   for (const auto& shard : shards) {
     for (const auto& name : shard.names) stored[name] = shard.header.Find(name);
   }
+  std::set<std::string> known;
   std::vector<std::string> missing, unexpected, mismatched;
-  for (const auto& p : params) {
-    auto it = stored.find(p.key());
+  for (const HfParam& p : params) {
+    known.insert(p.name);
+    auto it = stored.find(p.name);
     if (it == stored.end()) {
-      missing.push_back(p.key());
-    } else if (!c10::IntArrayRef(it->second->shape).equals(p.value().sizes())) {
-      mismatched.push_back("'" + p.key() + "' is " + ShapeString(it->second->shape) +
-                           " in the checkpoint but " + ShapeString(p.value().sizes()) +
-                           " in the model");
+      missing.push_back(p.name);
+    } else if (it->second->shape != p.shape) {
+      mismatched.push_back("'" + p.name + "' is " + ShapeString(it->second->shape) + " in the checkpoint but " +
+                           ShapeString(p.shape) + " in the model");
     }
   }
   for (const auto& [name, entry] : stored) {
-    if (params.find(name) == nullptr && !IsIgnoredCheckpointTensor(name, tie_word_embeddings)) {
+    if (known.count(name) == 0 && !IsIgnoredCheckpointTensor(name, tie_word_embeddings)) {
       unexpected.push_back(name);
     }
   }
   std::sort(unexpected.begin(), unexpected.end());
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
-    std::string msg = "checkpoint '" + dir + "' does not match the model:";
-    if (!missing.empty()) {
-      msg += " " + std::to_string(missing.size()) + " parameter(s) missing from the checkpoint: " +
-             ListNames(missing) + ";";
-      if (!tie_word_embeddings &&
-          std::find(missing.begin(), missing.end(), kLmHead) != missing.end()) {
-        msg += " (no lm_head.weight: is the checkpoint's tie_word_embeddings true?);";
-      }
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return Status::Ok();
+  std::string msg = "checkpoint '" + dir + "' does not match the model:";
+  if (!missing.empty()) {
+    msg += " " + std::to_string(missing.size()) + " parameter(s) missing from the checkpoint: " + ListNames(missing) +
+           ";";
+    if (!tie_word_embeddings && std::find(missing.begin(), missing.end(), kLmHead) != missing.end()) {
+      msg += " (no lm_head.weight: is the checkpoint's tie_word_embeddings true?);";
     }
-    if (!unexpected.empty()) {
-      msg += " " + std::to_string(unexpected.size()) +
-             " unexpected tensor(s) in the checkpoint: " + ListNames(unexpected) + ";";
-    }
-    if (!mismatched.empty()) {
-      msg += " " + std::to_string(mismatched.size()) + " shape mismatch(es): ";
-      for (size_t i = 0; i < mismatched.size() && i < kMaxListedNames; ++i) {
-        msg += (i ? ", " : "") + mismatched[i];
-      }
-      if (mismatched.size() > kMaxListedNames) {
-        msg += " and " + std::to_string(mismatched.size() - kMaxListedNames) + " more";
-      }
-      msg += ";";
-    }
-    msg.pop_back();
-    return InvalidInput(msg);
   }
+  if (!unexpected.empty()) {
+    msg += " " + std::to_string(unexpected.size()) + " unexpected tensor(s) in the checkpoint: " +
+           ListNames(unexpected) + ";";
+  }
+  if (!mismatched.empty()) {
+    msg += " " + std::to_string(mismatched.size()) + " shape mismatch(es): ";
+    for (size_t i = 0; i < mismatched.size() && i < kMaxListedNames; ++i) {
+      msg += (i ? ", " : "") + mismatched[i];
+    }
+    if (mismatched.size() > kMaxListedNames) {
+      msg += " and " + std::to_string(mismatched.size() - kMaxListedNames) + " more";
+    }
+    msg += ";";
+  }
+  msg.pop_back();
+  return InvalidInput(msg);
+}
 
-  // One shard in memory at a time; copy_ converts dtype and moves to the parameter's device.
-  torch::NoGradGuard no_grad;
-  for (const auto& shard : shards) {
-    MW_ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(shard.path));
-    for (const auto& name : shard.names) {
-      torch::Tensor* param = params.find(name);
-      if (param == nullptr) continue;  // an ignored tensor
-      try {
-        param->copy_(tensors.at(name));
-      } catch (const c10::Error& e) {
-        return Internal("copying checkpoint tensor '" + name + "' from '" + shard.path +
-                        "' into the model failed: " + e.what_without_backtrace());
-      }
+std::vector<HfParam> ParamsOf(torch::nn::Module& module) {
+  std::vector<HfParam> out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.push_back({p.key(), p.value().sizes().vec()});
+  return out;
+}
+
+}  // namespace
+
+Status CheckHfWeightsMatch(const std::string& dir, const std::vector<HfParam>& params, bool tie_word_embeddings) {
+  MW_ASSIGN_OR_RETURN(std::vector<Shard> shards, PlanShards(dir));
+  return CheckShardsMatch(dir, shards, params, tie_word_embeddings);
+}
+
+Status CheckHfWeightsMatch(const std::string& dir, torch::nn::Module& module, bool tie_word_embeddings) {
+  return CheckHfWeightsMatch(dir, ParamsOf(module), tie_word_embeddings);
+}
+
+Result<HfSliceReport> LoadHfSlices(const std::string& dir, const std::vector<HfSlice>& slices) {
+  MW_ASSIGN_OR_RETURN(std::vector<Shard> shards, PlanShards(dir));
+  HfSliceReport report;
+  std::unordered_map<std::string, size_t> shard_of;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    for (const auto& name : shards[i].names) {
+      shard_of[name] = i;
+      const SafetensorsEntry* entry = shards[i].header.Find(name);
+      report.bytes_in_files += static_cast<int64_t>(entry->end - entry->begin);
     }
   }
-  return Status::Ok();
+  // Each slice is read into a buffer of the file's dtype, then copied into its parameter: one
+  // slice in memory at a time.
+  std::map<size_t, ReadOnlyFile> open;
+  torch::NoGradGuard no_grad;
+  for (const HfSlice& slice : slices) {
+    auto where = shard_of.find(slice.name);
+    if (where == shard_of.end()) return InvalidInput("checkpoint '" + dir + "' has no tensor '" + slice.name + "'");
+    const Shard& shard = shards[where->second];
+    const SafetensorsEntry& entry = *shard.header.Find(slice.name);
+    const int64_t numel = c10::multiply_integers(entry.shape);
+    const int64_t width = entry.shape.size() >= 2 ? entry.shape.back() : std::max<int64_t>(numel, 1);
+    const int64_t count = slice.out.numel();
+    const bool block = slice.cols > 0 && !(slice.col_begin == 0 && slice.cols == width);
+    const int64_t extent = block ? numel / width * slice.cols : numel;
+    if ((block && (entry.shape.size() < 2 || slice.col_begin < 0 || slice.col_begin + slice.cols > width)) ||
+        slice.begin < 0 || slice.begin + count > extent) {
+      return InvalidInput("checkpoint '" + dir + "': tensor '" + slice.name + "' of shape " +
+                          ShapeString(entry.shape) + " holds no elements [" + std::to_string(slice.begin) + ", " +
+                          std::to_string(slice.begin + count) + ")" +
+                          (block ? " of its columns [" + std::to_string(slice.col_begin) + ", " +
+                                       std::to_string(slice.col_begin + slice.cols) + ")"
+                                 : std::string()));
+    }
+    if (open.count(where->second) == 0) {
+      MW_ASSIGN_OR_RETURN(ReadOnlyFile file, ReadOnlyFile::Open(shard.path));
+      open.emplace(where->second, std::move(file));
+    }
+    const ReadOnlyFile& file = open.at(where->second);
+    torch::Tensor buffer = torch::empty({count}, torch::TensorOptions().dtype(entry.dtype));
+    const int64_t elem = static_cast<int64_t>(buffer.element_size());
+    auto* out = static_cast<char*>(buffer.data_ptr());
+    const uint64_t base = shard.header.data_start + entry.begin;
+    auto read_at = [&](int64_t element, int64_t n, int64_t dst) -> Status {
+      Status got = file.ReadAt(base + static_cast<uint64_t>(element * elem), out + dst * elem,
+                               static_cast<size_t>(n * elem));
+      if (!got.ok()) return InvalidInput("checkpoint file '" + shard.path + "', tensor '" + slice.name + "': " + got.message());
+      report.bytes_read += n * elem;
+      return Status::Ok();
+    };
+    if (!block) {
+      // A run of the flattened tensor is one run of the file.
+      if (count > 0) MW_RETURN_IF_ERROR(read_at(slice.begin, count, 0));
+    } else {
+      // A column block, flattened row-major: each row's part of the slice is one run of the file.
+      for (int64_t at = slice.begin, end = slice.begin + count; at < end;) {
+        const int64_t row = at / slice.cols, col = at % slice.cols;
+        const int64_t take = std::min(end - at, slice.cols - col);
+        MW_RETURN_IF_ERROR(read_at(row * width + slice.col_begin + col, take, at - slice.begin));
+        at += take;
+      }
+    }
+    try {
+      slice.out.view({-1}).copy_(buffer);  // converts the dtype, moves to the device
+    } catch (const c10::Error& e) {
+      return Internal("copying checkpoint tensor '" + slice.name + "' from '" + shard.path + "' into the model failed: " +
+                      e.what_without_backtrace());
+    }
+  }
+  report.files_read = static_cast<int>(open.size());
+  return report;
+}
+
+Status LoadHfWeightsInto(const std::string& dir, torch::nn::Module& module, bool tie_word_embeddings) {
+  MW_RETURN_IF_ERROR(CheckHfWeightsMatch(dir, module, tie_word_embeddings));
+  std::vector<HfSlice> whole;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) whole.push_back({p.key(), p.value()});
+  return LoadHfSlices(dir, whole).status();
 }
 
 Status SaveHfCheckpoint(const std::string& dir, const model::LlamaConfig& c,

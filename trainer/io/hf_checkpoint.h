@@ -48,12 +48,45 @@ Status WriteHfConfig(const std::string& dir, const model::LlamaConfig& c,
 // places in a shard that does not hold it, is an error naming both.
 Result<TensorMap> ReadHfWeights(const std::string& dir);
 
-// Copies dir's weights into `module`'s parameters, matched by name, converting each to the
-// parameter's dtype and device. Checked before any weight data is read: every parameter must be
-// in the checkpoint with the same shape, and every checkpoint tensor must be a parameter
-// (except "lm_head.weight" when `tie_word_embeddings`, and "*rotary_emb.inv_freq", a buffer old
-// HF checkpoints carry). Mismatches are InvalidInput naming the tensors. Shards are read one at
-// a time, so peak host memory is about one shard.
+// One parameter of the model as the checkpoint must hold it.
+struct HfParam {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Checks dir's tensors against the model's parameters from the safetensors headers alone, so a
+// wrong checkpoint fails in milliseconds: every parameter must be in the checkpoint with the same
+// shape, and every checkpoint tensor must be a parameter (except "lm_head.weight" when
+// `tie_word_embeddings`, and "*rotary_emb.inv_freq", a buffer old HF checkpoints carry).
+// Mismatches are InvalidInput listing the tensors.
+Status CheckHfWeightsMatch(const std::string& dir, const std::vector<HfParam>& params, bool tie_word_embeddings);
+Status CheckHfWeightsMatch(const std::string& dir, torch::nn::Module& module, bool tie_word_embeddings);
+
+// What one rank holds of a parameter, to be filled from the checkpoint: elements
+// [begin, begin + out.numel()) of the tensor `name` flattened; with `cols` > 0, of its column
+// block [col_begin, col_begin + cols) flattened row-major (a tensor parallel rank's slice of a
+// row-parallel weight). `out` is written in place, converted to its dtype and device.
+struct HfSlice {
+  std::string name;
+  torch::Tensor out;
+  int64_t begin = 0;
+  int64_t col_begin = 0;
+  int64_t cols = 0;
+};
+struct HfSliceReport {
+  int64_t bytes_read = 0;      // bytes of the files read for the slices
+  int64_t bytes_in_files = 0;  // bytes of all the checkpoint's tensors
+  int files_read = 0;          // safetensors files a slice was read from
+};
+// Fills `slices` from dir's checkpoint, reading only their bytes (a run of the file per slice, or
+// per row of a column block), so each rank of a sharded run reads about its share, with one
+// slice in memory at a time. InvalidInput naming the tensor: one the checkpoint lacks, a slice
+// outside it; naming the file: a truncated one (the slices before it are then filled already:
+// the caller stops). Call CheckHfWeightsMatch first.
+Result<HfSliceReport> LoadHfSlices(const std::string& dir, const std::vector<HfSlice>& slices);
+
+// CheckHfWeightsMatch, then every parameter of `module` filled whole by LoadHfSlices (one tensor
+// in memory at a time).
 Status LoadHfWeightsInto(const std::string& dir, torch::nn::Module& module,
                          bool tie_word_embeddings);
 

@@ -285,8 +285,8 @@ Result<std::optional<int64_t>> DocumentSeparator(const config::TrainConfig& cfg,
 
 }  // namespace
 
-// The model the config describes: dims from the preset or from the imported checkpoint,
-// deterministic initialisation, then imported weights if any, on `device`.
+// The model the config describes: dims from the preset or from the imported checkpoint (its
+// tensors checked against the model), deterministic initialisation, on `device`.
 Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
                                            std::ostream& log) {
   // The choices this device settles, before any weight is made or read.
@@ -308,8 +308,7 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   model::LlamaForCausalLM net(dims);
   net->InitWeights(cfg.model.init_std);
   if (!cfg.model.init_from.empty()) {
-    MW_RETURN_IF_ERROR(io::LoadHfWeightsInto(cfg.model.init_from, *net, dims.tie_word_embeddings));
-    log << "loaded weights from " << cfg.model.init_from << "\n";
+    MW_RETURN_IF_ERROR(io::CheckHfWeightsMatch(cfg.model.init_from, *net, dims.tie_word_embeddings));
   }
   net->to(device);
   net->set_loss_chunk_rows(model::LossChunkRows(dims.vocab_size, cfg.training.loss_chunk_mib << 20));
@@ -322,6 +321,21 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
   net->set_document_separator(separator);
   if (separator) log << "documents: masked in attention, each ended by token " << *separator << "\n";
   return net;
+}
+
+Status ImportWeights(const config::TrainConfig& cfg, Engine& engine, std::ostream& log) {
+  std::vector<io::HfSlice> slices;
+  for (const ShardPiece& piece : engine.LocalShards()) {
+    slices.push_back({piece.name, piece.value, piece.begin, piece.col_begin, piece.cols});
+  }
+  const Result<io::HfSliceReport> read = io::LoadHfSlices(cfg.model.init_from, slices);
+  MW_RETURN_IF_ERROR(AgreeAcrossRanks(engine, read.status(), StatusCode::kInvalidInput,
+                                      "reading the weights of model.init_from '" + cfg.model.init_from + "'"));
+  log << "loaded weights from " << cfg.model.init_from << ": this rank read " << HumanBytes(read->bytes_read)
+      << " of its " << HumanBytes(read->bytes_in_files) << " ("
+      << Format("%.1f%%", 100.0 * static_cast<double>(read->bytes_read) / std::max<double>(read->bytes_in_files, 1))
+      << ")\n";
+  return Status::Ok();
 }
 
 bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device) {
@@ -452,6 +466,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   // Only rank 0 talks; the others train silently (their errors still reach stderr via main).
   r.out = env.rank == 0 ? &log : &r.discard;
   MW_ASSIGN_OR_RETURN(r.engine, MakeEngine(cfg, std::move(net), r.device, r.log()));
+  if (!cfg.model.init_from.empty()) MW_RETURN_IF_ERROR(ImportWeights(cfg, *r.engine, r.log()));
 
   MW_RETURN_IF_ERROR(CheckTokenizer(cfg, r.dims, r.log()));
   MW_ASSIGN_OR_RETURN(r.source, data::MakeTokenSource(cfg.data.train, cfg.data.token_format, cfg.data.seq_len,

@@ -63,9 +63,16 @@ struct TrainingRun {
 
 Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cfg, std::ostream& log);
 
-// Shared with `meshwork-train eval`.
+// Shared with `meshwork-train eval`. With model.init_from the checkpoint's tensors are checked
+// against the model here, from their headers; ImportWeights reads them once an engine holds the
+// model.
 Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const torch::Device& device,
                                            std::ostream& log);
+// model.init_from's weights into `engine`'s parameters: each rank reads only the bytes of its
+// own pieces (Engine::LocalShards: an FSDP shard, a tensor parallel slice, or all of a parameter
+// on one process), so a sharded run reads the checkpoint about once in all, not once a rank.
+// Collective: when one rank cannot read its part, every rank fails (InvalidInput).
+Status ImportWeights(const config::TrainConfig& cfg, Engine& engine, std::ostream& log);
 bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device);
 // Whether the residual stream runs in bf16 on `device` (config::UsesBf16Residual, its error
 // saying what the device resolved to).

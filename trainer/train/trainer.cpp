@@ -200,6 +200,7 @@ Result<EvalResult> EvaluateImpl(const config::TrainConfig& cfg, std::ostream& lo
   const model::LlamaConfig dims = net->config();
   MW_ASSIGN_OR_RETURN(auto file, OpenEvalFile(cfg));
   std::unique_ptr<Engine> engine = MakeLocalEngine(std::move(net));
+  MW_RETURN_IF_ERROR(ImportWeights(cfg, *engine, log));
   EvalResult r;
   MW_ASSIGN_OR_RETURN(r.loss, EvalLoss(*engine, dims, *file, cfg.data.seq_len, cfg.eval.windows,
                                        cfg.data.batch_size, device, UseAutocast(cfg, device)));

@@ -430,6 +430,87 @@ TEST(HfCheckpointTest, LoadsFromShardedCheckpoint) {
   ExpectSameParameters(*saved, *loaded);
 }
 
+// --- slices: what one rank of a sharded run reads ---------------------------------------------
+
+// Runs of the flattened tensor and column blocks (a tensor parallel rank's slice of a
+// row-parallel weight, FSDP's run of it), from a bf16 file into fp32, from both shards of a
+// sharded checkpoint: each equals the same elements of the whole tensor, and only their bytes
+// are read.
+TEST(HfCheckpointTest, SlicesHoldTheirElementsOfTheWholeTensorsAndReadOnlyThem) {
+  ScopedTempDir dir;
+  const auto c = TinyConfig(/*tied=*/false);
+  auto saved = HfNamedModel(c);
+  WriteTwoShards(dir.path(), *saved);
+  const auto params = saved->named_parameters();
+  const torch::Tensor down = params.find("model.layers.0.mlp.down_proj.weight")->detach();  // [8, 12]
+  const torch::Tensor embed = params.find("model.embed_tokens.weight")->detach();           // [16, 8]
+  const torch::Tensor head = params.find("lm_head.weight")->detach();
+
+  std::vector<HfSlice> slices = {
+      // elements 5..36 of the embedding flattened: parts of rows 0 and 4, rows 1-3 whole
+      {"model.embed_tokens.weight", torch::empty({32}), 5},
+      // columns [6, 12) of down_proj (tp rank 1 of 2), its elements 3..16 (FSDP's run of the block)
+      {"model.layers.0.mlp.down_proj.weight", torch::empty({14}), 3, 6, 6},
+      // the whole width as a block is a plain run
+      {"lm_head.weight", torch::empty({16, 8}), 0, 0, 8},
+  };
+  auto read = LoadHfSlices(dir.path(), slices);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(torch::equal(slices[0].out, embed.reshape({-1}).narrow(0, 5, 32)));
+  EXPECT_TRUE(torch::equal(slices[1].out, down.narrow(1, 6, 6).reshape({-1}).narrow(0, 3, 14)));
+  EXPECT_TRUE(torch::equal(slices[2].out, head));
+  EXPECT_EQ(read->bytes_read, (32 + 14 + 128) * 4);
+  EXPECT_EQ(read->files_read, 2);
+  int64_t all = 0;
+  for (const auto& p : params) all += p.value().numel() * 4;
+  EXPECT_EQ(read->bytes_in_files, all);
+
+  // bf16 on disk: converted to the slice's dtype.
+  ScopedTempDir bf16;
+  ASSERT_TRUE(SaveHfCheckpoint(bf16.path(), c, *saved, torch::kBFloat16).ok());
+  std::vector<HfSlice> block = {{"model.layers.0.mlp.down_proj.weight", torch::empty({48}), 0, 0, 6}};
+  read = LoadHfSlices(bf16.path(), block);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(torch::equal(block[0].out, down.narrow(1, 0, 6).reshape({-1}).to(torch::kBFloat16).to(torch::kFloat)));
+  EXPECT_EQ(read->bytes_read, 48 * 2);
+}
+
+TEST(HfCheckpointTest, ASliceOutsideItsTensorOrOfNoTensorNamesIt) {
+  ScopedTempDir dir;
+  const auto c = TinyConfig(/*tied=*/true);
+  auto saved = HfNamedModel(c);
+  ASSERT_TRUE(SaveHfCheckpoint(dir.path(), c, *saved).ok());
+  std::vector<HfSlice> past = {{"model.norm.weight", torch::empty({4}), 6}};
+  auto read = LoadHfSlices(dir.path(), past);
+  EXPECT_EQ(read.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(read.status().message(), HasSubstr("'model.norm.weight' of shape [8] holds no elements [6, 10)"));
+  std::vector<HfSlice> wide = {{"model.layers.0.self_attn.o_proj.weight", torch::empty({4}), 0, 6, 4}};
+  read = LoadHfSlices(dir.path(), wide);
+  EXPECT_EQ(read.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(read.status().message(), HasSubstr("of its columns [6, 10)"));
+  std::vector<HfSlice> none = {{"lm_head.weight", torch::empty({4})}};
+  read = LoadHfSlices(dir.path(), none);
+  EXPECT_EQ(read.status().code(), StatusCode::kInvalidInput);
+  EXPECT_THAT(read.status().message(), HasSubstr("has no tensor 'lm_head.weight'"));
+}
+
+// A file cut short after its header: the slice past its end is an error naming the file.
+TEST(HfCheckpointTest, ATruncatedFileIsAnErrorNamingIt) {
+  ScopedTempDir dir;
+  const auto c = TinyConfig(/*tied=*/true);
+  auto saved = HfNamedModel(c);
+  ASSERT_TRUE(SaveHfCheckpoint(dir.path(), c, *saved).ok());
+  const std::string path = dir.path() + "/model.safetensors";
+  auto header = ReadSafetensorsHeader(path);
+  ASSERT_TRUE(header.ok());
+  std::filesystem::resize_file(path, header->data_start + 16);
+  std::vector<HfSlice> all;
+  for (const auto& p : saved->named_parameters()) all.push_back({p.key(), torch::empty_like(p.value())});
+  auto read = LoadHfSlices(dir.path(), all);
+  EXPECT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr(path));
+}
+
 TEST(HfCheckpointTest, ShapeMismatchNamesTensorAndBothShapes) {
   ScopedTempDir dir;
   auto c = TinyConfig(/*tied=*/true);
