@@ -32,6 +32,7 @@ std::string PrintCalibration(const Calibration& c) {
   out << "shard_link " << Link(c.cost.shard_link) << "\n";
   if (c.cost.shard_reduce_scatter_link) out << "shard_reduce_scatter_link " << Link(*c.cost.shard_reduce_scatter_link) << "\n";
   out << "replicate_link " << Link(c.cost.replicate_link) << "\n";
+  if (c.skeleton.CarriesTpExchanges()) out << "tp_link " << Link(c.cost.tp_link) << "\n";
   out << "shard_lanes_share " << Num(c.cost.shard_lanes_share) << "\n";
   out << "interference " << Num(c.cost.interference) << "\n";
   out << "comm_interference " << Num(c.cost.comm_interference) << "\n";
@@ -84,13 +85,15 @@ Result<Calibration> ParseCalibration(std::string_view text) {
         return error("dp_shard and dp_replicate must be positive integers");
       c.cost.dp_shard = static_cast<int>(values[0]);
       c.cost.dp_replicate = static_cast<int>(values[1]);
-    } else if (key == "shard_link" || key == "shard_reduce_scatter_link" || key == "replicate_link") {
+    } else if (key == "shard_link" || key == "shard_reduce_scatter_link" || key == "replicate_link" ||
+               key == "tp_link") {
       MW_RETURN_IF_ERROR(want(2));
       if (values[0] < 0 || values[1] <= 0) return error("a link is latency >= 0 and bandwidth > 0");
       const LinkCost link{values[0], values[1]};
       if (key == "shard_link") c.cost.shard_link = link;
       if (key == "shard_reduce_scatter_link") c.cost.shard_reduce_scatter_link = link;
       if (key == "replicate_link") c.cost.replicate_link = link;
+      if (key == "tp_link") c.cost.tp_link = link;
     } else {
       MW_RETURN_IF_ERROR(want(1));
       const double v = values[0];
@@ -109,6 +112,14 @@ Result<Calibration> ParseCalibration(std::string_view text) {
   if (c.compute_scale <= 0) return InvalidInput("calibration: compute_scale must be positive");
   if (c.skeleton.dp_shard != c.cost.dp_shard || c.skeleton.dp_replicate != c.cost.dp_replicate)
     return InvalidInput("calibration: the skeleton's mesh is not the mesh line's");
+  // Tensor parallelism's exchanges are priced on the tp link: a skeleton whose modules carry
+  // them (tp= on a module line) comes with one, and only such a skeleton.
+  const bool exchanges = c.skeleton.CarriesTpExchanges();
+  if (seen["tp_link"] != exchanges) {
+    return InvalidInput(seen["tp_link"] ? "calibration: a 'tp_link' line, but no module of the skeleton exchanges over tp"
+                                        : "calibration: the skeleton's modules exchange over tp, but there is no 'tp_link' line");
+  }
+  if (exchanges) c.cost.tp = c.skeleton.tp;
   return c;
 }
 
@@ -116,6 +127,7 @@ CostModel ScaleLinks(CostModel cost, double factor) {
   cost.shard_link.bus_bytes_per_second *= factor;
   if (cost.shard_reduce_scatter_link) cost.shard_reduce_scatter_link->bus_bytes_per_second *= factor;
   cost.replicate_link.bus_bytes_per_second *= factor;
+  cost.tp_link.bus_bytes_per_second *= factor;
   return cost;
 }
 

@@ -1,4 +1,5 @@
 // A compiled-FSDP run's calibration as a text file: the cost model its plan was made with (links,
+// the tp link where the plan carries tensor parallelism's exchanges,
 // lane sharing, CPU interference, host copies, step overhead), the traced module table (without
 // its slowdown by the communication beside it) and the compute scale fitted to the run's eager
 // steps. meshwork-simulate --calibration plans and simulates from it, so one run's calibration
@@ -28,7 +29,7 @@ std::string PrintCalibration(const Calibration& c);
 // InvalidInput naming the line for anything else, a missing key or a bad skeleton.
 Result<Calibration> ParseCalibration(std::string_view text);
 
-// The calibration's dp_shard and dp_replicate links with their bus bandwidth times `factor`
+// The calibration's dp_shard, dp_replicate and tp links with their bus bandwidth times `factor`
 // (latencies kept): the same cluster on links `factor` times as fast.
 CostModel ScaleLinks(CostModel cost, double factor);
 

@@ -124,6 +124,12 @@ int Graph::FindModule(std::string_view name) const {
   return -1;
 }
 
+bool Graph::CarriesTpExchanges() const {
+  for (const ModuleInfo& m : modules)
+    if (m.tp_fwd.calls > 0 || m.tp_bwd.calls > 0) return true;
+  return false;
+}
+
 void Checkpoint(ModuleInfo& m) {
   if (m.checkpoint_input_bytes <= 0) return;
   m.bwd_seconds += m.fwd_seconds;

@@ -158,6 +158,8 @@ struct Graph {
   std::vector<Op> ops;              // program order
 
   int FindModule(std::string_view name) const;  // -1 when absent
+  // Whether a module exchanges over the tp group (tp= on its line), priced on CostModel::tp_link.
+  bool CarriesTpExchanges() const;
 };
 
 std::string Print(const Graph& g);

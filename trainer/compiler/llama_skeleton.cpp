@@ -164,18 +164,26 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   // rows for every rank's tokens (vocab_transient_bytes).
   const int norm = add_param({"model.norm.weight", h, 1});
   const int output = c.tie_word_embeddings ? embed : add_param({"lm_head.weight", vocab / tp, h});
+  constexpr double kChunkBytes = 256.0 * 1024 * 1024;
+  // Tokens a chunk of kChunkBytes of fp32 logits over `vocab_rows` rows (model::LossChunkRows).
+  auto chunk_rows = [&](double vocab_rows) { return std::max(1.0, std::floor(kChunkBytes / (vocab_rows * 4.0))); };
+  // One chunk of fp32 logits over `vocab_rows` rows, `rows` tokens at most.
+  auto chunk_bytes = [&](double rows_of_tokens, double vocab_rows, double rows) {
+    return static_cast<int64_t>(std::min(rows_of_tokens, rows) * vocab_rows * 4.0);
+  };
   if (tp > 1) {
     // Tensor parallelism's vocabulary-parallel loss (trainer/tp): the stream gathered whole (under
-    // sequence parallelism), this rank's vocabulary's fp32 logits kept for the log-sum-exp's
-    // backward (not chunked), which needs no recompute; forward exchanges the stream, every
+    // sequence parallelism), this rank's vocabulary's fp32 logits a chunk of tokens at a time
+    // (tp times the one-process head's tokens, the same bytes), keeping one fp32 log-sum-exp per
+    // token; backward recomputes each chunk (bwd = 3 x fwd). Forward exchanges the stream, every
     // rank's log-sum-exp (fp32 per token) and the target logit (an all-reduce), backward the
     // stream's gradient.
-    const double logits = tokens * static_cast<double>(vocab) * split * 4.0;
     add_module("head", {norm, output}, 2.0 * tokens * h * vocab * split,
-               tokens * (h * residual_bytes * stream + h * a + 4.0) + logits);
+               tokens * (h * residual_bytes * stream + h * a + 4.0));
     ModuleInfo& head = g.modules.back();
-    head.bwd_seconds = 2 * head.fwd_seconds;
-    head.transient_bytes = static_cast<int64_t>(logits);  // the softmax's exponentials in backward
+    head.bwd_seconds = 3 * head.fwd_seconds;
+    head.transient_bytes = chunk_bytes(tokens, static_cast<double>(vocab) * split,
+                                       chunk_rows(static_cast<double>(vocab)) * static_cast<double>(tp));
     const int64_t per_token = static_cast<int64_t>(tokens) * 4;
     head.tp_fwd = {(sp ? stream_bytes(a) : 0) + per_token * tp + 2 * per_token, sp ? 3 : 2};
     head.tp_bwd = {stream_bytes(a) * (sp ? 1 : 2), 1};
@@ -189,14 +197,10 @@ Graph LlamaSkeleton(const LlamaShape& shape) {
   if (shape.head_stores_logit_grad) head_bytes += tokens * vocab * shape.activation_bytes;
   add_module("head", {norm, output}, 2.0 * tokens * h * vocab, head_bytes);
   g.modules.back().bwd_seconds = (shape.head_stores_logit_grad ? 2 : 3) * g.modules.back().fwd_seconds;
-  constexpr double kChunkBytes = 256.0 * 1024 * 1024;
-  auto chunk_bytes = [&](double rows_of_tokens, double vocab_rows) {
-    const double chunk_rows = std::max(1.0, std::floor(kChunkBytes / (vocab_rows * 4.0)));
-    return static_cast<int64_t>(std::min(rows_of_tokens, chunk_rows) * vocab_rows * 4.0);
-  };
   const double owned = std::ceil(static_cast<double>(vocab) / std::max(1, shape.dp_shard));
-  g.modules.back().transient_bytes = chunk_bytes(tokens, static_cast<double>(vocab));
-  g.modules.back().vocab_transient_bytes = chunk_bytes(tokens * std::max(1, shape.dp_shard), owned);
+  g.modules.back().transient_bytes =
+      chunk_bytes(tokens, static_cast<double>(vocab), chunk_rows(static_cast<double>(vocab)));
+  g.modules.back().vocab_transient_bytes = chunk_bytes(tokens * std::max(1, shape.dp_shard), owned, chunk_rows(owned));
   GroupByOwner(g);
   return g;
 }

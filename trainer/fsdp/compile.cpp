@@ -38,6 +38,17 @@ std::vector<int64_t> CalibrationSizes(const compiler::Graph& skeleton, bool grad
   return sizes;
 }
 
+// One collective's bus bytes of a typical decoder layer's tensor-parallel exchange (the median
+// layer's forward bytes over its calls); 0 where no module carries exchanges.
+int64_t TypicalTpCallBytes(const compiler::Graph& skeleton) {
+  std::vector<int64_t> calls;
+  for (const auto& m : skeleton.modules)
+    if (m.tp_fwd.calls > 0 && m.tp_gemm_share > 0) calls.push_back(m.tp_fwd.bytes / m.tp_fwd.calls);
+  if (skeleton.tp <= 1 || calls.empty()) return 0;
+  std::sort(calls.begin(), calls.end());
+  return std::max<int64_t>(1, calls[calls.size() / 2]);
+}
+
 // Every rank measures (the measurements are collectives); the medians over the ranks are what
 // the cost model gets, so that a slow or lucky rank does not decide the plan for all.
 Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMesh& mesh, bool cpu,
@@ -64,6 +75,18 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
     for (int64_t& b : sizes) b = std::max<int64_t>(int64_t{64} << 10, b / std::max(1, skeleton.dp_shard));
     MW_ASSIGN_OR_RETURN(cost.replicate_link, CalibrateLink(mesh.group("dp_replicate"), dist::Collective::kAllReduce, sizes, 2));
   }
+  // Tensor parallelism's exchanges, where the plan carries them: its own link, timed with
+  // all-gathers of one collective's bytes of a typical layer's exchange (a region's all-gather of
+  // the stream), a quarter of it and twice it.
+  const int64_t tp_call = TypicalTpCallBytes(skeleton);
+  if (tp_call > 0) {
+    auto clamp = [](int64_t b) { return std::clamp<int64_t>(b, int64_t{64} << 10, int64_t{256} << 20); };
+    std::vector<int64_t> sizes = {clamp(tp_call / 4), clamp(tp_call), clamp(2 * tp_call)};
+    if (sizes[1] == sizes[0]) sizes[1] = 2 * sizes[0];
+    if (sizes[2] <= sizes[1]) sizes[2] = 2 * sizes[1];
+    MW_ASSIGN_OR_RETURN(cost.tp_link, CalibrateLink(mesh.group("tp"), dist::Collective::kAllGather, sizes, 2));
+    cost.tp = skeleton.tp;
+  }
   if (cpu) {
     // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
     cost.host_copy_bytes_per_second = MeasureCopyRate();
@@ -77,7 +100,8 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
                               reduce_scatter.latency_seconds,  reduce_scatter.bus_bytes_per_second,
                               cost.replicate_link.latency_seconds, cost.replicate_link.bus_bytes_per_second,
                               cost.host_copy_bytes_per_second, cost.interference, measured.step_seconds,
-                              cost.shard_lanes_share, cost.comm_interference, measured.outside_seconds};
+                              cost.shard_lanes_share, cost.comm_interference, measured.outside_seconds,
+                              cost.tp_link.latency_seconds, cost.tp_link.bus_bytes_per_second};
   for (const auto& m : skeleton.modules) {
     mine.push_back(m.fwd_seconds);
     mine.push_back(m.bwd_seconds);
@@ -93,7 +117,8 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   cost.comm_interference = median[10];
   measured.outside_seconds = median[11];
   cost.step_overhead_seconds = measured.outside_seconds;
-  constexpr size_t kModulesAt = 12;
+  cost.tp_link = {median[12], median[13]};
+  constexpr size_t kModulesAt = 14;
   for (size_t m = 0; m < skeleton.modules.size(); ++m) {
     skeleton.modules[m].fwd_seconds = median[kModulesAt + 2 * m];
     skeleton.modules[m].bwd_seconds = median[kModulesAt + 1 + 2 * m];
@@ -141,6 +166,10 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
          << " us + " << std::setprecision(2) << cost.shard_reduce_scatter_link->bus_bytes_per_second / 1e9 << " GB/s)";
   }
   if (cost.dp_shard > 1) line << ", lanes together at " << std::setprecision(2) << cost.shard_lanes_share << " of their speed";
+  if (cost.tp > 1) {
+    line << "; tp link " << std::setprecision(0) << cost.tp_link.latency_seconds * 1e6 << " us + " << std::setprecision(2)
+         << cost.tp_link.bus_bytes_per_second / 1e9 << " GB/s";
+  }
   if (cpu) {
     line << ", host copies " << cost.host_copy_bytes_per_second / 1e9 << " GB/s, compute/comm interference "
          << cost.interference << " (comm slowed by compute " << cost.CommInterference() << ")";
@@ -183,6 +212,9 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   // splits no head of the plan's.
   c.options = config::PlanOptionsOf(cfg, fsdp.tensor_parallel());
   c.options.budget = BudgetOf(cfg, device_memory_bytes);
+  // The async_tp pass chooses each layer's chunks only where the plan may set them (mesh.async_tp_chunks
+  // 1, the exchanges in the plan); fixed chunks stay as the skeleton records them.
+  c.options.async_tp = fsdp.PlansTensorParallelChunks();
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {
     // The measured eager step recomputed every layer when the warm-up was checkpointed: fit the

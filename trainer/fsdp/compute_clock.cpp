@@ -1,6 +1,7 @@
 // ComputeClock: host time always, plus a pool of timing CUDA events on a GPU.
 #include "trainer/fsdp/compute_clock.h"
 
+#include <algorithm>
 #include <chrono>
 
 #ifdef MESHWORK_TORCH_CUDA
@@ -45,6 +46,7 @@ void ComputeClock::Restart() { events_->used = 0; }
 ComputeClock::Mark ComputeClock::Now() {
   Mark m;
   m.host = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (wait_counter_) m.waited = wait_counter_();
 #ifdef MESHWORK_TORCH_CUDA
   if (device_.is_cuda()) {
     auto& pool = events_->pool;
@@ -67,6 +69,11 @@ double ComputeClock::Seconds(const Mark& from, const Mark& to) const {
   }
 #endif
   return to.host - from.host;
+}
+
+double ComputeClock::ComputeSeconds(const Mark& from, const Mark& to) const {
+  const double span = Seconds(from, to);
+  return host() ? std::max(0.0, span - (to.waited - from.waited)) : span;
 }
 
 }  // namespace meshwork::fsdp

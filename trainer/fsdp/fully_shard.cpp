@@ -178,6 +178,19 @@ void FullyShardedLlama::SetTensorParallel(TensorParallel tp) {
   state_->loss = std::move(tp.loss);
   state_->tp = tp.tp;
   state_->sequence_parallel = tp.sequence_parallel;
+  state_->tp_layer_chunks = std::move(tp.layer_chunks);
+  state_->tp_layer_chunks.resize(static_cast<size_t>(state_->model->config().num_hidden_layers), 1);
+  state_->tp_blocked_counted = state_->trace.clock.host() && tp.blocked_seconds != nullptr;
+  if (state_->tp_blocked_counted) {
+    state_->trace.clock.SetWaitCounter(std::move(tp.blocked_seconds));
+    state_->set_tp_layer_chunks = std::move(tp.set_layer_chunks);
+  }
+}
+
+bool FullyShardedLlama::PlansTensorParallelExchanges() const { return state_->tp > 1 && state_->tp_blocked_counted; }
+
+bool FullyShardedLlama::PlansTensorParallelChunks() const {
+  return PlansTensorParallelExchanges() && state_->set_tp_layer_chunks != nullptr;
 }
 
 torch::Tensor FullyShardedLlama::ForwardNoGrad(const torch::Tensor& tokens, const torch::Tensor& targets) {
@@ -331,9 +344,19 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
     compiler::ModuleInfo m;
     m.name = name;
     m.params = std::move(params);
-    m.fwd_seconds = trace.clock.Seconds(trace.fwd[t].from, trace.fwd[t].to) * trace.fwd[t].share;
-    m.bwd_seconds = trace.clock.Seconds(trace.bwd[t].from, trace.bwd[t].to) * trace.bwd[t].share;
+    // Compute only: on the host clock, less the time blocked in TP's exchanges inside the module
+    // (ComputeClock::ComputeSeconds), which the plan then carries as the module's tp= instead.
+    m.fwd_seconds = trace.clock.ComputeSeconds(trace.fwd[t].from, trace.fwd[t].to) * trace.fwd[t].share;
+    m.bwd_seconds = trace.clock.ComputeSeconds(trace.bwd[t].from, trace.bwd[t].to) * trace.bwd[t].share;
     const int e = estimate.FindModule(name);
+    if (e >= 0 && PlansTensorParallelExchanges()) {
+      m.tp_fwd = estimate.modules[e].tp_fwd;
+      m.tp_bwd = estimate.modules[e].tp_bwd;
+      m.tp_gemm_share = estimate.modules[e].tp_gemm_share;
+      // The chunks the traced step ran with, so that the eager plan fitted to it overlaps alike.
+      if (layer >= 0 && layer < static_cast<int64_t>(state_->tp_layer_chunks.size()))
+        m.tp_chunks = state_->tp_layer_chunks[static_cast<size_t>(layer)];
+    }
     if (e >= 0) {
       m.activation_bytes = estimate.modules[e].activation_bytes;
       m.backward_temp_bytes = estimate.modules[e].backward_temp_bytes;
@@ -376,8 +399,10 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   // rank's tokens over this rank's rows (vocab_head.h).
   const int64_t tokens = std::max<int64_t>(trace.batch, 1) * std::max<int64_t>(trace.seq, 1);
   if (state_->tp > 1) {
-    // Tensor parallelism's loss holds this rank's vocabulary's logits whole (the estimate's).
-    g.modules.back().transient_bytes = estimate.modules.back().transient_bytes;
+    // Tensor parallelism's loss: the same bytes of logits a chunk as the whole vocabulary's, over
+    // this rank's slice of it (tp/tensor_parallel.cpp).
+    const int64_t rows = c.vocab_size / state_->tp;
+    g.modules.back().transient_bytes = std::min(tokens, state_->model->loss_chunk_rows() * state_->tp) * rows * 4;
     return g;
   }
   const int64_t owned = (c.vocab_size + g.dp_shard - 1) / g.dp_shard;
@@ -394,6 +419,16 @@ Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
       if (!m.rows.empty() || !m.vocab.empty())
         return Internal("plan reads module '" + m.name + "' by rows or splits it by vocabulary, but the model " +
                         "embeds and computes its loss through a plan applied before FSDP (tensor parallelism)");
+  }
+  if (PlansTensorParallelChunks()) {
+    // The plan's overlapped TP, layer by layer (atp=; 1 where it keeps a layer's exchanges whole).
+    std::vector<int> chunks(state_->tp_layer_chunks.size(), 1);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const int m = plan.FindModule("layers." + std::to_string(i));
+      if (m >= 0) chunks[i] = std::max(1, plan.modules[m].tp_chunks);
+    }
+    MW_RETURN_IF_ERROR(state_->set_tp_layer_chunks(chunks));
+    state_->tp_layer_chunks = std::move(chunks);
   }
   schedule_ = std::make_unique<PlanExecutor>(*state_, plan);
   compiled_ = true;

@@ -24,6 +24,7 @@
 #include <torch/types.h>
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -130,6 +131,14 @@ class FullyShardedLlama {
     model::LossRunner loss;
     int tp = 1;
     bool sequence_parallel = false;
+    // Seconds this rank has blocked in tensor parallelism's collectives so far: on the host clock
+    // the trace takes them out of each module's compute, and the compiled plan carries the
+    // exchanges instead (Skeleton), priced on the tp link.
+    std::function<double()> blocked_seconds;
+    // Each decoder layer's overlapped-TP chunks as they run now, and how a plan's atp= sets them;
+    // empty `set_layer_chunks`: the chunks are fixed (mesh.async_tp_chunks), no plan changes them.
+    std::vector<int> layer_chunks;
+    std::function<Status(const std::vector<int>&)> set_layer_chunks;
   };
   void SetTensorParallel(TensorParallel tp);
   bool tensor_parallel() const;
@@ -176,9 +185,17 @@ class FullyShardedLlama {
   // From the next Forward on, every collective, wait and free follows `plan` (validated here
   // against this model); the eager hooks no longer schedule anything.
   Status UsePlan(const compiler::Graph& plan);
-  // TP's exchanges run inside the modules' traced compute here (Skeleton() gives the mesh's tp
-  // and a tp rank's activations, not the exchanges: the calibrated cost model has no tp link).
+  // With tensor parallelism on the host clock (CPU ranks), Skeleton() gives each module's TP
+  // exchanges (the compiler's Llama estimate of them) and its compute without the time blocked in
+  // them, and UsePlan runs the plan's atp= chunks layer by layer where the chunks are the plan's
+  // to choose. On a GPU the exchanges stay inside the traced compute (the stream's time): no tp=
+  // exchanges in the plan, and the chunks stay mesh.async_tp_chunks.
   bool compiled() const { return compiled_; }
+  // Whether Skeleton() carries TP's exchanges (tensor parallelism timed on the host clock).
+  bool PlansTensorParallelExchanges() const;
+  // Whether a plan may choose the overlapped-TP chunks (PlansTensorParallelExchanges, and chunks
+  // not fixed by mesh.async_tp_chunks): the async_tp pass runs for it.
+  bool PlansTensorParallelChunks() const;
   LayerCheckpointing checkpointing() const;
 
  private:

@@ -6,11 +6,13 @@
 #include <torch/types.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/chrome_trace.h"
+#include "common/status.h"
 #include "trainer/dist/communicator.h"
 #include "trainer/fsdp/compute_clock.h"
 #include "trainer/fsdp/fully_shard.h"
@@ -67,6 +69,9 @@ struct ShardedState {
   model::LossRunner loss;
   int tp = 1;
   bool sequence_parallel = false;
+  bool tp_blocked_counted = false;  // the trace's clock takes TP's blocked time out of the compute
+  std::vector<int> tp_layer_chunks;  // each decoder layer's overlapped-TP chunks now
+  std::function<Status(const std::vector<int>&)> set_tp_layer_chunks;  // empty: fixed chunks
   StepTrace trace;
 };
 

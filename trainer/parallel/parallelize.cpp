@@ -13,7 +13,20 @@ Result<std::unique_ptr<ParallelLlama>> ParallelLlama::Create(model::LlamaForCaus
   }
   MW_ASSIGN_OR_RETURN(p->fsdp_, fsdp::FullyShardedLlama::Create(std::move(model), groups.fsdp, options.fsdp));
   if (p->tp_ != nullptr) {
-    p->fsdp_->SetTensorParallel({p->tp_->Embedding(), p->tp_->LossHead(), groups.tp->size(), options.tp.sequence_parallel});
+    tp::TensorParallelLlama* split = p->tp_.get();
+    fsdp::FullyShardedLlama::TensorParallel tp;
+    tp.embed = split->Embedding();
+    tp.loss = split->LossHead();
+    tp.tp = groups.tp->size();
+    tp.sequence_parallel = options.tp.sequence_parallel;
+    tp.blocked_seconds = [split] { return split->BlockedSecondsSoFar(); };
+    tp.layer_chunks = split->layer_chunks();
+    // mesh.async_tp_chunks 1 (not fixed by the config): a compiled plan chooses each layer's
+    // chunks (the async_tp pass), with sequence parallelism, which overlapping needs.
+    if (options.tp.async_chunks == 1 && options.tp.sequence_parallel) {
+      tp.set_layer_chunks = [split](const std::vector<int>& chunks) { return split->SetLayerChunks(chunks); };
+    }
+    p->fsdp_->SetTensorParallel(std::move(tp));
   }
   p->shard_group_ = groups.fsdp.shard;
   for (const auto& param : p->fsdp_->sharded_params()) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "trainer/model/compat.h"
+#include "trainer/model/linear_cross_entropy.h"
 
 namespace meshwork::tp {
 
@@ -17,7 +18,14 @@ namespace meshwork::tp {
 struct TpGroup {
   explicit TpGroup(dist::Communicator& c) : comm(&c) {}
   dist::Communicator* comm;
-  std::atomic<int64_t> blocked_ns{0};
+  std::atomic<int64_t> blocked_ns{0};        // since the last TakeBlockedSeconds
+  std::atomic<int64_t> total_blocked_ns{0};  // since Create
+  void Blocked(std::chrono::steady_clock::time_point start) {
+    const int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    blocked_ns += ns;
+    total_blocked_ns += ns;
+  }
 };
 
 namespace {
@@ -41,7 +49,7 @@ void Run(TpGroup& group, Result<std::unique_ptr<dist::Work>> work, const char* w
   };
   if (!work.ok()) fail(work.status());
   if (const Status s = (*work)->Wait(); !s.ok()) fail(s);
-  group.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  group.Blocked(start);
 }
 
 // Issues one collective (async); a failure is thrown as Run's are.
@@ -73,7 +81,7 @@ void Await(TpGroup& group, dist::Work& work, const char* what) {
     ThrowIfError(Status(s.code(), std::string("tensor parallel ") + what + " over " + group.comm->group_name() + ": " +
                                       s.message()));
   }
-  group.blocked_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  group.Blocked(start);
 }
 
 torch::Tensor AllReduceSum(TpGroup& group, const torch::Tensor& x, const char* what) {
@@ -155,16 +163,63 @@ struct ScatterTokens : torch::autograd::Function<ScatterTokens> {
   }
 };
 
-// Every rank's value [n] -> [size, n], which every rank then uses alike: this rank's value's
-// gradient is its own row of the gradient.
-struct GatherReplicated : torch::autograd::Function<GatherReplicated> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+// The vocabulary-split head and its loss in one, a chunk of rows at a time, as
+// model::LinearCrossEntropy's kRecompute does for the whole vocabulary: this rank's
+// [tokens, vocab / tp] logits never exist whole. Forward keeps one log-sum-exp per token over the
+// whole vocabulary (every slice's, all-gathered) and backward recomputes each chunk's logits.
+// h: [n, d], the same tokens on every rank; w: [rows, d], this rank's rows of the vocabulary;
+// local: [n], each target's row in this rank's slice, -1 where another rank owns it. The mean
+// loss over the n tokens; h's gradient is this slice's part (the region's exit sums them).
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
+                               const torch::Tensor& local, int64_t group, int64_t chunk_rows) {
+    TpGroup& g = GroupOf(group);
+    const auto dtype = compat::MatmulDtype(h);
+    const auto stats = model::LossStatsDtype(h);
+    const torch::Tensor hd = h.to(dtype), wd = w.to(dtype);
+    const int64_t n = hd.size(0);
+    const torch::Tensor owned = local.ge(0), row = local.clamp_min(0);
+    torch::Tensor lse = torch::empty({n}, h.options().dtype(stats));
+    torch::Tensor picked = torch::empty({n}, h.options().dtype(stats));
+    for (int64_t r = 0; r < n; r += chunk_rows) {
+      const int64_t m = std::min(chunk_rows, n - r);
+      const torch::Tensor logits = torch::mm(hd.narrow(0, r, m), wd.t()).to(stats);
+      lse.narrow(0, r, m).copy_(logits.logsumexp(-1));
+      picked.narrow(0, r, m).copy_(logits.gather(1, row.narrow(0, r, m).unsqueeze(1)).squeeze(1));
+    }
+    picked.masked_fill_(owned.logical_not(), 0);
+    const torch::Tensor whole_lse = AllGather(g, lse, "all-gather of the vocabulary slices' log-sum-exp").logsumexp(0);
+    const torch::Tensor target = AllReduceSum(g, picked, "all-reduce of the targets' logits");
+    ctx->save_for_backward({h, w, local, whole_lse});
     ctx->saved_data["group"] = group;
-    auto& g = GroupOf(ctx);
-    return AllGather(g, x, "all-gather of the vocabulary slices' log-sum-exp");
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    return (whole_lse - target).mean();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {grad[0][GroupOf(ctx).comm->rank()], torch::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &h = saved[0], &w = saved[1], &local = saved[2], &whole_lse = saved[3];
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const auto dtype = compat::MatmulDtype(h);
+    const auto stats = model::LossStatsDtype(h);
+    const torch::Tensor hd = h.to(dtype), wd = w.to(dtype);
+    const int64_t n = hd.size(0);
+    const torch::Tensor scale = grad[0].to(stats) / static_cast<double>(n);
+    const torch::Tensor owned = local.ge(0), row = local.clamp_min(0);
+    torch::Tensor gh = torch::empty({n, hd.size(1)}, hd.options());
+    torch::Tensor gw = torch::zeros(w.sizes(), w.options().dtype(stats));
+    for (int64_t r = 0; r < n; r += chunk_rows) {
+      const int64_t m = std::min(chunk_rows, n - r);
+      // softmax over the whole vocabulary of this slice's logits, less the one-hot target where
+      // this slice owns it, times the loss's gradient over n.
+      torch::Tensor p = torch::mm(hd.narrow(0, r, m), wd.t()).to(stats);
+      p.sub_(whole_lse.narrow(0, r, m).unsqueeze(1)).exp_();
+      p.scatter_add_(1, row.narrow(0, r, m).unsqueeze(1), owned.narrow(0, r, m).to(stats).neg().unsqueeze(1));
+      p.mul_(scale);
+      const torch::Tensor pd = p.to(dtype);
+      gh.narrow(0, r, m).copy_(torch::mm(pd, wd));
+      gw.add_(torch::mm(pd.t(), hd.narrow(0, r, m)).to(stats));
+    }
+    return {gh.to(h.scalar_type()), gw.to(w.scalar_type()), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -368,17 +423,37 @@ void TensorParallelLlama::Shard() {
   region.exit = [this, handle](const torch::Tensor& y) {
     return split_tokens_ ? ScatterTokens::apply(y, handle) : ReduceFromRegion::apply(y, handle);
   };
-  region.overlapped = [this] { return overlap_; };
-  region.enter_project = [this, handle](const torch::Tensor& x, const torch::Tensor& w) {
-    return AllGatherMatmul::apply(x, w, handle, static_cast<int64_t>(options_.async_chunks),
-                                  std::vector<int64_t>{stream_shape_[0], stream_shape_[1]});
-  };
-  region.project_exit = [this, handle](const torch::Tensor& y, const torch::Tensor& w) {
-    return MatmulReduceScatter::apply(y, w, handle, static_cast<int64_t>(options_.async_chunks));
-  };
-  for (size_t i = 0; i < model_->model->layers->size(); ++i) {
+  const size_t layers = model_->model->layers->size();
+  layer_chunks_.assign(layers, options_.async_chunks);
+  for (size_t i = 0; i < layers; ++i) {
+    // Each layer's own chunk count (SetLayerChunks), where this forward's tokens divide into it.
+    region.overlapped = [this, i] {
+      return split_tokens_ && layer_chunks_[i] > 1 && tokens_per_rank_ % layer_chunks_[i] == 0;
+    };
+    region.enter_project = [this, handle, i](const torch::Tensor& x, const torch::Tensor& w) {
+      return AllGatherMatmul::apply(x, w, handle, static_cast<int64_t>(layer_chunks_[i]),
+                                    std::vector<int64_t>{stream_shape_[0], stream_shape_[1]});
+    };
+    region.project_exit = [this, handle, i](const torch::Tensor& y, const torch::Tensor& w) {
+      return MatmulReduceScatter::apply(y, w, handle, static_cast<int64_t>(layer_chunks_[i]));
+    };
     model_->model->layers[i]->as<model::DecoderLayer>()->region = region;
   }
+}
+
+Status TensorParallelLlama::SetLayerChunks(const std::vector<int>& chunks) {
+  if (chunks.size() != layer_chunks_.size()) {
+    return InvalidInput("tensor parallel: chunk counts for " + std::to_string(chunks.size()) + " decoder layers, the model has " +
+                        std::to_string(layer_chunks_.size()));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i] < 1) {
+      return InvalidInput("tensor parallel: decoder layer " + std::to_string(i) + " split into " +
+                          std::to_string(chunks[i]) + " chunks");
+    }
+  }
+  layer_chunks_ = chunks;
+  return Status::Ok();
 }
 
 torch::Tensor TensorParallelLlama::EmbedTokens(const torch::Tensor& tokens) {
@@ -396,17 +471,14 @@ torch::Tensor TensorParallelLlama::VocabParallelLoss(const torch::Tensor& hidden
   const torch::Tensor h = split_tokens_ ? GatherTokens::apply(hidden, handle, stream_shape_)
                                         : CopyToRegion::apply(hidden, handle);
   const torch::Tensor& weight = model_->lm_head ? model_->lm_head->weight : model_->model->embed_tokens->weight;
-  // This rank's vocabulary's logits [tokens, vocab / tp], in fp32 whatever the matmul ran in.
-  const torch::Tensor logits = torch::matmul(h.reshape({-1, h.size(-1)}), weight.t()).to(torch::kFloat);
-  // log-sum-exp over the whole vocabulary from every slice's.
-  const torch::Tensor lse = GatherReplicated::apply(logits.logsumexp(-1), handle).logsumexp(0);
-  // The target's logit, from the rank that owns it (zero from the others).
+  // Each target's row in this rank's slice of the vocabulary, -1 where another rank owns it.
   const torch::Tensor local = targets.reshape({-1}) - vocab_begin_;
   const torch::Tensor foreign = local.lt(0).logical_or(local.ge(vocab_rows_));
-  const torch::Tensor picked =
-      logits.gather(1, local.masked_fill(foreign, 0).unsqueeze(1)).squeeze(1).masked_fill(foreign, 0);
-  const torch::Tensor target_logit = ReduceFromRegion::apply(picked, handle);
-  return (lse - target_logit).mean();
+  // Chunks of as many bytes of logits as the whole vocabulary's (model.loss_chunk_mib): a slice's
+  // rows are tp times narrower.
+  const int64_t chunk_rows = model_->loss_chunk_rows() * group_.size();
+  return VocabParallelCrossEntropy::apply(h.reshape({-1, h.size(-1)}), weight, local.masked_fill(foreign, -1), handle,
+                                          chunk_rows);
 }
 
 void TensorParallelLlama::BeginForward(const torch::Tensor& tokens) {
@@ -414,8 +486,8 @@ void TensorParallelLlama::BeginForward(const torch::Tensor& tokens) {
   // Sequence parallelism where the tokens divide by tp; the norms' weights are whole on every
   // rank, so a batch that does not divide (an evaluation's last) runs the plain regions alike.
   split_tokens_ = options_.sequence_parallel && tokens.numel() % size == 0;
-  // Overlapped where each rank's tokens divide into the chunks (else the plain split regions).
-  overlap_ = split_tokens_ && options_.async_chunks > 1 && (tokens.numel() / size) % options_.async_chunks == 0;
+  // Overlapped layer by layer where each rank's tokens divide into its chunks (else the plain split regions).
+  tokens_per_rank_ = tokens.numel() / size;
   stream_shape_ = {tokens.size(0), tokens.size(1), model_->config().hidden_size};
   if (torch::GradMode::is_enabled()) {
     // The replicated parameters' gradients are partial sums after a split forward and whole after
@@ -537,6 +609,10 @@ Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullStat
 Split TensorParallelLlama::SplitOf(const std::string& name) { return tp::SplitOf(name); }
 
 double TensorParallelLlama::TakeBlockedSeconds() { return static_cast<double>(tp_group_->blocked_ns.exchange(0)) * 1e-9; }
+
+double TensorParallelLlama::BlockedSecondsSoFar() const {
+  return static_cast<double>(tp_group_->total_blocked_ns.load()) * 1e-9;
+}
 
 int64_t TensorParallelLlama::LocalBytes() const {
   int64_t bytes = 0;

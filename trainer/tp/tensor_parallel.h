@@ -9,7 +9,8 @@
 //              and the partial rows are summed across ranks;
 //   head       the same rows (tied) or lm_head's rows: each rank computes its vocabulary's logits,
 //              and the loss combines every rank's log-sum-exp and the owner's target logit
-//              (VocabParallelLoss): no rank ever holds the logits of the whole vocabulary;
+//              (VocabParallelLoss): no rank ever holds the logits of the whole vocabulary, nor
+//              its own slice's for every token at once (chunks of rows, recomputed in backward);
 //   norms      whole on every rank.
 //
 // Each split region (attention, MLP) is entered and left through ParallelRegion (llama.h):
@@ -125,6 +126,13 @@ class TensorParallelLlama {
   // exposed communication where waits block the host: Gloo; NCCL's waits order the stream, and
   // its communicator measures the stream's stalls).
   double TakeBlockedSeconds();
+  // The same since Create, never reset (a compiled plan's trace reads it at module boundaries).
+  double BlockedSecondsSoFar() const;
+  // Overlapped TP layer by layer (a compiled plan's atp=): decoder layer i's regions split into
+  // chunks[i] chunks (1: not overlapped), in place of TensorParallelOptions::async_chunks for every
+  // layer. InvalidInput for another number of layers or a count below 1.
+  Status SetLayerChunks(const std::vector<int>& chunks);
+  const std::vector<int>& layer_chunks() const { return layer_chunks_; }
 
  private:
   TensorParallelLlama(model::LlamaForCausalLM model, dist::Communicator& group, TensorParallelOptions options);
@@ -141,7 +149,8 @@ class TensorParallelLlama {
   // Whether this forward splits the stream by tokens (sequence parallelism, and tokens that
   // divide by tp), and the whole stream's shape [batch, seq, hidden] its gathers restore.
   bool split_tokens_ = false;
-  bool overlap_ = false;  // this forward's regions overlapped (async_chunks)
+  int64_t tokens_per_rank_ = 0;  // this forward's tokens a rank holds under sequence parallelism
+  std::vector<int> layer_chunks_;  // each decoder layer's chunks (1: its regions not overlapped)
   std::vector<int64_t> stream_shape_;
   // Whether this step's forwards with gradients split the tokens (unset: none yet).
   std::optional<bool> step_split_tokens_;

@@ -72,6 +72,40 @@ TEST(Calibration, ScaledLinksMoveBandwidthOnly) {
   EXPECT_EQ(scaled.interference, 0.137);
 }
 
+// A skeleton whose modules exchange over tp (a trainer's compiled TP plan on the host clock)
+// comes with its tp link; the link is scaled with the others, and a file without it, or with it
+// beside a skeleton without exchanges, is refused.
+TEST(Calibration, TensorParallelExchangesComeWithTheTpLink) {
+  Calibration c = Sample();
+  c.skeleton.tp = 2;
+  c.skeleton.modules[1].tp_fwd = {1 << 20, 2};
+  c.skeleton.modules[1].tp_bwd = {1 << 20, 2};
+  c.skeleton.modules[1].tp_gemm_share = 0.6;
+  c.cost.tp = 2;
+  c.cost.tp_link = {2.5e-5, 4.75e8};
+  const std::string text = PrintCalibration(c);
+  EXPECT_NE(text.find("\ntp_link "), std::string::npos) << text;
+  auto back = ParseCalibration(text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+  EXPECT_EQ(PrintCalibration(*back), text);
+  EXPECT_EQ(back->cost.tp, 2);
+  EXPECT_EQ(back->cost.tp_link.bus_bytes_per_second, 4.75e8);
+  EXPECT_EQ(ScaleLinks(back->cost, 2).tp_link.bus_bytes_per_second, 9.5e8);
+  EXPECT_EQ(ScaleLinks(back->cost, 2).tp_link.latency_seconds, 2.5e-5);
+
+  std::string bad = text;
+  bad.erase(bad.find("tp_link"), bad.find('\n', bad.find("tp_link")) - bad.find("tp_link") + 1);
+  auto missing = ParseCalibration(bad);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no 'tp_link' line"), std::string::npos) << missing.status().message();
+  const std::string plain = PrintCalibration(Sample());
+  bad = plain;
+  bad.insert(bad.find("shard_lanes_share"), "tp_link 0 1e9\n");
+  auto stray = ParseCalibration(bad);
+  ASSERT_FALSE(stray.ok());
+  EXPECT_NE(stray.status().message().find("no module of the skeleton exchanges over tp"), std::string::npos);
+}
+
 TEST(Calibration, BadFilesAreRefusedNamingTheLine) {
   const std::string good = PrintCalibration(Sample());
   auto refused = [](const std::string& text) {

@@ -205,6 +205,15 @@ TEST(TensorParallelPlan, ALlamaTpRankHoldsItsSlicesAndExchangesTheStream) {
   // The embedding cannot be read by rows under tp (its own lookup), and no module splits by
   // vocabulary: the head's loss is tensor parallelism's.
   for (const auto& p : split.params) EXPECT_EQ(p.row_bytes, 0) << p.name;
+  // The head's loss keeps no logits: its vocabulary slice's exist a chunk at a time (4 times the
+  // whole head's 523 tokens of Llama 3's 128,256 ids: all 2048 here), recomputed in backward.
+  const ModuleInfo& head1 = whole.modules.back();
+  const ModuleInfo& head4 = split.modules.back();
+  const int64_t tokens = 2 * 1024, vocab = 128256;
+  EXPECT_EQ(head1.transient_bytes, 523 * vocab * 4);
+  EXPECT_EQ(head4.transient_bytes, tokens * (vocab / 4) * 4);
+  EXPECT_LT(head4.activation_bytes, tokens * 4096 * 8) << "the stream's bytes and a log-sum-exp, no logits";
+  EXPECT_NEAR(head4.bwd_seconds, 3 * head4.fwd_seconds, 1e-12);
   // Without sequence parallelism the stream is whole on every rank: more memory, the same
   // bytes on the wire in half the collectives (all-reduces).
   const Graph plain = LlamaSkeleton(Shape(4, false));

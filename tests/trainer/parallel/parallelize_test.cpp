@@ -33,6 +33,9 @@ struct Case {
   int accum = 1;          // micro-batches a step
   bool compiled = false;  // a compiled plan from step 2 on
   int async_chunks = 1;   // overlapped TP
+  // Compiled: the plan carries TP's exchanges on a slow tp link, and the async_tp pass chooses
+  // each layer's chunks.
+  bool plan_tp = false;
   std::string what() const {
     return "dp_replicate " + std::to_string(dp_replicate) + " x dp_shard " + std::to_string(dp_shard) + " x tp " +
            std::to_string(tp) + (compiled ? ", compiled" : ", eager") + (sequence_parallel ? "" : ", no SP") +
@@ -67,6 +70,8 @@ struct TrainRun {
   double eval_loss = 0;
   std::map<std::string, torch::Tensor> params;
   std::string plan;  // compiled: the plan rank 0 ran
+  std::vector<int> layer_chunks;  // tp: each decoder layer's overlapped-TP chunks at the end
+  bool skeleton_exchanges = false;  // compiled: whether the skeleton carried TP's exchanges
 };
 
 using meshwork::testing::MakeOptimizer;
@@ -134,8 +139,15 @@ std::vector<TrainRun> Parallel(const Case& s) {
             cost.dp_replicate = s.dp_replicate;
             cost.shard_link = {0.002, 1e8};
             cost.replicate_link = {0.002, 1e8};
+            runs[rank].skeleton_exchanges = skeleton.CarriesTpExchanges();
+            if (s.plan_tp) {
+              // A link slow enough that overlapping the exchanges in chunks hides the most.
+              cost.tp = s.tp;
+              cost.tp_link = {1e-5, 2e6};
+            }
             compiler::PlanOptions plan_options;
             plan_options.bucketing = compiler::Bucketing::kAuto;
+            plan_options.async_tp = p.fsdp().PlansTensorParallelChunks();
             // What fsdp/compile.cpp plans for a model with its own embedding and loss.
             plan_options.read_by_rows = compiler::PlanOptions::Rows::kNever;
             plan_options.split_by_vocabulary = compiler::PlanOptions::Rows::kNever;
@@ -177,6 +189,7 @@ std::vector<TrainRun> Parallel(const Case& s) {
           runs[rank].losses.push_back(l.item<double>());
           runs[rank].grad_norms.push_back(norm);
         }
+        if (p.tp() != nullptr) runs[rank].layer_chunks = p.tp()->layer_chunks();
         const torch::Tensor& b = eval_batch;
         runs[rank].eval_loss = p.ForwardNoGrad(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq)).item<double>();
         auto full = p.GatherFullState();
@@ -188,10 +201,12 @@ std::vector<TrainRun> Parallel(const Case& s) {
   return runs;
 }
 
-void ExpectSameTraining(const Case& s) {
+// `runs`, where given: the mesh's runs, for what a test checks besides.
+void ExpectSameTraining(const Case& s, std::vector<TrainRun>* runs = nullptr) {
   SCOPED_TRACE(s.what());
   const TrainRun want = SingleProcess(s);
   const std::vector<TrainRun> got = Parallel(s);
+  if (runs != nullptr) *runs = got;
   for (size_t r = 0; r < got.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(got[r].losses.size(), want.losses.size());
@@ -234,6 +249,36 @@ TEST_F(ParallelTraining, CompiledFsdpTimesTensorParallelEqualsOneProcess) {
   s.compiled = true;
   s.tied = false;
   ExpectSameTraining(s);
+}
+
+// On the host clock (Gloo) the compiled plan carries TP's exchanges (the skeleton's tp=, its
+// compute without the time blocked in them); on a slow tp link the async_tp pass splits every
+// decoder layer's exchanges into chunks, the runtime runs them so, and the numbers stay one
+// process's.
+TEST_F(ParallelTraining, CompiledPlanOverlapsTensorParallelLayerByLayerAndEqualsOneProcess) {
+  Case s;
+  s.compiled = true;
+  s.plan_tp = true;
+  std::vector<TrainRun> got;
+  ExpectSameTraining(s, &got);
+  ASSERT_FALSE(got.empty());
+  EXPECT_TRUE(got[0].skeleton_exchanges);
+  EXPECT_THAT(got[0].plan, HasSubstr(" atp=")) << got[0].plan;
+  ASSERT_EQ(got[0].layer_chunks.size(), 3u);
+  for (int chunks : got[0].layer_chunks) EXPECT_GT(chunks, 1) << got[0].plan;
+}
+
+// mesh.async_tp_chunks fixes the chunks: no plan changes them (the pass does not run), the plan
+// still carries the exchanges.
+TEST_F(ParallelTraining, FixedAsyncTpChunksAreNotThePlansToChoose) {
+  Case s;
+  s.compiled = true;
+  s.plan_tp = true;
+  s.async_chunks = 2;
+  const std::vector<TrainRun> got = Parallel(s);
+  ASSERT_FALSE(got.empty());
+  EXPECT_TRUE(got[0].skeleton_exchanges);
+  EXPECT_EQ(got[0].layer_chunks, (std::vector<int>{2, 2, 2}));
 }
 
 TEST_F(ParallelTraining, CheckpointedLayersAndGradientAccumulationEqualOneProcess) {

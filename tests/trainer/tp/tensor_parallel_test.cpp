@@ -48,6 +48,7 @@ struct Case {
   int seq = kSeq;
   int accum = 1;  // micro-batches a step (rows / accum each)
   int async_chunks = 1;  // overlapped TP (TensorParallelOptions::async_chunks)
+  int64_t loss_chunk_rows = 0;  // the head's tokens a chunk (0: the default, one chunk here)
 };
 
 torch::Tensor Tokens(int step, const Case& s) {
@@ -63,6 +64,7 @@ model::LlamaForCausalLM MakeModel(const Case& s) {
   model::LlamaForCausalLM m(c);
   m->InitWeights(0.2);
   m->set_fused_kernels(s.fused);
+  if (s.loss_chunk_rows > 0) m->set_loss_chunk_rows(s.loss_chunk_rows);
   return m;
 }
 
@@ -264,6 +266,14 @@ TEST_F(TensorParallelTraining, OverlappedInChunksEqualsOneProcess) {
   four.async_chunks = 2;
   four.fused = true;
   ExpectSameTraining(four, 4);
+}
+
+// The vocabulary-parallel loss a chunk of tokens at a time (5 rows of the whole vocabulary's
+// logits, so 10 of a slice's at tp 2 and 20 at tp 4: 48 tokens in 5 and 3 chunks, the last ones
+// partial), recomputed in backward; with an untied head and gradient accumulation too.
+TEST_F(TensorParallelTraining, TheLossInChunksOfTokensEqualsOneProcess) {
+  ExpectSameTraining({.loss_chunk_rows = 5}, 2);
+  ExpectSameTraining({.tied = false, .heads = 8, .kv_heads = 4, .accum = 2, .loss_chunk_rows = 5}, 4);
 }
 
 TEST_F(TensorParallelTraining, FusedKernelsEqualOneProcess) {
