@@ -86,6 +86,14 @@ grep -q "FSDP over mesh dp_replicate 1 x dp_shard 2 x tp 2 with sequence paralle
 grep -q "FSDP over mesh dp_replicate 2 x dp_shard 1 x tp 2 with sequence parallelism" "$work/compiled-hsdp2-tp2.log" &&
   grep -q "compiled plan" "$work/compiled-hsdp2-tp2.log" && pass "compiled-hsdp2-tp2: a compiled plan over HSDP x tp" ||
   fail "compiled-hsdp2-tp2: not compiled HSDP x tp: $(grep -E "parallelism|compiled plan" "$work/compiled-hsdp2-tp2.log")"
+# On CPU ranks the plan carries tensor parallelism's exchanges: the tp link calibrated, and the
+# async_tp pass's choice for the 4 modules that exchange (embedding, 2 layers, head).
+if grep -qE "; tp link [0-9]+ us \+ [0-9.]+ GB/s" "$work/compiled-hsdp2-tp2.log" &&
+   grep -qE "^compiled plan chose: async TP on [0-9]+ of 4 modules with tensor parallel exchanges" "$work/compiled-hsdp2-tp2.log"; then
+  pass "compiled-hsdp2-tp2: the plan prices TP's exchanges on a calibrated tp link"
+else
+  fail "compiled-hsdp2-tp2: no tp link or no TP exchanges in the plan: $(grep -E "^compiled plan" "$work/compiled-hsdp2-tp2.log")"
+fi
 # training.activation_checkpointing: all recomputes every layer (said on the parallelism line and,
 # compiled, in the plan); auto lets the plan checkpoint layers to fit fsdp.memory_budget (1 MiB
 # here: below eager's peak; at data.seq_len 32 the activations fit it since the output head

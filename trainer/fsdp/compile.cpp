@@ -193,8 +193,11 @@ std::string Describe(const compiler::StepPlans& plans, const compiler::PlanOptio
 // Whether two plans of one model run the same step: the same ops, and the same layers checkpointed.
 bool SameSchedule(const compiler::Graph& a, const compiler::Graph& b) {
   if (a.ops != b.ops || a.modules.size() != b.modules.size()) return false;
-  for (size_t m = 0; m < a.modules.size(); ++m)
+  for (size_t m = 0; m < a.modules.size(); ++m) {
     if (compiler::IsCheckpointed(a.modules[m]) != compiler::IsCheckpointed(b.modules[m])) return false;
+    // Overlapped TP's chunks (atp=), which the re-plan's refitted compute may change alone.
+    if (std::max(1, a.modules[m].tp_chunks) != std::max(1, b.modules[m].tp_chunks)) return false;
+  }
   return true;
 }
 

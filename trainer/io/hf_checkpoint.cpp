@@ -484,7 +484,8 @@ Result<HfSliceReport> LoadHfSlices(const std::string& dir, const std::vector<HfS
     const int64_t width = entry.shape.size() >= 2 ? entry.shape.back() : std::max<int64_t>(numel, 1);
     const int64_t count = slice.out.numel();
     const bool block = slice.cols > 0 && !(slice.col_begin == 0 && slice.cols == width);
-    const int64_t extent = block ? numel / width * slice.cols : numel;
+    // A block's rows (width 0 only where the tensor is empty: no rows to read).
+    const int64_t extent = block ? (width > 0 ? numel / width : 0) * slice.cols : numel;
     if ((block && (entry.shape.size() < 2 || slice.col_begin < 0 || slice.col_begin + slice.cols > width)) ||
         slice.begin < 0 || slice.begin + count > extent) {
       return InvalidInput("checkpoint '" + dir + "': tensor '" + slice.name + "' of shape " +

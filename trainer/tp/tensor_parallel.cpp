@@ -193,13 +193,15 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     ctx->save_for_backward({h, w, local, whole_lse});
     ctx->saved_data["group"] = group;
     ctx->saved_data["chunk_rows"] = chunk_rows;
+    // Backward recomputes the logits in forward's dtype: autocast, which chose it, is off by then.
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
     return (whole_lse - target).mean();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &h = saved[0], &w = saved[1], &local = saved[2], &whole_lse = saved[3];
     const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const auto dtype = compat::MatmulDtype(h);
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
     const auto stats = model::LossStatsDtype(h);
     const torch::Tensor hd = h.to(dtype), wd = w.to(dtype);
     const int64_t n = hd.size(0);

@@ -70,7 +70,8 @@ Result<model::LlamaForCausalLM> BuildModel(const config::TrainConfig& cfg, const
                                            std::ostream& log);
 // model.init_from's weights into `engine`'s parameters: each rank reads only the bytes of its
 // own pieces (Engine::LocalShards: an FSDP shard, a tensor parallel slice, or all of a parameter
-// on one process), so a sharded run reads the checkpoint about once in all, not once a rank.
+// on one process), so a sharded run reads about one copy of the checkpoint per replica (HSDP's
+// dp_replicate; each tp rank also reads the replicated norms), not one per rank.
 // Collective: when one rank cannot read its part, every rank fails (InvalidInput).
 Status ImportWeights(const config::TrainConfig& cfg, Engine& engine, std::ostream& log);
 bool UseAutocast(const config::TrainConfig& cfg, const torch::Device& device);

@@ -279,6 +279,14 @@ TEST_F(ParallelTraining, FixedAsyncTpChunksAreNotThePlansToChoose) {
   ASSERT_FALSE(got.empty());
   EXPECT_TRUE(got[0].skeleton_exchanges);
   EXPECT_EQ(got[0].layer_chunks, (std::vector<int>{2, 2, 2}));
+  // The plan prices the layers as they run: each with atp=2, the pass having chosen nothing.
+  for (int layer = 0; layer < 3; ++layer) {
+    const std::string name = "module layers." + std::to_string(layer) + " ";
+    const size_t at = got[0].plan.find(name);
+    ASSERT_NE(at, std::string::npos) << got[0].plan;
+    const std::string line = got[0].plan.substr(at, got[0].plan.find('\n', at) - at);
+    EXPECT_THAT(line, HasSubstr(" atp=2")) << line;
+  }
 }
 
 TEST_F(ParallelTraining, CheckpointedLayersAndGradientAccumulationEqualOneProcess) {

@@ -269,8 +269,9 @@ TEST_F(TensorParallelTraining, OverlappedInChunksEqualsOneProcess) {
 }
 
 // The vocabulary-parallel loss a chunk of tokens at a time (5 rows of the whole vocabulary's
-// logits, so 10 of a slice's at tp 2 and 20 at tp 4: 48 tokens in 5 and 3 chunks, the last ones
-// partial), recomputed in backward; with an untied head and gradient accumulation too.
+// logits, so 10 of a slice's at tp 2 and 20 at tp 4: 48 tokens in 5 chunks; with accumulation
+// 24 tokens a micro-batch in 2; the last ones partial), recomputed in backward; with an untied
+// head too.
 TEST_F(TensorParallelTraining, TheLossInChunksOfTokensEqualsOneProcess) {
   ExpectSameTraining({.loss_chunk_rows = 5}, 2);
   ExpectSameTraining({.tied = false, .heads = 8, .kv_heads = 4, .accum = 2, .loss_chunk_rows = 5}, 4);
