@@ -388,18 +388,24 @@ TEST_F(ResumeTest, ACheckpointOfAnotherModelIsExitCode3NamingTheDifference) {
 
 // An HF checkpoint imported by every rank of a sharded run, each reading only its pieces (FSDP's
 // runs, tensor parallelism's slices and column blocks) trains as the same import on one process.
-class HfImportTest : public ResumeTest {};
-
-TEST_F(HfImportTest, EveryMeshTrainsAsOneProcessReadingItsShare) {
+class HfImportTest : public ResumeTest {
+ protected:
   // The checkpoint: 3 steps of training exported in bf16 (so its weights are not the seed's
   // initialisation, and the import converts them).
-  const std::string hf = tmp_.File("hf");
-  Process source(Command("source", 1,
-                         {"--set", "schedule.steps=3", "--set", "schedule.warmup_steps=1", "--set",
-                          "checkpoint.export_hf=" + hf, "--set", "checkpoint.export_dtype=bf16"},
-                         ""),
-                 tmp_.File("source.log"));
-  ASSERT_EQ(source.Wait(), 0) << ReadBytes(tmp_.File("source.log"));
+  std::string Export() {
+    const std::string hf = tmp_.File("hf");
+    Process source(Command("source", 1,
+                           {"--set", "schedule.steps=3", "--set", "schedule.warmup_steps=1", "--set",
+                            "checkpoint.export_hf=" + hf, "--set", "checkpoint.export_dtype=bf16"},
+                           ""),
+                   tmp_.File("source.log"));
+    EXPECT_EQ(source.Wait(), 0) << ReadBytes(tmp_.File("source.log"));
+    return hf;
+  }
+};
+
+TEST_F(HfImportTest, EveryMeshTrainsAsOneProcessReadingItsShare) {
+  const std::string hf = Export();
 
   struct Mesh {
     std::string name;
@@ -451,6 +457,26 @@ TEST_F(HfImportTest, EveryMeshTrainsAsOneProcessReadingItsShare) {
       EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << mesh.name << " step " << step;
     }
   }
+}
+
+// A run that resumes from its own checkpoint takes every weight from it: the import is not read
+// (on every gang restart of a large model it would cost minutes); both ranks decide alike.
+TEST_F(HfImportTest, ARunThatResumesDoesNotReadTheImport) {
+  const std::string hf = Export();
+  const std::string ckpt = tmp_.File("ckpt");
+  const std::vector<std::string> from = {"--set", "model.init_from=" + hf, "--set", "schedule.warmup_steps=1"};
+  std::vector<std::string> first = from, second = from;
+  first.insert(first.end(), {"--set", "schedule.steps=" + std::to_string(kEvery)});
+  second.insert(second.end(), {"--set", "schedule.steps=" + std::to_string(kEvery + 2)});
+  Process one(Command("first", 2, first, ckpt), tmp_.File("first.log"));
+  ASSERT_EQ(one.Wait(), 0) << ReadBytes(tmp_.File("first.log"));
+  EXPECT_THAT(ReadBytes(tmp_.File("first.log")), HasSubstr("loaded weights from " + hf));
+  Process two(Command("second", 2, second, ckpt), tmp_.File("second.log"));
+  ASSERT_EQ(two.Wait(), 0) << ReadBytes(tmp_.File("second.log"));
+  const std::string log = ReadBytes(tmp_.File("second.log"));
+  EXPECT_THAT(log, HasSubstr("model.init_from " + hf + ": not read, the run resumes from " + ckpt + "/latest"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("loaded weights from")));
+  EXPECT_THAT(log, HasSubstr("resumed from " + ckpt + "/step-0000000" + std::to_string(kEvery)));
 }
 
 // --- train --config-env -----------------------------------------------------------------------

@@ -1134,6 +1134,16 @@ Status Checkpointer::Save(int64_t step) {
   return Status::Ok();
 }
 
+Result<bool> WillResume(const config::CheckpointConfig& cfg, Engine& engine) {
+  double mine = 0;
+  if (!cfg.dir.empty() && cfg.resume == config::Resume::kAuto) {
+    const Result<std::optional<std::string>> latest = FindLatest(cfg.dir);
+    mine = latest.ok() && latest->has_value() ? 1.0 : 0.0;
+  }
+  MW_ASSIGN_OR_RETURN(const double all, engine.AverageAcrossRanks(mine));
+  return all == 1.0;
+}
+
 Result<ResumePoint> Checkpointer::Resume() {
   ResumePoint point;
   if (!enabled()) return point;

@@ -133,6 +133,11 @@ Result<ShardLoadReport> LoadShards(const std::string& step_dir, const Checkpoint
 // (for a rank file written or repaired by other means).
 Status WriteChecksumFile(const std::string& path);
 
+// Whether Checkpointer::Resume will load a checkpoint: checkpoint.dir set, checkpoint.resume
+// auto, and DIR/latest there, on every rank (one all-reduce: collective). A run that resumes takes
+// every weight from the checkpoint, so model.init_from's import is skipped then.
+Result<bool> WillResume(const config::CheckpointConfig& cfg, Engine& engine);
+
 struct ResumePoint {
   int64_t step = 0;  // 0: nothing to resume, training starts from scratch
   std::string step_dir;

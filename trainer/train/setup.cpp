@@ -466,7 +466,18 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   // Only rank 0 talks; the others train silently (their errors still reach stderr via main).
   r.out = env.rank == 0 ? &log : &r.discard;
   MW_ASSIGN_OR_RETURN(r.engine, MakeEngine(cfg, std::move(net), r.device, r.log()));
-  if (!cfg.model.init_from.empty()) MW_RETURN_IF_ERROR(ImportWeights(cfg, *r.engine, r.log()));
+  if (!cfg.model.init_from.empty()) {
+    // A run that resumes takes every weight from its checkpoint: reading the import first would
+    // only cost time, on every gang restart. All ranks decide alike (WillResume is collective);
+    // a checkpoint that then fails to load stops the run, it never falls back to the import.
+    MW_ASSIGN_OR_RETURN(const bool resumes, WillResume(cfg.checkpoint, *r.engine));
+    if (resumes) {
+      r.log() << "model.init_from " << cfg.model.init_from << ": not read, the run resumes from " << cfg.checkpoint.dir
+              << "/latest\n";
+    } else {
+      MW_RETURN_IF_ERROR(ImportWeights(cfg, *r.engine, r.log()));
+    }
+  }
 
   MW_RETURN_IF_ERROR(CheckTokenizer(cfg, r.dims, r.log()));
   MW_ASSIGN_OR_RETURN(r.source, data::MakeTokenSource(cfg.data.train, cfg.data.token_format, cfg.data.seq_len,
