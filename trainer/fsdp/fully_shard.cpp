@@ -179,7 +179,6 @@ void FullyShardedLlama::SetTensorParallel(TensorParallel tp) {
   state_->tp = tp.tp;
   state_->sequence_parallel = tp.sequence_parallel;
   state_->tp_layer_chunks = std::move(tp.layer_chunks);
-  state_->tp_layer_chunks.resize(static_cast<size_t>(state_->model->config().num_hidden_layers), 1);
   state_->tp_blocked_counted = state_->trace.clock.host() && tp.blocked_seconds != nullptr;
   if (state_->tp_blocked_counted) {
     state_->trace.clock.SetWaitCounter(std::move(tp.blocked_seconds));
@@ -338,6 +337,7 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
   shape.tp = state_->tp;
   shape.sequence_parallel = state_->sequence_parallel;
   const compiler::Graph estimate = compiler::LlamaSkeleton(shape);
+  const std::vector<int> layer_chunks = state_->tp_layer_chunks ? state_->tp_layer_chunks() : std::vector<int>();
   // t: the module's index in the trace (embed 0, decoder layer i at i + 1, head last).
   auto add_module = [&](const std::string& name, std::vector<int> params, size_t t) {
     const int64_t layer = static_cast<int64_t>(t) - 1;
@@ -354,8 +354,8 @@ compiler::Graph FullyShardedLlama::Skeleton() const {
       m.tp_bwd = estimate.modules[e].tp_bwd;
       m.tp_gemm_share = estimate.modules[e].tp_gemm_share;
       // The chunks the traced step ran with, so that the eager plan fitted to it overlaps alike.
-      if (layer >= 0 && layer < static_cast<int64_t>(state_->tp_layer_chunks.size()))
-        m.tp_chunks = state_->tp_layer_chunks[static_cast<size_t>(layer)];
+      if (layer >= 0 && layer < static_cast<int64_t>(layer_chunks.size()))
+        m.tp_chunks = layer_chunks[static_cast<size_t>(layer)];
     }
     if (e >= 0) {
       m.activation_bytes = estimate.modules[e].activation_bytes;
@@ -422,13 +422,12 @@ Status FullyShardedLlama::UsePlan(const compiler::Graph& plan) {
   }
   if (PlansTensorParallelChunks()) {
     // The plan's overlapped TP, layer by layer (atp=; 1 where it keeps a layer's exchanges whole).
-    std::vector<int> chunks(state_->tp_layer_chunks.size(), 1);
+    std::vector<int> chunks(static_cast<size_t>(state_->model->config().num_hidden_layers), 1);
     for (size_t i = 0; i < chunks.size(); ++i) {
       const int m = plan.FindModule("layers." + std::to_string(i));
       if (m >= 0) chunks[i] = std::max(1, plan.modules[m].tp_chunks);
     }
     MW_RETURN_IF_ERROR(state_->set_tp_layer_chunks(chunks));
-    state_->tp_layer_chunks = std::move(chunks);
   }
   schedule_ = std::make_unique<PlanExecutor>(*state_, plan);
   compiled_ = true;

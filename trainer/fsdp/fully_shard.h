@@ -137,7 +137,7 @@ class FullyShardedLlama {
     std::function<double()> blocked_seconds;
     // Each decoder layer's overlapped-TP chunks as they run now, and how a plan's atp= sets them;
     // empty `set_layer_chunks`: the chunks are fixed (mesh.async_tp_chunks), no plan changes them.
-    std::vector<int> layer_chunks;
+    std::function<std::vector<int>()> layer_chunks;
     std::function<Status(const std::vector<int>&)> set_layer_chunks;
   };
   void SetTensorParallel(TensorParallel tp);

@@ -70,7 +70,7 @@ struct ShardedState {
   int tp = 1;
   bool sequence_parallel = false;
   bool tp_blocked_counted = false;  // the trace's clock takes TP's blocked time out of the compute
-  std::vector<int> tp_layer_chunks;  // each decoder layer's overlapped-TP chunks now
+  std::function<std::vector<int>()> tp_layer_chunks;  // each decoder layer's overlapped-TP chunks now
   std::function<Status(const std::vector<int>&)> set_tp_layer_chunks;  // empty: fixed chunks
   StepTrace trace;
 };

@@ -389,6 +389,12 @@ Result<TensorMap> ReadHfWeights(const std::string& dir) {
 
 namespace {
 
+// One parameter of the model as the checkpoint must hold it.
+struct HfParam {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
 // The checks of CheckHfWeightsMatch on a planned checkpoint.
 Status CheckShardsMatch(const std::string& dir, const std::vector<Shard>& shards, const std::vector<HfParam>& params,
                         bool tie_word_embeddings) {
@@ -451,13 +457,9 @@ std::vector<HfParam> ParamsOf(torch::nn::Module& module) {
 
 }  // namespace
 
-Status CheckHfWeightsMatch(const std::string& dir, const std::vector<HfParam>& params, bool tie_word_embeddings) {
-  MW_ASSIGN_OR_RETURN(std::vector<Shard> shards, PlanShards(dir));
-  return CheckShardsMatch(dir, shards, params, tie_word_embeddings);
-}
-
 Status CheckHfWeightsMatch(const std::string& dir, torch::nn::Module& module, bool tie_word_embeddings) {
-  return CheckHfWeightsMatch(dir, ParamsOf(module), tie_word_embeddings);
+  MW_ASSIGN_OR_RETURN(std::vector<Shard> shards, PlanShards(dir));
+  return CheckShardsMatch(dir, shards, ParamsOf(module), tie_word_embeddings);
 }
 
 Result<HfSliceReport> LoadHfSlices(const std::string& dir, const std::vector<HfSlice>& slices) {

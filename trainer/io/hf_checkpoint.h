@@ -48,18 +48,11 @@ Status WriteHfConfig(const std::string& dir, const model::LlamaConfig& c,
 // places in a shard that does not hold it, is an error naming both.
 Result<TensorMap> ReadHfWeights(const std::string& dir);
 
-// One parameter of the model as the checkpoint must hold it.
-struct HfParam {
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
 // Checks dir's tensors against the model's parameters from the safetensors headers alone, so a
 // wrong checkpoint fails in milliseconds: every parameter must be in the checkpoint with the same
 // shape, and every checkpoint tensor must be a parameter (except "lm_head.weight" when
 // `tie_word_embeddings`, and "*rotary_emb.inv_freq", a buffer old HF checkpoints carry).
 // Mismatches are InvalidInput listing the tensors.
-Status CheckHfWeightsMatch(const std::string& dir, const std::vector<HfParam>& params, bool tie_word_embeddings);
 Status CheckHfWeightsMatch(const std::string& dir, torch::nn::Module& module, bool tie_word_embeddings);
 
 // What one rank holds of a parameter, to be filled from the checkpoint: elements
