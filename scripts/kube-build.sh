@@ -21,6 +21,14 @@ command -v go >/dev/null || { echo "[kube-build] no go on PATH: the Go toolchain
 export GOMODCACHE="$root/.meshwork/go/mod" GOCACHE="$root/.meshwork/go/build" GOFLAGS="-buildvcs=false -modcacherw"
 # The machine's Go builds these releases; never download another toolchain behind the user's back.
 export GOTOOLCHAIN=local
+# Static binaries without cgo, as the upstream releases of these components are built (Kubernetes'
+# hack/lib/golang.sh builds its servers and kubectl with CGO_ENABLED=0; etcd, helm and Kueue ship
+# the same way): no C compiler runs, and name lookups use Go's own resolver (/etc/hosts, then
+# resolv.conf). The compiler writes no DWARF, which "-ldflags -s -w" dropped at link time anyway.
+# A small saving, every first build: 582 s -> 565 s for the four builds on 2 cores (helm alone,
+# with a warm module cache: 78 s -> 67 s); the binaries are 20% smaller.
+export CGO_ENABLED=0
+gcflags="all=-dwarf=false"
 mkdir -p "$out"
 
 # build MODULE-DIR "BINARIES" GO-BUILD-ARGS...: go build in tools/MODULE-DIR, unless its stamp
@@ -52,15 +60,15 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$kube_minor"
   kube_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" -ldflags "$kube_ldflags" -o "$out/" \
+build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" -gcflags "$gcflags" -ldflags "$kube_ldflags" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 # etcd's main package is its module's root: named explicitly, or go would call it "server".
-build etcd etcd -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
-build helm helm -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
+build etcd etcd -gcflags "$gcflags" -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
+build helm helm -gcflags "$gcflags" -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
 # Kueue's controller manager (sigs.k8s.io/kueue), for the e2e test of TrainingJobs queued by it,
 # and its CRDs from the same module, into $out/kueue-crds/.
-build kueue kueue -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
+build kueue kueue -gcflags "$gcflags" -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
 kueue_version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$root/tools/kueue/go.mod" | head -1)"
 if [ "$(cat "$out/.stamp-kueue-crds" 2>/dev/null)" != "$kueue_version" ]; then
   dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/kueue@$kueue_version" |
