@@ -40,6 +40,9 @@ struct PlanOptions {
   // Whether the async_tp pass may overlap tensor parallelism's exchanges with their matmuls
   // (passes/async_tp.h); false: disabled, as torchtitan's TP without async TP.
   bool async_tp = true;
+  // The tokens of a micro-batch each tp rank holds between the regions, which the async_tp pass's
+  // chunks must divide (AsyncTpOptions::tokens_per_rank); 0: unknown, any chunks.
+  int64_t tp_tokens_per_rank = 0;
   MemoryBudget budget;
 };
 

@@ -218,6 +218,7 @@ Result<Compilation> CompileFsdp(FullyShardedLlama& fsdp, dist::DeviceMesh& mesh,
   // The async_tp pass chooses each layer's chunks only where the plan may set them (mesh.async_tp_chunks
   // 1, the exchanges in the plan); fixed chunks stay as the skeleton records them.
   c.options.async_tp = fsdp.PlansTensorParallelChunks();
+  c.options.tp_tokens_per_rank = fsdp.TensorParallelTokensPerRank();
   compiler::Graph plan;
   if (mesh.group("world").rank() == 0) {
     // The measured eager step recomputed every layer when the warm-up was checkpointed: fit the

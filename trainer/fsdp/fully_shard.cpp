@@ -179,6 +179,7 @@ void FullyShardedLlama::SetTensorParallel(TensorParallel tp) {
   state_->tp = tp.tp;
   state_->sequence_parallel = tp.sequence_parallel;
   state_->tp_layer_chunks = std::move(tp.layer_chunks);
+  state_->tp_tokens_per_rank = std::move(tp.tokens_per_rank);
   state_->tp_blocked_counted = state_->trace.clock.host() && tp.blocked_seconds != nullptr;
   if (state_->tp_blocked_counted) {
     state_->trace.clock.SetWaitCounter(std::move(tp.blocked_seconds));
@@ -187,6 +188,10 @@ void FullyShardedLlama::SetTensorParallel(TensorParallel tp) {
 }
 
 bool FullyShardedLlama::PlansTensorParallelExchanges() const { return state_->tp > 1 && state_->tp_blocked_counted; }
+
+int64_t FullyShardedLlama::TensorParallelTokensPerRank() const {
+  return state_->tp_tokens_per_rank ? state_->tp_tokens_per_rank() : 0;
+}
 
 bool FullyShardedLlama::PlansTensorParallelChunks() const {
   return PlansTensorParallelExchanges() && state_->set_tp_layer_chunks != nullptr;

@@ -139,6 +139,9 @@ class FullyShardedLlama {
     // empty `set_layer_chunks`: the chunks are fixed (mesh.async_tp_chunks), no plan changes them.
     std::function<std::vector<int>()> layer_chunks;
     std::function<Status(const std::vector<int>&)> set_layer_chunks;
+    // The tokens each tp rank held in the last forward (sequence parallelism), which a layer's
+    // chunks must divide for it to overlap; empty or 0: unknown.
+    std::function<int64_t()> tokens_per_rank;
   };
   void SetTensorParallel(TensorParallel tp);
   bool tensor_parallel() const;
@@ -196,6 +199,9 @@ class FullyShardedLlama {
   // Whether a plan may choose the overlapped-TP chunks (PlansTensorParallelExchanges, and chunks
   // not fixed by mesh.async_tp_chunks): the async_tp pass runs for it.
   bool PlansTensorParallelChunks() const;
+  // The tokens each tp rank held in the last forward, which the plan's chunks must divide (0:
+  // unknown, or no tensor parallelism).
+  int64_t TensorParallelTokensPerRank() const;
   LayerCheckpointing checkpointing() const;
 
  private:

@@ -72,6 +72,7 @@ struct ShardedState {
   bool tp_blocked_counted = false;  // the trace's clock takes TP's blocked time out of the compute
   std::function<std::vector<int>()> tp_layer_chunks;  // each decoder layer's overlapped-TP chunks now
   std::function<Status(const std::vector<int>&)> set_tp_layer_chunks;  // empty: fixed chunks
+  std::function<int64_t()> tp_tokens_per_rank;  // the last forward's tokens a tp rank held
   StepTrace trace;
 };
 

@@ -21,6 +21,7 @@ Result<std::unique_ptr<ParallelLlama>> ParallelLlama::Create(model::LlamaForCaus
     tp.sequence_parallel = options.tp.sequence_parallel;
     tp.blocked_seconds = [split] { return split->BlockedSecondsSoFar(); };
     tp.layer_chunks = [split] { return split->layer_chunks(); };
+    tp.tokens_per_rank = [split] { return split->tokens_per_rank(); };
     // mesh.async_tp_chunks 1 (not fixed by the config): a compiled plan chooses each layer's
     // chunks (the async_tp pass), with sequence parallelism, which overlapping needs.
     if (options.tp.async_chunks == 1 && options.tp.sequence_parallel) {

@@ -133,6 +133,8 @@ class TensorParallelLlama {
   // layer. InvalidInput for another number of layers or a count below 1.
   Status SetLayerChunks(const std::vector<int>& chunks);
   const std::vector<int>& layer_chunks() const { return layer_chunks_; }
+  // The tokens each rank held between the regions in the last forward (0 before the first).
+  int64_t tokens_per_rank() const { return tokens_per_rank_; }
 
  private:
   TensorParallelLlama(model::LlamaForCausalLM model, dist::Communicator& group, TensorParallelOptions options);

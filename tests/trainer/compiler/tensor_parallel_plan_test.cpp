@@ -149,6 +149,25 @@ TEST(TensorParallelPlan, AsyncTpPassPicksTheChunksThatHideMost) {
   EXPECT_LT(Simulate(plans->compiled, ctx.cost).step_seconds, Simulate(off->compiled, ctx.cost).step_seconds);
 }
 
+// The trainer overlaps a layer only where its chunks divide each rank's tokens (else it runs the
+// exchanges whole), so the pass must not plan on chunks that never run.
+TEST(TensorParallelPlan, AsyncTpPassChoosesOnlyChunksThatDivideEachRanksTokens) {
+  PassContext ctx;
+  ctx.cost = TpCost();
+  const Graph g = Ok(Parse(kTpModel));
+  const int free_choice = Ok(AsyncTensorParallel(g, ctx)).modules[1].tp_chunks;
+  ASSERT_GT(free_choice, 2) << "the test needs a cost model that prefers more than 2 chunks";
+  EXPECT_EQ(Ok(AsyncTensorParallel(g, ctx, {free_choice * 3})).modules[1].tp_chunks, free_choice);
+  EXPECT_EQ(Ok(AsyncTensorParallel(g, ctx, {6})).modules[1].tp_chunks, 2) << "4 and 8 do not divide 6 tokens";
+  EXPECT_EQ(Ok(AsyncTensorParallel(g, ctx, {7})).modules[1].tp_chunks, 1) << "no chunk count divides 7 tokens";
+  // The planner hands the pass the trainer's tokens (PlanOptions::tp_tokens_per_rank).
+  PlanOptions options;
+  options.tp_tokens_per_rank = 6;
+  auto plans = PlanStep(g, ctx.cost, options);
+  ASSERT_TRUE(plans.ok()) << plans.status().ToString();
+  EXPECT_EQ(plans->compiled.modules[1].tp_chunks, 2);
+}
+
 TEST(TensorParallelPlan, CheckpointingRepeatsTheForwardsExchanges) {
   ModuleInfo m;
   m.activation_bytes = 100;

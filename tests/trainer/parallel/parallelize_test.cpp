@@ -148,6 +148,7 @@ std::vector<TrainRun> Parallel(const Case& s) {
             compiler::PlanOptions plan_options;
             plan_options.bucketing = compiler::Bucketing::kAuto;
             plan_options.async_tp = p.fsdp().PlansTensorParallelChunks();
+            plan_options.tp_tokens_per_rank = p.fsdp().TensorParallelTokensPerRank();
             // What fsdp/compile.cpp plans for a model with its own embedding and loss.
             plan_options.read_by_rows = compiler::PlanOptions::Rows::kNever;
             plan_options.split_by_vocabulary = compiler::PlanOptions::Rows::kNever;
@@ -266,6 +267,18 @@ TEST_F(ParallelTraining, CompiledPlanOverlapsTensorParallelLayerByLayerAndEquals
   EXPECT_THAT(got[0].plan, HasSubstr(" atp=")) << got[0].plan;
   ASSERT_EQ(got[0].layer_chunks.size(), 3u);
   for (int chunks : got[0].layer_chunks) EXPECT_GT(chunks, 1) << got[0].plan;
+  // Two micro-batches a step: each rank holds 12 tokens between the regions (2 rows of 12 over
+  // tp 2), and the plan chooses only chunks that divide them (8, its choice above for 24, would
+  // not: the layer would run its exchanges whole while the plan priced them hidden).
+  s.accum = 2;
+  got.clear();
+  ExpectSameTraining(s, &got);
+  ASSERT_FALSE(got.empty());
+  ASSERT_EQ(got[0].layer_chunks.size(), 3u);
+  for (int chunks : got[0].layer_chunks) {
+    EXPECT_GT(chunks, 1) << got[0].plan;
+    EXPECT_EQ(12 % chunks, 0) << chunks << " chunks\n" << got[0].plan;
+  }
 }
 
 // mesh.async_tp_chunks fixes the chunks: no plan changes them (the pass does not run), the plan

@@ -2,7 +2,7 @@
 
 namespace meshwork::compiler {
 
-Result<Graph> AsyncTensorParallel(const Graph& in, const PassContext& ctx) {
+Result<Graph> AsyncTensorParallel(const Graph& in, const PassContext& ctx, const AsyncTpOptions& options) {
   Graph g = in;
   if (g.tp <= 1 || ctx.cost.tp <= 1) return g;
   for (ModuleInfo& m : g.modules) {
@@ -18,6 +18,7 @@ Result<Graph> AsyncTensorParallel(const Graph& in, const PassContext& ctx) {
     int best = 1;
     double best_seconds = exposed(1);
     for (int chunks : {2, 4, 8}) {
+      if (options.tokens_per_rank > 0 && options.tokens_per_rank % chunks != 0) continue;
       const double s = exposed(chunks);
       if (s < best_seconds * (1 - 1e-9)) {
         best = chunks;

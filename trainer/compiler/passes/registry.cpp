@@ -24,10 +24,11 @@ std::vector<Pass> Registered(const PlanOptions& o) {
   const RowsChoiceOptions rows{o.read_by_rows, {o.reshard_after_forward}};
   const RowsChoiceOptions vocab{o.split_by_vocabulary, {o.reshard_after_forward}};
   const Bucketing bucketing = o.bucketing;
+  const AsyncTpOptions async_tp{o.tp_tokens_per_rank};
   return {
       {"embedding_rows", true, nullptr, [rows](const Graph& g, const PassContext& c) { return ChooseEmbeddingRows(g, c, rows); }},
       {"vocab_split", true, nullptr, [vocab](const Graph& g, const PassContext& c) { return ChooseVocabSplit(g, c, vocab); }},
-      {"async_tp", true, AsyncTensorParallel, nullptr},
+      {"async_tp", true, [async_tp](const Graph& g, const PassContext& c) { return AsyncTensorParallel(g, c, async_tp); }, nullptr},
       {"checkpoint", true, CheckpointToFit, nullptr},
       {"keep_gathered", true, KeepGatheredWithinBudget, nullptr},
       {"bucket_all_gathers", true,
