@@ -78,8 +78,19 @@ double CostModel::TpExposedSeconds(const ModuleInfo& m, Phase phase, double comp
   const int k = std::max(1, m.tp_chunks);
   if (comm <= 0 || k == 1) return comm;
   const double gemm = std::clamp(m.tp_gemm_share, 0.0, 1.0) * std::max(0.0, compute_seconds);
-  const double pipelined = (gemm + comm) / k + (k - 1.0) / k * std::max(gemm, comm);
-  return std::max(0.0, pipelined - gemm);
+  // The first chunk's exchange and the last chunk's matmul run alone; the k - 1 stages between
+  // run one chunk's matmul beside the next chunk's exchange, each slowed while the other runs.
+  const double g = gemm / k, c = comm / k;
+  const double slow_gemm = 1 + std::max(0.0, interference), slow_comm = 1 + std::max(0.0, CommInterference());
+  double stage;
+  if (g * slow_gemm <= c * slow_comm) {
+    const double together = g * slow_gemm;  // until the matmul ends, the exchange at 1 / slow_comm
+    stage = together + (c - together / slow_comm);
+  } else {
+    const double together = c * slow_comm;
+    stage = together + (g - together / slow_gemm);
+  }
+  return std::max(0.0, c + g + (k - 1) * stage - gemm);
 }
 
 Result<LinkCost> FitLink(const std::vector<std::pair<int64_t, double>>& samples, int group_size) {

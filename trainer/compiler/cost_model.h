@@ -105,7 +105,10 @@ struct CostModel {
   // not overlapped (each blocks the matmul after it). Overlapped in k chunks (ModuleInfo::tp_chunks),
   // the matmuls next to them (tp_gemm_share of the compute) and the exchanges form a two-stage
   // pipeline: (gemm + comm) / k + (k - 1) / k x max(gemm, comm) in place of gemm + comm; what
-  // that leaves above the matmuls is exposed.
+  // that leaves above the matmuls is exposed. On CPU ranks the overlapped stages pay the
+  // interference: a chunk's matmul goes at 1 / (1 + interference) while the next chunk's
+  // exchange runs beside it, and the exchange at 1 / (1 + CommInterference()), so on a fast link
+  // chunking can cost more than it hides (and the async_tp pass keeps the exchanges whole).
   double TpExposedSeconds(const ModuleInfo& m, Phase phase, double compute_seconds) const;
   // Seconds of host copying for `bytes` (0 when copies are free).
   double CopySeconds(int64_t bytes) const {

@@ -90,8 +90,12 @@ Result<compiler::CostModel> Calibrate(compiler::Graph& skeleton, dist::DeviceMes
   if (cpu) {
     // CPU ranks: FSDP's copies take host time, and collectives compete with compute for cores.
     cost.host_copy_bytes_per_second = MeasureCopyRate();
-    if (skeleton.dp_shard > 1) {
-      MW_ASSIGN_OR_RETURN(const Interference k, MeasureInterference(mesh.group("dp_shard")));
+    // Timed on the dp_shard group, else on the tp group, whose overlapped exchanges
+    // (CostModel::TpExposedSeconds) slow their matmuls just as FSDP's collectives slow compute:
+    // the same Gloo threads on the same cores.
+    const char* timed_on = skeleton.dp_shard > 1 ? "dp_shard" : tp_call > 0 ? "tp" : nullptr;
+    if (timed_on != nullptr) {
+      MW_ASSIGN_OR_RETURN(const Interference k, MeasureInterference(mesh.group(timed_on)));
       cost.interference = k.compute;
       cost.comm_interference = k.comm;
     }

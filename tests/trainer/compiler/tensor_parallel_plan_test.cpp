@@ -96,6 +96,44 @@ TEST(TensorParallelPlan, ExchangesCostLatencyAndBandwidthAndOverlapInChunks) {
   EXPECT_EQ(no_tp.TpSeconds(layer, Phase::kForward), 0);
 }
 
+// CPU ranks: a chunk's matmul beside the next chunk's exchange is slowed by Gloo's threads on
+// the same cores (CostModel::interference), which the overlap pays and a whole exchange does not.
+TEST(TensorParallelPlan, OverlappedChunksPayTheInterference) {
+  const Graph g = Ok(Parse(kTpModel));
+  CostModel c = TpCost();
+  c.interference = 1;  // matmuls at half speed while an exchange runs
+  c.comm_interference = 0;
+  ModuleInfo chunked = g.modules[1];
+  chunked.tp_chunks = 4;
+  // Per chunk: 2 ms of matmul, (1.6 + 7.5) / 4 = 2.275 ms of exchange. A middle stage runs both:
+  // 2.275 ms together (the matmul does 1.1375 ms of its work), then the matmul's other 0.8625 ms
+  // alone: 3.1375 ms, not max(2, 2.275). First exchange + 3 stages + last matmul - the 8 ms of
+  // matmuls.
+  const double chunk_comm = (16 * 1e-4 + 0.75 * 1e6 / 1e8) / 4, chunk_gemm = 0.002;
+  const double stage = chunk_comm + (chunk_gemm - chunk_comm / 2);
+  EXPECT_NEAR(c.TpExposedSeconds(chunked, Phase::kForward, 0.01), chunk_comm + chunk_gemm + 3 * stage - 0.008, 1e-12);
+  CostModel unslowed = c;
+  unslowed.interference = 0;
+  EXPECT_LT(unslowed.TpExposedSeconds(chunked, Phase::kForward, 0.01), c.TpExposedSeconds(chunked, Phase::kForward, 0.01));
+  ModuleInfo whole = g.modules[1];
+  EXPECT_DOUBLE_EQ(c.TpExposedSeconds(whole, Phase::kForward, 0.01), unslowed.TpExposedSeconds(whole, Phase::kForward, 0.01))
+      << "a whole exchange blocks the host: nothing runs beside it";
+  // The exchange slowed instead (a matmul holding the core its thread needs): the matmul ends
+  // after its 2 ms, when the exchange at half speed has done 1 ms of its 2.275; the rest alone.
+  CostModel comm_slowed = unslowed;
+  comm_slowed.comm_interference = 1;
+  EXPECT_NEAR(comm_slowed.TpExposedSeconds(chunked, Phase::kForward, 0.01),
+              chunk_comm + chunk_gemm + 3 * (chunk_gemm + (chunk_comm - chunk_gemm / 2)) - 0.008, 1e-12);
+  // The pass chunks less as the interference grows: 8 chunks free, 4 at 1, 2 at 3.
+  PassContext ctx;
+  ctx.cost = unslowed;
+  EXPECT_EQ(Ok(AsyncTensorParallel(g, ctx)).modules[1].tp_chunks, 8);
+  ctx.cost.interference = 1;
+  EXPECT_EQ(Ok(AsyncTensorParallel(g, ctx)).modules[1].tp_chunks, 4);
+  ctx.cost.interference = 3;
+  EXPECT_EQ(Ok(AsyncTensorParallel(g, ctx)).modules[1].tp_chunks, 2);
+}
+
 TEST(TensorParallelPlan, TheSimulatedStepCarriesTheExposedExchanges) {
   const Graph naive = BuildNaiveProgram(Ok(Parse(kTpModel)), {});
   const CostModel c = TpCost();
