@@ -16,6 +16,9 @@
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/compiler/mesh_choice.h"
+#include "trainer/compiler/pipeline/generators.h"
+#include "trainer/compiler/pipeline/model_stages.h"
+#include "trainer/compiler/pipeline/simulate.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 #include "trainer/config/hardware.h"
@@ -61,6 +64,15 @@ constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --mode
   --activation-checkpointing
                           checkpoint every layer in both plans (keep each layer's input,
                           recompute its forward in backward); the trainer has no such option yet
+
+Pipeline schedules instead (the trainer has no pipeline parallelism yet; docs/compiler.md,
+"Pipeline schedules"): the model's decoder layers cut into balanced stages, each schedule's step,
+bubble and peak of held activations, FSDP not composed (each rank's stage whole, no collectives):
+  --pp N                  pipeline ranks (> 1): --gpus must be a multiple of pp x tp
+  --virtual-stages V      stages per rank (default 1; interleaved-1f1b only when > 1)
+  --microbatches M        micro-batches a step, each --batch sequences (default 2 x pp)
+  --pipeline-schedule S   gpipe, 1f1b, interleaved-1f1b, zb-h1, or all (default: all that run
+                          the shape); with --dump-plan each one's program and timeline
 
 From a compiled-FSDP run's calibration instead (fsdp.calibration_out: its links, CPU
 interference, step overhead, traced modules and fitted compute scale), both plans as that run
@@ -109,6 +121,11 @@ struct Options {
   double link_scale = 1;
   bool reshard_after_forward = true, embedding_rows = true, vocab_parallel_head = true;
   int64_t memory_budget_mib = 0;  // 0: the eager plan's peak
+  // Pipeline schedules (--pp > 1).
+  int pp = 1;
+  int virtual_stages = 1;
+  int microbatches = 0;  // 0: 2 x pp
+  std::string pipeline_schedule = "all";
 };
 
 Status ParseBool(const std::string& flag, const std::string& text, bool* out) {
@@ -138,10 +155,12 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
                                            "--sequence-parallel", "--async-tp", "--seq-len",
                                            "--batch", "--bucketing", "--memory-budget-gib", "--calibration",
                                            "--link-scale", "--reshard-after-forward", "--embedding-rows",
-                                           "--vocab-parallel-head", "--memory-budget-mib"};
+                                           "--vocab-parallel-head", "--memory-budget-mib", "--pp",
+                                           "--virtual-stages", "--microbatches", "--pipeline-schedule"};
   const std::vector<std::string> profile_only = {"--profile", "--model", "--gpus", "--dp-shard", "--tp",
                                                  "--sequence-parallel", "--async-tp", "--seq-len",
-                                                 "--batch", "--memory-budget-gib", "--activation-checkpointing"};
+                                                 "--batch", "--memory-budget-gib", "--activation-checkpointing",
+                                                 "--pp", "--virtual-stages", "--microbatches", "--pipeline-schedule"};
   const std::vector<std::string> calibration_only = {"--link-scale", "--reshard-after-forward", "--embedding-rows",
                                                      "--vocab-parallel-head", "--memory-budget-mib"};
   std::vector<std::string> given;
@@ -210,6 +229,15 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
       MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.vocab_parallel_head));
     } else if (flag == "--memory-budget-mib") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, int64_t{1} << 30, &o.memory_budget_mib));
+    } else if (flag == "--pp" || flag == "--virtual-stages" || flag == "--microbatches") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 16, &n));
+      (flag == "--pp" ? o.pp : flag == "--virtual-stages" ? o.virtual_stages : o.microbatches) = static_cast<int>(n);
+    } else if (flag == "--pipeline-schedule") {
+      if (value != "all") {
+        auto kind = compiler::pipeline::ParseScheduleKind(value);
+        if (!kind.ok()) return meshwork::InvalidConfig("--pipeline-schedule: " + kind.status().message() + " or all");
+      }
+      o.pipeline_schedule = value;
     } else if (flag == "--bucketing") {
       auto b = meshwork::ParseName(compiler::kBucketingNames, value);
       if (!b) return meshwork::InvalidConfig("--bucketing: expected none, block or auto, got '" + value + "'");
@@ -236,6 +264,22 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
   if (o.gpus == 0) return meshwork::InvalidConfig("--gpus N is required");
   if (o.gpus % o.tp != 0) {
     return meshwork::InvalidConfig("--tp: " + std::to_string(o.tp) + " does not divide --gpus " + std::to_string(o.gpus));
+  }
+  const bool pipeline_flags = std::any_of(given.begin(), given.end(), [](const std::string& f) {
+    return f == "--virtual-stages" || f == "--microbatches" || f == "--pipeline-schedule";
+  });
+  if (o.pp == 1 && pipeline_flags) return meshwork::InvalidConfig("--virtual-stages, --microbatches and --pipeline-schedule need --pp > 1");
+  if (o.pp > 1) {
+    if (o.gpus % (o.pp * o.tp) != 0) {
+      return meshwork::InvalidConfig("--pp: " + std::to_string(o.pp) + " x --tp " + std::to_string(o.tp) +
+                                     " does not divide --gpus " + std::to_string(o.gpus));
+    }
+    if (o.activation_checkpointing)
+      return meshwork::InvalidConfig("--activation-checkpointing does not go with --pp yet (the stages count no recompute workspace)");
+    if (std::find(given.begin(), given.end(), "--dp-shard") != given.end())
+      return meshwork::InvalidConfig("--dp-shard does not go with --pp (FSDP is not composed with the pipeline here)");
+    if (o.microbatches == 0) o.microbatches = 2 * o.pp;
+    return o;
   }
   if (o.auto_mesh && o.tp > 1) {
     return meshwork::InvalidConfig("--dp-shard auto chooses among data parallel meshes only; with --tp " +
@@ -417,6 +461,78 @@ int RunCalibrated(const Options& o) {
   return exit_code::kOk;
 }
 
+// --pp: the pipeline schedules for the model cut into pp x virtual stages, side by side.
+int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, const compiler::HardwareProfile& profile) {
+  namespace pipeline = compiler::pipeline;
+  const pipeline::Shape shape{o.pp, o.virtual_stages, o.microbatches};
+  // One micro-batch of --batch sequences on one tp group, no data parallel sharding: each rank
+  // holds its stages' layers whole.
+  Options one = o;
+  one.dp_shard = 1;
+  one.gpus = o.tp;
+  const compiler::LlamaShape llama = ShapeOf(one, config, profile);
+  auto cost = compiler::MakeCostModel(profile, 1, 1, o.tp);
+  if (!cost.ok()) return Fail(cost.status());
+  // pp is the outermost mesh dim: a pipeline's ranks are gpus / pp apart, on other nodes once
+  // that spans a node.
+  const bool inter = !compiler::GroupsWithinNode(o.pp, o.gpus / o.pp, o.gpus, profile.gpus_per_node);
+  if (inter && !profile.has_inter_node) {
+    return Fail(meshwork::InvalidConfig("--pp: the stages are on different nodes and profile " + profile.name +
+                                        " has no inter_node link"));
+  }
+  const compiler::LinkCost link = inter ? profile.inter_node : profile.intra_node;
+  // The residual stream a stage passes on (its gradient back): split by tokens under sequence
+  // parallelism.
+  const int64_t boundary = o.batch * o.seq_len * config.hidden_size * llama.activation_bytes /
+                           (o.tp > 1 && o.sequence_parallel ? o.tp : 1);
+  auto stages = pipeline::StagesOf(compiler::LlamaSkeleton(llama), *cost, shape.stages(), boundary, link);
+  if (!stages.ok()) return Fail(stages.status());
+
+  std::cout << "meshwork-simulate (simulated, not measured): pipeline schedules for " << o.model << ", "
+            << Count(static_cast<double>(config.NumParameters())) << " parameters, on " << o.gpus << " x " << profile.name
+            << "\n  pp " << o.pp << " x " << o.virtual_stages << " virtual stages, tp " << o.tp << ", "
+            << o.gpus / (o.pp * o.tp) << " pipelines; " << o.microbatches << " micro-batches of " << o.batch
+            << " x " << o.seq_len << " tokens; transfers of " << Fixed(static_cast<double>(boundary) / (1 << 20), 1)
+            << " MiB on the " << (inter ? "inter" : "intra") << "-node link ("
+            << Fixed(link.bus_bytes_per_second / 1e9, 1) << " GB/s + " << Fixed(link.latency_seconds * 1e6, 1)
+            << " us)\n  stages (decoder layers, first to last):";
+  const auto& first = stages->partition.first_layer;
+  for (size_t s = 0; s + 1 < first.size(); ++s) std::cout << " " << first[s + 1] - first[s];
+  std::cout << " (the embedding with the first, the head with the last); slowest stage "
+            << Fixed(stages->partition.max_seconds, 4) << " s a micro-batch\n"
+            << "  FSDP is not composed here: each rank holds its stages' weights whole and no collectives run;"
+               " held activations only, no static state\n";
+  std::vector<pipeline::ScheduleKind> kinds;
+  if (o.pipeline_schedule == "all") {
+    kinds = pipeline::AllSchedules();
+  } else {
+    kinds = {*pipeline::ParseScheduleKind(o.pipeline_schedule)};
+  }
+  const double tokens = static_cast<double>(o.microbatches) * static_cast<double>(o.batch) * static_cast<double>(o.seq_len);
+  for (pipeline::ScheduleKind kind : kinds) {
+    const std::string label = std::string(pipeline::ScheduleName(kind)) + ":";
+    auto program = pipeline::Generate(kind, shape);
+    if (!program.ok()) {
+      if (o.pipeline_schedule != "all") return Fail(program.status());
+      std::cout << std::left << std::setw(18) << label << "does not run this shape: " << program.status().message() << "\n";
+      continue;
+    }
+    auto r = pipeline::SimulatePipeline(*program, stages->cost);
+    if (!r.ok()) return Fail(r.status());
+    int64_t peak = 0;
+    for (int64_t b : r->peak_bytes) peak = std::max(peak, b);
+    const double tps = r->step_seconds > 0 ? tokens / r->step_seconds / (o.pp * o.tp) : 0;
+    std::cout << std::left << std::setw(18) << label << "step " << Fixed(r->step_seconds, 4) << " s | bubble "
+              << Fixed(100 * r->bubble_fraction, 1) << "% | held activations " << Fixed(GiB(peak), 2)
+              << " GiB (the most on a rank) | " << Fixed(tps, 0) << " tok/s/GPU | MFU "
+              << Fixed(100 * tps * config.TrainingFlopsPerToken(o.seq_len) / profile.peak_flops_per_second, 1) << "%\n";
+    if (o.dump_plan) {
+      std::cout << pipeline::Print(*program) << pipeline::Timeline(*program, *r) << "\n";
+    }
+  }
+  return exit_code::kOk;
+}
+
 int Run(Options o) {
   if (!o.calibration.empty()) return RunCalibrated(o);
   auto profile = compiler::FindHardwareProfile(o.profile);
@@ -433,6 +549,7 @@ int Run(Options o) {
       return Fail(meshwork::InvalidConfig("--tp: " + why));
     }
   }
+  if (o.pp > 1) return RunPipeline(o, *config, *profile);
   const int dp_replicate = o.gpus / o.tp / o.dp_shard;
   auto cost = compiler::MakeCostModel(*profile, dp_replicate, o.dp_shard, o.tp);
   if (!cost.ok()) return Fail(cost.status());

@@ -1,0 +1,233 @@
+// Pipeline schedules as programs (trainer/compiler/pipeline): the text form, the generators over a
+// range of shapes, what Validate refuses, and the simulated step, bubble and peaks against the
+// closed forms of each schedule.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "trainer/compiler/pipeline/generators.h"
+#include "trainer/compiler/pipeline/partition.h"
+#include "trainer/compiler/pipeline/program.h"
+#include "trainer/compiler/pipeline/simulate.h"
+
+namespace meshwork::compiler::pipeline {
+namespace {
+
+Program Ok(Result<Program> p) {
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *p : Program();
+}
+
+// Every stage F seconds forward, B backward (I and W half each), `act` bytes held, transfers free.
+PipelineCost UniformCost(const Shape& s, double f, double b, int64_t act = 1 << 20) {
+  PipelineCost c;
+  c.link = {0, 1e9};
+  for (int i = 0; i < s.stages(); ++i) c.stages.push_back({f, b / 2, b / 2, act, act / 2, 0});
+  return c;
+}
+
+PipelineResult Sim(const Program& p, const PipelineCost& c) {
+  auto r = SimulatePipeline(p, c);
+  EXPECT_TRUE(r.ok()) << r.status().ToString() << "\n" << Print(p);
+  return r.ok() ? *r : PipelineResult();
+}
+
+TEST(PipelineSchedule, TextRoundTrips) {
+  const std::string text =
+      "pipeline pp=2 virtual=1 microbatches=2\n"
+      "rank 0: F0@0 sa0@0 F1@0 sa1@0 rg0@0 B0@0 rg1@0 B1@0\n"
+      "rank 1: ra0@1 F0@1 B0@1 sg0@1 ra1@1 F1@1 I1@1 sg1@1 W1@1\n";
+  const Program p = Ok(Parse(text));
+  EXPECT_EQ(Print(p), text);
+  EXPECT_TRUE(Validate(p).ok()) << Validate(p).ToString();
+}
+
+TEST(PipelineSchedule, BadTextNamesTheLineAndToken) {
+  auto bad = Parse("pipeline pp=2 virtual=1 microbatches=2\nrank 0: F0@0 X1@0\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("'X1@0'"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(Parse("pipeline pp=0 virtual=1 microbatches=2\n").ok());
+  EXPECT_FALSE(Parse("rank 0: F0@0\n").ok());
+  auto order = Parse("pipeline pp=2 virtual=1 microbatches=1\nrank 1: F0@1\n");
+  ASSERT_FALSE(order.ok());
+  EXPECT_NE(order.status().message().find("'rank 0: <actions>'"), std::string::npos) << order.status().message();
+}
+
+// Every generator, over shapes from one stage to eight, is valid as written and lowered, and
+// survives the text form.
+TEST(PipelineSchedule, EveryGeneratorIsValidOverARangeOfShapes) {
+  int checked = 0;
+  for (ScheduleKind kind : AllSchedules()) {
+    for (int pp : {1, 2, 3, 4, 8}) {
+      for (int v : {1, 2, 3}) {
+        for (int m : {1, 2, 3, 4, 6, 8, 16}) {
+          const Shape shape{pp, v, m};
+          auto p = Generate(kind, shape);
+          if (!p.ok()) {
+            EXPECT_EQ(p.status().code(), StatusCode::kInvalidConfig) << p.status().ToString();
+            continue;
+          }
+          const std::string what = std::string(ScheduleName(kind)) + " pp " + std::to_string(pp) + " v " +
+                                   std::to_string(v) + " m " + std::to_string(m);
+          ASSERT_TRUE(Validate(*p).ok()) << what << ": " << Validate(*p).ToString() << "\n" << Print(*p);
+          const Program lowered = Ok(Lower(*p));
+          ASSERT_TRUE(Validate(lowered).ok()) << what << ": " << Validate(lowered).ToString();
+          EXPECT_EQ(Ok(Parse(Print(lowered))), lowered) << what;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(PipelineSchedule, OneFOneBOrdersAsMegatronDoes) {
+  const Program p = Ok(Generate(ScheduleKind::k1F1B, {3, 1, 4}));
+  EXPECT_EQ(Print(p),
+            "pipeline pp=3 virtual=1 microbatches=4\n"
+            "rank 0: F0@0 F1@0 F2@0 B0@0 F3@0 B1@0 B2@0 B3@0\n"
+            "rank 1: F0@1 F1@1 B0@1 F2@1 B1@1 F3@1 B2@1 B3@1\n"
+            "rank 2: F0@2 B0@2 F1@2 B1@2 F2@2 B2@2 F3@2 B3@2\n");
+}
+
+TEST(PipelineSchedule, GeneratorsRefuseShapesTheyCannotRunNamingThem) {
+  auto few = Generate(ScheduleKind::k1F1B, {4, 1, 2});
+  ASSERT_FALSE(few.ok());
+  EXPECT_EQ(few.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(few.status().message().find("1f1b with pp 4"), std::string::npos) << few.status().message();
+  EXPECT_NE(few.status().message().find("2 micro-batches"), std::string::npos) << few.status().message();
+  auto groups = Generate(ScheduleKind::kInterleaved1F1B, {4, 2, 6});
+  ASSERT_FALSE(groups.ok());
+  EXPECT_NE(groups.status().message().find("multiple of pp"), std::string::npos) << groups.status().message();
+  EXPECT_FALSE(Generate(ScheduleKind::kGPipe, {2, 2, 4}).ok()) << "GPipe has no virtual stages";
+  EXPECT_FALSE(Generate(ScheduleKind::kInterleaved1F1B, {2, 1, 4}).ok()) << "one virtual stage: that is 1f1b";
+  auto name = ParseScheduleKind("2f2b");
+  ASSERT_FALSE(name.ok());
+  EXPECT_NE(name.status().message().find("'2f2b'"), std::string::npos);
+  EXPECT_NE(name.status().message().find("zb-h1"), std::string::npos);
+  for (ScheduleKind k : AllSchedules()) EXPECT_EQ(*ParseScheduleKind(ScheduleName(k)), k);
+}
+
+TEST(PipelineSchedule, ValidateRefusesBrokenProgramsNamingTheAction) {
+  auto refused = [](const std::string& text, const std::string& expected) {
+    const Program p = Ok(Parse(text));
+    const Status s = Validate(p);
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.message().find(expected), std::string::npos) << s.message();
+  };
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 B0@0\nrank 1: F0@1\n", "needs one backward B0@1");
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 F0@0 B0@0\nrank 1: F0@1 B0@1\n", "appears twice");
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 B0@0 F0@1\nrank 1: B0@1\n", "is on rank 1");
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: B0@0 F0@0\nrank 1: F0@1 B0@1\n",
+          "rank 0's B0@0 needs F0@0 on rank 0, which does not come before it");
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 I0@0 B0@0\nrank 1: F0@1 B0@1\n", "1 B, 1 I, 0 W");
+  refused("pipeline pp=1 virtual=1 microbatches=1\nrank 0: F0@0 W0@0 I0@0\n", "W0@0 needs I0@0");
+  // Each rank waits for the other: rank 0's B0 for rank 1's, which waits behind F1@1, which waits
+  // for rank 0's F1, behind B0.
+  refused("pipeline pp=2 virtual=1 microbatches=2\n"
+          "rank 0: F0@0 B0@0 F1@0 B1@0\n"
+          "rank 1: F1@1 B1@1 F0@1 B0@1\n",
+          "deadlocks");
+  // Lowered: every crossing sent and received once.
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 rg0@0 B0@0\nrank 1: ra0@1 F0@1 B0@1 sg0@1\n",
+          "does not send its activation (sa0@0)");
+  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 sa0@0 rg0@0 B0@0 sg0@0\nrank 1: ra0@1 F0@1 B0@1 sg0@1\n",
+          "no stage on another rank before stage 0");
+  EXPECT_FALSE(Lower(Ok(Lower(Ok(Generate(ScheduleKind::kGPipe, {2, 1, 2}))))).ok()) << "lowered twice";
+}
+
+// Equal stages, a free link: GPipe and 1F1B take (m + pp - 1) x (F + B); 1F1B holds pp - r
+// micro-batches on rank r where GPipe holds all m; ZB-H1 takes 3m + 2(pp - 1) units for F = I = W
+// = 1 at 1F1B's peaks; interleaving v stages a rank divides the bubble by v.
+TEST(PipelineSchedule, SimulatedStepsMatchTheSchedulesClosedForms) {
+  const int pp = 4, m = 8;
+  const int64_t act = 1 << 20;
+  const Shape one{pp, 1, m};
+  const PipelineResult gpipe = Sim(Ok(Generate(ScheduleKind::kGPipe, one)), UniformCost(one, 1, 2, act));
+  const PipelineResult f1b1 = Sim(Ok(Generate(ScheduleKind::k1F1B, one)), UniformCost(one, 1, 2, act));
+  EXPECT_DOUBLE_EQ(gpipe.step_seconds, (m + pp - 1) * 3.0);
+  EXPECT_DOUBLE_EQ(f1b1.step_seconds, (m + pp - 1) * 3.0);
+  EXPECT_NEAR(f1b1.bubble_fraction, (pp - 1) * 3.0 / f1b1.step_seconds, 1e-12);
+  for (int r = 0; r < pp; ++r) {
+    EXPECT_EQ(gpipe.peak_bytes[r], m * act) << r;
+    EXPECT_EQ(f1b1.peak_bytes[r], (pp - r) * act) << r;
+  }
+  const PipelineResult zb = Sim(Ok(Generate(ScheduleKind::kZeroBubbleH1, one)), UniformCost(one, 1, 2, act));
+  EXPECT_DOUBLE_EQ(zb.step_seconds, 3.0 * m + 2.0 * (pp - 1));
+  for (int r = 0; r < pp; ++r) EXPECT_LE(zb.peak_bytes[r], f1b1.peak_bytes[r]) << r;
+  // The same model in twice the stages, each half the compute.
+  const Shape two{pp, 2, m};
+  const PipelineResult inter = Sim(Ok(Generate(ScheduleKind::kInterleaved1F1B, two)), UniformCost(two, 0.5, 1, act / 2));
+  EXPECT_DOUBLE_EQ(inter.step_seconds, m * 3.0 + (pp - 1) * 3.0 / 2);
+}
+
+TEST(PipelineSchedule, TransfersTakeTheLinksTime) {
+  const Shape s{2, 1, 1};
+  PipelineCost c = UniformCost(s, 1, 2);
+  c.link = {0.25, 4.0 * (1 << 20)};  // 0.25 s + 1 MiB at 4 MiB/s: 0.5 s a transfer
+  for (StageCost& stage : c.stages) stage.output_bytes = 1 << 20;
+  const PipelineResult r = Sim(Ok(Generate(ScheduleKind::kGPipe, s)), c);
+  // F0@0, its activation across, F0@1 and B0@1, the gradient back, B0@0.
+  EXPECT_DOUBLE_EQ(r.step_seconds, 1 + 0.5 + 1 + 2 + 0.5 + 2);
+}
+
+// A gradient sent back is of the sending stage's input: the previous stage's output's size.
+TEST(PipelineSchedule, AGradientIsTheSizeOfThePreviousStagesOutput) {
+  const Shape s{3, 1, 1};
+  PipelineCost c = UniformCost(s, 0, 0);
+  c.link = {0, 100};  // 100 bytes a second
+  c.stages[0].output_bytes = 100;
+  const PipelineResult r = Sim(Ok(Generate(ScheduleKind::kGPipe, s)), c);
+  EXPECT_DOUBLE_EQ(r.step_seconds, 2) << "stage 0's output forward and its gradient back, 1 s each";
+}
+
+TEST(PipelineSchedule, TimelineShowsWhatEachRankRuns) {
+  const Shape s{2, 1, 2};
+  const Program p = Ok(Generate(ScheduleKind::kGPipe, s));
+  const PipelineResult r = Sim(p, UniformCost(s, 1, 1));
+  ASSERT_DOUBLE_EQ(r.step_seconds, 6);
+  const std::string t = Timeline(p, r, 6);
+  EXPECT_NE(t.find("rank 0 |FF..BB|\nrank 1 |.FFBB.|\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("bubble 33.3%"), std::string::npos) << t;
+  auto wrong = SimulatePipeline(p, UniformCost({3, 1, 2}, 1, 1));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidConfig);
+}
+
+// Stages balance compute, not layer counts: heavier ends (the embedding with the first layer, the
+// head with the last) get fewer layers; among equally fast splits the smaller largest stage wins.
+TEST(PipelineSchedule, StagesBalanceComputeThenMemory) {
+  auto layers = [](std::vector<double> seconds, std::vector<int64_t> bytes) {
+    std::vector<LayerCost> out;
+    for (size_t i = 0; i < seconds.size(); ++i) out.push_back({seconds[i], bytes.empty() ? 0 : bytes[i]});
+    return out;
+  };
+  auto uniform = PartitionLayers(layers({1, 1, 1, 1, 1, 1, 1, 1}, {}), 4);
+  ASSERT_TRUE(uniform.ok());
+  EXPECT_EQ(uniform->first_layer, (std::vector<int>{0, 2, 4, 6, 8}));
+  EXPECT_DOUBLE_EQ(uniform->max_seconds, 2);
+  auto ends = PartitionLayers(layers({3, 1, 1, 1, 1, 1, 1, 3}, {}), 3);
+  ASSERT_TRUE(ends.ok());
+  EXPECT_EQ(ends->first_layer, (std::vector<int>{0, 2, 6, 8}));
+  EXPECT_DOUBLE_EQ(ends->max_seconds, 4);
+  auto tie = PartitionLayers(layers({1, 0, 1}, {1, 5, 3}), 2);  // [1 | 0 1] and [1 0 | 1] both take 1 s
+  ASSERT_TRUE(tie.ok());
+  EXPECT_EQ(tie->first_layer, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(tie->max_bytes, 6);
+  // The bytes decide only among splits as fast as the fastest: here the last layer alone sets the
+  // beat (10 s), and of the splits within it [2 1 | 1 | 10] holds less than [2 | 1 1 | 10].
+  auto within = PartitionLayers(layers({2, 1, 1, 10}, {1, 5, 5, 1}), 3);
+  ASSERT_TRUE(within.ok());
+  EXPECT_EQ(within->first_layer, (std::vector<int>{0, 2, 3, 4}));
+  EXPECT_EQ(within->max_bytes, 6);
+  EXPECT_DOUBLE_EQ(within->max_seconds, 10);
+  auto few = PartitionLayers(layers({1, 1, 1}, {}), 4);
+  ASSERT_FALSE(few.ok());
+  EXPECT_EQ(few.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(few.status().message().find("3 decoder layers cannot fill 4 stages"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshwork::compiler::pipeline

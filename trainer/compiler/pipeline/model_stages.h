@@ -1,0 +1,34 @@
+// A model's module table (the IR's modules: embed, layers.<i>, head, as LlamaSkeleton or a trace
+// gives them) cut into pipeline stages (PartitionLayers) and priced as a pipeline's stages
+// (simulate.h): each stage's forward and backward seconds, the activations it holds per
+// micro-batch, and the activation it passes on.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "trainer/compiler/cost_model.h"
+#include "trainer/compiler/ir.h"
+#include "trainer/compiler/pipeline/partition.h"
+#include "trainer/compiler/pipeline/simulate.h"
+
+namespace meshwork::compiler::pipeline {
+
+struct ModelStages {
+  StagePartition partition;  // over the decoder layers
+  PipelineCost cost;
+};
+
+// `modules`: one micro-batch's table; the embedding is charged to the first decoder layer and the
+// head to the last. Tensor parallelism's exchanges (tp=) lengthen a layer's compute as the cost
+// model prices them unoverlapped. A backward splits into I and W by half each (a linear's input
+// and weight gradients are one matmul each; attention's own backward, all I, is counted half to W:
+// an approximation), and W reads half of a stage's held activations (the linears' inputs and their
+// output gradients; also an approximation). Held bytes are the modules' activation_bytes only: a
+// checkpointed layer's backward workspace and transients are not counted. `boundary_bytes`: the activation one stage passes the
+// next (and its gradient back). InvalidConfig where the table has no decoder layers or fewer
+// than `stages`.
+Result<ModelStages> StagesOf(const Graph& modules, const CostModel& cost, int stages, int64_t boundary_bytes,
+                             const LinkCost& link);
+
+}  // namespace meshwork::compiler::pipeline

@@ -1,0 +1,100 @@
+// Pipeline schedules as programs (issue 47): one training step of pipeline parallelism as each
+// pipeline rank's list of actions, in the order that rank runs them. An action is one
+// micro-batch's forward (F), backward (B), or the backward's two halves that zero-bubble
+// schedules place apart: backward for the inputs (I, the gradient the previous stage waits for)
+// and for the weights (W, which nothing downstream waits for); or a point-to-point transfer
+// between stages: an activation sent forward, its gradient sent back.
+//
+// A schedule is a generator (generators.h) that writes the compute order; Lower adds the
+// transfers; Validate checks any program, generated or written by hand; SimulatePipeline
+// (simulate.h) prices it and draws its timeline. The executor runs any valid program, so a new
+// schedule is a new generator, not new runtime code.
+//
+// Stages: the model in pp x virtual_stages contiguous chunks of layers; stage s runs on rank
+// s % pp (Megatron's interleaved placement: rank r holds stages r, r + pp, r + 2 pp, ...; with one
+// virtual stage, stage r is rank r). Micro-batch m enters at stage 0; the last stage's forward
+// ends in the loss, so its backward needs nothing from another stage.
+//
+// Text form (Print -> Parse -> Print is the identity), one line per rank:
+//
+//   pipeline pp=2 virtual=1 microbatches=2
+//   rank 0: F0@0 sa0@0 F1@0 sa1@0 rg0@0 B0@0 rg1@0 B1@0
+//   rank 1: ra0@1 F0@1 B0@1 sg0@1 ra1@1 F1@1 B1@1 sg1@1
+//
+// F/B/I/W<m>@<s>: compute of micro-batch m on stage s. sa<m>@<s>: send stage s's output
+// activation of m to stage s + 1; ra<m>@<s>: receive stage s's input activation (from s - 1).
+// sg<m>@<s>: send the gradient of stage s's input to s - 1; rg<m>@<s>: receive the gradient of
+// stage s's output (from s + 1).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace meshwork::compiler::pipeline {
+
+enum class ActionKind {
+  kForward,
+  kBackward,        // the whole backward: I and W together
+  kBackwardInput,   // I
+  kBackwardWeight,  // W
+  kSendActivation,
+  kRecvActivation,
+  kSendGrad,
+  kRecvGrad,
+};
+
+struct Action {
+  ActionKind kind = ActionKind::kForward;
+  int microbatch = 0;
+  int stage = 0;
+  bool operator==(const Action& o) const { return kind == o.kind && microbatch == o.microbatch && stage == o.stage; }
+};
+
+bool IsCompute(ActionKind kind);
+bool IsTransfer(ActionKind kind);
+// "F3@1", "sa3@1", ...
+std::string ToString(const Action& a);
+
+struct Shape {
+  int pp = 1;              // pipeline ranks
+  int virtual_stages = 1;  // stages per rank (interleaved schedules: > 1)
+  int microbatches = 1;
+  int stages() const { return pp * virtual_stages; }
+  int RankOf(int stage) const { return stage % pp; }
+};
+
+struct Program {
+  Shape shape;
+  std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
+  bool operator==(const Program& o) const {
+    return shape.pp == o.shape.pp && shape.virtual_stages == o.shape.virtual_stages &&
+           shape.microbatches == o.shape.microbatches && ranks == o.ranks;
+  }
+};
+
+std::string Print(const Program& p);
+// InvalidInput naming the line and the token for malformed text; the program is not validated.
+Result<Program> Parse(std::string_view text);
+
+// The program with its transfers: before a forward whose input comes from another rank, that
+// activation's receive; after a forward whose output goes to another rank, its send; the same
+// for the gradients around B and I. Transfers between stages on one rank are not needed (the
+// tensors stay in memory). InvalidInput where the program already has transfers.
+Result<Program> Lower(const Program& compute_only);
+
+// Checks a program (compute only, or lowered), InvalidInput naming the rank and the action:
+//   - shape: pp, virtual stages and micro-batches >= 1, one action list per rank;
+//   - every action on the rank that holds its stage, micro-batch and stage in range;
+//   - every micro-batch's F once on every stage, and either one B or one I and one W;
+//   - on a rank: F before its B or I, I before its W;
+//   - a lowered program: every transfer between ranks present once (a send after the compute
+//     that produces it, a receive before the compute that needs it), none within a rank;
+//   - runs to the end: ranks run their actions in order, a receive waits for its send and a
+//     compute for its inputs (sends never wait: they are posted, as isend); a program in which
+//     every unfinished rank waits is a deadlock, reported with what each rank waits for.
+Status Validate(const Program& p);
+
+}  // namespace meshwork::compiler::pipeline

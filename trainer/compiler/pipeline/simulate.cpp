@@ -1,0 +1,123 @@
+#include "trainer/compiler/pipeline/simulate.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+#include "trainer/compiler/pipeline/run.h"
+
+namespace meshwork::compiler::pipeline {
+namespace {
+
+double TransferSeconds(const LinkCost& link, int64_t bytes) {
+  return link.latency_seconds + static_cast<double>(bytes) / std::max(1.0, link.bus_bytes_per_second);
+}
+
+double ComputeSeconds(const StageCost& c, ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward: return c.forward_seconds;
+    case ActionKind::kBackward: return c.backward_input_seconds + c.backward_weight_seconds;
+    case ActionKind::kBackwardInput: return c.backward_input_seconds;
+    case ActionKind::kBackwardWeight: return c.backward_weight_seconds;
+    default: return 0;
+  }
+}
+
+// Activation bytes an action adds to its rank's (negative: releases).
+int64_t HeldDelta(const StageCost& c, ActionKind kind) {
+  const int64_t w = std::clamp<int64_t>(c.weight_grad_bytes, 0, c.activation_bytes);
+  switch (kind) {
+    case ActionKind::kForward: return c.activation_bytes;
+    case ActionKind::kBackward: return -c.activation_bytes;
+    case ActionKind::kBackwardInput: return -(c.activation_bytes - w);
+    case ActionKind::kBackwardWeight: return -w;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& cost) {
+  MW_RETURN_IF_ERROR(Validate(in));
+  const Shape& s = in.shape;
+  if (static_cast<int>(cost.stages.size()) != s.stages()) {
+    return InvalidConfig("pipeline costs: " + std::to_string(cost.stages.size()) + " stages' costs for " +
+                         std::to_string(s.stages()) + " stages");
+  }
+  Program p = in;
+  if (!IsLowered(p)) {
+    MW_ASSIGN_OR_RETURN(p, Lower(in));
+  }
+  PipelineResult r;
+  r.busy_seconds.assign(s.pp, 0);
+  r.peak_bytes.assign(s.pp, 0);
+  std::vector<double> clock(s.pp, 0);
+  std::vector<int64_t> held(s.pp, 0);
+  std::map<std::pair<int, int>, double> link_free;  // (from rank, to rank) -> when it is free
+  MW_RETURN_IF_ERROR(RunInOrder(p, [&](int rank, size_t index, double ready) {
+    const Action& a = p.ranks[rank][index];
+    const StageCost& c = cost.stages[a.stage];
+    TimelineEntry e{rank, a, 0, 0};
+    if (IsCompute(a.kind)) {
+      e.start = std::max(clock[rank], ready);
+      e.end = e.start + ComputeSeconds(c, a.kind);
+      clock[rank] = e.end;
+      r.busy_seconds[rank] += e.end - e.start;
+      held[rank] += HeldDelta(c, a.kind);
+      r.peak_bytes[rank] = std::max(r.peak_bytes[rank], held[rank]);
+    } else if (a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGrad) {
+      // An activation is this stage's output; a gradient is of this stage's input, the previous
+      // stage's output.
+      const bool forward = a.kind == ActionKind::kSendActivation;
+      const int to = s.RankOf(forward ? a.stage + 1 : a.stage - 1);
+      const int64_t bytes = forward ? c.output_bytes : cost.stages[a.stage - 1].output_bytes;
+      double& free_at = link_free[{rank, to}];
+      e.start = std::max({clock[rank], ready, free_at});
+      e.end = e.start + TransferSeconds(cost.link, bytes);
+      free_at = e.end;
+    } else {  // a receive: the rank waits for the tensor
+      e.start = clock[rank];
+      e.end = std::max(clock[rank], ready);
+      clock[rank] = e.end;
+    }
+    r.entries.push_back(e);
+    return e.end;
+  }));
+  for (int rank = 0; rank < s.pp; ++rank) r.step_seconds = std::max(r.step_seconds, clock[rank]);
+  double busy = 0;
+  for (double b : r.busy_seconds) busy += b;
+  r.bubble_fraction = r.step_seconds > 0 ? 1 - busy / (s.pp * r.step_seconds) : 0;
+  return r;
+}
+
+std::string Timeline(const Program& p, const PipelineResult& r, int columns) {
+  columns = std::max(1, columns);
+  const Shape& s = p.shape;
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "step %.4f s, bubble %.1f%%; peak held activations per rank (MiB):", r.step_seconds,
+                100 * r.bubble_fraction);
+  out += line;
+  for (int64_t b : r.peak_bytes) {
+    std::snprintf(line, sizeof line, " %.1f", static_cast<double>(b) / (1 << 20));
+    out += line;
+  }
+  out += "\n";
+  std::vector<std::string> rows(s.pp, std::string(columns, '.'));
+  for (const TimelineEntry& e : r.entries) {
+    if (!IsCompute(e.action.kind) || r.step_seconds <= 0) continue;
+    const char* letters = "FBIW";
+    char c = letters[static_cast<int>(e.action.kind)];
+    if (e.action.stage / s.pp > 0) c = static_cast<char>(std::tolower(c));
+    for (int col = 0; col < columns; ++col) {
+      const double mid = (col + 0.5) * r.step_seconds / columns;
+      if (mid >= e.start && mid < e.end) rows[e.rank][col] = c;
+    }
+  }
+  for (int rank = 0; rank < s.pp; ++rank) out += "rank " + std::to_string(rank) + " |" + rows[rank] + "|\n";
+  return out;
+}
+
+}  // namespace meshwork::compiler::pipeline

@@ -1,0 +1,61 @@
+// Prices a pipeline program (program.h): each rank runs its actions in order, a compute as soon as
+// its inputs are there and the rank is free, a send as soon as its tensor is computed (posted: the
+// rank goes on; the tensor occupies the link from its rank to the other, one transfer at a time in
+// each direction), a receive blocking its rank until the tensor has arrived. The result is the
+// step, the bubble, each rank's peak of held activations, and a timeline per rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/compiler/cost_model.h"
+#include "trainer/compiler/pipeline/program.h"
+
+namespace meshwork::compiler::pipeline {
+
+struct StageCost {
+  double forward_seconds = 0;
+  double backward_input_seconds = 0;   // I; a whole backward B takes I + W
+  double backward_weight_seconds = 0;  // W
+  // Held from a micro-batch's forward to its backward (B), or to its I, after which only
+  // weight_grad_bytes of it (what W reads: the linears' inputs and output gradients) are held
+  // until its W.
+  int64_t activation_bytes = 0;
+  int64_t weight_grad_bytes = 0;
+  int64_t output_bytes = 0;  // the activation sent to the next stage, and its gradient back
+};
+
+struct PipelineCost {
+  std::vector<StageCost> stages;  // one per stage of the program's shape
+  // Between two ranks, each direction its own: latency + bytes / bus_bytes_per_second a transfer.
+  LinkCost link;
+};
+
+struct TimelineEntry {
+  int rank = 0;
+  Action action;
+  double start = 0;
+  double end = 0;  // a send's: its arrival
+};
+
+struct PipelineResult {
+  double step_seconds = 0;
+  std::vector<double> busy_seconds;  // per rank: compute
+  // The share of the ranks' time not computing: 1 - sum(busy) / (pp x step).
+  double bubble_fraction = 0;
+  std::vector<int64_t> peak_bytes;  // per rank: the most activation bytes held at once
+  std::vector<TimelineEntry> entries;
+};
+
+// Validates the program (Validate) and lowers it where it has no transfers. InvalidInput for an
+// invalid program; InvalidConfig where the costs do not name one entry per stage.
+Result<PipelineResult> SimulatePipeline(const Program& p, const PipelineCost& cost);
+
+// The timeline as text: a header (step, bubble, peaks) and one row per rank, `columns` characters
+// wide, each showing what ran at its middle: F, B, I, W (lower case on a rank's later virtual
+// stages), '.' waiting.
+std::string Timeline(const Program& p, const PipelineResult& r, int columns = 96);
+
+}  // namespace meshwork::compiler::pipeline

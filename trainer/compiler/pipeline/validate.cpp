@@ -1,0 +1,71 @@
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "trainer/compiler/pipeline/program.h"
+#include "trainer/compiler/pipeline/run.h"
+
+namespace meshwork::compiler::pipeline {
+
+Status Validate(const Program& p) {
+  const Shape& s = p.shape;
+  if (s.pp < 1 || s.virtual_stages < 1 || s.microbatches < 1) {
+    return InvalidInput("pipeline program: pp " + std::to_string(s.pp) + ", virtual stages " +
+                        std::to_string(s.virtual_stages) + " and micro-batches " + std::to_string(s.microbatches) +
+                        " must each be >= 1");
+  }
+  if (static_cast<int>(p.ranks.size()) != s.pp) {
+    return InvalidInput("pipeline program: " + std::to_string(p.ranks.size()) + " ranks' action lists for pp " +
+                        std::to_string(s.pp));
+  }
+  const int last = s.stages() - 1;
+  const bool lowered = IsLowered(p);
+  std::map<std::tuple<ActionKind, int, int>, int> count;
+  for (int r = 0; r < s.pp; ++r) {
+    for (const Action& a : p.ranks[r]) {
+      const std::string what = "pipeline program: rank " + std::to_string(r) + "'s " + ToString(a);
+      if (a.microbatch < 0 || a.microbatch >= s.microbatches)
+        return InvalidInput(what + ": micro-batch out of range (" + std::to_string(s.microbatches) + " micro-batches)");
+      if (a.stage < 0 || a.stage > last)
+        return InvalidInput(what + ": stage out of range (" + std::to_string(s.stages()) + " stages)");
+      if (s.RankOf(a.stage) != r)
+        return InvalidInput(what + ": stage " + std::to_string(a.stage) + " is on rank " + std::to_string(s.RankOf(a.stage)));
+      // A transfer names its own stage's end that crosses to another rank.
+      const bool to_prev = a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kSendGrad;
+      const bool to_next = a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kRecvGrad;
+      if (to_prev && (a.stage == 0 || s.RankOf(a.stage - 1) == r))
+        return InvalidInput(what + ": no stage on another rank before stage " + std::to_string(a.stage));
+      if (to_next && (a.stage == last || s.RankOf(a.stage + 1) == r))
+        return InvalidInput(what + ": no stage on another rank after stage " + std::to_string(a.stage));
+      if (++count[{a.kind, a.microbatch, a.stage}] > 1) return InvalidInput(what + " appears twice");
+    }
+  }
+  auto n = [&](ActionKind k, int m, int st) {
+    auto it = count.find({k, m, st});
+    return it == count.end() ? 0 : it->second;
+  };
+  for (int m = 0; m < s.microbatches; ++m) {
+    for (int st = 0; st <= last; ++st) {
+      const std::string which = std::to_string(m) + "@" + std::to_string(st);
+      const std::string where = "pipeline program: micro-batch " + std::to_string(m) + " on stage " +
+                                std::to_string(st) + " (rank " + std::to_string(s.RankOf(st)) + ")";
+      if (n(ActionKind::kForward, m, st) != 1) return InvalidInput(where + " has no forward F" + which);
+      const int b = n(ActionKind::kBackward, m, st), i = n(ActionKind::kBackwardInput, m, st),
+                w = n(ActionKind::kBackwardWeight, m, st);
+      if (!((b == 1 && i == 0 && w == 0) || (b == 0 && i == 1 && w == 1))) {
+        return InvalidInput(where + " needs one backward B" + which + ", or one I" + which + " and one W" + which +
+                            " (has " + std::to_string(b) + " B, " + std::to_string(i) + " I, " + std::to_string(w) + " W)");
+      }
+      if (!lowered || st == last || s.RankOf(st + 1) == s.RankOf(st)) continue;
+      // The boundary to the next stage, on another rank: both directions, both ends.
+      const std::string next = std::to_string(m) + "@" + std::to_string(st + 1);
+      if (n(ActionKind::kSendActivation, m, st) != 1) return InvalidInput(where + " does not send its activation (sa" + which + ")");
+      if (n(ActionKind::kRecvActivation, m, st + 1) != 1) return InvalidInput(where + "'s activation is not received (ra" + next + ")");
+      if (n(ActionKind::kSendGrad, m, st + 1) != 1) return InvalidInput(where + "'s output gradient is not sent (sg" + next + ")");
+      if (n(ActionKind::kRecvGrad, m, st) != 1) return InvalidInput(where + " does not receive its output's gradient (rg" + which + ")");
+    }
+  }
+  return RunInOrder(p, [](int, size_t, double) { return 0.0; });
+}
+
+}  // namespace meshwork::compiler::pipeline
