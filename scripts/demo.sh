@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: install and build (scripts/setup.sh), start a local Kubernetes cluster
+# The main job: install and build what it runs (scripts/setup.sh --demo), start a local Kubernetes cluster
 # (meshwork-cluster: the real kube-apiserver, etcd, controller-manager and scheduler, plus
 # Meshwork's node agent) and the operator (meshwork-operator), `kubectl apply` the CPU example
 # TrainingJob (examples/trainingjob-tiny-cpu.yaml: the tiny Llama, FSDP over 2 Pods), and follow
@@ -32,7 +32,12 @@ if [ "${1:-}" = "--stop" ]; then
   exit 0
 fi
 
-"$root/scripts/setup.sh"
+demo_start=$SECONDS
+# Only what the demo runs is built (scripts/setup.sh --demo); scripts/test.sh builds the rest.
+echo "== set-up: the Kubernetes components the local cluster runs, then the trainer, operator and cluster"
+echo "   (a first run on 2 cores: about 6 minutes of Go, then about 6 of C++; later runs skip both)"
+"$root/scripts/setup.sh" --demo
+echo "   set-up done after $(( (SECONDS - demo_start) / 60 )) min $(( (SECONDS - demo_start) % 60 )) s"
 build="${MESHWORK_BUILD_DIR:-$root/build}"
 train="$build/trainer/meshwork-train"
 # The Pods run meshwork-train from PATH; kubectl and helm of the cluster's release come first.
@@ -108,7 +113,7 @@ kubectl logs tiny-0 | tail -n 3
 
 cat <<MSG
 
-Done: the TrainingJob 'tiny' Succeeded. The control plane and the operator are still running:
+Done in $(( (SECONDS - demo_start) / 60 )) min $(( (SECONDS - demo_start) % 60 )) s: the TrainingJob 'tiny' Succeeded. The control plane and the operator are still running:
   export KUBECONFIG=$KUBECONFIG PATH=$root/.meshwork/kube/bin:\$PATH   # kubectl 1.37, the cluster's release
   kubectl get tj,pods,svc                   # the job, its 2 Pods and its headless Service
   kubectl describe tj tiny                  # status, conditions and events

@@ -7,6 +7,10 @@
 # .meshwork/go while it builds; a module whose go.mod, go.sum and Go version are unchanged since
 # its last build is skipped. Called by scripts/setup.sh.
 #
+# usage: scripts/kube-build.sh [kubernetes] [etcd] [helm] [kueue]
+#   the modules to build (default: all four); scripts/demo.sh's set-up builds only what the local
+#   cluster runs (kubernetes, etcd), the tests need helm and Kueue too
+#
 #   MESHWORK_KUBE_BIN       where the binaries go (default .meshwork/kube/bin)
 #   MESHWORK_KEEP_GO_CACHE  1: keep Go's module and build caches (about 8 GB) after a build, so
 #                           that a change to one tools/*/go.mod rebuilds only what it touches.
@@ -30,6 +34,17 @@ export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 gcflags="all=-dwarf=false"
 mkdir -p "$out"
+wanted=("$@")
+((${#wanted[@]})) || wanted=(kubernetes etcd helm kueue)
+for w in "${wanted[@]}"; do
+  case "$w" in
+    kubernetes | etcd | helm | kueue) ;;
+    *) echo "[kube-build] unknown module '$w' (kubernetes, etcd, helm or kueue)" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
+# What a first build takes on 2 cores (measured; seconds), for the progress lines.
+declare -A first_build_seconds=([kubernetes]=320 [etcd]=25 [helm]=55 [kueue]=150)
 
 # build MODULE-DIR "BINARIES" GO-BUILD-ARGS...: go build in tools/MODULE-DIR, unless its stamp
 # says the same go.mod, go.sum, arguments and Go built every one of BINARIES already.
@@ -43,7 +58,8 @@ build() {
     echo "[kube-build] $binaries: up to date in $out"
     return
   fi
-  echo "[kube-build] building $binaries (the first build on 2 cores takes tens of minutes; later ones are cached)"
+  local estimate=$(( ${first_build_seconds[$1]:-60} * 2 / $(nproc) ))
+  echo "[kube-build] building $binaries (a first build: about $(( (estimate + 59) / 60 )) min on $(nproc) cores; later runs skip it)"
   local start=$SECONDS
   (cd "$dir" && go build -trimpath "$@")
   echo "$want" >"$stamp"
@@ -60,36 +76,39 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$kube_minor"
   kube_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" -gcflags "$gcflags" -ldflags "$kube_ldflags" -o "$out/" \
+wants kubernetes && build kubernetes "kube-apiserver kube-controller-manager kube-scheduler kubectl" -gcflags "$gcflags" -ldflags "$kube_ldflags" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 # etcd's main package is its module's root: named explicitly, or go would call it "server".
-build etcd etcd -gcflags "$gcflags" -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
-build helm helm -gcflags "$gcflags" -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
+wants etcd && build etcd etcd -gcflags "$gcflags" -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
+wants helm && build helm helm -gcflags "$gcflags" -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
 # Kueue's controller manager (sigs.k8s.io/kueue), for the e2e test of TrainingJobs queued by it,
-# and its CRDs from the same module, into $out/kueue-crds/.
-build kueue kueue -gcflags "$gcflags" -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
-kueue_version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$root/tools/kueue/go.mod" | head -1)"
-if [ "$(cat "$out/.stamp-kueue-crds" 2>/dev/null)" != "$kueue_version" ]; then
-  dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/kueue@$kueue_version" |
-    awk -F'"' '$2 == "Dir" {print $4}')"
-  [ -n "$dir" ] || { echo "[kube-build] could not download sigs.k8s.io/kueue@$kueue_version" >&2; exit 1; }
-  rm -rf "$out/kueue-crds" && mkdir -p "$out/kueue-crds"
-  cp "$dir"/config/components/crd/bases/*.yaml "$out/kueue-crds/"
-  echo "$kueue_version" >"$out/.stamp-kueue-crds"
-fi
-# The scheduler-plugins PodGroup CRD (scheduling.x-k8s.io/v1alpha1, the Coscheduling plugin's), so
-# that gang_e2e checks the operator's PodGroups against the real schema. Only the CRD: the
-# scheduler itself (a kube-scheduler of another Kubernetes release) is not built.
-scheduler_plugins_version=v0.33.5
-if [ ! -f "$out/scheduler-plugins-crds/scheduling.x-k8s.io_podgroups.yaml" ] ||
-  [ "$(cat "$out/scheduler-plugins-crds/VERSION" 2>/dev/null)" != "$scheduler_plugins_version" ]; then
-  dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/scheduler-plugins@$scheduler_plugins_version" |
-    awk -F'"' '$2 == "Dir" {print $4}')"
-  [ -n "$dir" ] || { echo "[kube-build] could not download sigs.k8s.io/scheduler-plugins@$scheduler_plugins_version" >&2; exit 1; }
-  rm -rf "$out/scheduler-plugins-crds" && mkdir -p "$out/scheduler-plugins-crds"
-  cp "$dir/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$out/scheduler-plugins-crds/"
-  echo "$scheduler_plugins_version" >"$out/scheduler-plugins-crds/VERSION"
+# and its CRDs from the same module, into $out/kueue-crds/; with it the scheduler-plugins CRD,
+# which tools/kueue's go.mod also pins. Only the tests use them.
+if wants kueue; then
+  build kueue kueue -gcflags "$gcflags" -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
+  kueue_version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$root/tools/kueue/go.mod" | head -1)"
+  if [ "$(cat "$out/.stamp-kueue-crds" 2>/dev/null)" != "$kueue_version" ]; then
+    dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/kueue@$kueue_version" |
+      awk -F'"' '$2 == "Dir" {print $4}')"
+    [ -n "$dir" ] || { echo "[kube-build] could not download sigs.k8s.io/kueue@$kueue_version" >&2; exit 1; }
+    rm -rf "$out/kueue-crds" && mkdir -p "$out/kueue-crds"
+    cp "$dir"/config/components/crd/bases/*.yaml "$out/kueue-crds/"
+    echo "$kueue_version" >"$out/.stamp-kueue-crds"
+  fi
+  # The scheduler-plugins PodGroup CRD (scheduling.x-k8s.io/v1alpha1, the Coscheduling plugin's), so
+  # that gang_e2e checks the operator's PodGroups against the real schema. Only the CRD: the
+  # scheduler itself (a kube-scheduler of another Kubernetes release) is not built.
+  scheduler_plugins_version=v0.33.5
+  if [ ! -f "$out/scheduler-plugins-crds/scheduling.x-k8s.io_podgroups.yaml" ] ||
+    [ "$(cat "$out/scheduler-plugins-crds/VERSION" 2>/dev/null)" != "$scheduler_plugins_version" ]; then
+    dir="$(cd "$root/tools/kueue" && go mod download -json "sigs.k8s.io/scheduler-plugins@$scheduler_plugins_version" |
+      awk -F'"' '$2 == "Dir" {print $4}')"
+    [ -n "$dir" ] || { echo "[kube-build] could not download sigs.k8s.io/scheduler-plugins@$scheduler_plugins_version" >&2; exit 1; }
+    rm -rf "$out/scheduler-plugins-crds" && mkdir -p "$out/scheduler-plugins-crds"
+    cp "$dir/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$out/scheduler-plugins-crds/"
+    echo "$scheduler_plugins_version" >"$out/scheduler-plugins-crds/VERSION"
+  fi
 fi
 
 # Everything is built: the caches only speed up a rebuild after a go.mod changes.
