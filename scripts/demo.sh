@@ -35,7 +35,7 @@ fi
 demo_start=$SECONDS
 # Only what the demo runs is built (scripts/setup.sh --demo); scripts/test.sh builds the rest.
 echo "== set-up: the Kubernetes components the local cluster runs, then the trainer, operator and cluster"
-echo "   (a first run on 2 cores: about 6 minutes of Go, then about 6 of C++; later runs skip both)"
+echo "   (a first run on 2 cores: about 8 minutes of Go, then about 7 of C++; later runs skip both)"
 "$root/scripts/setup.sh" --demo
 echo "   set-up done after $(( (SECONDS - demo_start) / 60 )) min $(( (SECONDS - demo_start) % 60 )) s"
 build="${MESHWORK_BUILD_DIR:-$root/build}"

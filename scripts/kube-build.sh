@@ -44,12 +44,12 @@ for w in "${wanted[@]}"; do
 done
 wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 # What a first build takes on 2 cores (measured; seconds), for the progress lines.
-declare -A first_build_seconds=([kubernetes]=320 [etcd]=25 [helm]=55 [kueue]=150)
+declare -A first_build_seconds=([kubernetes]=445 [etcd]=33 [helm]=55 [kueue]=152)
 
 # build MODULE-DIR "BINARIES" GO-BUILD-ARGS...: go build in tools/MODULE-DIR, unless its stamp
 # says the same go.mod, go.sum, arguments and Go built every one of BINARIES already.
 build() {
-  local dir="$root/tools/$1" binaries=$2 stamp="$out/.stamp-$1" want have="" missing=0 b
+  local module=$1 dir="$root/tools/$1" binaries=$2 stamp="$out/.stamp-$1" want have="" missing=0 b
   shift 2
   want="$({ cat "$dir/go.mod" "$dir/go.sum"; echo "$*"; } | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
   [ -f "$stamp" ] && have="$(cat "$stamp")"
@@ -58,7 +58,7 @@ build() {
     echo "[kube-build] $binaries: up to date in $out"
     return
   fi
-  local estimate=$(( ${first_build_seconds[$1]:-60} * 2 / $(nproc) ))
+  local estimate=$(( ${first_build_seconds[$module]:-60} * 2 / $(nproc) ))
   echo "[kube-build] building $binaries (a first build: about $(( (estimate + 59) / 60 )) min on $(nproc) cores; later runs skip it)"
   local start=$SECONDS
   (cd "$dir" && go build -trimpath "$@")
