@@ -15,7 +15,8 @@ std::vector<Key> Provides(const Action& a) {
   switch (a.kind) {
     case ActionKind::kBackward:  // the input's gradient and the weights' both
       return {{ActionKind::kBackward, a.microbatch, a.stage}, {ActionKind::kBackwardWeight, a.microbatch, a.stage}};
-    case ActionKind::kBackwardInput: return {{ActionKind::kBackward, a.microbatch, a.stage}};
+    case ActionKind::kBackwardInput:  // the input's gradient, and itself (what a W waits for)
+      return {{ActionKind::kBackward, a.microbatch, a.stage}, {ActionKind::kBackwardInput, a.microbatch, a.stage}};
     default: return {{a.kind, a.microbatch, a.stage}};
   }
 }
@@ -71,15 +72,9 @@ Status RunInOrder(const Program& p, const std::function<double(int rank, size_t 
   const int ranks = static_cast<int>(p.ranks.size());
   std::map<Key, double> done_at;
   std::vector<size_t> pos(ranks, 0);
-  // A W waits for its I specifically: an I provides kBackward, which a B provides too, so a W is
-  // checked against the I itself.
-  std::map<Key, bool> input_half_done;
   auto done = [&](const Dependency& d) -> const double* {
-    const ActionKind provided = d.kind == ActionKind::kBackwardInput ? ActionKind::kBackward : d.kind;
-    auto it = done_at.find({provided, d.microbatch, d.stage});
-    if (it == done_at.end()) return nullptr;
-    if (d.kind == ActionKind::kBackwardInput && !input_half_done.count({provided, d.microbatch, d.stage})) return nullptr;
-    return &it->second;
+    auto it = done_at.find({d.kind, d.microbatch, d.stage});
+    return it == done_at.end() ? nullptr : &it->second;
   };
   for (bool progress = true; progress;) {
     progress = false;
@@ -103,7 +98,6 @@ Status RunInOrder(const Program& p, const std::function<double(int rank, size_t 
         if (blocked) break;
         const double finish = step(r, pos[r], ready);
         for (const Key& k : Provides(a)) done_at[k] = finish;
-        if (a.kind == ActionKind::kBackwardInput) input_half_done[{ActionKind::kBackward, a.microbatch, a.stage}] = true;
         ++pos[r];
         progress = true;
       }
