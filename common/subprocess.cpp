@@ -1,6 +1,7 @@
 #include "common/subprocess.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -11,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace meshwork {
 namespace {
@@ -18,6 +20,7 @@ namespace {
 // The child's steps, as numbers it can write into the pipe.
 enum Step : int {
   kNone = 0,
+  kNetns,
   kUnshare,
   kPrivateRoot,
   kBindHosts,
@@ -29,7 +32,7 @@ enum Step : int {
 };
 
 const char* StepName(int step) {
-  static const char* kNames[kStepCount] = {"start", "unshare(mount, uts namespace)", "make / private",
+  static const char* kNames[kStepCount] = {"start", "join the network namespace", "unshare(mount, uts namespace)", "make / private",
                                            "bind-mount /etc/hosts", "sethostname", "redirect stdio",
                                            "chdir", "exec"};
   return step > 0 && step < kStepCount ? kNames[step] : "start";
@@ -100,9 +103,15 @@ Spawned SpawnProcess(const SpawnOptions& o) {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+    if (!o.netns.empty()) {
+      const int fd = ::open(o.netns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) die(kNetns);
+      ::close(fd);
+    }
     if (isolate) {
       if (::unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) die(kUnshare);
       if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) die(kPrivateRoot);
+      if (!o.detach_mount.empty()) ::umount2(o.detach_mount.c_str(), MNT_DETACH);  // EINVAL: not a mount point
       if (!o.hosts_file.empty() &&
           ::mount(o.hosts_file.c_str(), "/etc/hosts", nullptr, MS_BIND, nullptr) != 0) {
         die(kBindHosts);
@@ -140,6 +149,91 @@ Spawned SpawnProcess(const SpawnOptions& o) {
   ::close(err_pipe[0]);
   if (n == static_cast<ssize_t>(sizeof(ce))) out.failure = SpawnFailure{StepName(ce.step), ce.error};
   return out;
+}
+
+Result<Captured> RunCaptured(SpawnOptions options, const std::string& input, std::chrono::milliseconds timeout,
+                             bool merge_stderr) {
+  using Clock = std::chrono::steady_clock;
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int* p : {in, out, err}) {
+      for (int i = 0; i < 2; ++i) {
+        if (p[i] >= 0) ::close(p[i]);
+        p[i] = -1;
+      }
+    }
+  };
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || (!merge_stderr && ::pipe2(err, O_CLOEXEC) != 0)) {
+    const int e = errno;
+    close_all();
+    return Unavailable(std::string("pipe: ") + std::strerror(e));
+  }
+  options.stdin_fd = in[0];
+  options.stdout_fd = out[1];
+  options.stderr_fd = merge_stderr ? out[1] : err[1];
+  options.close_other_fds = true;
+  options.new_session = false;  // its own process group, which a timeout kills
+  const std::string name = options.program.empty() && !options.argv.empty() ? options.argv[0] : options.program;
+  Spawned child = SpawnProcess(options);
+  ::close(in[0]), ::close(out[1]);
+  in[0] = out[1] = -1;
+  if (err[1] >= 0) ::close(err[1]), err[1] = -1;
+  if (!child.ok()) {
+    close_all();
+    if (child.pid > 0) {
+      while (::waitpid(child.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    return Unavailable("cannot run " + name + ": " + (child.failure ? child.failure->ToString() : "no child"));
+  }
+  // Small inputs (configs) fit a pipe's buffer: written at once, before anything is read.
+  if (!input.empty()) {
+    const ssize_t wrote = ::write(in[1], input.data(), input.size());
+    (void)wrote;
+  }
+  ::close(in[1]);
+  in[1] = -1;
+  Captured run;
+  const auto deadline = Clock::now() + timeout;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  bool timed_out = false;
+  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    const int n = ::poll(fds, 2, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t got = ::read(fds[i].fd, buf, sizeof(buf));
+      if (got > 0) {
+        (i == 0 ? run.out : run.err).append(buf, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        fds[i].fd = -1;
+      }
+    }
+  }
+  close_all();
+  // Its output is closed: it is exiting, or it closed them and runs on until the deadline.
+  int status = 0;
+  while (!timed_out) {
+    const pid_t r = ::waitpid(child.pid, &status, WNOHANG);
+    if (r == child.pid || (r < 0 && errno != EINTR)) break;
+    if (Clock::now() > deadline) timed_out = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (timed_out) {
+    ::kill(-child.pid, SIGKILL);
+    while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (timed_out) return Unavailable(name + " did not finish within " + std::to_string(timeout.count()) + " ms");
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return run;
 }
 
 }  // namespace meshwork

@@ -6,9 +6,12 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/status.h"
 
 namespace meshwork {
 
@@ -26,6 +29,13 @@ struct SpawnOptions {
   // Needs CAP_SYS_ADMIN; both empty: the parent's.
   std::string hosts_file;
   std::string hostname;
+  // With its own mount namespace: a mount point detached there (not in the parent's namespace),
+  // so that the child's copy of the mount table does not pin what is mounted under it. A path
+  // that is not a mount point is ignored.
+  std::string detach_mount;
+  // A network namespace to join (a file pinning one, as `ip netns` makes them), before anything
+  // else; empty: the parent's. Needs CAP_SYS_ADMIN.
+  std::string netns;
 
   // Descriptors dup'ed onto 0, 1 and 2; -1 leaves the inherited one.
   int stdin_fd = -1;
@@ -55,9 +65,23 @@ struct Spawned {
 
 // Forks and runs the child's steps in this order: new group or session; SIGKILL when the parent
 // dies (PR_SET_PDEATHSIG; the calling thread must outlive the child); empty signal mask and
-// default dispositions; namespaces; stdio; close other descriptors; working directory; exec.
+// default dispositions; network namespace; mount and UTS namespaces; stdio; close other descriptors; working directory; exec.
 // Returns once the exec has succeeded or a step has failed. Everything the child touches is
 // prepared before the fork, so the child only makes system calls.
 Spawned SpawnProcess(const SpawnOptions& options);
+
+// What a command wrote, and how it ended.
+struct Captured {
+  int exit_code = 0;  // 128 + the signal when a signal ended it
+  std::string out;    // stdout (and stderr with merge_stderr)
+  std::string err;    // stderr, unless merged
+};
+
+// Runs `options` with its stdin, stdout and stderr replaced by pipes (its other descriptors
+// closed): `input` is written to stdin (up to a pipe's buffer: a few KiB of config), and what it
+// writes is collected until it exits. After `timeout` it is killed with its process group (it
+// leads one). Unavailable when it cannot start or runs past the timeout.
+Result<Captured> RunCaptured(SpawnOptions options, const std::string& input, std::chrono::milliseconds timeout,
+                             bool merge_stderr = false);
 
 }  // namespace meshwork

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the local cluster runs (docs/cluster.md) from their
 # Go modules, pinned in tools/*/go.mod: kube-apiserver, kube-controller-manager, kube-scheduler
-# and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16), helm
+# and kubectl (k8s.io/kubernetes v1.37.2), etcd (go.etcd.io/etcd/server/v3 v3.6.16), the CNI
+# reference plugins bridge, host-local and loopback (github.com/containernetworking/plugins v1.10.0,
+# into cni/: the node agent gives each Pod its network namespace with them), helm
 # (helm.sh/helm/v3 v3.22.0) and Kueue (sigs.k8s.io/kueue v0.17.0, with its CRDs in kueue-crds/),
 # into .meshwork/kube/bin, plus the scheduler-plugins PodGroup CRD (scheduler-plugins-crds/). Go's module and build caches live in
 # .meshwork/go while it builds; a module whose go.mod, go.sum and Go version are unchanged since
 # its last build is skipped. Called by scripts/setup.sh.
 #
-# usage: scripts/kube-build.sh [kubernetes] [etcd] [helm] [kueue]
-#   the modules to build (default: all four); scripts/demo.sh's set-up builds only what the local
-#   cluster runs (kubernetes, etcd), the tests need helm and Kueue too
+# usage: scripts/kube-build.sh [kubernetes] [etcd] [cni] [helm] [kueue]
+#   the modules to build (default: all five); scripts/demo.sh's set-up builds only what the local
+#   cluster runs (kubernetes, etcd, cni), the tests need helm and Kueue too
 #
 #   MESHWORK_KUBE_BIN       where the binaries go (default .meshwork/kube/bin)
 #   MESHWORK_KEEP_GO_CACHE  1: keep Go's module and build caches (about 8 GB) after a build, so
@@ -35,16 +37,16 @@ export CGO_ENABLED=0
 gcflags="all=-dwarf=false"
 mkdir -p "$out"
 wanted=("$@")
-((${#wanted[@]})) || wanted=(kubernetes etcd helm kueue)
+((${#wanted[@]})) || wanted=(kubernetes etcd cni helm kueue)
 for w in "${wanted[@]}"; do
   case "$w" in
-    kubernetes | etcd | helm | kueue) ;;
-    *) echo "[kube-build] unknown module '$w' (kubernetes, etcd, helm or kueue)" >&2; exit 2 ;;
+    kubernetes | etcd | cni | helm | kueue) ;;
+    *) echo "[kube-build] unknown module '$w' (kubernetes, etcd, cni, helm or kueue)" >&2; exit 2 ;;
   esac
 done
 wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 # What a first build takes on 2 cores (measured; seconds), for the progress lines.
-declare -A first_build_seconds=([kubernetes]=445 [etcd]=33 [helm]=55 [kueue]=152)
+declare -A first_build_seconds=([kubernetes]=445 [etcd]=33 [cni]=40 [helm]=55 [kueue]=152)
 
 # build MODULE-DIR "BINARIES" GO-BUILD-ARGS...: go build in tools/MODULE-DIR, unless its stamp
 # says the same go.mod, go.sum, arguments and Go built every one of BINARIES already.
@@ -81,6 +83,15 @@ wants kubernetes && build kubernetes "kube-apiserver kube-controller-manager kub
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 # etcd's main package is its module's root: named explicitly, or go would call it "server".
 wants etcd && build etcd etcd -gcflags "$gcflags" -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
+# The CNI reference plugins, called by the node agent as a kubelet's container runtime calls them
+# (docs/controlplane-agent.md, "Pod networks"); the bridge plugin needs no iptables without ipMasq.
+if wants cni; then
+  mkdir -p "$out/cni"
+  build cni "cni/bridge cni/host-local cni/loopback" -gcflags "$gcflags" -ldflags "-s -w" -o "$out/cni/" \
+    github.com/containernetworking/plugins/plugins/main/bridge \
+    github.com/containernetworking/plugins/plugins/ipam/host-local \
+    github.com/containernetworking/plugins/plugins/main/loopback
+fi
 wants helm && build helm helm -gcflags "$gcflags" -ldflags "-s -w" -o "$out/" helm.sh/helm/v3/cmd/helm
 # Kueue's controller manager (sigs.k8s.io/kueue), for the e2e test of TrainingJobs queued by it,
 # and its CRDs from the same module, into $out/kueue-crds/; with it the scheduler-plugins CRD,

@@ -131,7 +131,7 @@ trap 'kill "$python_tools_pid" 2>/dev/null || true; rm -f "$python_tools_log"' E
 # kube-controller-manager, kube-scheduler, kubectl, etcd and helm, built from their Go modules
 # into .meshwork/kube/bin (scripts/kube-build.sh; 20 to 30 minutes on 2 cores the first time).
 kube_modules=()
-((demo)) && kube_modules=(kubernetes etcd)
+((demo)) && kube_modules=(kubernetes etcd cni)
 "$root/scripts/kube-build.sh" "${kube_modules[@]}"
 
 wait "$python_tools_pid" || true

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "controlplane/agent/internal.h"
+#include "controlplane/agent/pod_network.h"
 
 namespace meshwork::controlplane::agent {
 namespace {
@@ -223,7 +224,12 @@ void Kubelet::SyncPod(const json& pod) {
   Status st = runtime_->Start(pod, token.value());
   started_.insert(uid);
   if (!st.ok()) {
-    json status = {{"phase", "Failed"}, {"reason", "CreateContainerConfigError"}, {"message", st.message()}};
+    // A Pod whose network could not be made is kubelet's FailedCreatePodSandBox; kubelet retries
+    // it, here it fails at once with the plugin's message, which a retry would only repeat.
+    const bool sandbox = st.message().rfind(kPodNetworkError, 0) == 0;
+    json status = {{"phase", "Failed"},
+                   {"reason", sandbox ? "FailedCreatePodSandBox" : "CreateContainerConfigError"},
+                   {"message", st.message()}};
     auto r = client_->MergePatch(resources::Pods(), ns, name, {{"status", status}}, "status");
     if (!r.ok()) Log("pod " + ns + "/" + name + ": status: " + r.error().ToString());
   }

@@ -3,6 +3,7 @@
 // as local processes. meshwork-cluster starts it; it also runs on its own against any API server.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <memory>
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   namespace exit_code = meshwork::exit_code;
   std::string kubeconfig, names_kubeconfig, state_dir, nodes_file, node_name, first_pod_ip, resolution = "auto";
   std::string tls_cert, tls_key, client_ca;
+  agent::PodNetworkOptions network;
   int kubelet_port = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -85,6 +87,12 @@ int main(int argc, char** argv) {
     else if (arg == "--tls-cert-file") tls_cert = value;
     else if (arg == "--tls-private-key-file") tls_key = value;
     else if (arg == "--client-ca-file") client_ca = value;
+    else if (arg == "--pod-cidr") network.pod_cidr = value;
+    else if (arg == "--pod-subnet") network.subnet = value;
+    else if (arg == "--pod-gateway") network.gateway = value;
+    else if (arg == "--pod-bridge") network.bridge = value;
+    else if (arg == "--pod-network-dir") network.dir = value;
+    else if (arg == "--cni-bin-dir") network.cni_bin_dir = value;
     else if (arg == "--kubelet-port") {
       char* end = nullptr;
       const long v = std::strtol(value.c_str(), &end, 10);
@@ -114,8 +122,31 @@ int main(int argc, char** argv) {
     }
   }
 
+  const std::vector<std::pair<const char*, const std::string*>> network_flags = {
+      {"--pod-cidr", &network.pod_cidr},    {"--pod-subnet", &network.subnet},
+      {"--pod-gateway", &network.gateway},  {"--pod-bridge", &network.bridge},
+      {"--pod-network-dir", &network.dir},  {"--cni-bin-dir", &network.cni_bin_dir}};
+  const bool any_network_flag =
+      std::any_of(network_flags.begin(), network_flags.end(), [](const auto& f) { return !f.second->empty(); });
+  for (const auto& [flag, value] : network_flags) {
+    if (any_network_flag && value->empty()) return Usage(std::string(flag) + " is required with the other pod network flags");
+  }
+
   agent::RuntimeOptions runtime_options;
   runtime_options.state_dir = state_dir;
+  if (any_network_flag) {
+    auto made = agent::PodNetwork::Create(network);
+    if (made.ok()) {
+      runtime_options.network = std::move(made).value();
+      runtime_options.network_service_host = network.gateway;
+    } else if (made.status().code() == meshwork::StatusCode::kUnavailable) {
+      std::cout << "meshwork-node-agent: Pods keep the machine's network with loopback addresses: "
+                << made.status().message() << std::endl;
+    } else {
+      std::cerr << "meshwork-node-agent: " << made.status().message() << "\n";
+      return meshwork::ExitCodeFor(made.status().code());
+    }
+  }
   runtime_options.first_pod_ip = first_pod_ip;
   if (resolution == "auto") runtime_options.resolution = agent::Resolution::kAuto;
   else if (resolution == "mount") runtime_options.resolution = agent::Resolution::kMountNamespace;
@@ -272,7 +303,12 @@ int main(int argc, char** argv) {
   std::cout << "meshwork-node-agent: node";
   for (const auto& node : nodes) std::cout << " " << node.name;
   std::cout << " registered with " << config->server << "; pods resolve names by "
-            << agent::ResolutionName(runtime.value()->resolution()) << std::endl;
+            << agent::ResolutionName(runtime.value()->resolution());
+  if (runtime_options.network) {
+    std::cout << "; each Pod has its own network namespace on bridge " << network.bridge << " with an address from "
+              << network.pod_cidr;
+  }
+  std::cout << std::endl;
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -1,6 +1,6 @@
 // The node agent's parts (docs/controlplane-agent.md): nodes and resource quantities, and a
-// runtime that runs each Pod's containers as local processes with their own loopback address and
-// per-pod name resolution. JSON Pod objects in, status JSON out: the Kubelet (kubelet.h) connects
+// runtime that runs each Pod's containers as local processes in the Pod's own network namespace
+// (pod_network.h; else with their own loopback address) with per-pod name resolution. JSON Pod objects in, status JSON out: the Kubelet (kubelet.h) connects
 // them to the API server.
 #pragma once
 
@@ -18,6 +18,7 @@
 
 #include "common/quantity.h"
 #include "common/status.h"
+#include "controlplane/agent/pod_network.h"
 
 namespace meshwork::controlplane::agent {
 
@@ -118,6 +119,13 @@ struct RuntimeOptions {
   // MESHWORK_SERVICE_ACCOUNT_DIR naming it in every container.
   std::optional<ServiceAccountCredentials> service_account;
   std::chrono::milliseconds monitor_interval{50};  // how often exits and deadlines are checked
+  // Set: every Pod but those with spec.hostNetwork true gets its own network namespace from it
+  // (pod_network.h), whose eth0 address status.podIP reports, and its containers run in it. Unset,
+  // and for hostNetwork Pods: the machine's namespace and a loopback address of the Pod's own.
+  std::shared_ptr<PodNetwork> network;
+  // KUBERNETES_SERVICE_HOST in a Pod with its own network namespace (the API server's address on
+  // the Pods' bridge), in place of extra_env's; empty: extra_env's.
+  std::string network_service_host;
 };
 
 class PodRuntime {
@@ -132,9 +140,9 @@ class PodRuntime {
 
   // Starts every container of the pod as a local process group (command+args with $(VAR)
   // expansion, env incl. valueFrom.fieldRef, workingDir, volumes: see below), stdout+stderr to
-  // its log file, and
-  // assigns the pod its own loopback address (127.a.b.c, never 127.0.x.x), which status.podIP
-  // reports. Returns at once; the processes start on the monitor thread and Poll reports them.
+  // its log file, in the pod's own network namespace (RuntimeOptions::network; its address is
+  // status.podIP; a failure is Unavailable starting with kPodNetworkError), else with its own
+  // loopback address (127.a.b.c, never 127.0.x.x), which status.podIP reports. Returns at once; the processes start on the monitor thread and Poll reports them.
   // Needs metadata.uid, metadata.name and spec.containers[].name; errors name the field. GPUs
   // are handed out here (RuntimeOptions::node_gpus); more than the node has free is kUnavailable.
   // Starting a uid that is already known does nothing and returns Ok.
@@ -153,8 +161,8 @@ class PodRuntime {
   void Stop(const std::string& uid, std::optional<int> grace_seconds);
   // True when every process of the pod has exited (also true for unknown uids).
   bool Stopped(const std::string& uid) const;
-  // Forgets a stopped pod: frees its IP and deletes its files (logs included). Stops it first
-  // with grace 0 if it is still running.
+  // Forgets a stopped pod: frees its IP (its network namespace released), deletes its files (logs
+  // included). Stops it first with grace 0 if it is still running.
   void Remove(const std::string& uid);
 
   // Status changes since the last call: (uid, the Pod's whole "status" object: phase,

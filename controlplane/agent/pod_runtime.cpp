@@ -1,5 +1,6 @@
 // The pod runtime: each container a local process group, restarted as kubelet would, its
-// status reported as a Pod's status; each pod its own loopback IP and hosts file.
+// status reported as a Pod's status; each pod its own network namespace (or loopback IP) and hosts
+// file.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <random>
 #include <set>
@@ -192,6 +194,7 @@ struct PodRuntime::Impl {
   struct Pod {
     json object;
     std::string uid, name, ns, hostname, subdomain, ip, restart_policy, dir, hosts_path;
+    std::string netns;       // the file pinning its network namespace; empty: the machine's, ip a loopback slot
     std::string node;        // spec.nodeName
     std::vector<int> gpus;   // device indices on `node` its containers hold
     uint32_t ip_slot = 0;
@@ -217,6 +220,7 @@ struct PodRuntime::Impl {
   std::map<std::string, std::string> hosts;  // SetHosts
   std::set<uint32_t> ips_in_use;
   uint32_t next_ip_slot = 0;
+  std::vector<std::string> networks_to_release;  // removed pods' uids whose namespace is still pinned
   bool shutting_down = false;
   SteadyClock::time_point shutdown_deadline;
   std::thread monitor;
@@ -427,7 +431,7 @@ struct PodRuntime::Impl {
   }
 
   Prepared Prepare(const json& pod, const json& c, const std::string& ip, const std::string& hostname,
-                   const std::string& hosts_path) const {
+                   const std::string& hosts_path, bool own_network) const {
     Prepared p;
     const json meta = internal::ObjectAt(pod, "metadata");
     const json spec = internal::ObjectAt(pod, "spec");
@@ -447,6 +451,9 @@ struct PodRuntime::Impl {
     if (env.values().count("PATH") == 0) env.Set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     env.Set("HOSTNAME", hostname);
     for (const auto& [k, v] : options.extra_env) env.Set(k, v);
+    if (own_network && !options.network_service_host.empty()) {
+      env.Set("KUBERNETES_SERVICE_HOST", options.network_service_host);
+    }
     if (std::string sa_dir = ServiceAccountDir(pod); !sa_dir.empty()) env.Set("MESHWORK_SERVICE_ACCOUNT_DIR", sa_dir);
 
     const json env_list = internal::ArrayAt(c, "env");
@@ -609,7 +616,7 @@ struct PodRuntime::Impl {
   };
 
   SpawnResult Spawn(const Prepared& p, const std::string& log_path, const std::string& hosts_path,
-                    const std::string& hostname) const {
+                    const std::string& hostname, const std::string& netns) const {
     SpawnResult r;
     auto fail = [&](int code, const std::string& message) {
       Termination t;
@@ -644,7 +651,9 @@ struct PodRuntime::Impl {
     if (resolution == Resolution::kMountNamespace) {
       spawn.hosts_file = hosts_path;
       spawn.hostname = hostname;
+      if (options.network) spawn.detach_mount = options.network->NamespaceDir();
     }
+    spawn.netns = netns;
     spawn.stdin_fd = null_fd;
     spawn.stdout_fd = spawn.stderr_fd = log_fd;
     spawn.close_other_fds = true;
@@ -744,6 +753,7 @@ struct PodRuntime::Impl {
     json pod, container;
     std::string ip, hostname, hosts_path, log_path, previous_log_path;
     bool rotate;
+    std::string netns;
   };
 
   void MonitorLoop() {
@@ -783,17 +793,26 @@ struct PodRuntime::Impl {
           if (due) {
             c.state = State::kStarting;
             jobs.push_back({pod.uid, i, pod.object, c.spec, pod.ip, pod.hostname, pod.hosts_path,
-                            LogFile(pod, c.name, false), LogFile(pod, c.name, true), c.ever_started});
+                            LogFile(pod, c.name, false), LogFile(pod, c.name, true), c.ever_started, pod.netns});
           }
         }
         if (pod.remove_when_stopped && StoppedLocked(pod)) {
           std::error_code ec;
           fs::remove_all(pod.dir, ec);
-          ips_in_use.erase(pod.ip_slot);
+          if (pod.netns.empty()) ips_in_use.erase(pod.ip_slot);
+          if (!pod.netns.empty()) networks_to_release.push_back(pod.uid);
           it = pods.erase(it);
         } else {
           ++it;
         }
+      }
+      if (!networks_to_release.empty()) {
+        // The plugins' DEL takes a few tens of milliseconds: not under the lock.
+        std::vector<std::string> uids = std::move(networks_to_release);
+        networks_to_release.clear();
+        lock.unlock();
+        ReleaseNetworks(uids);
+        lock.lock();
       }
       if (!jobs.empty()) {
         lock.unlock();
@@ -801,7 +820,7 @@ struct PodRuntime::Impl {
         for (const SpawnJob& job : jobs) {
           Prepared p;
           try {
-            p = Prepare(job.pod, job.container, job.ip, job.hostname, job.hosts_path);
+            p = Prepare(job.pod, job.container, job.ip, job.hostname, job.hosts_path, !job.netns.empty());
           } catch (const std::exception& e) {  // a throwing data source must not end the monitor
             p = Prepared();
             p.config_error = std::string("cannot build the container's environment: ") + e.what();
@@ -812,7 +831,7 @@ struct PodRuntime::Impl {
               std::error_code ec;
               fs::rename(job.log_path, job.previous_log_path, ec);
             }
-            s = Spawn(p, job.log_path, job.hosts_path, job.hostname);
+            s = Spawn(p, job.log_path, job.hosts_path, job.hostname, job.netns);
           }
           results.push_back({std::move(p), std::move(s)});
         }
@@ -823,6 +842,15 @@ struct PodRuntime::Impl {
       // Bounded: a process stuck in the kernel past SIGKILL must not hang the destructor.
       if (shutting_down && (AllStoppedLocked() || SteadyClock::now() > shutdown_deadline)) return;
       wake.wait_for(lock, options.monitor_interval);
+    }
+  }
+
+  // Releases the network namespaces of pods that are gone (no lock held). A failure is said on
+  // stderr (the agent's log): the namespace file stays, and the next agent's start releases it.
+  void ReleaseNetworks(const std::vector<std::string>& uids) const {
+    for (const std::string& uid : uids) {
+      Status st = options.network->Remove(uid);
+      if (!st.ok()) std::cerr << "pod runtime: pod " << uid << ": " << st.message() << std::endl;
     }
   }
 
@@ -1174,6 +1202,13 @@ PodRuntime::~PodRuntime() {
   impl_->wake.notify_all();
   // The monitor returns once every pod has stopped; SIGKILL after the grace makes that bounded.
   impl_->monitor.join();
+  if (impl_->options.network) {
+    std::vector<std::string> uids = std::move(impl_->networks_to_release);
+    for (const auto& [uid, pod] : impl_->pods) {
+      if (!pod.netns.empty()) uids.push_back(uid);
+    }
+    impl_->ReleaseNetworks(uids);
+  }
 }
 
 Status PodRuntime::Start(const json& pod, const std::string& service_account_token) {
@@ -1228,23 +1263,40 @@ Status PodRuntime::Start(const json& pod, const std::string& service_account_tok
   p.subdomain = internal::StringAt(spec, "subdomain");
   p.start_time = internal::Rfc3339(SystemClock::now());
 
+  // The Pod's network namespace, outside the lock (the plugins take tens of milliseconds); a
+  // Start of the same uid meanwhile finds it taken below and releases this one.
+  PodNetwork* network = impl_->options.network.get();
+  const bool host_network = spec.contains("hostNetwork") && spec["hostNetwork"].is_boolean() && spec["hostNetwork"].get<bool>();
+  if (network != nullptr && !host_network) {
+    auto ip = network->Add(p.uid);
+    if (!ip.ok()) return ip.status();
+    p.ip = ip.value();
+    p.netns = network->NamespacePath(p.uid);
+  }
   std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->pods.count(p.uid)) return Status::Ok();
-  if (impl_->ips_in_use.size() >= kIpSlots) return Unavailable("no free pod IP addresses left");
-  MW_RETURN_IF_ERROR(impl_->AssignGpusLocked(p));
-  while (impl_->ips_in_use.count(impl_->next_ip_slot)) impl_->next_ip_slot = (impl_->next_ip_slot + 1) % kIpSlots;
-  p.ip_slot = impl_->next_ip_slot;
-  impl_->next_ip_slot = (impl_->next_ip_slot + 1) % kIpSlots;
-  p.ip = SlotToIp(p.ip_slot);
+  // What this Start made of the network, released when it does not keep the Pod.
+  auto release = [&](Status st) {
+    if (!p.netns.empty()) (void)network->Remove(p.uid);
+    return st;
+  };
+  if (impl_->pods.count(p.uid)) return p.netns.empty() ? Status::Ok() : release(Status::Ok());
+  if (p.netns.empty() && impl_->ips_in_use.size() >= kIpSlots) return Unavailable("no free pod IP addresses left");
+  if (Status st = impl_->AssignGpusLocked(p); !st.ok()) return release(st);
+  if (p.netns.empty()) {
+    while (impl_->ips_in_use.count(impl_->next_ip_slot)) impl_->next_ip_slot = (impl_->next_ip_slot + 1) % kIpSlots;
+    p.ip_slot = impl_->next_ip_slot;
+    impl_->next_ip_slot = (impl_->next_ip_slot + 1) % kIpSlots;
+    p.ip = SlotToIp(p.ip_slot);
+  }
   p.dir = impl_->options.state_dir + "/pods/" + p.uid;
   p.hosts_path = p.dir + "/hosts";
   std::error_code ec;
   fs::remove_all(p.dir, ec);  // leftovers of an earlier run with the same uid
   fs::create_directories(p.dir, ec);
-  if (ec) return IOError("cannot create pod directory " + p.dir + ": " + ec.message());
-  MW_RETURN_IF_ERROR(impl_->WriteHostsFile(p));
-  MW_RETURN_IF_ERROR(impl_->WriteServiceAccountDir(p, service_account_token));
-  impl_->ips_in_use.insert(p.ip_slot);
+  if (ec) return release(IOError("cannot create pod directory " + p.dir + ": " + ec.message()));
+  if (Status st = impl_->WriteHostsFile(p); !st.ok()) return release(st);
+  if (Status st = impl_->WriteServiceAccountDir(p, service_account_token); !st.ok()) return release(st);
+  if (p.netns.empty()) impl_->ips_in_use.insert(p.ip_slot);
   std::string uid = p.uid;
   impl_->pods.emplace(uid, std::move(p));
   impl_->wake.notify_all();

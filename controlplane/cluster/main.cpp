@@ -1,8 +1,8 @@
 // meshwork-cluster: a local Kubernetes cluster of real parts (docs/cluster.md). It supervises
 // etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from their Go modules
-// by scripts/setup.sh, and the Meshwork node agent, as child processes on loopback: makes their
-// certificates, writes an admin kubeconfig, restarts what dies, stops them all on SIGTERM, and
-// keeps its data directory (etcd's data included) across restarts.
+// by scripts/setup.sh, and the Meshwork node agent, as child processes: makes their certificates
+// and the Pods' network (a bridge; pod_network.h), writes an admin kubeconfig, restarts what dies,
+// stops them all on SIGTERM, and keeps its data directory (etcd's data included) across restarts.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -24,6 +24,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,6 +39,7 @@
 #include "common/subprocess.h"
 #include "controlplane/agent/node_agent.h"
 #include "controlplane/cluster/pki.h"
+#include "controlplane/cluster/pod_network.h"
 #include "operator/k8s/client.h"
 #include "operator/k8s/config.h"
 
@@ -52,7 +54,7 @@ namespace {
 
 const char* kUsage =
     "usage: meshwork-cluster --data-dir DIR [--port N] [--kubeconfig FILE] [--nodes FILE]\n"
-    "                        [--kube-bin DIR] [--node-agent FILE]\n"
+    "                        [--kube-bin DIR] [--node-agent FILE] [--pod-network auto|none]\n"
     "  --data-dir DIR      certificates, etcd's data, logs, pods' files and the kubeconfig (required)\n"
     "  --port N            kube-apiserver's port on 127.0.0.1 (default: the one used last time in\n"
     "                      DIR, else a free one)\n"
@@ -61,7 +63,10 @@ const char* kUsage =
     "                      no node agents (an API-only cluster, for clients' tests)\n"
     "  --kube-bin DIR      where etcd, kube-apiserver, kube-controller-manager and kube-scheduler\n"
     "                      are (default $MESHWORK_KUBE_BIN, else what scripts/setup.sh built)\n"
-    "  --node-agent FILE   the meshwork-node-agent binary (default: the one built with this)\n";
+    "  --node-agent FILE   the meshwork-node-agent binary (default: the one built with this)\n"
+    "  --pod-network MODE  auto (default): each Pod its own network namespace on a bridge, through\n"
+    "                      the CNI plugins in the --kube-bin's cni/, where this process may (root);\n"
+    "                      else, and with none, Pods get loopback addresses in the host's network\n";
 
 const char* kServiceCidr = "10.0.0.0/24";
 // The feature gates of every control-plane component: GenericWorkload turns on the PodGroup API
@@ -333,6 +338,7 @@ std::string DefaultKubeBin() {
 struct Layout {
   std::string data_dir, pki, logs, kube_bin, agent, nodes, kubeconfig_path, audit_policy;
   std::vector<agent::NodeConfig> node_configs;
+  const cluster::ClusterNetwork* network = nullptr;  // null: Pods on loopback addresses
 };
 
 // The components one attempt started (the supervisor points at them) and its admin client.
@@ -395,10 +401,14 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
                           "--listen-peer-urls", etcd_peer, "--initial-advertise-peer-urls", etcd_peer,
                           "--initial-cluster", "meshwork=" + etcd_peer, "--log-level", "warn",
                           "--quota-backend-bytes", "8589934592"}});
+  // With a Pod network, Pods reach the API server at the host's address on their bridge, which is
+  // also what it advertises: the kubernetes Service then has real endpoints (its EndpointSlice).
+  // It listens on every address then, as kubeadm's does, for the bridge's and loopback's clients.
+  const cluster::ClusterNetwork* network = layout.network;
   Component* apiserver = own({
       "kube-apiserver",
-      {bin + "/kube-apiserver", "--etcd-servers", etcd_client, "--bind-address", "127.0.0.1",
-       "--advertise-address", "127.0.0.1", "--secure-port", api_port, "--tls-cert-file", pki + "/apiserver.crt",
+      {bin + "/kube-apiserver", "--etcd-servers", etcd_client, "--bind-address", network ? "0.0.0.0" : "127.0.0.1",
+       "--advertise-address", network ? network->gateway() : "127.0.0.1", "--secure-port", api_port, "--tls-cert-file", pki + "/apiserver.crt",
        "--tls-private-key-file", pki + "/apiserver.key", "--client-ca-file", pki + "/ca.crt",
        "--service-account-issuer", "https://kubernetes.default.svc.cluster.local", "--service-account-key-file",
        pki + "/sa.pub", "--service-account-signing-key-file", pki + "/sa.key", "--service-cluster-ip-range",
@@ -407,8 +417,9 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
        "--audit-log-maxsize", "100", "--audit-log-maxbackup", "3", "--kubelet-client-certificate",
        pki + "/apiserver-kubelet-client.crt", "--kubelet-client-key", pki + "/apiserver-kubelet-client.key",
        "--kubelet-certificate-authority", pki + "/ca.crt", "--kubelet-preferred-address-types", "InternalIP",
-       // The kubernetes Service's endpoints would be 127.0.0.1, which EndpointSlices refuse.
-       "--endpoint-reconciler-type", "none", "--allow-privileged=true", "--profiling=false",
+       // Without a Pod network the kubernetes Service's endpoints would be 127.0.0.1, which
+       // EndpointSlices refuse.
+       "--endpoint-reconciler-type", network ? "lease" : "none", "--allow-privileged=true", "--profiling=false",
        // Kubernetes' own gang scheduling (PodGroup, scheduling.k8s.io/v1beta1; beta, off by
        // default in 1.37): a TrainingJob's gangAdmission PodGroup uses it.
        kFeatureGates, "--runtime-config", "scheduling.k8s.io/v1beta1=true"}});
@@ -439,6 +450,12 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
                          // Distinct Pod address ranges: 127.<10+i>.0.1 upwards for node i.
                          "--first-pod-ip", "127." + std::to_string(10 + i % 240) + ".0.1"}});
     if (!layout.nodes.empty()) c->argv.insert(c->argv.end(), {"--nodes", layout.nodes});
+    if (network != nullptr) {
+      c->argv.insert(c->argv.end(), {"--pod-cidr", network->NodeCidr(i), "--pod-subnet", network->subnet(),
+                                     "--pod-gateway", network->gateway(), "--pod-bridge", network->bridge(),
+                                     "--pod-network-dir", network->NodeDir(name), "--cni-bin-dir",
+                                     network->cni_bin_dir()});
+    }
     node_agents.push_back(c);
   }
 
@@ -483,6 +500,7 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
 
 int main(int argc, char** argv) {
   std::string data_dir, kubeconfig_path, nodes, kube_bin = DefaultKubeBin(), agent = MESHWORK_NODE_AGENT_DEFAULT;
+  std::string pod_network = "auto";
   int port = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -497,6 +515,7 @@ int main(int argc, char** argv) {
     else if (arg == "--nodes") nodes = value;
     else if (arg == "--kube-bin") kube_bin = value;
     else if (arg == "--node-agent") agent = value;
+    else if (arg == "--pod-network") pod_network = value;
     else if (arg == "--port") {
       char* end = nullptr;
       const long v = std::strtol(value.c_str(), &end, 10);
@@ -507,6 +526,7 @@ int main(int argc, char** argv) {
     }
   }
   if (data_dir.empty()) return Usage("--data-dir is required");
+  if (pod_network != "auto" && pod_network != "none") return Usage("--pod-network " + pod_network + ": expected auto or none");
   for (const char* binary : {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}) {
     const std::string path = kube_bin + "/" + binary;
     if (::access(path.c_str(), X_OK) != 0) {
@@ -587,12 +607,30 @@ int main(int argc, char** argv) {
   for (const agent::NodeConfig& node : node_configs) {
     identities.push_back({"node-" + node.name, "system:node:" + node.name, {"system:nodes"}});
   }
-  if (meshwork::Status s = cluster::EnsurePki(pki, kServiceIp, identities); !s.ok()) {
+  // The Pods' network, before the certificates: the API server's names its address on the bridge.
+  // Given back (the bridge deleted) when main returns, after the supervisor has stopped the agents.
+  std::optional<cluster::ClusterNetwork> network;
+  if (pod_network == "auto" && !node_configs.empty()) {
+    auto made = node_configs.size() > 254 ? meshwork::Result<cluster::ClusterNetwork>(meshwork::Unavailable(
+                                                "more than 254 nodes (one /24 of Pod addresses each)"))
+                                          : cluster::ClusterNetwork::SetUp(kube_bin + "/cni");
+    if (made.ok()) {
+      network.emplace(std::move(made).value());
+      Log("Pod network: bridge " + network->bridge() + " (" + network->subnet() + ", the host at " +
+          network->gateway() + "), node i's Pods in " + network->NodeCidr(0).substr(0, network->NodeCidr(0).size() - 7) +
+          "<i+1>.0/24");
+    } else {
+      Log("Pods share the host's network with loopback addresses: " + made.status().message());
+    }
+  }
+  std::vector<std::string> api_ips = {kServiceIp};
+  if (network) api_ips.push_back(network->gateway());
+  if (meshwork::Status s = cluster::EnsurePki(pki, api_ips, identities); !s.ok()) {
     std::cerr << "meshwork-cluster: " << s.message() << "\n";
     return exit_code::kIO;
   }
   const Layout layout{data_dir, pki, logs, kube_bin, agent, nodes, kubeconfig_path, data_dir + "/audit-policy.yaml",
-                      node_configs};
+                      node_configs, network ? &*network : nullptr};
   if (meshwork::Status s = WriteFile(layout.audit_policy,
                                      "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
                                      "rules:\n- level: Metadata\n",

@@ -56,7 +56,11 @@ std::string Subject(const std::string& cn, const std::vector<std::string>& group
 Status MakeSigned(const std::string& dir, const std::string& name, const std::string& subject,
                   const std::string& extensions) {
   const std::string base = dir + "/" + name;
-  if (Exists(base + ".crt") && Exists(base + ".key")) return Status::Ok();
+  // The extensions a certificate was made with are kept beside it (.ext): the same ones keep it.
+  std::ifstream kept(base + ".ext");
+  const std::string kept_extensions((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>());
+  const bool same = Exists(base + ".ext") && kept_extensions == extensions;
+  if (Exists(base + ".crt") && Exists(base + ".key") && same) return Status::Ok();
   const std::string tmp = base + ".tmp";
   {
     std::ofstream ext(tmp + ".ext");
@@ -73,13 +77,15 @@ Status MakeSigned(const std::string& dir, const std::string& name, const std::st
       ::rename((tmp + ".crt").c_str(), (base + ".crt").c_str()) != 0) {
     return IOError(base + ": " + std::strerror(errno));
   }
-  for (const char* suffix : {".csr", ".ext", ".log"}) ::unlink((tmp + suffix).c_str());
+  if (::rename((tmp + ".ext").c_str(), (base + ".ext").c_str()) != 0) return IOError(base + ".ext: " + std::strerror(errno));
+  for (const char* suffix : {".csr", ".log"}) ::unlink((tmp + suffix).c_str());
   return Status::Ok();
 }
 
 }  // namespace
 
-Status EnsurePki(const std::string& dir, const std::string& service_ip, const std::vector<ClientIdentity>& identities) {
+Status EnsurePki(const std::string& dir, const std::vector<std::string>& api_ips,
+                 const std::vector<ClientIdentity>& identities) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return IOError(dir + ": " + std::strerror(errno));
   if (!Exists(dir + "/ca.crt") || !Exists(dir + "/ca.key")) {
     MW_RETURN_IF_ERROR(OpenSsl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
@@ -94,10 +100,12 @@ Status EnsurePki(const std::string& dir, const std::string& service_ip, const st
     ::unlink((dir + "/ca.log").c_str());
   }
   const std::string common = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n";
+  std::string ips;
+  for (const std::string& ip : api_ips) ips += "IP:" + ip + ",";
   MW_RETURN_IF_ERROR(MakeSigned(
       dir, "apiserver", "/CN=kube-apiserver",
-      common + "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:" + service_ip +
-          ",DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+      common + "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1," + ips +
+          "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
           "DNS:kubernetes.default.svc.cluster.local\n"));
   // The node agent's kubelet API, which the API server calls for logs and checks against the CA.
   MW_RETURN_IF_ERROR(MakeSigned(dir, "kubelet", "/CN=meshwork-node-agent",

@@ -18,10 +18,12 @@ struct ClientIdentity {
 };
 
 // Makes what is missing under `dir` (created 0700): ca.{crt,key}; apiserver.{crt,key} for
-// 127.0.0.1, localhost and the kubernetes Service's names and `service_ip`; kubelet.{crt,key}
-// for the node agent's kubelet API on 127.0.0.1; one pair per identity; sa.key and sa.pub.
-// Files already there are kept, so a restart keeps its credentials.
+// 127.0.0.1, localhost, the kubernetes Service's names and `api_ips` (the Service's address, the
+// host's on the Pods' bridge); kubelet.{crt,key} for the node agent's kubelet API on 127.0.0.1;
+// one pair per identity; sa.key and sa.pub. Files already there are kept, so a restart keeps its
+// credentials, unless a certificate's names changed (another bridge address): that one is made again.
 // Errors name the file and openssl's message.
-Status EnsurePki(const std::string& dir, const std::string& service_ip, const std::vector<ClientIdentity>& identities);
+Status EnsurePki(const std::string& dir, const std::vector<std::string>& api_ips,
+                 const std::vector<ClientIdentity>& identities);
 
 }  // namespace meshwork::controlplane::cluster

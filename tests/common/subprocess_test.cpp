@@ -141,5 +141,40 @@ TEST(SpawnProcess, InheritedDescriptorsAreClosedWhenAsked) {
   ::close(pipe_fds[1]);
 }
 
+TEST(RunCaptured, FeedsStdinAndCollectsBothStreams) {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "cat; echo to-err >&2; exit 3"};
+  auto run = RunCaptured(o, "config text\n", std::chrono::seconds(30));
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  EXPECT_EQ(run->exit_code, 3);
+  EXPECT_EQ(run->out, "config text\n");
+  EXPECT_EQ(run->err, "to-err\n");
+  auto merged = RunCaptured(o, "x\n", std::chrono::seconds(30), /*merge_stderr=*/true);
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(merged->out, "x\nto-err\n");
+  EXPECT_EQ(merged->err, "");
+}
+
+TEST(RunCaptured, KillsWhatRunsPastItsTimeoutWithItsGroup) {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "sleep 30 & sleep 30"};  // a grandchild holding the pipes too
+  const auto start = std::chrono::steady_clock::now();
+  auto run = RunCaptured(o, "", std::chrono::milliseconds(300));
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(run.status().message().find("/bin/sh did not finish within 300 ms"), std::string::npos)
+      << run.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));  // a bound, not a timing
+}
+
+TEST(RunCaptured, AProgramThatCannotStartIsAnError) {
+  SpawnOptions o;
+  o.argv = {"/nonexistent/program"};
+  auto run = RunCaptured(o, "", std::chrono::seconds(5));
+  ASSERT_FALSE(run.ok());
+  EXPECT_NE(run.status().message().find("cannot run /nonexistent/program: exec"), std::string::npos)
+      << run.status().message();
+}
+
 }  // namespace
 }  // namespace meshwork

@@ -76,6 +76,9 @@ out="$(k -n "$ns" rollout status deployment/meshwork-meshwork-operator --timeout
 [[ "$out" == *"successfully rolled out"* ]] && pass "the operator Deployment rolls out" || { fail "rollout: $out"; dump; }
 pod="$(k -n "$ns" get pods -l app.kubernetes.io/name=meshwork-operator -o jsonpath='{.items[0].metadata.name}' 2>/dev/null)"
 [[ "$pod" == meshwork-meshwork-operator-* ]] && pass "the Deployment's Pod is $pod" || fail "operator Pod: '$pod'"
+# The Pod's own address: its own network namespace on the cluster's Pod network, or a loopback
+# address where the cluster has none (docs/cluster.md, "Pod network"); the operator listens on all.
+pod_ip="$(k -n "$ns" get pod "$pod" -o jsonpath='{.status.podIP}' 2>/dev/null)"
 sa="$(k -n "$ns" get pod "$pod" -o jsonpath='{.spec.serviceAccountName}' 2>/dev/null)"
 [ "$sa" = meshwork-meshwork-operator ] && pass "it runs as the chart's ServiceAccount" || fail "serviceAccountName '$sa'"
 
@@ -85,12 +88,12 @@ holder_is() { [ "$(holder)" = "$1" ]; }
 e2e_wait_for 30 "$pod holds the Lease" holder_is "$pod" &&
   pass "the operator Pod holds Lease $ns/$lease under its Pod name" || { fail "Lease holder '$(holder)'"; dump; }
 log="$(k -n "$ns" logs "$pod" 2>&1)"
-[[ "$log" == *"API server https://127.0.0.1:"*"(in-cluster service account ("* && "$log" == *"namespace (all)"* &&
+[[ "$log" == *"API server https://"*"(in-cluster service account ("* && "$log" == *"namespace (all)"* &&
   "$log" == *"port $port"* ]] &&
   pass "it found the API through its service account, watches every namespace, serves metrics on port $port" ||
   fail "operator log: $log"
-code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz")"
-leader="$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 == "meshwork_operator_leader" {print $2}')"
+code="$(curl -s -o /dev/null -w '%{http_code}' "http://$pod_ip:$port/readyz")"
+leader="$(curl -s "http://$pod_ip:$port/metrics" | awk '$1 == "meshwork_operator_leader" {print $2}')"
 [ "$code" = 200 ] && [ "$leader" = 1 ] && pass "/readyz answers 200 and meshwork_operator_leader is 1" ||
   fail "readyz $code, leader gauge '$leader'"
 
@@ -129,7 +132,7 @@ else
   fail "from-helm did not succeed: $(k -n ml get tj from-helm -o jsonpath='{.status}' 2>&1)"
   dump
 fi
-created="$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 ~ /^meshwork_operator_pods_created_total/ {s += $2} END {print s + 0}')"
+created="$(curl -s "http://$pod_ip:$port/metrics" | awk '$1 ~ /^meshwork_operator_pods_created_total/ {s += $2} END {print s + 0}')"
 [ "$created" -ge 2 ] 2>/dev/null && pass "the operator's Pod counter shows the $created Pods it created" ||
   fail "meshwork_operator_pods_created_total: '$created'"
 
