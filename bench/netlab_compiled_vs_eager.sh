@@ -156,13 +156,16 @@ run_one() {
   [ "$status" = ok ]
 }
 
+# The commit the runs start from: a run takes hours, and commits landing meanwhile are not what ran.
+cmdline="$(bench_command_line "bench/netlab_compiled_vs_eager.sh" "$root" RATES WORLD PRESET SEQ BATCH REPEATS \
+  MEASURED SKIP CONFIGS BUDGET SETS COMPILED_SETS CAL_RATE CAL_CONFIG SHARE_CORES)"
 bench_interleave run_one "${names[@]}"
 "$netlab" down
 
 {
   python3 "$root/bench/protocol.py" title "$raw" "FSDP eager vs compiled on netlab, (step time, peak) points" --group rate,config
   echo
-  bench_command_line "bench/netlab_compiled_vs_eager.sh" "$root" RATES WORLD PRESET SEQ BATCH REPEATS MEASURED SKIP CONFIGS BUDGET SETS COMPILED_SETS CAL_RATE CAL_CONFIG SHARE_CORES
+  echo "$cmdline"
   echo
   echo "Machine: $(bench_machine), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo). Each rank in its own network namespace, its"
   echo "link shaped to the rate in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core"
