@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,6 +63,28 @@ void CloseAllAbove2Except(int keep) {
   }
 }
 
+// write(2) that returns EPIPE instead of raising SIGPIPE (which would end this process when the
+// reader is gone): SIGPIPE is blocked in this thread for the write, and one it raised is taken off
+// the pending set before the mask is restored, unless one was pending already.
+ssize_t WriteNoSigpipe(int fd, const char* data, size_t size) {
+  sigset_t pipe_set, old_mask, pending;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+  const ssize_t wrote = ::write(fd, data, size);
+  const int err = errno;
+  if (wrote < 0 && err == EPIPE && !was_pending) {
+    const timespec zero{0, 0};
+    while (sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  errno = err;
+  return wrote;
+}
+
 }  // namespace
 
 std::string SpawnFailure::ToString() const { return step + ": " + std::strerror(error); }
@@ -111,7 +135,12 @@ Spawned SpawnProcess(const SpawnOptions& o) {
     if (isolate) {
       if (::unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) die(kUnshare);
       if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) die(kPrivateRoot);
-      if (!o.detach_mount.empty()) ::umount2(o.detach_mount.c_str(), MNT_DETACH);  // EINVAL: not a mount point
+      // Every mount stacked there (a directory bind-mounted onto itself, and a mount left under it
+      // by an agent that died): until EINVAL, not a mount point any more.
+      if (!o.detach_mount.empty()) {
+        while (::umount2(o.detach_mount.c_str(), MNT_DETACH) == 0) {
+        }
+      }
       if (!o.hosts_file.empty() &&
           ::mount(o.hosts_file.c_str(), "/etc/hosts", nullptr, MS_BIND, nullptr) != 0) {
         die(kBindHosts);
@@ -186,16 +215,18 @@ Result<Captured> RunCaptured(SpawnOptions options, const std::string& input, std
     }
     return Unavailable("cannot run " + name + ": " + (child.failure ? child.failure->ToString() : "no child"));
   }
-  // Small inputs (configs) fit a pipe's buffer: written at once, before anything is read.
-  if (!input.empty()) {
-    const ssize_t wrote = ::write(in[1], input.data(), input.size());
-    (void)wrote;
-  }
-  ::close(in[1]);
-  in[1] = -1;
+  // stdin is fed from the same loop that drains stdout and stderr (non-blocking, so that neither
+  // side waits on a full pipe), and the timeout counts from here, the write included.
   Captured run;
   const auto deadline = Clock::now() + timeout;
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  size_t written = 0;
+  if (input.empty()) {
+    ::close(in[1]);
+    in[1] = -1;
+  } else {
+    ::fcntl(in[1], F_SETFL, ::fcntl(in[1], F_GETFL) | O_NONBLOCK);
+  }
+  pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
   bool timed_out = false;
   while (fds[0].fd >= 0 || fds[1].fd >= 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -203,9 +234,18 @@ Result<Captured> RunCaptured(SpawnOptions options, const std::string& input, std
       timed_out = true;
       break;
     }
-    const int n = ::poll(fds, 2, static_cast<int>(left));
+    const int n = ::poll(fds, 3, static_cast<int>(left));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
+    if (fds[2].fd >= 0 && fds[2].revents != 0) {
+      const ssize_t wrote = WriteNoSigpipe(fds[2].fd, input.data() + written, input.size() - written);
+      if (wrote > 0) written += static_cast<size_t>(wrote);
+      // Done, or the child closed its stdin (EPIPE: it reads no more; what it wrote is the answer).
+      if (written == input.size() || (wrote < 0 && errno != EAGAIN && errno != EINTR)) {
+        ::close(in[1]);
+        in[1] = fds[2].fd = -1;
+      }
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
       char buf[4096];
@@ -222,7 +262,11 @@ Result<Captured> RunCaptured(SpawnOptions options, const std::string& input, std
   int status = 0;
   while (!timed_out) {
     const pid_t r = ::waitpid(child.pid, &status, WNOHANG);
-    if (r == child.pid || (r < 0 && errno != EINTR)) break;
+    if (r == child.pid) break;
+    if (r < 0 && errno != EINTR) {
+      // ECHILD: reaped elsewhere (SIGCHLD ignored in this process); how it ended is unknown.
+      return Unavailable("waiting for " + name + ": " + std::strerror(errno));
+    }
     if (Clock::now() > deadline) timed_out = true;
     else std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }

@@ -78,9 +78,10 @@ struct Captured {
 };
 
 // Runs `options` with its stdin, stdout and stderr replaced by pipes (its other descriptors
-// closed): `input` is written to stdin (up to a pipe's buffer: a few KiB of config), and what it
-// writes is collected until it exits. After `timeout` it is killed with its process group (it
-// leads one). Unavailable when it cannot start or runs past the timeout.
+// closed): `input` is written to stdin while what it writes is collected, until it exits (a
+// child that closes stdin early is not an error, and raises no SIGPIPE here). After `timeout`,
+// counted from the start, it is killed with its process group (it leads one). Unavailable when it
+// cannot start, runs past the timeout, or was reaped elsewhere (SIGCHLD ignored).
 Result<Captured> RunCaptured(SpawnOptions options, const std::string& input, std::chrono::milliseconds timeout,
                              bool merge_stderr = false);
 

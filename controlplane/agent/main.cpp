@@ -32,6 +32,8 @@ const char* kUsage =
     "                           [--first-pod-ip IP] [--names-kubeconfig FILE]\n"
     "                           [--resolution auto|mount|preload|none] [--kubelet-port N\n"
     "                           --tls-cert-file FILE --tls-private-key-file FILE --client-ca-file FILE]\n"
+    "                           [--pod-cidr CIDR --pod-subnet CIDR --pod-gateway IP --pod-bridge NAME\n"
+    "                           --pod-network-dir DIR --cni-bin-dir DIR]\n"
     "  --kubeconfig FILE   the API server and the agent's credentials (required)\n"
     "  --state-dir DIR     pod logs and hosts files live under DIR/pods/<uid>/ (required)\n"
     "  --nodes FILE        nodes config, YAML or JSON (default: one node with this machine's\n"
@@ -45,7 +47,12 @@ const char* kUsage =
     "                      agents on one machine get distinct ranges this way\n"
     "  --resolution MODE   how pods resolve headless Service names (default auto)\n"
     "  --kubelet-port N    serve the kubelet API (logs) over TLS on 127.0.0.1:N, with this serving\n"
-    "                      certificate and key, to clients whose certificate --client-ca-file signed\n";
+    "                      certificate and key, to clients whose certificate --client-ca-file signed\n"
+    "  --pod-cidr CIDR     with the other --pod-* flags and --cni-bin-dir: each Pod gets its own network\n"
+    "                      namespace and an address from CIDR (inside --pod-subnet, the bridge's\n"
+    "                      network, where the host is --pod-gateway) on bridge --pod-bridge, through\n"
+    "                      the CNI plugins in --cni-bin-dir; namespaces and leases under\n"
+    "                      --pod-network-dir. Not root: said in the log, loopback addresses instead\n";
 
 int Usage(const std::string& message) {
   std::cerr << "meshwork-node-agent: " << message << "\n" << kUsage;

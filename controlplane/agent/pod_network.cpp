@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -116,7 +117,15 @@ Status MakeNamespace(const std::string& path) {
     return Unavailable("fork: " + ErrnoText(err));
   }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited = 0;
+  while ((waited = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+  }
+  if (waited < 0) {
+    // ECHILD: something reaped it (SIGCHLD ignored); whether the mount happened is unknown.
+    const int err = errno;
+    (void)::umount2(path.c_str(), MNT_DETACH);
+    ::unlink(path.c_str());
+    return Unavailable("waiting for the child making a network namespace: " + ErrnoText(err));
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::Ok();
   ::unlink(path.c_str());
@@ -183,7 +192,7 @@ bool InCidr(const std::string& ip, const std::string& cidr) {
   return a.ok() && c.ok() && a.value() >= c->base && a.value() <= Last(c.value());
 }
 
-PodNetwork::PodNetwork(PodNetworkOptions options) : options_(std::move(options)) {}
+PodNetwork::PodNetwork(Key, PodNetworkOptions options) : options_(std::move(options)) {}
 
 PodNetwork::~PodNetwork() {
   if (pinned_dir_) ::umount2(NamespaceDir().c_str(), MNT_DETACH);
@@ -208,7 +217,7 @@ Result<std::unique_ptr<PodNetwork>> PodNetwork::Create(PodNetworkOptions options
   if (gateway >= pods.base && gateway <= Last(pods)) {
     return InvalidConfig("pod network: gateway " + options.gateway + " is inside the pod CIDR " + options.pod_cidr);
   }
-  if (options.plugin_timeout.count() <= 0) return InvalidConfig("pod network: plugin_timeout must be > 0");
+  if (options.plugin_timeout.count() <= 0) return InvalidConfig("pod network: plugin_timeout " + std::to_string(options.plugin_timeout.count()) + " ms must be > 0");
   for (const char* plugin : kPlugins) {
     const std::string path = options.cni_bin_dir + "/" + plugin;
     if (::access(path.c_str(), X_OK) != 0) {
@@ -216,29 +225,41 @@ Result<std::unique_ptr<PodNetwork>> PodNetwork::Create(PodNetworkOptions options
                            " (scripts/kube-build.sh cni builds the CNI plugins)");
     }
   }
-  std::unique_ptr<PodNetwork> net(new PodNetwork(std::move(options)));
+  const std::string dir = options.dir;
   std::error_code ec;
-  fs::create_directories(net->NamespaceDir(), ec);
-  if (!ec) fs::create_directories(net->options_.dir + "/ipam", ec);
-  if (ec) return IOError("pod network: cannot create " + net->options_.dir + ": " + ec.message());
-  net->options_.dir = fs::canonical(net->options_.dir, ec).string();
-  if (ec) return IOError("pod network: " + net->options_.dir + ": " + ec.message());
+  fs::create_directories(dir + "/netns", ec);
+  if (!ec) fs::create_directories(dir + "/ipam", ec);
+  if (ec) return IOError("pod network: cannot create " + dir + ": " + ec.message());
+  options.dir = fs::canonical(dir, ec).string();
+  if (ec) return IOError("pod network: dir \"" + dir + "\": " + ec.message());
+  auto net = std::make_unique<PodNetwork>(Key{}, std::move(options));
   // A namespace made and dropped again says whether this process may make them at all.
   const std::string probe = net->NamespaceDir() + "/.probe";
-  ::unlink(probe.c_str());
+  MW_RETURN_IF_ERROR(DropNamespace(probe));  // a probe left by an agent killed mid-way
   MW_RETURN_IF_ERROR(MakeNamespace(probe));
   MW_RETURN_IF_ERROR(DropNamespace(probe));
-  if (!IsMountPoint(net->NamespaceDir())) {
-    if (::mount(net->NamespaceDir().c_str(), net->NamespaceDir().c_str(), nullptr, MS_BIND, nullptr) != 0) {
-      return Unavailable("pod network: cannot bind-mount " + net->NamespaceDir() + " onto itself: " + ErrnoText(errno));
+  // The pins live on a private mount of the directory: they do not propagate to the host's other
+  // mount namespaces, and a container unmounting the directory in its own mount namespace (to not
+  // hold every Pod's namespace) touches nothing outside it. A directory still mounted by an
+  // agent that died is made private again, not mounted twice.
+  const std::string netns_dir = net->NamespaceDir();
+  if (!IsMountPoint(netns_dir)) {
+    if (::mount(netns_dir.c_str(), netns_dir.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+      return Unavailable("pod network: cannot bind-mount " + netns_dir + " onto itself: " + ErrnoText(errno));
     }
     net->pinned_dir_ = true;
   }
+  if (::mount(nullptr, netns_dir.c_str(), nullptr, MS_PRIVATE, nullptr) != 0) {
+    return Unavailable("pod network: cannot make the mount " + netns_dir + " private: " + ErrnoText(errno));
+  }
   // An earlier agent's Pods are gone (they die with it): their namespaces are released with the
   // plugins' DEL where it works, and every lease goes, DEL or not, since no Pod of ours holds one.
+  // What a DEL refuses is logged and left: a stale veth on the bridge holds no address.
   auto released = net->RemoveAll();
   fs::remove_all(net->options_.dir + "/ipam/" + kNetworkName, ec);
-  if (!released.ok()) return released.status();
+  if (!released.ok()) {
+    std::cerr << "pod network: releasing an earlier agent's Pod networks: " << released.status().message() << std::endl;
+  }
   return net;
 }
 
@@ -299,7 +320,12 @@ Result<std::string> PodNetwork::Add(const std::string& uid) {
     return Unavailable(std::string(kPodNetworkError) + "uid \"" + uid + "\" is not a CNI container id (letters, digits, '_', '.', '-')");
   }
   const std::string netns = NamespacePath(uid);
-  if (::access(netns.c_str(), F_OK) == 0) MW_RETURN_IF_ERROR(Remove(uid));
+  if (::access(netns.c_str(), F_OK) == 0) {
+    if (Status st = Remove(uid); !st.ok()) {
+      const std::string& m = st.message();
+      return Unavailable(m.rfind(kPodNetworkError, 0) == 0 ? m : kPodNetworkError + m);
+    }
+  }
   if (Status st = MakeNamespace(netns); !st.ok()) return Unavailable(kPodNetworkError + st.message());
   auto fail = [&](const std::string& message) -> Result<std::string> {
     (void)Remove(uid);
@@ -325,8 +351,7 @@ Result<std::string> PodNetwork::Add(const std::string& uid) {
   return address;
 }
 
-Status PodNetwork::Delete(const std::string& uid) {
-  const std::string netns = NamespacePath(uid);
+Status PodNetwork::Delete(const std::string& uid, const std::string& netns) {
   const std::string& bin = options_.cni_bin_dir;
   Status first = Status::Ok();
   // In reverse order of ADD, as a runtime tears a sandbox down; DEL of what was never added is
@@ -339,13 +364,24 @@ Status PodNetwork::Delete(const std::string& uid) {
       first = Unavailable(std::string(plugin) + " plugin DEL: " + PluginError(run.value()));
     }
   }
+  if (!first.ok() && !netns.empty()) {
+    // The namespace may be what failed: a DEL without one still releases the address lease (the
+    // bridge plugin frees the IPAM lease before it looks at the namespace).
+    auto run = RunPlugin(bin + "/bridge", CniEnv("DEL", uid, "", "eth0", bin), BridgeConfig(), options_.plugin_timeout);
+    if (run.ok() && run->exit_code == 0) {
+      std::cerr << "pod network: pod " << uid << ": " << first.message()
+                << "; its address lease was released without the namespace" << std::endl;
+    }
+  }
   return first;
 }
 
 Status PodNetwork::Remove(const std::string& uid) {
   const std::string netns = NamespacePath(uid);
   if (::access(netns.c_str(), F_OK) != 0) return Status::Ok();
-  Status deleted = Delete(uid);
+  // A file that pins no namespace (an agent killed between creating it and mounting it, or a
+  // mount lost with its mount namespace): the plugins get no namespace, which they accept on DEL.
+  Status deleted = Delete(uid, IsMountPoint(netns) ? netns : "");
   Status dropped = DropNamespace(netns);
   if (!deleted.ok()) return Unavailable(kPodNetworkError + deleted.message());
   return dropped;

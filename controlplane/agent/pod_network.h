@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -38,8 +39,18 @@ class PodNetwork {
   // Checks the options (InvalidConfig naming the option and its value: CIDRs that do not parse,
   // a pod_cidr outside subnet, a gateway outside subnet or inside pod_cidr, a plugin that is not
   // executable) and that this process may make a network namespace (Unavailable saying why not:
-  // not root, or namespaces refused), then releases what an earlier agent left in `dir`.
+  // not root, or namespaces refused), then releases what an earlier agent left in `dir` (what a
+  // plugin refuses to release is logged on stderr, not an error). The bridge is not checked: the
+  // bridge plugin makes it when absent, and then nothing on it has the gateway address.
   static Result<std::unique_ptr<PodNetwork>> Create(PodNetworkOptions options);
+
+  // Only Create makes one (the key is private); public for std::make_unique.
+  struct Key {
+   private:
+    Key() = default;
+    friend class PodNetwork;
+  };
+  PodNetwork(Key, PodNetworkOptions options);
   ~PodNetwork();  // unpins netns/ (its own mount point); Pods' namespaces are Remove's to release
 
   PodNetwork(const PodNetwork&) = delete;
@@ -50,7 +61,8 @@ class PodNetwork {
   // nothing of the Pod's is left. A uid that has a namespace already gets it released first.
   Result<std::string> Add(const std::string& uid);
   // Runs the plugins' DEL and drops the namespace; a uid without one is Ok. Every step is tried;
-  // the first error is returned.
+  // the first error is returned. When a DEL fails, the bridge plugin's DEL is run again without
+  // the namespace, which releases the address lease.
   Status Remove(const std::string& uid);
   // Releases every Pod's namespace in `dir` (Create does it for an earlier agent's); how many.
   Result<int> RemoveAll();
@@ -65,9 +77,9 @@ class PodNetwork {
   const PodNetworkOptions& options() const { return options_; }
 
  private:
-  explicit PodNetwork(PodNetworkOptions options);
   std::string BridgeConfig() const;  // the bridge plugin's network config (host-local IPAM inside)
-  Status Delete(const std::string& uid);  // the plugins' DEL, the namespace kept
+  // The plugins' DEL with CNI_NETNS=netns (empty: no namespace to enter), the namespace kept.
+  Status Delete(const std::string& uid, const std::string& netns);
 
   PodNetworkOptions options_;
   bool pinned_dir_ = false;  // netns/ was bind-mounted onto itself by Create

@@ -221,6 +221,7 @@ struct PodRuntime::Impl {
   std::set<uint32_t> ips_in_use;
   uint32_t next_ip_slot = 0;
   std::vector<std::string> networks_to_release;  // removed pods' uids whose namespace is still pinned
+  std::set<std::string> starting;  // uids a Start is making the network of, outside the lock
   bool shutting_down = false;
   SteadyClock::time_point shutdown_deadline;
   std::thread monitor;
@@ -1228,8 +1229,19 @@ Status PodRuntime::Start(const json& pod, const std::string& service_account_tok
   if (p.name.empty()) return InvalidInput("metadata.name is required");
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->pods.count(p.uid)) return Status::Ok();
+    if (impl_->pods.count(p.uid) || impl_->starting.count(p.uid)) return Status::Ok();
+    impl_->starting.insert(p.uid);
   }
+  // Until this Start returns, a second Start of the uid returns at once: it must not make (or
+  // remove) the network namespace this one is making, which sits at the same path.
+  struct Unmark {
+    Impl* impl;
+    std::string uid;
+    ~Unmark() {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      impl->starting.erase(uid);
+    }
+  } unmark{impl_.get(), p.uid};
   const json containers = internal::ArrayAt(spec, "containers");
   if (containers.empty()) return InvalidInput("spec.containers: a pod needs at least one container");
   if (!internal::ArrayAt(spec, "initContainers").empty()) {
@@ -1263,8 +1275,7 @@ Status PodRuntime::Start(const json& pod, const std::string& service_account_tok
   p.subdomain = internal::StringAt(spec, "subdomain");
   p.start_time = internal::Rfc3339(SystemClock::now());
 
-  // The Pod's network namespace, outside the lock (the plugins take tens of milliseconds); a
-  // Start of the same uid meanwhile finds it taken below and releases this one.
+  // The Pod's network namespace, outside the lock (the plugins take tens of milliseconds).
   PodNetwork* network = impl_->options.network.get();
   const bool host_network = spec.contains("hostNetwork") && spec["hostNetwork"].is_boolean() && spec["hostNetwork"].get<bool>();
   if (network != nullptr && !host_network) {
@@ -1273,13 +1284,13 @@ Status PodRuntime::Start(const json& pod, const std::string& service_account_tok
     p.ip = ip.value();
     p.netns = network->NamespacePath(p.uid);
   }
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  // What this Start made of the network, released when it does not keep the Pod.
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  // What this Start made of the network, released (outside the lock) when it does not keep the Pod.
   auto release = [&](Status st) {
+    lock.unlock();
     if (!p.netns.empty()) (void)network->Remove(p.uid);
     return st;
   };
-  if (impl_->pods.count(p.uid)) return p.netns.empty() ? Status::Ok() : release(Status::Ok());
   if (p.netns.empty() && impl_->ips_in_use.size() >= kIpSlots) return Unavailable("no free pod IP addresses left");
   if (Status st = impl_->AssignGpusLocked(p); !st.ok()) return release(st);
   if (p.netns.empty()) {

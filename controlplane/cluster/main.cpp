@@ -56,8 +56,9 @@ const char* kUsage =
     "usage: meshwork-cluster --data-dir DIR [--port N] [--kubeconfig FILE] [--nodes FILE]\n"
     "                        [--kube-bin DIR] [--node-agent FILE] [--pod-network auto|none]\n"
     "  --data-dir DIR      certificates, etcd's data, logs, pods' files and the kubeconfig (required)\n"
-    "  --port N            kube-apiserver's port on 127.0.0.1 (default: the one used last time in\n"
-    "                      DIR, else a free one)\n"
+    "  --port N            kube-apiserver's port, on 127.0.0.1 (with a Pod network also on the\n"
+    "                      bridge's address: it listens on every address); default: the one used\n"
+    "                      last time in DIR, else a free one\n"
     "  --kubeconfig FILE   admin kubeconfig to write (default DIR/kubeconfig)\n"
     "  --nodes FILE        the node agent's nodes config (default: one node \"local\"); \"none\":\n"
     "                      no node agents (an API-only cluster, for clients' tests)\n"
@@ -617,7 +618,7 @@ int main(int argc, char** argv) {
     if (made.ok()) {
       network.emplace(std::move(made).value());
       Log("Pod network: bridge " + network->bridge() + " (" + network->subnet() + ", the host at " +
-          network->gateway() + "), node i's Pods in " + network->NodeCidr(0).substr(0, network->NodeCidr(0).size() - 7) +
+          network->gateway() + "), node i's Pods in " + network->NodeCidr(0).substr(0, network->NodeCidr(0).size() - 6) +
           "<i+1>.0/24");
     } else {
       Log("Pods share the host's network with loopback addresses: " + made.status().message());

@@ -3,6 +3,7 @@
 #include "common/subprocess.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -153,6 +154,33 @@ TEST(RunCaptured, FeedsStdinAndCollectsBothStreams) {
   ASSERT_TRUE(merged.ok());
   EXPECT_EQ(merged->out, "x\nto-err\n");
   EXPECT_EQ(merged->err, "");
+}
+
+TEST(RunCaptured, AnInputLargerThanAPipeGoesThroughWhileItsOutputIsRead) {
+  // 1 MiB in, echoed back: writing it all before reading would fill both pipes and stall.
+  std::string input;
+  for (int i = 0; input.size() < (1u << 20); ++i) input += "line " + std::to_string(i) + "\n";
+  SpawnOptions o;
+  o.argv = {"/bin/cat"};
+  auto run = RunCaptured(o, input, std::chrono::seconds(60));
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  EXPECT_EQ(run->exit_code, 0);
+  EXPECT_EQ(run->out.size(), input.size());
+  EXPECT_TRUE(run->out == input);
+}
+
+TEST(RunCaptured, AChildThatClosesItsStdinEarlyIsNotAnErrorHere) {
+  // Without SIGPIPE handled, writing the rest would end the test process.
+  std::string input(1u << 20, 'x');
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "exec 0<&-; echo done"};
+  auto run = RunCaptured(o, input, std::chrono::seconds(60));
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  EXPECT_EQ(run->exit_code, 0);
+  EXPECT_EQ(run->out, "done\n");
+  sigset_t pending;
+  sigpending(&pending);
+  EXPECT_EQ(sigismember(&pending, SIGPIPE), 0) << "a SIGPIPE was left pending";
 }
 
 TEST(RunCaptured, KillsWhatRunsPastItsTimeoutWithItsGroup) {

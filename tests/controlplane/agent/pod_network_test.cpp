@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -161,6 +162,21 @@ class PodNetworkTest : public ::testing::Test {
             cluster_->NodeCidr(0)};
   }
 
+  // A network on a plugin directory where `plugin` is the shell script `body` (after it reads its
+  // config from stdin) and the other two plugins are the real ones.
+  std::unique_ptr<PodNetwork> NetworkWithPlugin(const std::string& plugin, const std::string& body) {
+    const std::string bin = dir_ + "/cni";
+    fs::create_directories(bin);
+    for (const char* real : {"bridge", "host-local", "loopback"}) {
+      if (plugin != real) fs::create_symlink(CniBinDir() + "/" + real, bin + "/" + real);
+    }
+    std::ofstream(bin + "/" + plugin) << "#!/bin/sh\ncat >/dev/null\n" << body;
+    fs::permissions(bin + "/" + plugin, fs::perms::owner_all);
+    auto made = PodNetwork::Create(Options(bin));
+    EXPECT_TRUE(made.ok()) << made.status().message();
+    return made.ok() ? std::move(made).value() : nullptr;
+  }
+
   PodNetwork& Network() {
     auto made = PodNetwork::Create(Options());
     EXPECT_TRUE(made.ok()) << made.status().message();
@@ -281,25 +297,51 @@ TEST_F(PodNetworkTest, AnAgentThatDiedMidPodLeavesNothingAfterTheNextStart) {
   EXPECT_TRUE(net.Remove("pod-next").ok());
 }
 
+TEST_F(PodNetworkTest, APinThatHoldsNoNamespaceIsReleasedWithItsLease) {
+  // The pin file without its mount (an agent killed between the two, or a mount lost): the
+  // namespace and its veth are gone with the last reference, the lease is not; DEL without a
+  // namespace releases it, and Remove is not an error.
+  PodNetwork& net = Network();
+  ASSERT_TRUE(net.Add("pod-a").ok());
+  ASSERT_EQ(Leases(Options().dir), 1);
+  ASSERT_EQ(::umount2(net.NamespacePath("pod-a").c_str(), MNT_DETACH), 0);
+  EXPECT_TRUE(WaitUntil([&] { return BridgePorts(cluster_->bridge()) == 0; }));
+  Status st = net.Remove("pod-a");
+  EXPECT_TRUE(st.ok()) << st.message();
+  EXPECT_TRUE(net.Attached().empty());
+  EXPECT_EQ(Leases(Options().dir), 0);
+}
+
+TEST_F(PodNetworkTest, ADeleteThatFailsIsNamedAndTheRestIsStillReleased) {
+  // A loopback plugin whose DEL fails: Remove says so, naming it, and the bridge's DEL (lease and
+  // veth) and the namespace's drop still happen.
+  auto made = NetworkWithPlugin(
+      "loopback",
+      "if [ \"$CNI_COMMAND\" = DEL ]; then echo '{\"code\":11,\"msg\":\"no DEL today\"}'; exit 1; fi\n"
+      "echo '{\"cniVersion\":\"1.0.0\",\"interfaces\":[{\"name\":\"lo\"}]}'\n");
+  ASSERT_NE(made, nullptr);
+  auto ip = made->Add("pod-a");
+  ASSERT_TRUE(ip.ok()) << ip.status().message();
+  Status st = made->Remove("pod-a");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("pod network: loopback plugin DEL: no DEL today"), std::string::npos) << st.message();
+  EXPECT_TRUE(made->Attached().empty());
+  EXPECT_EQ(BridgePorts(cluster_->bridge()), 0);
+  EXPECT_EQ(Leases(Options().dir), 0);
+}
+
 TEST_F(PodNetworkTest, APluginThatFailsIsNamedWithItsMessageAndNothingIsLeft) {
-  const std::string bin = dir_ + "/cni";
-  fs::create_directories(bin);
-  for (const char* plugin : {"host-local", "loopback"}) fs::create_symlink(CniBinDir() + "/" + plugin, bin + "/" + plugin);
-  {
-    std::ofstream bridge(bin + "/bridge");
-    bridge << "#!/bin/sh\ncat >/dev/null\n"
-              "echo '{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no bridge today\",\"details\":\"a test plugin\"}'\n"
-              "exit 1\n";
-  }
-  fs::permissions(bin + "/bridge", fs::perms::owner_all);
-  auto made = PodNetwork::Create(Options(bin));
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  auto ip = made.value()->Add("pod-a");
+  auto made = NetworkWithPlugin(
+      "bridge",
+      "echo '{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no bridge today\",\"details\":\"a test plugin\"}'\n"
+      "exit 1\n");
+  ASSERT_NE(made, nullptr);
+  auto ip = made->Add("pod-a");
   ASSERT_FALSE(ip.ok());
   EXPECT_EQ(ip.status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(ip.status().message(),
             "pod network: bridge plugin ADD: no bridge today: a test plugin (CNI error code 11)");
-  EXPECT_TRUE(made.value()->Attached().empty());
+  EXPECT_TRUE(made->Attached().empty());
   EXPECT_EQ(BridgePorts(cluster_->bridge()), 0);
   EXPECT_EQ(Leases(Options().dir), 0);
 }

@@ -335,9 +335,11 @@ if e2e_wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl 
     pass "the job's rendezvous token is in Secret kill-me-rendezvous, owned by the job" ||
     fail "rendezvous Secret: $(k get secret kill-me-rendezvous -o yaml 2>&1 | head -20)"
   pod_ip="$(k get pod kill-me-0 -o jsonpath='{.status.podIP}')"
-  # Seen from inside the Pod's network namespace (its own, or the host's without a Pod network).
+  # Seen from inside the Pod's network namespace when it has its own (a loopback address: the host's).
   rank0="$(pgrep -f -- "--node-rank 0 --master-addr kill-me-0.kill-me.e2e.svc" | head -1)"
-  listening="$(nsenter -t "${rank0:-0}" -n ss -Hltn "sport = :29610" | awk '{print $4}' | sort -u | tr '\n' ' ')"
+  if [ -z "$rank0" ]; then listening="(no rank 0 process found)"
+  elif [[ "$pod_ip" == 127.* ]]; then listening="$(ss -Hltn "sport = :29610" | awk '{print $4}' | sort -u | tr '\n' ' ')"
+  else listening="$(nsenter -t "$rank0" -n ss -Hltn "sport = :29610" | awk '{print $4}' | sort -u | tr '\n' ' ')"; fi
   [ -n "$pod_ip" ] && [ "$listening" = "$pod_ip:29610 " ] &&
     pass "rank 0's store listens on its Pod's address only ($listening)" || fail "store listens on '$listening', Pod IP $pod_ip"
   # A real EndpointSlice for the job's Service, from the controller manager, with the Pods'
@@ -345,7 +347,7 @@ if e2e_wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl 
   slice() { kubectl -n e2e get endpointslices -l kubernetes.io/service-name=kill-me -o jsonpath='{.items[*].endpoints[*].addresses[*]}'; }
   if [[ "$pod_ip" == 127.* ]]; then
     echo "NOTE: Pods have loopback addresses (no Pod network here: see the control plane's log); EndpointSlices not checked"
-  elif e2e_wait_for 30 "kill-me's EndpointSlice" bash -c "kubectl -n e2e get endpointslices -l kubernetes.io/service-name=kill-me -o jsonpath='{.items[*].endpoints[*].addresses[*]}' | grep -qw '$pod_ip'"; then
+  elif e2e_wait_for 30 "kill-me's EndpointSlice" bash -c "kubectl -n e2e get endpointslices -l kubernetes.io/service-name=kill-me -o jsonpath='{.items[*].endpoints[*].addresses[*]}' | tr ' ' '\n' | grep -qxF '$pod_ip'"; then
     pass "Service kill-me has an EndpointSlice with its Pods' addresses ($(slice))"
   else fail "EndpointSlice of kill-me: '$(slice)', rank 0 at $pod_ip"; fi
   answer="$(python3 - "$pod_ip" <<'PYEOF2'
@@ -397,7 +399,7 @@ if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   ev="$(k get events --field-selector involvedObject.name=train-ok -o jsonpath='{range .items[*]}{.reason} {end}')"
   [[ "$ev" == *Created* && "$ev" == *Running* && "$ev" == *AllRanksSucceeded* ]] && pass "events Created, Running, AllRanksSucceeded" || fail "events: $ev"
   # A job that succeeds leaves no Warning on itself, its Pods or its Service (the endpoint
-  # controllers' FailedToUpdateEndpointSlices came from loopback Pod addresses).
+  # controllers refuse loopback Pod addresses with FailedToUpdateEndpointSlices).
   warn="$(k get events --field-selector type=Warning -o jsonpath='{range .items[*]}{.involvedObject.kind}/{.involvedObject.name} {.reason}: {.message}{"\n"}{end}' |
     grep -E '^[A-Za-z]+/train-ok(-[0-9]+)? ' || true)"
   if [ -z "$warn" ]; then pass "no Warning event on train-ok, its Pods or its Service"
