@@ -136,6 +136,13 @@ netlab_run_world() {
   return $rc
 }
 
+# netlab_machine_lines: the results' first two lines on where a netlab run ran (the caller's next
+# line goes on with "(training.threads=1). ...").
+netlab_machine_lines() {
+  echo "Machine: $(bench_machine), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo). Each rank in its own network namespace, its"
+  echo "link shaped to the rate in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core"
+}
+
 # netlab_begin NAME: what a netlab script does before its runs: the raw records' destination
 # (RAW, else bench/results/raw/NAME/<time>-<commit>.jsonl.gz beside OUT's file `out`), a work
 # folder `tmp` with `raw` in it, removed at exit after netlab is taken down (its files copied to

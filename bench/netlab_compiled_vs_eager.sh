@@ -167,8 +167,7 @@ bench_interleave run_one "${names[@]}"
   echo
   echo "$cmdline"
   echo
-  echo "Machine: $(bench_machine), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo). Each rank in its own network namespace, its"
-  echo "link shaped to the rate in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core"
+  netlab_machine_lines
   echo "(training.threads=1). $preset, world $world, seq $seq, global batch $batch, synthetic tokens, fp32, Gloo."
   echo
   echo "Protocol (bench/README.md): the configurations below ran interleaved, round by round (every rate"

@@ -86,8 +86,7 @@ bench_interleave run_one "${names[@]}"
   echo
   bench_command_line "bench/netlab_tp.sh" "$root" RATES WORLD PRESET SEQ BATCH REPEATS MEASURED SKIP ASYNC_CHUNKS SETS
   echo
-  echo "Machine: $(bench_machine), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo). Each rank in its own network namespace, its"
-  echo "link shaped to the rate in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core"
+  netlab_machine_lines
   echo "(training.threads=1). $preset, world $world, seq $seq, global batch $batch, synthetic tokens, fp32, Gloo."
   echo
   echo "Protocol (bench/README.md): every rate and configuration once per round, $repeats rounds. Each run"

@@ -36,7 +36,8 @@ prometheus::Family<prometheus::Gauge>& MakeDeviceGauges(prometheus::Registry& r,
 // 1 ms (a tiny CPU model) to 60 s (a large model's step with many micro-batches), about three
 // buckets per decade so quantiles stay within a factor of ~2.
 // Known label values, created at zero so that rate() and alerts see every series from the start.
-constexpr const char* kCollectives[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+// "recv" is not here: a receive sends nothing.
+constexpr const char* kCollectives[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "send"};
 constexpr const char* kStateKinds[] = {"parameters", "gradients", "optimizer", "weight_copies"};
 
 prometheus::Histogram::BucketBoundaries StepDurationBuckets() {

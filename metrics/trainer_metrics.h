@@ -56,7 +56,8 @@ class TrainerMetrics {
   void SetInfo(const std::string& model, const std::string& preset, const std::string& device,
                int world_size, const std::string& mesh);
   // Communication of this rank since the last call: seconds blocked on collectives, and bytes
-  // sent per collective ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier").
+  // sent per collective ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier",
+  // "send": pipeline stages' point-to-point transfers).
   void RecordCommunication(double exposed_seconds, const std::map<std::string, double>& bytes_sent);
   // Bytes this rank holds of the model's state ("parameters", "gradients", "optimizer",
   // "weight_copies").

@@ -57,7 +57,10 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "tp2-nosp-ckpt-all 2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.activation_checkpointing=all --set data.batch_size=$global_batch" \
     "fsdp2-tp2 4 --set mesh.tp=2 --set mesh.dp_shard=2 --set data.batch_size=$((global_batch / 2))" \
     "tp2-async4 2 --set mesh.tp=2 --set mesh.async_tp_chunks=4 --set data.batch_size=$global_batch" \
-    "compiled-hsdp2-tp2 4 --set fsdp.mode=compiled --set mesh.tp=2 --set mesh.dp_replicate=2 --set mesh.dp_shard=1 --set data.batch_size=$((global_batch / 2))"; do
+    "compiled-hsdp2-tp2 4 --set fsdp.mode=compiled --set mesh.tp=2 --set mesh.dp_replicate=2 --set mesh.dp_shard=1 --set data.batch_size=$((global_batch / 2))" \
+    "pp2-1f1b 2 --set mesh.pp=2 --set training.grad_accum=4 --set data.batch_size=2" \
+    "pp2-gpipe 2 --set mesh.pp=2 --set pipeline.schedule=gpipe --set training.grad_accum=2 --set data.batch_size=4" \
+    "pp2-zb-h1 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=4 --set data.batch_size=2"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -109,6 +112,32 @@ if line="$(grep -m1 -E '^compiled plan chose: activation checkpointing on [1-9]'
   pass "compiled2-budget-noreshard: ${line:0:160}"
 else
   fail "compiled2-budget-noreshard: the plan checkpointed nothing under a 1 MiB budget: $(grep '^compiled plan chose' "$work/compiled2-budget-noreshard.log")"
+fi
+# Pipeline stages: every rank reads the whole global batch, as the schedule's micro-batches.
+for name in pp2-1f1b pp2-gpipe pp2-zb-h1; do
+  grep -q "^pipeline: pp=2, ${name#pp2-}, [24] micro-batches a step, 2 stages of layers \[0,1) \[1,2)" "$work/$name.log" &&
+    pass "$name: two pipeline stages" || fail "$name: not a pipeline: $(grep -E '^(pipeline|parallelism)' "$work/$name.log")"
+done
+if run pp2-on-fsdp 2 --set mesh.pp=2 --set mesh.dp_shard=2; then
+  fail "mesh.pp with mesh.dp_shard trained"
+elif grep -q "key 'mesh.pp': mesh.pp=2 does not compose with data or tensor parallelism yet" "$work/pp2-on-fsdp.log"; then
+  pass "mesh.pp with mesh.dp_shard is refused by name"
+else
+  fail "mesh.pp with mesh.dp_shard: $(tail -3 "$work/pp2-on-fsdp.log")"
+fi
+if run pp2-one-process 1 --set mesh.pp=2; then
+  fail "mesh.pp=2 on one process trained"
+elif grep -q "key 'mesh.pp': 2 pipeline ranks, but the world is 1 process" "$work/pp2-one-process.log"; then
+  pass "mesh.pp=2 on one process is refused by name"
+else
+  fail "mesh.pp=2 on one process: $(tail -3 "$work/pp2-one-process.log")"
+fi
+if run pp2-1f1b-too-few 2 --set mesh.pp=2 --set training.grad_accum=1; then
+  fail "1f1b with fewer micro-batches than stages trained"
+elif grep -q "key 'pipeline.schedule': pipeline schedule 1f1b with pp 2, 1 virtual stages and 1 micro-batches: needs at least as many micro-batches as pp.*training.grad_accum=1" "$work/pp2-1f1b-too-few.log"; then
+  pass "1f1b with 1 micro-batch over 2 stages is refused naming pipeline.schedule and training.grad_accum"
+else
+  fail "1f1b with too few micro-batches: $(tail -3 "$work/pp2-1f1b-too-few.log")"
 fi
 grep -q "FSDP over mesh dp_replicate 2 x dp_shard 2" "$work/hsdp2x2.log" && pass "HSDP mesh 2x2 in use" ||
   fail "HSDP mesh not reported: $(grep parallelism "$work/hsdp2x2.log")"

@@ -74,7 +74,7 @@ TEST(TrainerMetricsTest, EverySeriesExistsAtZeroAfterConstruction) {
         "meshwork_trainer_exposed_comm_seconds_total", "meshwork_trainer_checkpoint_stall_seconds"}) {
     EXPECT_EQ(Sample(text, Series(name)), 0.0) << name;
   }
-  for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"}) {
+  for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "send"}) {
     EXPECT_EQ(Sample(text, Series("meshwork_trainer_comm_bytes_total", std::string(",collective=\"") + c + "\"")), 0.0) << c;
   }
   for (const char* k : {"parameters", "gradients", "optimizer", "weight_copies"}) {

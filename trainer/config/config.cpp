@@ -220,6 +220,10 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("mesh.tp", &c.mesh.tp, 1, 1 << 20),
       BoolField("mesh.sequence_parallel", &c.mesh.sequence_parallel),
       IntField("mesh.async_tp_chunks", &c.mesh.async_tp_chunks, 1, 1024),
+      IntField("mesh.pp", &c.mesh.pp, 1, 1 << 10),
+
+      EnumField("pipeline.schedule", &c.pipeline.schedule, kPipelineScheduleNames),
+      IntField("pipeline.virtual_stages", &c.pipeline.virtual_stages, 1, 1 << 10),
 
       BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
       BoolField("fsdp.prefetch", &c.fsdp.prefetch),
@@ -438,6 +442,42 @@ Status ValidateCrossFields(const TrainConfig& c) {
                              " x data.seq_len=" + Str(c.data.seq_len) + " over " + tp + ")");
       }
     }
+  }
+  if (c.mesh.pp > 1) {
+    // What pipeline stages do not compose with yet (docs/distributed.md, "Pipeline parallelism").
+    const std::string pp = "mesh.pp=" + Str(c.mesh.pp);
+    if (c.dist.mesh == MeshPolicy::kAuto) {
+      return InvalidConfig("key 'dist.mesh': auto chooses among data parallel meshes only, but " + pp +
+                           " is set; use dist.mesh: explicit");
+    }
+    if (c.mesh.tp != 1 || c.mesh.dp_replicate != 1 || c.mesh.dp_shard > 1) {
+      return InvalidConfig("key 'mesh.pp': " + pp + " does not compose with data or tensor parallelism yet: "
+                           "mesh.tp=" + Str(c.mesh.tp) + ", mesh.dp_replicate=" + Str(c.mesh.dp_replicate) +
+                           " and mesh.dp_shard=" + Str(c.mesh.dp_shard) + " must be 1 (the world is the pipeline's ranks)");
+    }
+    if (c.fsdp.mode == FsdpMode::kCompiled) {
+      return InvalidConfig("key 'fsdp.mode': compiled plans FSDP's schedule, and with " + pp +
+                           " alone there is no FSDP; use fsdp.mode: eager");
+    }
+    const int64_t stages = c.mesh.pp * c.pipeline.virtual_stages;
+    if (c.model.init_from.empty() && c.model.dims.num_hidden_layers < stages) {
+      return InvalidConfig("key 'mesh.pp': " + pp + " x pipeline.virtual_stages=" + Str(c.pipeline.virtual_stages) +
+                           " = " + Str(stages) + " stages, but the model has " + Str(c.model.dims.num_hidden_layers) +
+                           " decoder layers (model.num_hidden_layers); each stage needs at least one");
+    }
+    if (c.training.activation_checkpointing == ActivationCheckpointing::kAll ||
+        c.training.activation_checkpointing == ActivationCheckpointing::kSelective) {
+      return InvalidConfig("key 'training.activation_checkpointing': pipeline stages do not checkpoint layers yet (" +
+                           pp + "); use auto or none");
+    }
+    if (!c.checkpoint.dir.empty()) {
+      return InvalidConfig("key 'checkpoint.dir': checkpoints of pipeline stages are not written yet (" + pp +
+                           "); leave checkpoint.dir empty (checkpoint.export_hf works)");
+    }
+  }
+  if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != PipelineSchedule::kInterleaved1F1B) {
+    return InvalidConfig("key 'pipeline.virtual_stages': " + Str(c.pipeline.virtual_stages) +
+                         " stages per rank need pipeline.schedule: interleaved-1f1b");
   }
   if (c.mesh.async_tp_chunks > 1 && c.mesh.tp == 1) {
     return InvalidConfig("key 'mesh.async_tp_chunks': " + Str(c.mesh.async_tp_chunks) +

@@ -36,6 +36,14 @@ enum class MeshPolicy { kExplicit, kAuto };
 inline constexpr EnumName<MeshPolicy> kMeshPolicyNames[] = {{MeshPolicy::kExplicit, "explicit"},
                                                             {MeshPolicy::kAuto, "auto"}};
 
+// Pipeline schedules (trainer/compiler/pipeline/generators.h names them the same).
+enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1 };
+inline constexpr EnumName<PipelineSchedule> kPipelineScheduleNames[] = {
+    {PipelineSchedule::kGPipe, "gpipe"},
+    {PipelineSchedule::k1F1B, "1f1b"},
+    {PipelineSchedule::kInterleaved1F1B, "interleaved-1f1b"},
+    {PipelineSchedule::kZeroBubbleH1, "zb-h1"}};
+
 enum class ActivationCheckpointing { kAuto, kNone, kAll, kSelective };
 inline constexpr EnumName<ActivationCheckpointing> kActivationCheckpointingNames[] = {
     {ActivationCheckpointing::kAuto, "auto"},
@@ -187,6 +195,14 @@ struct MeshConfig {
   // With sequence parallelism: each region's exchange and matmul in this many chunks that overlap
   // (async TP); 1: not overlapped.
   int64_t async_tp_chunks = 1;
+  // Pipeline stages (trainer/pp): the model's layers cut over this many ranks; > 1 needs the
+  // other dims at 1 (not composed yet). training.grad_accum is the micro-batches of a step.
+  int64_t pp = 1;
+};
+
+struct PipelineConfig {
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int64_t virtual_stages = 1;  // stages per rank (interleaved-1f1b: > 1)
 };
 
 struct FsdpConfig {
@@ -241,6 +257,7 @@ struct TrainConfig {
   EvalConfig eval;
   LoggingConfig logging;
   MeshConfig mesh;
+  PipelineConfig pipeline;
   FsdpConfig fsdp;
   DistConfig dist;
   MetricsConfig metrics;

@@ -10,8 +10,20 @@ const char* CollectiveName(Collective c) {
     case Collective::kAllReduce: return "all_reduce";
     case Collective::kBroadcast: return "broadcast";
     case Collective::kBarrier: return "barrier";
+    case Collective::kSend: return "send";
+    case Collective::kRecv: return "recv";
   }
   return "unknown_collective";
+}
+
+Result<std::unique_ptr<Work>> Communicator::Send(torch::Tensor, int) {
+  return Internal(std::string("send on group '") + group_name() + "': the " + backend() +
+                       " communicator has no point-to-point transfers");
+}
+
+Result<std::unique_ptr<Work>> Communicator::Recv(torch::Tensor, int) {
+  return Internal(std::string("recv on group '") + group_name() + "': the " + backend() +
+                       " communicator has no point-to-point transfers");
 }
 
 std::string CheckCollectivePair(Collective c, const torch::Tensor& output, const torch::Tensor& input, int size) {

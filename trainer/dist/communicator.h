@@ -18,8 +18,9 @@ namespace meshwork::dist {
 
 enum class ReduceOp { kSum, kAvg };
 
-enum class Collective { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-inline constexpr int kNumCollectives = 5;
+// kSend and kRecv: point-to-point transfers (pipeline stages' activations and their gradients).
+enum class Collective { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kSend, kRecv };
+inline constexpr int kNumCollectives = 7;
 const char* CollectiveName(Collective c);  // "all_gather", "reduce_scatter", ...
 
 // Bytes a tensor's elements occupy (what a collective moves for it).
@@ -79,6 +80,12 @@ class Communicator {
   virtual Result<std::unique_ptr<Work>> AllReduce(torch::Tensor tensor, ReduceOp op) = 0;
   virtual Result<std::unique_ptr<Work>> Broadcast(torch::Tensor tensor, int root) = 0;
   virtual Result<std::unique_ptr<Work>> Barrier() = 0;
+  // Point-to-point: `tensor` to / into rank `peer` of this group (contiguous; the receiver's
+  // tensor has the sender's dtype and element count). Transfers between two ranks match in issue
+  // order: the k-th Send from a to b fills the k-th Recv on b from a. A Send does not wait for
+  // its Recv to be issued; its Wait() does. A backend without them says so (Internal).
+  virtual Result<std::unique_ptr<Work>> Send(torch::Tensor tensor, int peer);
+  virtual Result<std::unique_ptr<Work>> Recv(torch::Tensor tensor, int peer);
 
   virtual CommStats stats() const = 0;
   // Seconds the compute stream stood waiting for this communicator's collectives since the last

@@ -86,6 +86,8 @@ int64_t ReductionBytes(const torch::Tensor& t) {
 // large enough that a piece's fixed costs do not count; at most kMaxPieces a peer.
 constexpr int64_t kPieceBytes = int64_t{1} << 20;
 constexpr int64_t kMaxPieces = 64;
+// Send and Recv tags start here: collectives use [0, 2^30) (2^24 numbers x kMaxPieces).
+constexpr int kPointToPointTags = 1 << 30;
 
 double SteadyNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -400,12 +402,47 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  Result<std::unique_ptr<Work>> Send(torch::Tensor tensor, int peer) override {
+    return PointToPoint(Collective::kSend, std::move(tensor), peer);
+  }
+
+  Result<std::unique_ptr<Work>> Recv(torch::Tensor tensor, int peer) override {
+    return PointToPoint(Collective::kRecv, std::move(tensor), peer);
+  }
+
   CommStats stats() const override {
     std::lock_guard<std::mutex> lock(stats_mu_);
     return stats_;
   }
 
  private:
+  // One Gloo send or receive of the tensor's bytes (any dtype moves as bytes). Tags: the k-th
+  // transfer each way between a pair gets kPointToPointTags + k, above every collective's tags,
+  // so the k-th send from a to b meets the k-th receive on b from a. Its Wait() is Gloo's own
+  // (with the group's timeout), not the Completer's: a pipeline waits on a send while a receive
+  // issued before it is still open, which the Completer's issue order would hold up.
+  Result<std::unique_ptr<Work>> PointToPoint(Collective c, torch::Tensor tensor, int peer) {
+    MW_RETURN_IF_ERROR(CheckTensor(c, "tensor", tensor));
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      return Invalid(c, "peer " + std::to_string(peer) + " is not another rank of a group of " + std::to_string(size_));
+    }
+    std::vector<int64_t>& counts = c == Collective::kSend ? sends_to_ : recvs_from_;
+    if (counts.empty()) counts.assign(static_cast<size_t>(size_), 0);
+    const int tag = kPointToPointTags + static_cast<int>(counts[static_cast<size_t>(peer)]++ % kPointToPointTags);
+    const std::string what = Describe(c) + " with rank " + std::to_string(peer);
+    try {
+      std::vector<at::Tensor> bytes{Bytes(tensor)};
+      auto work = c == Collective::kSend ? pg_->send(bytes, peer, tag) : pg_->recv(bytes, peer, tag);
+      Count(c, c == Collective::kSend ? TensorBytes(tensor) : 0);
+      // The tensor stays referenced until the transfer is done: Gloo reads or writes its memory.
+      return std::unique_ptr<Work>(std::make_unique<GlooWork>(std::move(work), [tensor] {}, what));
+    } catch (const ::gloo::IoException& e) {
+      return Conclude(what, ExceptionText(e), {});
+    } catch (const std::exception& e) {
+      return Internal(what + ": issuing it failed: " + ExceptionText(e));
+    }
+  }
+
   // The default reduce op is SUM; ReduceOp's type differs between libtorch 1.13 and 2.x, so
   // it is not named here.
   static c10d::AllreduceOptions SumOptions() { return c10d::AllreduceOptions(); }
@@ -517,6 +554,7 @@ class GlooCommunicator final : public Communicator {
   mutable std::mutex stats_mu_;
   CommStats stats_;
   int64_t next_collective_ = 0;  // point-to-point collectives issued so far
+  std::vector<int64_t> sends_to_, recvs_from_;  // Send / Recv issued per peer so far
   Completer completer_;          // after pg_: stops (aborting what is pending) before it goes
 };
 

@@ -325,6 +325,22 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   return torch::matmul(h, OutputWeight().t());
 }
 
+torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin,
+                                                int64_t end, const torch::Tensor& targets) {
+  TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
+  TORCH_CHECK(0 <= begin && begin <= end && end <= static_cast<int64_t>(model->layers->size()), "layers [", begin, ", ",
+              end, ") are not within the model's ", model->layers->size());
+  RopeTables rope = Rope(tokens.size(1), tokens.device());
+  if (document_separator_) rope.attention_mask = DocumentMask(tokens, *document_separator_);
+  // The table's lookup gradient stays dense: the head that would absorb a sparse one is on another
+  // stage, usually another rank.
+  torch::Tensor h = input.defined() ? input : ToResidualDtype(Embed(tokens, /*head_is_ours=*/false));
+  for (int64_t i = begin; i < end; ++i) h = model->layers[static_cast<size_t>(i)]->as<DecoderLayer>()->forward(h, rope);
+  if (!targets.defined()) return h;
+  h = FinalNorm(h);
+  return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_, OutputWeightIn(h));
+}
+
 void LlamaForCausalLMImpl::InitWeights(double std) {
   torch::NoGradGuard no_grad;
   const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.num_hidden_layers));

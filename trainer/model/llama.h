@@ -183,6 +183,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
                                        const LossRunner& loss = {});
   // Mean token cross-entropy of the model on (tokens, targets), the logits never whole.
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+  // One pipeline stage's part of the forward (trainer/pp): the embedding of `tokens` when `input`
+  // is undefined (the first stage), else from the previous stage's hidden states `input`; then
+  // decoder layers [begin, end); with `targets` (the last stage) the final norm and the mean loss,
+  // as Loss computes them, else the hidden states to pass on. `tokens` is needed on every stage:
+  // attention's rotary tables and document mask come from it.
+  torch::Tensor ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin, int64_t end,
+                             const torch::Tensor& targets);
   const LlamaConfig& config() const { return config_; }
   // Rows per chunk of the fused head + loss (<= 0: LossChunkRows(vocab)).
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }

@@ -1,5 +1,6 @@
 #include "trainer/train/engine.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "trainer/tp/tensor_parallel.h"
 #include "trainer/train/device.h"
 #include "trainer/train/mesh_auto.h"
+#include "trainer/train/pipeline_engine.h"
 #ifdef MESHWORK_HAVE_NCCL
 #include "trainer/dist/nccl_communicator.h"
 #endif
@@ -428,10 +430,13 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     if (cfg.mesh.tp > 1) {
       return InvalidConfig("key 'mesh.tp': " + std::to_string(cfg.mesh.tp) + " tensor parallel ranks, but the world is 1 process");
     }
+    if (cfg.mesh.pp > 1) {
+      return InvalidConfig("key 'mesh.pp': " + std::to_string(cfg.mesh.pp) + " pipeline ranks, but the world is 1 process");
+    }
     return MakeLocalEngine(std::move(model), CheckpointEvery(cfg));
   }
   dist::MeshShape shape;
-  if (cfg.dist.mesh == config::MeshPolicy::kExplicit) {
+  if (cfg.dist.mesh == config::MeshPolicy::kExplicit && cfg.mesh.pp == 1) {
     MW_ASSIGN_OR_RETURN(shape, dist::ResolveMeshShape(env.world_size, static_cast<int>(cfg.mesh.dp_replicate),
                                                       static_cast<int>(cfg.mesh.dp_shard), static_cast<int>(cfg.mesh.tp)));
   }
@@ -464,11 +469,23 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       return dist::MakeGlooCommunicator(s, r, n, o, host);
     };
   }
-  MW_ASSIGN_OR_RETURN(auto mesh, dist::DeviceMesh::Create(store, env.rank, shape, factory, options));
-  if (env.rank == 0) {
-    log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr
-        << ":" << env.master_port << ", restart generation " << env.restart_generation << "\n";
+  auto log_start = [&] {
+    if (env.rank == 0) {
+      log << "distributed: rank " << env.rank << " of " << env.world_size << ", master " << env.master_addr << ":"
+          << env.master_port << ", restart generation " << env.restart_generation << "\n";
+    }
+  };
+  if (cfg.mesh.pp > 1) {
+    // The pipeline's one group spans the world (pipelines do not compose with other dims yet).
+    dist::CommunicatorOptions pp_options = options;
+    pp_options.group_name = "pp";
+    MW_ASSIGN_OR_RETURN(auto comm, factory(c10::make_intrusive<c10d::PrefixStore>("mesh/pp", store), env.rank,
+                                           env.world_size, pp_options));
+    log_start();
+    return MakePipelineEngine(cfg, std::move(model), env, std::move(comm), device, log);
   }
+  MW_ASSIGN_OR_RETURN(auto mesh, dist::DeviceMesh::Create(store, env.rank, shape, factory, options));
+  log_start();
   tp::TensorParallelOptions to;
   to.sequence_parallel = cfg.mesh.sequence_parallel;
   to.async_chunks = static_cast<int>(cfg.mesh.async_tp_chunks);

@@ -38,6 +38,11 @@ struct ShardPiece {
 struct EngineStats {
   double exposed_comm_seconds = 0;  // blocked waiting on collectives since the last call
   dist::CommStats comm;             // cumulative, all of this rank's groups
+  // Pipelines, the last step: per pipeline rank, the seconds its forwards and backwards ran and
+  // the seconds its program took (first action to last, its sends done); 1 - busy / seconds is
+  // that rank's bubble. Empty without a pipeline.
+  std::vector<double> pipeline_busy_seconds;
+  std::vector<double> pipeline_seconds;
 };
 
 class Engine {
@@ -64,6 +69,16 @@ class Engine {
   // the logits never exist whole); `sync` = last micro-batch (gradients are reduced).
   virtual torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets, bool sync) = 0;
   virtual Status AfterBackward(bool sync) = 0;
+  // Pipeline parallelism runs a step's micro-batches as one program (their forwards and backwards
+  // interleaved across stages), not one micro-batch at a time: where this is true the loop calls
+  // StepLoss with every micro-batch instead of Loss, backward and AfterBackward for each.
+  virtual bool RunsWholeSteps() const { return false; }
+  // The step's forwards and backwards over `microbatches` ((tokens, targets) each, on the device):
+  // the mean loss over them (one element), the gradients accumulated and reduced.
+  virtual Result<torch::Tensor> StepLoss(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& microbatches) {
+    (void)microbatches;
+    return Internal("this engine runs micro-batches one at a time (Loss), not whole steps");
+  }
   // The global gradient norm (across shards): a one-element tensor on the device, read on the
   // host only once the optimizer has stepped (its clip factor goes to the optimizer as a tensor).
   virtual Result<torch::Tensor> GradNorm() = 0;

@@ -77,6 +77,14 @@ Status ProgressReport::Step(const StepRecord& r) {
   if (step >= run_.steady_from_step) {
     summary_.steady_peak_tensor_bytes = std::max(summary_.steady_peak_tensor_bytes, r.memory.tensors.peak);
   }
+  if (step >= run_.steady_from_step && !r.comm.pipeline_seconds.empty()) {
+    summary_.pipeline_busy_seconds.resize(r.comm.pipeline_busy_seconds.size());
+    summary_.pipeline_seconds.resize(r.comm.pipeline_seconds.size());
+    for (size_t i = 0; i < r.comm.pipeline_seconds.size(); ++i) {
+      summary_.pipeline_busy_seconds[i] += r.comm.pipeline_busy_seconds[i];
+      summary_.pipeline_seconds[i] += r.comm.pipeline_seconds[i];
+    }
+  }
   summary_.memory_device = r.memory.device;
   summary_.cuda_reserved_peak_bytes = std::max(summary_.cuda_reserved_peak_bytes, r.memory.reserved_peak_bytes);
   summary_.cuda_alloc_retries = r.memory.alloc_retries;
@@ -87,8 +95,17 @@ Status ProgressReport::Step(const StepRecord& r) {
             << Format("%.17g", r.lr) << ",\"grad_norm\":" << Format("%.17g", r.grad_norm)
             << ",\"tokens_per_second\":" << Format("%.1f", tps) << ",\"step_seconds\":"
             << Format("%.6f", r.seconds) << ",\"exposed_comm_seconds\":"
-            << Format("%.6f", r.comm.exposed_comm_seconds) << ",\"peak_tensor_bytes\":" << r.memory.tensors.peak
-            << "}\n";
+            << Format("%.6f", r.comm.exposed_comm_seconds) << ",\"peak_tensor_bytes\":" << r.memory.tensors.peak;
+    if (!r.comm.pipeline_seconds.empty()) {
+      auto list = [&](const std::vector<double>& v) {
+        std::string text;
+        for (double x : v) text += (text.empty() ? "" : ",") + Format("%.6f", x);
+        return "[" + text + "]";
+      };
+      *jsonl_ << ",\"pipeline_busy_seconds\":" << list(r.comm.pipeline_busy_seconds)
+              << ",\"pipeline_seconds\":" << list(r.comm.pipeline_seconds);
+    }
+    *jsonl_ << "}\n";
     jsonl_->flush();
     if (!*jsonl_) {
       return IOError("key 'logging.jsonl': writing step " + std::to_string(step + 1) + " to '" + jsonl_path_ +
@@ -137,6 +154,15 @@ void ProgressReport::PrintSummary(bool has_eval) const {
     }
     out_ << " exposed " << Format("%.2f", s.exposed_comm_seconds) << " s ("
          << Format("%.1f", 100 * s.exposed_comm_seconds / s.seconds) << "% of the run)\n";
+  }
+  if (!s.pipeline_seconds.empty()) {
+    out_ << "pipeline bubble (each rank's idle share of its program, steps " << s.steady_from_step + 1 << "-"
+         << run_.total_steps << "):";
+    for (size_t r = 0; r < s.pipeline_seconds.size(); ++r) {
+      const double idle = s.pipeline_seconds[r] > 0 ? 1 - s.pipeline_busy_seconds[r] / s.pipeline_seconds[r] : 0;
+      out_ << (r ? "," : "") << " rank " << r << " " << Format("%.1f", 100 * idle) << "%";
+    }
+    out_ << "\n";
   }
   out_ << "done: " << s.steps << " steps";
   if (run_.first_step > 0) out_ << " (resumed at step " << run_.first_step << ")";

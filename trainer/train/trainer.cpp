@@ -83,7 +83,17 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   const int64_t rows = cfg.data.batch_size;
   const int64_t accum = cfg.training.grad_accum;
   torch::Tensor loss_sum;  // on the device: read once, after the optimizer step
-  for (int64_t micro = 0; micro < accum; ++micro) {
+  if (engine.RunsWholeSteps()) {
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> microbatches;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      const int64_t first_row = (micro * engine.dp_size() + engine.dp_rank()) * rows;
+      MW_ASSIGN_OR_RETURN(data::Batch batch, r.source->Rows(step, first_row, rows));
+      microbatches.emplace_back(ToDevice(batch.inputs, r.device), ToDevice(batch.targets, r.device));
+    }
+    compat::CudaAutocastGuard amp(r.autocast, torch::kBFloat16);
+    MW_ASSIGN_OR_RETURN(loss_sum, engine.StepLoss(microbatches));
+  }
+  for (int64_t micro = 0; micro < accum && !engine.RunsWholeSteps(); ++micro) {
     const bool sync = micro + 1 == accum;
     // Rows of the global batch: micro-batch by micro-batch, each split across the dp ranks.
     const int64_t first_row = (micro * engine.dp_size() + engine.dp_rank()) * rows;

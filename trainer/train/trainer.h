@@ -33,6 +33,10 @@ struct TrainSummary {
   int64_t param_bytes = 0;          // this rank's parameters (FSDP: its shards)
   double exposed_comm_seconds = 0;  // blocked on collectives, whole run
   dist::CommStats comm;             // this rank's collectives, whole run
+  // Pipelines: per pipeline rank, busy and program seconds summed over the steady steps (from
+  // steady_from_step); empty without a pipeline.
+  std::vector<double> pipeline_busy_seconds;
+  std::vector<double> pipeline_seconds;
 };
 
 // Trains as `cfg` says, printing progress to `log`.

@@ -149,6 +149,22 @@ const Rejected kRejected[] = {
      "auto chooses the mesh itself, but mesh.dp_replicate=1 and mesh.dp_shard=2 set one"},
     {"MeshPolicyUnknown", "dist:\n  mesh: fastest\n", {}, "'dist.mesh'", "explicit, auto"},
     {"TpZero", "", {"mesh.tp=0"}, "'mesh.tp'", "got 0"},
+    {"PpZero", "", {"mesh.pp=0"}, "'mesh.pp'", "got 0"},
+    {"PpWithFsdp", "", {"mesh.pp=2", "mesh.dp_shard=2"}, "'mesh.pp'",
+     "mesh.pp=2 does not compose with data or tensor parallelism yet: mesh.tp=1, mesh.dp_replicate=1 and mesh.dp_shard=2"},
+    {"PpWithTp", "", {"mesh.pp=2", "mesh.tp=2"}, "'mesh.pp'", "mesh.tp=2"},
+    {"PpWithMeshAuto", "", {"mesh.pp=2", "dist.mesh=auto"}, "'dist.mesh'", "but mesh.pp=2 is set"},
+    {"PpCompiled", "", {"mesh.pp=2", "fsdp.mode=compiled"}, "'fsdp.mode'", "with mesh.pp=2 alone there is no FSDP"},
+    {"PpMoreStagesThanLayers", "", {"model.preset=tiny", "mesh.pp=4", "pipeline.schedule=interleaved-1f1b",
+                                    "pipeline.virtual_stages=2"},
+     "'mesh.pp'", "mesh.pp=4 x pipeline.virtual_stages=2 = 8 stages, but the model has 4 decoder layers"},
+    {"PpCheckpointAll", "", {"mesh.pp=2", "training.activation_checkpointing=all"}, "'training.activation_checkpointing'",
+     "pipeline stages do not checkpoint layers yet"},
+    {"PpCheckpointDir", "", {"mesh.pp=2", "checkpoint.dir=/tmp/x"}, "'checkpoint.dir'",
+     "checkpoints of pipeline stages are not written yet"},
+    {"PipelineScheduleUnknown", "", {"pipeline.schedule=1f2b"}, "'pipeline.schedule'", "1f2b"},
+    {"VirtualStagesWithout1F1BInterleaved", "", {"pipeline.virtual_stages=2"}, "'pipeline.virtual_stages'",
+     "2 stages per rank need pipeline.schedule: interleaved-1f1b"},
     {"TpWithMeshAuto", "", {"mesh.tp=2", "dist.mesh=auto"}, "'dist.mesh'", "but mesh.tp=2 is set"},
     {"CompiledWithTpSpanningTheWorld", "", {"mesh.tp=2", "mesh.dp_shard=1", "fsdp.mode=compiled"}, "'fsdp.mode'",
      "with mesh.dp_shard=1 and mesh.dp_replicate=1 mesh.tp=2 spans the whole world"},
@@ -696,8 +712,8 @@ TEST(ConfigTest, KnownKeysAreDottedAndUnique) {
     EXPECT_EQ(std::count(k.begin(), k.end(), '.'), 1) << k;
   }
   EXPECT_EQ(KnownSections(), (std::set<std::string>{"checkpoint", "data", "dist", "eval", "fsdp", "logging",
-                                                    "mesh", "metrics", "model", "optimizer", "schedule",
-                                                    "training"}));
+                                                    "mesh", "metrics", "model", "optimizer", "pipeline",
+                                                    "schedule", "training"}));
 }
 
 // --- docs/config.md -------------------------------------------------------------------------

@@ -80,6 +80,8 @@ TEST(CollectiveName, NamesEveryCollective) {
   EXPECT_STREQ(CollectiveName(Collective::kAllReduce), "all_reduce");
   EXPECT_STREQ(CollectiveName(Collective::kBroadcast), "broadcast");
   EXPECT_STREQ(CollectiveName(Collective::kBarrier), "barrier");
+  EXPECT_STREQ(CollectiveName(Collective::kSend), "send");
+  EXPECT_STREQ(CollectiveName(Collective::kRecv), "recv");
 }
 
 class GlooCollectives : public testing::NeedsGloo<::testing::TestWithParam<int>> {};
@@ -265,6 +267,37 @@ TEST_P(GlooCollectives, HostValuesAndTextsTravelThroughTheGroup) {
     auto text = BroadcastText(comm, rank == root ? "plan from the last rank" : "ignored", root);
     ASSERT_TRUE(text.ok()) << text.status().ToString();
     EXPECT_EQ(*text, "plan from the last rank");
+  });
+}
+
+TEST_F(GlooCommunicator, SendAndRecvMatchInIssueOrderBetweenEachPair) {
+  // Ring of 3: each rank sends two tensors (fp32, then bf16) to the next and receives the
+  // previous rank's, posting both sends before any receive; a pair's k-th send fills its k-th recv.
+  const int n = 3;
+  RunRanks(n, [&](int rank, Communicator& comm) {
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    torch::Tensor a = RankValues(rank, 5, torch::kFloat32), b = RankValues(rank, 7, torch::kBFloat16);
+    auto send_a = comm.Send(a, next);
+    auto send_b = comm.Send(b, next);
+    ASSERT_TRUE(send_a.ok() && send_b.ok());
+    torch::Tensor got_a = torch::empty({5}, torch::kFloat32), got_b = torch::empty({7}, torch::kBFloat16);
+    WaitOk(comm.Recv(got_a, prev));
+    WaitOk(comm.Recv(got_b, prev));
+    ASSERT_TRUE((*send_a)->Wait().ok());
+    ASSERT_TRUE((*send_b)->Wait().ok());
+    EXPECT_TRUE(got_a.equal(RankValues(prev, 5, torch::kFloat32)));
+    EXPECT_TRUE(got_b.equal(RankValues(prev, 7, torch::kBFloat16)));
+    const CommStats stats = comm.stats();
+    EXPECT_EQ(stats.calls[static_cast<int>(Collective::kSend)], 2);
+    EXPECT_EQ(stats.calls[static_cast<int>(Collective::kRecv)], 2);
+    EXPECT_EQ(stats.bytes_sent[static_cast<int>(Collective::kSend)], 5 * 4 + 7 * 2);
+    // Another peer than the group's ranks, or itself, is refused by name.
+    auto self = comm.Send(a, rank);
+    ASSERT_FALSE(self.ok());
+    EXPECT_NE(self.status().message().find("peer " + std::to_string(rank) + " is not another rank of a group of 3"),
+              std::string::npos)
+        << self.status().message();
+    EXPECT_FALSE(comm.Recv(got_a, 7).ok());
   });
 }
 

@@ -1,0 +1,242 @@
+#include "trainer/pp/executor.h"
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace meshwork::pp {
+namespace {
+
+namespace pipeline = compiler::pipeline;
+using pipeline::Action;
+using pipeline::ActionKind;
+
+double SteadyNow() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Status CheckGroup(const pipeline::Shape& shape, const dist::Communicator& comm) {
+  if (shape.pp != comm.size()) {
+    return InvalidInput("pipeline program for pp=" + std::to_string(shape.pp) + " on a group of " +
+                        std::to_string(comm.size()) + " ranks");
+  }
+  return Status::Ok();
+}
+
+// The last stage's value on every rank (the others add 0).
+Result<double> SumOverGroup(dist::Communicator& comm, double value) {
+  torch::Tensor t = torch::tensor({value}, torch::kFloat64);
+  MW_ASSIGN_OR_RETURN(auto reduce, comm.AllReduce(t, dist::ReduceOp::kSum));
+  MW_RETURN_IF_ERROR(reduce->Wait());
+  return t.item<double>();
+}
+
+// What one (micro-batch, stage) has produced so far on this rank.
+struct Slot {
+  torch::Tensor input;        // the stage's input leaf (undefined on the first stage)
+  torch::Tensor output;       // the forward's result: the activation passed on, or the scaled loss
+  torch::Tensor output_grad;  // the gradient of output (received, or from the next stage here)
+  torch::Tensor input_grad;   // the gradient of input, once B or I ran
+};
+
+class StepRun {
+ public:
+  StepRun(const pipeline::Program& program, StageRunner& stages, dist::Communicator& comm,
+          const std::vector<MicroBatch>& microbatches, const PipelineStepOptions& options)
+      : program_(program), stages_(stages), comm_(comm), microbatches_(microbatches), options_(options) {}
+
+  Result<PipelineStepResult> Run() {
+    const pipeline::Shape& shape = program_.shape;
+    MW_RETURN_IF_ERROR(CheckGroup(shape, comm_));
+    if (static_cast<int>(microbatches_.size()) != shape.microbatches) {
+      return InvalidInput("pipeline program for " + std::to_string(shape.microbatches) + " micro-batches given " +
+                          std::to_string(microbatches_.size()));
+    }
+    const int rank = comm_.rank();
+    PipelineStepResult result;
+    for (const Action& a : program_.ranks[static_cast<size_t>(rank)]) {
+      const double start = SteadyNow();
+      MW_RETURN_IF_ERROR(Step(a));
+      result.spans.push_back({a, start, SteadyNow()});
+    }
+    // A send's tensor must live until its transfer is done; all of them are by the step's end.
+    for (auto& [work, tensor] : sends_) MW_RETURN_IF_ERROR(work->Wait());
+    sends_.clear();
+    if (!result.spans.empty()) result.seconds = SteadyNow() - result.spans.front().start;
+    MW_ASSIGN_OR_RETURN(result.loss, SumOverGroup(comm_, loss_sum_));
+    return result;
+  }
+
+ private:
+  bool Last(int stage) const { return stage == program_.shape.stages() - 1; }
+  bool Here(int stage) const { return program_.shape.RankOf(stage) == comm_.rank(); }
+
+  Status Missing(const Action& a, const char* what) const {
+    return InvalidInput("pipeline rank " + std::to_string(comm_.rank()) + ", " + pipeline::ToString(a) + ": " + what +
+                        " (does the program validate?)");
+  }
+
+  torch::Tensor Buffer() const {
+    return torch::empty(options_.activation_sizes, torch::TensorOptions().dtype(options_.activation_dtype));
+  }
+
+  Status Step(const Action& a) {
+    const int m = a.microbatch, s = a.stage;
+    Slot& slot = slots_[{m, s}];
+    switch (a.kind) {
+      case ActionKind::kForward: {
+        if (s > 0 && !slot.input.defined()) {
+          // The previous stage ran here: its output, cut from its graph, is this stage's input.
+          auto prev = slots_.find({m, s - 1});
+          if (!Here(s - 1) || prev == slots_.end() || !prev->second.output.defined()) {
+            return Missing(a, "its input was neither received nor computed here");
+          }
+          slot.input = prev->second.output.detach().requires_grad_(true);
+        }
+        torch::Tensor out = stages_.Forward(s, microbatches_[static_cast<size_t>(m)], slot.input);
+        if (Last(s)) {
+          loss_sum_ += out.item<double>() / program_.shape.microbatches;
+          out = out / static_cast<double>(program_.shape.microbatches);
+        }
+        slot.output = out;
+        return Status::Ok();
+      }
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: {
+        MW_RETURN_IF_ERROR(TakeOutputGrad(a, slot));
+        if (a.kind == ActionKind::kBackward) {
+          torch::autograd::backward({slot.output}, {slot.output_grad});
+          if (slot.input.defined()) slot.input_grad = slot.input.grad();
+          slot.output = slot.output_grad = torch::Tensor();
+        } else if (slot.input.defined()) {
+          slot.input_grad = torch::autograd::grad({slot.output}, {slot.input}, {slot.output_grad},
+                                                  /*retain_graph=*/true)[0];
+        }
+        return Status::Ok();
+      }
+      case ActionKind::kBackwardWeight: {
+        if (!slot.output.defined() || !slot.output_grad.defined()) return Missing(a, "no I ran before it");
+        torch::autograd::backward({slot.output}, {slot.output_grad}, /*retain_graph=*/false, /*create_graph=*/false,
+                                  stages_.Parameters(s));
+        slot.output = slot.output_grad = torch::Tensor();
+        return Status::Ok();
+      }
+      case ActionKind::kSendActivation: {
+        if (!slot.output.defined()) return Missing(a, "no forward output to send");
+        return Send(slot.output.detach().contiguous(), program_.shape.RankOf(s + 1));
+      }
+      case ActionKind::kSendGrad: {
+        if (!slot.input_grad.defined()) return Missing(a, "no input gradient to send");
+        torch::Tensor grad = slot.input_grad.contiguous();
+        slot.input_grad = torch::Tensor();
+        slot.input = torch::Tensor();
+        return Send(grad, program_.shape.RankOf(s - 1));
+      }
+      case ActionKind::kRecvActivation: {
+        MW_ASSIGN_OR_RETURN(torch::Tensor got, Recv(program_.shape.RankOf(s - 1)));
+        slot.input = got.requires_grad_(true);
+        return Status::Ok();
+      }
+      case ActionKind::kRecvGrad: {
+        MW_ASSIGN_OR_RETURN(slot.output_grad, Recv(program_.shape.RankOf(s + 1)));
+        return Status::Ok();
+      }
+    }
+    return Missing(a, "an unknown action");
+  }
+
+  // The gradient of the slot's output: 1 for the last stage's (already scaled) loss; else what
+  // was received, or the next stage's input gradient when that stage ran here.
+  Status TakeOutputGrad(const Action& a, Slot& slot) {
+    const int m = a.microbatch, s = a.stage;
+    if (!slot.output.defined()) return Missing(a, "no forward ran before it");
+    if (Last(s)) {
+      slot.output_grad = torch::ones_like(slot.output);
+    } else if (!slot.output_grad.defined()) {
+      auto next = slots_.find({m, s + 1});
+      if (!Here(s + 1) || next == slots_.end() || !next->second.input_grad.defined()) {
+        return Missing(a, "the gradient of its output was neither received nor computed here");
+      }
+      slot.output_grad = next->second.input_grad;
+      next->second.input_grad = next->second.input = torch::Tensor();
+    }
+    return Status::Ok();
+  }
+
+  Status Send(torch::Tensor t, int peer) {
+    MW_ASSIGN_OR_RETURN(auto work, comm_.Send(t, peer));
+    sends_.emplace_back(std::move(work), std::move(t));
+    return Status::Ok();
+  }
+
+  Result<torch::Tensor> Recv(int peer) {
+    torch::Tensor buffer = Buffer();
+    MW_ASSIGN_OR_RETURN(auto work, comm_.Recv(buffer, peer));
+    MW_RETURN_IF_ERROR(work->Wait());
+    return buffer;
+  }
+
+  const pipeline::Program& program_;
+  StageRunner& stages_;
+  dist::Communicator& comm_;
+  const std::vector<MicroBatch>& microbatches_;
+  const PipelineStepOptions& options_;
+  std::map<std::pair<int, int>, Slot> slots_;  // (micro-batch, stage)
+  std::vector<std::pair<std::unique_ptr<dist::Work>, torch::Tensor>> sends_;
+  double loss_sum_ = 0;  // the last stage's mean loss over the step, on its rank
+};
+
+}  // namespace
+
+Result<double> RunPipelineForward(const compiler::pipeline::Shape& shape, StageRunner& stages, dist::Communicator& comm,
+                                  const MicroBatch& mb, const PipelineStepOptions& options) {
+  MW_RETURN_IF_ERROR(CheckGroup(shape, comm));
+  torch::NoGradGuard no_grad;
+  const int rank = comm.rank();
+  double loss = 0;
+  torch::Tensor h;  // the activation of the last stage run here
+  std::vector<std::unique_ptr<dist::Work>> sends;
+  try {
+    for (int s = 0; s < shape.stages(); ++s) {
+      if (shape.RankOf(s) != rank) continue;
+      if (s > 0 && shape.RankOf(s - 1) != rank) {
+        h = torch::empty(options.activation_sizes, torch::TensorOptions().dtype(options.activation_dtype));
+        MW_ASSIGN_OR_RETURN(auto recv, comm.Recv(h, shape.RankOf(s - 1)));
+        MW_RETURN_IF_ERROR(recv->Wait());
+      }
+      torch::Tensor out = stages.Forward(s, mb, s == 0 ? torch::Tensor() : h);
+      if (s == shape.stages() - 1) {
+        loss = out.item<double>();
+      } else {
+        h = out.contiguous();
+        if (shape.RankOf(s + 1) != rank) {
+          MW_ASSIGN_OR_RETURN(auto send, comm.Send(h, shape.RankOf(s + 1)));
+          sends.push_back(std::move(send));
+        }
+      }
+    }
+  } catch (const c10::Error& e) {
+    return Internal("pipeline forward on rank " + std::to_string(rank) + ": " + e.what_without_backtrace());
+  }
+  for (auto& send : sends) MW_RETURN_IF_ERROR(send->Wait());
+  return SumOverGroup(comm, loss);
+}
+
+Result<PipelineStepResult> RunPipelineStep(const compiler::pipeline::Program& program, StageRunner& stages,
+                                           dist::Communicator& comm, const std::vector<MicroBatch>& microbatches,
+                                           const PipelineStepOptions& options) {
+  StepRun run(program, stages, comm, microbatches, options);
+  try {
+    return run.Run();
+  } catch (const c10::Error& e) {
+    return Internal(std::string("pipeline step on rank ") + std::to_string(comm.rank()) + ": " +
+                    e.what_without_backtrace());
+  }
+}
+
+}  // namespace meshwork::pp

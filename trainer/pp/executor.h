@@ -1,0 +1,79 @@
+// Runs one training step of a pipeline program (trainer/compiler/pipeline/program.h) on this
+// rank: its actions in order, forwards and backwards of its stages' micro-batches, activations and
+// their gradients sent and received over the pipeline group. Any valid lowered program runs
+// (GPipe, 1F1B, interleaved 1F1B, zero-bubble): a schedule is its generator, not code here.
+//
+// Stage boundaries cut the autograd graph: a stage's input is a leaf that requires its gradient,
+// and the gradient of a stage's output comes from the next stage (received, or kept in memory
+// when that stage is on this rank). The last stage's loss is scaled by 1 / micro-batches, so the
+// parameters' gradients, accumulated over the step's micro-batches, are those of the mean loss
+// over the global batch, as one process computes them.
+//
+// Zero-bubble's split backward: I is autograd's gradient of the stage's output with respect to
+// its input only (the graph kept), W the backward to the stage's parameters only (the graph then
+// freed). W recomputes the part of the backward the two share (the gradients flowing through the
+// stage's layers), so I + W costs more than B here; what the split buys is the order.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/compiler/pipeline/program.h"
+#include "trainer/dist/communicator.h"
+
+namespace meshwork::pp {
+
+struct MicroBatch {
+  torch::Tensor tokens;   // int64 [batch, seq]
+  torch::Tensor targets;  // int64 [batch, seq]
+};
+
+// The stages a rank runs (a model cut into pieces).
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  // Stage `stage`'s forward of `mb`: `input` is the previous stage's output (undefined on the
+  // first stage). On the last stage the mean loss of `mb` (a scalar), else the activation passed on.
+  virtual torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) = 0;
+  // The parameters stage `stage` trains (W's backward goes to these).
+  virtual std::vector<torch::Tensor> Parameters(int stage) = 0;
+};
+
+struct PipelineStepOptions {
+  // One micro-batch's activation between stages (and its gradient): [batch, seq, hidden]. Every
+  // rank knows it from the config, so receives are posted without a shape exchange.
+  std::vector<int64_t> activation_sizes;
+  torch::ScalarType activation_dtype = torch::kFloat32;
+};
+
+// When one action of this rank ran (steady-clock seconds), for the timeline and the measured bubble.
+struct ActionSpan {
+  compiler::pipeline::Action action;
+  double start = 0;
+  double end = 0;
+};
+
+struct PipelineStepResult {
+  double loss = 0;  // the mean over the step's micro-batches, on every rank of the group
+  std::vector<ActionSpan> spans;  // this rank's actions in the order they ran
+  double seconds = 0;  // this rank's program: its first action's start to its sends' completion
+};
+
+// Runs rank comm.rank()'s actions of `program` (lowered: with its transfers; Validate it once
+// beforehand) over `microbatches` (one per micro-batch of the program). Gradients accumulate into
+// the stages' parameters (.grad()), as a backward does; zeroing them is the caller's. InvalidInput
+// where the program's shape does not match the group or the micro-batches, or an action lacks what
+// it needs (a program that did not validate); a transfer's failure is its Unavailable.
+Result<PipelineStepResult> RunPipelineStep(const compiler::pipeline::Program& program, StageRunner& stages,
+                                           dist::Communicator& comm, const std::vector<MicroBatch>& microbatches,
+                                           const PipelineStepOptions& options);
+
+// Evaluation: `mb` through every stage in order without gradients (each rank runs its stages,
+// passing activations on), and the last stage's mean loss, on every rank of the group.
+Result<double> RunPipelineForward(const compiler::pipeline::Shape& shape, StageRunner& stages, dist::Communicator& comm,
+                                  const MicroBatch& mb, const PipelineStepOptions& options);
+
+}  // namespace meshwork::pp

@@ -1,0 +1,57 @@
+// The Llama model cut into pipeline stages for the executor (executor.h): stage s runs decoder
+// layers [first_layer[s], first_layer[s + 1]), the first stage also the embedding, the last also
+// the final norm, the head and the loss (LlamaForCausalLMImpl::ForwardStage). A rank holds the
+// stages the program places on it (s % pp == rank); the parameters of the others are released.
+//
+// Tied embeddings (the head reads the embedding table): the first and the last stage both hold
+// the table, usually on two ranks; after a step's backward each adds the other's gradient of it
+// (SyncTiedGradients), so the two copies take the same update and stay equal, as Megatron-LM does.
+#pragma once
+
+#include <torch/types.h>
+
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/compiler/pipeline/program.h"
+#include "trainer/dist/communicator.h"
+#include "trainer/model/llama.h"
+#include "trainer/pp/executor.h"
+
+namespace meshwork::pp {
+
+class LlamaStages final : public StageRunner {
+ public:
+  // InvalidConfig where first_layer does not cut the model's layers into shape.stages() non-empty
+  // runs (naming the cut), or `rank` is not a pipeline rank of the shape.
+  static Result<LlamaStages> Create(model::LlamaForCausalLM model, const compiler::pipeline::Shape& shape,
+                                    std::vector<int> first_layer, int rank);
+
+  torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override;
+  std::vector<torch::Tensor> Parameters(int stage) override;
+
+  // Every parameter of this rank's stages, once each (the optimizer's).
+  std::vector<torch::Tensor> HeldParameters();
+  // Frees the storage of every parameter this rank's stages do not use (an empty tensor each).
+  void ReleaseUnheld();
+  // With tied embeddings on two ranks (first and last stage): each adds the other's gradient of
+  // the table, over the pipeline group `comm`. Nothing to do otherwise.
+  Status SyncTiedGradients(dist::Communicator& comm);
+
+  const std::vector<int>& first_layer() const { return first_layer_; }
+
+ private:
+  LlamaStages(model::LlamaForCausalLM model, compiler::pipeline::Shape shape, std::vector<int> first_layer, int rank);
+  bool Holds(int stage) const { return shape_.RankOf(stage) == rank_; }
+
+  model::LlamaForCausalLM model_;
+  compiler::pipeline::Shape shape_;
+  std::vector<int> first_layer_;
+  int rank_;
+};
+
+// first_layer for `layers` decoder layers in `stages` runs as equal as counts allow (the earlier
+// stages one longer where they do not divide); InvalidConfig when layers < stages.
+Result<std::vector<int>> EvenCut(int layers, int stages);
+
+}  // namespace meshwork::pp
