@@ -81,7 +81,7 @@ bench_interleave run_one "${names[@]}"
   bench_command_line "bench/netlab_pipeline.sh" "$root" RATES WORLD PRESET SEQ BATCH SCHEDULES MICRO REPEATS MEASURED SKIP SETS
   echo
   netlab_machine_lines
-  echo "(training.threads=1). $preset, mesh.pp=$world (stages of equal layer counts), seq $seq, global batch $batch"
+  echo "(training.threads=1). $preset, mesh.pp=$world (stages balanced by FLOPs), seq $seq, global batch $batch"
   echo "in M micro-batches (training.grad_accum), synthetic tokens, fp32, Gloo."
   echo
   echo "Protocol (bench/README.md): every rate and configuration once per round, $repeats rounds. Each run"

@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "trainer/compiler/pipeline/partition.h"
+
 namespace meshwork::pp {
 namespace {
 
@@ -31,6 +33,20 @@ Result<std::vector<int>> EvenCut(int layers, int stages) {
   std::vector<int> first{0};
   for (int s = 0; s < stages; ++s) first.push_back(first.back() + layers / stages + (s < layers % stages ? 1 : 0));
   return first;
+}
+
+Result<std::vector<int>> FlopBalancedCut(const model::LlamaConfig& c, int64_t seq_len, int stages,
+                                         bool head_recomputes) {
+  const int layers = static_cast<int>(c.num_hidden_layers);
+  if (stages < 1 || layers < stages) return EvenCut(layers, stages);
+  const double h = static_cast<double>(c.hidden_size);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim());
+  const double weights = 2 * h * h + 2 * h * kv + 3 * h * static_cast<double>(c.intermediate_size);
+  std::vector<compiler::pipeline::LayerCost> costs(static_cast<size_t>(layers));
+  for (auto& cost : costs) cost.seconds = 6 * weights + 12 * h * static_cast<double>(seq_len);
+  costs.back().seconds += (head_recomputes ? 8 : 6) * h * static_cast<double>(c.vocab_size);
+  MW_ASSIGN_OR_RETURN(compiler::pipeline::StagePartition cut, compiler::pipeline::PartitionLayers(costs, stages));
+  return cut.first_layer;
 }
 
 Result<LlamaStages> LlamaStages::Create(model::LlamaForCausalLM model, const compiler::pipeline::Shape& shape,

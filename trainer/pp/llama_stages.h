@@ -54,4 +54,13 @@ class LlamaStages final : public StageRunner {
 // stages one longer where they do not divide); InvalidConfig when layers < stages.
 Result<std::vector<int>> EvenCut(int layers, int stages);
 
+// first_layer balanced by training FLOPs per token (compiler::pipeline::PartitionLayers: the
+// slowest stage as fast as it can be): a decoder layer costs 6 x its weights plus attention's
+// scores and values at `seq_len` (12 x hidden x seq_len, PaLM's count); the output head (6 x
+// hidden x vocab, 8 x with `head_recomputes`: the logits computed again in backward) is charged
+// to the last layer and the embedding's lookup to nothing. The head of a large vocabulary weighs
+// several layers, so the last stage gets fewer. InvalidConfig when layers < stages.
+Result<std::vector<int>> FlopBalancedCut(const model::LlamaConfig& config, int64_t seq_len, int stages,
+                                         bool head_recomputes);
+
 }  // namespace meshwork::pp

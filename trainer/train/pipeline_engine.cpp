@@ -235,8 +235,9 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   if (Status valid = pipeline::Validate(program); !valid.ok()) {
     return Internal("the " + schedule + " program does not validate: " + valid.message());
   }
-  const int layers = static_cast<int>(model->config().num_hidden_layers);
-  MW_ASSIGN_OR_RETURN(std::vector<int> cut, pp::EvenCut(layers, shape.stages()));
+  MW_ASSIGN_OR_RETURN(std::vector<int> cut,
+                      pp::FlopBalancedCut(model->config(), cfg.data.seq_len, shape.stages(),
+                                          model->loss_gradient() == model::HeadGradient::kRecompute));
   MW_ASSIGN_OR_RETURN(pp::LlamaStages stages, pp::LlamaStages::Create(model, shape, cut, env.rank));
   pp::PipelineStepOptions options;
   options.activation_sizes = {cfg.data.batch_size, cfg.data.seq_len, model->config().hidden_size};

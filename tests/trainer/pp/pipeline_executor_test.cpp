@@ -209,6 +209,25 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{pipeline::ScheduleKind::kGPipe, 1, 1, 2, true}),
     Name);
 
+TEST(StageCut, FlopBalancedGivesTheHeadsStageFewerLayers) {
+  // llama-100m: a 32000-word head weighs several decoder layers, so the last of two stages takes
+  // fewer layers; the tiny model's 320-word head weighs little, and its four layers split evenly.
+  const model::LlamaConfig big = model::PresetConfig("llama-100m").value();
+  auto cut = FlopBalancedCut(big, 256, 2, /*head_recomputes=*/true);
+  ASSERT_TRUE(cut.ok()) << cut.status().message();
+  ASSERT_EQ(cut->size(), 3u);
+  EXPECT_EQ(cut->front(), 0);
+  EXPECT_EQ(cut->back(), big.num_hidden_layers);
+  EXPECT_GT((*cut)[1], big.num_hidden_layers / 2) << "the head's stage should hold fewer layers";
+  auto even = FlopBalancedCut(model::PresetConfig("tiny").value(), 256, 2, true);
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(even.value(), (std::vector<int>{0, 2, 4}));
+  auto too_many = FlopBalancedCut(model::PresetConfig("tiny").value(), 256, 5, true);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("4 decoder layers cannot make 5 stages"), std::string::npos)
+      << too_many.status().message();
+}
+
 class PipelineExecutorInput : public testing::NeedsGloo<> {};
 
 TEST_F(PipelineExecutorInput, AProgramForAnotherShapeIsRefusedByName) {
