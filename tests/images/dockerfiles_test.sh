@@ -7,7 +7,8 @@
 # has an ENTRYPOINT; every `--target X` is an add_executable of the project; every -DNAME=... given
 # to the project's cmake (`cmake -S .`) is an option or cache variable the project defines (CMAKE_*
 # are CMake's own); every package apt-get installs in a debian:bookworm stage exists in Debian 12
-# (apt-cache show; skipped, saying why, off Debian 12 or without apt-cache).
+# (apt-cache show; skipped, saying why, off Debian 12 or without apt-cache); the configuration
+# the image builds (its -D flags) is made here and each --target links only targets of it.
 # With OPERATOR_BINARY (a built meshwork-operator): every library ldd resolves for it is in a
 # package the operator image's final stage installs, one of their dependencies, or a package every
 # Debian system has (Priority: required, which debian:bookworm-slim keeps).
@@ -109,6 +110,40 @@ for dockerfile in "${dockerfiles[@]}"; do
       fail "$name: -D$var is not an option or cache variable the project's CMake defines"
     fi
   done
+
+  # The configuration the image builds, made here: each --target links only targets of that
+  # configuration. A library that is no target there (one under a switched-off subdirectory)
+  # appears as a bare -l<name> and fails the image's link, not this machine's full build.
+  # Configurations whose flags come from the image's shell (CUDA's, with $torch_prefix) are
+  # made only in their image.
+  flags="$(grep -oE -- '-D[A-Za-z_][A-Za-z0-9_]*(:[A-Z]+)?=[^[:space:]]+' <<<"$configure")"
+  if [ -z "$configure" ]; then
+    :
+  elif grep -q '\$' <<<"$flags"; then
+    note "$name: its configuration is not made here: its flags are set by the image's shell"
+  elif ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+    note "$name: its configuration is not made here: cmake or ninja is not installed"
+  else
+    config_dir="$(mktemp -d)"
+    # shellcheck disable=SC2086  # the flags are words
+    if ! cmake -S "$root" -B "$config_dir" -G Ninja $flags >"$config_dir/configure.log" 2>&1; then
+      if grep -qE 'Could NOT find|Could not find a package' "$config_dir/configure.log"; then
+        note "$name: its configuration is not made here, a dependency is missing: $(grep -m 1 -E 'Could NOT find|Could not find a package' "$config_dir/configure.log")"
+      else
+        fail "$name: cmake $(tr '\n' ' ' <<<"$flags")fails: $(grep -m 3 -A 2 'CMake Error' "$config_dir/configure.log" | tr '\n' ' ')"
+      fi
+    else
+      for t in $targets; do
+        bare="$(ninja -C "$config_dir" -t commands "$t" 2>/dev/null | tail -n 1 | grep -oE -- '(^|[[:space:]])-lmeshwork[A-Za-z0-9_]*' | sort -u | tr -d ' ' | tr '\n' ' ')"
+        if [ -n "$bare" ]; then
+          fail "$name: with $(tr '\n' ' ' <<<"$flags")$t links ${bare}which are no targets of that configuration"
+        else
+          pass "$name: with its flags $t links only targets of that configuration"
+        fi
+      done
+    fi
+    rm -rf "$config_dir"
+  fi
 
   # Packages of debian:bookworm stages exist in Debian 12.
   declare -A arg_default=()
