@@ -19,6 +19,8 @@
 #                            its executables start without a GPU. Catches what only libtorch 2.x
 #                            does (it once crashed every checkpoint prune). Default 0
 #                            (scripts/test.sh sets 1)
+#   MESHWORK_CUDA_TESTS      0: configure without the tests (no GoogleTest needed; what the GPU
+#                            trainer image builds). Default 1
 #   MESHWORK_CUDA_KEEP_WHEELS 1: keep the downloaded wheels after unpacking them (default 0:
 #                            removed, about 2 GB)
 #   PYTHON                   the python3 whose pip downloads the wheels (default: python3)
@@ -31,6 +33,15 @@ target="${MESHWORK_CUDA_TARGET:-all}"
 build_type="${MESHWORK_BUILD_TYPE:-Release}"
 jobs="${MESHWORK_JOBS:-$(nproc)}"
 python="${PYTHON:-python3}"
+case "${MESHWORK_CUDA_TESTS:-1}" in
+  1) tests=ON ;;
+  0) tests=OFF ;;
+  *) echo "[cuda-flavor] error: MESHWORK_CUDA_TESTS='$MESHWORK_CUDA_TESTS': must be 0 or 1" >&2; exit 2 ;;
+esac
+if [ "$tests" = OFF ] && [ "${MESHWORK_CUDA_UNIT:-0}" = 1 ]; then
+  echo "[cuda-flavor] error: MESHWORK_CUDA_UNIT=1 runs the unit tests, which MESHWORK_CUDA_TESTS=0 leaves out" >&2
+  exit 2
+fi
 
 # The GPU machines' PyTorch and, of the NVIDIA wheels its METADATA requires, those whose files the
 # trainer compiles or links against: the CUDA runtime (cuda-toolkit[cudart]==13.0.2 pins
@@ -137,7 +148,7 @@ if [ ! -f "$build_dir/build.ninja" ]; then
   log "configuring $build_dir ($build_type) against $site/torch"
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" "${launcher[@]}" \
     -DCMAKE_PREFIX_PATH="$site/torch/share/cmake" -DTORCH_LIBRARY="$site/torch/lib/libtorch.so" \
-    -DMESHWORK_WITH_CUDA=ON -DMESHWORK_BUILD_CONTROLPLANE=OFF \
+    -DMESHWORK_WITH_CUDA=ON -DMESHWORK_BUILD_CONTROLPLANE=OFF -DMESHWORK_BUILD_TESTS="$tests" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--allow-shlib-undefined" \
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST
 fi

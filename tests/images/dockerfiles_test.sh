@@ -88,7 +88,9 @@ for dockerfile in "${dockerfiles[@]}"; do
   if [ -n "$entrypoint" ]; then pass "$name: ${entrypoint#"${entrypoint%%[![:space:]]*}"}"; else fail "$name: the final stage has no ENTRYPOINT"; fi
 
   # Every --target is an executable of the project.
-  targets="$(grep -oE -- '--target[[:space:]]+[A-Za-z0-9_.+-]+' <<<"$lines" | awk '{ print $2 }' | sort -u)"
+  # (--target X, or MESHWORK_CUDA_TARGET=X for scripts/cuda-flavor.sh)
+  targets="$({ grep -oE -- '--target[[:space:]]+[A-Za-z0-9_.+-]+' <<<"$lines" | awk '{ print $2 }'
+               grep -oE 'MESHWORK_CUDA_TARGET=[A-Za-z0-9_.+-]+' <<<"$lines" | cut -d= -f2; } | sort -u)"
   [ -n "$targets" ] || fail "$name: builds no --target (it would build everything)"
   for t in $targets; do
     if grep -qE "add_executable\([[:space:]]*${t//./\\.}([[:space:]]|\))" "${cmake_files[@]}"; then
@@ -100,7 +102,14 @@ for dockerfile in "${dockerfiles[@]}"; do
 
   # Every -DNAME= given to the project's configure is defined by the project (or is CMake's own).
   configure="$(grep -E 'cmake[[:space:]]+-S[[:space:]]+\.[[:space:]]' <<<"$lines")"
-  [ -n "$configure" ] || fail "$name: no 'cmake -S .' configure of the project found"
+  script="$(grep -oE 'scripts/[A-Za-z0-9_-]+\.sh' <<<"$lines" | head -n 1)"
+  if [ -n "$configure" ]; then
+    :
+  elif [ -n "$script" ] && [ -x "$root/$script" ]; then
+    pass "$name: configured and built by $script (its own configure)"
+  else
+    fail "$name: no 'cmake -S .' configure of the project, nor a scripts/*.sh of the project that builds it"
+  fi
   for var in $(grep -oE -- '-D[A-Za-z_][A-Za-z0-9_]*(:[A-Z]+)?=' <<<"$configure" | sed -E 's/^-D//; s/(:[A-Z]+)?=$//' | sort -u); do
     if [[ "$var" == CMAKE_* ]]; then
       pass "$name: -D$var (CMake's own)"

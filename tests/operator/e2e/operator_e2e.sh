@@ -318,7 +318,7 @@ out="$(kubectl apply -f "$src/examples/trainingruntime-cpu-small.yaml" 2>&1)"
 if e2e_wait_for 120 "tiny-on-runtime succeeds" phase_is tiny-on-runtime Succeeded; then
   image="$(k get pod tiny-on-runtime-0 -o jsonpath='{.spec.containers[0].image} {.metadata.labels.platform\.example\.com/runtime}')"
   config="$(k get cm tiny-on-runtime-config -o jsonpath='{.data.config\.yaml}')"
-  [ "$image" = "ghcr.io/meshwork/trainer:0.1.0 cpu-small" ] && [ "$(jp tiny-on-runtime '{.status.trainer.step}')" = 60 ] &&
+  [ "$image" = "ghcr.io/meshwork/trainer:0.1.0-cpu cpu-small" ] && [ "$(jp tiny-on-runtime '{.status.trainer.step}')" = 60 ] &&
     [[ "$config" == *"preset: tiny"* && "$config" == *"steps: 60"* && "$config" == *"warmup_steps: 20"* ]] &&
     [[ "$(k get tj tiny-on-runtime -o wide)" == *RUNTIME*cpu-small* ]] &&
     pass "the job ran with its runtime merged under it: image and label from the runtime, 60 of its own steps, the runtime's model" ||
