@@ -164,7 +164,8 @@ void RecordShape(const JobSpec& spec, json& status) {
     }
     return;
   }
-  status["mesh"] = {{"dpReplicate", spec.mesh.dp_replicate}, {"dpShard", spec.mesh.dp_shard}, {"tp", spec.mesh.tp}};
+  status["mesh"] = {{"dpReplicate", spec.mesh.dp_replicate}, {"dpShard", spec.mesh.dp_shard}, {"tp", spec.mesh.tp},
+                    {"pp", spec.mesh.pp}};
   status["meshShape"] = spec.mesh.ToString();
 }
 

@@ -180,6 +180,7 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
       EnvValue("MESHWORK_MESH_DP_REPLICATE", auto_mesh ? "auto" : std::to_string(spec.mesh.dp_replicate)),
       EnvValue("MESHWORK_MESH_DP_SHARD", auto_mesh ? "auto" : std::to_string(spec.mesh.dp_shard)),
       EnvValue("MESHWORK_MESH_TP", auto_mesh ? "auto" : std::to_string(spec.mesh.tp)),
+      EnvValue("MESHWORK_MESH_PP", auto_mesh ? "1" : std::to_string(spec.mesh.pp)),
   });
   const std::string cm_name = spec.config_map_name.empty() ? ConfigMapName(name) : spec.config_map_name;
   const std::string cm_key = spec.config_map_name.empty() ? std::string(kDefaultConfigKey) : spec.config_map_key;

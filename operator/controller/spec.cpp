@@ -227,7 +227,12 @@ Status CheckJobName(const std::string& name) {
 
 std::string Mesh::ToString() const {
   if (chosen_by_trainer) return "auto";
-  return std::to_string(dp_replicate) + "x" + std::to_string(dp_shard) + "x" + std::to_string(tp);
+  const std::string dims = std::to_string(dp_replicate) + "x" + std::to_string(dp_shard) + "x" + std::to_string(tp);
+  return pp > 1 ? "pp" + std::to_string(pp) + "x" + dims : dims;
+}
+
+const char* Mesh::Dims() const {
+  return pp > 1 ? "pp x dpReplicate x dpShard x tp" : "dpReplicate x dpShard x tp";
 }
 
 const char* FailureActionName(FailureAction a) {
@@ -352,7 +357,7 @@ Result<JobSpec> ParseSpec(const json& job) {
   if (const json* mesh = Field(spec, "mesh")) MW_RETURN_IF_ERROR(ReadBool(*mesh, "auto", "spec.mesh.auto", &mesh_auto));
   if (mesh_auto) {
     const json& mesh = *Field(spec, "mesh");
-    for (const char* dim : {"dpReplicate", "dpShard", "tp"}) {
+    for (const char* dim : {"dpReplicate", "dpShard", "tp", "pp"}) {
       if (Field(mesh, dim)) {
         return Bad(std::string("spec.mesh.") + dim,
                    "must not be set with spec.mesh.auto: true (the trainer chooses dpReplicate x dpShard)");
@@ -366,6 +371,7 @@ Result<JobSpec> ParseSpec(const json& job) {
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "dpShard", "spec.mesh.dpShard", 1, 1 << 20, &m.dp_shard));
     // A tp group lives in one Pod (below), so tp is at most processesPerReplica's 64.
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "tp", "spec.mesh.tp", 1, 64, &m.tp));
+    MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "pp", "spec.mesh.pp", 1, 1024, &m.pp));
     if (m.dp_shard == 0) return Bad("spec.mesh.dpShard", "is required when spec.mesh is set");
     // tp is the innermost mesh dim, so a tp group is tp consecutive ranks; a Pod holds
     // processesPerReplica consecutive ranks. tp dividing processesPerReplica keeps every group
@@ -376,12 +382,16 @@ Result<JobSpec> ParseSpec(const json& job) {
                                      " (a tensor parallel group must be inside one Pod: its ranks are consecutive, "
                                      "processesPerReplica of them per Pod)");
     }
-    const int64_t product = int64_t{m.dp_replicate} * m.dp_shard * m.tp;
+    const int64_t product = int64_t{m.pp} * m.dp_replicate * m.dp_shard * m.tp;
     if (product != s.WorldSize()) {
-      return Bad("spec.mesh", "dpReplicate x dpShard x tp = " + m.ToString() + " = " + std::to_string(product) +
+      return Bad("spec.mesh", std::string(m.Dims()) + " = " + m.ToString() + " = " + std::to_string(product) +
                                   " does not equal replicas x processesPerReplica = " +
                                   std::to_string(s.replicas) + "x" + std::to_string(s.processes_per_replica) +
                                   " = " + std::to_string(s.WorldSize()));
+    }
+    if (m.pp > 1 && s.gpu) {
+      return Bad("spec.mesh.pp", Quote(m.pp) + " pipeline stages need point-to-point transfers between GPUs, which "
+                                 "Meshwork's NCCL communicator does not have yet: pipelines run with device: cpu");
     }
     s.explicit_mesh = m;
     s.mesh = m;
@@ -527,6 +537,7 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
     // Always, 1 included: the spec's mesh replaces any mesh.tp in the config text, as it does
     // the other dims.
     out.push_back("mesh.tp=" + std::to_string(spec.mesh.tp));
+    out.push_back("mesh.pp=" + std::to_string(spec.mesh.pp));
   }
   out.push_back("metrics.job=" + name);
   if (spec.metrics_port > 0) {
@@ -566,6 +577,11 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
   }
   auto loaded = config::LoadConfigFromString(config_yaml, overrides);
   if (!loaded.ok()) return Bad(field, "the trainer refuses this config: " + loaded.status().message());
+  if (loaded->mesh.pp > 1) {
+    if (auto schedule = config::PipelineSchedule(*loaded); !schedule.ok()) {
+      return Bad(field, "the trainer refuses this config: " + schedule.status().message());
+    }
+  }
   if (spec.mesh.chosen_by_trainer) {
     // mesh: auto is checked as an explicit mesh is: the profile the trainer will plan with
     // exists and can build some mesh of this gang.

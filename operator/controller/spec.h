@@ -89,10 +89,17 @@ struct Mesh {
   int dp_replicate = 1;
   int dp_shard = 1;
   int tp = 1;
+  // Pipeline stages, the outermost dim: stage s is the world's s-th block of consecutive ranks
+  // (whole Pods when processesPerReplica divides the block), so stages cross Pods, not tp groups.
+  int pp = 1;
   // spec.mesh.auto: the trainer's rank 0 chooses the dims (dist.mesh: auto); the ones above are
   // unknown until it reports them (TrainerReport::mesh).
   bool chosen_by_trainer = false;
-  std::string ToString() const;  // "1x2x1", or "auto" when chosen by the trainer
+  // "1x2x1" (dpReplicate x dpShard x tp), "pp2x1x2x1" with pipeline stages, "auto" when chosen
+  // by the trainer. A label value: letters, digits and x only.
+  std::string ToString() const;
+  // What ToString's numbers are: "dpReplicate x dpShard x tp" or "pp x dpReplicate x dpShard x tp".
+  const char* Dims() const;
 };
 
 struct JobSpec {

@@ -1,6 +1,9 @@
 #include "trainer/config/hardware.h"
 
 #include <algorithm>
+
+#include "common/enum_names.h"
+#include "trainer/compiler/pipeline/generators.h"
 #include <string>
 
 namespace meshwork::config {
@@ -90,6 +93,21 @@ Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast, bool fused)
                          "', training.device '" + cfg.training.device + "'); use auto or fp32");
   }
   return true;
+}
+
+Result<compiler::pipeline::Program> PipelineSchedule(const TrainConfig& cfg) {
+  namespace pipeline = compiler::pipeline;
+  const std::string schedule = NameOf(kPipelineScheduleNames, cfg.pipeline.schedule);
+  MW_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind, pipeline::ParseScheduleKind(schedule));
+  const pipeline::Shape shape{static_cast<int>(cfg.mesh.pp), static_cast<int>(cfg.pipeline.virtual_stages),
+                              static_cast<int>(cfg.training.grad_accum)};
+  auto program = pipeline::Generate(kind, shape);
+  if (!program.ok()) {
+    return InvalidConfig("key 'pipeline.schedule': " + program.status().message() + " (micro-batches: training.grad_accum=" +
+                         std::to_string(cfg.training.grad_accum) + "; stages per rank: pipeline.virtual_stages=" +
+                         std::to_string(cfg.pipeline.virtual_stages) + ")");
+  }
+  return program;
 }
 
 }  // namespace meshwork::config

@@ -6,6 +6,7 @@
 #include "common/status.h"
 #include "trainer/compiler/frontend.h"
 #include "trainer/compiler/hardware_profile.h"
+#include "trainer/compiler/pipeline/program.h"
 #include "trainer/compiler/plan_options.h"
 #include "trainer/config/config.h"
 
@@ -42,5 +43,12 @@ Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_bu
 // the composition would keep an fp32 copy of it besides). An error naming the key for bf16
 // without autocast (a device that resolved to the CPU; Validate refuses the cases it can see).
 Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast, bool fused);
+
+// The pipeline schedule a config with mesh.pp > 1 runs: pipeline.schedule generated for mesh.pp
+// ranks, pipeline.virtual_stages and training.grad_accum micro-batches. InvalidConfig naming
+// pipeline.schedule and those keys where the schedule cannot run that shape (1F1B with fewer
+// micro-batches than stages, interleaving with a count that is not a multiple of mesh.pp). The
+// trainer's pipeline engine runs it; the operator checks a TrainingJob with it at admission.
+Result<compiler::pipeline::Program> PipelineSchedule(const TrainConfig& cfg);
 
 }  // namespace meshwork::config

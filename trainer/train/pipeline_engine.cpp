@@ -14,6 +14,7 @@
 #include "common/enum_names.h"
 #include "trainer/compiler/pipeline/generators.h"
 #include "trainer/compiler/pipeline/program.h"
+#include "trainer/config/hardware.h"
 #include "trainer/pp/executor.h"
 #include "trainer/pp/llama_stages.h"
 
@@ -222,16 +223,9 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
                        "communicator does not have yet (docs/compiler.md, \"The executor\"); pipelines run on CPU ranks");
   }
   const std::string schedule = NameOf(config::kPipelineScheduleNames, cfg.pipeline.schedule);
-  MW_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind, pipeline::ParseScheduleKind(schedule));
-  const pipeline::Shape shape{pp_size, static_cast<int>(cfg.pipeline.virtual_stages),
-                              static_cast<int>(cfg.training.grad_accum)};
-  auto compute = pipeline::Generate(kind, shape);
-  if (!compute.ok()) {
-    return InvalidConfig("key 'pipeline.schedule': " + compute.status().message() + " (micro-batches: training.grad_accum=" +
-                         std::to_string(cfg.training.grad_accum) + "; stages per rank: pipeline.virtual_stages=" +
-                         std::to_string(cfg.pipeline.virtual_stages) + ")");
-  }
-  MW_ASSIGN_OR_RETURN(pipeline::Program program, pipeline::Lower(compute.value()));
+  MW_ASSIGN_OR_RETURN(pipeline::Program compute, config::PipelineSchedule(cfg));
+  const pipeline::Shape shape = compute.shape;
+  MW_ASSIGN_OR_RETURN(pipeline::Program program, pipeline::Lower(compute));
   if (Status valid = pipeline::Validate(program); !valid.ok()) {
     return Internal("the " + schedule + " program does not validate: " + valid.message());
   }

@@ -104,7 +104,8 @@ Decision Launch(const JobState& job) {
   if (all_running) {
     const std::string msg = std::to_string(spec.replicas) + " pod(s) running " + std::to_string(spec.WorldSize()) +
                             " rank(s), mesh " + spec.mesh.ToString() +
-                            (spec.mesh.chosen_by_trainer ? " (rank 0 chooses dpReplicate x dpShard)" : " (dpReplicate x dpShard x tp)");
+                            (spec.mesh.chosen_by_trainer ? std::string(" (rank 0 chooses dpReplicate x dpShard)")
+                                                          : " (" + std::string(spec.mesh.Dims()) + ")");
     if (!ConditionTrue(job.status, "Running")) d.events.push_back({"Normal", "Running", msg});
     d.conditions = {{"Running", "True", "AllPodsRunning", msg}};
     if (restarting) d.conditions.push_back({"Restarting", "False", "GangRunning", "the new gang is running"});
@@ -132,7 +133,7 @@ Decision Launch(const JobState& job) {
     std::istringstream mesh(in.report->mesh);
     if (mesh >> r >> x1 >> s >> x2 >> t && x1 == 'x' && x2 == 'x' && int64_t{r} * s * t == spec.WorldSize()) {
       d.status["meshShape"] = in.report->mesh;
-      d.status["mesh"] = {{"dpReplicate", r}, {"dpShard", s}, {"tp", t}};
+      d.status["mesh"] = {{"dpReplicate", r}, {"dpShard", s}, {"tp", t}, {"pp", 1}};
     }
   }
   if (!current.empty() && spec.metrics_port > 0) d.requeue_after = in.report_interval;

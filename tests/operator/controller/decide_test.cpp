@@ -418,7 +418,7 @@ TEST(DecideTest, AnEditThatBreaksATensorParallelMeshIsInvalidSpec) {
   const json tp_mesh = {{"replicas", 2}, {"processesPerReplica", 2}, {"mesh", {{"dpShard", 2}, {"tp", 2}}}};
   json job = RunningJob(tp_mesh);
   EXPECT_EQ(job["status"]["meshShape"], "1x2x2");
-  EXPECT_EQ(job["status"]["mesh"], json({{"dpReplicate", 1}, {"dpShard", 2}, {"tp", 2}}));
+  EXPECT_EQ(job["status"]["mesh"], json({{"dpReplicate", 1}, {"dpShard", 2}, {"tp", 2}, {"pp", 1}}));
   const std::vector<std::pair<json, std::string>> edits = {
       {{{"replicas", 3}},  // kubectl scale alone
        "spec.mesh: dpReplicate x dpShard x tp = 1x2x2 = 4 does not equal replicas x processesPerReplica = 3x2 = 6"},

@@ -424,6 +424,29 @@ if e2e_wait_for 300 "tp-ok succeeds" phase_is tp-ok Succeeded; then
     fail "tp-ok: meshShape $(jp tp-ok '{.status.meshShape}'), step $(jp tp-ok '{.status.trainer.step}'), rank 0: $line"
 else fail "tp-ok did not succeed: $(jp tp-ok '{.status}')"; dump; fi
 
+# ---- pipeline parallelism through the operator: 2 Pods as 2 stages (1F1B over 4 micro-batches),
+# without checkpoints (pipelines write none yet); and a schedule the shape cannot run, refused at
+# admission by the trainer's own generator.
+pp_job() {  # pp_job NAME PORT GRAD_ACCUM
+  job "$1" "$2" 20 '  mesh: {dpShard: 1, pp: 2}' | sed '/checkpoint: {path:/d' |
+    sed "s/      schedule: {steps: 20, warmup_steps: 5}/      schedule: {steps: 20, warmup_steps: 5}\n      training: {grad_accum: $3}\n      pipeline: {schedule: 1f1b}/"
+}
+pp_job pp-ok 29650 4 | kubectl apply -f - >/dev/null
+pp_job pp-few 29660 1 | kubectl apply -f - >/dev/null
+if e2e_wait_for 60 "pp-few fails" phase_is pp-few Failed; then
+  msg="$(jp pp-few '{.status.conditions[?(@.type=="Failed")].message}')"
+  [ "$(reason_of pp-few Failed)" = InvalidSpec ] && [[ "$msg" == *"key 'pipeline.schedule'"*"training.grad_accum=1"* ]] && no_pods pp-few &&
+    pass "1F1B with 1 micro-batch for 2 stages: Failed/InvalidSpec at admission naming pipeline.schedule, no Pods" ||
+    fail "pp-few: reason $(reason_of pp-few Failed), message $msg, pods $(pods_of pp-few)"
+else fail "pp-few did not fail: $(jp pp-few '{.status}')"; fi
+if e2e_wait_for 300 "pp-ok succeeds" phase_is pp-ok Succeeded; then
+  line="$(k logs pp-ok-0 | grep -m1 '^pipeline:' || true)"
+  [ "$(jp pp-ok '{.status.meshShape}')" = pp2x1x1x1 ] && [ "$(jp pp-ok '{.status.mesh.pp}')" = 2 ] &&
+    [[ "$line" == *"pp=2, 1f1b, 4 micro-batches"* ]] && [ "$(jp pp-ok '{.status.trainer.step}')" = 20 ] &&
+    pass "a 2-stage 1F1B pipeline trains through the operator (status mesh pp2x1x1x1; ${line:0:90})" ||
+    fail "pp-ok: meshShape $(jp pp-ok '{.status.meshShape}'), step $(jp pp-ok '{.status.trainer.step}'), rank 0: $line"
+else fail "pp-ok did not succeed: $(jp pp-ok '{.status}')"; dump; fi
+
 # ---- SIGKILL the leading operator mid-run
 job op-kill 29630 40 "" | kubectl apply -f - >/dev/null
 if e2e_wait_for 300 "op-kill trains" bash -c "[ \"\$(kubectl -n e2e get tj op-kill -o jsonpath='{.status.trainer.step}')\" -ge 3 ] 2>/dev/null"; then

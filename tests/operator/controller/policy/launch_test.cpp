@@ -143,7 +143,7 @@ TEST(LaunchTest, WithMeshAutoTheReportedMeshGoesIntoTheStatus) {
   s.in().report = report;
   Decision d = Launch(s.Get());
   EXPECT_EQ(d.status["meshShape"], "2x1x1");
-  EXPECT_EQ(d.status["mesh"], json::parse(R"({"dpReplicate": 2, "dpShard": 1, "tp": 1})"));
+  EXPECT_EQ(d.status["mesh"], json::parse(R"({"dpReplicate": 2, "dpShard": 1, "tp": 1, "pp": 1})"));
   EXPECT_THAT(d.conditions.at(0).message, ::testing::HasSubstr("mesh auto (rank 0 chooses dpReplicate x dpShard)"));
   // A mesh of another size (a stale scrape) or none is not taken.
   for (const std::string bad : {"1x4x1", "", "2x1"}) {
