@@ -8,7 +8,7 @@
 #
 # usage: scripts/images.sh [base] [operator] [trainer-cpu] [trainer]
 #   what to build (default: base operator trainer-cpu); the base is made once and kept in the
-#   cache folder. trainer is the GPU trainer (torch 2.11 + CUDA 13 from PyPI, about 6 GB; its
+#   cache folder. trainer is the GPU trainer (torch 2.11 + CUDA 13 from PyPI, about 4 GB; its
 #   build needs no GPU)
 #
 #   MESHWORK_IMAGES_DIR            cache: the base's root file systems and the build logs
@@ -21,8 +21,8 @@
 #                                  a container runs here, else chroot (and says why)
 #
 # Exit codes: 1 a Dockerfile's build failed (its log is named), 2 bad arguments, 3 invalid input
-# (a Dockerfile or the chart's default image is missing), 4 I/O (debootstrap, import, disk),
-# 5 unavailable (not root, a package or the Debian mirror cannot be had).
+# (a Dockerfile or the chart's default image is missing), 4 I/O (debootstrap, an unreachable
+# mirror included; import; disk), 5 unavailable (not root, not Debian 12, podman, runc or debootstrap cannot be installed).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,15 +79,27 @@ exec 9>"$cache/lock"
 flock -n 9 || { log "another scripts/images.sh holds $cache/lock; waiting for it"; flock 9; }
 
 # The mirror the machine's apt uses (deb822 or one-line sources), so the images download from
-# where apt here does.
-apt_uri() {  # apt_uri SUFFIX: the first configured URI ending in SUFFIX (/debian, /debian-security)
-  { grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources /dev/null | awk '{ for (i = 2; i <= NF; i++) print $i }'
-    grep -hsE '^deb[[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/*.list /dev/null | awk '{ print ($2 ~ /^\[/) ? $3 : $2 }'
-  } | sed 's#/*$##' | grep -E "$1\$" | head -n 1 || true
+# where apt here does. Only sources of the suite's main component count: a third-party repository
+# for bookworm (Docker's: .../linux/debian bookworm stable) is not Debian's archive.
+apt_uri() {  # apt_uri SUITE: the first configured URI serving SUITE's main (bookworm, bookworm-security)
+  { awk -v suite="$1" 'BEGIN { RS = "" } {
+        uris = ""; ok = 0; main = 0
+        n = split($0, lines, "\n")
+        for (i = 1; i <= n; i++) {
+          if (lines[i] ~ /^URIs:/) uris = substr(lines[i], 6)
+          if (lines[i] ~ /^Suites:/) { m = split(substr(lines[i], 8), ss, " "); for (j = 1; j <= m; j++) if (ss[j] == suite) ok = 1 }
+          if (lines[i] ~ /^Components:/) { m = split(substr(lines[i], 12), cs, " "); for (j = 1; j <= m; j++) if (cs[j] == "main") main = 1 }
+        }
+        if (ok && main) { m = split(uris, us, " "); for (j = 1; j <= m; j++) print us[j] }
+      }' /etc/apt/sources.list.d/*.sources /dev/null 2>/dev/null
+    grep -hsE '^deb[[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/*.list /dev/null |
+      awk -v suite="$1" '{ sub(/\[[^]]*\]/, ""); main = 0; for (i = 4; i <= NF; i++) if ($i == "main") main = 1
+                           if ($3 == suite && main) print $2 }'
+  } | sed 's#/*$##' | head -n 1 || true
 }
-mirror="${MESHWORK_DEBIAN_MIRROR:-$(apt_uri /debian)}"
+mirror="${MESHWORK_DEBIAN_MIRROR:-$(apt_uri bookworm)}"
 mirror="${mirror:-http://deb.debian.org/debian}"
-security="${MESHWORK_DEBIAN_SECURITY:-$(apt_uri /debian-security)}"
+security="${MESHWORK_DEBIAN_SECURITY:-$(apt_uri bookworm-security)}"
 security="${security:-${mirror%/debian}/debian-security}"
 
 # make_base DIR: the two root file systems debian:bookworm and debian:bookworm-slim are made of,
@@ -242,7 +254,7 @@ wants trainer-cpu && build trainer-cpu images/trainer-cpu/Dockerfile 25 "$traine
 ca_bundle=/etc/ssl/certs/ca-certificates.crt
 secret=()
 [ -s "$ca_bundle" ] && secret=(--secret "id=pip-ca,src=$ca_bundle")
-wants trainer && build trainer images/trainer/Dockerfile 30 "$gpu_trainer_image"
+wants trainer && build trainer images/trainer/Dockerfile 20 "$gpu_trainer_image"
 
 # Sizes: what the image takes unpacked in the store (podman's SIZE).
 images=()

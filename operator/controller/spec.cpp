@@ -578,7 +578,7 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
   auto loaded = config::LoadConfigFromString(config_yaml, overrides);
   if (!loaded.ok()) return Bad(field, "the trainer refuses this config: " + loaded.status().message());
   if (loaded->mesh.pp > 1) {
-    if (auto schedule = config::PipelineSchedule(*loaded); !schedule.ok()) {
+    if (auto schedule = config::PipelineProgram(*loaded); !schedule.ok()) {
       return Bad(field, "the trainer refuses this config: " + schedule.status().message());
     }
   }

@@ -143,8 +143,11 @@ for dockerfile in "${dockerfiles[@]}"; do
       fi
     else
       for t in $targets; do
-        bare="$(ninja -C "$config_dir" -t commands "$t" 2>/dev/null | tail -n 1 | grep -oE -- '(^|[[:space:]])-lmeshwork[A-Za-z0-9_]*' | sort -u | tr -d ' ' | tr '\n' ' ')"
-        if [ -n "$bare" ]; then
+        link="$(ninja -C "$config_dir" -t commands "$t" 2>/dev/null | tail -n 1)"
+        bare="$(grep -oE -- '(^|[[:space:]])-lmeshwork[A-Za-z0-9_]*' <<<"$link" | sort -u | tr -d ' ' | tr '\n' ' ')"
+        if [ -z "$link" ]; then
+          fail "$name: $t is no target of the configuration $(tr '\n' ' ' <<<"$flags")"
+        elif [ -n "$bare" ]; then
           fail "$name: with $(tr '\n' ' ' <<<"$flags")$t links ${bare}which are no targets of that configuration"
         else
           pass "$name: with its flags $t links only targets of that configuration"

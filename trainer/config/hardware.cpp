@@ -95,7 +95,7 @@ Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast, bool fused)
   return true;
 }
 
-Result<compiler::pipeline::Program> PipelineSchedule(const TrainConfig& cfg) {
+Result<compiler::pipeline::Program> PipelineProgram(const TrainConfig& cfg) {
   namespace pipeline = compiler::pipeline;
   const std::string schedule = NameOf(kPipelineScheduleNames, cfg.pipeline.schedule);
   MW_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind, pipeline::ParseScheduleKind(schedule));

@@ -49,6 +49,6 @@ Result<bool> UsesBf16Residual(const TrainConfig& cfg, bool autocast, bool fused)
 // pipeline.schedule and those keys where the schedule cannot run that shape (1F1B with fewer
 // micro-batches than stages, interleaving with a count that is not a multiple of mesh.pp). The
 // trainer's pipeline engine runs it; the operator checks a TrainingJob with it at admission.
-Result<compiler::pipeline::Program> PipelineSchedule(const TrainConfig& cfg);
+Result<compiler::pipeline::Program> PipelineProgram(const TrainConfig& cfg);
 
 }  // namespace meshwork::config

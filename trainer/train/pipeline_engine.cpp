@@ -223,7 +223,7 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
                        "communicator does not have yet (docs/compiler.md, \"The executor\"); pipelines run on CPU ranks");
   }
   const std::string schedule = NameOf(config::kPipelineScheduleNames, cfg.pipeline.schedule);
-  MW_ASSIGN_OR_RETURN(pipeline::Program compute, config::PipelineSchedule(cfg));
+  MW_ASSIGN_OR_RETURN(pipeline::Program compute, config::PipelineProgram(cfg));
   const pipeline::Shape shape = compute.shape;
   MW_ASSIGN_OR_RETURN(pipeline::Program program, pipeline::Lower(compute));
   if (Status valid = pipeline::Validate(program); !valid.ok()) {

@@ -77,7 +77,17 @@ refused "cpu: abc, memory: -5Gi" 's|cpu: "1", memory: 1Gi|cpu: abc, memory: "-5G
   'spec.resources.requests[cpu]: Invalid value: "abc": must be a non-negative quantity' \
   'spec.resources.requests[memory]: Invalid value: "-5Gi"'
 refused "a mesh that does not multiply to the world" 's|^  checkpoint:.*|  mesh: {dpShard: 3}|' \
-  "mesh: dpReplicate x dpShard x tp must equal replicas x processesPerReplica"
+  "mesh: pp x dpReplicate x dpShard x tp must equal replicas x processesPerReplica"
+refused "pp x dpShard that does not multiply to the world" 's|^  checkpoint:.*|  mesh: {dpShard: 2, pp: 2}|' \
+  "mesh: pp x dpReplicate x dpShard x tp must equal replicas x processesPerReplica"
+refused "pp: 0" 's|^  checkpoint:.*|  mesh: {dpShard: 2, pp: 0}|' \
+  "spec.mesh.pp: Invalid value: 0: spec.mesh.pp in body should be greater than or equal to 1"
+refused "pp: 2000" 's|^  checkpoint:.*|  mesh: {dpShard: 1, pp: 2000}|' \
+  "spec.mesh.pp: Invalid value: 2000: spec.mesh.pp in body should be less than or equal to 1024"
+refused "pp beside mesh auto" 's|^  checkpoint:.*|  mesh: {auto: true, pp: 2}|' \
+  "set either auto: true (the trainer chooses the mesh) or dpShard (and optionally dpReplicate, tp, pp), not both"
+refused "pp on GPUs" 's|^  checkpoint:.*|  mesh: {dpShard: 1, pp: 2}|;s|device: cpu|device: gpu|' \
+  "mesh: pp > 1 needs device: cpu"
 # A tensor parallel group is tp consecutive ranks: it must fit in one Pod (2 x 1 x 2 = 2 ranks
 # multiplies right; with 1 process per Pod the group would span 2 Pods).
 refused "tp that does not divide processesPerReplica" 's|^  checkpoint:.*|  mesh: {dpShard: 1, tp: 2}|' \
@@ -89,6 +99,8 @@ refused "tp: 128" 's|^  checkpoint:.*|  mesh: {dpShard: 1, tp: 128}|' \
 out="$(job tp | sed -e 's|processesPerReplica: 1|processesPerReplica: 2|' -e 's|^  checkpoint:.*|  mesh: {dpShard: 2, tp: 2}|' |
   k apply --dry-run=server -f - 2>&1)"
 [[ "$out" == *"created (server dry run)"* ]] && pass "tp 2 with 2 Pods of 2 (dpShard 2) is accepted" || fail "tp 2: $out"
+out="$(job pp | sed -e 's|^  checkpoint:.*|  mesh: {dpShard: 1, pp: 2}|' | k apply --dry-run=server -f - 2>&1)"
+[[ "$out" == *"created (server dry run)"* ]] && pass "pp 2 over 2 Pods on the CPU is accepted" || fail "pp 2: $out"
 refused "mesh auto with dpShard" 's|^  checkpoint:.*|  mesh: {auto: true, dpShard: 2}|' \
   "set either auto: true (the trainer chooses the mesh) or dpShard"
 refused "both inline and configMapRef" 's|config: {inline: "model: {preset: tiny}"}|config: {inline: x, configMapRef: {name: c}}|' \

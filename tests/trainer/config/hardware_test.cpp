@@ -116,5 +116,40 @@ TEST(PlanOptionsOfTest, MapsTheFsdpKeysAndTensorParallelismTurnsTheRowsAndTheSpl
   EXPECT_EQ(tp.split_by_vocabulary, compiler::PlanOptions::Rows::kNever);
 }
 
+// The schedule a pipeline config runs, as the engine and the operator's admission both get it:
+// the config's shape, or an error naming pipeline.schedule and the micro-batches.
+TEST(PipelineProgramTest, GeneratesTheConfigsScheduleAtItsShapeOrNamesTheKeys) {
+  TrainConfig cfg;
+  cfg.mesh.pp = 2;
+  cfg.training.grad_accum = 4;
+  cfg.pipeline.schedule = PipelineSchedule::k1F1B;
+  auto program = PipelineProgram(cfg);
+  ASSERT_TRUE(program.ok()) << program.status().message();
+  EXPECT_EQ(program->shape.pp, 2);
+  EXPECT_EQ(program->shape.microbatches, 4);
+  EXPECT_EQ(program->shape.virtual_stages, 1);
+  EXPECT_EQ(program->ranks.size(), 2u);
+
+  cfg.pipeline.schedule = PipelineSchedule::kInterleaved1F1B;
+  cfg.pipeline.virtual_stages = 2;
+  auto interleaved = PipelineProgram(cfg);
+  ASSERT_TRUE(interleaved.ok()) << interleaved.status().message();
+  EXPECT_EQ(interleaved->shape.stages(), 4);
+
+  // 1F1B needs at least pp micro-batches; interleaving a multiple of pp.
+  cfg.pipeline.schedule = PipelineSchedule::k1F1B;
+  cfg.pipeline.virtual_stages = 1;
+  cfg.training.grad_accum = 1;
+  auto few = PipelineProgram(cfg);
+  ASSERT_FALSE(few.ok());
+  EXPECT_EQ(few.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_NE(few.status().message().find("key 'pipeline.schedule'"), std::string::npos) << few.status().message();
+  EXPECT_NE(few.status().message().find("training.grad_accum=1"), std::string::npos) << few.status().message();
+  cfg.pipeline.schedule = PipelineSchedule::kInterleaved1F1B;
+  cfg.pipeline.virtual_stages = 2;
+  cfg.training.grad_accum = 3;
+  EXPECT_FALSE(PipelineProgram(cfg).ok());
+}
+
 }  // namespace
 }  // namespace meshwork::config

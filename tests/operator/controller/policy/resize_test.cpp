@@ -43,7 +43,10 @@ TEST(ResizeTest, ANewShapeStartsANewGangThatIsNoFailure) {
            {{{"mesh", {{"dpReplicate", 2}, {"dpShard", 1}}}}, WithMesh(Pod(0, 0, "Running"), "1x2x1")},
            // The same 2 ranks, now one tensor parallel group.
            {{{"replicas", 1}, {"processesPerReplica", 2}, {"mesh", {{"dpShard", 1}, {"tp", 2}}}},
-            WithMesh(Pod(0, 0, "Running"), "1x2x1")}}) {
+            WithMesh(Pod(0, 0, "Running"), "1x2x1")},
+           // The same 2 ranks as 2 pipeline stages, and back.
+           {{{"mesh", {{"dpShard", 1}, {"pp", 2}}}}, WithMesh(Pod(0, 0, "Running"), "1x2x1")},
+           {{{"mesh", {{"dpShard", 2}}}}, WithMesh(Pod(0, 0, "Running"), "pp2x1x1x1")}}) {
     State s(Job(spec, {{"restartGeneration", 0}, {"restarts", 0}}), {pod});
     EXPECT_FALSE(ResizeWithCheckpoints(s.Get()).has_value());
     const auto d = Resize(s.Get());
