@@ -1,10 +1,10 @@
 #include "trainer/config/hardware.h"
 
 #include <algorithm>
+#include <string>
 
 #include "common/enum_names.h"
 #include "trainer/compiler/pipeline/generators.h"
-#include <string>
 
 namespace meshwork::config {
 

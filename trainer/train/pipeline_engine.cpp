@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "common/enum_names.h"
-#include "trainer/compiler/pipeline/generators.h"
 #include "trainer/compiler/pipeline/program.h"
 #include "trainer/config/hardware.h"
 #include "trainer/pp/executor.h"
