@@ -244,7 +244,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
   // next gang and must not fail a running one. A bad config fails the job as a bad spec does,
   // from the status this reconcile found.
   if (!job.Missing().empty()) {
-    const ConfigCheck config = in.check_config ? in.check_config() : ConfigCheck{in.config_error, in.config_wait};
+    const ConfigCheck config = in.check_config ? in.check_config() : ConfigCheck{in.config_error, in.config_wait, nlohmann::json()};
     if (config.error) {
       Plan failed = begun;
       End(failed, policy::InvalidSpec(begun.status, job.pods, *config.error, in.now), in);
@@ -253,6 +253,11 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     if (config.wait) {
       decided(policy::AwaitConfig(job, *config.wait));
       return plan;
+    }
+    if (config.pipeline.is_null()) {
+      plan.status.erase("pipeline");
+    } else {
+      plan.status["pipeline"] = config.pipeline;
     }
   }
   decided(policy::Launch(job));

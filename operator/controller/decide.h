@@ -46,6 +46,9 @@ struct FinalReport {
 struct ConfigCheck {
   std::optional<std::string> error;
   std::optional<std::string> wait;
+  // status.pipeline of a config with pipeline stages (ValidateTrainerConfig), else null: the
+  // gang about to start records it.
+  nlohmann::json pipeline;
 };
 
 // One Pod as the decisions see it.

@@ -204,7 +204,7 @@ ConfigCheck Reconciler::CheckConfig(const std::string& key, const json& job, con
   const std::string name = job["metadata"].value("name", "");
   ConfigCheck check;
   if (spec.config_map_name.empty()) {
-    Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline");
+    Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline", &check.pipeline);
     if (!s.ok()) check.error = s.message();
     return check;
   }
@@ -224,7 +224,8 @@ ConfigCheck Reconciler::CheckConfig(const std::string& key, const json& job, con
   }
   Status s = ValidateTrainerConfig(data[spec.config_map_key].get<std::string>(), spec, ns, name,
                                    field + " (ConfigMap " + spec.config_map_name + ", key " + spec.config_map_key +
-                                       ")");
+                                       ")",
+                                   &check.pipeline);
   if (!s.ok()) check.error = s.message();
   return check;
 }

@@ -3,10 +3,13 @@
 #include <regex.h>
 
 #include <cctype>
+#include <cmath>
 #include <limits>
 #include <sstream>
 
+#include "common/enum_names.h"
 #include "common/quantity.h"
+#include "trainer/compiler/pipeline/simulate.h"
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/config/config.h"
 #include "trainer/config/hardware.h"
@@ -556,8 +559,25 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
   return out;
 }
 
+namespace {
+
+// status.pipeline: what the trainer will run, and the share of its ranks' time the schedule
+// itself leaves idle with stages alike (compiler::pipeline::SimulateEqualStages), which the
+// trainer's measured bubble is read against.
+Result<json> PipelineStatus(const config::TrainConfig& cfg, const compiler::pipeline::Program& program) {
+  MW_ASSIGN_OR_RETURN(const compiler::pipeline::PipelineResult equal, compiler::pipeline::SimulateEqualStages(program));
+  return json{{"schedule", NameOf(config::kPipelineScheduleNames, cfg.pipeline.schedule)},
+              {"microBatches", cfg.training.grad_accum},
+              {"virtualStages", cfg.pipeline.virtual_stages},
+              {"stages", program.shape.stages()},
+              {"scheduleBubble", std::round(equal.bubble_fraction * 1000) / 1000}};
+}
+
+}  // namespace
+
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
-                             const std::string& name, const std::string& field) {
+                             const std::string& name, const std::string& field, json* pipeline) {
+  if (pipeline != nullptr) *pipeline = json();
   // The config reaches the trainer as a file of a ConfigMap volume; an inline config is first
   // written to the job's ConfigMap, which the API server refuses over 1 MiB (the job would wait
   // for ever). A configMapRef's ConfigMap exists, so it is within the limit.
@@ -578,8 +598,13 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
   auto loaded = config::LoadConfigFromString(config_yaml, overrides);
   if (!loaded.ok()) return Bad(field, "the trainer refuses this config: " + loaded.status().message());
   if (loaded->mesh.pp > 1) {
-    if (auto schedule = config::PipelineProgram(*loaded); !schedule.ok()) {
-      return Bad(field, "the trainer refuses this config: " + schedule.status().message());
+    auto schedule = config::PipelineProgram(*loaded);
+    if (!schedule.ok()) return Bad(field, "the trainer refuses this config: " + schedule.status().message());
+    if (pipeline != nullptr) {
+      auto status = PipelineStatus(*loaded, *schedule);
+      // A program the generator made that does not simulate is the generator's bug, not the job's.
+      if (!status.ok()) return Internal(field + ": " + status.status().message());
+      *pipeline = *status;
     }
   }
   if (spec.mesh.chosen_by_trainer) {

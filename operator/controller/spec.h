@@ -180,7 +180,10 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
 // Loads `config_yaml` with the trainer's own config code and the operator's overrides, so a
 // job the trainer would refuse (unknown preset, bad key) fails here with InvalidSpec instead of
 // crash-looping its Pods. `field` names where the text came from ("spec.config.inline").
+// `pipeline`, when given, is set to status.pipeline of a config with pipeline stages (the
+// schedule, its micro-batches and stages, and its own bubble: PipelineStatus), else null.
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
-                             const std::string& name, const std::string& field);
+                             const std::string& name, const std::string& field,
+                             nlohmann::json* pipeline = nullptr);
 
 }  // namespace meshwork::op

@@ -60,7 +60,8 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "compiled-hsdp2-tp2 4 --set fsdp.mode=compiled --set mesh.tp=2 --set mesh.dp_replicate=2 --set mesh.dp_shard=1 --set data.batch_size=$((global_batch / 2))" \
     "pp2-1f1b 2 --set mesh.pp=2 --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-gpipe 2 --set mesh.pp=2 --set pipeline.schedule=gpipe --set training.grad_accum=2 --set data.batch_size=4" \
-    "pp2-zb-h1 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=4 --set data.batch_size=2"; do
+    "pp2-zb-h1 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=4 --set data.batch_size=2" \
+    "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -118,12 +119,25 @@ for name in pp2-1f1b pp2-gpipe pp2-zb-h1; do
   grep -q "^pipeline: pp=2, ${name#pp2-}, [24] micro-batches a step, 2 stages of layers \[0,1) \[1,2)" "$work/$name.log" &&
     pass "$name: two pipeline stages" || fail "$name: not a pipeline: $(grep -E '^(pipeline|parallelism)' "$work/$name.log")"
 done
+# Two replicas of a 2-stage pipeline: each reads its rows (2 x accum 2 x ranks 2), the stages'
+# gradients averaged over dp_replicate.
+grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 replicas of the pipeline" "$work/pp2-dp2.log" &&
+  grep -q "batch 2 x accum 2 x ranks 2 = " "$work/pp2-dp2.log" &&
+  pass "pp2-dp2: two replicas of a two-stage pipeline" ||
+  fail "pp2-dp2: not replicated pipelines: $(grep -E '^(pipeline|data)' "$work/pp2-dp2.log")"
 if run pp2-on-fsdp 2 --set mesh.pp=2 --set mesh.dp_shard=2; then
   fail "mesh.pp with mesh.dp_shard trained"
-elif grep -q "key 'mesh.pp': mesh.pp=2 does not compose with data or tensor parallelism yet" "$work/pp2-on-fsdp.log"; then
+elif grep -q "key 'mesh.pp': mesh.pp=2 does not compose with sharded data or tensor parallelism yet" "$work/pp2-on-fsdp.log"; then
   pass "mesh.pp with mesh.dp_shard is refused by name"
 else
   fail "mesh.pp with mesh.dp_shard: $(tail -3 "$work/pp2-on-fsdp.log")"
+fi
+if run pp2-world4 4 --set mesh.pp=2 --set training.grad_accum=2; then
+  fail "mesh.pp=2 on a world of 4 without mesh.dp_replicate trained"
+elif grep -q "key 'mesh.pp': 2 pipeline ranks x mesh.dp_replicate=1 replicas = 2 ranks, but the world is 4 processes" "$work/pp2-world4.log"; then
+  pass "mesh.pp=2 on a world of 4 without mesh.dp_replicate is refused by name"
+else
+  fail "mesh.pp=2 on a world of 4: $(tail -3 "$work/pp2-world4.log")"
 fi
 if run pp2-one-process 1 --set mesh.pp=2; then
   fail "mesh.pp=2 on one process trained"

@@ -450,10 +450,14 @@ Status ValidateCrossFields(const TrainConfig& c) {
       return InvalidConfig("key 'dist.mesh': auto chooses among data parallel meshes only, but " + pp +
                            " is set; use dist.mesh: explicit");
     }
-    if (c.mesh.tp != 1 || c.mesh.dp_replicate != 1 || c.mesh.dp_shard > 1) {
-      return InvalidConfig("key 'mesh.pp': " + pp + " does not compose with data or tensor parallelism yet: "
-                           "mesh.tp=" + Str(c.mesh.tp) + ", mesh.dp_replicate=" + Str(c.mesh.dp_replicate) +
-                           " and mesh.dp_shard=" + Str(c.mesh.dp_shard) + " must be 1 (the world is the pipeline's ranks)");
+    if (c.mesh.tp != 1 || c.mesh.dp_shard > 1) {
+      return InvalidConfig("key 'mesh.pp': " + pp + " does not compose with sharded data or tensor parallelism yet: "
+                           "mesh.tp=" + Str(c.mesh.tp) + " and mesh.dp_shard=" + Str(c.mesh.dp_shard) +
+                           " must be 1 (replicas of the pipeline, mesh.dp_replicate, do compose)");
+    }
+    if (c.mesh.dp_replicate == 0) {
+      return InvalidConfig("key 'mesh.dp_replicate': 0 (whatever the world leaves) is not resolved beside " + pp +
+                           "; give the pipeline's replicas: the world is mesh.pp x mesh.dp_replicate ranks");
     }
     if (c.fsdp.mode == FsdpMode::kCompiled) {
       return InvalidConfig("key 'fsdp.mode': compiled plans FSDP's schedule, and with " + pp +
@@ -469,10 +473,6 @@ Status ValidateCrossFields(const TrainConfig& c) {
         c.training.activation_checkpointing == ActivationCheckpointing::kSelective) {
       return InvalidConfig("key 'training.activation_checkpointing': pipeline stages do not checkpoint layers yet (" +
                            pp + "); use auto or none");
-    }
-    if (!c.checkpoint.dir.empty()) {
-      return InvalidConfig("key 'checkpoint.dir': checkpoints of pipeline stages are not written yet (" + pp +
-                           "); leave checkpoint.dir empty (checkpoint.export_hf works)");
     }
   }
   if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != PipelineSchedule::kInterleaved1F1B) {

@@ -237,7 +237,9 @@ CheckpointMeta RunMeta(const config::TrainConfig& cfg, const model::LlamaConfig&
   m.dp_replicate = shape.dp_replicate;
   m.dp_shard = shape.dp_shard;
   m.tp = shape.tp;
-  m.fsdp_mode = engine.world_size() > 1 ? NameOf(config::kFsdpModeNames, cfg.fsdp.mode) : "none";
+  m.pp = static_cast<int>(cfg.mesh.pp);
+  // Pipeline stages alone hold whole parameters: no FSDP shards them.
+  m.fsdp_mode = engine.world_size() > m.pp ? NameOf(config::kFsdpModeNames, cfg.fsdp.mode) : "none";
   m.dims = dims;
   m.data_train = cfg.data.train;
   m.seed = cfg.training.seed;
@@ -279,7 +281,7 @@ std::string MetaToJson(const CheckpointMeta& m) {
       {"step", m.step},
       {"total_steps", m.total_steps},
       {"world_size", m.world_size},
-      {"mesh", {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"tp", m.tp}}},
+      {"mesh", {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}, {"tp", m.tp}, {"pp", m.pp}}},
       {"fsdp_mode", m.fsdp_mode},
       {"shard_layout", m.shard_layout},
       {"model",
@@ -325,6 +327,7 @@ Result<CheckpointMeta> ReadMeta(const std::string& step_dir) {
     m.dp_replicate = doc.at("mesh").at("dp_replicate").get<int>();
     m.dp_shard = doc.at("mesh").at("dp_shard").get<int>();
     m.tp = doc.at("mesh").value("tp", 1);  // absent before tensor parallelism
+    m.pp = doc.at("mesh").value("pp", 1);  // absent before pipeline checkpoints
     m.fsdp_mode = doc.at("fsdp_mode").get<std::string>();
     m.shard_layout = doc.value("shard_layout", std::string("rows"));
     const json& d = doc.at("model");
@@ -380,6 +383,7 @@ Status CheckCompatible(const CheckpointMeta& saved, const CheckpointMeta& now, c
     check("mesh dp_replicate", saved.dp_replicate, now.dp_replicate);
     check("mesh dp_shard", saved.dp_shard, now.dp_shard);
     check("mesh tp", saved.tp, now.tp);
+    check("mesh pp", saved.pp, now.pp);
   }
   check("model.vocab_size", saved.dims.vocab_size, now.dims.vocab_size);
   check("model.hidden_size", saved.dims.hidden_size, now.dims.hidden_size);
@@ -419,14 +423,16 @@ std::vector<std::string> DescribeSoftDifferences(const CheckpointMeta& saved, co
   note("schedule.steps", saved.total_steps, now.total_steps);
   note("fsdp.mode", saved.fsdp_mode, now.fsdp_mode);
   if (saved.world_size != now.world_size || saved.dp_replicate != now.dp_replicate || saved.dp_shard != now.dp_shard ||
-      saved.tp != now.tp) {
-    // tp only where one of them has it (the line as it was before tensor parallelism otherwise).
+      saved.tp != now.tp || saved.pp != now.pp) {
+    // tp and pp only where one of them has it (the line as it was before them otherwise).
     const bool tp = saved.tp > 1 || now.tp > 1;
+    const bool pp = saved.pp > 1 || now.pp > 1;
     std::ostringstream os;
-    os << "resharded: the checkpoint was written by world size " << saved.world_size << " (dp_replicate "
-       << saved.dp_replicate << " x dp_shard " << saved.dp_shard << (tp ? " x tp " + std::to_string(saved.tp) : "")
-       << "), this run is " << now.world_size << " (" << now.dp_replicate << " x " << now.dp_shard
-       << (tp ? " x " + std::to_string(now.tp) : "") << ")";
+    os << "resharded: the checkpoint was written by world size " << saved.world_size << " ("
+       << (pp ? "pp " + std::to_string(saved.pp) + " x " : "") << "dp_replicate " << saved.dp_replicate
+       << " x dp_shard " << saved.dp_shard << (tp ? " x tp " + std::to_string(saved.tp) : "") << "), this run is "
+       << now.world_size << " (" << (pp ? std::to_string(now.pp) + " x " : "") << now.dp_replicate << " x "
+       << now.dp_shard << (tp ? " x " + std::to_string(now.tp) : "") << ")";
     notes.push_back(os.str());
   }
   // Not shapes: the weights load, but compute another function. Said, not refused: a larger

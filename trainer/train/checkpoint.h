@@ -1,6 +1,7 @@
 // Training checkpoints: every rank's parameters (FSDP: its shards) and AdamW state, saved every
 // checkpoint.every steps and loaded at start, so a restarted job continues where it stopped, at
-// the same mesh or any other (world size, dp_replicate x dp_shard, one process).
+// the same mesh or any other (world size, dp_replicate x dp_shard x tp, pipeline stages, one
+// process).
 //
 //   DIR/step-00000100/rank-00000.safetensors   one per rank: its pieces of the parameters and
 //                                     their AdamW moments, each piece named "<param>@<begin>"
@@ -53,7 +54,9 @@ struct CheckpointMeta {
   int dp_replicate = 1;
   int dp_shard = 1;
   int tp = 1;  // tensor parallel ranks (meta.json's mesh.tp; 1 when absent)
-  std::string fsdp_mode = "none";  // "none" (one process), "eager" or "compiled"
+  int pp = 1;  // pipeline stages' ranks (meta.json's mesh.pp; 1 when absent)
+  // "none" (one process, or pipeline stages alone), "eager" or "compiled"
+  std::string fsdp_mode = "none";
   // How FSDP shards: "flat" (each module's parameters as one flat vector: fsdp/unit.h), or
   // "rows" (each parameter's dim 0: checkpoints written before the flat layout, which have no
   // shard_layout key). With dp_shard 1 both are whole parameters.

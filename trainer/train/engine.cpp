@@ -476,13 +476,31 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     }
   };
   if (cfg.mesh.pp > 1) {
-    // The pipeline's one group spans the world (pipelines do not compose with other dims yet).
-    dist::CommunicatorOptions pp_options = options;
-    pp_options.group_name = "pp";
-    MW_ASSIGN_OR_RETURN(auto comm, factory(c10::make_intrusive<c10d::PrefixStore>("mesh/pp", store), env.rank,
-                                           env.world_size, pp_options));
+    // pp outermost: stage rank s of replica d is rank s x dp_replicate + d, so a stage's replicas
+    // are consecutive ranks (one node's) and the pipeline crosses nodes.
+    const int pp = static_cast<int>(cfg.mesh.pp);
+    const int replicas = static_cast<int>(cfg.mesh.dp_replicate);
+    if (env.world_size != pp * replicas) {
+      return InvalidConfig("key 'mesh.pp': " + std::to_string(pp) + " pipeline ranks x mesh.dp_replicate=" +
+                           std::to_string(replicas) + " replicas = " + std::to_string(pp * replicas) +
+                           " ranks, but the world is " + std::to_string(env.world_size) + " processes");
+    }
+    PipelineGroups groups;
+    auto group = [&](const std::string& name, const std::string& prefix, int rank, int size)
+        -> Result<std::unique_ptr<dist::Communicator>> {
+      dist::CommunicatorOptions o = options;
+      o.group_name = name;
+      return factory(c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, size, o);
+    };
+    const int stage_rank = env.rank / replicas, replica = env.rank % replicas;
+    MW_ASSIGN_OR_RETURN(groups.world, group("world", "mesh/world", env.rank, env.world_size));
+    MW_ASSIGN_OR_RETURN(groups.pipeline, group("pp", "mesh/pp/" + std::to_string(replica), stage_rank, pp));
+    if (replicas > 1) {
+      MW_ASSIGN_OR_RETURN(groups.replicate,
+                          group("dp_replicate", "mesh/dp_replicate/" + std::to_string(stage_rank), replica, replicas));
+    }
     log_start();
-    return MakePipelineEngine(cfg, std::move(model), env, std::move(comm), device, log);
+    return MakePipelineEngine(cfg, std::move(model), env, std::move(groups), device, log);
   }
   MW_ASSIGN_OR_RETURN(auto mesh, dist::DeviceMesh::Create(store, env.rank, shape, factory, options));
   log_start();

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -13,9 +14,11 @@
 
 #include "common/enum_names.h"
 #include "trainer/compiler/pipeline/program.h"
+#include "trainer/compiler/pipeline/simulate.h"
 #include "trainer/config/hardware.h"
 #include "trainer/pp/executor.h"
 #include "trainer/pp/llama_stages.h"
+#include "trainer/train/report.h"
 
 namespace meshwork::train {
 namespace {
@@ -32,17 +35,20 @@ std::string CutText(const std::vector<int>& first_layer) {
 
 class PipelineEngine final : public Engine {
  public:
-  PipelineEngine(const dist::DistEnv& env, std::unique_ptr<dist::Communicator> comm, model::LlamaForCausalLM model,
+  PipelineEngine(const dist::DistEnv& env, PipelineGroups groups, model::LlamaForCausalLM model,
                  pp::LlamaStages stages, pipeline::Program program, pp::PipelineStepOptions options,
-                 std::string schedule)
+                 std::string schedule, double schedule_bubble)
       : env_(env),
-        comm_(std::move(comm)),
+        world_(std::move(groups.world)),
+        comm_(std::move(groups.pipeline)),
+        replicate_(std::move(groups.replicate)),
         model_(std::move(model)),
         stages_(std::move(stages)),
         program_(std::move(program)),
         options_(std::move(options)),
-        schedule_(std::move(schedule)) {
-    // Who holds each parameter (the lowest rank, for the tied table held twice), and its whole
+        schedule_(std::move(schedule)),
+        schedule_bubble_(schedule_bubble) {
+    // Who holds each parameter (the lowest stage rank, for the tied table held twice), and its whole
     // shape, before the parameters this rank does not hold are released.
     std::map<const void*, std::string> names;
     for (const auto& item : model_->named_parameters()) {
@@ -67,15 +73,21 @@ class PipelineEngine final : public Engine {
 
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
-  int dp_rank() const override { return 0; }
-  int dp_size() const override { return 1; }
+  // Each replica of the pipeline reads its own rows.
+  int dp_rank() const override { return replicate_ ? replicate_->rank() : 0; }
+  int dp_size() const override { return replicate_ ? replicate_->size() : 1; }
   std::string Describe() const override {
     const auto& shape = program_.shape;
     return "pipeline: pp=" + std::to_string(shape.pp) + ", " + schedule_ + ", " + std::to_string(shape.microbatches) +
            " micro-batches a step, " + std::to_string(shape.stages()) + " stages of layers " +
-           CutText(stages_.first_layer()) + " (stage s on rank s % pp)";
+           CutText(stages_.first_layer()) + " (stage s on rank s % pp); the schedule's own bubble " +
+           Format("%.3f", schedule_bubble_) + " (stages alike, free transfers)" +
+           (replicate_ ? "; " + std::to_string(dp_size()) +
+                             " replicas of the pipeline (rank = stage rank x " + std::to_string(dp_size()) +
+                             " + replica), each stage's gradients averaged over dp_replicate"
+                       : "");
   }
-  dist::MeshShape mesh_shape() const override { return {}; }
+  dist::MeshShape mesh_shape() const override { return {dp_size(), 1, 1}; }
 
   // The loop calls StepLoss instead (RunsWholeSteps).
   torch::Tensor Loss(const torch::Tensor&, const torch::Tensor&, bool) override { return {}; }
@@ -86,9 +98,17 @@ class PipelineEngine final : public Engine {
     std::vector<pp::MicroBatch> mbs;
     for (const auto& [tokens, targets] : microbatches) mbs.push_back({tokens, targets});
     MW_ASSIGN_OR_RETURN(pp::PipelineStepResult result, pp::RunPipelineStep(program_, stages_, *comm_, mbs, options_));
+    // The replicas first: the last stage, done before the first, reduces while it still computes
+    // (the tied table's exchange waits for the first stage). Both copies of the table get the same sum.
+    double loss = result.loss;
+    if (replicate_) {
+      MW_RETURN_IF_ERROR(AverageGradientsOverReplicas());
+      MW_ASSIGN_OR_RETURN(loss, AverageOverReplicas(result.loss));
+    }
     MW_RETURN_IF_ERROR(stages_.SyncTiedGradients(*comm_));
-    // Every rank's busy and program seconds, at its index (the others add 0).
+    // Every pipeline rank's busy and program seconds, at its index (the others add 0).
     const int pp_size = program_.shape.pp;
+    const int stage_rank = comm_->rank();
     torch::Tensor times = torch::zeros({2 * pp_size}, torch::kDouble);
     double busy = 0;
     for (const pp::ActionSpan& span : result.spans) {
@@ -99,13 +119,13 @@ class PipelineEngine final : public Engine {
         blocked_seconds_ += span.end - span.start;
       }
     }
-    times[env_.rank] = busy;
-    times[pp_size + env_.rank] = result.seconds;
+    times[stage_rank] = busy;
+    times[pp_size + stage_rank] = result.seconds;
     MW_ASSIGN_OR_RETURN(auto reduce, comm_->AllReduce(times, dist::ReduceOp::kSum));
     MW_RETURN_IF_ERROR(reduce->Wait());
     busy_.assign(times.data_ptr<double>(), times.data_ptr<double>() + pp_size);
     program_seconds_.assign(times.data_ptr<double>() + pp_size, times.data_ptr<double>() + 2 * pp_size);
-    return torch::tensor({result.loss}, torch::kDouble);
+    return torch::tensor({loss}, torch::kDouble);
   }
 
   Result<torch::Tensor> GradNorm() override {
@@ -114,7 +134,7 @@ class PipelineEngine final : public Engine {
     // on the lower.
     double local = 0;
     for (const auto& [name, p] : held_) {
-      if (!p.grad().defined() || holder_[name] != env_.rank) continue;
+      if (!p.grad().defined() || holder_[name] != comm_->rank()) continue;
       local += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
     }
     torch::Tensor sum = torch::tensor({local}, torch::kDouble);
@@ -128,11 +148,11 @@ class PipelineEngine final : public Engine {
   std::vector<torch::Tensor> DecayParams() const override { return decay_; }
   std::vector<torch::Tensor> NoDecayParams() const override { return no_decay_; }
   std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override { return held_; }
+  // Every parameter this rank holds, whole: the tied table too on both of its ranks, so an import
+  // or a resume fills both copies (a checkpoint then holds it twice, as HSDP's replicas do).
   std::vector<ShardPiece> LocalShards() const override {
     std::vector<ShardPiece> out;
-    for (const auto& [name, p] : held_) {
-      if (holder_.at(name) == env_.rank) out.push_back(ShardPiece{name, p.sizes().vec(), 0, p});
-    }
+    for (const auto& [name, p] : held_) out.push_back(ShardPiece{name, p.sizes().vec(), 0, p});
     return out;
   }
   int64_t ParamBytes() const override {
@@ -153,18 +173,20 @@ class PipelineEngine final : public Engine {
   }
   Result<double> AverageAcrossRanks(double local) override {
     torch::Tensor t = torch::tensor({local}, torch::kDouble);
-    MW_ASSIGN_OR_RETURN(auto reduce, comm_->AllReduce(t, dist::ReduceOp::kSum));
+    MW_ASSIGN_OR_RETURN(auto reduce, world_->AllReduce(t, dist::ReduceOp::kSum));
     MW_RETURN_IF_ERROR(reduce->Wait());
     return t.item<double>() / env_.world_size;
   }
-  // Every parameter to rank 0 from the rank that holds it, in name order on every rank, so the
-  // k-th send between two ranks meets the k-th receive.
+  // Every parameter to rank 0 from the rank of replica 0 that holds it, in name order on every
+  // rank, so the k-th send between two ranks meets the k-th receive; the other replicas, which
+  // hold the same values, send nothing.
   Result<std::map<std::string, torch::Tensor>> FullState() override {
+    if (dp_rank() != 0) return std::map<std::string, torch::Tensor>();
     std::map<std::string, torch::Tensor> state;
     std::map<std::string, torch::Tensor> held(held_.begin(), held_.end());
     std::vector<std::unique_ptr<dist::Work>> sends;
     for (const auto& [name, holder] : holder_) {
-      if (env_.rank == 0) {
+      if (comm_->rank() == 0) {
         if (holder == 0) {
           state[name] = held.at(name).detach();
           continue;
@@ -173,7 +195,7 @@ class PipelineEngine final : public Engine {
         MW_ASSIGN_OR_RETURN(auto recv, comm_->Recv(whole, holder));
         MW_RETURN_IF_ERROR(recv->Wait());
         state[name] = whole;
-      } else if (holder == env_.rank) {
+      } else if (holder == comm_->rank()) {
         MW_ASSIGN_OR_RETURN(auto send, comm_->Send(held.at(name).detach().contiguous(), 0));
         sends.push_back(std::move(send));
       }
@@ -184,7 +206,14 @@ class PipelineEngine final : public Engine {
   EngineStats TakeStats() override {
     EngineStats s;
     s.exposed_comm_seconds = blocked_seconds_;
-    s.comm = comm_->stats();
+    for (dist::Communicator* group : {world_.get(), comm_.get(), replicate_.get()}) {
+      if (group == nullptr) continue;
+      const dist::CommStats c = group->stats();
+      for (int i = 0; i < dist::kNumCollectives; ++i) {
+        s.comm.calls[i] += c.calls[i];
+        s.comm.bytes_sent[i] += c.bytes_sent[i];
+      }
+    }
     s.pipeline_busy_seconds = busy_;
     s.pipeline_seconds = program_seconds_;
     blocked_seconds_ = 0;
@@ -192,13 +221,47 @@ class PipelineEngine final : public Engine {
   }
 
  private:
+  // Every replica's gradients summed over dp_replicate in one flat buffer and divided by the
+  // replicas: the mean over the global batch, each replica having taken the mean over its rows.
+  // Each stage rank's replicas form their own group, so a stage that finished its program
+  // reduces while the stages before it still compute.
+  Status AverageGradientsOverReplicas() {
+    std::vector<torch::Tensor> grads;
+    for (auto& [name, p] : held_) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad().reshape({-1}));
+    }
+    torch::Tensor flat = torch::cat(grads);
+    const auto start = std::chrono::steady_clock::now();
+    MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(flat, dist::ReduceOp::kSum));
+    MW_RETURN_IF_ERROR(reduce->Wait());
+    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    flat.div_(replicate_->size());
+    int64_t offset = 0;
+    for (auto& [name, p] : held_) {
+      const int64_t n = p.numel();
+      p.mutable_grad().copy_(flat.narrow(0, offset, n).view_as(p));
+      offset += n;
+    }
+    return Status::Ok();
+  }
+  Result<double> AverageOverReplicas(double local) {
+    torch::Tensor t = torch::tensor({local}, torch::kDouble);
+    MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(t, dist::ReduceOp::kSum));
+    MW_RETURN_IF_ERROR(reduce->Wait());
+    return t.item<double>() / replicate_->size();
+  }
+
   dist::DistEnv env_;
-  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::Communicator> world_;
+  std::unique_ptr<dist::Communicator> comm_;       // this replica's pipeline: rank = stage rank
+  std::unique_ptr<dist::Communicator> replicate_;  // this stage rank's replicas; null with one
   model::LlamaForCausalLM model_;
   pp::LlamaStages stages_;
   pipeline::Program program_;
   pp::PipelineStepOptions options_;
   std::string schedule_;
+  double schedule_bubble_ = 0;  // pipeline::SimulateEqualStages's
   std::map<std::string, int> holder_;                  // parameter -> the lowest rank holding it
   std::map<std::string, std::vector<int64_t>> shapes_;  // parameter -> its whole shape
   std::vector<std::pair<std::string, torch::Tensor>> held_;
@@ -210,12 +273,16 @@ class PipelineEngine final : public Engine {
 }  // namespace
 
 Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cfg, model::LlamaForCausalLM model,
-                                                   const dist::DistEnv& env, std::unique_ptr<dist::Communicator> comm,
+                                                   const dist::DistEnv& env, PipelineGroups groups,
                                                    const torch::Device& device, std::ostream& log) {
   const int pp_size = static_cast<int>(cfg.mesh.pp);
-  if (env.world_size != pp_size) {
-    return InvalidConfig("key 'mesh.pp': " + std::to_string(pp_size) + " pipeline ranks, but the world is " +
-                         std::to_string(env.world_size) + " processes (pipelines do not compose with data parallelism yet)");
+  const int replicas = groups.replicate ? groups.replicate->size() : 1;
+  if (groups.world == nullptr || groups.pipeline == nullptr || groups.pipeline->size() != pp_size ||
+      groups.world->size() != pp_size * replicas) {
+    return InvalidConfig("key 'mesh.pp': " + std::to_string(pp_size) + " pipeline ranks x " + std::to_string(replicas) +
+                         " replicas, but the groups do not make that mesh (world " +
+                         std::to_string(groups.world ? groups.world->size() : 0) + ", pipeline " +
+                         std::to_string(groups.pipeline ? groups.pipeline->size() : 0) + ")");
   }
   if (device.is_cuda()) {
     return Unavailable("key 'mesh.pp': pipeline stages on CUDA need NCCL's point-to-point transfers, which the NCCL "
@@ -224,6 +291,7 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   const std::string schedule = NameOf(config::kPipelineScheduleNames, cfg.pipeline.schedule);
   MW_ASSIGN_OR_RETURN(pipeline::Program compute, config::PipelineProgram(cfg));
   const pipeline::Shape shape = compute.shape;
+  MW_ASSIGN_OR_RETURN(const pipeline::PipelineResult equal, pipeline::SimulateEqualStages(compute));
   MW_ASSIGN_OR_RETURN(pipeline::Program program, pipeline::Lower(compute));
   if (Status valid = pipeline::Validate(program); !valid.ok()) {
     return Internal("the " + schedule + " program does not validate: " + valid.message());
@@ -231,12 +299,13 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   MW_ASSIGN_OR_RETURN(std::vector<int> cut,
                       pp::FlopBalancedCut(model->config(), cfg.data.seq_len, shape.stages(),
                                           model->loss_gradient() == model::HeadGradient::kRecompute));
-  MW_ASSIGN_OR_RETURN(pp::LlamaStages stages, pp::LlamaStages::Create(model, shape, cut, env.rank));
+  MW_ASSIGN_OR_RETURN(pp::LlamaStages stages, pp::LlamaStages::Create(model, shape, cut, groups.pipeline->rank()));
   pp::PipelineStepOptions options;
   options.activation_sizes = {cfg.data.batch_size, cfg.data.seq_len, model->config().hidden_size};
   options.activation_dtype = torch::kFloat32;
-  auto engine = std::make_unique<PipelineEngine>(env, std::move(comm), std::move(model), std::move(stages),
-                                                 std::move(program), std::move(options), schedule);
+  auto engine = std::make_unique<PipelineEngine>(env, std::move(groups), std::move(model), std::move(stages),
+                                                 std::move(program), std::move(options), schedule,
+                                                 equal.bubble_fraction);
   if (env.rank == 0) log << engine->Describe() << "\n";
   return std::unique_ptr<Engine>(std::move(engine));
 }

@@ -96,7 +96,8 @@ Status StartMetrics(TrainingRun& r, const dist::DistEnv& env) {
   const dist::MeshShape mesh = r.engine->mesh_shape();
   r.metrics->SetInfo(cfg.model.init_from.empty() ? cfg.model.preset : cfg.model.init_from,
                      cfg.model.init_from.empty() ? cfg.model.preset : "hf", r.device.str(), env.world_size,
-                     std::to_string(mesh.dp_replicate) + "x" + std::to_string(mesh.dp_shard) + "x" +
+                     (cfg.mesh.pp > 1 ? "pp" + std::to_string(cfg.mesh.pp) + "x" : std::string()) +
+                         std::to_string(mesh.dp_replicate) + "x" + std::to_string(mesh.dp_shard) + "x" +
                          std::to_string(mesh.tp));
   return Status::Ok();
 }

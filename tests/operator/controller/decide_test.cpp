@@ -456,6 +456,22 @@ TEST(DecideTest, AMissingConfigMapHoldsTheLaunch) {
   ASSERT_TRUE(p.requeue_after.has_value());
 }
 
+// The config check's pipeline (ValidateTrainerConfig) is recorded when a gang starts, and goes
+// when the next gang's config has no pipeline stages.
+TEST(DecideTest, TheGangsPipelineScheduleGoesIntoStatus) {
+  const json pipeline = {{"schedule", "1f1b"}, {"microBatches", 4}, {"virtualStages", 1}, {"stages", 2},
+                         {"scheduleBubble", 0.2}};
+  Observed in = In(Job());
+  in.check_config = [&] { return ConfigCheck{std::nullopt, std::nullopt, pipeline}; };
+  Plan p = Decide(in);
+  ASSERT_EQ(p.create.size(), 2u);
+  EXPECT_EQ(p.status["pipeline"], pipeline);
+  Observed next = In(After(Job(), p));
+  next.check_config = [] { return ConfigCheck{}; };
+  p = Decide(next);
+  EXPECT_FALSE(p.status.contains("pipeline")) << p.status.dump();
+}
+
 TEST(DecideTest, TtlCountsFromAFailureToo) {
   json job = RunningJob({{"runPolicy", {{"ttlSecondsAfterFinished", 60}, {"restartPolicy", "Never"}}}});
   Plan p = Decide(In(job, {Pod(0, 0, "Failed", 1), Pod(1, 0, "Running")}));

@@ -251,9 +251,22 @@ TEST(SpecTest, PipelineMeshReachesTheTrainerAndIsCheckedAtAdmission) {
   EXPECT_THAT(TrainerOverrides(*plain, "ns", "job", "uid"), testing::Contains("mesh.pp=1"));
 
   const std::string field = "spec.config.inline";
-  // 1F1B over 4 micro-batches at pp 2: runs.
+  // 1F1B over 4 micro-batches at pp 2: runs; status.pipeline says so, with the schedule's own
+  // bubble, (p - 1) / (m + p - 1) = 0.2.
+  json pipeline = "stale";
   EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 4\npipeline:\n  schedule: 1f1b\n",
-                                    *s, "ns", "job", field).ok());
+                                    *s, "ns", "job", field, &pipeline).ok());
+  EXPECT_EQ(pipeline, json({{"schedule", "1f1b"}, {"microBatches", 4}, {"virtualStages", 1}, {"stages", 2},
+                            {"scheduleBubble", 0.2}}));
+  // Interleaved over 2 stages a rank: (p - 1) / (v m + p - 1) = 1/9.
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 4\npipeline:\n  schedule: "
+                                    "interleaved-1f1b\n  virtual_stages: 2\n",
+                                    *s, "ns", "job", field, &pipeline).ok());
+  EXPECT_EQ(pipeline["stages"], 4);
+  EXPECT_EQ(pipeline["scheduleBubble"], 0.111);
+  // Without pipeline stages there is none.
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *plain, "ns", "job", field, &pipeline).ok());
+  EXPECT_TRUE(pipeline.is_null());
   // 1F1B with one micro-batch for two stages: refused by the schedule's generator, naming it.
   Status few = ValidateTrainerConfig("model:\n  preset: tiny\npipeline:\n  schedule: 1f1b\n", *s, "ns", "job", field);
   EXPECT_EQ(few.code(), StatusCode::kInvalidConfig);
@@ -265,17 +278,26 @@ TEST(SpecTest, PipelineMeshReachesTheTrainerAndIsCheckedAtAdmission) {
       *s, "ns", "job", field);
   EXPECT_EQ(layers.code(), StatusCode::kInvalidConfig);
   EXPECT_THAT(layers.message(), HasSubstr("8 stages, but the model has 4 decoder layers"));
-  // A checkpoint directory from spec.checkpoint: pipelines do not write checkpoints yet.
+  // A checkpoint directory from spec.checkpoint: pipeline stages save and resume their own.
   auto with_ckpt = ParseSpec(Job({{"replicas", 2}, {"device", "cpu"}, {"mesh", {{"dpShard", 1}, {"pp", 2}}},
                                   {"checkpoint", {{"path", "/ckpt"}}}}));
   ASSERT_TRUE(with_ckpt.ok()) << with_ckpt.status().message();
   Status ckpt = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 2\n", *with_ckpt, "ns", "job", field);
-  EXPECT_THAT(ckpt.message(), HasSubstr("key 'checkpoint.dir'"));
-  // With data parallelism beside it: not composed yet, refused naming the key.
+  EXPECT_TRUE(ckpt.ok()) << ckpt.message();
+  // With sharded data parallelism beside it: not composed yet, refused naming the key.
   auto with_dp = ParseSpec(Job({{"replicas", 4}, {"device", "cpu"}, {"mesh", {{"dpShard", 2}, {"pp", 2}}}}));
   ASSERT_TRUE(with_dp.ok()) << with_dp.status().message();
   Status dp = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 2\n", *with_dp, "ns", "job", field);
-  EXPECT_THAT(dp.message(), HasSubstr("key 'mesh.pp': mesh.pp=2 does not compose with data or tensor parallelism yet"));
+  EXPECT_THAT(dp.message(),
+              HasSubstr("key 'mesh.pp': mesh.pp=2 does not compose with sharded data or tensor parallelism yet"));
+  // Replicas of the pipeline do: 4 Pods as 2 replicas x 2 stages.
+  auto replicated = ParseSpec(
+      Job({{"replicas", 4}, {"device", "cpu"}, {"mesh", {{"dpReplicate", 2}, {"dpShard", 1}, {"pp", 2}}}}));
+  ASSERT_TRUE(replicated.ok()) << replicated.status().message();
+  EXPECT_EQ(replicated->mesh.ToString(), "pp2x2x1x1");
+  Status replicas =
+      ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 2\n", *replicated, "ns", "job", field);
+  EXPECT_TRUE(replicas.ok()) << replicas.message();
 }
 
 TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {

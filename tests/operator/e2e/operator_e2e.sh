@@ -425,10 +425,10 @@ if e2e_wait_for 300 "tp-ok succeeds" phase_is tp-ok Succeeded; then
 else fail "tp-ok did not succeed: $(jp tp-ok '{.status}')"; dump; fi
 
 # ---- pipeline parallelism through the operator: 2 Pods as 2 stages (1F1B over 4 micro-batches),
-# without checkpoints (pipelines write none yet); and a schedule the shape cannot run, refused at
-# admission by the trainer's own generator.
+# checkpointing as every job here does, the schedule in status.pipeline; and a schedule the shape
+# cannot run, refused at admission by the trainer's own generator.
 pp_job() {  # pp_job NAME PORT GRAD_ACCUM
-  job "$1" "$2" 20 '  mesh: {dpShard: 1, pp: 2}' | sed '/checkpoint: {path:/d' |
+  job "$1" "$2" 20 '  mesh: {dpShard: 1, pp: 2}' |
     sed "s/      schedule: {steps: 20, warmup_steps: 5}/      schedule: {steps: 20, warmup_steps: 5}\n      training: {grad_accum: $3}\n      pipeline: {schedule: 1f1b}/"
 }
 pp_job pp-ok 29650 4 | kubectl apply -f - >/dev/null
@@ -443,8 +443,10 @@ if e2e_wait_for 300 "pp-ok succeeds" phase_is pp-ok Succeeded; then
   line="$(k logs pp-ok-0 | grep -m1 '^pipeline:' || true)"
   [ "$(jp pp-ok '{.status.meshShape}')" = pp2x1x1x1 ] && [ "$(jp pp-ok '{.status.mesh.pp}')" = 2 ] &&
     [[ "$line" == *"pp=2, 1f1b, 4 micro-batches"* ]] && [ "$(jp pp-ok '{.status.trainer.step}')" = 20 ] &&
-    pass "a 2-stage 1F1B pipeline trains through the operator (status mesh pp2x1x1x1; ${line:0:90})" ||
-    fail "pp-ok: meshShape $(jp pp-ok '{.status.meshShape}'), step $(jp pp-ok '{.status.trainer.step}'), rank 0: $line"
+    [ "$(jp pp-ok '{.status.pipeline.schedule}/{.status.pipeline.microBatches}/{.status.pipeline.scheduleBubble}')" = 1f1b/4/0.2 ] &&
+    k logs pp-ok-0 | grep -q "checkpoint: saved .*/step-00000020 " &&
+    pass "a 2-stage 1F1B pipeline trains and checkpoints through the operator (status mesh pp2x1x1x1, pipeline $(jp pp-ok '{.status.pipeline}'); ${line:0:90})" ||
+    fail "pp-ok: meshShape $(jp pp-ok '{.status.meshShape}'), step $(jp pp-ok '{.status.trainer.step}'), pipeline $(jp pp-ok '{.status.pipeline}'), rank 0: $line, rank 1: $(k logs pp-ok-1 | tail -3)"
 else fail "pp-ok did not succeed: $(jp pp-ok '{.status}')"; dump; fi
 
 # ---- SIGKILL the leading operator mid-run

@@ -163,6 +163,25 @@ TEST(PipelineSchedule, SimulatedStepsMatchTheSchedulesClosedForms) {
   EXPECT_DOUBLE_EQ(inter.step_seconds, m * 3.0 + (pp - 1) * 3.0 / 2);
 }
 
+// The schedule's own bubble (what a TrainingJob's status shows): the idle share of the closed
+// forms, (p - 1) / (v m + p - 1) for GPipe, 1F1B and interleaved 1F1B, and less for ZB-H1.
+TEST(PipelineSchedule, EqualStagesGiveEachSchedulesOwnBubble) {
+  for (const Shape& s : {Shape{2, 1, 4}, Shape{4, 1, 8}, Shape{3, 1, 5}}) {
+    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+      auto r = SimulateEqualStages(Ok(Generate(kind, s)));
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_NEAR(r->bubble_fraction, (s.pp - 1.0) / (s.microbatches + s.pp - 1.0), 1e-12) << s.pp << " " << s.microbatches;
+    }
+    auto zb = SimulateEqualStages(Ok(Generate(ScheduleKind::kZeroBubbleH1, s)));
+    ASSERT_TRUE(zb.ok()) << zb.status().ToString();
+    EXPECT_LT(zb->bubble_fraction, (s.pp - 1.0) / (s.microbatches + s.pp - 1.0));
+  }
+  const Shape two{2, 2, 4};
+  auto inter = SimulateEqualStages(Ok(Generate(ScheduleKind::kInterleaved1F1B, two)));
+  ASSERT_TRUE(inter.ok()) << inter.status().ToString();
+  EXPECT_NEAR(inter->bubble_fraction, 1.0 / 9.0, 1e-12);
+}
+
 TEST(PipelineSchedule, TransfersTakeTheLinksTime) {
   const Shape s{2, 1, 1};
   PipelineCost c = UniformCost(s, 1, 2);

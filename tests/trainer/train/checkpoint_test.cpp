@@ -31,6 +31,7 @@ namespace fs = std::filesystem;
 using meshwork::testing::ReadBytes;
 using meshwork::testing::TempDir;
 using meshwork::testing::WriteBytes;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -759,6 +760,44 @@ TEST(Checkpoint, ShardLayoutMustMatchWhenSharded) {
   old->world_size = flat.world_size = 1;
   old->dp_shard = flat.dp_shard = 1;
   EXPECT_TRUE(CheckCompatible(*old, flat, dir).ok());
+}
+
+// meta.json records the pipeline's ranks; one written before it had none reads as pp 1, and a
+// resume at another pp is a reshard the log names, not a refusal (format 3).
+TEST(Checkpoint, MetaRecordsPipelineStagesAndAReshardNamesThem) {
+  TempDir tmp;
+  const std::string& dir = tmp.path();
+  CheckpointMeta stages;
+  stages.world_size = 2;
+  stages.pp = 2;
+  std::string json = MetaToJson(stages);
+  WriteBytes(dir + "/meta.json", json);
+  auto read = ReadMeta(dir);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->pp, 2);
+
+  const size_t at = json.find("\"pp\": 2,");
+  ASSERT_NE(at, std::string::npos) << json;
+  json.erase(at, 8);
+  ASSERT_EQ(json.find("\"pp\""), std::string::npos) << json;
+  WriteBytes(dir + "/meta.json", json);
+  read = ReadMeta(dir);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->pp, 1);
+
+  CheckpointMeta fsdp;
+  fsdp.world_size = 2;
+  fsdp.dp_shard = 2;
+  EXPECT_TRUE(CheckCompatible(stages, fsdp, dir).ok());
+  EXPECT_THAT(DescribeSoftDifferences(stages, fsdp),
+              Contains("resharded: the checkpoint was written by world size 2 (pp 2 x dp_replicate 1 x dp_shard 1), "
+                       "this run is 2 (1 x 1 x 2)"));
+  // Format 2's rank files load at their own mesh only: pp is part of it.
+  CheckpointMeta old_stages = stages;
+  old_stages.format_version = 2;
+  const Status s = CheckCompatible(old_stages, fsdp, dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("mesh pp 2 in the checkpoint, 1 in this run"));
 }
 
 // --- through Train() ------------------------------------------------------------------------

@@ -92,6 +92,13 @@ Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& c
   return r;
 }
 
+Result<PipelineResult> SimulateEqualStages(const Program& p) {
+  PipelineCost cost;
+  cost.stages.assign(static_cast<size_t>(p.shape.stages()), StageCost{1.0, 1.0, 1.0, 0, 0, 0});
+  cost.link.bus_bytes_per_second = 1e18;
+  return SimulatePipeline(p, cost);
+}
+
 std::string Timeline(const Program& p, const PipelineResult& r, int columns) {
   columns = std::max(1, columns);
   const Shape& s = p.shape;

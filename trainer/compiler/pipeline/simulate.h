@@ -53,6 +53,11 @@ struct PipelineResult {
 // invalid program; InvalidConfig where the costs do not name one entry per stage.
 Result<PipelineResult> SimulatePipeline(const Program& p, const PipelineCost& cost);
 
+// The program with every stage alike (F 1, I 1, W 1: a backward costs twice a forward) and free
+// transfers: the schedule's own bubble, what a TrainingJob's status shows and a measured run's
+// bubble is read against (stages that differ in cost, and transfers, add to it).
+Result<PipelineResult> SimulateEqualStages(const Program& p);
+
 // The timeline as text: a header (step, bubble, peaks) and one row per rank, `columns` characters
 // wide, each showing what ran at its middle: F, B, I, W (lower case on a rank's later virtual
 // stages), '.' waiting.
