@@ -343,19 +343,35 @@ TEST_F(ResumeTest, FsdpTimesTensorParallelKilledAfterACheckpointEndsWithTheUnint
 const std::vector<std::string> kTwoStages = {"--set", "mesh.pp=2", "--set", "data.batch_size=4", "--set",
                                              "training.grad_accum=2"};
 
+const std::vector<std::string> kTwoShardedStages = {"--set", "mesh.pp=2", "--set", "mesh.dp_shard=2", "--set",
+                                                    "data.batch_size=2", "--set", "training.grad_accum=2"};
+
 TEST_F(ResumeTest, PipelineStagesKilledAfterACheckpointEndWithTheUninterruptedLosses) {
   KillAndResume(2, kTwoStages);
 }
 
-// A checkpoint of pipeline stages reshards as any other: FSDP over 2 ranks, then 2 stages, then
-// 2 replicas of 2 stages, then one process to the end (8 rows a step throughout) ends with the
-// losses of FSDP over 2 ranks never interrupted, to fp32 rounding.
+// FSDP inside the stages: each rank saves its dp_shard run of its stages' flat group.
+TEST_F(ResumeTest, ShardedPipelineStagesKilledAfterACheckpointEndWithTheUninterruptedLosses) {
+  KillAndResume(4, kTwoShardedStages);
+}
+
+// 3-D: 2 stages x dp_shard 2 x tp 2 over 8 ranks; a rank's pieces are runs of its tensor parallel
+// slices (column blocks for o_proj and down_proj).
+TEST_F(ResumeTest, ThreeDimensionalMeshKilledAfterACheckpointEndsWithTheUninterruptedLosses) {
+  KillAndResume(8, {"--set", "mesh.pp=2", "--set", "mesh.dp_shard=2", "--set", "mesh.tp=2", "--set", "data.batch_size=2",
+                    "--set", "training.grad_accum=2"});
+}
+
+// A checkpoint of pipeline stages reshards as any other: FSDP over 2 ranks, then 2 stages with
+// FSDP inside over 2 ranks each, then 2 stages with tensor parallelism inside over 2 ranks each,
+// then one process to the end (8 rows a step throughout) ends with the losses of FSDP over 2 ranks
+// never interrupted, to fp32 rounding.
 TEST_F(ResumeTest, ReshardedThroughPipelineStagesEndsWithTheUninterruptedLosses) {
-  const std::vector<std::string> replicated = {"--set", "mesh.pp=2", "--set", "mesh.dp_replicate=2", "--set",
-                                               "data.batch_size=2", "--set", "training.grad_accum=2"};
-  ReshardThrough({2, {}}, {{2, {}}, {2, kTwoStages}, {4, replicated}}, {1, {}},
-                 "resharded: the checkpoint was written by world size 4 (pp 2 x dp_replicate 2 x dp_shard 1), "
-                 "this run is 1 (1 x 1 x 1)",
+  const std::vector<std::string> tensor_parallel = {"--set", "mesh.pp=2", "--set", "mesh.tp=2", "--set",
+                                                    "data.batch_size=4", "--set", "training.grad_accum=2"};
+  ReshardThrough({2, {}}, {{2, {}}, {4, kTwoShardedStages}, {4, tensor_parallel}}, {1, {}},
+                 "resharded: the checkpoint was written by world size 4 (pp 2 x dp_replicate 1 x dp_shard 1 x tp 2), "
+                 "this run is 1 (1 x 1 x 1 x 1)",
                  1e-6);
 }
 
@@ -451,6 +467,15 @@ TEST_F(HfImportTest, EveryMeshTrainsAsOneProcessReadingItsShare) {
        {"--set", "mesh.pp=2", "--set", "mesh.dp_replicate=2", "--set", "data.batch_size=2", "--set",
         "training.grad_accum=2"},
        75},
+      // FSDP inside the stages: rank 0 reads half of its stage.
+      {"pp2_fsdp2", 4,
+       {"--set", "mesh.pp=2", "--set", "mesh.dp_shard=2", "--set", "data.batch_size=2", "--set",
+        "training.grad_accum=2"},
+       40},
+      // Tensor parallelism inside them: its slices of its stage (the norms whole).
+      {"pp2_tp2", 4,
+       {"--set", "mesh.pp=2", "--set", "mesh.tp=2", "--set", "data.batch_size=4", "--set", "training.grad_accum=2"},
+       40},
   };
   constexpr int kImportSteps = 6;
   std::map<std::string, std::map<int, std::string>> losses;

@@ -37,7 +37,7 @@ compare() {  # compare NAME: every step's loss within 1e-5 relative of the singl
   python3 "$(dirname "${BASH_SOURCE[0]}")/../common/compare_losses.py" "$work/single.jsonl" "$work/$1.jsonl" 20 1e-5
 }
 
-if run single 1; then pass "single process"; else fail "single process: $(tail -3 "$work/single.log")"; fi
+if run single 1 --set checkpoint.export_hf="$work/single.hf"; then pass "single process"; else fail "single process: $(tail -3 "$work/single.log")"; fi
 for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --set mesh.dp_replicate=2" \
     "fsdp2-noreshard-noprefetch 2 --set fsdp.reshard_after_forward=false --set fsdp.prefetch=false" \
     "fsdp2-accum2 2 --set training.grad_accum=2 --set data.batch_size=2" \
@@ -61,7 +61,10 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "pp2-1f1b 2 --set mesh.pp=2 --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-gpipe 2 --set mesh.pp=2 --set pipeline.schedule=gpipe --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-zb-h1 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=4 --set data.batch_size=2" \
-    "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2"; do
+    "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2" \
+    "pp2-fsdp2 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2.hf" \
+    "pp2-tp2 4 --set mesh.pp=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=4" \
+    "pp2-fsdp2-tp2 8 --set mesh.pp=2 --set mesh.dp_shard=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2-tp2.hf"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
   if ! run "$name" "$nproc" $extra; then
@@ -121,23 +124,38 @@ for name in pp2-1f1b pp2-gpipe pp2-zb-h1; do
 done
 # Two replicas of a 2-stage pipeline: each reads its rows (2 x accum 2 x ranks 2), the stages'
 # gradients averaged over dp_replicate.
-grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 replicas of the pipeline" "$work/pp2-dp2.log" &&
+grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipelines .*each stage's gradients averaged over dp_replicate 2" "$work/pp2-dp2.log" &&
   grep -q "batch 2 x accum 2 x ranks 2 = " "$work/pp2-dp2.log" &&
   pass "pp2-dp2: two replicas of a two-stage pipeline" ||
   fail "pp2-dp2: not replicated pipelines: $(grep -E '^(pipeline|data)' "$work/pp2-dp2.log")"
-if run pp2-on-fsdp 2 --set mesh.pp=2 --set mesh.dp_shard=2; then
-  fail "mesh.pp with mesh.dp_shard trained"
-elif grep -q "key 'mesh.pp': mesh.pp=2 does not compose with sharded data or tensor parallelism yet" "$work/pp2-on-fsdp.log"; then
-  pass "mesh.pp with mesh.dp_shard is refused by name"
+# FSDP inside each of 2 stages over dp_shard 2: the parameters gathered for the step, gradients
+# reduce-scattered after it (the communication line counts both).
+grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipelines .*FSDP inside each stage over dp_shard 2" "$work/pp2-fsdp2.log" &&
+  grep -qE "^communication \(rank 0\): all_gather [1-9][0-9]* calls .* reduce_scatter [1-9]" "$work/pp2-fsdp2.log" &&
+  pass "pp2-fsdp2: FSDP inside two pipeline stages" ||
+  fail "pp2-fsdp2: not FSDP inside stages: $(grep -E '^(pipeline|communication)' "$work/pp2-fsdp2.log")"
+# Tensor parallelism inside the stages, alone and with FSDP (3-D: pp 2 x dp_shard 2 x tp 2).
+grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; tensor parallel over tp 2 with sequence parallelism inside each stage" "$work/pp2-tp2.log" &&
+  grep -q "^pipeline: pp=2, .*FSDP inside each stage over dp_shard 2 .*; tensor parallel over tp 2" "$work/pp2-fsdp2-tp2.log" &&
+  pass "pp2-tp2, pp2-fsdp2-tp2: tensor parallelism inside pipeline stages, with FSDP too" ||
+  fail "pp2-tp2, pp2-fsdp2-tp2: $(grep -h '^pipeline' "$work/pp2-tp2.log" "$work/pp2-fsdp2-tp2.log")"
+# Their exports (every stage's shards and slices gathered to rank 0) evaluate as the single process's does.
+eval_loss() { "$bin" eval --weights "$1" --data "$work/train.bin" --windows 8 --set data.seq_len=64 2>&1 | sed -n 's/^eval: loss \([0-9.]*\) .*/\1/p'; }
+single_eval="$(eval_loss "$work/single.hf")"
+for name in pp2-fsdp2 pp2-fsdp2-tp2; do
+  got="$(eval_loss "$work/$name.hf")"
+  if [ -n "$single_eval" ] && python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-4 * abs(a))" "$single_eval" "$got"; then
+    pass "$name's export evaluates as the single process's ($got vs $single_eval)"
+  else
+    fail "$name's export: eval loss '$got', single process's '$single_eval'"
+  fi
+done
+if run pp2-world4 4 --set mesh.pp=2 --set mesh.dp_shard=3 --set training.grad_accum=2; then
+  fail "mesh.pp=2 x mesh.dp_shard=3 on a world of 4 trained"
+elif grep -q "key 'mesh.pp': 2 pipeline ranks x mesh.dp_replicate=1 x mesh.dp_shard=3 x mesh.tp=1 = 6 ranks, but the world is 4 processes" "$work/pp2-world4.log"; then
+  pass "mesh.pp=2 x mesh.dp_shard=3 on a world of 4 is refused by name"
 else
-  fail "mesh.pp with mesh.dp_shard: $(tail -3 "$work/pp2-on-fsdp.log")"
-fi
-if run pp2-world4 4 --set mesh.pp=2 --set training.grad_accum=2; then
-  fail "mesh.pp=2 on a world of 4 without mesh.dp_replicate trained"
-elif grep -q "key 'mesh.pp': 2 pipeline ranks x mesh.dp_replicate=1 replicas = 2 ranks, but the world is 4 processes" "$work/pp2-world4.log"; then
-  pass "mesh.pp=2 on a world of 4 without mesh.dp_replicate is refused by name"
-else
-  fail "mesh.pp=2 on a world of 4: $(tail -3 "$work/pp2-world4.log")"
+  fail "mesh.pp=2 x mesh.dp_shard=3 on a world of 4: $(tail -3 "$work/pp2-world4.log")"
 fi
 if run pp2-one-process 1 --set mesh.pp=2; then
   fail "mesh.pp=2 on one process trained"

@@ -54,12 +54,6 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
   return Status::Ok();
 }
 
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
-  return strides;
-}
-
 // The flat group a parameter belongs to, by its name: the embedding (0), decoder layer i
 // (i + 1), or the final norm with an untied output head (layers + 1). The same grouping as
 // compiler::GroupByOwner over Skeleton()'s modules.
@@ -68,41 +62,6 @@ size_t GroupOf(const std::string& name, int64_t layers) {
   if (name == "model.embed_tokens.weight") return 0;
   if (name.rfind(prefix, 0) == 0) return static_cast<size_t>(std::stoll(name.substr(prefix.size())) + 1);
   return static_cast<size_t>(layers + 1);
-}
-
-// Shards `g` (its parameters listed, holding the full, identical-on-every-rank initial values)
-// over `world` ranks as one flat vector: this rank's elements become the fp32 master shard, and
-// the parameters become views of one param_dtype storage, allocated only while gathered.
-void ShardGroup(FlatGroup& g, int group_index, int world, int rank, torch::ScalarType param_dtype) {
-  int64_t numel = 0;
-  for (ShardedParam* p : g.params) {
-    p->group = group_index;
-    p->full_shape = p->full.sizes().vec();
-    p->numel = p->full.numel();
-    p->flat_offset = numel;
-    numel += p->numel;
-  }
-  g.shard_numel = (numel + world - 1) / world;
-  const int64_t begin = rank * g.shard_numel, end = begin + g.shard_numel;
-  const torch::TensorOptions options = g.params.front()->full.options();
-  g.master = torch::zeros({g.shard_numel}, options.dtype(torch::kFloat));  // padding stays zero
-  g.storage = torch::empty({world * g.shard_numel}, options.dtype(param_dtype));
-  for (ShardedParam* p : g.params) {
-    const int64_t from = std::max(begin, p->flat_offset), to = std::min(end, p->flat_offset + p->numel);
-    const int64_t n = std::max<int64_t>(0, to - from);
-    p->shard_begin = n > 0 ? from - p->flat_offset : 0;
-    p->shard_offset = n > 0 ? from - begin : 0;
-    if (n > 0) g.master.narrow(0, p->shard_offset, n).copy_(p->full.reshape({-1}).narrow(0, p->shard_begin, n));
-    // A leaf of its own over the master's storage: the optimizer updates it in place.
-    const std::vector<int64_t> shape = n == p->numel ? p->full_shape : std::vector<int64_t>{n};
-    p->shard = torch::empty({0}, g.master.options())
-                   .set_(g.master.storage(), g.master.storage_offset() + p->shard_offset, shape,
-                         ContiguousStrides(shape))
-                   .requires_grad_(true);
-    // From here on the parameter is a view of the group's storage.
-    p->full.set_data(g.storage.narrow(0, p->flat_offset, p->numel).view(p->full_shape));
-  }
-  ReleaseStorage(g.storage);
 }
 
 }  // namespace

@@ -9,13 +9,49 @@
 namespace meshwork::fsdp {
 namespace {
 
-// Writes through a second TensorImpl on the same storage: an in-place write to the parameter
-// itself would bump its version counter and autograd would reject the tensors it saved.
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return strides;
+}
+
+}  // namespace
+
 torch::Tensor WriteAlias(const torch::Tensor& t) {
   return torch::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
 
-}  // namespace
+void ShardGroup(FlatGroup& g, int group_index, int world, int rank, torch::ScalarType param_dtype) {
+  int64_t numel = 0;
+  for (ShardedParam* p : g.params) {
+    p->group = group_index;
+    p->full_shape = p->full.sizes().vec();
+    p->numel = p->full.numel();
+    p->flat_offset = numel;
+    numel += p->numel;
+  }
+  g.shard_numel = (numel + world - 1) / world;
+  const int64_t begin = rank * g.shard_numel, end = begin + g.shard_numel;
+  const torch::TensorOptions options = g.params.front()->full.options();
+  g.master = torch::zeros({g.shard_numel}, options.dtype(torch::kFloat));  // padding stays zero
+  g.storage = torch::empty({world * g.shard_numel}, options.dtype(param_dtype));
+  for (ShardedParam* p : g.params) {
+    const int64_t from = std::max(begin, p->flat_offset), to = std::min(end, p->flat_offset + p->numel);
+    const int64_t n = std::max<int64_t>(0, to - from);
+    p->shard_begin = n > 0 ? from - p->flat_offset : 0;
+    p->shard_offset = n > 0 ? from - begin : 0;
+    if (n > 0) g.master.narrow(0, p->shard_offset, n).copy_(p->full.reshape({-1}).narrow(0, p->shard_begin, n));
+    // A leaf of its own over the master's storage: the optimizer updates it in place.
+    const std::vector<int64_t> shape = n == p->numel ? p->full_shape : std::vector<int64_t>{n};
+    p->shard = torch::empty({0}, g.master.options())
+                   .set_(g.master.storage(), g.master.storage_offset() + p->shard_offset, shape,
+                         ContiguousStrides(shape))
+                   .requires_grad_(true);
+    // From here on the parameter is a view of the group's storage.
+    p->full.set_data(g.storage.narrow(0, p->flat_offset, p->numel).view(p->full_shape));
+  }
+  ReleaseStorage(g.storage);
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -36,6 +36,17 @@ double Now();
 void ReleaseStorage(const torch::Tensor& t);
 void AllocateStorage(const torch::Tensor& t);
 
+// Writes through a second TensorImpl on the same storage: an in-place write to the parameter
+// itself would bump its version counter and autograd would reject the tensors it saved.
+torch::Tensor WriteAlias(const torch::Tensor& t);
+
+struct FlatGroup;
+// Shards `g` (its parameters listed, holding the full, identical-on-every-rank initial values)
+// over `world` ranks as one flat vector: this rank's elements become the fp32 master shard, and
+// the parameters become views of one param_dtype storage, allocated only while gathered (it is
+// released on return). `group_index` is recorded in each parameter.
+void ShardGroup(FlatGroup& g, int group_index, int world, int rank, torch::ScalarType param_dtype);
+
 struct FlatGroup {
   std::string name;                   // "model.layers.3", "embed", "head"
   std::vector<ShardedParam*> params;  // owned by FullyShardedLlama, in layout order

@@ -326,7 +326,8 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
 }
 
 torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin,
-                                                int64_t end, const torch::Tensor& targets) {
+                                                int64_t end, const torch::Tensor& targets, const EmbedRunner& embed,
+                                                const LossRunner& loss) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(0 <= begin && begin <= end && end <= static_cast<int64_t>(model->layers->size()), "layers [", begin, ", ",
               end, ") are not within the model's ", model->layers->size());
@@ -334,10 +335,12 @@ torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, co
   if (document_separator_) rope.attention_mask = DocumentMask(tokens, *document_separator_);
   // The table's lookup gradient stays dense: the head that would absorb a sparse one is on another
   // stage, usually another rank.
-  torch::Tensor h = input.defined() ? input : ToResidualDtype(Embed(tokens, /*head_is_ours=*/false));
+  torch::Tensor h = input.defined() ? input
+                    : ToResidualDtype(embed ? embed(tokens) : Embed(tokens, /*head_is_ours=*/false));
   for (int64_t i = begin; i < end; ++i) h = model->layers[static_cast<size_t>(i)]->as<DecoderLayer>()->forward(h, rope);
   if (!targets.defined()) return h;
   h = FinalNorm(h);
+  if (loss) return loss(h, targets);
   return LinearCrossEntropy(h, OutputWeight(), targets, loss_chunk_rows_, loss_gradient_, fused_, OutputWeightIn(h));
 }
 

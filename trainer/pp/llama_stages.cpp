@@ -71,8 +71,10 @@ LlamaStages::LlamaStages(model::LlamaForCausalLM model, compiler::pipeline::Shap
 
 torch::Tensor LlamaStages::Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) {
   const bool last = stage == shape_.stages() - 1;
+  if (runners_.begin_forward) runners_.begin_forward(mb.tokens);
   return model_->ForwardStage(mb.tokens, input, first_layer_[static_cast<size_t>(stage)],
-                              first_layer_[static_cast<size_t>(stage) + 1], last ? mb.targets : torch::Tensor());
+                              first_layer_[static_cast<size_t>(stage) + 1], last ? mb.targets : torch::Tensor(),
+                              runners_.embed, runners_.loss);
 }
 
 std::vector<torch::Tensor> LlamaStages::Parameters(int stage) {

@@ -10,6 +10,8 @@
 
 #include <torch/types.h>
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -28,6 +30,16 @@ class LlamaStages final : public StageRunner {
                                     std::vector<int> first_layer, int rank);
 
   torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override;
+
+  // What another plan applied to the model runs around a stage's forward (tensor parallelism):
+  // `begin_forward` with the micro-batch's tokens first, then `embed` and `loss` in place of the
+  // model's embedding and head + loss (ForwardStage). Unset: the model's own.
+  struct Runners {
+    std::function<void(const torch::Tensor& tokens)> begin_forward;
+    model::EmbedRunner embed;
+    model::LossRunner loss;
+  };
+  void set_runners(Runners runners) { runners_ = std::move(runners); }
   std::vector<torch::Tensor> Parameters(int stage) override;
 
   // Every parameter of this rank's stages, once each (the optimizer's).
@@ -48,6 +60,7 @@ class LlamaStages final : public StageRunner {
   compiler::pipeline::Shape shape_;
   std::vector<int> first_layer_;
   int rank_;
+  Runners runners_;
 };
 
 // first_layer for `layers` decoder layers in `stages` runs as equal as counts allow (the earlier

@@ -589,6 +589,8 @@ Result<std::map<std::string, torch::Tensor>> TensorParallelLlama::GatherFullStat
   const int64_t size = group_.size();
   for (const LocalParam& p : params_) {
     const auto it = local.find(p.name);
+    // A parameter this rank does not hold (another pipeline stage's: released) is left out.
+    if (it == local.end() && p.value.numel() == 0) continue;
     if (it == local.end()) return Internal("tensor parallel state: no local value of '" + p.name + "'");
     const torch::Tensor value = it->second.detach();
     if (p.split == Split::kReplicated) {

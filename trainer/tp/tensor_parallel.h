@@ -111,7 +111,8 @@ class TensorParallelLlama {
                                         const std::vector<torch::Tensor>& replicated);
   // The whole parameters by HF name, gathered from every rank (collective: every rank calls).
   Result<std::map<std::string, torch::Tensor>> GatherFullState();
-  // The same from this rank's slices by HF name (FSDP's gathered state of a TP-split model).
+  // The same from this rank's slices by HF name (FSDP's gathered state of a TP-split model);
+  // the parameters this rank does not hold (a pipeline's other stages) are left out.
   Result<std::map<std::string, torch::Tensor>> GatherFullState(const std::map<std::string, torch::Tensor>& local);
   // How `name` (an HF parameter name) is split.
   static Split SplitOf(const std::string& name);

@@ -45,21 +45,6 @@ void AddGroupStats(dist::DeviceMesh& mesh, EngineStats* s) {
   }
 }
 
-// Where a tensor parallel rank's elements of `p` lie in the whole parameter, as a checkpoint
-// addresses them: `local_begin` the first element held of the rank's slice (flattened), `value`
-// them. A slice by rows is a run of the whole parameter; a slice by columns is a column block
-// (ShardPiece::cols); a replicated parameter is whole on every rank.
-ShardPiece TensorParallelPiece(const tp::LocalParam& p, int tp, int64_t local_begin, const torch::Tensor& value) {
-  ShardPiece piece{p.name, p.full_shape, local_begin, value};
-  const int64_t width = p.full_shape.size() >= 2 ? p.full_shape.back() : 1;
-  if (p.split == tp::Split::kRows) piece.begin = p.begin * width + local_begin;
-  if (p.split == tp::Split::kColumns) {
-    piece.col_begin = p.begin;
-    piece.cols = width / tp;
-  }
-  return piece;
-}
-
 class LocalEngine : public Engine {
  public:
   LocalEngine(model::LlamaForCausalLM model, int64_t checkpoint_every)
@@ -418,6 +403,17 @@ bool IsLoopback(const std::string& host) { return host == "localhost" || host.rf
 
 }  // namespace
 
+ShardPiece TensorParallelPiece(const tp::LocalParam& p, int tp, int64_t local_begin, const torch::Tensor& value) {
+  ShardPiece piece{p.name, p.full_shape, local_begin, value};
+  const int64_t width = p.full_shape.size() >= 2 ? p.full_shape.back() : 1;
+  if (p.split == tp::Split::kRows) piece.begin = p.begin * width + local_begin;
+  if (p.split == tp::Split::kColumns) {
+    piece.col_begin = p.begin;
+    piece.cols = width / tp;
+  }
+  return piece;
+}
+
 std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, int64_t checkpoint_every) {
   return std::make_unique<LocalEngine>(std::move(model), checkpoint_every);
 }
@@ -476,13 +472,17 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
     }
   };
   if (cfg.mesh.pp > 1) {
-    // pp outermost: stage rank s of replica d is rank s x dp_replicate + d, so a stage's replicas
-    // are consecutive ranks (one node's) and the pipeline crosses nodes.
+    // pp outermost (PipelineGroups): a stage's data parallel ranks are consecutive (one node's)
+    // and the pipeline crosses nodes.
     const int pp = static_cast<int>(cfg.mesh.pp);
     const int replicas = static_cast<int>(cfg.mesh.dp_replicate);
-    if (env.world_size != pp * replicas) {
+    const int tp = static_cast<int>(cfg.mesh.tp);
+    const int shards = cfg.mesh.dp_shard > 0 ? static_cast<int>(cfg.mesh.dp_shard)
+                                             : std::max(1, env.world_size / std::max(1, pp * replicas * tp));
+    if (env.world_size != pp * replicas * shards * tp) {
       return InvalidConfig("key 'mesh.pp': " + std::to_string(pp) + " pipeline ranks x mesh.dp_replicate=" +
-                           std::to_string(replicas) + " replicas = " + std::to_string(pp * replicas) +
+                           std::to_string(replicas) + " x mesh.dp_shard=" + std::to_string(shards) +
+                           " x mesh.tp=" + std::to_string(tp) + " = " + std::to_string(pp * replicas * shards * tp) +
                            " ranks, but the world is " + std::to_string(env.world_size) + " processes");
     }
     PipelineGroups groups;
@@ -492,12 +492,26 @@ Result<std::unique_ptr<Engine>> MakeEngine(const config::TrainConfig& cfg, model
       o.group_name = name;
       return factory(c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, size, o);
     };
-    const int stage_rank = env.rank / replicas, replica = env.rank % replicas;
+    // rank = stage rank x (pipelines x tp) + (replica x dp_shard + shard) x tp + tp rank.
+    const int per_stage = replicas * shards * tp;
+    const int stage_rank = env.rank / per_stage, within = env.rank % per_stage;
+    const int data = within / tp, tp_rank = within % tp;
+    const int replica = data / shards, shard = data % shards;
+    const std::string at = std::to_string(stage_rank) + "/";
     MW_ASSIGN_OR_RETURN(groups.world, group("world", "mesh/world", env.rank, env.world_size));
-    MW_ASSIGN_OR_RETURN(groups.pipeline, group("pp", "mesh/pp/" + std::to_string(replica), stage_rank, pp));
+    MW_ASSIGN_OR_RETURN(groups.pipeline, group("pp", "mesh/pp/" + std::to_string(within), stage_rank, pp));
+    if (shards > 1) {
+      MW_ASSIGN_OR_RETURN(groups.shard, group("dp_shard", "mesh/dp_shard/" + at + std::to_string(replica) + "/" +
+                                                               std::to_string(tp_rank),
+                                              shard, shards));
+    }
     if (replicas > 1) {
-      MW_ASSIGN_OR_RETURN(groups.replicate,
-                          group("dp_replicate", "mesh/dp_replicate/" + std::to_string(stage_rank), replica, replicas));
+      MW_ASSIGN_OR_RETURN(groups.replicate, group("dp_replicate", "mesh/dp_replicate/" + at + std::to_string(shard) +
+                                                                       "/" + std::to_string(tp_rank),
+                                                  replica, replicas));
+    }
+    if (tp > 1) {
+      MW_ASSIGN_OR_RETURN(groups.tp, group("tp", "mesh/tp/" + at + std::to_string(data), tp_rank, tp));
     }
     log_start();
     return MakePipelineEngine(cfg, std::move(model), env, std::move(groups), device, log);

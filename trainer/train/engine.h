@@ -16,6 +16,10 @@
 #include "trainer/dist/device_mesh.h"
 #include "trainer/model/llama.h"
 
+namespace meshwork::tp {
+struct LocalParam;
+}  // namespace meshwork::tp
+
 namespace meshwork::train {
 
 // Elements [begin, begin + value.numel()) of parameter `name` flattened (its whole shape
@@ -34,6 +38,12 @@ struct ShardPiece {
   int64_t col_begin = 0;
   int64_t cols = 0;
 };
+
+// Where a tensor parallel rank's elements of `p` lie in the whole parameter, as a checkpoint
+// addresses them: `local_begin` the first element held of the rank's slice (flattened), `value`
+// them. A slice by rows is a run of the whole parameter; a slice by columns is a column block
+// (ShardPiece::cols); a replicated parameter is whole on every rank.
+ShardPiece TensorParallelPiece(const tp::LocalParam& p, int tp, int64_t local_begin, const torch::Tensor& value);
 
 struct EngineStats {
   double exposed_comm_seconds = 0;  // blocked waiting on collectives since the last call

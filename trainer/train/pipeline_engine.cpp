@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <deque>
 #include <chrono>
 #include <iostream>
 #include <limits>
@@ -16,8 +17,10 @@
 #include "trainer/compiler/pipeline/program.h"
 #include "trainer/compiler/pipeline/simulate.h"
 #include "trainer/config/hardware.h"
+#include "trainer/fsdp/unit.h"
 #include "trainer/pp/executor.h"
 #include "trainer/pp/llama_stages.h"
+#include "trainer/tp/tensor_parallel.h"
 #include "trainer/train/report.h"
 
 namespace meshwork::train {
@@ -33,15 +36,28 @@ std::string CutText(const std::vector<int>& first_layer) {
   return text;
 }
 
+// The residual stream a stage passes on for a micro-batch of batch x seq tokens: [batch, seq,
+// hidden], or under sequence parallelism (where the tokens divide by tp, as BeginForward decides)
+// each tp rank's run of the flattened tokens, [1, batch x seq / tp, hidden].
+std::vector<int64_t> StreamSizes(const model::LlamaConfig& c, tp::TensorParallelLlama* split, int64_t batch,
+                                 int64_t seq) {
+  const int64_t tp = split ? split->group().size() : 1;
+  if (split && split->sequence_parallel() && (batch * seq) % tp == 0) return {1, batch * seq / tp, c.hidden_size};
+  return {batch, seq, c.hidden_size};
+}
+
 class PipelineEngine final : public Engine {
  public:
-  PipelineEngine(const dist::DistEnv& env, PipelineGroups groups, model::LlamaForCausalLM model,
-                 pp::LlamaStages stages, pipeline::Program program, pp::PipelineStepOptions options,
-                 std::string schedule, double schedule_bubble)
+  PipelineEngine(const dist::DistEnv& env, PipelineGroups groups, std::unique_ptr<tp::TensorParallelLlama> split,
+                 model::LlamaForCausalLM model, pp::LlamaStages stages, pipeline::Program program,
+                 pp::PipelineStepOptions options, std::string schedule, double schedule_bubble)
       : env_(env),
         world_(std::move(groups.world)),
         comm_(std::move(groups.pipeline)),
+        shard_(std::move(groups.shard)),
         replicate_(std::move(groups.replicate)),
+        tp_(std::move(groups.tp)),
+        split_(std::move(split)),
         model_(std::move(model)),
         stages_(std::move(stages)),
         program_(std::move(program)),
@@ -64,30 +80,64 @@ class PipelineEngine final : public Engine {
       }
     }
     stages_.ReleaseUnheld();
+    if (split_) {
+      // Tensor parallelism sliced the model already: the whole shapes are its record.
+      for (const tp::LocalParam& p : split_->params()) {
+        tp_params_[p.name] = &p;
+        shapes_[p.name] = p.full_shape;
+      }
+    }
     for (const auto& item : model_->named_parameters()) {
       if (item.value().numel() == 0) continue;
       held_.emplace_back(item.key(), item.value());
-      (item.value().dim() >= 2 ? decay_ : no_decay_).push_back(item.value());
+    }
+    if (shard_) {
+      // FSDP inside the stages: this rank's parameters as one flat group sharded over dp_shard,
+      // the optimizer stepping the fp32 master shards; the parameters become views of the group's
+      // storage, allocated only while gathered (a step, an evaluation, an export).
+      for (const auto& [name, p] : held_) {
+        sharded_.push_back(fsdp::ShardedParam{});
+        sharded_.back().name = name;
+        sharded_.back().full = p;
+        group_.params.push_back(&sharded_.back());
+      }
+      group_.name = "stages of pipeline rank " + std::to_string(comm_->rank());
+      fsdp::ShardGroup(group_, 0, shard_->size(), shard_->rank(), torch::kFloat);
+      for (const fsdp::ShardedParam& sp : sharded_) {
+        if (sp.shard.numel() == 0) continue;
+        (sp.full_shape.size() >= 2 ? decay_ : no_decay_).push_back(sp.shard);
+      }
+    } else {
+      for (const auto& [name, p] : held_) (p.dim() >= 2 ? decay_ : no_decay_).push_back(p);
     }
   }
 
   int rank() const override { return env_.rank; }
   int world_size() const override { return env_.world_size; }
-  // Each replica of the pipeline reads its own rows.
-  int dp_rank() const override { return replicate_ ? replicate_->rank() : 0; }
-  int dp_size() const override { return replicate_ ? replicate_->size() : 1; }
+  // Each pipeline (a replica's, or a dp_shard rank's) reads its own rows: replica x dp_shard + shard.
+  int dp_rank() const override { return Replica() * Shards() + (shard_ ? shard_->rank() : 0); }
+  int dp_size() const override { return Replicas() * Shards(); }
   std::string Describe() const override {
     const auto& shape = program_.shape;
     return "pipeline: pp=" + std::to_string(shape.pp) + ", " + schedule_ + ", " + std::to_string(shape.microbatches) +
            " micro-batches a step, " + std::to_string(shape.stages()) + " stages of layers " +
            CutText(stages_.first_layer()) + " (stage s on rank s % pp); the schedule's own bubble " +
            Format("%.3f", schedule_bubble_) + " (stages alike, free transfers)" +
-           (replicate_ ? "; " + std::to_string(dp_size()) +
-                             " replicas of the pipeline (rank = stage rank x " + std::to_string(dp_size()) +
-                             " + replica), each stage's gradients averaged over dp_replicate"
-                       : "");
+           (dp_size() > 1 ? "; " + std::to_string(dp_size()) + " data parallel pipelines (rank = stage rank x " +
+                                std::to_string(dp_size() * Tp()) + " + (replica x dp_shard + shard) x tp + tp rank), " +
+                                (shard_ ? "FSDP inside each stage over dp_shard " + std::to_string(Shards()) +
+                                              " (its parameters gathered for the step, gradients reduce-scattered "
+                                              "after it)" + (replicate_ ? " and replicated over dp_replicate " +
+                                                                                std::to_string(Replicas())
+                                                                          : std::string())
+                                        : "each stage's gradients averaged over dp_replicate " +
+                                              std::to_string(Replicas()))
+                          : "") +
+           (split_ ? "; tensor parallel over tp " + std::to_string(Tp()) +
+                         (split_->sequence_parallel() ? " with sequence parallelism" : "") + " inside each stage"
+                   : "");
   }
-  dist::MeshShape mesh_shape() const override { return {dp_size(), 1, 1}; }
+  dist::MeshShape mesh_shape() const override { return {Replicas(), Shards(), Tp()}; }
 
   // The loop calls StepLoss instead (RunsWholeSteps).
   torch::Tensor Loss(const torch::Tensor&, const torch::Tensor&, bool) override { return {}; }
@@ -97,15 +147,29 @@ class PipelineEngine final : public Engine {
   Result<torch::Tensor> StepLoss(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& microbatches) override {
     std::vector<pp::MicroBatch> mbs;
     for (const auto& [tokens, targets] : microbatches) mbs.push_back({tokens, targets});
+    MW_RETURN_IF_ERROR(Gather());
+    // Autograd adds every micro-batch's gradients into views of the group's flat buffer: the
+    // reduce-scatter's input.
+    if (shard_) group_.EnsureGrad();
     MW_ASSIGN_OR_RETURN(pp::PipelineStepResult result, pp::RunPipelineStep(program_, stages_, *comm_, mbs, options_));
-    // The replicas first: the last stage, done before the first, reduces while it still computes
-    // (the tied table's exchange waits for the first stage). Both copies of the table get the same sum.
+    // Tensor parallelism: the replicated parameters' (norms') gradients over the tp ranks.
+    if (split_) MW_RETURN_IF_ERROR(split_->FinishBackward());
     double loss = result.loss;
-    if (replicate_) {
-      MW_RETURN_IF_ERROR(AverageGradientsOverReplicas());
-      MW_ASSIGN_OR_RETURN(loss, AverageOverReplicas(result.loss));
+    if (shard_) {
+      // The tied table's two copies (first and last stage) lie at other offsets of their ranks'
+      // groups: their gradients are summed whole, then each stage reduce-scatters its own.
+      MW_RETURN_IF_ERROR(stages_.SyncTiedGradients(*comm_));
+      MW_RETURN_IF_ERROR(ReduceScatterGradients());
+      MW_ASSIGN_OR_RETURN(loss, AverageOverPipelines(result.loss));
+    } else {
+      // The replicas first: the last stage, done before the first, reduces while it still computes
+      // (the tied table's exchange waits for the first stage). Both copies of the table get the same sum.
+      if (replicate_) {
+        MW_RETURN_IF_ERROR(AverageGradientsOverReplicas());
+        MW_ASSIGN_OR_RETURN(loss, AverageOverPipelines(result.loss));
+      }
+      MW_RETURN_IF_ERROR(stages_.SyncTiedGradients(*comm_));
     }
-    MW_RETURN_IF_ERROR(stages_.SyncTiedGradients(*comm_));
     // Every pipeline rank's busy and program seconds, at its index (the others add 0).
     const int pp_size = program_.shape.pp;
     const int stage_rank = comm_->rank();
@@ -132,39 +196,75 @@ class PipelineEngine final : public Engine {
     torch::NoGradGuard no_grad;
     // The tied table's gradient is on two ranks (the same after SyncTiedGradients): counted once,
     // on the lower.
-    double local = 0;
-    for (const auto& [name, p] : held_) {
+    // With FSDP each rank adds its shards' squares, then the shards' sums are added; with tensor
+    // parallelism the split parameters' slices are added over tp, the replicated ones counted once.
+    double split = 0, whole = 0;
+    for (const auto& [name, p] : LocalParams()) {
       if (!p.grad().defined() || holder_[name] != comm_->rank()) continue;
-      local += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      const double squares = p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      (split_ && tp::TensorParallelLlama::SplitOf(name) != tp::Split::kReplicated ? split : whole) += squares;
     }
-    torch::Tensor sum = torch::tensor({local}, torch::kDouble);
-    MW_ASSIGN_OR_RETURN(auto reduce, comm_->AllReduce(sum, dist::ReduceOp::kSum));
-    MW_RETURN_IF_ERROR(reduce->Wait());
+    torch::Tensor split_sum = torch::tensor({split}, torch::kDouble);
+    if (tp_) {
+      MW_ASSIGN_OR_RETURN(auto reduce, tp_->AllReduce(split_sum, dist::ReduceOp::kSum));
+      MW_RETURN_IF_ERROR(reduce->Wait());
+    }
+    torch::Tensor sum = split_sum + whole;
+    for (dist::Communicator* group : {shard_.get(), comm_.get()}) {
+      if (group == nullptr) continue;
+      MW_ASSIGN_OR_RETURN(auto reduce, group->AllReduce(sum, dist::ReduceOp::kSum));
+      MW_RETURN_IF_ERROR(reduce->Wait());
+    }
     return sum.sqrt();
   }
   void ZeroGrad() override {
-    for (auto& [name, p] : held_) p.mutable_grad() = torch::Tensor();
+    for (auto& [name, p] : LocalParams()) p.mutable_grad() = torch::Tensor();
   }
   std::vector<torch::Tensor> DecayParams() const override { return decay_; }
   std::vector<torch::Tensor> NoDecayParams() const override { return no_decay_; }
-  std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override { return held_; }
-  // Every parameter this rank holds, whole: the tied table too on both of its ranks, so an import
-  // or a resume fills both copies (a checkpoint then holds it twice, as HSDP's replicas do).
+  // The tensors the optimizer steps: the parameters this rank holds, or with FSDP their master
+  // shards' non-empty views.
+  std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override {
+    if (!shard_) return held_;
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const fsdp::ShardedParam& sp : sharded_) {
+      if (sp.shard.numel() > 0) out.emplace_back(sp.name, sp.shard);
+    }
+    return out;
+  }
+  // Every parameter this rank holds (whole, or its dp_shard rank's run of it): the tied table too
+  // on both of its ranks, so an import or a resume fills both copies (a checkpoint then holds it
+  // twice, as HSDP's replicas do).
+  // With tensor parallelism a piece lies in the rank's slice (TensorParallelPiece).
   std::vector<ShardPiece> LocalShards() const override {
     std::vector<ShardPiece> out;
-    for (const auto& [name, p] : held_) out.push_back(ShardPiece{name, p.sizes().vec(), 0, p});
+    auto piece = [&](const std::string& name, const std::vector<int64_t>& shape, int64_t begin,
+                     const torch::Tensor& value) {
+      return split_ ? TensorParallelPiece(*tp_params_.at(name), Tp(), begin, value) : ShardPiece{name, shape, begin, value};
+    };
+    if (shard_) {
+      for (const fsdp::ShardedParam& sp : sharded_) {
+        if (sp.shard.numel() > 0) out.push_back(piece(sp.name, sp.full_shape, sp.shard_begin, sp.shard));
+      }
+      return out;
+    }
+    for (const auto& [name, p] : held_) out.push_back(piece(name, p.sizes().vec(), 0, p));
     return out;
   }
   int64_t ParamBytes() const override {
     int64_t b = 0;
-    for (const auto& [name, p] : held_) b += dist::TensorBytes(p);
+    for (const auto& [name, p] : LocalParams()) b += dist::TensorBytes(p);
     return b;
   }
   torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     pp::PipelineStepOptions options = options_;
-    options.activation_sizes[0] = tokens.size(0);
-    options.activation_sizes[1] = tokens.size(1);
-    auto loss = pp::RunPipelineForward(program_.shape, stages_, *comm_, {tokens, targets}, options);
+    options.activation_sizes = StreamSizes(model_->config(), split_.get(), tokens.size(0), tokens.size(1));
+    Result<double> loss = [&]() -> Result<double> {
+      MW_RETURN_IF_ERROR(Gather());
+      auto forward = pp::RunPipelineForward(program_.shape, stages_, *comm_, {tokens, targets}, options);
+      Release();
+      return forward;
+    }();
     if (loss.ok()) return torch::tensor({loss.value()}, torch::kDouble);
     // The interface returns a tensor: the error goes to the log and the loss is NaN, which the
     // evaluation reports; the next step's transfers fail with the same cause and stop the run.
@@ -181,32 +281,23 @@ class PipelineEngine final : public Engine {
   // rank, so the k-th send between two ranks meets the k-th receive; the other replicas, which
   // hold the same values, send nothing.
   Result<std::map<std::string, torch::Tensor>> FullState() override {
-    if (dp_rank() != 0) return std::map<std::string, torch::Tensor>();
-    std::map<std::string, torch::Tensor> state;
-    std::map<std::string, torch::Tensor> held(held_.begin(), held_.end());
-    std::vector<std::unique_ptr<dist::Work>> sends;
-    for (const auto& [name, holder] : holder_) {
-      if (comm_->rank() == 0) {
-        if (holder == 0) {
-          state[name] = held.at(name).detach();
-          continue;
-        }
-        torch::Tensor whole = torch::empty(shapes_.at(name), torch::kFloat32);
-        MW_ASSIGN_OR_RETURN(auto recv, comm_->Recv(whole, holder));
-        MW_RETURN_IF_ERROR(recv->Wait());
-        state[name] = whole;
-      } else if (holder == comm_->rank()) {
-        MW_ASSIGN_OR_RETURN(auto send, comm_->Send(held.at(name).detach().contiguous(), 0));
-        sends.push_back(std::move(send));
+    MW_RETURN_IF_ERROR(Gather());
+    auto state = [&]() -> Result<std::map<std::string, torch::Tensor>> {
+      // This rank's parameters whole: its tensor parallel slices gathered over tp first.
+      std::map<std::string, torch::Tensor> whole(held_.begin(), held_.end());
+      if (split_) {
+        MW_ASSIGN_OR_RETURN(whole, split_->GatherFullState(whole));
       }
-    }
-    for (auto& send : sends) MW_RETURN_IF_ERROR(send->Wait());
+      return SendFullStateToRankZero(whole);
+    }();
+    Release();
     return state;
   }
   EngineStats TakeStats() override {
     EngineStats s;
     s.exposed_comm_seconds = blocked_seconds_;
-    for (dist::Communicator* group : {world_.get(), comm_.get(), replicate_.get()}) {
+    if (split_) s.exposed_comm_seconds += split_->TakeBlockedSeconds();
+    for (dist::Communicator* group : {world_.get(), comm_.get(), shard_.get(), replicate_.get(), tp_.get()}) {
       if (group == nullptr) continue;
       const dist::CommStats c = group->stats();
       for (int i = 0; i < dist::kNumCollectives; ++i) {
@@ -221,6 +312,79 @@ class PipelineEngine final : public Engine {
   }
 
  private:
+  int Shards() const { return shard_ ? shard_->size() : 1; }
+  int Tp() const { return tp_ ? tp_->size() : 1; }
+  int Replicas() const { return replicate_ ? replicate_->size() : 1; }
+  int Replica() const { return replicate_ ? replicate_->rank() : 0; }
+
+  // FSDP: this rank's parameters gathered from the dp_shard ranks' master shards into the group's
+  // storage, which they are views of. Nothing to do without FSDP.
+  Status Gather() {
+    if (!shard_) return Status::Ok();
+    const auto start = std::chrono::steady_clock::now();
+    fsdp::AllocateStorage(group_.storage);
+    MW_ASSIGN_OR_RETURN(auto gather, shard_->AllGatherInto(fsdp::WriteAlias(group_.storage), group_.master));
+    MW_RETURN_IF_ERROR(gather->Wait());
+    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return Status::Ok();
+  }
+  void Release() {
+    if (shard_) fsdp::ReleaseStorage(group_.storage);
+  }
+
+  // FSDP, after the step's program: the flat gradient reduce-scattered over dp_shard (summed),
+  // all-reduced over dp_replicate, divided by the pipelines (each took the mean over its rows);
+  // the master shards' gradients are views of the result. The whole gradient and the gathered
+  // parameters are then freed.
+  Status ReduceScatterGradients() {
+    torch::NoGradGuard no_grad;
+    const auto start = std::chrono::steady_clock::now();
+    torch::Tensor reduced = torch::empty({group_.shard_numel}, group_.grad.options());
+    MW_ASSIGN_OR_RETURN(auto scatter, shard_->ReduceScatter(reduced, group_.grad, dist::ReduceOp::kSum));
+    MW_RETURN_IF_ERROR(scatter->Wait());
+    if (replicate_) {
+      MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(reduced, dist::ReduceOp::kSum));
+      MW_RETURN_IF_ERROR(reduce->Wait());
+    }
+    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    reduced.div_(dp_size());
+    for (fsdp::ShardedParam& sp : sharded_) {
+      sp.full.mutable_grad() = torch::Tensor();
+      if (sp.shard.numel() == 0) continue;
+      sp.shard.mutable_grad() = reduced.narrow(0, sp.shard_offset, sp.shard.numel()).view(sp.shard.sizes());
+    }
+    group_.grad = torch::Tensor();
+    Release();
+    return Status::Ok();
+  }
+
+  // Every parameter to rank 0 (from `held`, this rank's parameters whole) from the rank of the
+  // first pipeline that holds it, in name order on every rank, so the k-th send between two ranks
+  // meets the k-th receive; the other pipelines, which hold the same values, send nothing.
+  Result<std::map<std::string, torch::Tensor>> SendFullStateToRankZero(const std::map<std::string, torch::Tensor>& held) {
+    if (dp_rank() != 0 || (tp_ && tp_->rank() != 0)) return std::map<std::string, torch::Tensor>();
+    std::map<std::string, torch::Tensor> state;
+    std::vector<std::unique_ptr<dist::Work>> sends;
+    for (const auto& [name, holder] : holder_) {
+      if (comm_->rank() == 0) {
+        if (holder == 0) {
+          // A copy with FSDP: the gathered storage is freed once the state is sent.
+          state[name] = shard_ ? held.at(name).detach().clone() : held.at(name).detach();
+          continue;
+        }
+        torch::Tensor whole = torch::empty(shapes_.at(name), torch::kFloat32);
+        MW_ASSIGN_OR_RETURN(auto recv, comm_->Recv(whole, holder));
+        MW_RETURN_IF_ERROR(recv->Wait());
+        state[name] = whole;
+      } else if (holder == comm_->rank()) {
+        MW_ASSIGN_OR_RETURN(auto send, comm_->Send(held.at(name).detach().contiguous(), 0));
+        sends.push_back(std::move(send));
+      }
+    }
+    for (auto& send : sends) MW_RETURN_IF_ERROR(send->Wait());
+    return state;
+  }
+
   // Every replica's gradients summed over dp_replicate in one flat buffer and divided by the
   // replicas: the mean over the global batch, each replica having taken the mean over its rows.
   // Each stage rank's replicas form their own group, so a stage that finished its program
@@ -245,17 +409,25 @@ class PipelineEngine final : public Engine {
     }
     return Status::Ok();
   }
-  Result<double> AverageOverReplicas(double local) {
+  // The mean of a value over the pipelines (dp_shard and dp_replicate ranks of one stage rank).
+  Result<double> AverageOverPipelines(double local) {
     torch::Tensor t = torch::tensor({local}, torch::kDouble);
-    MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(t, dist::ReduceOp::kSum));
-    MW_RETURN_IF_ERROR(reduce->Wait());
-    return t.item<double>() / replicate_->size();
+    for (dist::Communicator* group : {shard_.get(), replicate_.get()}) {
+      if (group == nullptr) continue;
+      MW_ASSIGN_OR_RETURN(auto reduce, group->AllReduce(t, dist::ReduceOp::kSum));
+      MW_RETURN_IF_ERROR(reduce->Wait());
+    }
+    return t.item<double>() / dp_size();
   }
 
   dist::DistEnv env_;
   std::unique_ptr<dist::Communicator> world_;
-  std::unique_ptr<dist::Communicator> comm_;       // this replica's pipeline: rank = stage rank
+  std::unique_ptr<dist::Communicator> comm_;       // this pipeline: rank = stage rank
+  std::unique_ptr<dist::Communicator> shard_;      // this stage rank's dp_shard ranks; null without FSDP
   std::unique_ptr<dist::Communicator> replicate_;  // this stage rank's replicas; null with one
+  std::unique_ptr<dist::Communicator> tp_;         // this stage rank's tp ranks; null without TP
+  std::unique_ptr<tp::TensorParallelLlama> split_;  // tensor parallelism over tp_: slices the model
+  std::map<std::string, const tp::LocalParam*> tp_params_;  // with TP: how each parameter is split
   model::LlamaForCausalLM model_;
   pp::LlamaStages stages_;
   pipeline::Program program_;
@@ -265,7 +437,9 @@ class PipelineEngine final : public Engine {
   std::map<std::string, int> holder_;                  // parameter -> the lowest rank holding it
   std::map<std::string, std::vector<int64_t>> shapes_;  // parameter -> its whole shape
   std::vector<std::pair<std::string, torch::Tensor>> held_;
-  std::vector<torch::Tensor> decay_, no_decay_;
+  std::vector<torch::Tensor> decay_, no_decay_;  // what the optimizer steps
+  std::deque<fsdp::ShardedParam> sharded_;  // with FSDP: held_'s parameters, in its order
+  fsdp::FlatGroup group_;                   // with FSDP: their flat group
   double blocked_seconds_ = 0;  // in receives, since the last TakeStats
   std::vector<double> busy_, program_seconds_;  // the last step's, per pipeline rank
 };
@@ -276,11 +450,12 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
                                                    const dist::DistEnv& env, PipelineGroups groups,
                                                    const torch::Device& device, std::ostream& log) {
   const int pp_size = static_cast<int>(cfg.mesh.pp);
-  const int replicas = groups.replicate ? groups.replicate->size() : 1;
+  const int pipelines = (groups.replicate ? groups.replicate->size() : 1) * (groups.shard ? groups.shard->size() : 1) *
+                        (groups.tp ? groups.tp->size() : 1);
   if (groups.world == nullptr || groups.pipeline == nullptr || groups.pipeline->size() != pp_size ||
-      groups.world->size() != pp_size * replicas) {
-    return InvalidConfig("key 'mesh.pp': " + std::to_string(pp_size) + " pipeline ranks x " + std::to_string(replicas) +
-                         " replicas, but the groups do not make that mesh (world " +
+      groups.world->size() != pp_size * pipelines) {
+    return InvalidConfig("key 'mesh.pp': " + std::to_string(pp_size) + " pipeline ranks x " + std::to_string(pipelines) +
+                         " pipelines, but the groups do not make that mesh (world " +
                          std::to_string(groups.world ? groups.world->size() : 0) + ", pipeline " +
                          std::to_string(groups.pipeline ? groups.pipeline->size() : 0) + ")");
   }
@@ -299,11 +474,24 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   MW_ASSIGN_OR_RETURN(std::vector<int> cut,
                       pp::FlopBalancedCut(model->config(), cfg.data.seq_len, shape.stages(),
                                           model->loss_gradient() == model::HeadGradient::kRecompute));
+  // Tensor parallelism slices the whole model first (every rank built the same one); the stages
+  // then keep their slices.
+  std::unique_ptr<tp::TensorParallelLlama> split;
+  if (groups.tp) {
+    tp::TensorParallelOptions to;
+    to.sequence_parallel = cfg.mesh.sequence_parallel;
+    to.async_chunks = static_cast<int>(cfg.mesh.async_tp_chunks);
+    MW_ASSIGN_OR_RETURN(split, tp::TensorParallelLlama::Create(model, *groups.tp, to));
+  }
   MW_ASSIGN_OR_RETURN(pp::LlamaStages stages, pp::LlamaStages::Create(model, shape, cut, groups.pipeline->rank()));
+  if (split) {
+    tp::TensorParallelLlama* t = split.get();
+    stages.set_runners({[t](const torch::Tensor& tokens) { t->BeginForward(tokens); }, t->Embedding(), t->LossHead()});
+  }
   pp::PipelineStepOptions options;
-  options.activation_sizes = {cfg.data.batch_size, cfg.data.seq_len, model->config().hidden_size};
+  options.activation_sizes = StreamSizes(model->config(), split.get(), cfg.data.batch_size, cfg.data.seq_len);
   options.activation_dtype = torch::kFloat32;
-  auto engine = std::make_unique<PipelineEngine>(env, std::move(groups), std::move(model), std::move(stages),
+  auto engine = std::make_unique<PipelineEngine>(env, std::move(groups), std::move(split), std::move(model), std::move(stages),
                                                  std::move(program), std::move(options), schedule,
                                                  equal.bubble_fraction);
   if (env.rank == 0) log << engine->Describe() << "\n";

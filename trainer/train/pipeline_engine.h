@@ -1,9 +1,13 @@
 // The training engine for pipeline parallelism (mesh.pp > 1): the model cut into stages over the
 // pipeline's ranks (trainer/pp), each step one program of the configured schedule
-// (pipeline.schedule, over training.grad_accum micro-batches) run by the executor; with
-// mesh.dp_replicate > 1, that many replicas of the pipeline, each reading its own rows, their
-// stages' gradients averaged over the replicas after the program (a stage's all-reduce overlaps the
-// stages still computing). Not composed with FSDP or tensor parallelism yet (the config refuses them).
+// (pipeline.schedule, over training.grad_accum micro-batches) run by the executor. With data
+// parallelism beside it there are mesh.dp_replicate x mesh.dp_shard pipelines, each reading its own
+// rows: with dp_shard > 1, FSDP inside each stage (a pipeline rank's parameters one flat group
+// sharded over its dp_shard ranks, gathered once for the step, as torchtitan's FSDP keeps them
+// through a pipeline step, and their gradients reduce-scattered after the program, then
+// all-reduced over dp_replicate); with dp_replicate alone, the stages' gradients averaged over the
+// replicas (a stage's all-reduce overlaps the stages still computing). Not composed with tensor
+// parallelism yet (the config refuses it).
 #pragma once
 
 #include <memory>
@@ -18,14 +22,19 @@
 
 namespace meshwork::train {
 
-// A pipeline rank's groups: stage rank s of replica d is world rank s x dp_replicate + d.
+// A pipeline rank's groups. There are dp_replicate x dp_shard x tp pipelines; stage rank s on data
+// parallel rank d = replica x dp_shard + shard and tp rank t is world rank
+// s x (dp_replicate x dp_shard x tp) + d x tp + t: tp innermost (a tp group is consecutive ranks,
+// one node's), then the data parallel ranks, and the pipeline outermost, across nodes.
 struct PipelineGroups {
   std::unique_ptr<dist::Communicator> world;      // every rank: agreements, evaluation's average
-  std::unique_ptr<dist::Communicator> pipeline;   // replica d's mesh.pp ranks, rank = stage rank
-  std::unique_ptr<dist::Communicator> replicate;  // stage rank s's replicas; null with one replica
+  std::unique_ptr<dist::Communicator> pipeline;   // the mesh.pp ranks of one (d, t), rank = stage rank
+  std::unique_ptr<dist::Communicator> shard;      // stage rank s's dp_shard ranks (one replica, t); null at 1
+  std::unique_ptr<dist::Communicator> replicate;  // stage rank s's replicas (one shard, t); null at 1
+  std::unique_ptr<dist::Communicator> tp;         // stage rank s's tp ranks of one d; null at 1
 };
 
-// InvalidConfig where the groups are not mesh.pp x mesh.dp_replicate ranks, the schedule cannot run
+// InvalidConfig where the groups do not make the mesh, the schedule cannot run
 // the shape (pipeline.schedule with mesh.pp, pipeline.virtual_stages and training.grad_accum
 // micro-batches), or the model has fewer layers than stages; Unavailable on a device whose
 // communicator has no point-to-point transfers (NCCL).

@@ -284,13 +284,20 @@ TEST(SpecTest, PipelineMeshReachesTheTrainerAndIsCheckedAtAdmission) {
   ASSERT_TRUE(with_ckpt.ok()) << with_ckpt.status().message();
   Status ckpt = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 2\n", *with_ckpt, "ns", "job", field);
   EXPECT_TRUE(ckpt.ok()) << ckpt.message();
-  // With sharded data parallelism beside it: not composed yet, refused naming the key.
+  // FSDP inside the stages: 4 Pods as 2 stages sharded over 2 ranks each.
   auto with_dp = ParseSpec(Job({{"replicas", 4}, {"device", "cpu"}, {"mesh", {{"dpShard", 2}, {"pp", 2}}}}));
   ASSERT_TRUE(with_dp.ok()) << with_dp.status().message();
+  EXPECT_EQ(with_dp->mesh.ToString(), "pp2x1x2x1");
   Status dp = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 2\n", *with_dp, "ns", "job", field);
-  EXPECT_THAT(dp.message(),
-              HasSubstr("key 'mesh.pp': mesh.pp=2 does not compose with sharded data or tensor parallelism yet"));
-  // Replicas of the pipeline do: 4 Pods as 2 replicas x 2 stages.
+  EXPECT_TRUE(dp.ok()) << dp.message();
+  // Tensor parallelism inside the stages: 2 Pods of 2 processes (a tp group each) as 2 stages.
+  auto with_tp = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 2}, {"device", "cpu"},
+                                {"mesh", {{"dpShard", 1}, {"tp", 2}, {"pp", 2}}}}));
+  ASSERT_TRUE(with_tp.ok()) << with_tp.status().message();
+  EXPECT_EQ(with_tp->mesh.ToString(), "pp2x1x1x2");
+  Status tp = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  grad_accum: 2\n", *with_tp, "ns", "job", field);
+  EXPECT_TRUE(tp.ok()) << tp.message();
+  // Replicas of the pipeline: 4 Pods as 2 replicas x 2 stages.
   auto replicated = ParseSpec(
       Job({{"replicas", 4}, {"device", "cpu"}, {"mesh", {{"dpReplicate", 2}, {"dpShard", 1}, {"pp", 2}}}}));
   ASSERT_TRUE(replicated.ok()) << replicated.status().message();
