@@ -64,6 +64,8 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2" \
     "pp2-fsdp2 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2.hf" \
     "pp2-tp2 4 --set mesh.pp=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=4" \
+    "pp2-ckpt-all 2 --set mesh.pp=2 --set training.activation_checkpointing=all --set training.grad_accum=4 --set data.batch_size=2" \
+    "pp2-zb-h1-ckpt-all 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.activation_checkpointing=all --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-fsdp2-tp2 8 --set mesh.pp=2 --set mesh.dp_shard=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2-tp2.hf"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
@@ -134,6 +136,11 @@ grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipe
   grep -qE "^communication \(rank 0\): all_gather [1-9][0-9]* calls .* reduce_scatter [1-9]" "$work/pp2-fsdp2.log" &&
   pass "pp2-fsdp2: FSDP inside two pipeline stages" ||
   fail "pp2-fsdp2: not FSDP inside stages: $(grep -E '^(pipeline|communication)' "$work/pp2-fsdp2.log")"
+for name in pp2-ckpt-all pp2-zb-h1-ckpt-all; do
+  grep -q "^parallelism: pipeline: .*activation checkpointing: every layer" "$work/$name.log" &&
+    pass "$name: every layer checkpointed inside the stages" ||
+    fail "$name: checkpointing not reported: $(grep '^parallelism' "$work/$name.log")"
+done
 # Tensor parallelism inside the stages, alone and with FSDP (3-D: pp 2 x dp_shard 2 x tp 2).
 grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; tensor parallel over tp 2 with sequence parallelism inside each stage" "$work/pp2-tp2.log" &&
   grep -q "^pipeline: pp=2, .*FSDP inside each stage over dp_shard 2 .*; tensor parallel over tp 2" "$work/pp2-fsdp2-tp2.log" &&

@@ -63,11 +63,13 @@ constexpr const char* kUsage = R"(usage: meshwork-simulate --profile FILE --mode
   --dump-plan             print the eager plan, and the IR before and after each pass
   --activation-checkpointing
                           checkpoint every layer in both plans (keep each layer's input,
-                          recompute its forward in backward); the trainer has no such option yet
+                          recompute its forward in backward); the trainer's
+                          training.activation_checkpointing: all
 
-Pipeline schedules instead (the trainer has no pipeline parallelism yet; docs/compiler.md,
-"Pipeline schedules"): the model's decoder layers cut into balanced stages, each schedule's step,
-bubble and peak of held activations, FSDP not composed (each rank's stage whole, no collectives):
+Pipeline schedules instead (docs/compiler.md, "Pipeline schedules"): the model's decoder layers
+cut into balanced stages, each schedule's step, bubble and peak memory, with FSDP inside the stages
+over --dp-shard (default: all of a stage's data parallel ranks) as the trainer runs it (a rank's
+stages gathered before its program, reduce-scattered after it) and --activation-checkpointing:
   --pp N                  pipeline ranks (> 1): --gpus must be a multiple of pp x tp
   --virtual-stages V      stages per rank (default 1; interleaved-1f1b only when > 1)
   --microbatches M        micro-batches a step, each --batch sequences (default 2 x pp)
@@ -274,10 +276,15 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
       return meshwork::InvalidConfig("--pp: " + std::to_string(o.pp) + " x --tp " + std::to_string(o.tp) +
                                      " does not divide --gpus " + std::to_string(o.gpus));
     }
-    if (o.activation_checkpointing)
-      return meshwork::InvalidConfig("--activation-checkpointing does not go with --pp yet (the stages count no recompute workspace)");
-    if (std::find(given.begin(), given.end(), "--dp-shard") != given.end())
-      return meshwork::InvalidConfig("--dp-shard does not go with --pp (FSDP is not composed with the pipeline here)");
+    if (o.auto_mesh) return meshwork::InvalidConfig("--dp-shard auto does not go with --pp; give --dp-shard N");
+    // FSDP inside the stages over --dp-shard of each stage's data parallel ranks (all of them by
+    // default), the rest replicas.
+    const int dp = o.gpus / (o.pp * o.tp);
+    if (o.dp_shard == 0) o.dp_shard = dp;
+    if (dp % o.dp_shard != 0) {
+      return meshwork::InvalidConfig("--dp-shard: " + std::to_string(o.dp_shard) + " does not divide the " +
+                                     std::to_string(dp) + " data parallel ranks of a stage (--gpus / (--pp x --tp))");
+    }
     if (o.microbatches == 0) o.microbatches = 2 * o.pp;
     return o;
   }
@@ -488,9 +495,40 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
   auto stages = pipeline::StagesOf(compiler::LlamaSkeleton(llama), *cost, shape.stages(), boundary, link);
   if (!stages.ok()) return Fail(stages.status());
 
+  // FSDP inside the stages, as the trainer runs it (trainer/train/pipeline_engine.h): a rank's
+  // stages' parameters gathered over dp_shard once before its program, their gradients
+  // reduce-scattered after its last action (then all-reduced over the replicas), neither
+  // overlapped with compute; static state 16 bytes a parameter over dp_shard (fp32 master,
+  // gradient and AdamW's two moments), and while the step runs the parameters whole in bf16 and
+  // their gradients whole in fp32.
+  const int replicas = o.gpus / (o.pp * o.tp * o.dp_shard);
+  auto fsdp_cost = compiler::MakeCostModel(profile, replicas, o.dp_shard, o.tp);
+  if (!fsdp_cost.ok()) return Fail(fsdp_cost.status());
+  Options sharded = o;
+  sharded.gpus = replicas * o.dp_shard * o.tp;
+  auto params = pipeline::StageParamsOf(compiler::LlamaSkeleton(ShapeOf(sharded, config, profile)), stages->partition);
+  if (!params.ok()) return Fail(params.status());
+  std::vector<pipeline::StageParams> per_rank(static_cast<size_t>(o.pp));
+  for (int s = 0; s < shape.stages(); ++s) {
+    pipeline::StageParams& r = per_rank[static_cast<size_t>(shape.RankOf(s))];
+    r.gathered_bytes += (*params)[static_cast<size_t>(s)].gathered_bytes;
+    r.grad_bytes += (*params)[static_cast<size_t>(s)].grad_bytes;
+    r.shard_bytes += (*params)[static_cast<size_t>(s)].shard_bytes;
+  }
+  // Activation checkpointing recomputes one layer at a time: its whole activations on top.
+  int64_t workspace = 0;
+  if (o.activation_checkpointing) {
+    compiler::LlamaShape whole = llama;
+    whole.activation_checkpointing = false;
+    for (const compiler::ModuleInfo& m : compiler::LlamaSkeleton(whole).modules) {
+      if (m.name.rfind("layers.", 0) == 0) workspace = std::max(workspace, m.activation_bytes);
+    }
+  }
+
   std::cout << "meshwork-simulate (simulated, not measured): pipeline schedules for " << o.model << ", "
             << Count(static_cast<double>(config.NumParameters())) << " parameters, on " << o.gpus << " x " << profile.name
-            << "\n  pp " << o.pp << " x " << o.virtual_stages << " virtual stages, tp " << o.tp << ", "
+            << "\n  pp " << o.pp << " x " << o.virtual_stages << " virtual stages, tp " << o.tp << ", dp_shard "
+            << o.dp_shard << " x dp_replicate " << replicas << " (FSDP inside the stages), "
             << o.gpus / (o.pp * o.tp) << " pipelines; " << o.microbatches << " micro-batches of " << o.batch
             << " x " << o.seq_len << " tokens; transfers of " << Fixed(static_cast<double>(boundary) / (1 << 20), 1)
             << " MiB on the " << (inter ? "inter" : "intra") << "-node link ("
@@ -500,8 +538,15 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
   for (size_t s = 0; s + 1 < first.size(); ++s) std::cout << " " << first[s + 1] - first[s];
   std::cout << " (the embedding with the first, the head with the last); slowest stage "
             << Fixed(stages->partition.max_seconds, 4) << " s a micro-batch\n"
-            << "  FSDP is not composed here: each rank holds its stages' weights whole and no collectives run;"
-               " held activations only, no static state\n";
+            << "  FSDP: a rank's stages gathered once before its program and reduce-scattered after it "
+               "(not overlapped); shard link "
+            << Fixed(fsdp_cost->shard_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
+            << Fixed(fsdp_cost->shard_link.latency_seconds * 1e6, 1) << " us; the fullest rank gathers "
+            << Fixed(GiB(std::max_element(per_rank.begin(), per_rank.end(),
+                                          [](const auto& a, const auto& b) { return a.gathered_bytes < b.gathered_bytes; })
+                             ->gathered_bytes),
+                     2)
+            << " GiB" << (o.activation_checkpointing ? "; every layer checkpointed" : "") << "\n";
   std::vector<pipeline::ScheduleKind> kinds;
   if (o.pipeline_schedule == "all") {
     kinds = pipeline::AllSchedules();
@@ -519,12 +564,31 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
     }
     auto r = pipeline::SimulatePipeline(*program, stages->cost);
     if (!r.ok()) return Fail(r.status());
-    int64_t peak = 0;
-    for (int64_t b : r->peak_bytes) peak = std::max(peak, b);
-    const double tps = r->step_seconds > 0 ? tokens / r->step_seconds / (o.pp * o.tp) : 0;
-    std::cout << std::left << std::setw(18) << label << "step " << Fixed(r->step_seconds, 4) << " s | bubble "
-              << Fixed(100 * r->bubble_fraction, 1) << "% | held activations " << Fixed(GiB(peak), 2)
-              << " GiB (the most on a rank) | " << Fixed(tps, 0) << " tok/s/GPU | MFU "
+    // Each rank's program shifted by the slowest gather; it reduce-scatters after its last action.
+    std::vector<double> end(static_cast<size_t>(o.pp), 0);
+    for (const pipeline::TimelineEntry& e : r->entries) end[static_cast<size_t>(e.rank)] = std::max(end[static_cast<size_t>(e.rank)], e.end);
+    double gather = 0, finish = 0;
+    int64_t peak = 0, held = 0;
+    for (int rank = 0; rank < o.pp; ++rank) {
+      const pipeline::StageParams& p = per_rank[static_cast<size_t>(rank)];
+      gather = std::max(gather, fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllGather, p.gathered_bytes));
+      finish = std::max(finish, end[static_cast<size_t>(rank)] +
+                                    fsdp_cost->CollectiveSeconds(compiler::OpKind::kReduceScatter, p.grad_bytes) +
+                                    fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllReduce, p.grad_bytes / o.dp_shard));
+      const int64_t activations = r->peak_bytes[static_cast<size_t>(rank)] + workspace;
+      const int64_t rank_peak = 4 * p.shard_bytes + p.gathered_bytes + p.grad_bytes + activations;
+      if (rank_peak > peak) {
+        peak = rank_peak;
+        held = activations;
+      }
+    }
+    const double step = gather + finish;
+    const double tps = step > 0 ? tokens / step / (o.pp * o.tp) : 0;
+    std::cout << std::left << std::setw(18) << label << "step " << Fixed(step, 4) << " s (program "
+              << Fixed(r->step_seconds, 4) << " s, bubble " << Fixed(100 * r->bubble_fraction, 1) << "%; FSDP exposed "
+              << Fixed(step - r->step_seconds, 4) << " s) | peak " << Fixed(GiB(peak), 2) << " GiB (activations "
+              << Fixed(GiB(held), 2) << ", the fullest rank)" << (peak > profile.memory_bytes ? " exceeds " + Fixed(GiB(profile.memory_bytes), 1) + " GiB device memory" : "")
+              << " | " << Fixed(tps, 0) << " tok/s/GPU | MFU "
               << Fixed(100 * tps * config.TrainingFlopsPerToken(o.seq_len) / profile.peak_flops_per_second, 1) << "%\n";
     if (o.dump_plan) {
       std::cout << pipeline::Print(*program) << pipeline::Timeline(*program, *r) << "\n";

@@ -464,11 +464,6 @@ Status ValidateCrossFields(const TrainConfig& c) {
                            " = " + Str(stages) + " stages, but the model has " + Str(c.model.dims.num_hidden_layers) +
                            " decoder layers (model.num_hidden_layers); each stage needs at least one");
     }
-    if (c.training.activation_checkpointing == ActivationCheckpointing::kAll ||
-        c.training.activation_checkpointing == ActivationCheckpointing::kSelective) {
-      return InvalidConfig("key 'training.activation_checkpointing': pipeline stages do not checkpoint layers yet (" +
-                           pp + "); use auto or none");
-    }
   }
   if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != PipelineSchedule::kInterleaved1F1B) {
     return InvalidConfig("key 'pipeline.virtual_stages': " + Str(c.pipeline.virtual_stages) +

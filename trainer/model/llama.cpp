@@ -327,7 +327,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
 
 torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin,
                                                 int64_t end, const torch::Tensor& targets, const EmbedRunner& embed,
-                                                const LossRunner& loss) {
+                                                const LossRunner& loss, const LayerRunner& run_layer) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   TORCH_CHECK(0 <= begin && begin <= end && end <= static_cast<int64_t>(model->layers->size()), "layers [", begin, ", ",
               end, ") are not within the model's ", model->layers->size());
@@ -337,7 +337,10 @@ torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, co
   // stage, usually another rank.
   torch::Tensor h = input.defined() ? input
                     : ToResidualDtype(embed ? embed(tokens) : Embed(tokens, /*head_is_ours=*/false));
-  for (int64_t i = begin; i < end; ++i) h = model->layers[static_cast<size_t>(i)]->as<DecoderLayer>()->forward(h, rope);
+  for (int64_t i = begin; i < end; ++i) {
+    DecoderLayerImpl& layer = *model->layers[static_cast<size_t>(i)]->as<DecoderLayer>();
+    h = run_layer ? run_layer(i, layer, h, rope) : layer.forward(h, rope);
+  }
   if (!targets.defined()) return h;
   h = FinalNorm(h);
   if (loss) return loss(h, targets);

@@ -188,10 +188,11 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // decoder layers [begin, end); with `targets` (the last stage) the final norm and the mean loss,
   // as Loss computes them, else the hidden states to pass on. `tokens` is needed on every stage:
   // attention's rotary tables and document mask come from it. `embed` and `loss` replace the
-  // embedding and the head + loss as in ForwardWithLayerRunner (tensor parallelism's).
+  // embedding and the head + loss as in ForwardWithLayerRunner (tensor parallelism's), and
+  // `run_layer` runs each decoder layer (activation checkpointing) when set.
   torch::Tensor ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin, int64_t end,
                              const torch::Tensor& targets, const EmbedRunner& embed = {},
-                             const LossRunner& loss = {});
+                             const LossRunner& loss = {}, const LayerRunner& run_layer = {});
   const LlamaConfig& config() const { return config_; }
   // Rows per chunk of the fused head + loss (<= 0: LossChunkRows(vocab)).
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }

@@ -74,7 +74,7 @@ torch::Tensor LlamaStages::Forward(int stage, const MicroBatch& mb, const torch:
   if (runners_.begin_forward) runners_.begin_forward(mb.tokens);
   return model_->ForwardStage(mb.tokens, input, first_layer_[static_cast<size_t>(stage)],
                               first_layer_[static_cast<size_t>(stage) + 1], last ? mb.targets : torch::Tensor(),
-                              runners_.embed, runners_.loss);
+                              runners_.embed, runners_.loss, runners_.layer);
 }
 
 std::vector<torch::Tensor> LlamaStages::Parameters(int stage) {

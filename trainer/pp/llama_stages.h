@@ -31,13 +31,15 @@ class LlamaStages final : public StageRunner {
 
   torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override;
 
-  // What another plan applied to the model runs around a stage's forward (tensor parallelism):
-  // `begin_forward` with the micro-batch's tokens first, then `embed` and `loss` in place of the
-  // model's embedding and head + loss (ForwardStage). Unset: the model's own.
+  // What other plans applied to the model run around a stage's forward: `begin_forward` with the
+  // micro-batch's tokens first, then `embed` and `loss` in place of the model's embedding and
+  // head + loss (tensor parallelism's), `layer` running each decoder layer (activation
+  // checkpointing) (ForwardStage). Unset: the model's own.
   struct Runners {
     std::function<void(const torch::Tensor& tokens)> begin_forward;
     model::EmbedRunner embed;
     model::LossRunner loss;
+    model::LayerRunner layer;
   };
   void set_runners(Runners runners) { runners_ = std::move(runners); }
   std::vector<torch::Tensor> Parameters(int stage) override;

@@ -389,8 +389,11 @@ class TensorParallelEngine : public Engine {
   std::vector<torch::Tensor> decay_, no_decay_;
 };
 
-// Decoder layers 0, N, 2N, ... run checkpointed where the config asks for every layer or a
-// selection (0: none): one process and tensor parallelism, which have no plan of their own.
+
+bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+
+}  // namespace
+
 int64_t CheckpointEvery(const config::TrainConfig& cfg) {
   if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll) return 1;
   if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kSelective) {
@@ -398,10 +401,6 @@ int64_t CheckpointEvery(const config::TrainConfig& cfg) {
   }
   return 0;
 }
-
-bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
-
-}  // namespace
 
 ShardPiece TensorParallelPiece(const tp::LocalParam& p, int tp, int64_t local_begin, const torch::Tensor& value) {
   ShardPiece piece{p.name, p.full_shape, local_begin, value};

@@ -120,6 +120,11 @@ class Engine {
 };
 
 // One process, the plain model; `checkpoint_layers`: every decoder layer recomputed in backward.
+// Decoder layers 0, N, 2N, ... run checkpointed where the config asks for every layer or a
+// selection (0: none): the engines without a compiled plan (one process, tensor parallelism alone,
+// pipeline stages).
+int64_t CheckpointEvery(const config::TrainConfig& cfg);
+
 // checkpoint_every: decoder layers 0, N, 2N, ... run checkpointed (0: none, 1: every layer).
 std::unique_ptr<Engine> MakeLocalEngine(model::LlamaForCausalLM model, int64_t checkpoint_every = 0);
 

@@ -3,8 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <deque>
 #include <chrono>
+#include <deque>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -18,6 +18,7 @@
 #include "trainer/compiler/pipeline/simulate.h"
 #include "trainer/config/hardware.h"
 #include "trainer/fsdp/unit.h"
+#include "trainer/model/recompute.h"
 #include "trainer/pp/executor.h"
 #include "trainer/pp/llama_stages.h"
 #include "trainer/tp/tensor_parallel.h"
@@ -484,10 +485,22 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
     MW_ASSIGN_OR_RETURN(split, tp::TensorParallelLlama::Create(model, *groups.tp, to));
   }
   MW_ASSIGN_OR_RETURN(pp::LlamaStages stages, pp::LlamaStages::Create(model, shape, cut, groups.pipeline->rank()));
+  pp::LlamaStages::Runners runners;
   if (split) {
     tp::TensorParallelLlama* t = split.get();
-    stages.set_runners({[t](const torch::Tensor& tokens) { t->BeginForward(tokens); }, t->Embedding(), t->LossHead()});
+    runners.begin_forward = [t](const torch::Tensor& tokens) { t->BeginForward(tokens); };
+    runners.embed = t->Embedding();
+    runners.loss = t->LossHead();
   }
+  // Activation checkpointing: decoder layers 0, N, 2N, ... recomputed in their micro-batch's
+  // backward (in zero-bubble's I, and again in its W, which backpropagates through them anew).
+  if (const int64_t every = CheckpointEvery(cfg); every > 0) {
+    runners.layer = [every](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h,
+                            const model::RopeTables& rope) {
+      return i % every == 0 ? model::CheckpointedLayer(layer, h, rope) : layer.forward(h, rope);
+    };
+  }
+  stages.set_runners(std::move(runners));
   pp::PipelineStepOptions options;
   options.activation_sizes = StreamSizes(model->config(), split.get(), cfg.data.batch_size, cfg.data.seq_len);
   options.activation_dtype = torch::kFloat32;

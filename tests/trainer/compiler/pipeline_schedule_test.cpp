@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "trainer/compiler/frontend.h"
 #include "trainer/compiler/pipeline/generators.h"
+#include "trainer/compiler/pipeline/model_stages.h"
 #include "trainer/compiler/pipeline/partition.h"
 #include "trainer/compiler/pipeline/program.h"
 #include "trainer/compiler/pipeline/simulate.h"
@@ -180,6 +182,42 @@ TEST(PipelineSchedule, EqualStagesGiveEachSchedulesOwnBubble) {
   auto inter = SimulateEqualStages(Ok(Generate(ScheduleKind::kInterleaved1F1B, two)));
   ASSERT_TRUE(inter.ok()) << inter.status().ToString();
   EXPECT_NEAR(inter->bubble_fraction, 1.0 / 9.0, 1e-12);
+}
+
+// FSDP inside the stages moves each stage's parameters: the embedding with the first, the head
+// (the tied table again) with the last, every other parameter on exactly one stage.
+TEST(PipelineSchedule, StageParamsCountEachStagesParametersAndTheTiedTableTwice) {
+  auto config = model::PresetConfig("tiny");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_TRUE(config->tie_word_embeddings);
+  LlamaShape shape;
+  shape.config = *config;
+  shape.seq_len = 64;
+  shape.dp_shard = 2;
+  const Graph g = LlamaSkeleton(shape);
+  StagePartition cut;
+  cut.first_layer = {0, 1, static_cast<int>(config->num_hidden_layers)};
+  auto stages = StageParamsOf(g, cut);
+  ASSERT_TRUE(stages.ok()) << stages.status().ToString();
+  ASSERT_EQ(stages->size(), 2u);
+  int64_t gathered = 0, grads = 0, shards = 0, table = 0;
+  for (const ParamInfo& p : g.params) {
+    gathered += p.gathered_bytes;
+    grads += p.grad_bytes;
+    shards += p.shard_bytes;
+    if (p.name == "model.embed_tokens.weight") table = p.gathered_bytes;
+  }
+  ASSERT_GT(table, 0);
+  EXPECT_EQ((*stages)[0].gathered_bytes + (*stages)[1].gathered_bytes, gathered + table);
+  EXPECT_GT((*stages)[0].grad_bytes + (*stages)[1].grad_bytes, grads);
+  EXPECT_GT((*stages)[0].shard_bytes + (*stages)[1].shard_bytes, shards);
+  // The first stage is the table and one layer, the second the other layers and the table again.
+  EXPECT_LT((*stages)[0].gathered_bytes, (*stages)[1].gathered_bytes);
+  StagePartition wrong;
+  wrong.first_layer = {0, 1, 2};
+  auto refused = StageParamsOf(g, wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("but the model has 4"), std::string::npos) << refused.status().message();
 }
 
 TEST(PipelineSchedule, TransfersTakeTheLinksTime) {

@@ -157,8 +157,6 @@ const Rejected kRejected[] = {
     {"PpMoreStagesThanLayers", "", {"model.preset=tiny", "mesh.pp=4", "pipeline.schedule=interleaved-1f1b",
                                     "pipeline.virtual_stages=2"},
      "'mesh.pp'", "mesh.pp=4 x pipeline.virtual_stages=2 = 8 stages, but the model has 4 decoder layers"},
-    {"PpCheckpointAll", "", {"mesh.pp=2", "training.activation_checkpointing=all"}, "'training.activation_checkpointing'",
-     "pipeline stages do not checkpoint layers yet"},
     {"PipelineScheduleUnknown", "", {"pipeline.schedule=1f2b"}, "'pipeline.schedule'", "1f2b"},
     {"VirtualStagesWithout1F1BInterleaved", "", {"pipeline.virtual_stages=2"}, "'pipeline.virtual_stages'",
      "2 stages per rank need pipeline.schedule: interleaved-1f1b"},

@@ -1,5 +1,7 @@
 #include "trainer/compiler/pipeline/model_stages.h"
 
+#include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,40 @@ Result<ModelStages> StagesOf(const Graph& g, const CostModel& cost, int stages, 
     c.weight_grad_bytes = c.activation_bytes / 2;
     c.output_bytes = boundary_bytes;
     out.cost.stages.push_back(c);
+  }
+  return out;
+}
+
+Result<std::vector<StageParams>> StageParamsOf(const Graph& g, const StagePartition& partition) {
+  const int stages = static_cast<int>(partition.first_layer.size()) - 1;
+  // Each module's stage: decoder layers by the cut, what precedes them with the first stage and
+  // what follows with the last.
+  std::vector<std::set<int>> params(static_cast<size_t>(std::max(stages, 0)));
+  int layer = 0, stage = 0;
+  for (const ModuleInfo& m : g.modules) {
+    const bool is_layer = m.name.rfind("layers.", 0) == 0;
+    if (is_layer) {
+      while (stage + 1 < stages && layer >= partition.first_layer[static_cast<size_t>(stage) + 1]) ++stage;
+      ++layer;
+    }
+    const int at = is_layer ? stage : (layer == 0 ? 0 : stages - 1);
+    if (at < 0 || at >= stages) break;
+    for (const std::vector<int>* list : {&m.params, &m.rows, &m.vocab}) {
+      params[static_cast<size_t>(at)].insert(list->begin(), list->end());
+    }
+  }
+  if (stages < 1 || partition.first_layer.back() != layer) {
+    return InvalidConfig("pipeline: a cut of " + std::to_string(partition.first_layer.back()) + " decoder layers into " +
+                         std::to_string(stages) + " stages, but the model has " + std::to_string(layer));
+  }
+  std::vector<StageParams> out(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    for (int p : params[static_cast<size_t>(s)]) {
+      const ParamInfo& info = g.params[static_cast<size_t>(p)];
+      out[static_cast<size_t>(s)].gathered_bytes += info.gathered_bytes;
+      out[static_cast<size_t>(s)].grad_bytes += info.grad_bytes;
+      out[static_cast<size_t>(s)].shard_bytes += info.shard_bytes;
+    }
   }
   return out;
 }

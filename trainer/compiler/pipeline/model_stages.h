@@ -31,4 +31,17 @@ struct ModelStages {
 Result<ModelStages> StagesOf(const Graph& modules, const CostModel& cost, int stages, int64_t boundary_bytes,
                              const LinkCost& link);
 
+// One stage's parameters as the trainer's FSDP inside a pipeline stage moves them
+// (trainer/train/pipeline_engine.h): summed over the stage's modules' parameters (ParamInfo),
+// each once; the embedding's with the first stage and the head's with the last, so a tied table
+// is counted on both.
+struct StageParams {
+  int64_t gathered_bytes = 0;  // the all-gather's output: every parameter whole, in param dtype
+  int64_t grad_bytes = 0;      // the reduce-scatter's input: every gradient whole, in reduce dtype
+  int64_t shard_bytes = 0;     // this rank's fp32 master shards
+};
+// Per stage of `partition`, from `g`'s module and parameter tables (a skeleton built at the
+// stage's dp_shard and tp). InvalidConfig where the partition does not cut g's decoder layers.
+Result<std::vector<StageParams>> StageParamsOf(const Graph& g, const StagePartition& partition);
+
 }  // namespace meshwork::compiler::pipeline
