@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -100,8 +101,14 @@ Result<ClusterNetwork> ClusterNetwork::SetUp(const std::string& cni_bin_dir) {
   // An earlier holder that died left its directory and maybe its bridge: start from nothing.
   ClearSlotDir(net.dir_);
   (void)RunIp(ip, {"link", "del", net.bridge_});
+  // The bridge's address is set, not left to the kernel: a bridge without one takes the lowest
+  // address of its ports and changes it as Pods come and go, and a Pod whose ARP cache still holds
+  // the old one then cannot reach the host (kube-apiserver) until the entry expires, about 30 s.
+  char mac[18];
+  std::snprintf(mac, sizeof mac, "02:6d:77:00:00:%02x", net.slot_);  // locally administered, "mw"
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"link", "add", "name", net.bridge_, "type", "bridge"},
+        std::vector<std::string>{"link", "set", net.bridge_, "address", mac},
         std::vector<std::string>{"addr", "add", net.gateway_ + "/16", "dev", net.bridge_},
         std::vector<std::string>{"link", "set", net.bridge_, "up"}}) {
     if (Status st = RunIp(ip, args); !st.ok()) return Unavailable("bridge " + net.bridge_ + ": " + st.message());

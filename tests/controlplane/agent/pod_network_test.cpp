@@ -238,6 +238,30 @@ TEST_F(PodNetworkTest, APodGetsItsOwnNamespaceAndTeardownLeavesNothing) {
   EXPECT_TRUE(net.Remove("pod-a").ok());  // again: nothing to do
 }
 
+// The bridge keeps the address it was given while Pods come and go: a bridge whose address is
+// left to the kernel takes its lowest port's, so a Pod that had resolved the host's address before
+// another Pod came or went sent to an address nobody had, for the 30 s its ARP entry lived.
+TEST_F(PodNetworkTest, TheBridgeKeepsItsAddressAsPodsComeAndGo) {
+  auto address = [&] {
+    std::ifstream in("/sys/class/net/" + cluster_->bridge() + "/address");
+    std::string mac;
+    in >> mac;
+    return mac;
+  };
+  const std::string before = address();
+  ASSERT_EQ(before.size(), 17u) << before;
+  EXPECT_EQ(before.rfind("02:6d:77:00:00:", 0), 0u) << before;
+  PodNetwork& net = Network();
+  for (const char* uid : {"pod-a", "pod-b", "pod-c"}) {
+    ASSERT_TRUE(net.Add(uid).ok()) << uid;
+    EXPECT_EQ(address(), before) << "after adding " << uid;
+  }
+  for (const char* uid : {"pod-b", "pod-a", "pod-c"}) {
+    ASSERT_TRUE(net.Remove(uid).ok()) << uid;
+    EXPECT_EQ(address(), before) << "after removing " << uid;
+  }
+}
+
 TEST_F(PodNetworkTest, TwoPodsBindTheSamePortAndTheHostReachesEach) {
   PodNetwork& net = Network();
   std::vector<std::string> ips;
