@@ -32,18 +32,6 @@
 namespace meshwork::train {
 namespace {
 
-// Every group's counters and, where a device backend measures them, its stream's stalls (NCCL:
-// the time the compute stream stood waiting; Gloo: 0, the caller's clock measures that).
-void AddGroupStats(dist::DeviceMesh& mesh, EngineStats* s) {
-  for (dist::Communicator* group : mesh.groups()) {
-    s->exposed_comm_seconds += group->TakeDeviceStallSeconds();
-    const dist::CommStats c = group->stats();
-    for (int i = 0; i < dist::kNumCollectives; ++i) {
-      s->comm.calls[i] += c.calls[i];
-      s->comm.bytes_sent[i] += c.bytes_sent[i];
-    }
-  }
-}
 
 class LocalEngine : public Engine {
  public:
@@ -255,7 +243,7 @@ class FsdpEngine : public Engine {
            << " parameter gradients were accumulated outside their flat group's buffer and copied in before the "
               "reduce-scatter (the accumulation hook did not run); results are right, the copies cost time\n";
     }
-    AddGroupStats(*mesh_, &s);
+    AddGroupStats(mesh_->groups(), &s);
     return s;
   }
 
@@ -377,7 +365,7 @@ class TensorParallelEngine : public Engine {
   EngineStats TakeStats() override {
     EngineStats s;
     s.exposed_comm_seconds = tp_->TakeBlockedSeconds();
-    AddGroupStats(*mesh_, &s);
+    AddGroupStats(mesh_->groups(), &s);
     return s;
   }
 
@@ -393,6 +381,18 @@ class TensorParallelEngine : public Engine {
 bool IsLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
 
 }  // namespace
+
+void AddGroupStats(const std::vector<dist::Communicator*>& groups, EngineStats* s) {
+  for (dist::Communicator* group : groups) {
+    if (group == nullptr) continue;
+    s->exposed_comm_seconds += group->TakeDeviceStallSeconds();
+    const dist::CommStats c = group->stats();
+    for (int i = 0; i < dist::kNumCollectives; ++i) {
+      s->comm.calls[i] += c.calls[i];
+      s->comm.bytes_sent[i] += c.bytes_sent[i];
+    }
+  }
+}
 
 int64_t CheckpointEvery(const config::TrainConfig& cfg) {
   if (cfg.training.activation_checkpointing == config::ActivationCheckpointing::kAll) return 1;

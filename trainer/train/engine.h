@@ -120,6 +120,11 @@ class Engine {
 };
 
 // One process, the plain model; `checkpoint_layers`: every decoder layer recomputed in backward.
+// Adds every group's counters (null groups skipped) and, where a device backend measures them, its
+// stream's stalls (NCCL: the time the compute stream stood waiting; Gloo: 0, the caller's clock
+// measures that) to `s`.
+void AddGroupStats(const std::vector<dist::Communicator*>& groups, EngineStats* s);
+
 // Decoder layers 0, N, 2N, ... run checkpointed where the config asks for every layer or a
 // selection (0: none): the engines without a compiled plan (one process, tensor parallelism alone,
 // pipeline stages).

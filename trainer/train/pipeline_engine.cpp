@@ -278,9 +278,7 @@ class PipelineEngine final : public Engine {
     MW_RETURN_IF_ERROR(reduce->Wait());
     return t.item<double>() / env_.world_size;
   }
-  // Every parameter to rank 0 from the rank of replica 0 that holds it, in name order on every
-  // rank, so the k-th send between two ranks meets the k-th receive; the other replicas, which
-  // hold the same values, send nothing.
+  // Every parameter whole on rank 0 (SendFullStateToRankZero), gathered first where FSDP shards it.
   Result<std::map<std::string, torch::Tensor>> FullState() override {
     MW_RETURN_IF_ERROR(Gather());
     auto state = [&]() -> Result<std::map<std::string, torch::Tensor>> {
@@ -298,14 +296,7 @@ class PipelineEngine final : public Engine {
     EngineStats s;
     s.exposed_comm_seconds = blocked_seconds_;
     if (split_) s.exposed_comm_seconds += split_->TakeBlockedSeconds();
-    for (dist::Communicator* group : {world_.get(), comm_.get(), shard_.get(), replicate_.get(), tp_.get()}) {
-      if (group == nullptr) continue;
-      const dist::CommStats c = group->stats();
-      for (int i = 0; i < dist::kNumCollectives; ++i) {
-        s.comm.calls[i] += c.calls[i];
-        s.comm.bytes_sent[i] += c.bytes_sent[i];
-      }
-    }
+    AddGroupStats({world_.get(), comm_.get(), shard_.get(), replicate_.get(), tp_.get()}, &s);
     s.pipeline_busy_seconds = busy_;
     s.pipeline_seconds = program_seconds_;
     blocked_seconds_ = 0;
@@ -313,6 +304,10 @@ class PipelineEngine final : public Engine {
   }
 
  private:
+  // The time since `start` as exposed communication (a wait on this rank's collectives).
+  void CountBlockedSince(std::chrono::steady_clock::time_point start) {
+    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   int Shards() const { return shard_ ? shard_->size() : 1; }
   int Tp() const { return tp_ ? tp_->size() : 1; }
   int Replicas() const { return replicate_ ? replicate_->size() : 1; }
@@ -326,7 +321,7 @@ class PipelineEngine final : public Engine {
     fsdp::AllocateStorage(group_.storage);
     MW_ASSIGN_OR_RETURN(auto gather, shard_->AllGatherInto(fsdp::WriteAlias(group_.storage), group_.master));
     MW_RETURN_IF_ERROR(gather->Wait());
-    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CountBlockedSince(start);
     return Status::Ok();
   }
   void Release() {
@@ -347,7 +342,7 @@ class PipelineEngine final : public Engine {
       MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(reduced, dist::ReduceOp::kSum));
       MW_RETURN_IF_ERROR(reduce->Wait());
     }
-    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CountBlockedSince(start);
     reduced.div_(dp_size());
     for (fsdp::ShardedParam& sp : sharded_) {
       sp.full.mutable_grad() = torch::Tensor();
@@ -400,7 +395,7 @@ class PipelineEngine final : public Engine {
     const auto start = std::chrono::steady_clock::now();
     MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(flat, dist::ReduceOp::kSum));
     MW_RETURN_IF_ERROR(reduce->Wait());
-    blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CountBlockedSince(start);
     flat.div_(replicate_->size());
     int64_t offset = 0;
     for (auto& [name, p] : held_) {
