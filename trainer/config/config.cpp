@@ -224,6 +224,9 @@ std::vector<Field> Fields(TrainConfig& c) {
 
       EnumField("pipeline.schedule", &c.pipeline.schedule, kPipelineScheduleNames),
       IntField("pipeline.virtual_stages", &c.pipeline.virtual_stages, 1, 1 << 10),
+      IntField("pipeline.lr_reschedule_steps", &c.pipeline.lr_reschedule_steps, -1, kMaxInt),
+      BoolField("pipeline.discrepancy_correction", &c.pipeline.discrepancy_correction),
+      FloatField("pipeline.correction_decay", &c.pipeline.correction_decay, 0.0, 1.0, false),
 
       BoolField("fsdp.reshard_after_forward", &c.fsdp.reshard_after_forward),
       BoolField("fsdp.prefetch", &c.fsdp.prefetch),
@@ -464,6 +467,14 @@ Status ValidateCrossFields(const TrainConfig& c) {
                            " = " + Str(stages) + " stages, but the model has " + Str(c.model.dims.num_hidden_layers) +
                            " decoder layers (model.num_hidden_layers); each stage needs at least one");
     }
+  }
+  if (c.mesh.pp > 1 && c.pipeline.schedule == PipelineSchedule::kPipeMare) {
+    // Each stage updates at its own time, mid-step: what gathers a whole step's parameters, or
+    // reduces them over a group at one point of the step, does not fit that (docs/config.md).
+    const std::string why = " beside pipeline.schedule: pipemare (each stage updates its parameters at its own "
+                            "time within a step); use 1f1b or a mesh of mesh.pp x mesh.dp_replicate";
+    if (c.mesh.dp_shard > 1) return InvalidConfig("key 'mesh.dp_shard': " + Str(c.mesh.dp_shard) + why);
+    if (c.mesh.tp > 1) return InvalidConfig("key 'mesh.tp': " + Str(c.mesh.tp) + why);
   }
   if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != PipelineSchedule::kInterleaved1F1B) {
     return InvalidConfig("key 'pipeline.virtual_stages': " + Str(c.pipeline.virtual_stages) +

@@ -37,12 +37,13 @@ inline constexpr EnumName<MeshPolicy> kMeshPolicyNames[] = {{MeshPolicy::kExplic
                                                             {MeshPolicy::kAuto, "auto"}};
 
 // Pipeline schedules (trainer/compiler/pipeline/generators.h names them the same).
-enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1 };
+enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1, kPipeMare };
 inline constexpr EnumName<PipelineSchedule> kPipelineScheduleNames[] = {
     {PipelineSchedule::kGPipe, "gpipe"},
     {PipelineSchedule::k1F1B, "1f1b"},
     {PipelineSchedule::kInterleaved1F1B, "interleaved-1f1b"},
-    {PipelineSchedule::kZeroBubbleH1, "zb-h1"}};
+    {PipelineSchedule::kZeroBubbleH1, "zb-h1"},
+    {PipelineSchedule::kPipeMare, "pipemare"}};
 
 enum class ActivationCheckpointing { kAuto, kNone, kAll, kSelective };
 inline constexpr EnumName<ActivationCheckpointing> kActivationCheckpointingNames[] = {
@@ -203,6 +204,11 @@ struct MeshConfig {
 struct PipelineConfig {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int64_t virtual_stages = 1;  // stages per rank (interleaved-1f1b: > 1)
+  // pipemare: steps over which each stage's learning rate rises from base / delay^1 to base
+  // (PipeMare's rescheduling); -1: schedule.warmup_steps, 0: off.
+  int64_t lr_reschedule_steps = -1;
+  bool discrepancy_correction = true;  // pipemare: backward weights extrapolated back by the delay
+  double correction_decay = 0.5;       // pipemare: D, the velocity's decay D^(1/delay) per update
 };
 
 struct FsdpConfig {

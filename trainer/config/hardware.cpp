@@ -99,8 +99,14 @@ Result<compiler::pipeline::Program> PipelineProgram(const TrainConfig& cfg) {
   namespace pipeline = compiler::pipeline;
   const std::string schedule = NameOf(kPipelineScheduleNames, cfg.pipeline.schedule);
   MW_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind, pipeline::ParseScheduleKind(schedule));
-  const pipeline::Shape shape{static_cast<int>(cfg.mesh.pp), static_cast<int>(cfg.pipeline.virtual_stages),
-                              static_cast<int>(cfg.training.grad_accum)};
+  pipeline::Shape shape{static_cast<int>(cfg.mesh.pp), static_cast<int>(cfg.pipeline.virtual_stages),
+                        static_cast<int>(cfg.training.grad_accum)};
+  if (kind == pipeline::ScheduleKind::kPipeMare) {
+    // A stream of minibatches of training.grad_accum micro-batches each: long enough to pass the
+    // pipeline's filling and reach its steady step (the trainer runs it step by step: steps.h).
+    shape.per_update = shape.microbatches;
+    shape.microbatches *= (shape.pp - 1 + shape.per_update - 1) / shape.per_update + 2;
+  }
   auto program = pipeline::Generate(kind, shape);
   if (!program.ok()) {
     return InvalidConfig("key 'pipeline.schedule': " + program.status().message() + " (micro-batches: training.grad_accum=" +

@@ -42,18 +42,41 @@ struct Slot {
   torch::Tensor output;       // the forward's result: the activation passed on, or the scaled loss
   torch::Tensor output_grad;  // the gradient of output (received, or from the next stage here)
   torch::Tensor input_grad;   // the gradient of input, once B or I ran
+  int updates_at_forward = 0;  // asynchronous programs: the stage's updates before its forward
+  bool InFlight() const { return input.defined() || output.defined() || output_grad.defined() || input_grad.defined(); }
 };
+
+using Sends = std::vector<std::pair<std::unique_ptr<dist::Work>, torch::Tensor>>;
+
+}  // namespace
+
+struct PipelineCarry::State {
+  std::map<std::pair<int, int>, Slot> slots;  // numbered from the next step's first micro-batch
+  std::map<int, int> updates;                 // stage -> its updates so far
+  Sends sends;  // posted in the last step; a later step's receive may be what they wait for
+};
+
+namespace {
 
 class StepRun {
  public:
   StepRun(const pipeline::Program& program, StageRunner& stages, dist::Communicator& comm,
-          const std::vector<MicroBatch>& microbatches, const PipelineStepOptions& options)
-      : program_(program), stages_(stages), comm_(comm), microbatches_(microbatches), options_(options) {}
+          const std::vector<MicroBatch>& microbatches, const PipelineStepOptions& options, PipelineCarry* carry)
+      : program_(program), stages_(stages), comm_(comm), microbatches_(microbatches), options_(options), carry_(carry) {
+    if (carry_ && carry_->state) {
+      slots_ = std::move(carry_->state->slots);
+      updates_ = std::move(carry_->state->updates);
+    }
+  }
 
   Result<PipelineStepResult> Run() {
     const pipeline::Shape& shape = program_.shape;
     MW_RETURN_IF_ERROR(CheckGroup(shape, comm_));
-    if (static_cast<int>(microbatches_.size()) != shape.microbatches) {
+    bool forwards = false;
+    for (const Action& a : program_.ranks[static_cast<size_t>(comm_.rank())]) forwards |= a.kind == ActionKind::kForward;
+    const bool drain = carry_ != nullptr && microbatches_.empty();
+    if (drain && forwards) return InvalidInput("pipeline step without micro-batches, but its program has forwards");
+    if (!drain && static_cast<int>(microbatches_.size()) != shape.microbatches) {
       return InvalidInput("pipeline program for " + std::to_string(shape.microbatches) + " micro-batches given " +
                           std::to_string(microbatches_.size()));
     }
@@ -64,13 +87,46 @@ class StepRun {
       MW_RETURN_IF_ERROR(Step(a));
       result.spans.push_back({a, start, SteadyNow()});
     }
-    // A send's tensor must live until its transfer is done; all of them are by the step's end.
-    for (auto& [work, tensor] : sends_) MW_RETURN_IF_ERROR(work->Wait());
-    sends_.clear();
+    MW_RETURN_IF_ERROR(FinishSends(drain));
     if (!result.spans.empty()) result.seconds = SteadyNow() - result.spans.front().start;
     MW_ASSIGN_OR_RETURN(result.loss, SumOverGroup(comm_, loss_sum_));
     return result;
   }
+
+ private:
+  // A send's tensor must live until its transfer is done. In a synchronous program all of them
+  // are by the step's end. In an asynchronous one a send may wait for a receive of the next step:
+  // the sends of the step before this one are done by now (their receives, if not in this
+  // rank's peers' last step, were in this one, which every rank has run), this step's are kept.
+  // The micro-batches still in flight go to the carry, renumbered from the next step's first.
+  Status FinishSends(bool drain) {
+    if (carry_ == nullptr) {
+      for (auto& [work, tensor] : sends_) MW_RETURN_IF_ERROR(work->Wait());
+      sends_.clear();
+      return Status::Ok();
+    }
+    if (!carry_->state) carry_->state = std::make_shared<PipelineCarry::State>();
+    PipelineCarry::State& state = *carry_->state;
+    for (auto& [work, tensor] : state.sends) MW_RETURN_IF_ERROR(work->Wait());
+    state.sends = std::move(sends_);
+    if (drain) {
+      for (auto& [work, tensor] : state.sends) MW_RETURN_IF_ERROR(work->Wait());
+      state.sends.clear();
+    }
+    state.slots.clear();
+    const int n = program_.shape.microbatches;
+    for (auto& [key, slot] : slots_) {
+      if (slot.InFlight()) state.slots[{key.first - n, key.second}] = std::move(slot);
+    }
+    if (drain && !state.slots.empty()) {
+      return Internal("pipeline rank " + std::to_string(comm_.rank()) + ": a drain left " +
+                      std::to_string(state.slots.size()) + " micro-batches in flight");
+    }
+    state.updates = std::move(updates_);
+    return Status::Ok();
+  }
+
+ public:
 
  private:
   bool Last(int stage) const { return stage == program_.shape.stages() - 1; }
@@ -87,6 +143,11 @@ class StepRun {
 
   Status Step(const Action& a) {
     const int m = a.microbatch, s = a.stage;
+    if (a.kind == ActionKind::kUpdate) {  // U names a minibatch, not a micro-batch: no slot
+      MW_RETURN_IF_ERROR(stages_.Update(s, m));
+      ++updates_[s];
+      return Status::Ok();
+    }
     Slot& slot = slots_[{m, s}];
     switch (a.kind) {
       case ActionKind::kForward: {
@@ -98,6 +159,8 @@ class StepRun {
           }
           slot.input = prev->second.output.detach().requires_grad_(true);
         }
+        if (m < 0 || m >= static_cast<int>(microbatches_.size())) return Missing(a, "no such micro-batch in this step");
+        slot.updates_at_forward = updates_[s];
         torch::Tensor out = stages_.Forward(s, microbatches_[static_cast<size_t>(m)], slot.input);
         if (Last(s)) {
           loss_sum_ += out.item<double>() / program_.shape.microbatches;
@@ -110,7 +173,9 @@ class StepRun {
       case ActionKind::kBackwardInput: {
         MW_RETURN_IF_ERROR(TakeOutputGrad(a, slot));
         if (a.kind == ActionKind::kBackward) {
+          MW_RETURN_IF_ERROR(stages_.BeforeBackward(s, updates_[s] - slot.updates_at_forward));
           torch::autograd::backward({slot.output}, {slot.output_grad});
+          MW_RETURN_IF_ERROR(stages_.AfterBackward(s));
           if (slot.input.defined()) slot.input_grad = slot.input.grad();
           slot.output = slot.output_grad = torch::Tensor();
         } else if (slot.input.defined()) {
@@ -146,6 +211,7 @@ class StepRun {
         MW_ASSIGN_OR_RETURN(slot.output_grad, Recv(program_.shape.RankOf(s + 1)));
         return Status::Ok();
       }
+      case ActionKind::kUpdate: break;  // above
     }
     return Missing(a, "an unknown action");
   }
@@ -186,8 +252,10 @@ class StepRun {
   dist::Communicator& comm_;
   const std::vector<MicroBatch>& microbatches_;
   const PipelineStepOptions& options_;
+  PipelineCarry* carry_;
   std::map<std::pair<int, int>, Slot> slots_;  // (micro-batch, stage)
-  std::vector<std::pair<std::unique_ptr<dist::Work>, torch::Tensor>> sends_;
+  std::map<int, int> updates_;                 // stage -> its updates (asynchronous programs)
+  Sends sends_;
   double loss_sum_ = 0;  // the last stage's mean loss over the step, on its rank
 };
 
@@ -229,8 +297,8 @@ Result<double> RunPipelineForward(const compiler::pipeline::Shape& shape, StageR
 
 Result<PipelineStepResult> RunPipelineStep(const compiler::pipeline::Program& program, StageRunner& stages,
                                            dist::Communicator& comm, const std::vector<MicroBatch>& microbatches,
-                                           const PipelineStepOptions& options) {
-  StepRun run(program, stages, comm, microbatches, options);
+                                           const PipelineStepOptions& options, PipelineCarry* carry) {
+  StepRun run(program, stages, comm, microbatches, options, carry);
   try {
     return run.Run();
   } catch (const c10::Error& e) {

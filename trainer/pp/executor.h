@@ -13,11 +13,18 @@
 // its input only (the graph kept), W the backward to the stage's parameters only (the graph then
 // freed). W recomputes the part of the backward the two share (the gradients flowing through the
 // stage's layers), so I + W costs more than B here; what the split buys is the order.
+//
+// Asynchronous programs (PipeMare, compiler/pipeline/steps.h) run one step at a time with a
+// PipelineCarry: the micro-batches forwarded and not yet through their backward stay in it from
+// one step to the next (renumbered by the step's micro-batches), as do the sends a later step
+// receives. An update (U) is the stage runner's (Update); a backward learns how many updates of
+// its stage passed since its forward (BeforeBackward), for PipeMare's discrepancy correction.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/status.h"
@@ -40,6 +47,28 @@ class StageRunner {
   virtual torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) = 0;
   // The parameters stage `stage` trains (W's backward goes to these).
   virtual std::vector<torch::Tensor> Parameters(int stage) = 0;
+  // Asynchronous programs: around a backward (B) of stage `stage` whose forward ran `delay` of
+  // the stage's updates ago; and the update U of the stage's parameters with the gradients of the
+  // step's minibatch `minibatch` (-1: the previous step's), which then starts its next gradients
+  // from zero. A synchronous runner need not have them.
+  virtual Status BeforeBackward(int stage, int delay) {
+    (void)stage, (void)delay;
+    return Status::Ok();
+  }
+  virtual Status AfterBackward(int stage) {
+    (void)stage;
+    return Status::Ok();
+  }
+  virtual Status Update(int stage, int minibatch) {
+    (void)minibatch;
+    return Internal("pipeline stage " + std::to_string(stage) + ": an update in a program whose stages do not update");
+  }
+};
+
+// What an asynchronous program leaves in flight between its steps (opaque: the executor's).
+struct PipelineCarry {
+  struct State;
+  std::shared_ptr<State> state;
 };
 
 struct PipelineStepOptions {
@@ -67,9 +96,12 @@ struct PipelineStepResult {
 // the stages' parameters (.grad()), as a backward does; zeroing them is the caller's. InvalidInput
 // where the program's shape does not match the group or the micro-batches, or an action lacks what
 // it needs (a program that did not validate); a transfer's failure is its Unavailable.
+// With `carry`, `program` is one step of an asynchronous program (AsyncSteps): it begins with what
+// the carry holds and leaves in it what is still in flight; a drain (AsyncSteps::Drain, no
+// forwards, `microbatches` empty) leaves nothing, every send completed.
 Result<PipelineStepResult> RunPipelineStep(const compiler::pipeline::Program& program, StageRunner& stages,
                                            dist::Communicator& comm, const std::vector<MicroBatch>& microbatches,
-                                           const PipelineStepOptions& options);
+                                           const PipelineStepOptions& options, PipelineCarry* carry = nullptr);
 
 // Evaluation: `mb` through every stage in order without gradients (each rank runs its stages,
 // passing activations on), and the last stage's mean loss, on every rank of the group.

@@ -22,6 +22,8 @@ struct LocalParam;
 
 namespace meshwork::train {
 
+class AdamW;
+
 // Elements [begin, begin + value.numel()) of parameter `name` flattened (its whole shape
 // `shape`): what one rank holds of it, `value` the very tensor the optimizer updates (FSDP: a
 // view of a flat group's master shard; one process: the parameter itself). A resharding
@@ -83,12 +85,22 @@ class Engine {
   // interleaved across stages), not one micro-batch at a time: where this is true the loop calls
   // StepLoss with every micro-batch instead of Loss, backward and AfterBackward for each.
   virtual bool RunsWholeSteps() const { return false; }
-  // The step's forwards and backwards over `microbatches` ((tokens, targets) each, on the device):
-  // the mean loss over them (one element), the gradients accumulated and reduced.
-  virtual Result<torch::Tensor> StepLoss(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& microbatches) {
-    (void)microbatches;
+  // Step `step`'s (0-based) forwards and backwards over `microbatches` ((tokens, targets) each, on
+  // the device): the mean loss over them (one element), the gradients accumulated and reduced.
+  virtual Result<torch::Tensor> StepLoss(int64_t step,
+                                         const std::vector<std::pair<torch::Tensor, torch::Tensor>>& microbatches) {
+    (void)step, (void)microbatches;
     return Internal("this engine runs micro-batches one at a time (Loss), not whole steps");
   }
+  // Asynchronous pipelines (PipeMare) update each stage's parameters inside StepLoss, each at its
+  // own time, with `optimizer` (AttachOptimizer, once it exists): where this is true the loop
+  // neither zeroes the gradients nor steps the optimizer, and GradNorm reports the updates'.
+  virtual bool UpdatesInsideStep() const { return false; }
+  virtual void AttachOptimizer(AdamW* optimizer) { (void)optimizer; }
+  // Finishes what a step left in flight (an asynchronous pipeline's micro-batches: their
+  // backwards and updates), so that the parameters and the optimizer's state are the step's whole:
+  // before a checkpoint and at the end of training. Collective; nothing to do for the others.
+  virtual Status Drain() { return Status::Ok(); }
   // The global gradient norm (across shards): a one-element tensor on the device, read on the
   // host only once the optimizer has stepped (its clip factor goes to the optimizer as a tensor).
   virtual Result<torch::Tensor> GradNorm() = 0;

@@ -8,6 +8,8 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -16,13 +18,16 @@
 #include "common/enum_names.h"
 #include "trainer/compiler/pipeline/program.h"
 #include "trainer/compiler/pipeline/simulate.h"
+#include "trainer/compiler/pipeline/steps.h"
 #include "trainer/config/hardware.h"
 #include "trainer/fsdp/unit.h"
 #include "trainer/model/recompute.h"
 #include "trainer/pp/executor.h"
 #include "trainer/pp/llama_stages.h"
 #include "trainer/tp/tensor_parallel.h"
+#include "trainer/train/adamw.h"
 #include "trainer/train/report.h"
+#include "trainer/train/schedule.h"
 
 namespace meshwork::train {
 namespace {
@@ -47,11 +52,22 @@ std::vector<int64_t> StreamSizes(const model::LlamaConfig& c, tp::TensorParallel
   return {batch, seq, c.hidden_size};
 }
 
+// PipeMare's settings (pipeline.*) and what its updates need of the run's optimizer settings.
+struct AsyncOptions {
+  config::ScheduleConfig schedule;
+  double base_lr = 0;
+  double grad_clip = 0;
+  int64_t lr_reschedule_steps = 0;  // resolved: 0 off
+  bool correction = true;
+  double correction_decay = 0.5;
+};
+
 class PipelineEngine final : public Engine {
  public:
   PipelineEngine(const dist::DistEnv& env, PipelineGroups groups, std::unique_ptr<tp::TensorParallelLlama> split,
                  model::LlamaForCausalLM model, pp::LlamaStages stages, pipeline::Program program,
-                 pp::PipelineStepOptions options, std::string schedule, double schedule_bubble)
+                 pp::PipelineStepOptions options, std::string schedule, double schedule_bubble,
+                 std::optional<pipeline::AsyncSteps> async, AsyncOptions async_options)
       : env_(env),
         world_(std::move(groups.world)),
         comm_(std::move(groups.pipeline)),
@@ -64,7 +80,10 @@ class PipelineEngine final : public Engine {
         program_(std::move(program)),
         options_(std::move(options)),
         schedule_(std::move(schedule)),
-        schedule_bubble_(schedule_bubble) {
+        schedule_bubble_(schedule_bubble),
+        async_(std::move(async)),
+        async_options_(std::move(async_options)),
+        async_runner_(*this) {
     // Who holds each parameter (the lowest stage rank, for the tied table held twice), and its whole
     // shape, before the parameters this rank does not hold are released.
     std::map<const void*, std::string> names;
@@ -108,6 +127,18 @@ class PipelineEngine final : public Engine {
         if (sp.shard.numel() == 0) continue;
         (sp.full_shape.size() >= 2 ? decay_ : no_decay_).push_back(sp.shard);
       }
+    } else if (async_) {
+      // PipeMare: the optimizer steps views of the parameters' storage with a version counter of
+      // their own (update_views_), so that an update does not invalidate the graphs of the
+      // micro-batches in flight: their backwards read the weights as they are then (PipeMare's
+      // rule: no copy of the weights a forward used is kept).
+      torch::NoGradGuard no_grad;
+      for (const auto& [name, p] : held_) {
+        torch::Tensor view = torch::from_blob(p.data_ptr(), p.sizes(), p.strides(), p.options()).requires_grad_(true);
+        update_views_.push_back(view);
+        velocity_.push_back(torch::zeros_like(p));
+        (p.dim() >= 2 ? decay_ : no_decay_).push_back(view);
+      }
     } else {
       for (const auto& [name, p] : held_) (p.dim() >= 2 ? decay_ : no_decay_).push_back(p);
     }
@@ -120,10 +151,12 @@ class PipelineEngine final : public Engine {
   int dp_size() const override { return Replicas() * Shards(); }
   std::string Describe() const override {
     const auto& shape = program_.shape;
-    return "pipeline: pp=" + std::to_string(shape.pp) + ", " + schedule_ + ", " + std::to_string(shape.microbatches) +
+    const int per_step = async_ ? shape.per_update : shape.microbatches;
+    return "pipeline: pp=" + std::to_string(shape.pp) + ", " + schedule_ + AsyncText() + ", " + std::to_string(per_step) +
            " micro-batches a step, " + std::to_string(shape.stages()) + " stages of layers " +
            CutText(stages_.first_layer()) + " (stage s on rank s % pp); the schedule's own bubble " +
-           Format("%.3f", schedule_bubble_) + " (stages alike, free transfers)" +
+           Format("%.3f", schedule_bubble_) + " (stages alike, free transfers" +
+           (async_ ? ", a steady step between the steps' barriers)" : ")") +
            (dp_size() > 1 ? "; " + std::to_string(dp_size()) + " data parallel pipelines (rank = stage rank x " +
                                 std::to_string(dp_size() * Tp()) + " + (replica x dp_shard + shard) x tp + tp rank), " +
                                 (shard_ ? "FSDP inside each stage over dp_shard " + std::to_string(Shards()) +
@@ -145,9 +178,14 @@ class PipelineEngine final : public Engine {
   Status AfterBackward(bool) override { return Status::Ok(); }
   bool RunsWholeSteps() const override { return true; }
 
-  Result<torch::Tensor> StepLoss(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& microbatches) override {
+  bool UpdatesInsideStep() const override { return async_.has_value(); }
+  void AttachOptimizer(AdamW* optimizer) override { optimizer_ = optimizer; }
+
+  Result<torch::Tensor> StepLoss(int64_t step,
+                                 const std::vector<std::pair<torch::Tensor, torch::Tensor>>& microbatches) override {
     std::vector<pp::MicroBatch> mbs;
     for (const auto& [tokens, targets] : microbatches) mbs.push_back({tokens, targets});
+    if (async_) return AsyncStep(step, mbs);
     MW_RETURN_IF_ERROR(Gather());
     // Autograd adds every micro-batch's gradients into views of the group's flat buffer: the
     // reduce-scatter's input.
@@ -171,29 +209,28 @@ class PipelineEngine final : public Engine {
       }
       MW_RETURN_IF_ERROR(stages_.SyncTiedGradients(*comm_));
     }
-    // Every pipeline rank's busy and program seconds, at its index (the others add 0).
-    const int pp_size = program_.shape.pp;
-    const int stage_rank = comm_->rank();
-    torch::Tensor times = torch::zeros({2 * pp_size}, torch::kDouble);
-    double busy = 0;
-    for (const pp::ActionSpan& span : result.spans) {
-      if (pipeline::IsCompute(span.action.kind)) {
-        busy += span.end - span.start;
-      } else if (span.action.kind == pipeline::ActionKind::kRecvActivation ||
-                 span.action.kind == pipeline::ActionKind::kRecvGrad) {
-        blocked_seconds_ += span.end - span.start;
-      }
-    }
-    times[stage_rank] = busy;
-    times[pp_size + stage_rank] = result.seconds;
-    MW_ASSIGN_OR_RETURN(auto reduce, comm_->AllReduce(times, dist::ReduceOp::kSum));
-    MW_RETURN_IF_ERROR(reduce->Wait());
-    busy_.assign(times.data_ptr<double>(), times.data_ptr<double>() + pp_size);
-    program_seconds_.assign(times.data_ptr<double>() + pp_size, times.data_ptr<double>() + 2 * pp_size);
+    MW_RETURN_IF_ERROR(RecordTimes(result));
     return torch::tensor({loss}, torch::kDouble);
   }
 
+  // PipeMare: the in-flight micro-batches' backwards and the updates still due (the drain after
+  // the last step run), then nothing carried; the next step fills the pipeline again. The
+  // velocity restarts from zero, as at a resume, so a run resumed from a checkpoint continues
+  // as the uninterrupted one does.
+  Status Drain() override {
+    if (!async_ || since_start_ == 0) return Status::Ok();
+    slice_step_ = last_step_ + 1;  // the drain is numbered as the step after the last
+    auto result = pp::RunPipelineStep(async_->Drain(since_start_ - 1), async_runner_, *comm_, {}, options_, &carry_);
+    MW_RETURN_IF_ERROR(result.status());
+    since_start_ = 0;
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& v : velocity_) v.zero_();
+    return Status::Ok();
+  }
+
   Result<torch::Tensor> GradNorm() override {
+    // PipeMare: the norm of the last updates of every stage, gathered with the step's times.
+    if (async_) return torch::tensor({std::sqrt(update_norm_squares_)}, torch::kDouble);
     torch::NoGradGuard no_grad;
     // The tied table's gradient is on two ranks (the same after SyncTiedGradients): counted once,
     // on the lower.
@@ -226,6 +263,11 @@ class PipelineEngine final : public Engine {
   // The tensors the optimizer steps: the parameters this rank holds, or with FSDP their master
   // shards' non-empty views.
   std::vector<std::pair<std::string, torch::Tensor>> LocalParams() const override {
+    if (async_) {
+      std::vector<std::pair<std::string, torch::Tensor>> out;
+      for (size_t i = 0; i < held_.size(); ++i) out.emplace_back(held_[i].first, update_views_[i]);
+      return out;
+    }
     if (!shard_) return held_;
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const fsdp::ShardedParam& sp : sharded_) {
@@ -249,7 +291,7 @@ class PipelineEngine final : public Engine {
       }
       return out;
     }
-    for (const auto& [name, p] : held_) out.push_back(piece(name, p.sizes().vec(), 0, p));
+    for (const auto& [name, p] : LocalParams()) out.push_back(piece(name, p.sizes().vec(), 0, p));
     return out;
   }
   int64_t ParamBytes() const override {
@@ -304,6 +346,142 @@ class PipelineEngine final : public Engine {
   }
 
  private:
+  // PipeMare's hooks into the executor, on this engine's stages.
+  class AsyncRunner final : public pp::StageRunner {
+   public:
+    explicit AsyncRunner(PipelineEngine& e) : e_(e) {}
+    torch::Tensor Forward(int stage, const pp::MicroBatch& mb, const torch::Tensor& input) override {
+      return e_.stages_.Forward(stage, mb, input);
+    }
+    std::vector<torch::Tensor> Parameters(int stage) override { return e_.stages_.Parameters(stage); }
+    Status BeforeBackward(int stage, int delay) override { return e_.CorrectWeights(stage, delay); }
+    Status AfterBackward(int) override { return e_.RestoreWeights(); }
+    Status Update(int stage, int minibatch) override { return e_.UpdateStage(stage, minibatch); }
+
+   private:
+    PipelineEngine& e_;
+  };
+
+  std::string AsyncText() const {
+    if (!async_) return "";
+    std::string delays;
+    for (int d : async_->max_delay) delays += (delays.empty() ? "" : ", ") + std::to_string(d);
+    return " (asynchronous, no flush: each stage updates after its backwards of a step's micro-batches; delays in "
+           "updates per stage [" + delays + "]; learning rate " +
+           (async_options_.lr_reschedule_steps > 0
+                ? "rescheduled by delay over " + std::to_string(async_options_.lr_reschedule_steps) + " steps"
+                : std::string("not rescheduled")) +
+           "; discrepancy correction " +
+           (async_options_.correction ? "on, decay " + Format("%g", async_options_.correction_decay) : std::string("off")) +
+           ")";
+  }
+
+  Result<torch::Tensor> AsyncStep(int64_t step, const std::vector<pp::MicroBatch>& mbs) {
+    if (optimizer_ == nullptr) return Internal("pipemare: the engine has no optimizer (AttachOptimizer)");
+    slice_step_ = last_step_ = step;
+    update_norm_squares_ = 0;
+    MW_ASSIGN_OR_RETURN(pp::PipelineStepResult result,
+                        pp::RunPipelineStep(async_->Step(since_start_), async_runner_, *comm_, mbs, options_, &carry_));
+    ++since_start_;
+    double loss = result.loss;
+    if (replicate_) {
+      MW_ASSIGN_OR_RETURN(loss, AverageOverPipelines(result.loss));
+    }
+    MW_RETURN_IF_ERROR(RecordTimes(result));
+    return torch::tensor({loss}, torch::kDouble);
+  }
+
+  // Every pipeline rank's busy and program seconds, at its index (the others add 0), and with
+  // PipeMare the squares of its last update's gradient norm. A rank's updates inside its program
+  // (PipeMare's U) are neither: a synchronous step's update runs after its program.
+  Status RecordTimes(const pp::PipelineStepResult& result) {
+    const int pp_size = program_.shape.pp;
+    const int stage_rank = comm_->rank();
+    torch::Tensor times = torch::zeros({2 * pp_size + 1}, torch::kDouble);
+    double busy = 0, updating = 0;
+    for (const pp::ActionSpan& span : result.spans) {
+      if (pipeline::IsCompute(span.action.kind)) {
+        busy += span.end - span.start;
+      } else if (span.action.kind == pipeline::ActionKind::kUpdate) {
+        updating += span.end - span.start;
+      } else if (span.action.kind == pipeline::ActionKind::kRecvActivation ||
+                 span.action.kind == pipeline::ActionKind::kRecvGrad) {
+        blocked_seconds_ += span.end - span.start;
+      }
+    }
+    times[stage_rank] = busy;
+    times[pp_size + stage_rank] = result.seconds - updating;
+    times[2 * pp_size] = update_norm_squares_;
+    MW_ASSIGN_OR_RETURN(auto reduce, comm_->AllReduce(times, dist::ReduceOp::kSum));
+    MW_RETURN_IF_ERROR(reduce->Wait());
+    busy_.assign(times.data_ptr<double>(), times.data_ptr<double>() + pp_size);
+    program_seconds_.assign(times.data_ptr<double>() + pp_size, times.data_ptr<double>() + 2 * pp_size);
+    update_norm_squares_ = times[2 * pp_size].item<double>();
+    return Status::Ok();
+  }
+
+  // PipeMare's discrepancy correction: a backward whose forward ran `delay` updates ago reads
+  // weights moved back by delay x the velocity (the recent updates' moving average), closer to
+  // those its forward used; RestoreWeights puts the current ones back after it.
+  Status CorrectWeights(int /*stage*/, int delay) {
+    if (!async_options_.correction || delay <= 0) return Status::Ok();
+    torch::NoGradGuard no_grad;
+    saved_weights_.clear();
+    for (size_t i = 0; i < update_views_.size(); ++i) {
+      saved_weights_.push_back(update_views_[i].clone());
+      update_views_[i].sub_(velocity_[i], static_cast<double>(delay));
+    }
+    return Status::Ok();
+  }
+  Status RestoreWeights() {
+    if (saved_weights_.empty()) return Status::Ok();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < update_views_.size(); ++i) update_views_[i].copy_(saved_weights_[i]);
+    saved_weights_.clear();
+    return Status::Ok();
+  }
+
+  // PipeMare's update of this rank's stage with its gradients of one minibatch (`minibatch`,
+  // relative to the step being run): averaged over the replicas, clipped to optimizer.grad_clip /
+  // sqrt(pp) by the stage's own norm (the stages update at different times, so there is no global
+  // norm to clip by; pp stages each within that bound keep the whole within grad_clip), at the
+  // minibatch's learning rate scaled by delay^-(1 - t / K) over the first K steps (PipeMare's
+  // rescheduling: the most delayed stages start slowest), and the velocity updated.
+  Status UpdateStage(int stage, int minibatch) {
+    torch::NoGradGuard no_grad;
+    const int64_t k = std::max<int64_t>(0, slice_step_ + minibatch);
+    if (replicate_) MW_RETURN_IF_ERROR(AverageGradientsOverReplicas());
+    double squares = 0;
+    for (auto& [name, p] : held_) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      squares += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+    }
+    update_norm_squares_ = squares;
+    const double limit = async_options_.grad_clip > 0 ? async_options_.grad_clip / std::sqrt(program_.shape.pp)
+                                                      : std::numeric_limits<double>::infinity();
+    const double scale = std::min(1.0, limit / (std::sqrt(squares) + 1e-6));
+    const int delay = async_->max_delay[static_cast<size_t>(stage)];
+    double lr = LearningRate(async_options_.schedule, async_options_.base_lr, k);
+    const int64_t K = async_options_.lr_reschedule_steps;
+    if (K > 0 && delay > 1) lr *= std::pow(static_cast<double>(delay), -(1.0 - std::min(1.0, static_cast<double>(k) / K)));
+    std::vector<torch::Tensor> before;
+    for (size_t i = 0; i < held_.size(); ++i) {
+      update_views_[i].mutable_grad() = held_[i].second.grad();
+      if (async_options_.correction) before.push_back(update_views_[i].clone());
+    }
+    optimizer_->set_lr(lr);
+    optimizer_->Step(torch::tensor({scale}, torch::kFloat));
+    // The velocity: gamma = D^(1 / delay) per update, so that it forgets over about the delay's
+    // updates (PipeMare's choice).
+    const double gamma = std::pow(async_options_.correction_decay, 1.0 / std::max(1, delay));
+    for (size_t i = 0; i < held_.size(); ++i) {
+      if (async_options_.correction) velocity_[i].mul_(gamma).add_(update_views_[i] - before[i], 1.0 - gamma);
+      held_[i].second.mutable_grad() = torch::Tensor();
+      update_views_[i].mutable_grad() = torch::Tensor();
+    }
+    return Status::Ok();
+  }
+
   // The time since `start` as exposed communication (a wait on this rank's collectives).
   void CountBlockedSince(std::chrono::steady_clock::time_point start) {
     blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -438,6 +616,18 @@ class PipelineEngine final : public Engine {
   fsdp::FlatGroup group_;                   // with FSDP: their flat group
   double blocked_seconds_ = 0;  // in receives, since the last TakeStats
   std::vector<double> busy_, program_seconds_;  // the last step's, per pipeline rank
+  // PipeMare (pipeline.schedule: pipemare); unset for the synchronous schedules.
+  std::optional<pipeline::AsyncSteps> async_;
+  AsyncOptions async_options_;
+  AsyncRunner async_runner_;
+  AdamW* optimizer_ = nullptr;
+  pp::PipelineCarry carry_;             // the micro-batches in flight between steps
+  int64_t since_start_ = 0;             // steps since the pipeline last started filling
+  int64_t slice_step_ = 0, last_step_ = 0;  // the step being run (a drain: the last + 1), the last run
+  std::vector<torch::Tensor> update_views_;  // held_'s storage, the optimizer's
+  std::vector<torch::Tensor> velocity_;      // per held_ parameter: the updates' moving average
+  std::vector<torch::Tensor> saved_weights_;  // the weights during a corrected backward
+  double update_norm_squares_ = 0;  // this rank's last update's gradient; after a step, every stage's
 };
 
 }  // namespace
@@ -462,7 +652,34 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   const std::string schedule = NameOf(config::kPipelineScheduleNames, cfg.pipeline.schedule);
   MW_ASSIGN_OR_RETURN(pipeline::Program compute, config::PipelineProgram(cfg));
   const pipeline::Shape shape = compute.shape;
-  MW_ASSIGN_OR_RETURN(const pipeline::PipelineResult equal, pipeline::SimulateEqualStages(compute));
+  MW_ASSIGN_OR_RETURN(const double bubble, pipeline::ScheduleBubble(compute));
+  std::optional<pipeline::AsyncSteps> async;
+  AsyncOptions async_options;
+  if (shape.per_update > 0) {
+    // PipeMare: each stage steps its own parameters at its own time (docs/config.md, pipeline.*).
+    if (groups.shard || groups.tp) {
+      return InvalidConfig("key 'pipeline.schedule': pipemare updates each stage at its own time within a step, which "
+                           "FSDP and tensor parallelism inside the stages do not allow (mesh.dp_shard " +
+                           std::to_string(groups.shard ? groups.shard->size() : 1) + ", mesh.tp " +
+                           std::to_string(groups.tp ? groups.tp->size() : 1) + "); use 1f1b, or mesh.dp_replicate");
+    }
+    if (model->config().tie_word_embeddings) {
+      return InvalidConfig("key 'model.tie_word_embeddings': true, but under pipeline.schedule: pipemare the first and "
+                           "last stages would update the table's two copies at different times; set it false (the "
+                           "presets that tie it: tiny, llama-100m, llama3-1b)");
+    }
+    pipeline::Shape one = shape;
+    one.microbatches = shape.per_update;
+    MW_ASSIGN_OR_RETURN(pipeline::AsyncSteps steps, pipeline::SplitIntoSteps(one));
+    async = std::move(steps);
+    async_options.schedule = cfg.schedule;
+    async_options.base_lr = cfg.optimizer.lr;
+    async_options.grad_clip = cfg.optimizer.grad_clip;
+    async_options.lr_reschedule_steps =
+        cfg.pipeline.lr_reschedule_steps < 0 ? cfg.schedule.warmup_steps : cfg.pipeline.lr_reschedule_steps;
+    async_options.correction = cfg.pipeline.discrepancy_correction;
+    async_options.correction_decay = cfg.pipeline.correction_decay;
+  }
   MW_ASSIGN_OR_RETURN(pipeline::Program program, pipeline::Lower(compute));
   if (Status valid = pipeline::Validate(program); !valid.ok()) {
     return Internal("the " + schedule + " program does not validate: " + valid.message());
@@ -500,8 +717,8 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   options.activation_sizes = StreamSizes(model->config(), split.get(), cfg.data.batch_size, cfg.data.seq_len);
   options.activation_dtype = torch::kFloat32;
   auto engine = std::make_unique<PipelineEngine>(env, std::move(groups), std::move(split), std::move(model), std::move(stages),
-                                                 std::move(program), std::move(options), schedule,
-                                                 equal.bubble_fraction);
+                                                 std::move(program), std::move(options), schedule, bubble,
+                                                 std::move(async), std::move(async_options));
   if (env.rank == 0) log << engine->Describe() << "\n";
   return std::unique_ptr<Engine>(std::move(engine));
 }

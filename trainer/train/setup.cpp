@@ -490,6 +490,7 @@ Result<std::unique_ptr<TrainingRun>> SetUpTraining(const config::TrainConfig& cf
   const DeviceProfile profile = ResolveDeviceProfile(cfg.metrics.device_profile, cfg.metrics.peak_tflops, r.device);
 
   r.optimizer = MakeOptimizer(cfg.optimizer, adamw_kernel, *r.engine);
+  r.engine->AttachOptimizer(r.optimizer.get());
   if (WeightCopiesApply(r)) {
     auto copies = std::make_shared<model::WeightCopies>(torch::kBFloat16);
     if (r.engine->AttachWeightCopies(copies)) {

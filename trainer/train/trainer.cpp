@@ -77,8 +77,9 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   ResetTensorPeak(r.device);  // the record's tensor peak is this step's
   MW_RETURN_IF_ERROR(engine.BeginStep());  // compiled FSDP plans before step 2
   const double lr = LearningRate(cfg.schedule, cfg.optimizer.lr, step);
+  const bool updates_inside = engine.UpdatesInsideStep();  // an asynchronous pipeline's stages step themselves
   r.optimizer->set_lr(lr);
-  engine.ZeroGrad();
+  if (!updates_inside) engine.ZeroGrad();
 
   const int64_t rows = cfg.data.batch_size;
   const int64_t accum = cfg.training.grad_accum;
@@ -91,7 +92,7 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
       microbatches.emplace_back(ToDevice(batch.inputs, r.device), ToDevice(batch.targets, r.device));
     }
     compat::CudaAutocastGuard amp(r.autocast, torch::kBFloat16);
-    MW_ASSIGN_OR_RETURN(loss_sum, engine.StepLoss(microbatches));
+    MW_ASSIGN_OR_RETURN(loss_sum, engine.StepLoss(step, microbatches));
   }
   for (int64_t micro = 0; micro < accum && !engine.RunsWholeSteps(); ++micro) {
     const bool sync = micro + 1 == accum;
@@ -114,7 +115,7 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   const double max_norm =
       cfg.optimizer.grad_clip > 0 ? cfg.optimizer.grad_clip : std::numeric_limits<double>::infinity();
   MW_ASSIGN_OR_RETURN(const torch::Tensor grad_norm, engine.GradNorm());
-  r.optimizer->Step((max_norm / (grad_norm + 1e-6)).clamp_max(1.0));
+  if (!updates_inside) r.optimizer->Step((max_norm / (grad_norm + 1e-6)).clamp_max(1.0));
 
   // The step's host-device sync, for the loss and the norm (the log, the NaN check, metrics).
   MW_ASSIGN_OR_RETURN(const double loss, engine.AverageAcrossRanks(loss_sum.item<double>()));
@@ -140,6 +141,7 @@ Status AfterStep(TrainingRun& r, int64_t steps_done) {
   }
   if (r.checkpointer->Due(steps_done, cfg.schedule.steps)) {
     const auto t_save = Clock::now();
+    MW_RETURN_IF_ERROR(r.engine->Drain());  // the checkpoint holds every update of the steps before it
     r.checkpointer->SetSamplesConsumed(r.source->SamplesBefore(steps_done));
     MW_RETURN_IF_ERROR(r.checkpointer->Save(steps_done));
     r.metrics->RecordCheckpointStall(r.checkpointer->last_stall_seconds());
@@ -175,6 +177,9 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     MW_RETURN_IF_ERROR(r.report->Step(record));  // metrics and logging.jsonl every step, a line every logging.every
     MW_RETURN_IF_ERROR(AfterStep(r, step + 1));
   }
+  // An asynchronous pipeline's last micro-batches through their backwards and updates before the
+  // final evaluation and export (a checkpoint at the last step has drained already: no-op).
+  MW_RETURN_IF_ERROR(r.engine->Drain());
   r.report->Finish();
   // An asynchronous save still in flight is committed (and its failure reported) before the run ends.
   if (cfg.checkpoint.async) {

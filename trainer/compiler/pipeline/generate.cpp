@@ -10,12 +10,14 @@ const char* ScheduleName(ScheduleKind kind) {
     case ScheduleKind::k1F1B: return "1f1b";
     case ScheduleKind::kInterleaved1F1B: return "interleaved-1f1b";
     case ScheduleKind::kZeroBubbleH1: return "zb-h1";
+    case ScheduleKind::kPipeMare: return "pipemare";
   }
   return "?";
 }
 
 std::vector<ScheduleKind> AllSchedules() {
-  return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1};
+  return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1,
+          ScheduleKind::kPipeMare};
 }
 
 Result<ScheduleKind> ParseScheduleKind(const std::string& name) {
@@ -34,6 +36,12 @@ Result<Program> Generate(ScheduleKind kind, const Shape& shape) {
   if (shape.pp < 1 || shape.virtual_stages < 1 || shape.microbatches < 1)
     return InvalidConfig(what + "each must be >= 1");
   const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
+  const bool async = kind == ScheduleKind::kPipeMare;
+  if (async && (shape.per_update < 1 || shape.microbatches % shape.per_update != 0))
+    return InvalidConfig(what + "needs micro-batches per update (per_update " + std::to_string(shape.per_update) +
+                         ") >= 1 and dividing the stream's micro-batches");
+  if (!async && shape.per_update != 0)
+    return InvalidConfig(what + "is synchronous: one update after the program, no per_update");
   if (!interleaved && shape.virtual_stages != 1)
     return InvalidConfig(what + "only interleaved-1f1b runs more than one stage a rank");
   // Megatron's interleaved order with one stage a rank runs twice 1F1B's forwards ahead for the
@@ -49,6 +57,7 @@ Result<Program> Generate(ScheduleKind kind, const Shape& shape) {
     case ScheduleKind::k1F1B: return OneFOneB(shape);
     case ScheduleKind::kInterleaved1F1B: return Interleaved1F1B(shape);
     case ScheduleKind::kZeroBubbleH1: return ZeroBubbleH1(shape);  // Internal if its scheduler stalls
+    case ScheduleKind::kPipeMare: return PipeMare(shape);
   }
   return Internal("unknown pipeline schedule");
 }

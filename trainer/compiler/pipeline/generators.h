@@ -19,6 +19,14 @@
 //                      wait, so the W's fill the bubbles 1F1B leaves. Written by a list scheduler
 //                      on equal F, I and W times (the paper's handcrafted schedule assumes them
 //                      equal). Needs micro-batches >= pp.
+//   pipemare           PipeMare (Yang et al., 2021): asynchronous, no flush. The micro-batches are
+//                      one stream in 1F1B's order (the warm-up once, at the start), and each stage
+//                      updates its own parameters as soon as it has run the backwards of a
+//                      minibatch's per_update micro-batches (U), while the next minibatch's are in
+//                      flight: a micro-batch's forward on stage s can run up to ceil((pp - 1 - s) /
+//                      per_update) updates before its backward. The shape's per_update is the
+//                      micro-batches of one minibatch (training.grad_accum); any count runs, one
+//                      included. The trainer runs it one minibatch a step (steps.h).
 #pragma once
 
 #include <string>
@@ -29,21 +37,23 @@
 
 namespace meshwork::compiler::pipeline {
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1 };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1, kPipeMare };
 
-// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1".
+// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "pipemare".
 const char* ScheduleName(ScheduleKind kind);
 // InvalidConfig naming the value and the known names.
 Result<ScheduleKind> ParseScheduleKind(const std::string& name);
 std::vector<ScheduleKind> AllSchedules();
 
 // The compute-only program of `kind` for `shape`; InvalidConfig naming the schedule and the
-// shape where it cannot run it (virtual stages on a schedule without them, too few micro-batches).
+// shape where it cannot run it (virtual stages on a schedule without them, too few micro-batches,
+// per_update on a synchronous schedule or missing on pipemare).
 Result<Program> Generate(ScheduleKind kind, const Shape& shape);
 
 Program GPipe(const Shape& shape);
 Program OneFOneB(const Shape& shape);
 Program Interleaved1F1B(const Shape& shape);
 Result<Program> ZeroBubbleH1(const Shape& shape);  // Internal where its list scheduler stalls (a bug)
+Program PipeMare(const Shape& shape);               // shape.per_update >= 1 dividing the micro-batches
 
 }  // namespace meshwork::compiler::pipeline

@@ -14,7 +14,7 @@ struct KindName {
 constexpr KindName kKindNames[] = {
     {ActionKind::kSendActivation, "sa"}, {ActionKind::kRecvActivation, "ra"}, {ActionKind::kSendGrad, "sg"},
     {ActionKind::kRecvGrad, "rg"},       {ActionKind::kForward, "F"},         {ActionKind::kBackward, "B"},
-    {ActionKind::kBackwardInput, "I"},   {ActionKind::kBackwardWeight, "W"},
+    {ActionKind::kBackwardInput, "I"},   {ActionKind::kBackwardWeight, "W"},   {ActionKind::kUpdate, "U"},
 };
 
 const char* NameOf(ActionKind kind) {
@@ -49,7 +49,8 @@ Result<Action> ParseAction(std::string_view token) {
     if (a.stage < 0 || i != token.size()) break;
     return a;
   }
-  return InvalidInput("'" + std::string(token) + "' is not an action (F, B, I, W, sa, ra, sg or rg, then <micro-batch>@<stage>)");
+  return InvalidInput("'" + std::string(token) +
+                      "' is not an action (F, B, I, W, U, sa, ra, sg or rg, then <micro-batch>@<stage>)");
 }
 
 // The value of `key=<int>` among a header's words; -1 where absent or not a number.
@@ -70,7 +71,10 @@ bool IsCompute(ActionKind kind) {
          kind == ActionKind::kBackwardWeight;
 }
 
-bool IsTransfer(ActionKind kind) { return !IsCompute(kind); }
+bool IsTransfer(ActionKind kind) {
+  return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation || kind == ActionKind::kSendGrad ||
+         kind == ActionKind::kRecvGrad;
+}
 
 std::string ToString(const Action& a) {
   return std::string(NameOf(a.kind)) + std::to_string(a.microbatch) + "@" + std::to_string(a.stage);
@@ -79,7 +83,9 @@ std::string ToString(const Action& a) {
 std::string Print(const Program& p) {
   std::ostringstream out;
   out << "pipeline pp=" << p.shape.pp << " virtual=" << p.shape.virtual_stages
-      << " microbatches=" << p.shape.microbatches << "\n";
+      << " microbatches=" << p.shape.microbatches;
+  if (p.shape.per_update > 0) out << " per_update=" << p.shape.per_update;
+  out << "\n";
   for (size_t r = 0; r < p.ranks.size(); ++r) {
     out << "rank " << r << ":";
     for (const Action& a : p.ranks[r]) out << " " << ToString(a);
@@ -108,6 +114,10 @@ Result<Program> Parse(std::string_view text) {
       p.shape.microbatches = HeaderValue(words, "microbatches");
       if (p.shape.pp < 1 || p.shape.virtual_stages < 1 || p.shape.microbatches < 1)
         return InvalidInput(where + "pp, virtual and microbatches must each be a number >= 1: '" + line + "'");
+      const bool has_per_update = line.find("per_update=") != std::string::npos;
+      p.shape.per_update = has_per_update ? HeaderValue(words, "per_update") : 0;
+      if (p.shape.per_update < 0 || (has_per_update && p.shape.per_update == 0))
+        return InvalidInput(where + "per_update must be a number >= 1 where given: '" + line + "'");
       header = true;
       continue;
     }

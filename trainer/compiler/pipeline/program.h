@@ -44,6 +44,7 @@ enum class ActionKind {
   kRecvActivation,
   kSendGrad,
   kRecvGrad,
+  kUpdate,          // U: the stage's parameters updated (asynchronous programs); `microbatch` is the minibatch
 };
 
 struct Action {
@@ -53,8 +54,8 @@ struct Action {
   bool operator==(const Action& o) const { return kind == o.kind && microbatch == o.microbatch && stage == o.stage; }
 };
 
-bool IsCompute(ActionKind kind);
-bool IsTransfer(ActionKind kind);
+bool IsCompute(ActionKind kind);   // F, B, I, W
+bool IsTransfer(ActionKind kind);  // sa, ra, sg, rg
 // "F3@1", "sa3@1", ...
 std::string ToString(const Action& a);
 
@@ -62,6 +63,9 @@ struct Shape {
   int pp = 1;              // pipeline ranks
   int virtual_stages = 1;  // stages per rank (interleaved schedules: > 1)
   int microbatches = 1;
+  // Asynchronous programs: micro-batches per update (U), microbatches a multiple of it; 0 for a
+  // synchronous program (one update after it, outside the program: the trainer's).
+  int per_update = 0;
   int stages() const { return pp * virtual_stages; }
   int RankOf(int stage) const { return stage % pp; }
 };
@@ -71,7 +75,7 @@ struct Program {
   std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
   bool operator==(const Program& o) const {
     return shape.pp == o.shape.pp && shape.virtual_stages == o.shape.virtual_stages &&
-           shape.microbatches == o.shape.microbatches && ranks == o.ranks;
+           shape.microbatches == o.shape.microbatches && shape.per_update == o.shape.per_update && ranks == o.ranks;
   }
 };
 
@@ -90,6 +94,8 @@ Result<Program> Lower(const Program& compute_only);
 //   - every action on the rank that holds its stage, micro-batch and stage in range;
 //   - every micro-batch's F once on every stage, and either one B or one I and one W;
 //   - on a rank: F before its B or I, I before its W;
+//   - asynchronous (per_update > 0): every stage's U<k> once for each minibatch k, after the stage's
+//     backwards (B or W) of minibatch k and before any of a later one; no U in a synchronous one;
 //   - a lowered program: every transfer between ranks present once (a send after the compute
 //     that produces it, a receive before the compute that needs it), none within a rank;
 //   - runs to the end: ranks run their actions in order, a receive waits for its send and a

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -63,14 +64,27 @@ std::vector<Dependency> DependenciesOf(const Program& p, bool lowered, int rank,
     case ActionKind::kRecvActivation: deps.push_back({ActionKind::kSendActivation, m, st - 1, s.RankOf(st - 1)}); break;
     case ActionKind::kSendGrad: deps.push_back({ActionKind::kBackward, m, st, rank}); break;
     case ActionKind::kRecvGrad: deps.push_back({ActionKind::kSendGrad, m, st + 1, s.RankOf(st + 1)}); break;
+    case ActionKind::kUpdate: break;  // its place among its rank's backwards is Validate's to check
   }
   return deps;
 }
 
-Status RunInOrder(const Program& p, const std::function<double(int rank, size_t index, double ready)>& step) {
+Status RunInOrder(const Program& p, const std::function<double(int rank, size_t index, double ready)>& step,
+                  bool earlier_steps_ran) {
   const bool lowered = IsLowered(p);
   const int ranks = static_cast<int>(p.ranks.size());
   std::map<Key, double> done_at;
+  if (earlier_steps_ran) {
+    // What a dependency names that no action here provides ran in an earlier step: done at 0.
+    std::set<Key> here;
+    for (const auto& list : p.ranks)
+      for (const Action& a : list)
+        for (const Key& k : Provides(a)) here.insert(k);
+    for (int r = 0; r < ranks; ++r)
+      for (const Action& a : p.ranks[r])
+        for (const Dependency& d : DependenciesOf(p, lowered, r, a))
+          if (!here.count({d.kind, d.microbatch, d.stage})) done_at[{d.kind, d.microbatch, d.stage}] = 0;
+  }
   std::vector<size_t> pos(ranks, 0);
   auto done = [&](const Dependency& d) -> const double* {
     auto it = done_at.find({d.kind, d.microbatch, d.stage});

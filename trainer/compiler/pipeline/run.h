@@ -28,6 +28,10 @@ std::vector<Dependency> DependenciesOf(const Program& p, bool lowered, int rank,
 // latest finish time among the action's dependencies (0 without any) and returns its own finish
 // time. InvalidInput naming the rank and the action where an action waits for a later action of
 // its own rank (or one that is missing), or where every unfinished rank waits: a deadlock.
-Status RunInOrder(const Program& p, const std::function<double(int rank, size_t index, double ready)>& step);
+// `earlier_steps_ran`: `p` is one step of an asynchronous program (AsyncSteps), and what its
+// actions depend on that none of its actions provides ran in an earlier step (done at time 0,
+// after the barrier between the steps).
+Status RunInOrder(const Program& p, const std::function<double(int rank, size_t index, double ready)>& step,
+                  bool earlier_steps_ran = false);
 
 }  // namespace meshwork::compiler::pipeline

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "trainer/compiler/pipeline/run.h"
+#include "trainer/compiler/pipeline/steps.h"
 
 namespace meshwork::compiler::pipeline {
 namespace {
@@ -37,19 +38,24 @@ int64_t HeldDelta(const StageCost& c, ActionKind kind) {
   }
 }
 
-}  // namespace
-
-Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& cost) {
-  MW_RETURN_IF_ERROR(Validate(in));
-  const Shape& s = in.shape;
+Status CheckCosts(const Shape& s, const PipelineCost& cost) {
   if (static_cast<int>(cost.stages.size()) != s.stages()) {
     return InvalidConfig("pipeline costs: " + std::to_string(cost.stages.size()) + " stages' costs for " +
                          std::to_string(s.stages()) + " stages");
   }
-  Program p = in;
-  if (!IsLowered(p)) {
-    MW_ASSIGN_OR_RETURN(p, Lower(in));
-  }
+  return Status::Ok();
+}
+
+PipelineCost EqualStages(int stages) {
+  PipelineCost cost;
+  cost.stages.assign(static_cast<size_t>(stages), StageCost{1.0, 1.0, 1.0, 0, 0, 0});
+  cost.link.bus_bytes_per_second = 1e18;
+  return cost;
+}
+
+// Prices a lowered program (or one step of an asynchronous one: `earlier_steps_ran`, RunInOrder).
+Result<PipelineResult> Price(const Program& p, const PipelineCost& cost, bool earlier_steps_ran) {
+  const Shape& s = p.shape;
   PipelineResult r;
   r.busy_seconds.assign(s.pp, 0);
   r.peak_bytes.assign(s.pp, 0);
@@ -67,6 +73,8 @@ Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& c
       r.busy_seconds[rank] += e.end - e.start;
       held[rank] += HeldDelta(c, a.kind);
       r.peak_bytes[rank] = std::max(r.peak_bytes[rank], held[rank]);
+    } else if (a.kind == ActionKind::kUpdate) {
+      e.start = e.end = clock[rank];  // the optimizer's time is not priced here
     } else if (a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGrad) {
       // An activation is this stage's output; a gradient is of this stage's input, the previous
       // stage's output.
@@ -84,7 +92,7 @@ Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& c
     }
     r.entries.push_back(e);
     return e.end;
-  }));
+  }, earlier_steps_ran));
   for (int rank = 0; rank < s.pp; ++rank) r.step_seconds = std::max(r.step_seconds, clock[rank]);
   double busy = 0;
   for (double b : r.busy_seconds) busy += b;
@@ -92,11 +100,34 @@ Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& c
   return r;
 }
 
-Result<PipelineResult> SimulateEqualStages(const Program& p) {
-  PipelineCost cost;
-  cost.stages.assign(static_cast<size_t>(p.shape.stages()), StageCost{1.0, 1.0, 1.0, 0, 0, 0});
-  cost.link.bus_bytes_per_second = 1e18;
-  return SimulatePipeline(p, cost);
+}  // namespace
+
+Result<PipelineResult> SimulatePipeline(const Program& in, const PipelineCost& cost) {
+  MW_RETURN_IF_ERROR(Validate(in));
+  MW_RETURN_IF_ERROR(CheckCosts(in.shape, cost));
+  if (IsLowered(in)) return Price(in, cost, false);
+  MW_ASSIGN_OR_RETURN(const Program lowered, Lower(in));
+  return Price(lowered, cost, false);
+}
+
+Result<PipelineResult> SimulateStep(const Program& step, const PipelineCost& cost) {
+  MW_RETURN_IF_ERROR(CheckCosts(step.shape, cost));
+  return Price(step, cost, true);
+}
+
+Result<PipelineResult> SimulateEqualStages(const Program& p) { return SimulatePipeline(p, EqualStages(p.shape.stages())); }
+
+Result<double> ScheduleBubble(const Program& p) {
+  if (p.shape.per_update == 0) {
+    MW_ASSIGN_OR_RETURN(const PipelineResult r, SimulateEqualStages(p));
+    return r.bubble_fraction;
+  }
+  MW_RETURN_IF_ERROR(Validate(p));
+  Shape one = p.shape;
+  one.microbatches = one.per_update;
+  MW_ASSIGN_OR_RETURN(const AsyncSteps steps, SplitIntoSteps(one));
+  MW_ASSIGN_OR_RETURN(const PipelineResult r, SimulateStep(steps.steady, EqualStages(one.stages())));
+  return r.bubble_fraction;
 }
 
 std::string Timeline(const Program& p, const PipelineResult& r, int columns) {

@@ -58,6 +58,17 @@ Result<PipelineResult> SimulatePipeline(const Program& p, const PipelineCost& co
 // bubble is read against (stages that differ in cost, and transfers, add to it).
 Result<PipelineResult> SimulateEqualStages(const Program& p);
 
+// One step of an asynchronous program as the trainer runs it (AsyncSteps, steps.h): lowered,
+// not validated on its own; what it needs from earlier steps is there when it starts (the
+// trainer's steps meet at a barrier: the loss reduced over the ranks). Its bubble is the
+// schedule's, between two barriers.
+Result<PipelineResult> SimulateStep(const Program& step, const PipelineCost& cost);
+
+// The share of the ranks' time the schedule itself leaves idle with stages alike: a synchronous
+// program's (SimulateEqualStages), or an asynchronous one's steady step's (SimulateStep). What a
+// TrainingJob's status and the trainer's pipeline line show.
+Result<double> ScheduleBubble(const Program& p);
+
 // The timeline as text: a header (step, bubble, peaks) and one row per rank, `columns` characters
 // wide, each showing what ran at its middle: F, B, I, W (lower case on a rank's later virtual
 // stages), '.' waiting.

@@ -18,13 +18,22 @@ Status Validate(const Program& p) {
     return InvalidInput("pipeline program: " + std::to_string(p.ranks.size()) + " ranks' action lists for pp " +
                         std::to_string(s.pp));
   }
+  if (s.per_update < 0 || (s.per_update > 0 && s.microbatches % s.per_update != 0)) {
+    return InvalidInput("pipeline program: per_update " + std::to_string(s.per_update) + " must be >= 0 and divide the " +
+                        std::to_string(s.microbatches) + " micro-batches");
+  }
   const int last = s.stages() - 1;
   const bool lowered = IsLowered(p);
+  const int minibatches = s.per_update > 0 ? s.microbatches / s.per_update : 0;
   std::map<std::tuple<ActionKind, int, int>, int> count;
   for (int r = 0; r < s.pp; ++r) {
     for (const Action& a : p.ranks[r]) {
       const std::string what = "pipeline program: rank " + std::to_string(r) + "'s " + ToString(a);
-      if (a.microbatch < 0 || a.microbatch >= s.microbatches)
+      if (a.kind == ActionKind::kUpdate) {
+        if (s.per_update == 0) return InvalidInput(what + ": an update in a synchronous program (no per_update)");
+        if (a.microbatch < 0 || a.microbatch >= minibatches)
+          return InvalidInput(what + ": minibatch out of range (" + std::to_string(minibatches) + " minibatches)");
+      } else if (a.microbatch < 0 || a.microbatch >= s.microbatches)
         return InvalidInput(what + ": micro-batch out of range (" + std::to_string(s.microbatches) + " micro-batches)");
       if (a.stage < 0 || a.stage > last)
         return InvalidInput(what + ": stage out of range (" + std::to_string(s.stages()) + " stages)");
@@ -63,6 +72,37 @@ Status Validate(const Program& p) {
       if (n(ActionKind::kRecvActivation, m, st + 1) != 1) return InvalidInput(where + "'s activation is not received (ra" + next + ")");
       if (n(ActionKind::kSendGrad, m, st + 1) != 1) return InvalidInput(where + "'s output gradient is not sent (sg" + next + ")");
       if (n(ActionKind::kRecvGrad, m, st) != 1) return InvalidInput(where + " does not receive its output's gradient (rg" + which + ")");
+    }
+  }
+  for (int k = 0; k < minibatches; ++k) {
+    for (int st = 0; st <= last; ++st) {
+      if (n(ActionKind::kUpdate, k, st) != 1) {
+        return InvalidInput("pipeline program: stage " + std::to_string(st) + " (rank " + std::to_string(s.RankOf(st)) +
+                            ") has no update U" + std::to_string(k) + "@" + std::to_string(st));
+      }
+    }
+  }
+  if (minibatches > 0) {
+    // On each stage, minibatch k's backwards all come before its update, and a later minibatch's
+    // after it: a gradient is never stepped twice, nor mixed into another minibatch's update.
+    for (int r = 0; r < s.pp; ++r) {
+      std::map<int, int> updated;  // stage -> updates so far on this rank
+      for (const Action& a : p.ranks[r]) {
+        const bool backward = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput ||
+                              a.kind == ActionKind::kBackwardWeight;
+        const std::string what = "pipeline program: rank " + std::to_string(r) + "'s " + ToString(a);
+        if (a.kind == ActionKind::kUpdate) {
+          if (a.microbatch != updated[a.stage]) {
+            return InvalidInput(what + " comes where stage " + std::to_string(a.stage) + "'s update U" +
+                                std::to_string(updated[a.stage]) + " is due");
+          }
+          ++updated[a.stage];
+        } else if (backward && a.microbatch / s.per_update != updated[a.stage]) {
+          return InvalidInput(what + " runs " + (a.microbatch / s.per_update < updated[a.stage] ? "after" : "before") +
+                              " the update of minibatch " + std::to_string(a.microbatch / s.per_update) +
+                              ", which its gradient belongs to");
+        }
+      }
     }
   }
   return RunInOrder(p, [](int, size_t, double) { return 0.0; });
