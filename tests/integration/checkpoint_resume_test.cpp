@@ -162,9 +162,12 @@ class ResumeTest : public ::testing::Test {
   // Trains without interruption, then kills a checkpointing run of the same config once it
   // committed a checkpoint, runs that command again, and compares every step's loss.
   // `relative`: 0 = every step's loss bit for bit; else within this relative difference.
-  void KillAndResume(int nproc, const std::vector<std::string>& extra, double relative = 0) {
+  // `whole_checkpoints`: the uninterrupted run checkpoints too (where a checkpoint changes the
+  // run: PipeMare drains its pipeline for one), to a directory of its own.
+  void KillAndResume(int nproc, const std::vector<std::string>& extra, double relative = 0,
+                     bool whole_checkpoints = false) {
     const std::string whole_log = tmp_.File("whole.log");
-    Process whole(Command("whole", nproc, extra, ""), whole_log);
+    Process whole(Command("whole", nproc, extra, whole_checkpoints ? tmp_.File("whole-ckpt") : ""), whole_log);
     ASSERT_EQ(whole.Wait(), 0) << ReadBytes(whole_log);
     const auto want = Losses(tmp_.File("whole.jsonl"));
     ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
@@ -348,6 +351,16 @@ const std::vector<std::string> kTwoShardedStages = {"--set", "mesh.pp=2", "--set
 
 TEST_F(ResumeTest, PipelineStagesKilledAfterACheckpointEndWithTheUninterruptedLosses) {
   KillAndResume(2, kTwoStages);
+}
+
+// PipeMare: a checkpoint drains the pipeline (the micro-batches in flight run their backwards and
+// updates) and resets the correction's velocity, so the resumed run, which fills the pipeline
+// anew, continues as the uninterrupted one (checkpointing at the same steps) does.
+TEST_F(ResumeTest, PipeMareStagesKilledAfterACheckpointEndWithTheUninterruptedLosses) {
+  KillAndResume(2,
+                {"--set", "mesh.pp=2", "--set", "data.batch_size=4", "--set", "training.grad_accum=2", "--set",
+                 "pipeline.schedule=pipemare", "--set", "model.tie_word_embeddings=false"},
+                0, /*whole_checkpoints=*/true);
 }
 
 // FSDP inside the stages: each rank saves its dp_shard run of its stages' flat group.
