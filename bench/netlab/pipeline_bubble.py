@@ -7,6 +7,9 @@ trainer/train/pipeline_engine.cpp). A rank's bubble over a run is sum(seconds - 
 sum(busy) over the measured steps: idle time per unit of compute, the quantity (p - 1) / m
 describes for GPipe and 1F1B (and (p - 1) / (v m) for interleaved 1F1B). Zero-bubble's formula
 is its own (Qi et al.), so it gets none here; the issue's target compares it with 1F1B's.
+PipeMare's (asynchronous, no flush) is (p - 1) / (3 m): between the trainer's steps (a barrier:
+the loss reduced over the ranks) the last rank waits for the step's first activation, one forward
+(a third of a forward and backward) on each earlier stage (compiler::pipeline::ScheduleBubble).
 
 usage: pipeline_bubble.py RAW.jsonl[.gz] --pp P
 """
@@ -27,6 +30,8 @@ def formula(schedule, pp, microbatches, virtual):
         return (pp - 1) / microbatches
     if schedule == "interleaved-1f1b":
         return (pp - 1) / (virtual * microbatches)
+    if schedule == "pipemare":
+        return (pp - 1) / (3 * microbatches)
     return None
 
 
@@ -54,7 +59,7 @@ def main():
             acc[rank][1] += s["pipeline_busy_seconds"][rank]
     configs = sorted({k[0] for k in per_run}, key=lambda c: (c.split("-m")[0], int(c.split("-m")[1])))
     print("| configuration | runs | " + " | ".join(f"rank {r} bubble" for r in range(args.pp)) +
-          " | worst rank | formula (p-1)/m | worst - formula (points) |")
+          " | worst rank | formula ((p-1)/m; pipemare (p-1)/3m) | worst - formula (points) |")
     print("| --- | --- | " + " | ".join("---" for _ in range(args.pp)) + " | --- | --- | --- |")
     for config in configs:
         schedule, m = config.rsplit("-m", 1)

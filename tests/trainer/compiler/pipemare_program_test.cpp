@@ -132,11 +132,16 @@ TEST(PipeMareProgram, TheSteadyStepsBubbleIsBelow1F1Bs) {
   auto one_f_one_b = ScheduleBubble(Ok(Generate(ScheduleKind::k1F1B, {2, 1, 2})));
   ASSERT_TRUE(one_f_one_b.ok());
   EXPECT_NEAR(*one_f_one_b, 1.0 / 3, 1e-9);
+  // The closed form: idle per unit of compute (p - 1) / (3 m), a third of 1F1B's (p - 1) / m. Each
+  // step the last rank waits for the step's first activation through the p - 1 stages before it
+  // (a forward, a third of a micro-batch's forward and backward, each) and nothing else.
   for (int pp : {2, 3, 4}) {
-    for (int m : {pp, 2 * pp}) {
-      const double sync = *ScheduleBubble(Ok(Generate(ScheduleKind::k1F1B, {pp, 1, m})));
+    for (int m : {1, 2, 4, 8}) {
       const double async = *ScheduleBubble(Ok(Generate(ScheduleKind::kPipeMare, Stream(pp, m, 3))));
-      EXPECT_LT(async, 0.5 * sync) << "pp " << pp << " m " << m;
+      EXPECT_NEAR(async / (1 - async), (pp - 1) / (3.0 * m), 1e-9) << "pp " << pp << " m " << m;
+      if (m < pp) continue;
+      const double sync = *ScheduleBubble(Ok(Generate(ScheduleKind::k1F1B, {pp, 1, m})));
+      EXPECT_NEAR(sync / (1 - sync), (pp - 1) / static_cast<double>(m), 1e-9) << "pp " << pp << " m " << m;
     }
   }
   // One micro-batch a step: 1F1B cannot run it at all; PipeMare keeps every rank busy but for the
