@@ -562,15 +562,15 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
 namespace {
 
 // status.pipeline: what the trainer will run, and the share of its ranks' time the schedule
-// itself leaves idle with stages alike (compiler::pipeline::SimulateEqualStages), which the
-// trainer's measured bubble is read against.
+// itself leaves idle with stages alike (compiler::pipeline::ScheduleBubble: PipeMare's steady
+// step), which the trainer's measured bubble is read against.
 Result<json> PipelineStatus(const config::TrainConfig& cfg, const compiler::pipeline::Program& program) {
-  MW_ASSIGN_OR_RETURN(const compiler::pipeline::PipelineResult equal, compiler::pipeline::SimulateEqualStages(program));
+  MW_ASSIGN_OR_RETURN(const double bubble, compiler::pipeline::ScheduleBubble(program));
   return json{{"schedule", NameOf(config::kPipelineScheduleNames, cfg.pipeline.schedule)},
               {"microBatches", cfg.training.grad_accum},
               {"virtualStages", cfg.pipeline.virtual_stages},
               {"stages", program.shape.stages()},
-              {"scheduleBubble", std::round(equal.bubble_fraction * 1000) / 1000}};
+              {"scheduleBubble", std::round(bubble * 1000) / 1000}};
 }
 
 }  // namespace

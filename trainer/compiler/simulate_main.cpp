@@ -19,6 +19,7 @@
 #include "trainer/compiler/pipeline/generators.h"
 #include "trainer/compiler/pipeline/model_stages.h"
 #include "trainer/compiler/pipeline/simulate.h"
+#include "trainer/compiler/pipeline/steps.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 #include "trainer/config/hardware.h"
@@ -73,7 +74,8 @@ stages gathered before its program, reduce-scattered after it) and --activation-
   --pp N                  pipeline ranks (> 1): --gpus must be a multiple of pp x tp
   --virtual-stages V      stages per rank (default 1; interleaved-1f1b only when > 1)
   --microbatches M        micro-batches a step, each --batch sequences (default 2 x pp)
-  --pipeline-schedule S   gpipe, 1f1b, interleaved-1f1b, zb-h1, or all (default: all that run
+  --pipeline-schedule S   gpipe, 1f1b, interleaved-1f1b, zb-h1, pipemare (its steady step between the
+                          trainer's barriers), or all (default: all that run
                           the shape); with --dump-plan each one's program and timeline
 
 From a compiled-FSDP run's calibration instead (fsdp.calibration_out: its links, CPU
@@ -556,13 +558,27 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
   const double tokens = static_cast<double>(o.microbatches) * static_cast<double>(o.batch) * static_cast<double>(o.seq_len);
   for (pipeline::ScheduleKind kind : kinds) {
     const std::string label = std::string(pipeline::ScheduleName(kind)) + ":";
-    auto program = pipeline::Generate(kind, shape);
+    const bool async = kind == pipeline::ScheduleKind::kPipeMare;
+    // PipeMare: its steady step, as the trainer runs it between two steps' barriers (steps.h), the
+    // minibatch of --microbatches; FSDP inside the stages does not compose with it (the trainer
+    // refuses it).
+    auto program = [&]() -> meshwork::Result<pipeline::Program> {
+      if (!async) return pipeline::Generate(kind, shape);
+      if (o.dp_shard > 1) {
+        return meshwork::InvalidConfig("pipemare updates each stage at its own time, which FSDP inside the stages "
+                                       "(--dp-shard " + std::to_string(o.dp_shard) + ") does not allow");
+      }
+      pipeline::Shape one = shape;
+      one.per_update = shape.microbatches;
+      MW_ASSIGN_OR_RETURN(pipeline::AsyncSteps steps, pipeline::SplitIntoSteps(one));
+      return steps.steady;
+    }();
     if (!program.ok()) {
       if (o.pipeline_schedule != "all") return Fail(program.status());
       std::cout << std::left << std::setw(18) << label << "does not run this shape: " << program.status().message() << "\n";
       continue;
     }
-    auto r = pipeline::SimulatePipeline(*program, stages->cost);
+    auto r = async ? pipeline::SimulateStep(*program, stages->cost) : pipeline::SimulatePipeline(*program, stages->cost);
     if (!r.ok()) return Fail(r.status());
     // Each rank's program shifted by the slowest gather; it reduce-scatters after its last action.
     std::vector<double> end(static_cast<size_t>(o.pp), 0);
@@ -576,7 +592,9 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
                                     fsdp_cost->CollectiveSeconds(compiler::OpKind::kReduceScatter, p.grad_bytes) +
                                     fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllReduce, p.grad_bytes / o.dp_shard));
       const int64_t activations = r->peak_bytes[static_cast<size_t>(rank)] + workspace;
-      const int64_t rank_peak = 4 * p.shard_bytes + p.gathered_bytes + p.grad_bytes + activations;
+      // PipeMare also keeps the velocity of its discrepancy correction, and a copy of the weights
+      // while a corrected backward runs: two more copies of the stage's parameters.
+      const int64_t rank_peak = (async ? 6 : 4) * p.shard_bytes + p.gathered_bytes + p.grad_bytes + activations;
       if (rank_peak > peak) {
         peak = rank_peak;
         held = activations;

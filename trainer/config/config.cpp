@@ -475,6 +475,11 @@ Status ValidateCrossFields(const TrainConfig& c) {
                             "time within a step); use 1f1b or a mesh of mesh.pp x mesh.dp_replicate";
     if (c.mesh.dp_shard > 1) return InvalidConfig("key 'mesh.dp_shard': " + Str(c.mesh.dp_shard) + why);
     if (c.mesh.tp > 1) return InvalidConfig("key 'mesh.tp': " + Str(c.mesh.tp) + why);
+    // An imported model's is known once it is read: the pipeline engine checks it then.
+    if (c.model.init_from.empty() && c.model.dims.tie_word_embeddings) {
+      return InvalidConfig("key 'model.tie_word_embeddings': true, but under pipeline.schedule: pipemare the first and "
+                           "last stages would update the table's two copies at different times; set it false");
+    }
   }
   if (c.pipeline.virtual_stages > 1 && c.pipeline.schedule != PipelineSchedule::kInterleaved1F1B) {
     return InvalidConfig("key 'pipeline.virtual_stages': " + Str(c.pipeline.virtual_stages) +

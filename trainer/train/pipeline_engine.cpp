@@ -153,8 +153,8 @@ class PipelineEngine final : public Engine {
     const auto& shape = program_.shape;
     const int per_step = async_ ? shape.per_update : shape.microbatches;
     return "pipeline: pp=" + std::to_string(shape.pp) + ", " + schedule_ + AsyncText() + ", " + std::to_string(per_step) +
-           " micro-batches a step, " + std::to_string(shape.stages()) + " stages of layers " +
-           CutText(stages_.first_layer()) + " (stage s on rank s % pp); the schedule's own bubble " +
+           (per_step == 1 ? " micro-batch a step, " : " micro-batches a step, ") + std::to_string(shape.stages()) +
+           " stages of layers " + CutText(stages_.first_layer()) + " (stage s on rank s % pp); the schedule's own bubble " +
            Format("%.3f", schedule_bubble_) + " (stages alike, free transfers" +
            (async_ ? ", a steady step between the steps' barriers)" : ")") +
            (dp_size() > 1 ? "; " + std::to_string(dp_size()) + " data parallel pipelines (rank = stage rank x " +
@@ -464,10 +464,12 @@ class PipelineEngine final : public Engine {
     double lr = LearningRate(async_options_.schedule, async_options_.base_lr, k);
     const int64_t K = async_options_.lr_reschedule_steps;
     if (K > 0 && delay > 1) lr *= std::pow(static_cast<double>(delay), -(1.0 - std::min(1.0, static_cast<double>(k) / K)));
+    // The last stage's backwards follow their forwards with no update between: no velocity.
+    const bool track = async_options_.correction && delay > 0;
     std::vector<torch::Tensor> before;
     for (size_t i = 0; i < held_.size(); ++i) {
       update_views_[i].mutable_grad() = held_[i].second.grad();
-      if (async_options_.correction) before.push_back(update_views_[i].clone());
+      if (track) before.push_back(update_views_[i].clone());
     }
     optimizer_->set_lr(lr);
     optimizer_->Step(torch::tensor({scale}, torch::kFloat));
@@ -475,7 +477,7 @@ class PipelineEngine final : public Engine {
     // updates (PipeMare's choice).
     const double gamma = std::pow(async_options_.correction_decay, 1.0 / std::max(1, delay));
     for (size_t i = 0; i < held_.size(); ++i) {
-      if (async_options_.correction) velocity_[i].mul_(gamma).add_(update_views_[i] - before[i], 1.0 - gamma);
+      if (track) velocity_[i].mul_(gamma).add_(update_views_[i] - before[i], 1.0 - gamma);
       held_[i].second.mutable_grad() = torch::Tensor();
       update_views_[i].mutable_grad() = torch::Tensor();
     }

@@ -264,6 +264,17 @@ TEST(SpecTest, PipelineMeshReachesTheTrainerAndIsCheckedAtAdmission) {
                                     *s, "ns", "job", field, &pipeline).ok());
   EXPECT_EQ(pipeline["stages"], 4);
   EXPECT_EQ(pipeline["scheduleBubble"], 0.111);
+  // PipeMare over 2 micro-batches: its steady step's, (p - 1) / (3m + p - 1) = 1/7; one that
+  // would update a tied table's copies apart is refused naming the key.
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n  tie_word_embeddings: false\ntraining:\n  grad_accum: 2\n"
+                                    "pipeline:\n  schedule: pipemare\n",
+                                    *s, "ns", "job", field, &pipeline).ok());
+  EXPECT_EQ(pipeline["schedule"], "pipemare");
+  EXPECT_EQ(pipeline["microBatches"], 2);
+  EXPECT_EQ(pipeline["scheduleBubble"], 0.143);
+  Status tied = ValidateTrainerConfig("model:\n  preset: tiny\npipeline:\n  schedule: pipemare\n", *s, "ns", "job", field);
+  EXPECT_EQ(tied.code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(tied.message(), HasSubstr("key 'model.tie_word_embeddings': true, but under pipeline.schedule: pipemare"));
   // Without pipeline stages there is none.
   EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *plain, "ns", "job", field, &pipeline).ok());
   EXPECT_TRUE(pipeline.is_null());

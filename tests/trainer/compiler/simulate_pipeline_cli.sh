@@ -33,6 +33,21 @@ grep "^1f1b:" <<<"$out" | grep -q "exceeds" && fail "1f1b with every layer check
 "$sim" --profile h100-ib-400g --model llama3-70b --gpus 256 --tp 8 --pp 4 --microbatches 16 \
   --pipeline-schedule gpipe 2>&1 | grep -q "exceeds 74.5 GiB device memory" &&
   pass "gpipe without checkpointing exceeds the device" || fail "gpipe without checkpointing fits"
+# PipeMare: FSDP inside the stages does not compose with it (said on its line, or exit 2 when asked
+# for alone); with replicas only, its steady step idles less than 1F1B's at the same micro-batches.
+grep -q "^pipemare: *does not run this shape: pipemare updates each stage at its own time" <<<"$out" &&
+  pass "pipemare says why it does not run with FSDP inside the stages" || fail "pipemare line: $(grep '^pipemare' <<<"$out")"
+expect_exit "pipemare with --dp-shard 8" 2 "FSDP inside the stages (--dp-shard 8)" -- \
+  "$sim" --profile h100-ib-400g --model llama3-70b --gpus 256 --tp 8 --pp 4 --microbatches 16 --pipeline-schedule pipemare
+rep="$("$sim" --profile h100-ib-400g --model llama3-70b --gpus 256 --tp 8 --pp 4 --microbatches 16 --dp-shard 1 \
+  --activation-checkpointing 2>&1)"
+bubble() { sed -nE "s/^$1: .*bubble ([0-9.]+)%.*/\1/p" <<<"$rep"; }
+if [ -n "$(bubble pipemare)" ] && python3 -c "import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]) / 2)" \
+     "$(bubble pipemare)" "$(bubble 1f1b)"; then
+  pass "pipemare's steady bubble ($(bubble pipemare)%) is under half 1f1b's ($(bubble 1f1b)%)"
+else
+  fail "pipemare's bubble: $(grep -E '^(pipemare|1f1b):' <<<"$rep")"
+fi
 expect_exit "--dp-shard that does not divide a stage's data parallel ranks" 2 \
   "--dp-shard: 3 does not divide the 8 data parallel ranks of a stage" -- \
   "$sim" --profile h100-ib-400g --model llama3-70b --gpus 256 --tp 8 --pp 4 --dp-shard 3

@@ -62,6 +62,19 @@ Result<PipelineResult> Price(const Program& p, const PipelineCost& cost, bool ea
   std::vector<double> clock(s.pp, 0);
   std::vector<int64_t> held(s.pp, 0);
   std::map<std::pair<int, int>, double> link_free;  // (from rank, to rank) -> when it is free
+  if (earlier_steps_ran) {
+    // Micro-batches an earlier step forwarded and this one takes backward hold their activations
+    // from the start.
+    for (int rank = 0; rank < s.pp; ++rank) {
+      for (const Action& a : p.ranks[rank]) {
+        if (a.kind != ActionKind::kBackward && a.kind != ActionKind::kBackwardInput) continue;
+        bool forwarded_here = false;
+        for (const Action& f : p.ranks[rank]) forwarded_here |= f.kind == ActionKind::kForward && f.microbatch == a.microbatch && f.stage == a.stage;
+        if (!forwarded_here) held[rank] += cost.stages[a.stage].activation_bytes;
+      }
+      r.peak_bytes[rank] = held[rank];
+    }
+  }
   MW_RETURN_IF_ERROR(RunInOrder(p, [&](int rank, size_t index, double ready) {
     const Action& a = p.ranks[rank][index];
     const StageCost& c = cost.stages[a.stage];
