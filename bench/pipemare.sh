@@ -13,6 +13,7 @@
 # usage: bench/pipemare.sh [build-dir]
 #   env: STEPS=300  SEEDS="1 2 3 4 5"  BATCH=8  SEQ=128  SKIP=5  EVAL_WINDOWS=128
 #        CONFIGS="1f1b-m2 pipemare-m2 pipemare-nocorr-m2 1f1b-m4 pipemare-m4 pipemare-m1"
+#        SETS="..." (extra flags, every run: an ablation, e.g. --set optimizer.grad_clip=0)
 #        OUT=<file> (default bench/results/pipemare.md; earlier results kept below)
 set -euo pipefail
 
@@ -27,6 +28,7 @@ seq=${SEQ:-128}
 skip=${SKIP:-5}
 eval_windows=${EVAL_WINDOWS:-128}
 read -r -a configs <<<"${CONFIGS:-1f1b-m2 pipemare-m2 pipemare-nocorr-m2 1f1b-m4 pipemare-m4 pipemare-m1}"
+read -r -a all_sets <<<"${SETS:-}"
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
 repeats=${#seeds[@]}
@@ -70,7 +72,7 @@ run_one() {
     --set data.batch_size=$((batch / m)) --set training.grad_accum="$m" --set mesh.pp=2 \
     --set pipeline.schedule="$schedule" --set schedule.steps="$steps" --set training.seed="$seed" \
     --set training.threads=1 --set metrics.port=-1 --set logging.every=1000 --set logging.jsonl="$prefix.jsonl" \
-    "${extra[@]}" >"$prefix.log" 2>&1 || status=failed
+    "${extra[@]}" "${all_sets[@]}" >"$prefix.log" 2>&1 || status=failed
   [ "$status" = ok ] || tail -n 5 "$prefix.log" >&2
   eval_loss="$(sed -n 's/^eval after training: loss \([0-9.]*\)$/\1/p' "$prefix.log")"
   grep -h '^pipeline bubble' "$prefix.log" | sed 's/^/    /' >&2 || true
@@ -84,7 +86,7 @@ bench_interleave run_one "${configs[@]}"
 {
   python3 "$root/bench/protocol.py" title "$raw" "PipeMare beside 1F1B on real text: held-out loss, step time and bubble" --group config
   echo
-  bench_command_line "bench/pipemare.sh" "$root" STEPS SEEDS BATCH SEQ SKIP EVAL_WINDOWS CONFIGS
+  bench_command_line "bench/pipemare.sh" "$root" STEPS SEEDS BATCH SEQ SKIP EVAL_WINDOWS CONFIGS SETS
   echo
   echo "Machine: $(bench_machine); 2 processes (pp 2), training.threads=1 each, Gloo over loopback."
   echo "Model: tiny (4 layers, hidden 128, vocab 320), untied; stages [0,2) [2,4). Data: the project's"
@@ -94,6 +96,7 @@ bench_interleave run_one "${configs[@]}"
   echo "PipeMare with its defaults: learning-rate rescheduling over schedule.warmup_steps (its delays"
   echo "are at most 1 at pp 2, so it changes nothing), discrepancy correction with decay 0.5;"
   echo "\`pipemare-nocorr\` without the correction."
+  [ -z "${SETS:-}" ] || echo "Every run adds: \`${SETS}\`."
   echo
   echo "Each configuration ran once per seed (SEEDS: the initial weights and the batch order), the"
   echo "configurations interleaved within a seed's round. Step time, exposed communication and step"

@@ -206,7 +206,9 @@ TEST_P(PipeMareExecutor, StepsFollowTheAsynchronousRule) {
   // forward did not (else this test could not tell the two apart).
   int delayed = 0;
   for (int d : expected_delays[0]) delayed += d > 0;
-  if (c.pp > 1) EXPECT_GT(delayed, 0);
+  if (c.pp > 1) {
+    EXPECT_GT(delayed, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PipeMareExecutor,
