@@ -5,6 +5,7 @@
 
 #include "common/enum_names.h"
 #include "trainer/compiler/pipeline/generators.h"
+#include "trainer/compiler/pipeline/steps.h"
 
 namespace meshwork::config {
 
@@ -105,7 +106,7 @@ Result<compiler::pipeline::Program> PipelineProgram(const TrainConfig& cfg) {
     // A stream of minibatches of training.grad_accum micro-batches each: long enough to pass the
     // pipeline's filling and reach its steady step (the trainer runs it step by step: steps.h).
     shape.per_update = shape.microbatches;
-    shape.microbatches *= (shape.pp - 1 + shape.per_update - 1) / shape.per_update + 2;
+    shape.microbatches *= pipeline::FillingSteps(shape) + 2;
   }
   auto program = pipeline::Generate(kind, shape);
   if (!program.ok()) {

@@ -132,11 +132,17 @@ class PipelineEngine final : public Engine {
       // their own (update_views_), so that an update does not invalidate the graphs of the
       // micro-batches in flight: their backwards read the weights as they are then (PipeMare's
       // rule: no copy of the weights a forward used is kept).
+      // The velocity and the corrected backward's copy of the weights only where a backward can
+      // follow an update of its forward's stage (not the last stage's: delay 0).
       torch::NoGradGuard no_grad;
+      const bool corrects = async_options_.correction && StageDelay() > 0;
       for (const auto& [name, p] : held_) {
         torch::Tensor view = torch::from_blob(p.data_ptr(), p.sizes(), p.strides(), p.options()).requires_grad_(true);
         update_views_.push_back(view);
-        velocity_.push_back(torch::zeros_like(p));
+        if (corrects) {
+          velocity_.push_back(torch::zeros_like(p));
+          saved_weights_.push_back(torch::empty_like(p));
+        }
         (p.dim() >= 2 ? decay_ : no_decay_).push_back(view);
       }
     } else {
@@ -362,6 +368,9 @@ class PipelineEngine final : public Engine {
     PipelineEngine& e_;
   };
 
+  // The most updates between a forward and its backward on this rank's stage (one stage a rank).
+  int StageDelay() const { return async_ ? async_->max_delay[static_cast<size_t>(comm_->rank())] : 0; }
+
   std::string AsyncText() const {
     if (!async_) return "";
     std::string delays;
@@ -424,20 +433,20 @@ class PipelineEngine final : public Engine {
   // weights moved back by delay x the velocity (the recent updates' moving average), closer to
   // those its forward used; RestoreWeights puts the current ones back after it.
   Status CorrectWeights(int /*stage*/, int delay) {
-    if (!async_options_.correction || delay <= 0) return Status::Ok();
+    if (velocity_.empty() || delay <= 0) return Status::Ok();
     torch::NoGradGuard no_grad;
-    saved_weights_.clear();
     for (size_t i = 0; i < update_views_.size(); ++i) {
-      saved_weights_.push_back(update_views_[i].clone());
+      saved_weights_[i].copy_(update_views_[i]);
       update_views_[i].sub_(velocity_[i], static_cast<double>(delay));
     }
+    corrected_ = true;
     return Status::Ok();
   }
   Status RestoreWeights() {
-    if (saved_weights_.empty()) return Status::Ok();
+    if (!corrected_) return Status::Ok();
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < update_views_.size(); ++i) update_views_[i].copy_(saved_weights_[i]);
-    saved_weights_.clear();
+    corrected_ = false;
     return Status::Ok();
   }
 
@@ -451,33 +460,33 @@ class PipelineEngine final : public Engine {
     torch::NoGradGuard no_grad;
     const int64_t k = std::max<int64_t>(0, slice_step_ + minibatch);
     if (replicate_) MW_RETURN_IF_ERROR(AverageGradientsOverReplicas());
-    double squares = 0;
+    torch::Tensor sum = torch::zeros({}, torch::kDouble);
     for (auto& [name, p] : held_) {
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      squares += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      sum += p.grad().to(torch::kDouble).pow(2).sum();
     }
+    const double squares = sum.item<double>();  // the update's one read of the gradients on the host
     update_norm_squares_ = squares;
     const double limit = async_options_.grad_clip > 0 ? async_options_.grad_clip / std::sqrt(program_.shape.pp)
                                                       : std::numeric_limits<double>::infinity();
     const double scale = std::min(1.0, limit / (std::sqrt(squares) + 1e-6));
-    const int delay = async_->max_delay[static_cast<size_t>(stage)];
+    const int delay = async_->max_delay[static_cast<size_t>(stage)];  // this rank's stage: StageDelay()
     double lr = LearningRate(async_options_.schedule, async_options_.base_lr, k);
     const int64_t K = async_options_.lr_reschedule_steps;
     if (K > 0 && delay > 1) lr *= std::pow(static_cast<double>(delay), -(1.0 - std::min(1.0, static_cast<double>(k) / K)));
-    // The last stage's backwards follow their forwards with no update between: no velocity.
-    const bool track = async_options_.correction && delay > 0;
-    std::vector<torch::Tensor> before;
-    for (size_t i = 0; i < held_.size(); ++i) {
-      update_views_[i].mutable_grad() = held_[i].second.grad();
-      if (track) before.push_back(update_views_[i].clone());
-    }
+    // The velocity v <- g v + (1 - g)(w_new - w_old), g = D^(1 / delay) (forgetting over about the
+    // delay's updates: PipeMare's choice). The old weights go to the corrected backward's buffer,
+    // free while no backward runs, rather than a copy made for each update; their difference from
+    // the new ones is taken in place (exact where they are close, as an update leaves them).
+    const double gamma = std::pow(async_options_.correction_decay, 1.0 / std::max(1, delay));
+    for (size_t i = 0; i < velocity_.size(); ++i) saved_weights_[i].copy_(update_views_[i]);
+    for (size_t i = 0; i < held_.size(); ++i) update_views_[i].mutable_grad() = held_[i].second.grad();
     optimizer_->set_lr(lr);
     optimizer_->Step(torch::tensor({scale}, torch::kFloat));
-    // The velocity: gamma = D^(1 / delay) per update, so that it forgets over about the delay's
-    // updates (PipeMare's choice).
-    const double gamma = std::pow(async_options_.correction_decay, 1.0 / std::max(1, delay));
+    for (size_t i = 0; i < velocity_.size(); ++i) {
+      velocity_[i].mul_(gamma).sub_(saved_weights_[i].sub_(update_views_[i]), 1.0 - gamma);  // w_old - w_new
+    }
     for (size_t i = 0; i < held_.size(); ++i) {
-      if (track) velocity_[i].mul_(gamma).add_(update_views_[i] - before[i], 1.0 - gamma);
       held_[i].second.mutable_grad() = torch::Tensor();
       update_views_[i].mutable_grad() = torch::Tensor();
     }
@@ -627,8 +636,9 @@ class PipelineEngine final : public Engine {
   int64_t since_start_ = 0;             // steps since the pipeline last started filling
   int64_t slice_step_ = 0, last_step_ = 0;  // the step being run (a drain: the last + 1), the last run
   std::vector<torch::Tensor> update_views_;  // held_'s storage, the optimizer's
-  std::vector<torch::Tensor> velocity_;      // per held_ parameter: the updates' moving average
-  std::vector<torch::Tensor> saved_weights_;  // the weights during a corrected backward
+  std::vector<torch::Tensor> velocity_;       // per held_ parameter: the updates' moving average (empty: no correction)
+  std::vector<torch::Tensor> saved_weights_;  // per held_ parameter: the weights during a corrected backward
+  bool corrected_ = false;                    // a corrected backward runs
   double update_norm_squares_ = 0;  // this rank's last update's gradient; after a step, every stage's
 };
 
@@ -670,9 +680,7 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
                            "last stages would update the table's two copies at different times; set it false (the "
                            "presets that tie it: tiny, llama-100m, llama3-1b)");
     }
-    pipeline::Shape one = shape;
-    one.microbatches = shape.per_update;
-    MW_ASSIGN_OR_RETURN(pipeline::AsyncSteps steps, pipeline::SplitIntoSteps(one));
+    MW_ASSIGN_OR_RETURN(pipeline::AsyncSteps steps, pipeline::SplitIntoSteps(shape));
     async = std::move(steps);
     async_options.schedule = cfg.schedule;
     async_options.base_lr = cfg.optimizer.lr;

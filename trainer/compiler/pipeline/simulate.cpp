@@ -136,10 +136,8 @@ Result<double> ScheduleBubble(const Program& p) {
     return r.bubble_fraction;
   }
   MW_RETURN_IF_ERROR(Validate(p));
-  Shape one = p.shape;
-  one.microbatches = one.per_update;
-  MW_ASSIGN_OR_RETURN(const AsyncSteps steps, SplitIntoSteps(one));
-  MW_ASSIGN_OR_RETURN(const PipelineResult r, SimulateStep(steps.steady, EqualStages(one.stages())));
+  MW_ASSIGN_OR_RETURN(const AsyncSteps steps, SplitIntoSteps(p.shape));
+  MW_ASSIGN_OR_RETURN(const PipelineResult r, SimulateStep(steps.steady, EqualStages(p.shape.stages())));
   return r.bubble_fraction;
 }
 

@@ -46,15 +46,16 @@ const Program& AsyncSteps::Drain(int64_t since_start) const {
   return drains[static_cast<size_t>(std::min<int64_t>(since_start, static_cast<int64_t>(filling.size())))];
 }
 
+int FillingSteps(const Shape& shape) { return (shape.pp - 1 + shape.per_update - 1) / std::max(1, shape.per_update); }
+
 Result<AsyncSteps> SplitIntoSteps(const Shape& shape) {
   const std::string what = "pipemare with pp " + std::to_string(shape.pp) + " and " + std::to_string(shape.per_update) +
                            " micro-batches a minibatch: ";
-  if (shape.pp < 1 || shape.per_update < 1 || shape.microbatches != shape.per_update || shape.virtual_stages != 1) {
-    return InvalidConfig(what + "needs pp >= 1, one virtual stage and one minibatch of >= 1 micro-batches a step");
+  if (shape.pp < 1 || shape.per_update < 1 || shape.virtual_stages != 1) {
+    return InvalidConfig(what + "needs pp >= 1, one virtual stage and minibatches of >= 1 micro-batches");
   }
   const int n = shape.per_update;
-  // Steps until the first rank's warm-up forwards (pp - 1 of them) are done.
-  const int fill = (shape.pp - 1 + n - 1) / n;
+  const int fill = FillingSteps(shape);
   // A stream of `minibatches`, lowered and validated.
   auto stream = [&](int minibatches) -> Result<Program> {
     Shape s = shape;

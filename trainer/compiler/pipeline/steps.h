@@ -34,8 +34,13 @@ struct AsyncSteps {
   const Program& Drain(int64_t since_start) const;  // after the k-th step after a start
 };
 
-// The steps of `shape` (pp, one virtual stage, microbatches == per_update: one minibatch) under
-// PipeMare. InvalidConfig naming the shape where PipeMare cannot run it.
+// Steps after a start before the pipeline is full: until the first rank's pp - 1 warm-up forwards
+// are done, ceil((pp - 1) / per_update).
+int FillingSteps(const Shape& shape);
+
+// The steps of PipeMare over `shape` (pp, one virtual stage, minibatches of per_update
+// micro-batches; `microbatches`, the stream's length, is not read). InvalidConfig naming the
+// shape where PipeMare cannot run it.
 Result<AsyncSteps> SplitIntoSteps(const Shape& shape);
 
 }  // namespace meshwork::compiler::pipeline
