@@ -9,6 +9,7 @@
 
 #include "controlplane/agent/internal.h"
 #include "controlplane/agent/pod_network.h"
+#include "controlplane/agent/pod_status_patch.h"
 
 namespace meshwork::controlplane::agent {
 namespace {
@@ -230,7 +231,7 @@ void Kubelet::SyncPod(const json& pod) {
     json status = {{"phase", "Failed"},
                    {"reason", sandbox ? "FailedCreatePodSandBox" : "CreateContainerConfigError"},
                    {"message", st.message()}};
-    auto r = client_->MergePatch(resources::Pods(), ns, name, {{"status", status}}, "status");
+    auto r = client_->MergePatch(resources::Pods(), ns, name, PodStatusPatch(uid, status), "status");
     if (!r.ok()) Log("pod " + ns + "/" + name + ": status: " + r.error().ToString());
   }
 }
@@ -275,8 +276,12 @@ void Kubelet::WriteStatuses(const std::map<std::string, json>& pod_by_uid) {
       if (c.value("type", "") == "PodScheduled") status["conditions"].push_back(c);
     }
     auto r = client_->MergePatch(resources::Pods(), Md(pod->second, "namespace"), Md(pod->second, "name"),
-                                 {{"status", status}}, "status");
+                                 PodStatusPatch(it->first, status), "status");
     if (r.ok() || k8s::IsNotFound(r.error())) {
+      it = unwritten_.erase(it);
+    } else if (RecreatedUnderSameName(r.error())) {
+      Log("pod " + Md(pod->second, "namespace") + "/" + Md(pod->second, "name") + " (uid " + it->first +
+          ") is gone and another Pod has its name: its last status is not written");
       it = unwritten_.erase(it);
     } else {
       Log("pod " + Md(pod->second, "namespace") + "/" + Md(pod->second, "name") + ": status: " + r.error().ToString());

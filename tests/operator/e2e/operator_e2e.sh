@@ -446,7 +446,7 @@ if e2e_wait_for 300 "pp-ok succeeds" phase_is pp-ok Succeeded; then
     [ "$(jp pp-ok '{.status.pipeline.schedule}/{.status.pipeline.microBatches}/{.status.pipeline.scheduleBubble}')" = 1f1b/4/0.2 ] &&
     k logs pp-ok-0 | grep -q "checkpoint: saved .*/step-00000020 " &&
     pass "a 2-stage 1F1B pipeline trains and checkpoints through the operator (status mesh pp2x1x1x1, pipeline $(jp pp-ok '{.status.pipeline}'); ${line:0:90})" ||
-    fail "pp-ok: meshShape $(jp pp-ok '{.status.meshShape}'), step $(jp pp-ok '{.status.trainer.step}'), pipeline $(jp pp-ok '{.status.pipeline}'), rank 0: $line, rank 1: $(k logs pp-ok-1 | tail -3)"
+    fail "pp-ok: meshShape $(jp pp-ok '{.status.meshShape}'), step $(jp pp-ok '{.status.trainer.step}'), pipeline $(jp pp-ok '{.status.pipeline}'), restarts $(jp pp-ok '{.status.restarts}')/$(jp pp-ok '{.status.uncountedRestarts}'), conditions $(jp pp-ok '{.status.conditions[*].message}'); rank 0: $line; its last lines: $(k logs pp-ok-0 | tail -4); rank 1's: $(k logs pp-ok-1 | tail -4)"
 else fail "pp-ok did not succeed: $(jp pp-ok '{.status}')"; dump; fi
 
 # ---- SIGKILL the leading operator mid-run

@@ -1,7 +1,7 @@
 // The client, watch and informer against a real kube-apiserver (meshwork-cluster without nodes,
 // shared by the tests of this binary: tests/operator/local_cluster.h): CRUD, optimistic
 // concurrency, watch events, 410 Gone, client-certificate authentication, a custom resource's
-// status subresource and schema errors, an informer that stays in sync across a SIGKILL and
+// status subresource and schema errors, the node agent's uid-guarded Pod status patch, an informer that stays in sync across a SIGKILL and
 // restart of kube-apiserver, and one that relists after 410 Gone. Skipped, saying why, when the
 // binaries are not built.
 #include <gmock/gmock.h>
@@ -21,6 +21,7 @@
 #include <future>
 #include <thread>
 
+#include "controlplane/agent/pod_status_patch.h"
 #include "tests/common/free_port.h"
 #include "operator/k8s/client.h"
 #include "operator/k8s/informer.h"
@@ -120,6 +121,62 @@ TEST_F(ClusterTest, StaleResourceVersionIsAConflict) {
   auto d = client_->Delete(resources::ConfigMaps(), "occ", "a", pre);
   ASSERT_FALSE(d.ok());
   EXPECT_TRUE(IsConflict(d.error())) << d.error().ToString();
+}
+
+// The node agent's Pod status patch (controlplane/agent/pod_status_patch.h) names the Pod's uid: a
+// status of a Pod that was deleted and made again under its name (a gang restart reuses its ranks'
+// names) is refused and leaves the new Pod alone. Without the uid an old rank's exit 9 once landed
+// on the new rank, and the operator restarted the gang a second time.
+TEST_F(ClusterTest, PodStatusPatchOfARecreatedPodIsRefused) {
+  using controlplane::agent::PodStatusPatch;
+  using controlplane::agent::RecreatedUnderSameName;
+  EnsureNamespace("podstatus");
+  const json pod = {{"apiVersion", "v1"},
+                    {"kind", "Pod"},
+                    {"metadata", {{"name", "rank-0"}, {"namespace", "podstatus"}}},
+                    {"spec", {{"containers", json::array({{{"name", "trainer"}, {"image", "busybox"}}})}}}};
+  // Until the controller manager has made the namespace's default ServiceAccount, and until the
+  // old Pod is gone, the create is refused.
+  auto create = [&]() -> std::string {
+    std::string uid;
+    Eventually([&] {
+      auto made = client_->Create(resources::Pods(), "podstatus", pod);
+      if (made.ok()) uid = (*made)["metadata"].value("uid", "");
+      return made.ok();
+    });
+    return uid;
+  };
+  const std::string old_uid = create();
+  ASSERT_FALSE(old_uid.empty());
+  const json exited = {{"phase", "Failed"}, {"message", "exited with code 9"}};
+  auto own = client_->MergePatch(resources::Pods(), "podstatus", "rank-0", PodStatusPatch(old_uid, exited), "status");
+  ASSERT_TRUE(own.ok()) << own.error().ToString();
+  EXPECT_EQ((*own)["status"].value("phase", ""), "Failed");
+
+  DeleteOptions now;
+  now.grace_period_seconds = 0;
+  ASSERT_TRUE(client_->Delete(resources::Pods(), "podstatus", "rank-0", now).ok());
+  const std::string new_uid = create();
+  ASSERT_FALSE(new_uid.empty());
+  ASSERT_NE(new_uid, old_uid);
+
+  auto stale = client_->MergePatch(resources::Pods(), "podstatus", "rank-0", PodStatusPatch(old_uid, exited), "status");
+  ASSERT_FALSE(stale.ok()) << "the old Pod's status was written on the new Pod: " << (*stale)["status"].dump();
+  EXPECT_TRUE(RecreatedUnderSameName(stale.error())) << stale.error().ToString();
+  auto current = client_->Get(resources::Pods(), "podstatus", "rank-0");
+  ASSERT_TRUE(current.ok()) << current.error().ToString();
+  EXPECT_EQ((*current)["metadata"].value("uid", ""), new_uid);
+  EXPECT_NE((*current)["status"].value("phase", ""), "Failed");
+
+  // Other refusals are not taken for it: a Pod that is not there at all, a bad status.
+  auto missing = client_->MergePatch(resources::Pods(), "podstatus", "rank-9", PodStatusPatch(old_uid, exited), "status");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_FALSE(RecreatedUnderSameName(missing.error())) << missing.error().ToString();
+  auto invalid = client_->MergePatch(resources::Pods(), "podstatus", "rank-0",
+                                     PodStatusPatch(new_uid, {{"podIP", "not-an-ip"}, {"podIPs", json::array({{{"ip", "not-an-ip"}}})}}), "status");
+  ASSERT_FALSE(invalid.ok());
+  EXPECT_TRUE(IsInvalid(invalid.error())) << invalid.error().ToString();
+  EXPECT_FALSE(RecreatedUnderSameName(invalid.error())) << invalid.error().ToString();
 }
 
 TEST_F(ClusterTest, WatchSeesCreateUpdateDelete) {
