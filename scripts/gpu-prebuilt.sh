@@ -7,7 +7,7 @@
 #                                         executable, the gpu tests' CTest file (paths made
 #                                         relative) and the two Debian libraries meshwork-train
 #                                         links besides libtorch (yaml-cpp, prometheus-cpp-core)
-#                                         into one folder laid out like a build folder (~19 MiB: the
+#                                         into one folder laid out like a build folder (43 MiB on 2026-12-04: the
 #                                         kernels' code for 3 GPU architectures)
 #   scripts/gpu-prebuilt.sh run CMD...    GPU machine: runs CMD with LD_LIBRARY_PATH set to the
 #                                         carried libraries, then the machine's own torch, CUDA
