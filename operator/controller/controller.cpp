@@ -21,6 +21,14 @@ k8s::InformerOptions HoldingPodsInformer() {
   return o;
 }
 
+// A Node's Ready condition status ("" when it has none).
+std::string ReadyOf(const json& node) {
+  for (const auto& c : node.value("status", json::object()).value("conditions", json::array())) {
+    if (c.is_object() && c.value("type", "") == "Ready") return c.value("status", "");
+  }
+  return "";
+}
+
 }  // namespace
 
 Controller::Controller(k8s::Client* client, ControllerOptions options, ControllerHooks hooks)
@@ -31,12 +39,14 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
       pods_(client, k8s::resources::Pods(), options_.ns, ChildInformer()),
       services_(client, k8s::resources::Services(), options_.ns, ChildInformer()),
       holding_pods_(client, k8s::resources::Pods(), options_.ns, HoldingPodsInformer()),
+      nodes_(client, k8s::resources::Nodes(), ""),
       queue_(options_.queue) {
   ReconcilerOptions reconciler_options = options_.reconciler;
   reconciler_options.pods_namespace = options_.ns;
   reconciler_ = std::make_unique<Reconciler>(client_, &jobs_.store(), &pods_.store(), &services_.store(), &index_,
                                              reconciler_options, hooks_.reconciler);
   reconciler_->SetHoldingPods(&holding_pods_.store());
+  reconciler_->SetNodes(&nodes_.store());
 
   k8s::EventHandlers job_handlers;
   job_handlers.on_add = [this](const json& obj) { Enqueue(k8s::ObjectKey(obj)); };
@@ -85,11 +95,29 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
     if (auto k = service_job(obj); !k.empty()) Enqueue(k);
   };
   services_.AddEventHandlers(service_handlers);
+
+  // Only a move of Ready matters (a node's status is written every heartbeat).
+  k8s::EventHandlers node_handlers;
+  node_handlers.on_update = [this](const json& old_obj, const json& obj) {
+    if (ReadyOf(old_obj) != ReadyOf(obj)) EnqueueJobsOn(k8s::ObjectKey(obj));
+  };
+  node_handlers.on_delete = [this](const json& obj) { EnqueueJobsOn(k8s::ObjectKey(obj)); };
+  nodes_.AddEventHandlers(node_handlers);
+}
+
+void Controller::EnqueueJobsOn(const std::string& node) {
+  // A Ready transition is rare; a walk of the job Pods' cache then is cheaper than keeping a
+  // second index up to date on every Pod event.
+  for (const json& pod : pods_.store().List()) {
+    if (pod.value("spec", json::object()).value("nodeName", "") != node) continue;
+    if (const std::string job = PodIndex::JobKeyOf(pod); !job.empty()) Enqueue(job);
+  }
 }
 
 Controller::~Controller() { Stop(); }
 
 void Controller::StartInformers() {
+  nodes_.Start();
   holding_pods_.Start();
   pods_.Start();
   services_.Start();
@@ -97,12 +125,13 @@ void Controller::StartInformers() {
 }
 
 bool Controller::HasSynced() const {
-  return jobs_.HasSynced() && pods_.HasSynced() && services_.HasSynced() && holding_pods_.HasSynced();
+  return jobs_.HasSynced() && pods_.HasSynced() && services_.HasSynced() && holding_pods_.HasSynced() &&
+         nodes_.HasSynced();
 }
 
 bool Controller::WaitForSync(std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (const k8s::Informer* inf : {&jobs_, &pods_, &services_, &holding_pods_}) {
+  for (const k8s::Informer* inf : {&jobs_, &pods_, &services_, &holding_pods_, &nodes_}) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (!inf->WaitForSync(std::max(left, std::chrono::milliseconds(0)))) return false;
   }
@@ -114,6 +143,7 @@ std::string Controller::NotSyncedReason() const {
   if (!pods_.HasSynced()) return "Pod cache not synced: " + pods_.LastError();
   if (!services_.HasSynced()) return "Service cache not synced: " + services_.LastError();
   if (!holding_pods_.HasSynced()) return "cache of Pods holding room not synced: " + holding_pods_.LastError();
+  if (!nodes_.HasSynced()) return "Node cache not synced: " + nodes_.LastError();
   return "";
 }
 
@@ -140,6 +170,7 @@ void Controller::Stop() {
   pods_.Stop();
   services_.Stop();
   holding_pods_.Stop();
+  nodes_.Stop();
 }
 
 void Controller::SetPhase(const std::string& key, const std::string& phase) {

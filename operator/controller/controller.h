@@ -65,6 +65,8 @@ class Controller {
   void Worker();
   void Enqueue(const std::string& key) { queue_.Add(key); }
   void SetPhase(const std::string& key, const std::string& phase);
+  // Queues the jobs with a Pod on `node` (its Ready condition moved, or it was deleted).
+  void EnqueueJobsOn(const std::string& node);
 
   k8s::Client* client_;
   ControllerOptions options_;
@@ -73,6 +75,7 @@ class Controller {
   k8s::Informer pods_;
   k8s::Informer services_;
   k8s::Informer holding_pods_;  // every Pod not Succeeded or Failed, for gang admission
+  k8s::Informer nodes_;         // every Node: a rank on one NotReady or gone is lost
   PodIndex index_;
   k8s::WorkQueue queue_;
   std::unique_ptr<Reconciler> reconciler_;

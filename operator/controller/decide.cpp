@@ -86,6 +86,8 @@ PodView ViewPod(const json& pod) {
   v.generation = LabelNumber(labels, kGenerationLabel);
   v.world_size = LabelNumber(labels, kWorldSizeLabel);
   if (labels.contains(kMeshLabel) && labels[kMeshLabel].is_string()) v.mesh = labels[kMeshLabel].get<std::string>();
+  const json spec = pod.value("spec", json::object());
+  if (spec.is_object() && spec.contains("nodeName") && spec["nodeName"].is_string()) v.node = spec["nodeName"];
   const json status = pod.value("status", json::object());
   v.phase = status.value("phase", "Pending");
   v.reason = status.value("reason", "");
@@ -213,6 +215,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     return plan;
   }
   RecordShape(*spec, plan.status);
+  std::optional<policy::Decision> node_wait = policy::MarkNodeLoss(in, *spec, &pods);
   const policy::JobState job{in, *spec, plan.status, std::move(pods)};
 
   // Runs one policy: true when it decided the phase. A decision about the gang carries the
@@ -227,6 +230,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     End(plan, *d, in);
     return true;
   };
+  decided(std::move(node_wait));
   if (decided(policy::Suspend(job))) return plan;
   decided(policy::Resume(job));
   if (decided(policy::Deadline(job))) return plan;

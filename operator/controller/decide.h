@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,12 @@ struct PodView {
   std::string phase;        // Pending, Running, Succeeded, Failed, Unknown
   bool ready = false;
   bool terminating = false;              // has a deletionTimestamp
+  std::string node;                      // spec.nodeName, "" while unscheduled
+  // The Pod's node is lost (NotReady past spec.runPolicy.nodeLossGraceSeconds, or deleted): the
+  // rank is gone whatever its phase says, and a delete must not wait for a kubelet (grace 0).
+  // Set by Decide from Observed::unhealthy_nodes; node_lost_why says how, for messages.
+  bool node_lost = false;
+  std::string node_lost_why;
   std::optional<int> exit_code;          // the trainer container's, once terminated
   std::string reason;                    // why it ended or waits (OOMKilled, StartError, ...)
   std::string message;
@@ -79,9 +86,22 @@ struct PodView {
 };
 PodView ViewPod(const nlohmann::json& pod);
 
+// A node one of the job's Pods is bound to that is not Ready, as the Node informer shows it.
+struct NodeHealth {
+  bool deleted = false;  // no such Node (anymore): its ranks are lost at once
+  // Ready's status (False, or Unknown: the node lifecycle controller's mark of a kubelet that
+  // stopped reporting), since its lastTransitionTime. A node without a readable Ready condition or
+  // time is not judged (the node lifecycle controller always writes both).
+  std::string ready;
+  std::optional<SystemTime> since;
+  std::string reason;  // Ready's reason, e.g. NodeStatusUnknown
+};
+
 struct Observed {
   nlohmann::json job;
   std::vector<nlohmann::json> pods;   // Pods labelled with the job's name, any generation
+  // The nodes of `pods` that are not Ready or do not exist, by name (Ready ones are absent).
+  std::map<std::string, NodeHealth> unhealthy_nodes;
   bool service_exists = false;
   // The trainer config is checked only when Pods are about to be created (an edit applies to the
   // next gang and must not fail a running one). The problem found by ValidateTrainerConfig (or a

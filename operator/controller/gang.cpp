@@ -110,6 +110,15 @@ GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<j
   for (const json& n : node_list.value("items", json::array())) {
     if (At(n, "spec").value("unschedulable", false)) continue;
     const json status = At(n, "status");
+    // A node that is not Ready runs nothing new (the node lifecycle controller taints it
+    // NoSchedule): counting its room would admit a gang the scheduler cannot place, as after a
+    // node loss, when the gang restarts on the nodes left. (A node with no Ready condition at all
+    // is counted: only a node said to be not Ready is left out.)
+    bool ready = true;
+    for (const json& c : status.value("conditions", json::array())) {
+      if (c.is_object() && c.value("type", "") == "Ready") ready = c.value("status", "") == "True";
+    }
+    if (!ready) continue;
     const json alloc = status.contains("allocatable") ? At(status, "allocatable") : At(status, "capacity");
     Node node;
     node.name = At(n, "metadata").value("name", "");

@@ -172,6 +172,28 @@ std::vector<json> Reconciler::OwnedPods(const std::string& key, const std::strin
   return owned;
 }
 
+std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<json>& pods) const {
+  std::map<std::string, NodeHealth> unhealthy;
+  if (nodes_ == nullptr) return unhealthy;
+  for (const auto& pod : pods) {
+    const std::string node = pod.value("spec", json::object()).value("nodeName", "");
+    if (node.empty() || unhealthy.count(node)) continue;
+    const auto cached = nodes_->Get(node);
+    if (!cached) {
+      unhealthy[node].deleted = true;
+      continue;
+    }
+    for (const auto& c : cached->value("status", json::object()).value("conditions", json::array())) {
+      if (!c.is_object() || c.value("type", "") != "Ready" || c.value("status", "") == "True") continue;
+      NodeHealth& h = unhealthy[node];
+      h.ready = c.value("status", "");
+      h.reason = c.value("reason", "");
+      h.since = ParseTime(c.value("lastTransitionTime", ""));
+    }
+  }
+  return unhealthy;
+}
+
 std::optional<TrainerReport> Reconciler::Scrape(const std::string& key, const json& job, const JobSpec& spec,
                                                 const std::vector<json>& pods) {
   if (spec.metrics_port <= 0) return std::nullopt;
@@ -587,7 +609,8 @@ std::optional<ReconcileOutcome> Reconciler::DeletePods(const std::string& ns, co
   for (const auto& pod : pods) {
     k8s::DeleteOptions opts;
     opts.precondition_uid = pod.uid;
-    opts.grace_period_seconds = options_.pod_delete_grace_seconds;
+    // On a lost node no kubelet will finish a graceful delete (and the name stays taken).
+    opts.grace_period_seconds = pod.node_lost ? 0 : options_.pod_delete_grace_seconds;
     auto deleted = api_->Delete(k8s::resources::Pods(), ns, pod.name, opts);
     if (deleted.ok()) {
       if (hooks_.pod_deleted) hooks_.pod_deleted();
@@ -695,6 +718,7 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   in.report_interval = options_.report_interval;
   std::set<std::string> seen_uids;
   in.pods = OwnedPods(key, meta.value("uid", ""), &seen_uids);
+  in.unhealthy_nodes = UnhealthyNodes(in.pods);
   // Pods this operator created that the cache has not shown yet: deciding now would take them
   // for deleted ones (client-go's "expectations").
   if (!ExpectationsMet(key, seen_uids)) return look_again;

@@ -79,8 +79,13 @@ class Reconciler {
   // cache, kept by an informer, instead of listing them on every admission (a list per admission
   // made a burst of 2,000 jobs quadratic). Unset: it lists.
   void SetHoldingPods(const k8s::Store* holding_pods) { holding_pods_ = holding_pods; }
+  // The Nodes, kept by an informer: a rank on a node that is NotReady or gone is lost
+  // (policy/node_loss.cpp). Unset: nodes are not judged.
+  void SetNodes(const k8s::Store* nodes) { nodes_ = nodes; }
 
   ReconcileOutcome Reconcile(const std::string& key);
+  // The nodes of `pods` that are not Ready or no longer exist (from SetNodes' cache).
+  std::map<std::string, NodeHealth> UnhealthyNodes(const std::vector<nlohmann::json>& pods) const;
   // Forget per-job memory (last scrape time) of a deleted job.
   void Forget(const std::string& key);
 
@@ -155,6 +160,7 @@ class Reconciler {
   const k8s::Store* pods_;
   const k8s::Store* services_;
   const k8s::Store* holding_pods_ = nullptr;
+  const k8s::Store* nodes_ = nullptr;
   const PodIndex* index_;
   ReconcilerOptions options_;
   ReconcilerHooks hooks_;

@@ -448,6 +448,8 @@ Result<JobSpec> ParseSpec(const json& job) {
                                      std::numeric_limits<int32_t>::max(), &s.active_deadline_seconds));
   MW_RETURN_IF_ERROR(ReadOptionalInt(rp, "ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished", 0,
                                      std::numeric_limits<int32_t>::max(), &s.ttl_seconds_after_finished));
+  MW_RETURN_IF_ERROR(ReadIntAs(rp, "nodeLossGraceSeconds", "spec.runPolicy.nodeLossGraceSeconds", 0, 86400,
+                               &s.node_loss_grace_seconds));
   MW_RETURN_IF_ERROR(ReadBool(rp, "suspend", "spec.runPolicy.suspend", &s.suspend));
   MW_RETURN_IF_ERROR(ReadEnum<CleanPodPolicy>(rp, "cleanPodPolicy", "spec.runPolicy.cleanPodPolicy",
                                               {{"None", CleanPodPolicy::kNone},

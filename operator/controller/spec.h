@@ -130,6 +130,10 @@ struct JobSpec {
   int backoff_limit = 3;
   std::optional<int64_t> active_deadline_seconds;
   std::optional<int64_t> ttl_seconds_after_finished;
+  // runPolicy.nodeLossGraceSeconds: how long a node a rank runs on may be NotReady (Ready False
+  // or Unknown) before the rank counts as lost and the gang restarts elsewhere as a disruption.
+  // A deleted node loses its ranks at once.
+  int64_t node_loss_grace_seconds = 30;
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
   GangAdmission gang_admission = GangAdmission::kOperator;

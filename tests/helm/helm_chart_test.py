@@ -191,7 +191,7 @@ def main():
     if docs:
         dep = check_deployment("namespaced", docs, 1)
         cluster_roles = objects(docs, "ClusterRole")
-        cluster_scoped = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+        cluster_scoped = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
                           {"apiGroups": ["meshwork.dev"], "resources": ["trainingruntimes"], "verbs": ["get"]},
                           {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                            "verbs": ["get"]},

@@ -109,7 +109,7 @@ operator watches one namespace. */}}
 {{- define "meshwork-operator.clusterScopedRules" -}}
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [meshwork.dev]
   resources: [trainingruntimes]
   verbs: [get]

@@ -23,7 +23,7 @@ std::optional<Decision> Deadline(const JobState& job) {
                           std::to_string(deadline),
                       job.in.now);
   // A deadline stops the job whatever cleanPodPolicy says; the policy decides the rest.
-  for (const auto& pod : NotTerminating(job.pods)) {
+  for (const auto& pod : Deletable(job.pods)) {
     if (Active(pod) || job.spec.clean_pod_policy == CleanPodPolicy::kAll) d.remove.push_back(pod);
   }
   return d;

@@ -6,7 +6,7 @@
 //    against backoffLimit) or RestartGangAndIgnoreBackoff;
 //  - else a rank the cluster stopped (its Pod has DisruptionTarget=True: preemption, eviction,
 //    a drain) restarts the gang without counting, as JobSet's and Job's pod failure policies
-//    let one say;
+//    let one say; so does a rank whose node is lost (node_loss.cpp), whatever its phase says;
 //  - else restartPolicy and permanentExitCodes decide between the end and a counted restart.
 // A counted restart past backoffLimit ends the job.
 #include "operator/controller/policy/policy.h"
@@ -105,6 +105,18 @@ std::optional<Decision> Failure(const JobState& job) {
     RankVerdict v = Judge(spec, pod);
     if (!worst || v.outcome > worst->outcome) worst = std::move(v);
   }
+  // A rank on a lost node (node_loss.cpp) is gone whatever its phase says; that is the cluster's
+  // doing, a disruption. A rank that ended there before is judged by how it ended, above.
+  for (const auto& pod : job.Current()) {
+    if (!pod.node_lost || pod.phase == "Failed" || pod.phase == "Succeeded") continue;
+    RankVerdict v;
+    v.outcome = Outcome::kUncounted;
+    v.disruption = true;
+    v.reason = "NodeLost";
+    v.failure = "pod " + pod.name + " is lost with its node";
+    v.why = pod.node_lost_why;
+    if (!worst || v.outcome > worst->outcome) worst = std::move(v);
+  }
   const std::vector<int> missing = job.Missing();
   const bool launched = IntOr(job.status, "launchedGeneration", -1) == job.generation();
   if (!worst && launched && !missing.empty()) {
@@ -125,7 +137,7 @@ std::optional<Decision> Failure(const JobState& job) {
     d.status["restartGeneration"] = job.generation() + 1;
     d.conditions = {{"Restarting", "True", reason, msg}, {"Running", "False", reason, msg}};
     d.events.push_back({"Warning", event, msg});
-    d.remove = NotTerminating(job.pods);
+    d.remove = Deletable(job.pods);
     d.status_first = true;
     return d;
   };

@@ -85,17 +85,17 @@ Decision Finish(const json& status, const std::string& type, const std::string& 
 
 bool Active(const PodView& pod) { return !pod.terminating && pod.phase != "Succeeded" && pod.phase != "Failed"; }
 
-std::vector<PodView> NotTerminating(const std::vector<PodView>& pods) {
+std::vector<PodView> Deletable(const std::vector<PodView>& pods) {
   std::vector<PodView> out;
   for (const auto& pod : pods) {
-    if (!pod.terminating) out.push_back(pod);
+    if (!pod.terminating || pod.node_lost) out.push_back(pod);
   }
   return out;
 }
 
 std::vector<PodView> Clean(CleanPodPolicy policy, const std::vector<PodView>& pods) {
   std::vector<PodView> out;
-  for (const auto& pod : NotTerminating(pods)) {
+  for (const auto& pod : Deletable(pods)) {
     if (policy == CleanPodPolicy::kAll || (policy == CleanPodPolicy::kRunning && Active(pod))) out.push_back(pod);
   }
   return out;

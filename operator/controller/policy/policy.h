@@ -67,8 +67,9 @@ Decision Finish(const nlohmann::json& status, const std::string& type, const std
                 const std::string& message, SystemTime now);
 // The Pods cleanPodPolicy removes once the job has finished (never one already terminating).
 std::vector<PodView> Clean(CleanPodPolicy policy, const std::vector<PodView>& pods);
-// The Pods not already being deleted.
-std::vector<PodView> NotTerminating(const std::vector<PodView>& pods);
+// The Pods a delete still has to reach: those not already being deleted, and those being deleted
+// on a lost node (no kubelet will finish their graceful deletion; they are deleted at once).
+std::vector<PodView> Deletable(const std::vector<PodView>& pods);
 // Neither finished nor being deleted.
 bool Active(const PodView& pod);
 // status.replicas, readyReplicas, activeReplicas, succeededReplicas, failedReplicas and ready
@@ -98,6 +99,10 @@ Decision Finished(const nlohmann::json& status, CleanPodPolicy clean, const std:
 // The reconcile that finishes a job passes may_delete false: its outcome is written first.
 std::optional<Decision> Ttl(const nlohmann::json& job, const nlohmann::json& status, SystemTime now,
                             bool may_delete);
+// node_loss.cpp: marks the Pods whose node is lost (PodView::node_lost): NotReady for
+// spec.runPolicy.nodeLossGraceSeconds, or deleted. While a node of a rank is NotReady within its
+// grace, an adjustment that looks again when the grace ends. Runs before the policies below.
+std::optional<Decision> MarkNodeLoss(const Observed& in, const JobSpec& spec, std::vector<PodView>* pods);
 // invalid_spec.cpp: a spec or trainer config the operator cannot run fails the job (InvalidSpec).
 Decision InvalidSpec(const nlohmann::json& status, const std::vector<PodView>& pods, const std::string& message,
                      SystemTime now);

@@ -11,7 +11,7 @@ std::optional<Decision> StaleGang(const JobState& job) {
   }
   if (stale.empty()) return std::nullopt;
   Decision d;
-  d.remove = NotTerminating(stale);
+  d.remove = Deletable(stale);
   const bool had_a_gang = ConditionTrue(job.status, "Restarting") || job.status.value("phase", "") == "Running";
   d.phase = had_a_gang ? "Restarting" : "Created";
   d.requeue_after = std::chrono::seconds(5);

@@ -26,7 +26,7 @@ std::optional<Decision> Suspend(const JobState& job) {
   if (!job.spec.suspend && !job.in.queued) return std::nullopt;
   Decision d;
   d.phase = "Suspended";
-  d.remove = NotTerminating(job.pods);
+  d.remove = Deletable(job.pods);
   // runPolicy.suspend first: a job the user suspended stays so whatever Kueue says.
   const std::string reason = job.spec.suspend ? "JobSuspended" : "Queued";
   const std::string msg = job.spec.suspend ? "the job is suspended: its Pods are deleted until runPolicy.suspend is false"

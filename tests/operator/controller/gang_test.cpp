@@ -71,6 +71,20 @@ TEST(FitGang, SpreadsOverNodesAndHonoursSelectorsGpusAndUnschedulable) {
   EXPECT_FALSE(FitGang(gpu_nodes, List({}), {gpu_pod}).fits);  // limits stand in for requests
 }
 
+// After a node loss the gang restarts on the nodes left: a node whose Ready is False or Unknown
+// (its kubelet stopped reporting) has no room to offer.
+TEST(FitGang, ANodeThatIsNotReadyOffersNoRoom) {
+  const std::vector<json> gang = {Pod("z-0", "1", "", true), Pod("z-1", "1", "", true)};
+  for (const char* ready : {"Unknown", "False"}) {
+    json lost = Node("lost", "8");
+    lost["status"]["conditions"] = json::array({{{"type", "Ready"}, {"status", ready}}});
+    EXPECT_FALSE(FitGang(List({lost, Node("a", "1")}), List({}), gang).fits) << ready;
+  }
+  json healthy = Node("healthy", "8");
+  healthy["status"]["conditions"] = json::array({{{"type", "Ready"}, {"status", "True"}}});
+  EXPECT_TRUE(FitGang(List({healthy, Node("a", "1")}), List({}), gang).fits);
+}
+
 TEST(FitGang, GateIsRecognisedAmongOthers) {
   json p = Pod("x", "1");
   EXPECT_FALSE(HasGangGate(p));

@@ -350,6 +350,8 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
       {{{"runPolicy", {{"restartPolicy", "Always"}}}}, "spec.runPolicy.restartPolicy: unsupported value \"Always\""},
       {{{"runPolicy", {{"permanentExitCodes", {0}}}}}, "spec.runPolicy.permanentExitCodes[0]: 0 must be an exit code"},
       {{{"runPolicy", {{"backoffLimit", -1}}}}, "spec.runPolicy.backoffLimit: -1 is outside"},
+      {{{"runPolicy", {{"nodeLossGraceSeconds", 86401}}}}, "spec.runPolicy.nodeLossGraceSeconds: 86401 is outside"},
+      {{{"runPolicy", {{"nodeLossGraceSeconds", "30s"}}}}, "spec.runPolicy.nodeLossGraceSeconds:"},
       {{{"masterPort", 9400}}, "spec.masterPort: 9400 collides with the metrics ports"},
       // The drill's job that stayed Created 0/2 for ever: the Pod it makes is refused.
       {{{"resources", {{"requests", {{"cpu", "abc"}, {"memory", "1Gi"}}}}}},
