@@ -529,8 +529,15 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
   if (!gated || static_cast<int>(gang.size()) != spec.replicas) return std::nullopt;  // not all here yet
   const std::string ns = job["metadata"].value("namespace", "default");
   std::lock_guard<std::mutex> admission(admission_mu_);
-  auto nodes = api_->List(k8s::resources::Nodes(), "", {});
-  if (!nodes.ok()) return Failed(nodes.error(), "listing Nodes for gang admission of " + key);
+  // The Nodes from their informer's cache (SetNodes), else one list (unit tests).
+  json nodes = {{"items", json::array()}};
+  if (nodes_ != nullptr) {
+    for (auto& n : nodes_->List()) nodes["items"].push_back(std::move(n));
+  } else {
+    auto listed = api_->List(k8s::resources::Nodes(), "", {});
+    if (!listed.ok()) return Failed(listed.error(), "listing Nodes for gang admission of " + key);
+    nodes = std::move(*listed);
+  }
   // Only Pods that hold room (finished ones are most of a busy cluster's): from the informer's
   // cache, else one list (unit tests).
   std::vector<json> holding;
@@ -549,7 +556,7 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
   for (auto& p : holding) {
     if (!OwnedBy(p, uid)) others["items"].push_back(std::move(p));
   }
-  const GangFit fit = FitGang(*nodes, others, gang);
+  const GangFit fit = FitGang(nodes, others, gang);
   if (!fit.fits) {
     std::lock_guard<std::mutex> lock(mu_);
     // Remembered only once the Event is recorded (RecordEvents): a reconcile that fails before

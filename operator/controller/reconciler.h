@@ -80,7 +80,8 @@ class Reconciler {
   // made a burst of 2,000 jobs quadratic). Unset: it lists.
   void SetHoldingPods(const k8s::Store* holding_pods) { holding_pods_ = holding_pods; }
   // The Nodes, kept by an informer: a rank on a node that is NotReady or gone is lost
-  // (policy/node_loss.cpp). Unset: nodes are not judged.
+  // (policy/node_loss.cpp), and gang admission reads their room from it. Unset: nodes are not
+  // judged, and admission lists them.
   void SetNodes(const k8s::Store* nodes) { nodes_ = nodes; }
 
   ReconcileOutcome Reconcile(const std::string& key);
