@@ -45,7 +45,7 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
   reconciler_options.pods_namespace = options_.ns;
   reconciler_ = std::make_unique<Reconciler>(client_, &jobs_.store(), &pods_.store(), &services_.store(), &index_,
                                              reconciler_options, hooks_.reconciler);
-  reconciler_->SetHoldingPods(&holding_pods_.store());
+  reconciler_->SetRoomLedger(&room_);
   reconciler_->SetNodes(&nodes_.store());
 
   k8s::EventHandlers job_handlers;
@@ -95,6 +95,12 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
     if (auto k = service_job(obj); !k.empty()) Enqueue(k);
   };
   services_.AddEventHandlers(service_handlers);
+
+  k8s::EventHandlers room_handlers;
+  room_handlers.on_add = [this](const json& obj) { room_.Set(k8s::ObjectKey(obj), obj); };
+  room_handlers.on_update = [this](const json&, const json& obj) { room_.Set(k8s::ObjectKey(obj), obj); };
+  room_handlers.on_delete = [this](const json& obj) { room_.Remove(k8s::ObjectKey(obj)); };
+  holding_pods_.AddEventHandlers(room_handlers);
 
   // Only a move of Ready matters (a node's status is written every heartbeat).
   k8s::EventHandlers node_handlers;

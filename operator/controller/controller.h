@@ -74,7 +74,8 @@ class Controller {
   k8s::Informer jobs_;
   k8s::Informer pods_;
   k8s::Informer services_;
-  k8s::Informer holding_pods_;  // every Pod not Succeeded or Failed, for gang admission
+  k8s::Informer holding_pods_;  // every Pod not Succeeded or Failed: what room_ is kept from
+  RoomLedger room_;             // the room those Pods take, for gang admission
   k8s::Informer nodes_;         // every Node: a rank on one NotReady or gone is lost
   PodIndex index_;
   k8s::WorkQueue queue_;

@@ -13,19 +13,23 @@ namespace {
 
 using nlohmann::json;
 
-struct Resources {
-  double cpu = 0;
-  int64_t memory = 0;
-  int64_t gpus = 0;
-  bool FitsIn(const Resources& free) const {
-    return cpu <= free.cpu + 1e-9 && memory <= free.memory && gpus <= free.gpus;
-  }
-  void Take(const Resources& r) {
-    cpu -= r.cpu;
-    memory -= r.memory;
-    gpus -= r.gpus;
-  }
-};
+using Resources = PodRequests;
+
+bool FitsIn(const Resources& need, const Resources& free) {
+  return need.cpu <= free.cpu + 1e-9 && need.memory <= free.memory && need.gpus <= free.gpus;
+}
+
+void Take(Resources& from, const Resources& r) {
+  from.cpu -= r.cpu;
+  from.memory -= r.memory;
+  from.gpus -= r.gpus;
+}
+
+void Add(Resources& to, const Resources& r) {
+  to.cpu += r.cpu;
+  to.memory += r.memory;
+  to.gpus += r.gpus;
+}
 
 json At(const json& j, const char* key) {
   return j.is_object() && j.contains(key) && !j[key].is_null() ? j[key] : json::object();
@@ -39,23 +43,6 @@ double Cpu(const json& q) {
 int64_t Bytes(const json& q) {
   auto v = ParseBytes(q);
   return v.ok() ? *v : 0;
-}
-
-// A container's request for each resource: requests, else limits (the API server defaults one
-// to the other), summed over the containers.
-Resources RequestsOf(const json& pod) {
-  Resources r;
-  const json containers = At(pod, "spec").value("containers", json::array());
-  for (const json& c : containers) {
-    const json res = At(c, "resources");
-    json effective = At(res, "limits");
-    const json requests = At(res, "requests");  // named: items() of a temporary would dangle
-    for (const auto& [k, v] : requests.items()) effective[k] = v;
-    if (effective.contains("cpu")) r.cpu += Cpu(effective["cpu"]);
-    if (effective.contains("memory")) r.memory += Bytes(effective["memory"]);
-    if (effective.contains("nvidia.com/gpu")) r.gpus += static_cast<int64_t>(Cpu(effective["nvidia.com/gpu"]));
-  }
-  return r;
 }
 
 bool Finished(const json& pod) {
@@ -81,8 +68,8 @@ bool Matches(const json& pod, const Node& node) {
 // First fit: the node index, or -1.
 int Place(const json& pod, const Resources& need, std::vector<Node>& nodes) {
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!Matches(pod, nodes[i]) || !need.FitsIn(nodes[i].free)) continue;
-    nodes[i].free.Take(need);
+    if (!Matches(pod, nodes[i]) || !FitsIn(need, nodes[i].free)) continue;
+    Take(nodes[i].free, need);
     return static_cast<int>(i);
   }
   return -1;
@@ -95,18 +82,9 @@ std::string Describe(const Resources& r) {
   return os.str();
 }
 
-}  // namespace
-
-bool HasGangGate(const json& pod) {
-  for (const json& g : At(pod, "spec").value("schedulingGates", json::array())) {
-    if (g.is_object() && g.value("name", "") == kGangGate) return true;
-  }
-  return false;
-}
-
-GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<json>& gang) {
+// The schedulable, Ready Nodes of a NodeList with their allocatable room.
+std::vector<Node> NodesOf(const json& node_list, std::map<std::string, size_t>* by_name) {
   std::vector<Node> nodes;
-  std::map<std::string, size_t> by_name;
   for (const json& n : node_list.value("items", json::array())) {
     if (At(n, "spec").value("unschedulable", false)) continue;
     const json status = At(n, "status");
@@ -126,26 +104,16 @@ GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<j
     if (alloc.contains("cpu")) node.free.cpu = Cpu(alloc["cpu"]);
     if (alloc.contains("memory")) node.free.memory = Bytes(alloc["memory"]);
     if (alloc.contains("nvidia.com/gpu")) node.free.gpus = static_cast<int64_t>(Cpu(alloc["nvidia.com/gpu"]));
-    by_name[node.name] = nodes.size();
+    (*by_name)[node.name] = nodes.size();
     nodes.push_back(std::move(node));
   }
-  // What is taken: bound Pods where they are; Pods admitted but not bound yet wherever they fit.
-  std::vector<json> unbound;
-  for (const json& p : pod_list.value("items", json::array())) {
-    if (Finished(p)) continue;
-    const std::string node = At(p, "spec").value("nodeName", "");
-    if (!node.empty()) {
-      auto it = by_name.find(node);
-      if (it != by_name.end()) nodes[it->second].free.Take(RequestsOf(p));
-      continue;
-    }
-    // A gang Pod released by the operator counts even while another gate still holds it (Kueue's
-    // topology gate, lifted once Kueue has picked its domain): its room is promised.
-    const json labels = At(At(p, "metadata"), "labels");
-    if (labels.contains(kJobLabel) && !HasGangGate(p)) unbound.push_back(p);
-  }
-  for (const json& p : unbound) Place(p, RequestsOf(p), nodes);
+  return nodes;
+}
 
+// Places the released, not yet bound Pods and then the gang, on `nodes` with the bound Pods'
+// room already taken.
+GangFit PlaceGang(std::vector<Node>& nodes, const std::vector<json>& unbound, const std::vector<json>& gang) {
+  for (const json& p : unbound) Place(p, RequestsOf(p), nodes);
   std::vector<std::pair<Resources, const json*>> want;
   Resources total;
   for (const json& p : gang) {
@@ -174,6 +142,129 @@ GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<j
   }
   out.fits = true;
   return out;
+}
+
+// A gang Pod released by the operator and not bound yet: its room is promised, even while another
+// gate still holds it (Kueue's topology gate, lifted once Kueue has picked its domain).
+bool Released(const json& p) {
+  const json labels = At(At(p, "metadata"), "labels");
+  return At(p, "spec").value("nodeName", "").empty() && labels.contains(kJobLabel) && !HasGangGate(p);
+}
+
+}  // namespace
+
+bool HasGangGate(const json& pod) {
+  for (const json& g : At(pod, "spec").value("schedulingGates", json::array())) {
+    if (g.is_object() && g.value("name", "") == kGangGate) return true;
+  }
+  return false;
+}
+
+// A container's request for each resource: requests, else limits (the API server defaults one
+// to the other), summed over the containers.
+PodRequests RequestsOf(const json& pod) {
+  PodRequests r;
+  const json containers = At(pod, "spec").value("containers", json::array());
+  for (const json& c : containers) {
+    const json res = At(c, "resources");
+    json effective = At(res, "limits");
+    const json requests = At(res, "requests");  // named: items() of a temporary would dangle
+    for (const auto& [k, v] : requests.items()) effective[k] = v;
+    if (effective.contains("cpu")) r.cpu += Cpu(effective["cpu"]);
+    if (effective.contains("memory")) r.memory += Bytes(effective["memory"]);
+    if (effective.contains("nvidia.com/gpu")) r.gpus += static_cast<int64_t>(Cpu(effective["nvidia.com/gpu"]));
+  }
+  return r;
+}
+
+
+GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<json>& gang) {
+  std::map<std::string, size_t> by_name;
+  std::vector<Node> nodes = NodesOf(node_list, &by_name);
+  // What is taken: bound Pods where they are; Pods admitted but not bound yet wherever they fit.
+  std::vector<json> unbound;
+  for (const json& p : pod_list.value("items", json::array())) {
+    if (Finished(p)) continue;
+    const std::string node = At(p, "spec").value("nodeName", "");
+    if (!node.empty()) {
+      auto it = by_name.find(node);
+      if (it != by_name.end()) Take(nodes[it->second].free, RequestsOf(p));
+      continue;
+    }
+    if (Released(p)) unbound.push_back(p);
+  }
+  return PlaceGang(nodes, unbound, gang);
+}
+
+GangFit FitGang(const json& node_list, const RoomLedger::Snapshot& taken, const std::vector<json>& gang) {
+  std::map<std::string, size_t> by_name;
+  std::vector<Node> nodes = NodesOf(node_list, &by_name);
+  for (const auto& [node, requests] : taken.bound) {
+    auto it = by_name.find(node);
+    if (it != by_name.end()) Take(nodes[it->second].free, requests);
+  }
+  return PlaceGang(nodes, taken.released, gang);
+}
+
+void RoomLedger::Set(const std::string& key, const json& pod) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Drop(key);
+  if (Finished(pod)) return;
+  Entry e;
+  e.node = At(pod, "spec").value("nodeName", "");
+  const json refs = At(pod, "metadata").value("ownerReferences", json::array());
+  if (refs.is_array() && !refs.empty() && refs[0].is_object()) e.owner_uid = refs[0].value("uid", "");
+  e.version = At(pod, "metadata").value("resourceVersion", "");
+  e.requests = RequestsOf(pod);
+  if (!e.node.empty()) {
+    Add(bound_[e.node], e.requests);
+    Add(bound_by_owner_[{e.node, e.owner_uid}], e.requests);
+  } else if (Released(pod)) {
+    e.released = pod;
+  }
+  pods_[key] = std::move(e);
+}
+
+void RoomLedger::Remove(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Drop(key);
+}
+
+void RoomLedger::Drop(const std::string& key) {
+  auto it = pods_.find(key);
+  if (it == pods_.end()) return;
+  const Entry& e = it->second;
+  if (!e.node.empty()) {
+    Take(bound_[e.node], e.requests);
+    auto owned = bound_by_owner_.find({e.node, e.owner_uid});
+    if (owned != bound_by_owner_.end()) {
+      Take(owned->second, e.requests);
+      if (owned->second.cpu < 1e-9 && owned->second.memory == 0 && owned->second.gpus == 0) bound_by_owner_.erase(owned);
+    }
+  }
+  pods_.erase(it);
+}
+
+RoomLedger::Snapshot RoomLedger::Taken(const std::string& skip_owner_uid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Snapshot s;
+  s.bound = bound_;
+  if (!skip_owner_uid.empty()) {
+    for (auto& [node, requests] : s.bound) {
+      auto owned = bound_by_owner_.find({node, skip_owner_uid});
+      if (owned != bound_by_owner_.end()) Take(requests, owned->second);
+    }
+  }
+  for (const auto& [key, e] : pods_) {
+    if (!e.released.is_null() && e.owner_uid != skip_owner_uid) s.released.push_back(e.released);
+  }
+  return s;
+}
+
+std::string RoomLedger::VersionOf(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pods_.find(key);
+  return it == pods_.end() ? "" : it->second.version;
 }
 
 }  // namespace meshwork::op

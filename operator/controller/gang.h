@@ -5,6 +5,10 @@
 // plain JSON: the Nodes, the Pods that use or will use their capacity, and the gang.
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -30,5 +34,52 @@ struct GangFit {
 // gang gate: another gate, such as Kueue's topology gate, does not make its room free).
 // Taints, affinity and ports are not considered (the scheduler still checks them).
 GangFit FitGang(const nlohmann::json& nodes, const nlohmann::json& pods, const std::vector<nlohmann::json>& gang);
+
+// What a Pod asks of a node: its containers' requests (else limits), summed.
+struct PodRequests {
+  double cpu = 0;
+  int64_t memory = 0;
+  int64_t gpus = 0;
+};
+PodRequests RequestsOf(const nlohmann::json& pod);
+
+// The room the cluster's Pods take, kept up to date one Pod event at a time (the operator feeds
+// it from its informer of Pods that hold room), so that an admission reads a summary whose size
+// is the node count and the few released Pods not bound yet, instead of copying every Pod.
+class RoomLedger {
+ public:
+  // The Pod of `key` is now `pod` (an add or an update); Remove: it is gone, or finished.
+  void Set(const std::string& key, const nlohmann::json& pod);
+  void Remove(const std::string& key);
+
+  struct Snapshot {
+    std::map<std::string, PodRequests> bound;   // node name -> what its bound, unfinished Pods ask
+    std::vector<nlohmann::json> released;       // gang Pods released, not bound yet (FitGang's rule)
+  };
+  // What the Pods not owned by `skip_owner_uid` (the gang being placed) take.
+  Snapshot Taken(const std::string& skip_owner_uid) const;
+  // The resourceVersion of the Pod of `key` as last Set, "" when the ledger does not have it.
+  std::string VersionOf(const std::string& key) const;
+
+ private:
+  struct Entry {
+    std::string node;        // "" when not bound
+    std::string owner_uid;   // the first ownerReference's uid
+    std::string version;     // metadata.resourceVersion
+    PodRequests requests;
+    nlohmann::json released;  // the Pod, when it is a released gang Pod not bound yet; else null
+  };
+  void Drop(const std::string& key);  // mu_ held
+
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> pods_;  // by Pod key, the Pods that take or will take room
+  std::map<std::string, PodRequests> bound_;  // node -> the sum of its bound Pods' requests
+  // (node, owner uid) -> the part of bound_ that owner's Pods take: an admission leaves the gang's
+  // own job out, as FitGang's caller leaves the job's own Pods out of `pods`.
+  std::map<std::pair<std::string, std::string>, PodRequests> bound_by_owner_;
+};
+
+// FitGang with the other Pods' room from a ledger's Snapshot.
+GangFit FitGang(const nlohmann::json& nodes, const RoomLedger::Snapshot& taken, const std::vector<nlohmann::json>& gang);
 
 }  // namespace meshwork::op

@@ -538,25 +538,24 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
     if (!listed.ok()) return Failed(listed.error(), "listing Nodes for gang admission of " + key);
     nodes = std::move(*listed);
   }
-  // Only Pods that hold room (finished ones are most of a busy cluster's): from the informer's
-  // cache, else one list (unit tests).
-  std::vector<json> holding;
-  if (holding_pods_ != nullptr) {
-    holding = holding_pods_->List();
+  // What the other Pods take: the ledger's summary (kept by the informer of Pods that hold room,
+  // its size the node count and the Pods released but not bound yet), else one list (unit tests).
+  // This gang's own Pods are what is being placed, not what takes room.
+  const std::string uid = job["metadata"].value("uid", "");
+  GangFit fit;
+  if (room_ != nullptr) {
+    fit = FitGang(nodes, room_->Taken(uid), gang);
   } else {
     k8s::ListOptions lo;
     lo.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
     auto listed = api_->List(k8s::resources::Pods(), options_.pods_namespace, lo);
     if (!listed.ok()) return Failed(listed.error(), "listing Pods for gang admission of " + key);
-    holding = std::move(listed.value()["items"].get_ref<json::array_t&>());
+    json others = {{"items", json::array()}};
+    for (auto& p : listed.value()["items"]) {
+      if (!OwnedBy(p, uid)) others["items"].push_back(std::move(p));
+    }
+    fit = FitGang(nodes, others, gang);
   }
-  // This gang's own Pods are what is being placed, not what takes room.
-  json others = {{"items", json::array()}};
-  const std::string uid = job["metadata"].value("uid", "");
-  for (auto& p : holding) {
-    if (!OwnedBy(p, uid)) others["items"].push_back(std::move(p));
-  }
-  const GangFit fit = FitGang(nodes, others, gang);
   if (!fit.fits) {
     std::lock_guard<std::mutex> lock(mu_);
     // Remembered only once the Event is recorded (RecordEvents): a reconcile that fails before
@@ -584,17 +583,17 @@ std::optional<ReconcileOutcome> Reconciler::AdmitGang(const std::string& key, co
     if (patched.ok()) released.emplace_back(k8s::ObjectKey(*patched), k8s::ResourceVersionOf(*patched));
   }
   // The next admission must count these Pods as released: wait (still holding admission_mu_)
-  // until the cache has each one at the patch's version or later; a few milliseconds. A Pod
-  // absent from it is not taken for done: that cache may not have seen it yet (it lags the
+  // until the ledger has each one at the patch's version or later; a few milliseconds. A Pod
+  // absent from it is not taken for done: its informer may not have seen it yet (it lags the
   // own-Pods cache the gang was read from), and the next admission would miss its requests and
   // count its room twice, unless the own-Pods cache says it finished or went (it then holds none).
-  if (holding_pods_ != nullptr) {
+  if (room_ != nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     for (const auto& [pod_key, version] : released) {
       while (std::chrono::steady_clock::now() < deadline) {
-        auto cached = holding_pods_->Get(pod_key);
-        if (cached && NotOlder(k8s::ResourceVersionOf(*cached), version)) break;
-        if (!cached) {
+        const std::string seen = room_->VersionOf(pod_key);
+        if (!seen.empty() && NotOlder(seen, version)) break;
+        if (seen.empty()) {
           const auto own = pods_->Get(pod_key);
           const std::string phase = own ? own->value("status", json::object()).value("phase", "") : "";
           if (!own || phase == "Succeeded" || phase == "Failed") break;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "operator/controller/decide.h"
+#include "operator/controller/gang.h"
 #include "operator/k8s/informer.h"
 #include "operator/k8s/object_api.h"
 
@@ -75,10 +76,11 @@ class Reconciler {
   Reconciler(k8s::ObjectApi* api, const k8s::Store* jobs, const k8s::Store* pods, const k8s::Store* services,
              const PodIndex* index, ReconcilerOptions options, ReconcilerHooks hooks);
 
-  // Gang admission reads the Pods that hold room (not Succeeded or Failed, any owner) from this
-  // cache, kept by an informer, instead of listing them on every admission (a list per admission
-  // made a burst of 2,000 jobs quadratic). Unset: it lists.
-  void SetHoldingPods(const k8s::Store* holding_pods) { holding_pods_ = holding_pods; }
+  // Gang admission reads the room the Pods take (not Succeeded or Failed, any owner) from this
+  // ledger, kept by an informer one Pod event at a time, instead of listing the Pods on every
+  // admission (a list per admission made a burst of 2,000 jobs quadratic; a copy of the cache
+  // per admission still grew with the Pods). Unset: it lists.
+  void SetRoomLedger(const RoomLedger* room) { room_ = room; }
   // The Nodes, kept by an informer: a rank on a node that is NotReady or gone is lost
   // (policy/node_loss.cpp), and gang admission reads their room from it. Unset: nodes are not
   // judged, and admission lists them.
@@ -160,7 +162,7 @@ class Reconciler {
   const k8s::Store* jobs_;
   const k8s::Store* pods_;
   const k8s::Store* services_;
-  const k8s::Store* holding_pods_ = nullptr;
+  const RoomLedger* room_ = nullptr;
   const k8s::Store* nodes_ = nullptr;
   const PodIndex* index_;
   ReconcilerOptions options_;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 namespace meshwork::op {
 namespace {
 
@@ -83,6 +85,53 @@ TEST(FitGang, ANodeThatIsNotReadyOffersNoRoom) {
   json healthy = Node("healthy", "8");
   healthy["status"]["conditions"] = json::array({{{"type", "Ready"}, {"status", "True"}}});
   EXPECT_TRUE(FitGang(List({healthy, Node("a", "1")}), List({}), gang).fits);
+}
+
+// The ledger, fed one Pod event at a time, answers as FitGang over the Pods it was fed (less the
+// gang's own job's): over a long run of adds, binds, finishes and deletes, both agree on whether
+// a gang fits and on what they say is free.
+TEST(RoomLedger, AgreesWithFitGangOverThePodsItWasFed) {
+  const json nodes = List({Node("a", "4"), Node("b", "2"), Node("g", "8", 1, {{"pool", "gpu"}})});
+  const std::vector<json> gang = {Pod("gang-0", "2", "", true), Pod("gang-1", "2", "", true)};
+  const std::string gang_owner = "job-uid-0";
+  RoomLedger ledger;
+  std::map<std::string, json> live;  // what an informer's store would hold
+  uint64_t seed = 12345;
+  auto next = [&seed](uint64_t n) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (seed >> 33) % n;
+  };
+  int fits = 0;
+  for (int event = 0; event < 600; ++event) {
+    const std::string name = "p" + std::to_string(next(12));
+    const std::string key = "ns/" + name;
+    const uint64_t what = next(6);
+    if (what == 0) {
+      ledger.Remove(key);
+      live.erase(key);
+    } else {
+      const char* node = what == 1 ? "" : (what == 2 ? "a" : (what == 3 ? "b" : "g"));
+      const char* phase = next(5) == 0 ? "Succeeded" : "Running";
+      json pod = Pod(name, std::to_string(1 + next(2)), node, next(3) == 0, phase, next(4) != 0);
+      pod["metadata"]["ownerReferences"] = json::array({{{"uid", "job-uid-" + std::to_string(next(3))}}});
+      pod["metadata"]["resourceVersion"] = std::to_string(event + 1);
+      ledger.Set(key, pod);
+      live[key] = pod;
+      EXPECT_EQ(ledger.VersionOf(key), phase == std::string("Succeeded") ? "" : std::to_string(event + 1));
+    }
+    json others = {{"items", json::array()}};
+    for (const auto& [k, pod] : live) {
+      if (pod["metadata"]["ownerReferences"][0]["uid"] != gang_owner) others["items"].push_back(pod);
+    }
+    const GangFit listed = FitGang(nodes, others, gang);
+    const GangFit kept = FitGang(nodes, ledger.Taken(gang_owner), gang);
+    ASSERT_EQ(kept.fits, listed.fits) << "event " << event;
+    ASSERT_EQ(kept.why, listed.why) << "event " << event;
+    fits += listed.fits ? 1 : 0;
+  }
+  // Both answers occur, or the comparison proves little.
+  EXPECT_GT(fits, 30);
+  EXPECT_LT(fits, 570);
 }
 
 TEST(FitGang, GateIsRecognisedAmongOthers) {

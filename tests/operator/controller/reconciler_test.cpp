@@ -784,18 +784,18 @@ TEST_F(ReconcilerTest, AFailedCreateIsRetriedWithoutAStatusWrite) {
   EXPECT_THAT(events_, Not(Contains("Created")));
 }
 
-// Gang admission counts the Pods that hold room from the informer's cache (SetHoldingPods), with
-// no list per admission: a foreign Pod there keeps the gang gated until it is gone.
-TEST_F(ReconcilerTest, GangAdmissionReadsTheHoldingPodsCacheNotAList) {
-  k8s::Store holding;
-  reconciler_->SetHoldingPods(&holding);
+// Gang admission counts the room Pods take from the ledger the informer keeps (SetRoomLedger),
+// with no list per admission: a foreign Pod there keeps the gang gated until it is gone.
+TEST_F(ReconcilerTest, GangAdmissionReadsTheRoomLedgerNotAList) {
+  RoomLedger holding;
+  reconciler_->SetRoomLedger(&holding);
   api_.Add(k8s::resources::Nodes(), json::parse(R"({"metadata": {"name": "n1"},
     "status": {"allocatable": {"cpu": "2", "memory": "8Gi", "pods": "110"}}})"));
   SetJob(Job({{"resources", {{"requests", {{"cpu", "1"}}}}}}));
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);  // the gang's Pods, behind their gate
   SyncJob();
   SyncPods();
-  holding.Upsert("other/big", json::parse(R"({"metadata": {"name": "big", "namespace": "other", "uid": "big-uid"},
+  holding.Set("other/big", json::parse(R"({"metadata": {"name": "big", "namespace": "other", "uid": "big-uid"},
     "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
     "status": {"phase": "Running"}})"));
   // A GangWaiting Event lost with its status write (a conflict) is given again by the retry.
@@ -812,21 +812,21 @@ TEST_F(ReconcilerTest, GangAdmissionReadsTheHoldingPodsCacheNotAList) {
   EXPECT_THAT(events_, Not(Contains("GangWaiting")));
   holding.Remove("other/big");
   SyncJob();
-  // The holding cache shows the released Pods only a while after their PATCH (the watch): the
-  // admission must not end before it does, or the next one would count their room as free.
+  // The ledger shows the released Pods only a while after their PATCH (the watch): the admission
+  // must not end before it does, or the next one would count their room as free.
   std::atomic<bool> returned{false};
   std::atomic<bool> returned_before_cache{false};
   std::thread watch([&] {
     while (Calls("patch pods").size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     returned_before_cache = returned.load();
-    for (const char* name : {"tiny-0", "tiny-1"}) holding.Upsert(std::string("ml/") + name, *api_.Find(k8s::resources::Pods(), "ml", name));
+    for (const char* name : {"tiny-0", "tiny-1"}) holding.Set(std::string("ml/") + name, *api_.Find(k8s::resources::Pods(), "ml", name));
   });
   const ReconcileOutcome out = reconciler_->Reconcile(kKey);
   returned = true;
   watch.join();
   ASSERT_TRUE(out.ok) << out.message;
-  EXPECT_FALSE(returned_before_cache) << "the admission ended before the holding cache showed the released Pods";
+  EXPECT_FALSE(returned_before_cache) << "the admission ended before the ledger showed the released Pods";
   EXPECT_THAT(events_, Contains("GangAdmitted"));
   EXPECT_THAT(Calls("patch pods"), ElementsAre("patch pods ml/tiny-0", "patch pods ml/tiny-1"));
   EXPECT_THAT(Calls("list pods"), IsEmpty());
