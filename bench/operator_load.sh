@@ -15,6 +15,10 @@
 #   ROWS="500x1 500x2 2000x1": rows of JOBSxPODS_PER_JOB instead (overrides jobs and replicas).
 #   TIMEOUT_S (default 900): give up on a row after this many seconds and report what is stuck.
 #   KEEP_DIR: copy each row's logs, metrics, timeline and data dir there at the end.
+#   POD_NETWORK (default none): meshwork-cluster's --pod-network. With auto every Pod gets an
+#   address on its node's /24 bridge, and the node agent releases it only when the Pod is deleted
+#   (kubelet releases it when the Pod finishes): past about 250 finished Pods a node, new Pods
+#   fail with FailedCreatePodSandBox. none is also what the rows before the Pod network ran.
 set -euo pipefail
 
 cmdline="bench/operator_load.sh${*:+ $*}"
@@ -35,6 +39,7 @@ for row in "${rows[@]}"; do
   [[ "$row" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "ROWS: \"$row\" is not JOBSxPODS (e.g. 2000x1)" >&2; exit 2; }
 done
 timeout_s="${TIMEOUT_S:-900}"
+pod_network="${POD_NETWORK:-none}"
 out="$root/bench/results/operator_load.md"
 command -v kubectl >/dev/null || { echo "kubectl is not installed (scripts/setup.sh)" >&2; exit 1; }
 
@@ -145,7 +150,8 @@ for row in "${rows[@]}"; do
   k() { kubectl --request-timeout=60s "$@"; }
 
   # ---- a fresh control plane, the CRD, a namespace, one operator
-  (cd "$run" && exec "$cp_bin" --data-dir "$run/cp" --node-agent "$tmp/bin/meshwork-node-agent" >"$run/cp.log" 2>&1) &
+  (cd "$run" && exec "$cp_bin" --data-dir "$run/cp" --node-agent "$tmp/bin/meshwork-node-agent" \
+    --pod-network "$pod_network" >"$run/cp.log" 2>&1) &
   cp_pid=$!
   for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
   grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; exit 1; }
@@ -235,9 +241,10 @@ for row in "${rows[@]}"; do
   stop_all
 
   python3 - "$run/metrics.txt" "$njobs" "$r" "$t_apply" "${t_pods:-}" "${t_done:-}" "$elapsed" "$depth_max" \
-    "$op_cpu" "$cp_cpu" "$pods_cpu" "$op_hwm" "$cp_hwm" >>"$tmp/table.md" <<'PY'
+    "$op_cpu" "$cp_cpu" "$pods_cpu" "$op_hwm" "$cp_hwm" "$pod_network" "$(git -C "$root" rev-parse --short HEAD)" \
+    >>"$tmp/table.md" <<'PY'
 import re, sys
-m, jobs, r, t_apply, t_pods, t_done, elapsed, depth, op_cpu, cp_cpu, pods_cpu, op_hwm, cp_hwm = sys.argv[1:]
+m, jobs, r, t_apply, t_pods, t_done, elapsed, depth, op_cpu, cp_cpu, pods_cpu, op_hwm, cp_hwm, net, commit = sys.argv[1:]
 vals = {}
 for line in open(m):
     mm = re.match(r'^(\w+)(\{[^}]*\})? ([0-9.e+-]+)$', line.strip())
@@ -247,7 +254,7 @@ rec = sum(x for k, x in vals.items() if k.startswith("meshwork_operator_reconcil
 err = "/".join(str(v('meshwork_operator_reconcile_errors_total{reason="%s"}' % x)) for x in ("conflict", "api", "other"))
 span = float(t_done or elapsed)
 cell = lambda t: f"{float(t):.1f} s" if t else f"not after {float(elapsed):.0f} s"
-print(f"| meshwork-cluster (kube 1.37.2) | {jobs} | {r} | {t_apply} | {cell(t_pods)} | {cell(t_done)} | {rec:.0f} | {rec / span:.1f} | {err} | "
+print(f"| meshwork-cluster (kube 1.37.2, Pod network {net}, {commit}) | {jobs} | {r} | {t_apply} | {cell(t_pods)} | {cell(t_done)} | {rec:.0f} | {rec / span:.1f} | {err} | "
       f"{v('meshwork_operator_pods_created_total')}/{v('meshwork_operator_pods_deleted_total')} | {depth} | "
       f"{op_cpu} s | {cp_cpu} s | {float(pods_cpu):.1f} s | {int(op_hwm) / 1024:.1f} MiB | {int(cp_hwm) / 1024:.1f} MiB |")
 PY
