@@ -203,6 +203,10 @@ struct PodRuntime::Impl {
     std::string start_time;
     bool stopping = false;
     bool remove_when_stopped = false;
+    // Its network namespace (and with it the address) went when it finished, as kubelet tears
+    // down a finished Pod's sandbox: a node's addresses must not run out under finished Pods
+    // that are kept (a job's cleanPodPolicy), only under running ones.
+    bool network_released = false;
     SteadyClock::time_point kill_at;
     std::map<std::string, std::pair<bool, std::string>> conditions;  // type -> (true?, since)
     json reported;  // the status Poll last returned
@@ -801,9 +805,13 @@ struct PodRuntime::Impl {
           std::error_code ec;
           fs::remove_all(pod.dir, ec);
           if (pod.netns.empty()) ips_in_use.erase(pod.ip_slot);
-          if (!pod.netns.empty()) networks_to_release.push_back(pod.uid);
+          if (!pod.netns.empty() && !pod.network_released) networks_to_release.push_back(pod.uid);
           it = pods.erase(it);
         } else {
+          if (!pod.netns.empty() && !pod.network_released && FinishedLocked(pod)) {
+            networks_to_release.push_back(pod.uid);
+            pod.network_released = true;
+          }
           ++it;
         }
       }
@@ -919,6 +927,14 @@ struct PodRuntime::Impl {
       c.spec["env"] = env;
     }
     return Status::Ok();
+  }
+
+  // Every container ended for good (Succeeded or Failed): nothing will run in the Pod again.
+  bool FinishedLocked(const Pod& pod) const {
+    for (const Container& c : pod.containers) {
+      if (c.state != State::kDone) return false;
+    }
+    return !pod.containers.empty();
   }
 
   bool StoppedLocked(const Pod& pod) const {
@@ -1206,7 +1222,7 @@ PodRuntime::~PodRuntime() {
   if (impl_->options.network) {
     std::vector<std::string> uids = std::move(impl_->networks_to_release);
     for (const auto& [uid, pod] : impl_->pods) {
-      if (!pod.netns.empty()) uids.push_back(uid);
+      if (!pod.netns.empty() && !pod.network_released) uids.push_back(uid);
     }
     impl_->ReleaseNetworks(uids);
   }

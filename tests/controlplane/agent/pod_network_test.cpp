@@ -418,5 +418,37 @@ TEST_F(PodNetworkTest, TheRuntimeRunsPodsInTheirNamespacesAndReleasesThemWhenRem
   EXPECT_EQ(Leases(Options().dir), 0);
 }
 
+// A finished Pod gives its address back at once, as kubelet tears down a finished Pod's sandbox,
+// though the Pod itself stays (a job's cleanPodPolicy keeps it): 500 finished one-Pod jobs on one
+// node once ran its /24 out of addresses (FailedCreatePodSandBox). Its status keeps the podIP.
+TEST_F(PodNetworkTest, AFinishedPodReleasesItsAddressButKeepsItsStatus) {
+  Network();
+  RuntimeOptions o;
+  o.state_dir = dir_ + "/state";
+  o.monitor_interval = 10ms;
+  o.network = network_;
+  o.network_service_host = cluster_->gateway();
+  auto made = PodRuntime::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  runtime_ = std::move(made).value();
+  ASSERT_TRUE(runtime_->Start(MakePod("done", "exit 0")).ok());
+  ASSERT_TRUE(runtime_->Start(MakePod("failed", "exit 3")).ok());
+  ASSERT_TRUE(runtime_->Start(MakePod("running", "sleep 60")).ok());
+  const std::string done_ip = runtime_->PodIP("done-uid");
+  ASSERT_TRUE(WaitUntil([&] { return network_->Attached() == std::vector<std::string>{"running-uid"}; }))
+      << network_->Attached().size() << " Pods still attached";
+  EXPECT_EQ(Leases(Options().dir), 1) << "only the running Pod holds an address";
+  EXPECT_EQ(runtime_->StatusOf("done-uid")["phase"], "Succeeded");
+  EXPECT_EQ(runtime_->StatusOf("failed-uid")["phase"], "Failed");
+  EXPECT_EQ(runtime_->StatusOf("done-uid")["podIP"], done_ip);
+  // Removing the finished Pods later releases nothing twice; the running one still goes as before.
+  runtime_->Remove("done-uid");
+  runtime_->Remove("failed-uid");
+  runtime_->Remove("running-uid");
+  EXPECT_TRUE(WaitUntil([&] { return network_->Attached().empty(); }));
+  EXPECT_EQ(BridgePorts(cluster_->bridge()), 0);
+  EXPECT_EQ(Leases(Options().dir), 0);
+}
+
 }  // namespace
 }  // namespace meshwork::controlplane::agent
