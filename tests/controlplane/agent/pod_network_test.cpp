@@ -419,8 +419,8 @@ TEST_F(PodNetworkTest, TheRuntimeRunsPodsInTheirNamespacesAndReleasesThemWhenRem
 }
 
 // A finished Pod gives its address back at once, as kubelet tears down a finished Pod's sandbox,
-// though the Pod itself stays (a job's cleanPodPolicy keeps it): 500 finished one-Pod jobs on one
-// node once ran its /24 out of addresses (FailedCreatePodSandBox). Its status keeps the podIP.
+// though the Pod itself stays (a job's cleanPodPolicy keeps it): else a node's /24 runs out of
+// addresses under a few hundred finished Pods (FailedCreatePodSandBox). Its status keeps the podIP.
 TEST_F(PodNetworkTest, AFinishedPodReleasesItsAddressButKeepsItsStatus) {
   Network();
   RuntimeOptions o;

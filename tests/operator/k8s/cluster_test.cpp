@@ -125,8 +125,8 @@ TEST_F(ClusterTest, StaleResourceVersionIsAConflict) {
 
 // The node agent's Pod status patch (controlplane/agent/pod_status_patch.h) names the Pod's uid: a
 // status of a Pod that was deleted and made again under its name (a gang restart reuses its ranks'
-// names) is refused and leaves the new Pod alone. Without the uid an old rank's exit 9 once landed
-// on the new rank, and the operator restarted the gang a second time.
+// names) is refused and leaves the new Pod alone: by name alone, an old rank's exit would land on
+// the new rank, and the operator would restart the gang again.
 TEST_F(ClusterTest, PodStatusPatchOfARecreatedPodIsRefused) {
   using controlplane::agent::PodStatusPatch;
   using controlplane::agent::RecreatedUnderSameName;
