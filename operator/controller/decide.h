@@ -88,7 +88,11 @@ PodView ViewPod(const nlohmann::json& pod);
 
 // A node one of the job's Pods is bound to that is not Ready, as the Node informer shows it.
 struct NodeHealth {
-  bool deleted = false;  // no such Node (anymore): its ranks are lost at once
+  // No such Node in the operator's cache: deleted, or one so new that the cache has not shown it
+  // yet. `since` is then when the Pod was bound to it: its ranks are lost once they have been
+  // bound for the grace (at once when that time is unknown), so a new Node is never taken for a
+  // deleted one.
+  bool deleted = false;
   // Ready's status (False, or Unknown: the node lifecycle controller's mark of a kubelet that
   // stopped reporting), since its lastTransitionTime. A node without a readable Ready condition or
   // time is not judged (the node lifecycle controller always writes both).

@@ -180,7 +180,14 @@ std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<j
     if (node.empty() || unhealthy.count(node)) continue;
     const auto cached = nodes_->Get(node);
     if (!cached) {
-      unhealthy[node].deleted = true;
+      NodeHealth& h = unhealthy[node];
+      h.deleted = true;
+      // When the Pod was bound: its PodScheduled condition, else (bound by its spec) its creation.
+      const json status = pod.value("status", json::object());
+      for (const auto& c : status.value("conditions", json::array())) {
+        if (c.is_object() && c.value("type", "") == "PodScheduled") h.since = ParseTime(c.value("lastTransitionTime", ""));
+      }
+      if (!h.since) h.since = ParseTime(pod.value("metadata", json::object()).value("creationTimestamp", ""));
       continue;
     }
     for (const auto& c : cached->value("status", json::object()).value("conditions", json::array())) {

@@ -132,7 +132,8 @@ struct JobSpec {
   std::optional<int64_t> ttl_seconds_after_finished;
   // runPolicy.nodeLossGraceSeconds: how long a node a rank runs on may be NotReady (Ready False
   // or Unknown) before the rank counts as lost and the gang restarts elsewhere as a disruption.
-  // A deleted node loses its ranks at once.
+  // A deleted node loses its ranks once they have been bound to it for as long (so at once, but
+  // for a node too new for the operator's cache to show).
   int64_t node_loss_grace_seconds = 30;
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;

@@ -17,19 +17,21 @@ std::optional<Decision> MarkNodeLoss(const Observed& in, const JobSpec& spec, st
     auto it = in.unhealthy_nodes.find(pod.node);
     if (it == in.unhealthy_nodes.end()) continue;
     const NodeHealth& node = it->second;
-    if (node.deleted) {
+    if (node.deleted && !node.since) {
       pod.node_lost = true;
       pod.node_lost_why = "node " + pod.node + " was deleted";
       continue;
     }
     if (!node.since) continue;  // not judged (decide.h)
     const auto down = std::chrono::duration_cast<std::chrono::seconds>(in.now - *node.since);
-    const std::string how = "node " + pod.node + " is NotReady (Ready " + node.ready +
-                            (node.reason.empty() ? "" : ", " + node.reason) + ") since " + FormatTime(*node.since);
+    const std::string how =
+        node.deleted ? "node " + pod.node + " was deleted (the Pod was bound to it at " + FormatTime(*node.since) + ")"
+                     : "node " + pod.node + " is NotReady (Ready " + node.ready +
+                           (node.reason.empty() ? "" : ", " + node.reason) + ") since " + FormatTime(*node.since);
     if (down >= grace) {
       pod.node_lost = true;
-      pod.node_lost_why = how + ", " + std::to_string(down.count()) + " s, past runPolicy.nodeLossGraceSeconds " +
-                          std::to_string(grace.count());
+      pod.node_lost_why = node.deleted ? how : how + ", " + std::to_string(down.count()) +
+                                                   " s, past runPolicy.nodeLossGraceSeconds " + std::to_string(grace.count());
     } else if (pod.phase != "Succeeded" && pod.phase != "Failed") {
       const auto left = grace - down;
       if (!first_end || left < *first_end) first_end = left;

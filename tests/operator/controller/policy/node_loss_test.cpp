@@ -80,6 +80,24 @@ TEST(NodeLossTest, ARankOnADeletedNodeRestartsTheGangAsADisruptionAndItsPodGoesA
   }
 }
 
+// A Node missing from the cache may be one too new for it: a rank bound to it within the grace
+// waits for the rest of the grace; one bound longer ago is lost at once.
+TEST(NodeLossTest, AMissingNodeLosesOnlyRanksBoundLongerAgoThanTheGrace) {
+  const SystemTime bound = kT0 + 100s;
+  Observed in = Gang({}, Running(), bound + 2s);
+  in.report_interval = 60s;
+  in.unhealthy_nodes["node-a"] = NodeHealth{true, "", bound, ""};
+  Plan p = Decide(in);
+  EXPECT_EQ(p.phase, "Running");
+  ASSERT_TRUE(p.requeue_after.has_value());
+  EXPECT_EQ(*p.requeue_after, 28s);
+  in.now = bound + 3600s;  // deleted an hour after the binding
+  p = Decide(in);
+  EXPECT_EQ(p.phase, "Restarting");
+  EXPECT_THAT(EventMessage(p, "GangRestartAfterDisruption"),
+              HasSubstr("(node node-a was deleted (the Pod was bound to it at " + FormatTime(bound) + "))"));
+}
+
 TEST(NodeLossTest, ANotReadyNodeLosesItsRanksOnlyOnceTheGraceHasPassed) {
   const SystemTime since = kT0 + 100s;
   // 10 s into the default 30 s grace: nothing changes, the job looks again in 20 s.
