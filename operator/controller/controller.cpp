@@ -21,14 +21,6 @@ k8s::InformerOptions HoldingPodsInformer() {
   return o;
 }
 
-// A Node's Ready condition status ("" when it has none).
-std::string ReadyOf(const json& node) {
-  for (const auto& c : node.value("status", json::object()).value("conditions", json::array())) {
-    if (c.is_object() && c.value("type", "") == "Ready") return c.value("status", "");
-  }
-  return "";
-}
-
 }  // namespace
 
 Controller::Controller(k8s::Client* client, ControllerOptions options, ControllerHooks hooks)
@@ -105,7 +97,11 @@ Controller::Controller(k8s::Client* client, ControllerOptions options, Controlle
   // Only a move of Ready matters (a node's status is written every heartbeat).
   k8s::EventHandlers node_handlers;
   node_handlers.on_update = [this](const json& old_obj, const json& obj) {
-    if (ReadyOf(old_obj) != ReadyOf(obj)) EnqueueJobsOn(k8s::ObjectKey(obj));
+    auto ready = [](const json& node) {
+      const json c = ReadyConditionOf(node);
+      return c.is_null() ? std::string() : c.value("status", "");
+    };
+    if (ready(old_obj) != ready(obj)) EnqueueJobsOn(k8s::ObjectKey(obj));
   };
   node_handlers.on_delete = [this](const json& obj) { EnqueueJobsOn(k8s::ObjectKey(obj)); };
   nodes_.AddEventHandlers(node_handlers);

@@ -92,11 +92,8 @@ std::vector<Node> NodesOf(const json& node_list, std::map<std::string, size_t>* 
     // NoSchedule): counting its room would admit a gang the scheduler cannot place, as after a
     // node loss, when the gang restarts on the nodes left. (A node with no Ready condition at all
     // is counted: only a node said to be not Ready is left out.)
-    bool ready = true;
-    for (const json& c : status.value("conditions", json::array())) {
-      if (c.is_object() && c.value("type", "") == "Ready") ready = c.value("status", "") == "True";
-    }
-    if (!ready) continue;
+    const json ready = ReadyConditionOf(n);
+    if (!ready.is_null() && ready.value("status", "") != "True") continue;
     const json alloc = status.contains("allocatable") ? At(status, "allocatable") : At(status, "capacity");
     Node node;
     node.name = At(n, "metadata").value("name", "");
@@ -152,6 +149,13 @@ bool Released(const json& p) {
 }
 
 }  // namespace
+
+json ReadyConditionOf(const json& node) {
+  for (const json& c : At(node, "status").value("conditions", json::array())) {
+    if (c.is_object() && c.value("type", "") == "Ready") return c;
+  }
+  return nullptr;
+}
 
 bool HasGangGate(const json& pod) {
   for (const json& g : At(pod, "spec").value("schedulingGates", json::array())) {

@@ -18,6 +18,10 @@ namespace meshwork::op {
 
 inline constexpr const char* kGangGate = "meshwork.dev/gang";
 
+// A Node's Ready condition, null when it has none: gang admission leaves out a Node whose status
+// is not True, and node loss (policy/node_loss.cpp) reads its status, reason and time.
+nlohmann::json ReadyConditionOf(const nlohmann::json& node);
+
 // Whether `pod` still carries kGangGate.
 bool HasGangGate(const nlohmann::json& pod);
 

@@ -190,13 +190,12 @@ std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<j
       if (!h.since) h.since = ParseTime(pod.value("metadata", json::object()).value("creationTimestamp", ""));
       continue;
     }
-    for (const auto& c : cached->value("status", json::object()).value("conditions", json::array())) {
-      if (!c.is_object() || c.value("type", "") != "Ready" || c.value("status", "") == "True") continue;
-      NodeHealth& h = unhealthy[node];
-      h.ready = c.value("status", "");
-      h.reason = c.value("reason", "");
-      h.since = ParseTime(c.value("lastTransitionTime", ""));
-    }
+    const json ready = ReadyConditionOf(*cached);
+    if (ready.is_null() || ready.value("status", "") == "True") continue;
+    NodeHealth& h = unhealthy[node];
+    h.ready = ready.value("status", "");
+    h.reason = ready.value("reason", "");
+    h.since = ParseTime(ready.value("lastTransitionTime", ""));
   }
   return unhealthy;
 }

@@ -184,6 +184,23 @@ class PodNetworkTest : public ::testing::Test {
     return *network_;
   }
 
+  // A runtime on this test's network (Network()), its Pods finding the API server on the
+  // bridge, the machine's KUBERNETES_SERVICE_HOST 127.0.0.1 for host-network Pods.
+  bool StartRuntime() {
+    Network();
+    RuntimeOptions o;
+    o.state_dir = dir_ + "/state";
+    o.monitor_interval = 10ms;
+    o.network = network_;
+    o.network_service_host = cluster_->gateway();
+    o.extra_env = {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"}};
+    auto made = PodRuntime::Create(o);
+    EXPECT_TRUE(made.ok()) << made.status().message();
+    if (!made.ok()) return false;
+    runtime_ = std::move(made).value();
+    return true;
+  }
+
   std::optional<cluster::ClusterNetwork> cluster_;
   std::shared_ptr<PodNetwork> network_;
   std::unique_ptr<PodRuntime> runtime_;
@@ -381,16 +398,7 @@ json MakePod(const std::string& name, const std::string& script, bool host_netwo
 }
 
 TEST_F(PodNetworkTest, TheRuntimeRunsPodsInTheirNamespacesAndReleasesThemWhenRemoved) {
-  Network();
-  RuntimeOptions o;
-  o.state_dir = dir_ + "/state";
-  o.monitor_interval = 10ms;
-  o.network = network_;
-  o.network_service_host = cluster_->gateway();
-  o.extra_env = {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"}};
-  auto made = PodRuntime::Create(o);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  runtime_ = std::move(made).value();
+  ASSERT_TRUE(StartRuntime());
   const std::string report = "ip -o -4 addr show; echo service-host=$KUBERNETES_SERVICE_HOST";
   ASSERT_TRUE(runtime_->Start(MakePod("own", report + "; sleep 60")).ok());
   ASSERT_TRUE(runtime_->Start(MakePod("host", report, true)).ok());
@@ -422,15 +430,7 @@ TEST_F(PodNetworkTest, TheRuntimeRunsPodsInTheirNamespacesAndReleasesThemWhenRem
 // though the Pod itself stays (a job's cleanPodPolicy keeps it): else a node's /24 runs out of
 // addresses under a few hundred finished Pods (FailedCreatePodSandBox). Its status keeps the podIP.
 TEST_F(PodNetworkTest, AFinishedPodReleasesItsAddressButKeepsItsStatus) {
-  Network();
-  RuntimeOptions o;
-  o.state_dir = dir_ + "/state";
-  o.monitor_interval = 10ms;
-  o.network = network_;
-  o.network_service_host = cluster_->gateway();
-  auto made = PodRuntime::Create(o);
-  ASSERT_TRUE(made.ok()) << made.status().message();
-  runtime_ = std::move(made).value();
+  ASSERT_TRUE(StartRuntime());
   ASSERT_TRUE(runtime_->Start(MakePod("done", "exit 0")).ok());
   ASSERT_TRUE(runtime_->Start(MakePod("failed", "exit 3")).ok());
   ASSERT_TRUE(runtime_->Start(MakePod("running", "sleep 60")).ok());
