@@ -36,7 +36,7 @@ e2e_start_controlplane "$build/controlplane/cluster/meshwork-cluster" --nodes "$
 e2e_apply_crd "$root" || { echo "the CRDs did not apply" >&2; exit 1; }
 mkdir -p "$work/data"
 meshwork-train prepare-data --out "$work/data/train.bin" "$root/README.md" "$root/docs" >/dev/null || exit 1
-port="$(e2e_free_port)"
+port="$(free_port)"
 "$build/operator/meshwork-operator" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$port" \
   --leader-elect false --report-interval-s 2 --pod-delete-grace-s 5 >>"$work/op.log" 2>&1 &
 e2e_track $!

@@ -56,7 +56,7 @@ inline int EphemeralPortRangeEnd() {
 }
 
 // Where picks are recorded: $TMPDIR (else /tmp)/meshwork-port-picks, one empty file per port, shared
-// with the e2e tests' picker (tests/common/e2e_lib.sh: e2e_free_port).
+// with the e2e tests' picker (tests/common/free_port.sh: free_port).
 inline std::string PortPickDir() {
   const char* tmp = std::getenv("TMPDIR");
   return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/meshwork-port-picks";

@@ -1,7 +1,10 @@
 # Shared by the bash checks that run meshwork binaries directly (cli_e2e, distributed_e2e,
 # calibration_e2e): PASS/FAIL lines with counts, an exit-code-and-message check, and the closing
-# "N passed, N failed" line. Source it; end with `checks_done NAME`.
+# "N passed, N failed" line, and free_port (free_port.sh). Source it; end with `checks_done NAME`.
 # shellcheck shell=bash
+
+# shellcheck source=tests/common/free_port.sh
+source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
 passed=0
 failed=0

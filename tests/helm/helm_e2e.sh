@@ -51,7 +51,7 @@ e2e_wait_serving $! "$work/cp.log" "the control plane" || exit 1
   fail "prepare-data"
 
 # ---- install: helm template | kubectl apply
-port="$(e2e_free_port)"
+port="$(free_port)"
 k create namespace "$ns" >/dev/null
 "$helm" template meshwork "$chart" -n "$ns" --kube-version 1.29.0 --include-crds --skip-tests \
   --set metricsPort="$port" --set operator.reportIntervalSeconds=2 --set operator.podDeleteGraceSeconds=5 \
@@ -99,8 +99,8 @@ leader="$(curl -s "http://$pod_ip:$port/metrics" | awk '$1 == "meshwork_operator
 
 # ---- a TrainingJob, reconciled by the operator the chart installed
 k create namespace ml >/dev/null
-master="$(e2e_free_port)"
-metrics="$(e2e_free_port)"
+master="$(free_port)"
+metrics="$(free_port)"
 cat >"$work/job.yaml" <<EOF
 apiVersion: meshwork.dev/v1alpha1
 kind: TrainingJob
@@ -138,8 +138,8 @@ created="$(curl -s "http://$pod_ip:$port/metrics" | awk '$1 ~ /^meshwork_operato
 
 # ---- a gang launched while the job's Service is there (a suspend, then a resume): the operator
 # checks that Service is the job's own (get services), which the RBAC audit below must allow
-sed -e 's/name: from-helm/name: cycle/' -e "s/masterPort: $master/masterPort: $(e2e_free_port)/" \
-  -e "s/metricsPort: $metrics/metricsPort: $(e2e_free_port)/" -e 's/steps: 20, warmup_steps: 5/steps: 100000, warmup_steps: 5/' \
+sed -e 's/name: from-helm/name: cycle/' -e "s/masterPort: $master/masterPort: $(free_port)/" \
+  -e "s/metricsPort: $metrics/metricsPort: $(free_port)/" -e 's/steps: 20, warmup_steps: 5/steps: 100000, warmup_steps: 5/' \
   "$work/job.yaml" >"$work/cycle.yaml"
 cycle_phase() { [ "$(k -n ml get tj cycle -o jsonpath='{.status.phase}' 2>/dev/null)" = "$1" ]; }
 cycle_gen() { [ "$(k -n ml get tj cycle -o jsonpath='{.status.restartGeneration}/{.status.launchedGeneration}' 2>/dev/null)" = "$1" ]; }
@@ -183,7 +183,7 @@ fi
 k delete -f "$work/no-crd.yaml" --wait=true >/dev/null 2>&1
 gone() { [ -z "$(k -n "$ns" get pods -o name 2>/dev/null)" ]; }
 e2e_wait_for 60 "the applied chart's Pods are gone" gone || fail "kubectl delete of the rendered chart left Pods"
-port2="$(e2e_free_port)"
+port2="$(free_port)"
 release=meshwork-operator
 lease=$release
 leader_pod() { k -n "$ns" get pods -l app.kubernetes.io/instance=$release -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null | head -n 1; }

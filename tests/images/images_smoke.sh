@@ -150,7 +150,7 @@ e2e_start_controlplane "$cp_bin" || { checks_done images_smoke; exit 1; }
 e2e_apply_crd "$src" || fail "the CRDs are not Established"
 # The container runs as 65532: it gets a copy of the kubeconfig it can read.
 install -m 0644 "$KUBECONFIG" "$work/kubeconfig.operator"
-port="$(e2e_free_port)"
+port="$(free_port)"
 name="meshwork-images-smoke-$$"
 if "${podman[@]}" run -d --name "$name" --network host "${ulimits[@]}" --read-only \
      -v "$work/kubeconfig.operator:/etc/meshwork/kubeconfig:ro" "$operator_image" \
@@ -191,8 +191,8 @@ spec:
   image: $trainer_image
   device: cpu
   replicas: 2
-  masterPort: $(e2e_free_port)
-  metricsPort: $(e2e_free_port)
+  masterPort: $(free_port)
+  metricsPort: $(free_port)
   config:
     inline: |
       model: {preset: tiny}

@@ -14,7 +14,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common/checks.sh"
 expect() { expect_exit "$@"; }
 
 # A free port for each launch: other tests launch ranks on this machine at the same time.
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 run=(--set model.preset=tiny --set data.train=synthetic --set data.seq_len=32 --set data.batch_size=2
      --set schedule.steps=3 --set metrics.port=-1 --set logging.every=1000 --set fsdp.mode=compiled

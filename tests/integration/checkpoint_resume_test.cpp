@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/free_port.h"
 #include "tests/common/temp_dir.h"
 
 namespace meshwork {
@@ -135,7 +136,7 @@ class ResumeTest : public ::testing::Test {
                                    const std::string& checkpoint_dir) {
     std::vector<std::string> cmd{kTrainer};
     if (nproc > 1) {
-      cmd.insert(cmd.end(), {"launch", "--nproc", std::to_string(nproc), "--master-port", std::to_string(NextPort())});
+      cmd.insert(cmd.end(), {"launch", "--nproc", std::to_string(nproc), "--master-port", std::to_string(meshwork::testing::FreePort())});
     }
     cmd.push_back("train");
     for (const std::string& s : std::vector<std::string>{
@@ -154,10 +155,6 @@ class ResumeTest : public ::testing::Test {
     return cmd;
   }
 
-  static int NextPort() {
-    static int port = 29800 + static_cast<int>(::getpid() % 100) * 10;
-    return ++port;
-  }
 
   // Trains without interruption, then kills a checkpointing run of the same config once it
   // committed a checkpoint, runs that command again, and compares every step's loss.

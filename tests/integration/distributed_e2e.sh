@@ -22,11 +22,10 @@ common=(--set model.hidden_size=40 --set model.intermediate_size=90 --set model.
 global_batch=8
 
 # run NAME NPROC EXTRA...: trains with batch_size = global / nproc, losses to NAME.jsonl
-port=29700
 run() {
   local name="$1" nproc="$2"
   shift 2
-  port=$((port + 1))
+  port="$(free_port)"
   local cmd=(env MASTER_PORT="$port" "$bin")  # MASTER_PORT: a one-process FSDP run's store
   [ "$nproc" -gt 1 ] && cmd+=(launch --nproc "$nproc" --master-port "$port")
   cmd+=(train "${common[@]}" --set data.batch_size=$((global_batch / nproc)) --set logging.jsonl="$work/$name.jsonl" "$@")
@@ -271,7 +270,7 @@ else
 fi
 
 # A rank killed mid-run: the launcher stops the job, names the rank and the signal, exits 137.
-port=$((port + 1))
+port="$(free_port)"
 "$bin" launch --nproc 2 --master-port "$port" train "${common[@]}" --set data.batch_size=4 \
   --set schedule.steps=100000 --set logging.every=5 >"$work/kill.log" 2>&1 &
 launcher=$!
@@ -293,7 +292,7 @@ if pgrep -f "$work/train.bin" >/dev/null; then fail "ranks left running after th
 # peer is killed, every surviving rank notices on its own, within the collective timeout, and
 # exits with the "unavailable" code (5) and a message naming the failed collective.
 for victim_rank in 1 0; do
-  port=$((port + 1))
+  port="$(free_port)"
   pids=()
   for r in 0 1; do
     RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \

@@ -21,11 +21,10 @@ common=(--set model.hidden_size=40 --set model.intermediate_size=90 --set model.
         --set data.train="$work/train.bin" --set data.seq_len=64 --set metrics.port=-1 --set logging.every=100
         --set optimizer.eps=1e-4 --set dist.timeout_seconds=60 --set mesh.pp=2 --set training.grad_accum=2)
 
-port=29900
 run() {  # run NAME NPROC EXTRA...: losses to NAME.jsonl, output to NAME.log
   local name="$1" nproc="$2"
   shift 2
-  port=$((port + 1))
+  port="$(free_port)"
   timeout 300 "$bin" launch --nproc "$nproc" --master-port "$port" train "${common[@]}" \
     --set logging.jsonl="$work/$name.jsonl" "$@" >"$work/$name.log" 2>&1
 }
@@ -91,7 +90,7 @@ expect_exit "pipemare with mesh.dp_shard 2" 2 "key 'mesh.dp_shard': 2 beside pip
   "$bin" train "${common[@]}" --set pipeline.schedule=pipemare --set mesh.dp_shard=2
 expect_exit "pipemare with mesh.tp 2" 2 "key 'mesh.tp': 2 beside pipeline.schedule: pipemare" -- \
   "$bin" train "${common[@]}" --set pipeline.schedule=pipemare --set mesh.tp=2
-port=$((port + 1))
+port="$(free_port)"
 expect_exit "pipemare with a tied table" 2 "key 'model.tie_word_embeddings': true, but under pipeline.schedule: pipemare" -- \
   timeout 120 "$bin" launch --nproc 2 --master-port "$port" train "${common[@]}" --set pipeline.schedule=pipemare \
   --set model.tie_word_embeddings=true --set schedule.steps=1

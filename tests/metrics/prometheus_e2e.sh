@@ -61,14 +61,14 @@ mkdir -p "$work/data"
 e2e_start_controlplane "$cp_bin" || die "the control plane did not start"
 e2e_apply_crd "$src" || die "the TrainingJob CRD did not apply"
 kubectl create namespace "$ns" >/dev/null || die "create namespace $ns"
-op_port="$(e2e_free_port)"
+op_port="$(free_port)"
 "$op_bin" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$op_port" --report-interval-s 2 \
   >"$work/operator.log" 2>&1 &
 e2e_track $!
 e2e_wait_for 30 "the operator is ready" curl -sf "http://127.0.0.1:$op_port/readyz" || die "the operator is not ready"
 
 # ---- Prometheus: file_sd targets carrying kubernetes_sd's pod labels, relabelled as in the docs
-prom_port="$(e2e_free_port)"
+prom_port="$(free_port)"
 prom="http://127.0.0.1:$prom_port"
 mkdir -p "$work/prometheus"
 echo '[]' >"$work/prometheus/pods.json"
@@ -122,8 +122,8 @@ spec:
   image: meshwork/trainer:e2e
   device: cpu
   replicas: $world
-  masterPort: $(e2e_free_port)
-  metricsPort: $(e2e_free_port)
+  masterPort: $(free_port)
+  metricsPort: $(free_port)
   config:
     inline: |
       model: {preset: tiny}

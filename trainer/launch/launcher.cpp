@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "common/subprocess.h"
@@ -26,6 +27,8 @@ namespace meshwork::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr const char* kRendezvousTokenEnv = "MESHWORK_RENDEZVOUS_TOKEN";
 
 // The last SIGINT/SIGTERM received, for forwarding. A signal handler can only reach state
 // through a global; this one lives only while RunLauncher has its handlers installed.
@@ -100,10 +103,11 @@ std::vector<std::string> ChildEnvironment(const std::map<std::string, std::strin
 
 // Forks and execs one rank in its own process group. Returns the pid, or -1 with the reason in
 // *error; a failed exec returns the pid too, with the reason.
-pid_t SpawnRank(const LaunchOptions& o, int local_rank, std::string* error) {
+pid_t SpawnRank(const LaunchOptions& o, int local_rank, const std::string& token, std::string* error) {
   const int rank = o.node_rank * o.nproc + local_rank;
   const std::string world = std::to_string(o.nnodes * o.nproc);
   std::map<std::string, std::string> vars;
+  if (!token.empty()) vars[kRendezvousTokenEnv] = token;
   for (const char* prefix : {"", "MESHWORK_"}) {
     const std::string p = prefix;
     vars[p + "RANK"] = std::to_string(rank);
@@ -124,6 +128,22 @@ pid_t SpawnRank(const LaunchOptions& o, int local_rank, std::string* error) {
                  : child.failure->ToString();
   }
   return child.pid;  // after a failed exec, a child that exits 127: the caller reaps it
+}
+
+// The token the ranks present to rank 0's store: the one in the environment (the operator's, from
+// the job's Secret), else, when every rank is on this node, one of this launch's own. Two
+// launches that land on one port (a port reused too soon, two jobs picking the same one) then
+// refuse each other's ranks instead of one joining the other's gang and hanging it. Ranks on
+// other nodes have their own launchers, which cannot share a token drawn here.
+std::string RendezvousToken(const LaunchOptions& o) {
+  const char* set = std::getenv(kRendezvousTokenEnv);
+  if (set != nullptr && *set != '\0') return set;
+  if (o.nnodes != 1) return "";
+  std::random_device random;
+  std::string token;
+  constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) token += kHex[random() % 16];
+  return token;
 }
 
 void SignalGroups(const std::vector<Child>& children, int sig) {
@@ -232,12 +252,13 @@ int RunLauncher(const LaunchOptions& o, std::ostream& log) {
     if (!kill_at) kill_at = Clock::now() + o.grace_period;
   };
 
+  const std::string token = RendezvousToken(o);
   for (int i = 0; i < o.nproc; ++i) {
     Child& c = children[i];
     c.local_rank = i;
     c.rank = o.node_rank * o.nproc + i;
     std::string error;
-    c.pid = SpawnRank(o, i, &error);
+    c.pid = SpawnRank(o, i, token, &error);
     if (c.pid < 0) {
       log << "meshwork-launch: rank " << c.rank << " could not be started: " << error << "\n";
       exit_code = 1;

@@ -31,7 +31,9 @@ Result<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
 
 // Runs nproc children, each in its own process group with RANK = node_rank·nproc + i,
 // WORLD_SIZE = nnodes·nproc, LOCAL_RANK = i, LOCAL_WORLD_SIZE = nproc, MASTER_ADDR,
-// MASTER_PORT and the MESHWORK_* equivalents added to this process's environment.
+// MASTER_PORT and the MESHWORK_* equivalents added to this process's environment, and
+// MESHWORK_RENDEZVOUS_TOKEN: the environment's, else, when nnodes is 1, one drawn for this launch
+// (so that another launch's ranks on the same port are refused by rank 0's store).
 // Returns 0 when every rank exits 0. When a rank exits non-zero or is killed, logs which rank
 // and how, sends SIGTERM to the others, SIGKILL after the grace period, and returns that
 // rank's exit code, or 128 + signal if it was killed (127 if the command cannot be executed).

@@ -37,7 +37,7 @@ e2e_apply_crd "$src" || { fail "the CRD did not apply"; finish; }
 kubectl create namespace e2e >/dev/null
 mkdir -p "$work/data"
 "$train_bin" prepare-data --out "$work/data/train.bin" "$src/README.md" "$src/docs" >/dev/null || fail "prepare-data"
-port="$(e2e_free_port)"
+port="$(free_port)"
 "$op_bin" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$port" --leader-elect false \
   --report-interval-s 2 --pod-delete-grace-s 5 >>"$work/op.log" 2>&1 &
 e2e_track $!

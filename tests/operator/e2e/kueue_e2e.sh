@@ -49,7 +49,7 @@ kubectl create namespace kueue-system >/dev/null
 kubectl create namespace kq >/dev/null
 e2e_start_kueue "$KUBECONFIG" "$work/kueue" ||
   { fail "Kueue did not start: $(grep '"level":"error"' "$work/kueue.log" | tail -3)"; finish; }
-port="$(e2e_free_port)"
+port="$(free_port)"
 "$op_bin" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$port" --leader-elect false \
   --report-interval-s 2 --pod-delete-grace-s 2 >>"$work/op.log" 2>&1 &
 e2e_track $!

@@ -62,7 +62,7 @@ e2e_start_kueue "$worker_kubeconfig" "$work/kueue-worker" ||
 for side in manager worker; do
   cfg="$KUBECONFIG"
   [ "$side" = worker ] && cfg="$worker_kubeconfig"
-  "$op_bin" --kubeconfig "$cfg" --metrics-bind-address "127.0.0.1:$(e2e_free_port)" --leader-elect false \
+  "$op_bin" --kubeconfig "$cfg" --metrics-bind-address "127.0.0.1:$(free_port)" --leader-elect false \
     --report-interval-s 2 --pod-delete-grace-s 2 >>"$work/op-$side.log" 2>&1 &
   e2e_track $!
 done

@@ -72,8 +72,8 @@ done
 "$train_bin" prepare-data --out "$work/data/train.bin" --val-out "$work/data/val.bin" "$src/README.md" "$src/docs" >/dev/null ||
   fail "prepare-data"
 
-port_a="$(e2e_free_port)"
-port_b="$(e2e_free_port)"
+port_a="$(free_port)"
+port_b="$(free_port)"
 start_operator a "$port_a"
 e2e_wait_for 30 "operator a leads" grep -q "became leader" "$work/op-a.log" || fail "operator a did not lead: $(cat "$work/op-a.log")"
 start_operator b "$port_b"
@@ -305,7 +305,7 @@ e2e_wait_for 90 "squat succeeds once the name is free" phase_is squat Succeeded 
 # default config under its own keys (60 steps, not the runtime's 150). The runtime's data paths
 # are relative to the control plane's directory ($work).
 mkdir -p "$work/.meshwork" && ln -sfn "$work/data" "$work/.meshwork/data"
-rt_metrics="$(e2e_free_port)"
+rt_metrics="$(free_port)"
 sed "s|^  replicas: 2|  replicas: 2\n  metricsPort: $rt_metrics|" "$src/examples/trainingjob-on-runtime.yaml" |
   k apply -f - >/dev/null
 if e2e_wait_for 30 "tiny-on-runtime waits for its runtime" bash -c \

@@ -40,7 +40,7 @@ fi
 e2e_apply_crd "$src" || { fail "the CRD did not apply"; finish; }
 kubectl create namespace e2e >/dev/null
 
-port="$(e2e_free_port)"
+port="$(free_port)"
 "$op_bin" --kubeconfig "$KUBECONFIG" --metrics-bind-address "127.0.0.1:$port" --identity outage \
   --lease-duration-s 4 --renew-deadline-s 3 --retry-period-s 1 --report-interval-s 2 >>"$work/op.log" 2>&1 &
 op_pid=$!

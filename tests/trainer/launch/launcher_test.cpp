@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -50,6 +51,32 @@ TEST(RunLauncherTest, EveryRankGetsItsEnvironment) {
               rank + " " + std::to_string(i) + " 6 3 trainer-0.example 31337 " + rank + " 6 " +
                   std::to_string(i) + " 31337\n");
   }
+}
+
+// All ranks on one node share a token of this launch, and the next launch draws another: a rank
+// of one cannot join the other's store on a reused port. A token in the environment (the
+// operator's) is passed on, and ranks on several nodes, whose launchers cannot agree on a drawn
+// token, get none.
+TEST(RunLauncherTest, RanksOfOneLaunchShareARendezvousTokenOfTheirOwn) {
+  TempDir dir;
+  ::unsetenv("MESHWORK_RENDEZVOUS_TOKEN");
+  auto tokens = [&](const std::string& launch, int nnodes) {
+    LaunchOptions o = ShellRanks(2, "echo \"$MESHWORK_RENDEZVOUS_TOKEN\" > " + dir.path() + "/" + launch + "_$LOCAL_RANK");
+    o.nnodes = nnodes;
+    std::ostringstream log;
+    EXPECT_EQ(RunLauncher(o, log), 0) << log.str();
+    return std::vector<std::string>{ReadBytes(dir.File(launch + "_0")), ReadBytes(dir.File(launch + "_1"))};
+  };
+  const auto first = tokens("first", 1);
+  EXPECT_EQ(first[0].size(), 33u) << first[0];  // 32 hex digits and the newline
+  EXPECT_EQ(first[0], first[1]);
+  const auto second = tokens("second", 1);
+  EXPECT_EQ(second[0], second[1]);
+  EXPECT_NE(first[0], second[0]);
+  EXPECT_EQ(tokens("nodes", 2), (std::vector<std::string>{"\n", "\n"}));
+  ::setenv("MESHWORK_RENDEZVOUS_TOKEN", "from-the-secret", 1);
+  EXPECT_EQ(tokens("set", 1), (std::vector<std::string>{"from-the-secret\n", "from-the-secret\n"}));
+  ::unsetenv("MESHWORK_RENDEZVOUS_TOKEN");
 }
 
 TEST(RunLauncherTest, FailingRankStopsTheOthersAndPropagatesItsExitCode) {
