@@ -91,8 +91,9 @@ bench_interleave run_one "${names[@]}"
   echo "\`${raw_dest#"$root"/}\`."
   echo
   echo "Configurations: \`<schedule>-m<M>\`: pipeline.schedule over M micro-batches of $batch / M rows."
-  echo "ZB-H1's I and W are two autograd passes here (W repeats the backward through the stage's"
-  echo "layers: docs/compiler.md, \"The executor\"), so it computes more than 1F1B does."
+  echo "ZB-H1's I and W split each backward at its weight-gradient nodes (docs/compiler.md, \"The"
+  echo "executor\"): I + W is B's work; \`training.loss_gradient: auto\` stores the head's logit"
+  echo "gradient under zb-h1 (recomputed under the others, on the CPU)."
   [ -z "${SETS:-}" ] || echo "Every run adds: \`${SETS}\`."
   echo
   python3 "$root/bench/protocol.py" table "$raw" --group rate,config

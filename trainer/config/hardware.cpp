@@ -65,7 +65,10 @@ bool StoresLossGradient(const TrainConfig& cfg, bool cuda) {
     case LossGradient::kRecompute: return false;
     case LossGradient::kAuto: break;
   }
-  return cuda;
+  // Zero-bubble's split backward runs the head's backward twice, once for the hidden states'
+  // gradient and once for the weight's (trainer/pp/split_backward.h): recomputed logits would be
+  // computed in each.
+  return cuda || (cfg.mesh.pp > 1 && cfg.pipeline.schedule == PipelineSchedule::kZeroBubbleH1);
 }
 
 Result<bool> UsesFusedKernels(const TrainConfig& cfg, bool cuda, bool kernels_built) {

@@ -30,7 +30,7 @@ compiler::PlanOptions PlanOptionsOf(const FsdpConfig& fsdp, bool tensor_parallel
 compiler::LlamaShape TrainingShape(const TrainConfig& cfg, bool cuda);
 
 // Whether the fused head + loss keeps the logits' gradient from forward (training.loss_gradient:
-// auto = on CUDA) rather than recomputing the logits in backward.
+// auto = on CUDA, and under a zero-bubble pipeline) rather than recomputing the logits in backward.
 bool StoresLossGradient(const TrainConfig& cfg, bool cuda);
 
 // Whether the model runs SwiGLU and rotary embedding fused (training.fused_kernels: auto = on

@@ -325,6 +325,10 @@ torch::Tensor LlamaForCausalLMImpl::ForwardWithLayerRunner(const torch::Tensor& 
   return torch::matmul(h, OutputWeight().t());
 }
 
+torch::Tensor LlamaForCausalLMImpl::EmbedForStage(const torch::Tensor& tokens, const EmbedRunner& embed) {
+  return ToResidualDtype(embed ? embed(tokens) : Embed(tokens, /*head_is_ours=*/false));
+}
+
 torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin,
                                                 int64_t end, const torch::Tensor& targets, const EmbedRunner& embed,
                                                 const LossRunner& loss, const LayerRunner& run_layer) {
@@ -335,8 +339,7 @@ torch::Tensor LlamaForCausalLMImpl::ForwardStage(const torch::Tensor& tokens, co
   if (document_separator_) rope.attention_mask = DocumentMask(tokens, *document_separator_);
   // The table's lookup gradient stays dense: the head that would absorb a sparse one is on another
   // stage, usually another rank.
-  torch::Tensor h = input.defined() ? input
-                    : ToResidualDtype(embed ? embed(tokens) : Embed(tokens, /*head_is_ours=*/false));
+  torch::Tensor h = input.defined() ? input : EmbedForStage(tokens, embed);
   for (int64_t i = begin; i < end; ++i) {
     DecoderLayerImpl& layer = *model->layers[static_cast<size_t>(i)]->as<DecoderLayer>();
     h = run_layer ? run_layer(i, layer, h, rope) : layer.forward(h, rope);

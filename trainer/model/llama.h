@@ -193,6 +193,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   torch::Tensor ForwardStage(const torch::Tensor& tokens, const torch::Tensor& input, int64_t begin, int64_t end,
                              const torch::Tensor& targets, const EmbedRunner& embed = {},
                              const LossRunner& loss = {}, const LayerRunner& run_layer = {});
+  // The first stage's input: the embedding of `tokens` in the residual stream's dtype, as
+  // ForwardStage computes it without `input` (`embed` in place of the model's own).
+  torch::Tensor EmbedForStage(const torch::Tensor& tokens, const EmbedRunner& embed = {});
   const LlamaConfig& config() const { return config_; }
   // Rows per chunk of the fused head + loss (<= 0: LossChunkRows(vocab)).
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }

@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "trainer/pp/split_backward.h"
+
 namespace meshwork::pp {
 namespace {
 
@@ -42,6 +44,9 @@ struct Slot {
   torch::Tensor output;       // the forward's result: the activation passed on, or the scaled loss
   torch::Tensor output_grad;  // the gradient of output (received, or from the next stage here)
   torch::Tensor input_grad;   // the gradient of input, once B or I ran
+  torch::Tensor embedded;     // the first stage under a split backward: what `input` was cut from
+  bool split = false;         // I ran as half of a split backward; W finishes it from `weight`
+  WeightBackward weight;
   int updates_at_forward = 0;  // asynchronous programs: the stage's updates before its forward
   bool InFlight() const { return input.defined() || output.defined() || output_grad.defined() || input_grad.defined(); }
 };
@@ -66,6 +71,9 @@ class StepRun {
     if (carry_ && carry_->state) {
       slots_ = std::move(carry_->state->slots);
       updates_ = std::move(carry_->state->updates);
+    }
+    for (const auto& actions : program_.ranks) {
+      for (const Action& a : actions) split_ = split_ || a.kind == ActionKind::kBackwardInput;
     }
   }
 
@@ -160,6 +168,10 @@ class StepRun {
           slot.input = prev->second.output.detach().requires_grad_(true);
         }
         if (m < 0 || m >= static_cast<int>(microbatches_.size())) return Missing(a, "no such micro-batch in this step");
+        if (s == 0 && split_) {
+          slot.embedded = stages_.FirstStageInput(microbatches_[static_cast<size_t>(m)]);
+          if (slot.embedded.defined()) slot.input = slot.embedded.detach().requires_grad_(true);
+        }
         slot.updates_at_forward = updates_[s];
         torch::Tensor out = stages_.Forward(s, microbatches_[static_cast<size_t>(m)], slot.input);
         if (Last(s)) {
@@ -179,15 +191,22 @@ class StepRun {
           if (slot.input.defined()) slot.input_grad = slot.input.grad();
           slot.output = slot.output_grad = torch::Tensor();
         } else if (slot.input.defined()) {
-          slot.input_grad = torch::autograd::grad({slot.output}, {slot.input}, {slot.output_grad},
-                                                  /*retain_graph=*/true)[0];
+          slot.input_grad = BackwardInput(slot.output, slot.output_grad, slot.input, stages_.Parameters(s), &slot.weight);
+          slot.split = true;
         }
         return Status::Ok();
       }
       case ActionKind::kBackwardWeight: {
         if (!slot.output.defined() || !slot.output_grad.defined()) return Missing(a, "no I ran before it");
-        torch::autograd::backward({slot.output}, {slot.output_grad}, /*retain_graph=*/false, /*create_graph=*/false,
-                                  stages_.Parameters(s));
+        if (slot.split) {
+          BackwardWeight(slot.weight, slot.embedded, slot.embedded.defined() ? slot.input_grad : torch::Tensor());
+          if (slot.embedded.defined()) slot.embedded = slot.input = slot.input_grad = torch::Tensor();
+          slot.split = false;
+        } else {
+          // No input to split at (a first stage without FirstStageInput): the whole backward.
+          torch::autograd::backward({slot.output}, {slot.output_grad}, /*retain_graph=*/false, /*create_graph=*/false,
+                                    stages_.Parameters(s));
+        }
         slot.output = slot.output_grad = torch::Tensor();
         return Status::Ok();
       }
@@ -257,6 +276,7 @@ class StepRun {
   std::map<int, int> updates_;                 // stage -> its updates (asynchronous programs)
   Sends sends_;
   double loss_sum_ = 0;  // the last stage's mean loss over the step, on its rank
+  bool split_ = false;   // the program splits backwards into I and W
 };
 
 }  // namespace

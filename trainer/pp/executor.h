@@ -9,10 +9,10 @@
 // parameters' gradients, accumulated over the step's micro-batches, are those of the mean loss
 // over the global batch, as one process computes them.
 //
-// Zero-bubble's split backward: I is autograd's gradient of the stage's output with respect to
-// its input only (the graph kept), W the backward to the stage's parameters only (the graph then
-// freed). W recomputes the part of the backward the two share (the gradients flowing through the
-// stage's layers), so I + W costs more than B here; what the split buys is the order.
+// Zero-bubble's split backward (split_backward.h): I computes the gradient of the stage's input
+// alone and keeps the gradients that reach the stage's weights; W computes the weights' gradients
+// from them, so I + W is B's work, split. On the first stage the embedding's output stands for
+// the input (StageRunner::FirstStageInput): I stops there and W runs the embedding's backward.
 //
 // Asynchronous programs (PipeMare, compiler/pipeline/steps.h) run one step at a time with a
 // PipelineCarry: the micro-batches forwarded and not yet through their backward stay in it from
@@ -47,6 +47,13 @@ class StageRunner {
   virtual torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) = 0;
   // The parameters stage `stage` trains (W's backward goes to these).
   virtual std::vector<torch::Tensor> Parameters(int stage) = 0;
+  // The first stage's input computed from `mb` (its embedding), for a program that splits the
+  // backward: Forward then starts from it, and the stage's I stops at it. Undefined (the
+  // default): the first stage's I computes nothing and its W the whole backward.
+  virtual torch::Tensor FirstStageInput(const MicroBatch& mb) {
+    (void)mb;
+    return {};
+  }
   // Asynchronous programs: around a backward (B) of stage `stage` whose forward ran `delay` of
   // the stage's updates ago; and the update U of the stage's parameters with the gradients of the
   // step's minibatch `minibatch` (-1: the previous step's), which then starts its next gradients

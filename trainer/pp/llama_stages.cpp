@@ -77,6 +77,11 @@ torch::Tensor LlamaStages::Forward(int stage, const MicroBatch& mb, const torch:
                               runners_.embed, runners_.loss, runners_.layer);
 }
 
+torch::Tensor LlamaStages::FirstStageInput(const MicroBatch& mb) {
+  if (runners_.begin_forward) runners_.begin_forward(mb.tokens);
+  return model_->EmbedForStage(mb.tokens, runners_.embed);
+}
+
 std::vector<torch::Tensor> LlamaStages::Parameters(int stage) {
   std::vector<torch::Tensor> out;
   std::set<const void*> seen;

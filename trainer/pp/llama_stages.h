@@ -30,6 +30,7 @@ class LlamaStages final : public StageRunner {
                                     std::vector<int> first_layer, int rank);
 
   torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override;
+  torch::Tensor FirstStageInput(const MicroBatch& mb) override;
 
   // What other plans applied to the model run around a stage's forward: `begin_forward` with the
   // micro-batch's tokens first, then `embed` and `loss` in place of the model's embedding and

@@ -275,24 +275,28 @@ struct AllGatherMatmul : torch::autograd::Function<AllGatherMatmul> {
     const int64_t out = wd.size(0);
     // The gradient in the forward's chunk layout: [chunks, size, m, out].
     const torch::Tensor gy = grad[0].to(wd.scalar_type()).reshape({size, chunks, m, out}).permute({1, 0, 2, 3});
-    torch::Tensor local = torch::empty({chunks, m, h}, full.options());
+    // Only what autograd asks for: a split backward (trainer/pp/split_backward.h) asks for the
+    // input's gradient and the weight's apart. Every tp rank asks alike (one graph), so the
+    // collectives still pair up.
+    const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+    torch::Tensor local = need_x ? torch::empty({chunks, m, h}, full.options()) : torch::Tensor();
     std::vector<torch::Tensor> parts;
-    InFlight flight(chunks);
-    for (int64_t j = 0; j < chunks; ++j) {
+    InFlight flight(need_x ? chunks : 0);
+    for (int64_t j = 0; need_x && j < chunks; ++j) {
       // Chunk j's input gradient for every rank's tokens, summed into each rank's own.
       parts.push_back(torch::mm(gy[j].reshape({size * m, out}), wd));
       flight.works[j] = Issue(g, g.comm->ReduceScatter(local[j].view({-1}), parts.back().view({-1}), dist::ReduceOp::kSum),
                               "reduce-scatter of a chunk of a region's input gradient");
     }
-    const torch::Tensor gw = torch::mm(gy.reshape({-1, out}).t(), full.view({-1, h}));
+    const torch::Tensor gw = need_w ? torch::mm(gy.reshape({-1, out}).t(), full.view({-1, h})) : torch::Tensor();
     for (auto& w : flight.works) {
       Await(g, *w, "reduce-scatter of a chunk of a region's input gradient");
       w.reset();
     }
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    return {local.view(ctx->saved_data["x_shape"].toIntVector()).to(x_dtype), gw.to(w_dtype), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    return {need_x ? local.view(ctx->saved_data["x_shape"].toIntVector()).to(x_dtype) : torch::Tensor(),
+            need_w ? gw.to(w_dtype) : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -337,7 +341,10 @@ struct MatmulReduceScatter : torch::autograd::Function<MatmulReduceScatter> {
     const int64_t in = yd.size(1), n_l = yd.size(0) / size, m = n_l / chunks, h = wd.size(0);
     const torch::Tensor gl = grad[0].to(wd.scalar_type()).reshape({chunks, m, h}).contiguous();
     torch::Tensor full = torch::empty({chunks, size, m, h}, gl.options());
-    torch::Tensor gy = torch::empty({size, chunks, m, in}, gl.options());
+    // Both gradients need the gathered output gradient; each is computed only when asked for
+    // (a split backward asks for them apart and gathers twice).
+    const bool need_y = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+    torch::Tensor gy = need_y ? torch::empty({size, chunks, m, in}, gl.options()) : torch::Tensor();
     InFlight flight(chunks);
     auto issue = [&](int64_t j) {
       flight.works[j] = Issue(g, g.comm->AllGatherInto(full[j].view({-1}), gl[j].view({-1})),
@@ -348,15 +355,18 @@ struct MatmulReduceScatter : torch::autograd::Function<MatmulReduceScatter> {
       Await(g, *flight.works[j], "all-gather of a chunk of a region's output gradient");
       flight.works[j].reset();
       if (j + 1 < chunks) issue(j + 1);
-      gy.select(1, j).copy_(torch::mm(full[j].view({size * m, h}), wd).view({size, m, in}));
+      if (need_y) gy.select(1, j).copy_(torch::mm(full[j].view({size * m, h}), wd).view({size, m, in}));
     }
-    // The whole stream's output gradient in token order, for the weight's.
-    const torch::Tensor g_tokens = full.permute({1, 0, 2, 3}).reshape({-1, h});
-    const torch::Tensor gw = torch::mm(g_tokens.t(), yd);
     const auto y_dtype = static_cast<c10::ScalarType>(ctx->saved_data["y_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    return {gy.view(ctx->saved_data["y_shape"].toIntVector()).to(y_dtype), gw.to(w_dtype), torch::Tensor(),
-            torch::Tensor()};
+    torch::Tensor gw;
+    if (need_w) {
+      // The whole stream's output gradient in token order, for the weight's.
+      const torch::Tensor g_tokens = full.permute({1, 0, 2, 3}).reshape({-1, h});
+      gw = torch::mm(g_tokens.t(), yd).to(w_dtype);
+    }
+    return {need_y ? gy.view(ctx->saved_data["y_shape"].toIntVector()).to(y_dtype) : torch::Tensor(), gw,
+            torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -79,10 +79,17 @@ TEST(TrainingShapeTest, CountsTheResidualStreamAtItsDtype) {
   EXPECT_EQ(TrainingShape(cfg, true).residual_bytes, 4);
 }
 
-TEST(StoresLossGradientTest, AutoStoresOnCudaOnly) {
+TEST(StoresLossGradientTest, AutoStoresOnCudaAndUnderZeroBubbleOnly) {
   TrainConfig cfg;
   EXPECT_TRUE(StoresLossGradient(cfg, true));
   EXPECT_FALSE(StoresLossGradient(cfg, false));
+  cfg.pipeline.schedule = PipelineSchedule::kZeroBubbleH1;
+  EXPECT_FALSE(StoresLossGradient(cfg, false)) << "no pipeline (mesh.pp 1)";
+  cfg.mesh.pp = 2;
+  EXPECT_TRUE(StoresLossGradient(cfg, false));
+  cfg.pipeline.schedule = PipelineSchedule::k1F1B;
+  EXPECT_FALSE(StoresLossGradient(cfg, false));
+  cfg.pipeline.schedule = PipelineSchedule::kZeroBubbleH1;
   cfg.training.loss_gradient = LossGradient::kStored;
   EXPECT_TRUE(StoresLossGradient(cfg, false));
   cfg.training.loss_gradient = LossGradient::kRecompute;
