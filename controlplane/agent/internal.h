@@ -22,9 +22,11 @@ bool IsDns1123Subdomain(const std::string& s);
 bool IsDns1123Label(const std::string& s);
 // obj[key] when obj is an object and obj[key] a string, else "".
 std::string StringAt(const nlohmann::json& obj, const char* key);
-// obj[key] when obj is an object and obj[key] an object (or array), else an empty one.
-nlohmann::json ObjectAt(const nlohmann::json& obj, const char* key);
-nlohmann::json ArrayAt(const nlohmann::json& obj, const char* key);
+// obj[key] when obj is an object and obj[key] an object (ObjectAt) or an array (ArrayAt), else an
+// empty one. A reference into obj (or to a shared empty value), valid while obj is: walking a
+// cached Pod reads it without copying its spec.
+const nlohmann::json& ObjectAt(const nlohmann::json& obj, const char* key);
+const nlohmann::json& ArrayAt(const nlohmann::json& obj, const char* key);
 
 // One container's effective requests: a request, else the limit (Kubernetes defaults one to the
 // other). `where` ("spec.containers[0]") prefixes errors.

@@ -58,6 +58,11 @@ class Kubelet {
  private:
   void SyncLoop();
   void SyncOnce();
+  // Re-reads the Pods whose keys the informer's events named since the last pass into mine_
+  // (their uids; a Pod gone or moved leaves it), and returns them.
+  std::vector<std::string> ApplyChangedPods();
+  // Rebuilds mine_ from the whole cache.
+  void WalkAllPods();
   void SyncPod(const nlohmann::json& pod);
   // The Pod's bound token ("" when it mounts none); an error leaves the Pod for the next pass.
   Result<std::string> ServiceAccountToken(const nlohmann::json& pod);
@@ -82,8 +87,11 @@ class Kubelet {
   std::map<std::string, nlohmann::json> unwritten_;  // uid -> status not yet accepted by the API
   std::map<std::string, std::chrono::steady_clock::time_point> token_errors_;  // uid -> last logged
   std::map<std::string, std::string> hosts_;
-  std::map<std::string, nlohmann::json> mine_;  // uid -> this node's Pod, as of the last walk
-  std::atomic<bool> pods_changed_{true};         // set by the informers' handlers
+  std::map<std::string, nlohmann::json> mine_;  // uid -> this node's Pod, as of the last pass
+  std::map<std::string, std::string> uid_of_key_;  // namespace/name -> its uid in mine_
+  std::mutex changed_mu_;
+  std::set<std::string> changed_;  // keys of this node's Pods the informer changed since the last pass
+  std::set<std::string> retry_;    // keys of Pods to start again next pass (no token yet)
   std::atomic<bool> names_changed_{true};
   std::chrono::steady_clock::time_point last_walk_{};
   std::chrono::steady_clock::time_point last_lease_{};

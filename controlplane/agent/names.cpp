@@ -22,31 +22,33 @@ std::string Lower(std::string s) {
 
 }  // namespace
 
+void HeadlessServiceHostsBuilder::AddService(const json& svc) {
+  if (internal::StringAt(internal::ObjectAt(svc, "spec"), "clusterIP") != "None") return;
+  const json& meta = internal::ObjectAt(svc, "metadata");
+  std::string ns = internal::StringAt(meta, "namespace");
+  headless_.insert({ns.empty() ? "default" : ns, internal::StringAt(meta, "name")});
+}
+
+void HeadlessServiceHostsBuilder::AddPod(const json& pod) {
+  const json& meta = internal::ObjectAt(pod, "metadata");
+  const json& spec = internal::ObjectAt(pod, "spec");
+  std::string ns = internal::StringAt(meta, "namespace");
+  if (ns.empty()) ns = "default";
+  std::string subdomain = internal::StringAt(spec, "subdomain");
+  std::string ip = internal::StringAt(internal::ObjectAt(pod, "status"), "podIP");
+  if (subdomain.empty() || ip.empty() || !headless_.count({ns, subdomain})) return;
+  std::string hostname = internal::StringAt(spec, "hostname");
+  if (hostname.empty()) hostname = internal::StringAt(meta, "name");
+  if (hostname.empty()) return;
+  hosts_[hostname + "." + subdomain + "." + ns + ".svc"] = ip;
+}
+
 std::map<std::string, std::string> HeadlessServiceHosts(const std::vector<json>& pods,
                                                         const std::vector<json>& services) {
-  std::set<std::pair<std::string, std::string>> headless;  // (namespace, name)
-  for (const json& svc : services) {
-    const json spec = internal::ObjectAt(svc, "spec");
-    if (internal::StringAt(spec, "clusterIP") != "None") continue;
-    const json meta = internal::ObjectAt(svc, "metadata");
-    std::string ns = internal::StringAt(meta, "namespace");
-    headless.insert({ns.empty() ? "default" : ns, internal::StringAt(meta, "name")});
-  }
-  std::map<std::string, std::string> hosts;
-  for (const json& pod : pods) {
-    const json meta = internal::ObjectAt(pod, "metadata");
-    const json spec = internal::ObjectAt(pod, "spec");
-    std::string ns = internal::StringAt(meta, "namespace");
-    if (ns.empty()) ns = "default";
-    std::string subdomain = internal::StringAt(spec, "subdomain");
-    std::string ip = internal::StringAt(internal::ObjectAt(pod, "status"), "podIP");
-    if (subdomain.empty() || ip.empty() || !headless.count({ns, subdomain})) continue;
-    std::string hostname = internal::StringAt(spec, "hostname");
-    if (hostname.empty()) hostname = internal::StringAt(meta, "name");
-    if (hostname.empty()) continue;
-    hosts[hostname + "." + subdomain + "." + ns + ".svc"] = ip;
-  }
-  return hosts;
+  HeadlessServiceHostsBuilder builder;
+  for (const json& svc : services) builder.AddService(svc);
+  for (const json& pod : pods) builder.AddPod(pod);
+  return builder.Take();
 }
 
 namespace internal {

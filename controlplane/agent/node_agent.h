@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,19 @@ struct PodRequests {
 // spec.hostname, else metadata.name). Pass the result to PodRuntime::SetHosts.
 std::map<std::string, std::string> HeadlessServiceHosts(const std::vector<nlohmann::json>& pods,
                                                         const std::vector<nlohmann::json>& services);
+
+// The same, built a Service and a Pod at a time (from a cache, without copying it): every
+// Service first, then every Pod.
+class HeadlessServiceHostsBuilder {
+ public:
+  void AddService(const nlohmann::json& service);
+  void AddPod(const nlohmann::json& pod);
+  std::map<std::string, std::string> Take() { return std::move(hosts_); }
+
+ private:
+  std::set<std::pair<std::string, std::string>> headless_;  // (namespace, name)
+  std::map<std::string, std::string> hosts_;
+};
 
 // ---- the runtime ---------------------------------------------------------------------------
 

@@ -65,20 +65,22 @@ std::string StringAt(const nlohmann::json& obj, const char* key) {
   return it != obj.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-nlohmann::json ObjectAt(const nlohmann::json& obj, const char* key) {
+const nlohmann::json& ObjectAt(const nlohmann::json& obj, const char* key) {
+  static const nlohmann::json* const kEmpty = new nlohmann::json(nlohmann::json::object());
   if (obj.is_object()) {
     auto it = obj.find(key);
     if (it != obj.end() && it->is_object()) return *it;
   }
-  return nlohmann::json::object();
+  return *kEmpty;
 }
 
-nlohmann::json ArrayAt(const nlohmann::json& obj, const char* key) {
+const nlohmann::json& ArrayAt(const nlohmann::json& obj, const char* key) {
+  static const nlohmann::json* const kEmpty = new nlohmann::json(nlohmann::json::array());
   if (obj.is_object()) {
     auto it = obj.find(key);
     if (it != obj.end() && it->is_array()) return *it;
   }
-  return nlohmann::json::array();
+  return *kEmpty;
 }
 
 }  // namespace internal

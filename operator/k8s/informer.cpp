@@ -24,6 +24,11 @@ std::vector<json> Store::List() const {
   return out;
 }
 
+void Store::ForEach(const std::function<void(const std::string& key, const json& obj)>& visit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [k, v] : objects_) visit(k, v);
+}
+
 std::vector<std::string> Store::Keys() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> out;

@@ -29,6 +29,9 @@ class Store {
   std::vector<std::string> Keys() const;
   size_t Size() const;
   std::map<std::string, nlohmann::json> Snapshot() const;
+  // Visits every object in key order without copying it, the store locked meanwhile (`visit`
+  // must not call back into the store).
+  void ForEach(const std::function<void(const std::string& key, const nlohmann::json& obj)>& visit) const;
 
   // Writers (the informer).
   void Upsert(const std::string& key, nlohmann::json obj);

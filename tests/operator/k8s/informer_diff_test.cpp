@@ -71,5 +71,14 @@ TEST(StoreTest, UpsertRemoveReplace) {
   EXPECT_EQ(s.Keys(), std::vector<std::string>{"b/y"});
 }
 
+TEST(StoreTest, ForEachVisitsEveryObjectInKeyOrder) {
+  Store s;
+  s.Upsert("b/y", Obj("b", "y", "2"));
+  s.Upsert("a/x", Obj("a", "x", "1"));
+  std::vector<std::string> seen;
+  s.ForEach([&](const std::string& key, const json& obj) { seen.push_back(key + "@" + ResourceVersionOf(obj)); });
+  EXPECT_EQ(seen, (std::vector<std::string>{"a/x@1", "b/y@2"}));
+}
+
 }  // namespace
 }  // namespace meshwork::k8s
