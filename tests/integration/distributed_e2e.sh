@@ -65,6 +65,7 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2" \
     "pp2-fsdp2 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2.hf" \
     "pp2-tp2 4 --set mesh.pp=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=4" \
+    "pp2-tp2-nosp 4 --set mesh.pp=2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-ckpt-all 2 --set mesh.pp=2 --set training.activation_checkpointing=all --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-zb-h1-ckpt-all 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.activation_checkpointing=all --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-fsdp2-tp2 8 --set mesh.pp=2 --set mesh.dp_shard=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2-tp2.hf"; do

@@ -38,6 +38,35 @@ Result<double> SumOverGroup(dist::Communicator& comm, double value) {
   return t.item<double>();
 }
 
+// Whether activations travel in shares over options.replicas (PipelineStepOptions::replicas).
+bool SendsShares(const PipelineStepOptions& o, int64_t numel) {
+  return o.replicas != nullptr && o.replicas->size() > 1 && numel % o.replicas->size() == 0;
+}
+
+// What this rank sends of `t` (contiguous): its share, or all of it.
+torch::Tensor SendShare(const torch::Tensor& t, const PipelineStepOptions& o) {
+  if (!SendsShares(o, t.numel())) return t;
+  const int64_t n = t.numel() / o.replicas->size();
+  return t.view({-1}).narrow(0, o.replicas->rank() * n, n);
+}
+
+// One activation (or its gradient) from `peer`: whole, or this rank's share from the peer and the
+// others' from the replicas.
+Result<torch::Tensor> ReceiveWhole(dist::Communicator& comm, int peer, const PipelineStepOptions& o) {
+  torch::Tensor whole = torch::empty(o.activation_sizes, torch::TensorOptions().dtype(o.activation_dtype));
+  if (!SendsShares(o, whole.numel())) {
+    MW_ASSIGN_OR_RETURN(auto work, comm.Recv(whole, peer));
+    MW_RETURN_IF_ERROR(work->Wait());
+    return whole;
+  }
+  torch::Tensor share = torch::empty({whole.numel() / o.replicas->size()}, whole.options());
+  MW_ASSIGN_OR_RETURN(auto work, comm.Recv(share, peer));
+  MW_RETURN_IF_ERROR(work->Wait());
+  MW_ASSIGN_OR_RETURN(auto gather, o.replicas->AllGatherInto(whole.view({-1}), share));
+  MW_RETURN_IF_ERROR(gather->Wait());
+  return whole;
+}
+
 // What one (micro-batch, stage) has produced so far on this rank.
 struct Slot {
   torch::Tensor input;        // the stage's input leaf (undefined on the first stage)
@@ -145,10 +174,6 @@ class StepRun {
                         " (does the program validate?)");
   }
 
-  torch::Tensor Buffer() const {
-    return torch::empty(options_.activation_sizes, torch::TensorOptions().dtype(options_.activation_dtype));
-  }
-
   Status Step(const Action& a) {
     const int m = a.microbatch, s = a.stage;
     if (a.kind == ActionKind::kUpdate) {  // U names a minibatch, not a micro-batch: no slot
@@ -253,18 +278,14 @@ class StepRun {
     return Status::Ok();
   }
 
-  Status Send(torch::Tensor t, int peer) {
-    MW_ASSIGN_OR_RETURN(auto work, comm_.Send(t, peer));
-    sends_.emplace_back(std::move(work), std::move(t));
+  Status Send(const torch::Tensor& t, int peer) {
+    torch::Tensor share = SendShare(t, options_);
+    MW_ASSIGN_OR_RETURN(auto work, comm_.Send(share, peer));
+    sends_.emplace_back(std::move(work), std::move(share));
     return Status::Ok();
   }
 
-  Result<torch::Tensor> Recv(int peer) {
-    torch::Tensor buffer = Buffer();
-    MW_ASSIGN_OR_RETURN(auto work, comm_.Recv(buffer, peer));
-    MW_RETURN_IF_ERROR(work->Wait());
-    return buffer;
-  }
+  Result<torch::Tensor> Recv(int peer) { return ReceiveWhole(comm_, peer, options_); }
 
   const pipeline::Program& program_;
   StageRunner& stages_;
@@ -288,14 +309,12 @@ Result<double> RunPipelineForward(const compiler::pipeline::Shape& shape, StageR
   const int rank = comm.rank();
   double loss = 0;
   torch::Tensor h;  // the activation of the last stage run here
-  std::vector<std::unique_ptr<dist::Work>> sends;
+  Sends sends;
   try {
     for (int s = 0; s < shape.stages(); ++s) {
       if (shape.RankOf(s) != rank) continue;
       if (s > 0 && shape.RankOf(s - 1) != rank) {
-        h = torch::empty(options.activation_sizes, torch::TensorOptions().dtype(options.activation_dtype));
-        MW_ASSIGN_OR_RETURN(auto recv, comm.Recv(h, shape.RankOf(s - 1)));
-        MW_RETURN_IF_ERROR(recv->Wait());
+        MW_ASSIGN_OR_RETURN(h, ReceiveWhole(comm, shape.RankOf(s - 1), options));
       }
       torch::Tensor out = stages.Forward(s, mb, s == 0 ? torch::Tensor() : h);
       if (s == shape.stages() - 1) {
@@ -303,15 +322,16 @@ Result<double> RunPipelineForward(const compiler::pipeline::Shape& shape, StageR
       } else {
         h = out.contiguous();
         if (shape.RankOf(s + 1) != rank) {
-          MW_ASSIGN_OR_RETURN(auto send, comm.Send(h, shape.RankOf(s + 1)));
-          sends.push_back(std::move(send));
+          torch::Tensor share = SendShare(h, options);
+          MW_ASSIGN_OR_RETURN(auto send, comm.Send(share, shape.RankOf(s + 1)));
+          sends.emplace_back(std::move(send), std::move(share));  // the tensor lives until its send is done
         }
       }
     }
   } catch (const c10::Error& e) {
     return Internal("pipeline forward on rank " + std::to_string(rank) + ": " + e.what_without_backtrace());
   }
-  for (auto& send : sends) MW_RETURN_IF_ERROR(send->Wait());
+  for (auto& [send, tensor] : sends) MW_RETURN_IF_ERROR(send->Wait());
   return SumOverGroup(comm, loss);
 }
 

@@ -83,6 +83,13 @@ struct PipelineStepOptions {
   // rank knows it from the config, so receives are posted without a shape exchange.
   std::vector<int64_t> activation_sizes;
   torch::ScalarType activation_dtype = torch::kFloat32;
+  // The ranks that hold the same activations as this one at every stage boundary (tensor
+  // parallelism without sequence parallelism: every tp rank of a stage has the whole stream),
+  // each the same rank of its own pipeline group. Each sends only its 1/size share of an
+  // activation or gradient, and a receive gathers the others' shares over this group (inside
+  // the node) instead of the link between stages carrying the same tensor size times. Null, size
+  // 1, or a tensor that does not divide: whole tensors.
+  dist::Communicator* replicas = nullptr;
 };
 
 // When one action of this rank ran (steady-clock seconds), for the timeline and the measured bubble.

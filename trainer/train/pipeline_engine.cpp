@@ -44,12 +44,18 @@ std::string CutText(const std::vector<int>& first_layer) {
 
 // The residual stream a stage passes on for a micro-batch of batch x seq tokens: [batch, seq,
 // hidden], or under sequence parallelism (where the tokens divide by tp, as BeginForward decides)
-// each tp rank's run of the flattened tokens, [1, batch x seq / tp, hidden].
-std::vector<int64_t> StreamSizes(const model::LlamaConfig& c, tp::TensorParallelLlama* split, int64_t batch,
-                                 int64_t seq) {
+// each tp rank's run of the flattened tokens, [1, batch x seq / tp, hidden]. Without it every tp
+// rank holds the whole stream: the tp group is the activations' replicas, each sending a share.
+void SetStream(pp::PipelineStepOptions& o, const model::LlamaConfig& c, tp::TensorParallelLlama* split,
+               int64_t batch, int64_t seq) {
   const int64_t tp = split ? split->group().size() : 1;
-  if (split && split->sequence_parallel() && (batch * seq) % tp == 0) return {1, batch * seq / tp, c.hidden_size};
-  return {batch, seq, c.hidden_size};
+  o.replicas = nullptr;
+  if (split && split->sequence_parallel() && (batch * seq) % tp == 0) {
+    o.activation_sizes = {1, batch * seq / tp, c.hidden_size};
+    return;
+  }
+  o.activation_sizes = {batch, seq, c.hidden_size};
+  if (split) o.replicas = &split->group();
 }
 
 // PipeMare's settings (pipeline.*) and what its updates need of the run's optimizer settings.
@@ -307,7 +313,7 @@ class PipelineEngine final : public Engine {
   }
   torch::Tensor EvalBatchLoss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     pp::PipelineStepOptions options = options_;
-    options.activation_sizes = StreamSizes(model_->config(), split_.get(), tokens.size(0), tokens.size(1));
+    SetStream(options, model_->config(), split_.get(), tokens.size(0), tokens.size(1));
     Result<double> loss = [&]() -> Result<double> {
       MW_RETURN_IF_ERROR(Gather());
       auto forward = pp::RunPipelineForward(program_.shape, stages_, *comm_, {tokens, targets}, options);
@@ -715,7 +721,7 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
     runners.loss = t->LossHead();
   }
   // Activation checkpointing: decoder layers 0, N, 2N, ... recomputed in their micro-batch's
-  // backward (in zero-bubble's I, and again in its W, which backpropagates through them anew).
+  // backward (under zero-bubble in its I, which then computes their weights' gradients too).
   if (const int64_t every = CheckpointEvery(cfg); every > 0) {
     runners.layer = [every](int64_t i, model::DecoderLayerImpl& layer, const torch::Tensor& h,
                             const model::RopeTables& rope) {
@@ -724,7 +730,7 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   }
   stages.set_runners(std::move(runners));
   pp::PipelineStepOptions options;
-  options.activation_sizes = StreamSizes(model->config(), split.get(), cfg.data.batch_size, cfg.data.seq_len);
+  SetStream(options, model->config(), split.get(), cfg.data.batch_size, cfg.data.seq_len);
   options.activation_dtype = torch::kFloat32;
   auto engine = std::make_unique<PipelineEngine>(env, std::move(groups), std::move(split), std::move(model), std::move(stages),
                                                  std::move(program), std::move(options), schedule, bubble,

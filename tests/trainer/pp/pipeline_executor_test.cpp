@@ -3,6 +3,7 @@
 // 1F1B, ZB-H1), and its losses and every parameter's gradient after the step must equal those of
 // the whole model on the same global batch (its micro-batches' gradients accumulated) within
 // 1e-5, tied and untied embeddings, over three AdamW steps. A program that does not match the group is refused by name.
+// Replicated activations (tensor parallelism without sequence parallelism) travel in shares.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
@@ -208,6 +209,93 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{pipeline::ScheduleKind::kZeroBubbleH1, 2, 1, 2, false},
                       Case{pipeline::ScheduleKind::kGPipe, 1, 1, 2, true}),
     Name);
+
+// Two stages of one weight each, the activation [2, 3, 4]: what tensor parallelism without
+// sequence parallelism looks like to the executor (every tp rank computes the same activations).
+class ToyStages final : public StageRunner {
+ public:
+  explicit ToyStages(int stage) : w_(torch::full({2, 3, 4}, 0.5 + stage).requires_grad_()) {}
+  torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override {
+    if (stage == 0) return w_ * mb.tokens.to(torch::kFloat).unsqueeze(-1);
+    return (torch::tanh(input) * w_).sum();
+  }
+  std::vector<torch::Tensor> Parameters(int) override { return {w_}; }
+  const torch::Tensor& weight() const { return w_; }
+
+ private:
+  torch::Tensor w_;
+};
+
+class PipelineExecutorReplicas : public testing::NeedsGloo<> {};
+
+// Two pipelines of two stages whose ranks hold the same activations (PipelineStepOptions::
+// replicas): each rank sends half of every activation and gradient, the receiver gathers the
+// other half from its replica, and the losses and gradients are those of whole sends.
+TEST_F(PipelineExecutorReplicas, EachSendsItsShareAndTheStepIsTheSame) {
+  const pipeline::Shape shape{2, 1, 2};
+  auto program = pipeline::Lower(pipeline::Generate(pipeline::ScheduleKind::k1F1B, shape).value());
+  ASSERT_TRUE(program.ok()) << program.status().message();
+  std::vector<MicroBatch> batches;
+  for (int m = 0; m < 2; ++m) {
+    torch::manual_seed(40 + m);
+    batches.push_back({torch::randint(5, {2, 3}, torch::kInt64), torch::Tensor()});
+  }
+  struct Outcome {
+    double loss = 0;
+    torch::Tensor grad;
+    int64_t sent = 0;
+    std::string error;
+  };
+  // rank = 2 * pipeline + stage; the replicas of a stage are the two pipelines' ranks of it.
+  auto run = [&](bool shares) {
+    std::vector<Outcome> out(4);
+    std::vector<c10::intrusive_ptr<c10d::Store>> pipe_stores{c10::make_intrusive<c10d::HashStore>(),
+                                                             c10::make_intrusive<c10d::HashStore>()};
+    std::vector<c10::intrusive_ptr<c10d::Store>> replica_stores{c10::make_intrusive<c10d::HashStore>(),
+                                                                c10::make_intrusive<c10d::HashStore>()};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] {
+        const int line = r / 2, stage = r % 2;
+        dist::CommunicatorOptions o;
+        o.timeout = std::chrono::seconds(60);
+        o.group_name = "pp";
+        auto pipe = dist::MakeGlooCommunicator(pipe_stores[line], stage, 2, o, "127.0.0.1");
+        o.group_name = "tp";
+        auto replicas = dist::MakeGlooCommunicator(replica_stores[stage], line, 2, o, "127.0.0.1");
+        if (!pipe.ok() || !replicas.ok()) {
+          out[r].error = "communicators";
+          return;
+        }
+        ToyStages stages(stage);
+        PipelineStepOptions options;
+        options.activation_sizes = {2, 3, 4};
+        if (shares) options.replicas = replicas->get();
+        auto result = RunPipelineStep(program.value(), stages, **pipe, batches, options);
+        if (!result.ok()) {
+          out[r].error = result.status().ToString();
+          return;
+        }
+        out[r].loss = result->loss;
+        out[r].grad = stages.weight().grad().clone();
+        out[r].sent = (*pipe)->stats().bytes_sent[static_cast<int>(dist::Collective::kSend)];
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  };
+  const auto whole = run(false);
+  const auto shared = run(true);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(whole[r].error, "") << "rank " << r;
+    ASSERT_EQ(shared[r].error, "") << "rank " << r;
+    EXPECT_EQ(shared[r].loss, whole[r].loss) << "rank " << r;
+    EXPECT_TRUE(torch::equal(shared[r].grad, whole[r].grad)) << "rank " << r;
+    // Stage 0 sends two activations, stage 1 two gradients: 2 x 24 floats whole, half in shares.
+    EXPECT_EQ(whole[r].sent, 2 * 24 * 4) << "rank " << r;
+    EXPECT_EQ(shared[r].sent, 24 * 4) << "rank " << r;
+  }
+}
 
 TEST(StageCut, FlopBalancedGivesTheHeadsStageFewerLayers) {
   // llama-100m: a 32000-word head weighs several decoder layers, so the last of two stages takes
