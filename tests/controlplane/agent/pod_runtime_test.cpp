@@ -554,6 +554,22 @@ TEST_F(PodRuntimeTest, PollReportsEachChangeOnce) {
   EXPECT_TRUE(runtime_->Poll().empty()) << "nothing changed since the last Poll";
 }
 
+// A finished Pod's reported status is its last (Poll builds it no more): stopping it for its
+// deletion changes nothing in it, and StatusOf, built anew, is the same object.
+TEST_F(PodRuntimeTest, AFinishedPodsStatusChangesNoMore) {
+  json pod = MakePod("final", Sh("exit 3"));
+  ASSERT_TRUE(Runtime().Start(pod).ok());
+  json last;
+  ASSERT_TRUE(WaitUntil([&] {
+    for (auto& [uid, status] : runtime_->Poll()) last = status;
+    return last.is_object() && last["phase"] == "Failed";
+  }));
+  runtime_->Stop(Uid(pod), 0);
+  ASSERT_TRUE(WaitUntil([&] { return runtime_->Stopped(Uid(pod)); }));
+  EXPECT_TRUE(runtime_->Poll().empty());
+  EXPECT_EQ(runtime_->StatusOf(Uid(pod)), last);
+}
+
 TEST_F(PodRuntimeTest, StartRefusesBadPodsNamingTheField) {
   PodRuntime& rt = Runtime();
   json pod = MakePod("bad", Sh("true"));
