@@ -554,6 +554,22 @@ TEST_F(PodRuntimeTest, PollReportsEachChangeOnce) {
   EXPECT_TRUE(runtime_->Poll().empty()) << "nothing changed since the last Poll";
 }
 
+// SetHosts rewrites the hosts files of the Pods that may still run, not of finished ones (kept
+// finished Pods, each file listing every name, made each change cost O(Pods x names)).
+TEST_F(PodRuntimeTest, SetHostsSkipsFinishedPods) {
+  json done = MakePod("done", Sh("true"));
+  json running = MakePod("running", Sh("while true; do sleep 0.05; done"));
+  ASSERT_TRUE(Runtime().Start(done).ok());
+  ASSERT_TRUE(runtime_->Start(running).ok());
+  WaitForPhase(Uid(done), "Succeeded");
+  WaitForPhase(Uid(running), "Running");
+  runtime_->SetHosts({{"late.job.team.svc", "127.1.2.3"}});
+  auto hosts_file = [&](const json& pod) { return ReadFile(dir_ + "/state/pods/" + Uid(pod) + "/hosts"); };
+  EXPECT_NE(hosts_file(running).find("127.1.2.3"), std::string::npos) << hosts_file(running);
+  EXPECT_EQ(hosts_file(done).find("127.1.2.3"), std::string::npos) << hosts_file(done);
+  EXPECT_NE(hosts_file(done).find("localhost"), std::string::npos) << "the finished Pod's file is still there";
+}
+
 // A finished Pod's reported status is its last (Poll builds it no more): stopping it for its
 // deletion changes nothing in it, and StatusOf, built anew, is the same object.
 TEST_F(PodRuntimeTest, AFinishedPodsStatusChangesNoMore) {
