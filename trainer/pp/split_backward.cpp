@@ -21,7 +21,8 @@ using torch::autograd::Node;
 Edge TargetEdge(const torch::Tensor& t) {
   std::shared_ptr<Node> fn = t.grad_fn();
   if (!fn) fn = torch::autograd::impl::try_get_grad_accumulator(t);
-  return Edge(std::move(fn), fn ? t.output_nr() : 0);
+  const uint32_t input_nr = fn ? t.output_nr() : 0;
+  return Edge(std::move(fn), input_nr);
 }
 
 // Per node of the graph under `root`: whether the stage's input lies below it, whether a
