@@ -123,10 +123,14 @@ json Kubelet::NodeStatus(const NodeConfig& node) const {
   return status;
 }
 
+bool Kubelet::OnMyNode(const json& pod) const {
+  return node_names_.count(internal::StringAt(internal::ObjectAt(pod, "spec"), "nodeName")) > 0;
+}
+
 std::optional<json> Kubelet::FindPod(const std::string& ns, const std::string& name) const {
   if (!pods_) return std::nullopt;
   std::optional<json> pod = pods_->store().Get(ns + "/" + name);
-  if (!pod || !node_names_.count(internal::StringAt(internal::ObjectAt(*pod, "spec"), "nodeName"))) {
+  if (!pod || !OnMyNode(*pod)) {
     return std::nullopt;
   }
   return pod;
@@ -300,7 +304,7 @@ void Kubelet::WalkAllPods() {
   mine_.clear();
   uid_of_key_.clear();
   pods_->store().ForEach([this](const std::string& key, const json& pod) {
-    if (!node_names_.count(internal::StringAt(internal::ObjectAt(pod, "spec"), "nodeName"))) return;
+    if (!OnMyNode(pod)) return;
     const std::string uid = Md(pod, "uid");
     mine_[uid] = pod;
     uid_of_key_[key] = uid;
@@ -318,7 +322,7 @@ std::vector<std::string> Kubelet::ApplyChangedPods() {
   std::vector<std::string> uids;
   for (const std::string& key : keys) {
     std::optional<json> pod = pods_->store().Get(key);
-    const bool here = pod && node_names_.count(internal::StringAt(internal::ObjectAt(*pod, "spec"), "nodeName"));
+    const bool here = pod && OnMyNode(*pod);
     auto known = uid_of_key_.find(key);
     const std::string uid = here ? Md(*pod, "uid") : "";
     // A Pod deleted, moved, or made again under its name (another uid): the old one is gone.

@@ -56,6 +56,8 @@ class Kubelet {
   std::optional<nlohmann::json> FindPod(const std::string& ns, const std::string& name) const;
 
  private:
+  // Whether the Pod is bound (spec.nodeName) to one of this agent's nodes.
+  bool OnMyNode(const nlohmann::json& pod) const;
   void SyncLoop();
   void SyncOnce();
   // Re-reads the Pods whose keys the informer's events named since the last pass into mine_
