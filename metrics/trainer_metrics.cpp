@@ -56,6 +56,8 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry, const Labels& con
                       "Last completed optimizer step (resumes from the checkpoint).")),
       total_steps_(MakeGauge(registry, const_labels, "meshwork_trainer_total_steps",
                              "Optimizer steps the run is configured to take.")),
+      resumed_from_step_(MakeGauge(registry, const_labels, "meshwork_trainer_resumed_from_step",
+                                   "The checkpoint's step this run resumed from; 0 for a fresh start.")),
       loss_(MakeGauge(registry, const_labels, "meshwork_trainer_loss",
                       "Training loss of the last completed step.")),
       eval_loss_(MakeGauge(registry, const_labels, "meshwork_trainer_eval_loss",
@@ -133,7 +135,10 @@ void TrainerMetrics::RecordMemory(int64_t current_bytes, int64_t peak_bytes, int
 
 void TrainerMetrics::RecordEval(double loss) { eval_loss_.Set(loss); }
 
-void TrainerMetrics::SetResumedStep(int64_t step) { step_.Set(static_cast<double>(step)); }
+void TrainerMetrics::SetResumedStep(int64_t step) {
+  step_.Set(static_cast<double>(step));
+  resumed_from_step_.Set(static_cast<double>(step));
+}
 
 void TrainerMetrics::SetTotalSteps(int64_t total_steps) {
   total_steps_.Set(static_cast<double>(total_steps));

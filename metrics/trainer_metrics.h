@@ -49,7 +49,8 @@ class TrainerMetrics {
                     const std::string& device);
   void RecordEval(double loss);
   void SetTotalSteps(int64_t total_steps);
-  // After a resume: meshwork_trainer_step shows the checkpoint's step before the first new one.
+  // After a resume: meshwork_trainer_step shows the checkpoint's step before the first new one,
+  // and meshwork_trainer_resumed_from_step keeps it for the run's life (0: a fresh start).
   void SetResumedStep(int64_t step);
   // meshwork_trainer_info{model,preset,device,world_size} = 1; a second call replaces the series.
   // `mesh`: "<dp_replicate>x<dp_shard>x<tp>", the mesh in use (dist.mesh: auto's choice too).
@@ -71,6 +72,7 @@ class TrainerMetrics {
   prometheus::Counter& tokens_total_;
   prometheus::Gauge& step_;
   prometheus::Gauge& total_steps_;
+  prometheus::Gauge& resumed_from_step_;
   prometheus::Gauge& loss_;
   prometheus::Gauge& eval_loss_;
   prometheus::Gauge& tokens_per_second_;

@@ -318,6 +318,22 @@ TEST_F(ResumeTest, ReshardedFourTwoOneFourEndsWithTheUninterruptedLosses) {
                  1e-6);
 }
 
+// An elastic job's resize: training.global_batch_size keeps 8 rows a step while every rank runs
+// micro-batches of at most 2 rows (its memory), so 4 ranks take one micro-batch, 2 ranks two and
+// one process four (gradient accumulation). 4 -> 2 -> 1 -> 4 ends with the losses of 4 ranks
+// never interrupted, to fp32 rounding.
+TEST_F(ResumeTest, ResizedWithAGlobalBatchByGradientAccumulationEndsWithTheUninterruptedLosses) {
+  const std::vector<std::string> elastic = {"--set", "data.batch_size=2", "--set", "training.global_batch_size=8"};
+  ReshardThrough({4, {}}, {{4, elastic}, {2, elastic}, {1, elastic}}, {4, elastic},
+                 "resharded: the checkpoint was written by world size 1 (dp_replicate 1 x dp_shard 1), "
+                 "this run is 4 (1 x 4)",
+                 1e-6);
+  EXPECT_THAT(ReadBytes(tmp_.File("segment3.log")),
+              HasSubstr("batch: training.global_batch_size 8 rows a step = 1 data parallel rank x 4 micro-batches "
+                        "(training.grad_accum) x 2 rows (data.batch_size)"));
+  EXPECT_THAT(ReadBytes(tmp_.File("segment2.log")), HasSubstr("= 2 data parallel ranks x 2 micro-batches"));
+}
+
 // Tensor parallelism: o_proj and down_proj are column blocks on a tp rank. FSDP over 4 ranks,
 // then dp_shard 2 x tp 2, then tp 2 alone, then FSDP over 4 again (the global batch 8 rows
 // throughout: data.batch_size is per data parallel rank) ends with the losses of FSDP over 4

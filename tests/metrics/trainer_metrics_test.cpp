@@ -71,7 +71,8 @@ TEST(TrainerMetricsTest, EverySeriesExistsAtZeroAfterConstruction) {
         "meshwork_trainer_step_duration_seconds_count",
         "meshwork_trainer_step_duration_seconds_sum", "meshwork_trainer_mfu_ratio",
         "meshwork_trainer_learning_rate", "meshwork_trainer_grad_norm",
-        "meshwork_trainer_exposed_comm_seconds_total", "meshwork_trainer_checkpoint_stall_seconds"}) {
+        "meshwork_trainer_exposed_comm_seconds_total", "meshwork_trainer_checkpoint_stall_seconds",
+        "meshwork_trainer_resumed_from_step"}) {
     EXPECT_EQ(Sample(text, Series(name)), 0.0) << name;
   }
   for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "send"}) {
@@ -152,6 +153,18 @@ TEST(TrainerMetricsTest, RecordMemoryEvalAndTotalStepsSetTheirGauges) {
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_total_steps")), 1000.0);
 }
 
+TEST(TrainerMetricsTest, AResumeSetsTheStepAndKeepsWhereItResumedFrom) {
+  prometheus::Registry registry;
+  TrainerMetrics metrics(registry, kLabels);
+  metrics.SetResumedStep(40);
+  StepSample sample;
+  sample.step = 41;
+  metrics.RecordStep(sample);
+  const std::string text = Serialize(registry);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_step")), 41.0);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_resumed_from_step")), 40.0);
+}
+
 TEST(TrainerMetricsTest, CommunicationAccumulatesAndStateBytesAreSet) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
@@ -185,7 +198,7 @@ TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
-  EXPECT_EQ(exposed.size(), 20u);
+  EXPECT_EQ(exposed.size(), 21u);
   for (const auto& name : exposed) {
     // A table row starts with the name in backticks.
     EXPECT_THAT(docs, HasSubstr("| `" + name + "`")) << name << " is not in docs/metrics.md";

@@ -192,6 +192,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       StringField("training.device", &c.training.device),
       EnumField("training.dtype", &c.training.dtype, kDtypeNames),
       IntField("training.grad_accum", &c.training.grad_accum, 1, 1 << 20),
+      IntField("training.global_batch_size", &c.training.global_batch_size, 0, 1LL << 40),
       IntField("training.seed", &c.training.seed, 0, kMaxInt),
       IntField("training.threads", &c.training.threads, 0, 4096),
       EnumField("training.activation_checkpointing", &c.training.activation_checkpointing,
@@ -543,6 +544,47 @@ Result<TrainConfig> Build(YAML::Node root, const std::vector<std::string>& overr
 }
 
 }  // namespace
+
+Result<std::string> ResolveGlobalBatch(TrainConfig& c, int64_t world_size) {
+  const int64_t global = c.training.global_batch_size;
+  if (global == 0) return std::string();
+  const std::string key = "key 'training.global_batch_size': ";
+  const int64_t model_ranks = c.mesh.tp * c.mesh.pp;
+  if (world_size < 1 || world_size % model_ranks != 0) {
+    return InvalidConfig(key + "the world of " + Str(world_size) + " ranks does not divide by mesh.tp x mesh.pp = " +
+                         Str(model_ranks) + ", so it has no whole number of data parallel ranks");
+  }
+  const int64_t dp = world_size / model_ranks;
+  const std::string ranks = Str(dp) + " data parallel rank" + (dp == 1 ? "" : "s");
+  if (global % dp != 0) {
+    return InvalidConfig(key + Str(global) + " rows do not divide over " + ranks + " (world " + Str(world_size) +
+                         " / mesh.tp x mesh.pp " + Str(model_ranks) + ")");
+  }
+  const int64_t per_rank = global / dp;
+  // The smallest divisor of per_rank at or above both bounds, from the divisor pairs (i, n / i).
+  const int64_t least = std::max(c.training.grad_accum, (per_rank + c.data.batch_size - 1) / c.data.batch_size);
+  int64_t micro = 0;
+  for (int64_t i = 1; i * i <= per_rank; ++i) {
+    if (per_rank % i != 0) continue;
+    for (const int64_t d : {i, per_rank / i}) {
+      if (d >= least && (micro == 0 || d < micro)) micro = d;
+    }
+  }
+  if (micro == 0) {
+    return InvalidConfig(key + Str(global) + " rows are " + Str(per_rank) + " a rank over " + ranks +
+                         ", which no count of at least training.grad_accum=" + Str(c.training.grad_accum) +
+                         " micro-batches of at most data.batch_size=" + Str(c.data.batch_size) + " rows splits evenly");
+  }
+  c.training.grad_accum = micro;
+  c.data.batch_size = per_rank / micro;
+  if (Status s = ValidateCrossFields(c); !s.ok()) {
+    return InvalidConfig(key + Str(global) + " rows over " + ranks + " make micro-batches of " + Str(c.data.batch_size) +
+                         " rows x " + Str(micro) + ", and then " + s.message());
+  }
+  return "batch: training.global_batch_size " + Str(global) + " rows a step = " + ranks + " x " + Str(micro) +
+         " micro-batch" + (micro == 1 ? "" : "es") + " (training.grad_accum) x " + Str(c.data.batch_size) +
+         " rows (data.batch_size)";
+}
 
 Result<TrainConfig> LoadConfigFromString(const std::string& yaml_text,
                                          const std::vector<std::string>& overrides) {

@@ -141,6 +141,9 @@ struct TrainingConfig {
   std::string device = "auto";  // auto | cpu | cuda | cuda:N
   Dtype dtype = Dtype::kAuto;   // bf16 = autocast on CUDA
   int64_t grad_accum = 1;
+  // Rows of one optimizer step over every data parallel rank, kept at any world size (an
+  // elastic job's resize): 0 = data.batch_size x data parallel ranks x grad_accum.
+  int64_t global_batch_size = 0;
   int64_t seed = 1234;
   int64_t threads = 0;  // CPU intra-op threads; 0 = libtorch's default
   // Recompute decoder layers in backward: auto = the layers compiled FSDP's plan picks under its
@@ -278,6 +281,14 @@ Result<TrainConfig> LoadConfigFromString(const std::string& yaml_text,
 // The YAML text comes from environment variable `var` (`train --config-env VAR`: a Kubernetes
 // ConfigMap passed through the pod's environment). Unset or empty is InvalidConfig naming it.
 Result<TrainConfig> LoadConfigFromEnv(const std::string& var, const std::vector<std::string>& overrides);
+
+// training.global_batch_size at `world_size` ranks: with it set, picks the fewest micro-batches
+// (training.grad_accum, at least as configured) whose rows fit data.batch_size (the largest
+// micro-batch a rank runs) so that data parallel ranks x micro-batches x rows is the global
+// batch, and sets both keys. The data parallel ranks are world / (mesh.tp x mesh.pp). Returns the
+// line the trainer logs ("" when the key is unset); InvalidConfig naming the key and the numbers
+// when the global batch does not split so, or the split breaks another key's rule.
+Result<std::string> ResolveGlobalBatch(TrainConfig& c, int64_t world_size);
 
 // `overlay` on top of `base`, both YAML config texts: mappings merge key by key, recursively, and
 // anything else in `overlay` (a scalar, a list) replaces `base`'s value. A TrainingRuntime's

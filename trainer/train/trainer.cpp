@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "trainer/data/tokenizer.h"
+#include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
 #include "trainer/model/compat.h"
 #include "trainer/model/llama.h"
@@ -256,7 +257,15 @@ auto Guard(const char* what, F&& f) -> decltype(f()) {
 std::string SixDigits(double v) { return Format("%#.6g", v); }
 
 Result<TrainSummary> Train(const config::TrainConfig& cfg, std::ostream& log) {
-  return Guard("train", [&] { return TrainImpl(cfg, log); });
+  return Guard("train", [&]() -> Result<TrainSummary> {
+    // The global batch resolves against this launch's world (an elastic job's resize changes it);
+    // every rank resolves alike from the same config and world size.
+    MW_ASSIGN_OR_RETURN(const dist::DistEnv env, dist::ReadDistEnv());
+    config::TrainConfig resolved = cfg;
+    MW_ASSIGN_OR_RETURN(const std::string batch, config::ResolveGlobalBatch(resolved, env.world_size));
+    if (!batch.empty() && env.rank == 0) log << batch << "\n";
+    return TrainImpl(resolved, log);
+  });
 }
 
 Result<EvalResult> Evaluate(const config::TrainConfig& cfg, std::ostream& log) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/common/temp_dir.h"
@@ -786,6 +787,85 @@ TEST(ConfigDocsTest, CompleteExampleLoads) {
     const auto dot = key.find('.');
     EXPECT_TRUE(root[key.substr(0, dot)][key.substr(dot + 1)].IsDefined()) << key;
   }
+}
+
+// training.global_batch_size: the same rows a step at every world size, by micro-batches.
+TrainConfig GlobalBatchConfig(const std::string& extra) {
+  auto c = LoadConfigFromString("data:\n  batch_size: 4\ntraining:\n  global_batch_size: 16\n" + extra, {});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return *c;
+}
+
+TEST(GlobalBatchTest, UnsetLeavesTheBatchAlone) {
+  auto c = LoadConfigFromString("data:\n  batch_size: 4\n", {});
+  ASSERT_TRUE(c.ok());
+  auto line = ResolveGlobalBatch(*c, 3);
+  ASSERT_TRUE(line.ok());
+  EXPECT_EQ(*line, "");
+  EXPECT_EQ(c->data.batch_size, 4);
+  EXPECT_EQ(c->training.grad_accum, 1);
+}
+
+TEST(GlobalBatchTest, FewerRanksTakeMoreMicroBatches) {
+  for (const auto& [world, micro, rows] : std::vector<std::tuple<int, int, int>>{
+           {4, 1, 4}, {2, 2, 4}, {1, 4, 4}, {8, 1, 2}, {16, 1, 1}}) {
+    TrainConfig c = GlobalBatchConfig("");
+    auto line = ResolveGlobalBatch(c, world);
+    ASSERT_TRUE(line.ok()) << world << ": " << line.status().ToString();
+    EXPECT_EQ(c.training.grad_accum, micro) << world;
+    EXPECT_EQ(c.data.batch_size, rows) << world;
+    EXPECT_EQ(c.data.batch_size * c.training.grad_accum * world, 16) << world;
+    EXPECT_THAT(*line, HasSubstr("16 rows a step")) << world;
+  }
+}
+
+TEST(GlobalBatchTest, GradAccumIsTheLeastMicroBatchCount) {
+  TrainConfig c = GlobalBatchConfig("  grad_accum: 2\n");
+  ASSERT_TRUE(ResolveGlobalBatch(c, 4).ok());
+  EXPECT_EQ(c.training.grad_accum, 2);
+  EXPECT_EQ(c.data.batch_size, 2);
+}
+
+TEST(GlobalBatchTest, OnlyDataParallelRanksShareTheBatch) {
+  // tp 2: 4 ranks are 2 data parallel ranks.
+  TrainConfig c = GlobalBatchConfig("mesh:\n  tp: 2\n  dp_shard: 2\n");
+  ASSERT_TRUE(ResolveGlobalBatch(c, 4).ok());
+  EXPECT_EQ(c.training.grad_accum, 2);
+  EXPECT_EQ(c.data.batch_size, 4);
+}
+
+TEST(GlobalBatchTest, AGlobalBatchThatDoesNotSplitIsRefusedNamingTheKey) {
+  TrainConfig c = GlobalBatchConfig("");
+  auto three = ResolveGlobalBatch(c, 3);
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(three.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(three.status().message(), HasSubstr("'training.global_batch_size': 16 rows do not divide over 3 data parallel ranks"));
+
+  // 14 rows a rank in micro-batches of at most 4 rows: 7 micro-batches of 2.
+  auto odd = LoadConfigFromString("data:\n  batch_size: 4\ntraining:\n  global_batch_size: 14\n", {});
+  ASSERT_TRUE(odd.ok());
+  ASSERT_TRUE(ResolveGlobalBatch(*odd, 1).ok());
+  EXPECT_EQ(odd->training.grad_accum, 7);
+  EXPECT_EQ(odd->data.batch_size, 2);
+
+  // A prime number of rows a rank above data.batch_size: only micro-batches of one row.
+  auto prime = LoadConfigFromString("data:\n  batch_size: 4\ntraining:\n  global_batch_size: 13\n  grad_accum: 14\n", {});
+  ASSERT_TRUE(prime.ok());
+  auto none = ResolveGlobalBatch(*prime, 1);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("no count of at least training.grad_accum=14 micro-batches"));
+}
+
+TEST(GlobalBatchTest, ASplitThatBreaksSequenceParallelismSaysSo) {
+  // tp 2 with sequence parallelism needs a micro-batch's tokens even: 1 row of 3 tokens is not.
+  auto c = LoadConfigFromString(
+      "model:\n  preset: tiny\ndata:\n  batch_size: 2\n  seq_len: 3\ntraining:\n  global_batch_size: 3\n"
+      "mesh:\n  tp: 2\n  dp_shard: 1\n", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto r = ResolveGlobalBatch(*c, 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'training.global_batch_size'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("mesh.sequence_parallel"));
 }
 
 }  // namespace
