@@ -215,6 +215,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     return plan;
   }
   RecordShape(*spec, plan.status);
+  policy::RecordElastic(*spec, plan.status);
   std::optional<policy::Decision> node_wait = policy::MarkNodeLoss(in, *spec, &pods);
   const policy::JobState job{in, *spec, plan.status, std::move(pods)};
 
@@ -262,6 +263,14 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
       plan.status.erase("pipeline");
     } else {
       plan.status["pipeline"] = config.pipeline;
+    }
+    if (config.global_batch_size > 0) {
+      // The gang starts with the elastic job's global batch, found in its config just now.
+      plan.status["elastic"]["globalBatchSize"] = config.global_batch_size;
+      JobSpec launched = *spec;
+      launched.global_batch_size = config.global_batch_size;
+      decided(policy::Launch(policy::JobState{in, launched, plan.status, job.pods}));
+      return plan;
     }
   }
   decided(policy::Launch(job));

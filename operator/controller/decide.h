@@ -32,6 +32,9 @@ struct TrainerReport {
   double loss = 0;
   double tokens_per_second = 0;  // rank 0's; the job's is about world_size times this
   std::string mesh;  // "RxSxT" from meshwork_trainer_info's mesh label ("" when absent)
+  // meshwork_trainer_resumed_from_step: the checkpoint's step the run resumed from (0: a fresh
+  // start); absent from trainers older than the series.
+  std::optional<int64_t> resumed_from_step;
 };
 
 // The run's summary from rank 0's last log line (trainer_report.h parses it): the final loss and
@@ -50,6 +53,8 @@ struct ConfigCheck {
   // status.pipeline of a config with pipeline stages (ValidateTrainerConfig), else null: the
   // gang about to start records it.
   nlohmann::json pipeline;
+  // An elastic job's global batch (ValidateTrainerConfig), which its Pods are started with.
+  int64_t global_batch_size = 0;
 };
 
 // One Pod as the decisions see it.

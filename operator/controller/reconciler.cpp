@@ -232,7 +232,8 @@ ConfigCheck Reconciler::CheckConfig(const std::string& key, const json& job, con
   const std::string name = job["metadata"].value("name", "");
   ConfigCheck check;
   if (spec.config_map_name.empty()) {
-    Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline", &check.pipeline);
+    Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline", &check.pipeline,
+                                     &check.global_batch_size);
     if (!s.ok()) check.error = s.message();
     return check;
   }
@@ -253,7 +254,7 @@ ConfigCheck Reconciler::CheckConfig(const std::string& key, const json& job, con
   Status s = ValidateTrainerConfig(data[spec.config_map_key].get<std::string>(), spec, ns, name,
                                    field + " (ConfigMap " + spec.config_map_name + ", key " + spec.config_map_key +
                                        ")",
-                                   &check.pipeline);
+                                   &check.pipeline, &check.global_batch_size);
   if (!s.ok()) check.error = s.message();
   return check;
 }

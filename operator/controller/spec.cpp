@@ -402,6 +402,28 @@ Result<JobSpec> ParseSpec(const json& job) {
     s.mesh = AutoMesh(s.replicas, s.processes_per_replica);
   }
 
+  if (const json* elastic = Field(spec, "elasticPolicy")) {
+    if (!elastic->is_object()) return Bad("spec.elasticPolicy", "must be an object, got " + Quote(*elastic));
+    ElasticPolicy e;
+    if (!Field(*elastic, "maxReplicas")) return Bad("spec.elasticPolicy.maxReplicas", "is required");
+    MW_RETURN_IF_ERROR(ReadIntAs(*elastic, "minReplicas", "spec.elasticPolicy.minReplicas", 1, 4096, &e.min_replicas));
+    MW_RETURN_IF_ERROR(ReadIntAs(*elastic, "maxReplicas", "spec.elasticPolicy.maxReplicas", 1, 4096, &e.max_replicas));
+    if (e.min_replicas > e.max_replicas) {
+      return Bad("spec.elasticPolicy", "minReplicas " + Quote(e.min_replicas) + " exceeds maxReplicas " +
+                                           Quote(e.max_replicas));
+    }
+    if (s.replicas < e.min_replicas || s.replicas > e.max_replicas) {
+      return Bad("spec.replicas", Quote(s.replicas) + " is outside spec.elasticPolicy's " +
+                                      std::to_string(e.min_replicas) + " to " + std::to_string(e.max_replicas));
+    }
+    if (s.explicit_mesh) {
+      return Bad("spec.elasticPolicy", "needs spec.mesh absent or auto: true, but spec.mesh is " + s.mesh.ToString() +
+                                           ": an explicit mesh holds one world size, and an elastic job's changes "
+                                           "with its replicas");
+    }
+    s.elastic = e;
+  }
+
   if (const json* ckpt = Field(spec, "checkpoint")) {
     std::string path = "/checkpoints";
     MW_RETURN_IF_ERROR(ReadString(*ckpt, "path", "spec.checkpoint.path", &path));
@@ -558,6 +580,7 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
     if (spec.checkpoint_every) out.push_back("checkpoint.every=" + std::to_string(*spec.checkpoint_every));
   }
   if (!spec.gpu) out.push_back("training.device=cpu");
+  if (spec.global_batch_size > 0) out.push_back("training.global_batch_size=" + std::to_string(spec.global_batch_size));
   return out;
 }
 
@@ -575,11 +598,39 @@ Result<json> PipelineStatus(const config::TrainConfig& cfg, const compiler::pipe
               {"scheduleBubble", std::round(bubble * 1000) / 1000}};
 }
 
+// An elastic job's global batch: the config's training.global_batch_size, else its rows a step at
+// maxReplicas (an elastic job's mesh has no tp or pp, so every rank is data parallel). It must
+// split at every size the job may take: a resize must not be the first to find it does not.
+Result<int64_t> ElasticGlobalBatch(const config::TrainConfig& cfg, const JobSpec& spec) {
+  const ElasticPolicy& e = *spec.elastic;
+  const int64_t ranks = spec.processes_per_replica;
+  const bool given = cfg.training.global_batch_size > 0;
+  const int64_t global =
+      given ? cfg.training.global_batch_size : cfg.data.batch_size * cfg.training.grad_accum * e.max_replicas * ranks;
+  const std::string what =
+      given ? "training.global_batch_size " + std::to_string(global)
+            : "the global batch of " + std::to_string(global) + " rows (data.batch_size " +
+                  std::to_string(cfg.data.batch_size) + " x training.grad_accum " + std::to_string(cfg.training.grad_accum) +
+                  " x " + std::to_string(e.max_replicas * ranks) + " ranks at maxReplicas)";
+  for (int replicas = e.min_replicas; replicas <= e.max_replicas; ++replicas) {
+    config::TrainConfig at = cfg;
+    at.training.global_batch_size = global;
+    auto split = config::ResolveGlobalBatch(at, replicas * ranks);
+    if (!split.ok()) {
+      return Bad("spec.elasticPolicy", what + " does not split at " + std::to_string(replicas) + " replicas (" +
+                                           std::to_string(replicas * ranks) + " ranks): " + split.status().message());
+    }
+  }
+  return global;
+}
+
 }  // namespace
 
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
-                             const std::string& name, const std::string& field, json* pipeline) {
+                             const std::string& name, const std::string& field, json* pipeline,
+                             int64_t* global_batch_size) {
   if (pipeline != nullptr) *pipeline = json();
+  if (global_batch_size != nullptr) *global_batch_size = 0;
   // The config reaches the trainer as a file of a ConfigMap volume; an inline config is first
   // written to the job's ConfigMap, which the API server refuses over 1 MiB (the job would wait
   // for ever). A configMapRef's ConfigMap exists, so it is within the limit.
@@ -608,6 +659,11 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
       if (!status.ok()) return Internal(field + ": " + status.status().message());
       *pipeline = *status;
     }
+  }
+  if (spec.elastic) {
+    auto global = ElasticGlobalBatch(*loaded, spec);
+    if (!global.ok()) return global.status();
+    if (global_batch_size != nullptr) *global_batch_size = *global;
   }
   if (spec.mesh.chosen_by_trainer) {
     // mesh: auto is checked as an explicit mesh is: the profile the trainer will plan with

@@ -102,6 +102,14 @@ struct Mesh {
   const char* Dims() const;
 };
 
+// spec.elasticPolicy: the replica counts the job may run at. A resize within them starts a new
+// gang at the new size that resumes from the latest checkpoint (the trainer reshards it) with the
+// same global batch: the config's rows a step at max_replicas (training.global_batch_size).
+struct ElasticPolicy {
+  int min_replicas = 1;
+  int max_replicas = 1;
+};
+
 struct JobSpec {
   std::string runtime_name;  // spec.runtimeRef.name: the TrainingRuntime merged under this spec
   std::string image;
@@ -120,6 +128,11 @@ struct JobSpec {
 
   std::optional<Mesh> explicit_mesh;  // nullopt = auto
   Mesh mesh;                          // the one in use (explicit or auto)
+
+  std::optional<ElasticPolicy> elastic;
+  // An elastic job's global batch (rows a step), passed as training.global_batch_size; found
+  // from the trainer config when a gang starts (ValidateTrainerConfig), 0 until then.
+  int64_t global_batch_size = 0;
 
   std::optional<std::string> checkpoint_path;  // the container path, when checkpoints are on
   std::optional<int64_t> checkpoint_every;
@@ -187,8 +200,11 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
 // crash-looping its Pods. `field` names where the text came from ("spec.config.inline").
 // `pipeline`, when given, is set to status.pipeline of a config with pipeline stages (the
 // schedule, its micro-batches and stages, and its own bubble: PipelineStatus), else null.
+// An elastic job's config must split its global batch (training.global_batch_size, else the
+// config's rows a step at maxReplicas) at every size of spec.elasticPolicy; `global_batch_size`,
+// when given, is set to it (0 for a job that is not elastic).
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
                              const std::string& name, const std::string& field,
-                             nlohmann::json* pipeline = nullptr);
+                             nlohmann::json* pipeline = nullptr, int64_t* global_batch_size = nullptr);
 
 }  // namespace meshwork::op

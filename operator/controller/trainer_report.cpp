@@ -76,6 +76,7 @@ std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text) {
   r.loss = Sample(text, "meshwork_trainer_loss").value_or(0);
   r.tokens_per_second = Sample(text, "meshwork_trainer_tokens_per_second").value_or(0);
   r.mesh = Label(text, "meshwork_trainer_info", "mesh");
+  if (auto resumed = Sample(text, "meshwork_trainer_resumed_from_step")) r.resumed_from_step = static_cast<int64_t>(*resumed);
   return r;
 }
 

@@ -72,8 +72,35 @@ void Progress(const JobState& job, const TrainerReport& report, Decision& d) {
                             ": the gang's processes restarted in place and resumed from the checkpoint of step " +
                             std::to_string(report.step) + " (" + std::to_string(last_step - report.step) +
                             " steps to redo)"});
+  } else if (!same_gang && report.resumed_from_step) {
+    // A new gang says where it resumed. After an elastic resize the status keeps it beside the
+    // sizes, and the Event names all three.
+    const int64_t from = *report.resumed_from_step;
+    json resize = job.status.value("elastic", json::object()).value("lastResize", json());
+    const bool resized = resize.is_object() && resize.value("generation", int64_t{-1}) == gen;
+    if (resized) {
+      resize["resumedFromStep"] = from;
+      json elastic = job.status["elastic"];
+      elastic["lastResize"] = resize;
+      d.status["elastic"] = elastic;
+    }
+    const std::string sizes =
+        resized ? " at " + std::to_string(resize.value("toReplicas", 0)) + " replicas (resized from " +
+                      std::to_string(resize.value("fromReplicas", 0)) + ")"
+                : "";
+    if (from > 0) {
+      d.events.push_back({"Normal", "ResumedFromCheckpoint",
+                          "the new gang" + sizes + " resumed from the checkpoint of step " + std::to_string(from) +
+                              " of " + std::to_string(report.total_steps) +
+                              (last_step > 0 ? " (the previous one reached " + std::to_string(last_step) + ")" : "")});
+    } else if (resized || (last_step > 0 && job.spec.checkpoint_path)) {
+      d.events.push_back({"Warning", "StartedFromStepZero",
+                          "the new gang" + sizes + " found no checkpoint and started from step 0" +
+                              (last_step > 0 ? " (the previous one reached " + std::to_string(last_step) + ")" : "")});
+    }
   } else if (!same_gang && report.step > 0 && last_step > 0) {
-    // A new gang after one that made progress, itself past step 0: it resumed from a checkpoint.
+    // A trainer without meshwork_trainer_resumed_from_step, past step 0 after a gang that made
+    // progress: it resumed from a checkpoint.
     d.events.push_back({"Normal", "ResumedFromCheckpoint",
                         "the new gang reports step " + std::to_string(report.step) + " of " +
                             std::to_string(report.total_steps) + " (the previous one reached " +

@@ -148,6 +148,7 @@ json ReportJson(const TrainerReport& r, SystemTime now, int world_size) {
   if (std::isfinite(r.tokens_per_second)) {
     report["tokensPerSecond"] = std::round(r.tokens_per_second * world_size * 10) / 10;
   }
+  if (r.resumed_from_step) report["resumedFromStep"] = *r.resumed_from_step;
   return report;
 }
 

@@ -112,9 +112,12 @@ std::optional<Decision> Resume(const JobState& job);
 // deadline.cpp: activeDeadlineSeconds over the job's active time.
 std::optional<Decision> Deadline(const JobState& job);
 // resize.cpp: a gang whose shape (world size, mesh) is not the spec's: InvalidSpec with
-// checkpoints on, else a new gang.
+// checkpoints on and no elasticPolicy, else a new gang (an elastic one's resize in status.elastic).
 std::optional<Decision> ResizeWithCheckpoints(const JobState& job);
 std::optional<Decision> Resize(const JobState& job);
+// resize.cpp: status.elastic of an elastic job (its range and size; the resizes Resize counts and
+// the last one, which Launch completes with the step the new gang resumed from); none otherwise.
+void RecordElastic(const JobSpec& spec, nlohmann::json& status);
 // stale_gang.cpp: Pods of an older gang, or beyond the replica count, go before anything starts.
 std::optional<Decision> StaleGang(const JobState& job);
 // success.cpp: every rank of the current gang exited 0 (successPolicy AllRanks), or rank 0's

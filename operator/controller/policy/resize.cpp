@@ -1,14 +1,20 @@
 // A resized job (kubectl scale, a new mesh) needs a new gang: the ranks of the old one were
-// started with the old shape. With checkpoints on it cannot go on at all (the CRD's CEL rule
-// refuses the change where CEL is evaluated): the trainer cannot reshard a checkpoint yet.
+// started with the old shape. With checkpoints on, only an elastic job (spec.elasticPolicy) may
+// resize: its new gang resumes from the latest checkpoint, which the trainer reshards, at the same
+// global batch; any other job's global batch would change with its world size (data.batch_size
+// is per rank), so its resize is refused (the CRD's CEL rule refuses the change where CEL is
+// evaluated).
 #include "operator/controller/policy/policy.h"
 
 namespace meshwork::op::policy {
 namespace {
 
+using nlohmann::json;
+
 struct ShapeChange {
   std::string from;  // "2 ranks, mesh 1x2x1"
   std::string to;
+  int64_t from_world = 0;
 };
 
 // The first Pod of the current gang started with another world size or mesh than the spec's.
@@ -18,7 +24,7 @@ std::optional<ShapeChange> ChangedShape(const JobState& job) {
     if (pod.generation != job.generation() || pod.world_size < 0) continue;
     if (pod.world_size == job.spec.WorldSize() && (pod.mesh.empty() || pod.mesh == mesh)) continue;
     return ShapeChange{std::to_string(pod.world_size) + " ranks, mesh " + (pod.mesh.empty() ? "?" : pod.mesh),
-                       std::to_string(job.spec.WorldSize()) + " ranks, mesh " + mesh};
+                       std::to_string(job.spec.WorldSize()) + " ranks, mesh " + mesh, pod.world_size};
   }
   return std::nullopt;
 }
@@ -26,29 +32,54 @@ std::optional<ShapeChange> ChangedShape(const JobState& job) {
 }  // namespace
 
 std::optional<Decision> ResizeWithCheckpoints(const JobState& job) {
-  if (!job.spec.checkpoint_path) return std::nullopt;
+  if (!job.spec.checkpoint_path || job.spec.elastic) return std::nullopt;
   const auto change = ChangedShape(job);
   if (!change) return std::nullopt;
   return InvalidSpec(job.status, job.pods,
                      "spec.replicas/spec.mesh: the gang changed from " + change->from + " to " + change->to +
-                         " while checkpoints are on; the trainer cannot reshard a checkpoint yet: create a new "
-                         "TrainingJob",
+                         " while checkpoints are on, and without spec.elasticPolicy the global batch would change "
+                         "with the world size; set spec.elasticPolicy to resize a job that checkpoints, or create "
+                         "a new TrainingJob",
                      job.in.now);
 }
 
 std::optional<Decision> Resize(const JobState& job) {
-  if (job.spec.checkpoint_path) return std::nullopt;  // ResizeWithCheckpoints
+  if (job.spec.checkpoint_path && !job.spec.elastic) return std::nullopt;  // ResizeWithCheckpoints
   const auto change = ChangedShape(job);
   if (!change) return std::nullopt;
   const int64_t gen = job.generation() + 1;
-  const std::string msg = "the gang changed from " + change->from + " to " + change->to +
-                          "; starting a new gang (generation " + std::to_string(gen) + ")";
+  std::string msg = "the gang changed from " + change->from + " to " + change->to + "; starting a new gang (generation " +
+                    std::to_string(gen) + ")";
   Decision d;
+  if (job.spec.elastic) {
+    const int64_t from = change->from_world / job.spec.processes_per_replica;
+    if (job.spec.checkpoint_path) msg += ", which resumes from the latest checkpoint, resharded";
+    json elastic = job.status.value("elastic", json::object());
+    elastic["resizes"] = IntOr(elastic, "resizes", 0) + 1;
+    elastic["lastResize"] = {{"fromReplicas", from},
+                             {"toReplicas", job.spec.replicas},
+                             {"time", FormatTime(job.in.now)},
+                             {"generation", gen}};
+    d.status["elastic"] = elastic;
+  }
   d.status["restartGeneration"] = gen;
   d.conditions = {{"Restarting", "True", "Resized", msg}, {"Running", "False", "Resized", msg}};
   d.events.push_back({"Normal", "Resized", msg});
   d.status_first = true;
   return d;
+}
+
+void RecordElastic(const JobSpec& spec, json& status) {
+  if (!spec.elastic) {
+    status.erase("elastic");
+    return;
+  }
+  json& elastic = status["elastic"];
+  if (!elastic.is_object()) elastic = json::object();
+  elastic["minReplicas"] = spec.elastic->min_replicas;
+  elastic["maxReplicas"] = spec.elastic->max_replicas;
+  elastic["replicas"] = spec.replicas;
+  if (!elastic.contains("resizes")) elastic["resizes"] = 0;
 }
 
 }  // namespace meshwork::op::policy

@@ -442,8 +442,56 @@ TEST(DecideTest, ResizeWithCheckpointsFailsInsteadOfCrashLooping) {
   Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}));
   EXPECT_EQ(p.phase, "Failed");
   EXPECT_EQ(ConditionReason(p.status, "Failed"), "InvalidSpec");
-  EXPECT_THAT(p.status["conditions"].dump(), HasSubstr("cannot reshard a checkpoint"));
+  EXPECT_THAT(p.status["conditions"].dump(), HasSubstr("set spec.elasticPolicy to resize a job that checkpoints"));
   EXPECT_EQ(p.remove.size(), 2u);
+}
+
+// An elastic job scaled down: the gang goes, the next starts at the new size with the global batch
+// its config check found (training.global_batch_size on every rank), and when its rank 0 reports
+// the step it resumed from, status.elastic.lastResize and an Event say it with both sizes.
+TEST(DecideTest, AnElasticScaleStartsTheNewSizeAtTheSameGlobalBatchAndReportsTheStepItResumedFrom) {
+  const json elastic = {{"checkpoint", {{"path", "/ckpt"}}}, {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 2}}}};
+  json job = RunningJob(elastic);
+  EXPECT_EQ(job["status"]["elastic"]["replicas"], 2);
+  job["spec"]["replicas"] = 1;
+  Plan p = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}));
+  EXPECT_NE(p.phase, "Failed");
+  EXPECT_THAT(Names(p.remove), ::testing::UnorderedElementsAre("tiny-0", "tiny-1"));
+  EXPECT_EQ(p.status["restartGeneration"], 1);
+  EXPECT_EQ(p.status["restarts"], 0);
+  EXPECT_EQ(p.status["elastic"]["lastResize"]["fromReplicas"], 2);
+  EXPECT_EQ(p.status["elastic"]["lastResize"]["toReplicas"], 1);
+
+  Observed next = In(After(job, p), {});
+  next.check_config = [] {
+    ConfigCheck c;
+    c.global_batch_size = 32;
+    return c;
+  };
+  Plan q = Decide(next);
+  ASSERT_EQ(q.create.size(), 1u);
+  EXPECT_THAT(q.create[0].dump(), HasSubstr("training.global_batch_size=32"));
+  EXPECT_EQ(q.status["elastic"]["globalBatchSize"], 32);
+  EXPECT_EQ(q.status["elastic"]["replicas"], 1);
+
+  json running = After(After(job, p), q);
+  json one_rank = Pod(0, 1, "Running");
+  one_rank["metadata"]["labels"][kWorldSizeLabel] = "1";
+  Observed reported = In(running, {one_rank});
+  reported.report = TrainerReport{};
+  reported.report->step = 41;
+  reported.report->total_steps = 100;
+  reported.report->resumed_from_step = 40;
+  Plan r = Decide(reported);
+  EXPECT_EQ(r.status["elastic"]["lastResize"]["resumedFromStep"], 40);
+  EXPECT_EQ(r.status["trainer"]["resumedFromStep"], 40);
+  ASSERT_FALSE(r.events.empty());
+  bool said = false;
+  for (const auto& e : r.events) {
+    said |= e.reason == "ResumedFromCheckpoint" &&
+            e.message.find("at 1 replicas (resized from 2) resumed from the checkpoint of step 40 of 100") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << r.status.dump();
 }
 
 TEST(DecideTest, AMissingConfigMapHoldsTheLaunch) {

@@ -318,6 +318,42 @@ TEST(SpecTest, PipelineMeshReachesTheTrainerAndIsCheckedAtAdmission) {
   EXPECT_TRUE(replicas.ok()) << replicas.message();
 }
 
+// An elastic job's Pods get the global batch its config makes at maxReplicas, checked at every size
+// it may take; one that does not split at some size is refused at admission, naming it.
+TEST(SpecTest, AnElasticJobsGlobalBatchIsTheConfigsAtMaxReplicasAndSplitsAtEverySize) {
+  auto s = ParseSpec(Job({{"replicas", 2}, {"device", "cpu"}, {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 4}}}}));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  int64_t global = -1;
+  Status ok = ValidateTrainerConfig("model:\n  preset: tiny\ndata:\n  batch_size: 3\n", *s, "ns", "job",
+                                    "spec.config.inline", nullptr, &global);
+  EXPECT_TRUE(ok.ok()) << ok.ToString();
+  EXPECT_EQ(global, 12);  // 3 rows x 4 ranks at maxReplicas
+  s->global_batch_size = global;
+  bool passed = false;
+  for (const auto& o : TrainerOverrides(*s, "ns", "job", "u")) passed |= o == "training.global_batch_size=12";
+  EXPECT_TRUE(passed);
+
+  // 4 rows a step at 4 ranks cannot split over 3.
+  auto three = ParseSpec(Job({{"replicas", 2}, {"device", "cpu"}, {"elasticPolicy", {{"maxReplicas", 4}}}}));
+  ASSERT_TRUE(three.ok());
+  Status bad = ValidateTrainerConfig("model:\n  preset: tiny\ndata:\n  batch_size: 1\n", *three, "ns", "job",
+                                     "spec.config.inline", nullptr, &global);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(bad.message(), HasSubstr("spec.elasticPolicy: the global batch of 4 rows (data.batch_size 1 x "
+                                       "training.grad_accum 1 x 4 ranks at maxReplicas) does not split at 3 replicas"));
+  // The config's own training.global_batch_size is kept as it is.
+  Status given = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  global_batch_size: 24\n", *three, "ns",
+                                       "job", "spec.config.inline", nullptr, &global);
+  EXPECT_TRUE(given.ok()) << given.ToString();
+  EXPECT_EQ(global, 24);
+  // Not elastic: none.
+  auto plain = ParseSpec(Job({{"device", "cpu"}}));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *plain, "ns", "job", "spec.config.inline", nullptr,
+                                    &global).ok());
+  EXPECT_EQ(global, 0);
+}
+
 TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
   json seventeen_rules = json::array();
   for (int i = 0; i < 17; ++i) seventeen_rules.push_back({{"action", "FailJob"}, {"onExitCodes", {{"values", {1}}}}});
@@ -342,6 +378,13 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
       {{{"mesh", {{"auto", true}, {"tp", 2}}}}, "spec.mesh.tp: must not be set with spec.mesh.auto: true"},
       {{{"mesh", {{"auto", true}, {"pp", 2}}}}, "spec.mesh.pp: must not be set with spec.mesh.auto: true"},
       {{{"mesh", {{"dpShard", 1}, {"pp", 0}}}}, "spec.mesh.pp: 0 is outside [1, 1024]"},
+      {{{"elasticPolicy", {{"minReplicas", 1}}}}, "spec.elasticPolicy.maxReplicas: is required"},
+      {{{"elasticPolicy", {{"minReplicas", 3}, {"maxReplicas", 2}}}},
+       "spec.elasticPolicy: minReplicas 3 exceeds maxReplicas 2"},
+      {{{"replicas", 3}, {"elasticPolicy", {{"maxReplicas", 2}}}}, "spec.replicas: 3 is outside spec.elasticPolicy's 1 to 2"},
+      {{{"elasticPolicy", {{"maxReplicas", 5000}}}}, "spec.elasticPolicy.maxReplicas: 5000 is outside [1, 4096]"},
+      {{{"replicas", 2}, {"mesh", {{"dpShard", 2}}}, {"elasticPolicy", {{"maxReplicas", 2}}}},
+       "spec.elasticPolicy: needs spec.mesh absent or auto: true, but spec.mesh is 1x2x1"},
       {{{"replicas", 2}, {"mesh", {{"dpShard", 2}, {"pp", 2}}}},
        "spec.mesh: pp x dpReplicate x dpShard x tp = pp2x1x2x1 = 4 does not equal replicas x processesPerReplica = 2x1 = 2"},
       {{{"replicas", 2}, {"device", "gpu"}, {"mesh", {{"dpShard", 1}, {"pp", 2}}}},
@@ -573,6 +616,9 @@ TEST(TrainerReportTest, ParsesTheTrainersSeries) {
   EXPECT_DOUBLE_EQ(r->loss, 2.5);
   EXPECT_DOUBLE_EQ(r->tokens_per_second, 4096.5);
   EXPECT_EQ(r->mesh, "2x4x1");
+  EXPECT_FALSE(r->resumed_from_step.has_value()) << "an older trainer";
+  EXPECT_EQ(ParseTrainerMetrics("meshwork_trainer_step 1\nmeshwork_trainer_resumed_from_step{job=\"t\"} 40\n")->resumed_from_step,
+            40);
   EXPECT_EQ(ParseTrainerMetrics("meshwork_trainer_step 1\n")->mesh, "") << "no info series: no mesh";
   EXPECT_FALSE(ParseTrainerMetrics("other_metric 1\n").has_value());
 }

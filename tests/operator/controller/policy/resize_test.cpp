@@ -76,8 +76,43 @@ TEST(ResizeWithCheckpointsTest, FailsTheJobInsteadOfCrashLooping) {
   EXPECT_EQ(ReasonOf(*d, "Failed"), "InvalidSpec");
   EXPECT_THAT(d->events.at(0).message,
               HasSubstr("spec.replicas/spec.mesh: the gang changed from 2 ranks, mesh ? to 1 ranks, mesh 1x1x1 "
-                        "while checkpoints are on; the trainer cannot reshard a checkpoint yet"));
+                        "while checkpoints are on, and without spec.elasticPolicy the global batch would change"));
   EXPECT_THAT(Names(d->remove), UnorderedElementsAre("tiny-0", "tiny-1"));  // running ones
+}
+
+// An elastic job with checkpoints resizes: a new gang, which resumes from the checkpoint, and
+// status.elastic records the sizes and the gang the resize started.
+TEST(ResizeTest, AnElasticJobWithCheckpointsStartsANewGangAndRecordsTheResize) {
+  const json spec = {{"replicas", 1},
+                     {"checkpoint", {{"path", "/ckpt"}}},
+                     {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 4}}}};
+  json status = {{"restartGeneration", 2}, {"restarts", 0}, {"elastic", {{"resizes", 1}, {"globalBatchSize", 16}}}};
+  State s(Job(spec, status), {Pod(0, 2, "Running"), Pod(1, 2, "Running")});
+  EXPECT_FALSE(ResizeWithCheckpoints(s.Get()).has_value());
+  const auto d = Resize(s.Get());
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->status["restartGeneration"], 3);
+  const json& elastic = d->status["elastic"];
+  EXPECT_EQ(elastic["resizes"], 2);
+  EXPECT_EQ(elastic["globalBatchSize"], 16);  // kept
+  EXPECT_EQ(elastic["lastResize"]["fromReplicas"], 2);
+  EXPECT_EQ(elastic["lastResize"]["toReplicas"], 1);
+  EXPECT_EQ(elastic["lastResize"]["generation"], 3);
+  EXPECT_FALSE(elastic["lastResize"].contains("resumedFromStep"));  // the new gang reports it
+  EXPECT_THAT(d->events.at(0).message,
+              HasSubstr("to 1 ranks, mesh 1x1x1; starting a new gang (generation 3), which resumes from the latest "
+                        "checkpoint, resharded"));
+}
+
+TEST(RecordElasticTest, ShowsTheRangeAndSizeAndGoesWithThePolicy) {
+  auto spec = ParseSpec(Job({{"replicas", 2}, {"elasticPolicy", {{"maxReplicas", 3}}}}));
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  json status = {{"elastic", {{"resizes", 4}}}};
+  RecordElastic(*spec, status);
+  EXPECT_EQ(status["elastic"], json({{"minReplicas", 1}, {"maxReplicas", 3}, {"replicas", 2}, {"resizes", 4}}));
+  spec->elastic.reset();
+  RecordElastic(*spec, status);
+  EXPECT_FALSE(status.contains("elastic"));
 }
 
 }  // namespace
