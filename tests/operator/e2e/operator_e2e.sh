@@ -376,7 +376,7 @@ PYEOF2
 else fail "kill-me did not reach step 15"; dump; fi
 
 out="$(k scale tj train-ok --replicas 1 2>&1)"
-[[ "$out" == *"with checkpoints on (or a runtimeRef, whose runtime may turn them on), replicas and mesh cannot change"* ]] &&
+[[ "$out" == *"with checkpoints on (or a runtimeRef, whose runtime may turn them on), replicas and mesh change only with elasticPolicy"* ]] &&
   pass "scaling a job with checkpoints is refused by the CRD's CEL rule" || fail "scale of a checkpointed job: $out"
 if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   step="$(jp train-ok '{.status.trainer.step}')"
