@@ -214,10 +214,20 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     End(plan, policy::InvalidSpec(plan.status, pods, spec.status().message(), in.now), in);
     return plan;
   }
-  RecordShape(*spec, plan.status);
-  policy::RecordElastic(*spec, plan.status);
-  std::optional<policy::Decision> node_wait = policy::MarkNodeLoss(in, *spec, &pods);
-  const policy::JobState job{in, *spec, plan.status, std::move(pods)};
+  // The spec the gang runs: an elastic job that lost nodes runs smaller than spec.replicas until
+  // they are back (policy::ElasticReplicas).
+  JobSpec run = *spec;
+  policy::ElasticSize size = policy::ElasticReplicas(in, *spec, plan.status);
+  if (size.decision) policy::Apply(*size.decision, plan, in.now);
+  if (size.replicas != run.replicas) {
+    run.replicas = size.replicas;
+    if (!run.explicit_mesh && !run.mesh.chosen_by_trainer) run.mesh = AutoMesh(run.replicas, run.processes_per_replica);
+  }
+  plan.gang_replicas = run.replicas;
+  RecordShape(run, plan.status);
+  policy::RecordElastic(run, plan.status);
+  std::optional<policy::Decision> node_wait = policy::MarkNodeLoss(in, run, &pods);
+  const policy::JobState job{in, run, plan.status, std::move(pods)};
 
   // Runs one policy: true when it decided the phase. A decision about the gang carries the
   // gang's counts, as they are before the decision changes the generation.
@@ -267,7 +277,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     if (config.global_batch_size > 0) {
       // The gang starts with the elastic job's global batch, found in its config just now.
       plan.status["elastic"]["globalBatchSize"] = config.global_batch_size;
-      JobSpec launched = *spec;
+      JobSpec launched = run;
       launched.global_batch_size = config.global_batch_size;
       decided(policy::Launch(policy::JobState{in, launched, plan.status, job.pods}));
       return plan;

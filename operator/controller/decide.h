@@ -157,6 +157,10 @@ struct Plan {
   std::optional<std::chrono::seconds> requeue_after;
   bool delete_job = false;               // ttlSecondsAfterFinished has passed
   std::string phase;                     // status.phase after this plan
+  // The replicas of the gang that should run: spec.replicas, or fewer for an elastic job that
+  // lost nodes (policy::ElasticReplicas). 0 when the spec does not parse. Gang admission and the
+  // PodGroup size the gang by it.
+  int gang_replicas = 0;
 };
 
 // Everything the reconciler does for one job, decided. The job must not be being deleted.

@@ -172,9 +172,21 @@ std::vector<json> Reconciler::OwnedPods(const std::string& key, const std::strin
   return owned;
 }
 
-std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<json>& pods) const {
+std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<json>& pods,
+                                                              const json& lost_nodes) const {
   std::map<std::string, NodeHealth> unhealthy;
   if (nodes_ == nullptr) return unhealthy;
+  // An elastic job shrunk by a node loss runs without those nodes until they are Ready again.
+  for (const auto& lost : lost_nodes) {
+    if (!lost.is_string()) continue;
+    const auto cached = nodes_->Get(lost.get<std::string>());
+    const json ready = cached ? ReadyConditionOf(*cached) : json();
+    if (cached && ready.is_object() && ready.value("status", "") == "True") continue;
+    NodeHealth& h = unhealthy[lost.get<std::string>()];
+    h.deleted = !cached;
+    h.ready = ready.is_object() ? ready.value("status", "") : "";
+    h.reason = ready.is_object() ? ready.value("reason", "") : "";
+  }
   for (const auto& pod : pods) {
     const std::string node = pod.value("spec", json::object()).value("nodeName", "");
     if (node.empty() || unhealthy.count(node)) continue;
@@ -462,6 +474,18 @@ std::optional<ReconcileOutcome> Reconciler::DeleteJob(const std::string& key, co
   return std::nullopt;
 }
 
+namespace {
+
+// The spec sized as the gang the plan runs (Plan::gang_replicas: an elastic job after a node
+// loss runs fewer replicas than its spec).
+JobSpec GangSpec(const JobSpec& spec, const Plan& plan) {
+  JobSpec gang = spec;
+  if (plan.gang_replicas > 0) gang.replicas = plan.gang_replicas;
+  return gang;
+}
+
+}  // namespace
+
 std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& key, const json& job,
                                                            const Result<JobSpec>& spec, const Plan& plan,
                                                            Created* created) {
@@ -475,7 +499,7 @@ std::optional<ReconcileOutcome> Reconciler::CreateChildren(const std::string& ke
       if (auto e = EnsureConfigMap(job, *spec); !e.ok()) return Failed(e, "writing ConfigMap " + ConfigMapName(name));
     }
     if (plan.ensure_pod_group) {
-      if (auto e = EnsurePodGroup(job, *spec); !e.ok()) {
+      if (auto e = EnsurePodGroup(job, GangSpec(*spec, plan)); !e.ok()) {
         return Failed(e, "writing PodGroup " + key + (k8s::IsNotFound(e) ? PodGroupApiMissing(spec->gang_admission) : ""));
       }
     }
@@ -731,7 +755,8 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   in.report_interval = options_.report_interval;
   std::set<std::string> seen_uids;
   in.pods = OwnedPods(key, meta.value("uid", ""), &seen_uids);
-  in.unhealthy_nodes = UnhealthyNodes(in.pods);
+  in.unhealthy_nodes =
+      UnhealthyNodes(in.pods, job.value("status", json::object()).value("elastic", json::object()).value("lostNodes", json::array()));
   // Pods this operator created that the cache has not shown yet: deciding now would take them
   // for deleted ones (client-go's "expectations").
   if (!ExpectationsMet(key, seen_uids)) return look_again;
@@ -859,7 +884,7 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   if (auto failed = DeletePods(meta.value("namespace", "default"), plan.remove)) return *failed;
   if (spec.ok() && spec->gang_admission == GangAdmission::kOperator && plan.remove.empty() && !finished &&
       !created.refused && plan.phase != "Failed") {
-    if (auto failed = AdmitGang(key, job, *spec, in.pods, &created)) return *failed;
+    if (auto failed = AdmitGang(key, job, GangSpec(*spec, plan), in.pods, &created)) return *failed;
     if (created.requeue_after && (!out.requeue_after || *created.requeue_after < *out.requeue_after)) {
       out.requeue_after = created.requeue_after;
     }

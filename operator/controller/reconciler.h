@@ -87,8 +87,10 @@ class Reconciler {
   void SetNodes(const k8s::Store* nodes) { nodes_ = nodes; }
 
   ReconcileOutcome Reconcile(const std::string& key);
-  // The nodes of `pods` that are not Ready or no longer exist (from SetNodes' cache).
-  std::map<std::string, NodeHealth> UnhealthyNodes(const std::vector<nlohmann::json>& pods) const;
+  // The nodes of `pods`, and `lost_nodes` (an elastic job's status.elastic.lostNodes), that are
+  // not Ready or no longer exist (from SetNodes' cache).
+  std::map<std::string, NodeHealth> UnhealthyNodes(const std::vector<nlohmann::json>& pods,
+                                                   const nlohmann::json& lost_nodes) const;
   // Forget per-job memory (last scrape time) of a deleted job.
   void Forget(const std::string& key);
 

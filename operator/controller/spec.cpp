@@ -421,6 +421,7 @@ Result<JobSpec> ParseSpec(const json& job) {
                                            ": an explicit mesh holds one world size, and an elastic job's changes "
                                            "with its replicas");
     }
+    e.spec_replicas = s.replicas;
     s.elastic = e;
   }
 

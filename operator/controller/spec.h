@@ -108,6 +108,9 @@ struct Mesh {
 struct ElasticPolicy {
   int min_replicas = 1;
   int max_replicas = 1;
+  // spec.replicas as written. Decide may run the job smaller than that after a node loss
+  // (JobSpec::replicas is then the smaller size; status.elastic.shrunkFrom says so).
+  int spec_replicas = 1;
 };
 
 struct JobSpec {

@@ -11,10 +11,14 @@
 // A counted restart past backoffLimit ends the job.
 #include "operator/controller/policy/policy.h"
 
+#include <set>
+
 #include "operator/controller/desired.h"
 
 namespace meshwork::op::policy {
 namespace {
+
+using nlohmann::json;
 
 std::string DescribeFailure(const PodView& p) {
   std::string s = "pod " + p.name;
@@ -95,6 +99,38 @@ RankVerdict Judge(const JobSpec& spec, const PodView& pod) {
   return v;
 }
 
+// An elastic job that lost ranks with their nodes goes on without them where minReplicas allows:
+// status.elastic with the smaller size, the size the user asked for (shrunkFrom) and the lost
+// nodes, which ElasticReplicas watches to grow back. None when it would fall below minReplicas
+// (the gang restarts at its size and waits for room) or the job is not elastic.
+std::optional<json> ShrinkAfterNodeLoss(const JobState& job) {
+  const JobSpec& spec = job.spec;
+  if (!spec.elastic) return std::nullopt;
+  std::set<int> lost_replicas;
+  std::set<std::string> lost_nodes;
+  for (const auto& pod : job.Current()) {
+    if (!pod.node_lost || pod.phase == "Succeeded") continue;
+    lost_replicas.insert(pod.index);
+    lost_nodes.insert(pod.node);
+  }
+  const int left = spec.replicas - static_cast<int>(lost_replicas.size());
+  if (lost_replicas.empty() || left < spec.elastic->min_replicas) return std::nullopt;
+  json elastic = job.status.value("elastic", json::object());
+  if (!elastic.contains("shrunkFrom")) elastic["shrunkFrom"] = spec.elastic->spec_replicas;
+  for (const auto& node : elastic.value("lostNodes", json::array())) {
+    if (node.is_string()) lost_nodes.insert(node.get<std::string>());
+  }
+  elastic["lostNodes"] = lost_nodes;
+  elastic["replicas"] = left;
+  elastic["resizes"] = IntOr(elastic, "resizes", 0) + 1;
+  elastic["lastResize"] = {{"fromReplicas", spec.replicas},
+                           {"toReplicas", left},
+                           {"time", FormatTime(job.in.now)},
+                           {"generation", job.generation() + 1},
+                           {"reason", "NodeLost"}};
+  return elastic;
+}
+
 }  // namespace
 
 std::optional<Decision> Failure(const JobState& job) {
@@ -149,8 +185,15 @@ std::optional<Decision> Failure(const JobState& job) {
     const std::string msg = w.failure + " (" + w.why +
                             "); restarting the gang, which does not count against backoffLimit (" +
                             (w.disruption ? "disruption " : "uncounted restart ") + std::to_string(count) + ")";
-    Decision d = restart(w.reason, w.disruption ? "GangRestartAfterDisruption" : "GangRestartUncounted", msg);
+    std::optional<json> shrunk = w.reason == "NodeLost" ? ShrinkAfterNodeLoss(job) : std::nullopt;
+    std::string said = msg;
+    if (shrunk) {
+      said += "; the elastic job goes on at " + std::to_string((*shrunk)["replicas"].get<int>()) +
+              " replicas without the lost node(s) until they are Ready again";
+    }
+    Decision d = restart(w.reason, w.disruption ? "GangRestartAfterDisruption" : "GangRestartUncounted", said);
     d.status[counter] = count;
+    if (shrunk) d.status["elastic"] = *shrunk;
     return d;
   }
   auto fail = [&](const std::string& reason, const std::string& message) {

@@ -115,6 +115,15 @@ std::optional<Decision> Deadline(const JobState& job);
 // checkpoints on and no elasticPolicy, else a new gang (an elastic one's resize in status.elastic).
 std::optional<Decision> ResizeWithCheckpoints(const JobState& job);
 std::optional<Decision> Resize(const JobState& job);
+// resize.cpp: the replicas an elastic job's gang runs at: spec.replicas, or fewer while nodes it
+// lost with a gang (status.elastic.lostNodes, Failure's shrink) are not Ready again; `decision`
+// ends the shrink (those nodes are back, with an ElasticGrow Event, or spec.replicas changed
+// since). The reconciler looks the lost nodes up in Observed::unhealthy_nodes.
+struct ElasticSize {
+  int replicas = 1;
+  std::optional<Decision> decision;
+};
+ElasticSize ElasticReplicas(const Observed& in, const JobSpec& spec, const nlohmann::json& status);
 // resize.cpp: status.elastic of an elastic job (its range and size; the resizes Resize counts and
 // the last one, which Launch completes with the step the new gang resumed from); none otherwise.
 void RecordElastic(const JobSpec& spec, nlohmann::json& status);

@@ -6,6 +6,8 @@
 // evaluated).
 #include "operator/controller/policy/policy.h"
 
+#include <algorithm>
+
 namespace meshwork::op::policy {
 namespace {
 
@@ -67,6 +69,38 @@ std::optional<Decision> Resize(const JobState& job) {
   d.events.push_back({"Normal", "Resized", msg});
   d.status_first = true;
   return d;
+}
+
+ElasticSize ElasticReplicas(const Observed& in, const JobSpec& spec, const json& status) {
+  ElasticSize size{spec.replicas, std::nullopt};
+  if (!spec.elastic) return size;
+  const json elastic = status.value("elastic", json::object());
+  if (!elastic.is_object() || !elastic.contains("shrunkFrom")) return size;
+  const json lost = elastic.value("lostNodes", json::array());
+  auto grow = [&](const std::string& why) {
+    json next = elastic;
+    next.erase("shrunkFrom");
+    next.erase("lostNodes");
+    Decision d;
+    d.status["elastic"] = next;
+    if (!why.empty()) d.events.push_back({"Normal", "ElasticGrow", why});
+    size.decision = std::move(d);
+    return size;
+  };
+  // The user's size wins over the one a node loss left: a scale since then is a resize to it.
+  if (IntOr(elastic, "shrunkFrom", -1) != spec.replicas) return grow("");
+  std::string names;
+  for (const auto& node : lost) {
+    const std::string name = node.is_string() ? node.get<std::string>() : "";
+    if (in.unhealthy_nodes.count(name)) {
+      size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "replicas", spec.replicas)),
+                                      spec.elastic->min_replicas, spec.replicas);
+      return size;
+    }
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return grow("node" + std::string(lost.size() == 1 ? " " : "s ") + names + (lost.size() == 1 ? " is" : " are") +
+              " Ready again: the job grows back to its " + std::to_string(spec.replicas) + " replicas");
 }
 
 void RecordElastic(const JobSpec& spec, json& status) {

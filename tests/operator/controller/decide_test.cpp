@@ -7,6 +7,8 @@
 
 #include "operator/controller/desired.h"
 
+#include <yaml-cpp/yaml.h>
+
 namespace meshwork::op {
 namespace {
 
@@ -446,6 +448,31 @@ TEST(DecideTest, ResizeWithCheckpointsFailsInsteadOfCrashLooping) {
   EXPECT_EQ(p.remove.size(), 2u);
 }
 
+// The fields of `status` the CRD's status schema does not declare, as paths: the API server prunes
+// them from a status write, so the operator would never read them back.
+void Undeclared(const json& value, const YAML::Node& schema, const std::string& path, std::vector<std::string>* out) {
+  if (value.is_object()) {
+    const YAML::Node props = schema["properties"];
+    if (schema["x-kubernetes-preserve-unknown-fields"] || !props) return;
+    for (const auto& [key, child] : value.items()) {
+      if (!props[key]) {
+        out->push_back(path + "." + key);
+        continue;
+      }
+      Undeclared(child, props[key], path + "." + key, out);
+    }
+  } else if (value.is_array() && schema["items"]) {
+    for (const auto& item : value) Undeclared(item, schema["items"], path + "[]", out);
+  }
+}
+
+std::vector<std::string> UndeclaredStatusFields(const json& status) {
+  const YAML::Node crd = YAML::LoadFile(MESHWORK_SOURCE_DIR "/crds/trainingjob.yaml");
+  std::vector<std::string> out;
+  Undeclared(status, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"], "status", &out);
+  return out;
+}
+
 // An elastic job scaled down: the gang goes, the next starts at the new size with the global batch
 // its config check found (training.global_batch_size on every rank), and when its rank 0 reports
 // the step it resumed from, status.elastic.lastResize and an Event say it with both sizes.
@@ -484,6 +511,7 @@ TEST(DecideTest, AnElasticScaleStartsTheNewSizeAtTheSameGlobalBatchAndReportsThe
   reported.report->resumed_from_step = 40;
   Plan r = Decide(reported);
   EXPECT_EQ(r.status["elastic"]["lastResize"]["resumedFromStep"], 40);
+  EXPECT_THAT(UndeclaredStatusFields(r.status), ::testing::IsEmpty()) << "the API server would prune them";
   EXPECT_EQ(r.status["trainer"]["resumedFromStep"], 40);
   ASSERT_FALSE(r.events.empty());
   bool said = false;
@@ -492,6 +520,76 @@ TEST(DecideTest, AnElasticScaleStartsTheNewSizeAtTheSameGlobalBatchAndReportsThe
             e.message.find("at 1 replicas (resized from 2) resumed from the checkpoint of step 40 of 100") != std::string::npos;
   }
   EXPECT_TRUE(said) << r.status.dump();
+}
+
+// An elastic job that loses a node goes on without it (a disruption, not a failure) and grows
+// back to spec.replicas once the node is Ready again.
+TEST(DecideTest, AnElasticJobShrinksWhenANodeIsLostAndGrowsBackWhenItReturns) {
+  const json elastic = {{"checkpoint", {{"path", "/ckpt"}}},
+                        {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 2}}},
+                        {"runPolicy", {{"backoffLimit", 0}, {"nodeLossGraceSeconds", 5}}}};
+  json job = RunningJob(elastic);
+  auto on = [](json pod, const std::string& node) {
+    pod["spec"]["nodeName"] = node;
+    return pod;
+  };
+  NodeHealth down;
+  down.ready = "Unknown";
+  down.since = kT0 - std::chrono::seconds(60);
+  Observed lost = In(job, {on(Pod(0, 0, "Running"), "node-b"), on(Pod(1, 0, "Running"), "node-a")});
+  lost.unhealthy_nodes["node-a"] = down;
+  Plan p = Decide(lost);
+  EXPECT_EQ(p.phase, "Restarting");
+  EXPECT_EQ(p.status["restarts"], 0);
+  EXPECT_EQ(p.status["disruptionRestarts"], 1);
+  EXPECT_EQ(p.status["elastic"]["replicas"], 1);
+  EXPECT_EQ(p.status["elastic"]["shrunkFrom"], 2);
+  EXPECT_EQ(p.status["elastic"]["lostNodes"], json::array({"node-a"}));
+  EXPECT_EQ(p.status["elastic"]["lastResize"]["reason"], "NodeLost");
+  EXPECT_THAT(UndeclaredStatusFields(p.status), ::testing::IsEmpty()) << "the API server would prune them";
+  EXPECT_THAT(p.events.at(0).message, HasSubstr("the elastic job goes on at 1 replicas without the lost node(s)"));
+
+  // The next gang: one Pod, world size 1, while node-a stays down.
+  Observed smaller = In(After(job, p), {});
+  smaller.unhealthy_nodes["node-a"] = down;
+  Plan q = Decide(smaller);
+  ASSERT_EQ(q.create.size(), 1u);
+  EXPECT_EQ(q.create[0]["metadata"]["labels"][kWorldSizeLabel], "1");
+  EXPECT_EQ(q.status["replicas"], 1);
+  EXPECT_EQ(q.status["worldSize"], 1);
+
+  // node-a is back: the job grows to its 2 replicas, a resize (a new gang, from the checkpoint).
+  json one_rank = on(Pod(0, 1, "Running"), "node-b");
+  one_rank["metadata"]["labels"][kWorldSizeLabel] = "1";
+  json shrunk = After(After(job, p), q);
+  shrunk["status"]["launchedGeneration"] = 1;
+  Plan r = Decide(In(shrunk, {one_rank}));
+  EXPECT_EQ(r.status["restartGeneration"], 2);
+  EXPECT_EQ(ConditionReason(r.status, "Restarting"), "Resized");
+  EXPECT_FALSE(r.status["elastic"].contains("shrunkFrom"));
+  EXPECT_FALSE(r.status["elastic"].contains("lostNodes"));
+  EXPECT_EQ(r.status["elastic"]["lastResize"]["toReplicas"], 2);
+  bool grew = false;
+  for (const auto& e : r.events) grew |= e.reason == "ElasticGrow" && e.message == "node node-a is Ready again: the job grows back to its 2 replicas";
+  EXPECT_TRUE(grew);
+  EXPECT_EQ(Names(r.remove), std::vector<std::string>{"tiny-0"});
+  Plan next = Decide(In(After(shrunk, r), {}));
+  EXPECT_EQ(next.create.size(), 2u);
+}
+
+// Below minReplicas the gang restarts at its size (and waits for room) rather than shrinking.
+TEST(DecideTest, AnElasticJobAtMinReplicasRestartsAtItsSizeAfterANodeLoss) {
+  json job = RunningJob({{"elasticPolicy", {{"minReplicas", 2}, {"maxReplicas", 2}}}});
+  json pod = Pod(1, 0, "Running");
+  pod["spec"]["nodeName"] = "node-a";
+  Observed lost = In(job, {Pod(0, 0, "Running"), pod});
+  NodeHealth gone;
+  gone.deleted = true;
+  lost.unhealthy_nodes["node-a"] = gone;
+  Plan p = Decide(lost);
+  EXPECT_EQ(p.status["disruptionRestarts"], 1);
+  EXPECT_FALSE(p.status["elastic"].contains("shrunkFrom"));
+  EXPECT_EQ(p.status["elastic"]["replicas"], 2);
 }
 
 TEST(DecideTest, AMissingConfigMapHoldsTheLaunch) {

@@ -594,7 +594,7 @@ TEST_F(ReconcilerTest, AConfigMapOrServiceTheJobDoesNotOwnIsNotTakenOver) {
   // A Service of the job's name that it does not own: the ranks' names would not resolve.
   SetJob(Job());
   SetPods({});
-  api_.Delete(k8s::resources::Services(), "ml", "tiny", {});
+  (void)api_.Delete(k8s::resources::Services(), "ml", "tiny", {});  // whether or not a reconcile made it
   api_.Add(k8s::resources::Services(), json::parse(R"({"metadata": {"name": "tiny", "namespace": "ml"},
       "spec": {"selector": {"app": "web"}}})"));
   reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},

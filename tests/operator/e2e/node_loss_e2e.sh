@@ -7,7 +7,10 @@
 # (no kubelet will confirm a graceful delete), and the next gang succeeds there. Checks the
 # status, the GangRestartAfterDisruption Event naming the Pod and the node, and where the new
 # gang ran. (The Restarting condition's NodeLost reason is the unit tests': the job's success
-# rewrites it within the second.)
+# rewrites it within the second.) Beside it an elastic job (elasticPolicy {1, 2}) loses its rank
+# on node-a too: it goes on at 1 Pod on node-b (status.elastic shrunkFrom 2, lostNodes node-a),
+# and once node-a's agent runs again and the node is Ready, it grows back to 2 Pods (an
+# ElasticGrow Event, a resize) and succeeds.
 # usage: node_loss_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
 set -uo pipefail
 
@@ -66,6 +69,29 @@ spec:
   config:
     inline: "model: {preset: tiny}"
 YAML
+# The elastic job: generations 0 (both nodes) and 1 (node-b alone) run until stopped; 2, grown
+# back to both nodes, exits 0.
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: meshwork.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: shrinks, namespace: e2e}
+spec:
+  image: busybox
+  device: cpu
+  replicas: 2
+  elasticPolicy: {minReplicas: 1, maxReplicas: 2}
+  command: ["sh", "-c", "[ \$MESHWORK_RESTART_GENERATION -lt 2 ] && exec sleep 600; exit 0"]
+  resources: {requests: {cpu: "1"}}
+  runPolicy: {backoffLimit: 0, nodeLossGraceSeconds: 5}
+  template:
+    spec:
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, nodeTaintsPolicy: Honor,
+         labelSelector: {matchLabels: {meshwork.dev/job: shrinks}}}
+  config:
+    inline: "model: {preset: tiny}"
+YAML
+ejp() { k get tj shrinks -o jsonpath="$1" 2>/dev/null; }
 nodes_of() { k get pods -l meshwork.dev/job=nodeloss -o jsonpath='{range .items[*]}{.metadata.name}={.spec.nodeName}/{.status.phase} {end}'; }
 spread() { [ "$(nodes_of)" = "nodeloss-0=node-a/Running nodeloss-1=node-b/Running " ] ||
            [ "$(nodes_of)" = "nodeloss-0=node-b/Running nodeloss-1=node-a/Running " ]; }
@@ -73,6 +99,10 @@ if ! e2e_wait_for 90 "one rank running on each node" spread; then
   fail "the first gang did not run spread over both nodes: $(nodes_of)"; finish
 fi
 pass "the first gang runs, one rank a node: $(nodes_of)"
+shrinks_spread() { k get pods -l meshwork.dev/job=shrinks -o jsonpath='{range .items[*]}{.spec.nodeName}/{.status.phase} {end}' |
+                   tr ' ' '\n' | sort | tr '\n' ' ' | grep -qx 'node-a/Running node-b/Running '; }
+e2e_wait_for 60 "the elastic job's ranks on both nodes" shrinks_spread ||
+  { fail "the elastic job's first gang is not spread: $(k get pods -l meshwork.dev/job=shrinks -o wide 2>&1)"; finish; }
 lost_pod="$(k get pods -l meshwork.dev/job=nodeloss -o jsonpath='{range .items[?(@.spec.nodeName=="node-a")]}{.metadata.name}{end}')"
 
 stopped="$(agent_pid node-a)"
@@ -99,5 +129,34 @@ if e2e_wait_for 120 "nodeloss succeeds" succeeded; then
     pass "the next gang ran on node-b, the node left" || fail "the second gang: $(nodes_of)"
 else
   fail "nodeloss did not succeed after node-a was lost: phase $(jp '{.status.phase}'), $(jp '{.status.conditions[*].message}')"
+fi
+
+# The elastic job went on at 1 Pod on node-b; node-a comes back and it grows to 2 again.
+shrinks_pods() { k get pods -l meshwork.dev/job=shrinks -o jsonpath='{range .items[*]}{.metadata.name}={.spec.nodeName}/{.status.phase} {end}'; }
+one_left() { [ "$(ejp '{.status.elastic.replicas}')" = 1 ] && [ "$(shrinks_pods)" = "shrinks-0=node-b/Running " ]; }
+if e2e_wait_for 60 "shrinks runs 1 Pod on node-b" one_left; then
+  [ "$(ejp '{.status.elastic.shrunkFrom}')" = 2 ] && [ "$(ejp '{.status.elastic.lostNodes}')" = '["node-a"]' ] &&
+    [ "$(ejp '{.status.restarts}')" = 0 ] && [ "$(ejp '{.status.disruptionRestarts}')" = 1 ] &&
+    pass "the elastic job goes on at 1 Pod on node-b (shrunkFrom 2, lostNodes [node-a], a disruption)" ||
+    fail "shrinks after the loss: $(ejp '{.status}')"
+else
+  fail "the elastic job did not go on at 1 Pod: $(shrinks_pods) $(ejp '{.status.elastic}')"
+  k get pods -o wide; k get pod shrinks-0 -o jsonpath='{.spec.schedulingGates} {.status.conditions}'; echo
+  k get events --field-selector involvedObject.name=shrinks -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' | tail -n 8
+  kubectl get nodes -o wide
+fi
+kill -CONT "$stopped"; stopped=""
+t_back=$SECONDS
+shrinks_done() { [ "$(ejp '{.status.phase}')" = Succeeded ]; }
+if e2e_wait_for 150 "shrinks grows back and succeeds" shrinks_done; then
+  grow="$(k get events --field-selector involvedObject.name=shrinks,reason=ElasticGrow -o jsonpath='{.items[*].message}')"
+  [[ "$grow" == "node node-a is Ready again: the job grows back to its 2 replicas" ]] &&
+    [ "$(ejp '{.status.elastic.replicas}')" = 2 ] && [ "$(ejp '{.status.restartGeneration}')" = 2 ] &&
+    [ "$(shrinks_pods)" = "shrinks-0=node-a/Succeeded shrinks-1=node-b/Succeeded " -o \
+      "$(shrinks_pods)" = "shrinks-0=node-b/Succeeded shrinks-1=node-a/Succeeded " ] &&
+    pass "node-a back: the elastic job grew to 2 Pods, one a node, $((SECONDS - t_back)) s after its agent resumed (Event: $grow)" ||
+    fail "growing back: event '$grow', pods $(shrinks_pods), $(ejp '{.status.elastic}')"
+else
+  fail "shrinks did not grow back and succeed: $(shrinks_pods) $(ejp '{.status.phase}') $(ejp '{.status.elastic}')"
 fi
 finish
