@@ -225,7 +225,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
   }
   plan.gang_replicas = run.replicas;
   RecordShape(run, plan.status);
-  policy::RecordElastic(run, plan.status);
+  policy::RecordElastic(run, in.admitted_replicas, plan.status);
   std::optional<policy::Decision> node_wait = policy::MarkNodeLoss(in, run, &pods);
   const policy::JobState job{in, run, plan.status, std::move(pods)};
 

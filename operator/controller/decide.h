@@ -128,6 +128,9 @@ struct Observed {
   // Why Kueue holds the job (its Workload is not admitted, or was evicted): the job is suspended
   // as with runPolicy.suspend, its Suspended condition saying this (reason Queued).
   std::optional<std::string> queued;
+  // The Pods Kueue admitted the job's Workload with (podSetAssignments[0].count), when it is
+  // admitted: an elastic job runs at most that many replicas (partial admission).
+  std::optional<int> admitted_replicas;
   // When set, makes the check (the reconciler's reads a ConfigMap) and its answer replaces the two
   // fields above. Decide calls it at most once, and only when it is about to create Pods.
   std::function<ConfigCheck()> check_config;

@@ -135,6 +135,11 @@ json DesiredWorkload(const json& job, const JobSpec& spec, const json& pod) {
                    {"spec",
                     {{"queueName", KueueQueue(job)},
                      {"podSets", json::array({{{"name", kKueuePodSetName}, {"count", spec.replicas}, {"template", tmpl}}})}}}};
+  // An elastic job may be admitted smaller (Kueue's partial admission, on by default since v0.5):
+  // Kueue then assigns the largest count down to minCount that fits, and the gang runs at it.
+  if (spec.elastic && spec.elastic->min_replicas < spec.replicas) {
+    workload["spec"]["podSets"][0]["minCount"] = spec.elastic->min_replicas;
+  }
   const json annotations = pod["metadata"].value("annotations", json::object());
   json request = json::object();
   if (annotations.contains(kKueueRequiredTopology)) request["required"] = annotations[kKueueRequiredTopology];
@@ -173,6 +178,13 @@ WorkloadState ReadWorkload(const json& workload) {
   s.admitted = s.has_admission && ConditionTrue(status, "Admitted");
   s.evicted = ConditionTrue(status, "Evicted");
   s.finished = ConditionTrue(status, "Finished");
+  if (s.has_admission) {
+    const json assignments = status["admission"].value("podSetAssignments", json::array());
+    if (assignments.is_array() && !assignments.empty() && assignments[0].contains("count") &&
+        assignments[0]["count"].is_number_integer()) {
+      s.admitted_count = assignments[0]["count"].get<int>();
+    }
+  }
   const std::string name = workload["metadata"].value("name", "");
   const std::string queue = workload.value("spec", json::object()).value("queueName", "");
   if (s.evicted) {

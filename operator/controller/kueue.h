@@ -2,7 +2,8 @@
 // its own kind, as Kueue's job framework is for batch Jobs ("external framework",
 // `integrations.externalFrameworks: [TrainingJob.v1alpha1.meshwork.dev]` in Kueue's
 // configuration). A job labelled kueue.x-k8s.io/queue-name gets a Workload (one pod set, the
-// gang: count = replicas, the trainer Pod's template and requests) owned by it; the job is held,
+// gang: count = replicas, the trainer Pod's template and requests; an elastic job's minCount =
+// minReplicas, so that Kueue may admit it smaller) owned by it; the job is held,
 // as if suspended, until Kueue admits that Workload; an eviction (preemption, deactivation) stops
 // the gang, then clears the Workload's admission so that Kueue can queue it again; a finished job
 // marks its Workload Finished (docs/trainingjob.md, "Kueue").
@@ -78,6 +79,9 @@ struct WorkloadState {
   bool has_admission = false;  // status.admission is set (quota reserved)
   bool evicted = false;        // Evicted=True: the gang must stop
   bool finished = false;       // Finished=True
+  // status.admission.podSetAssignments[0].count: the Pods Kueue admitted, fewer than the pod set's
+  // count after a partial admission (an elastic job's minCount).
+  std::optional<int> admitted_count;
   std::string why;             // for the job's Suspended condition while it is held
 };
 WorkloadState ReadWorkload(const nlohmann::json& workload);

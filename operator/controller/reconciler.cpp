@@ -827,6 +827,8 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
                               ", which MultiKueue makes for this copy of a job (label " + kKueuePrebuiltWorkloadLabel + ")";
       } else if (!queue_state.admitted || queue_state.evicted) {
         in.queued = queue_state.why;
+      } else {
+        in.admitted_replicas = queue_state.admitted_count;
       }
     }
   }

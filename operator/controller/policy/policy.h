@@ -126,7 +126,9 @@ struct ElasticSize {
 ElasticSize ElasticReplicas(const Observed& in, const JobSpec& spec, const nlohmann::json& status);
 // resize.cpp: status.elastic of an elastic job (its range and size; the resizes Resize counts and
 // the last one, which Launch completes with the step the new gang resumed from); none otherwise.
-void RecordElastic(const JobSpec& spec, nlohmann::json& status);
+// `admitted`: the Pods Kueue admitted the job with (Observed::admitted_replicas), shown as
+// status.elastic.admittedReplicas.
+void RecordElastic(const JobSpec& spec, std::optional<int> admitted, nlohmann::json& status);
 // stale_gang.cpp: Pods of an older gang, or beyond the replica count, go before anything starts.
 std::optional<Decision> StaleGang(const JobState& job);
 // success.cpp: every rank of the current gang exited 0 (successPolicy AllRanks), or rank 0's

@@ -31,6 +31,40 @@ std::optional<ShapeChange> ChangedShape(const JobState& job) {
   return std::nullopt;
 }
 
+// The replicas a node loss leaves (status.elastic.shrunkFrom, lostNodes), or spec.replicas with the
+// shrink ended once those nodes are Ready again or the user changed spec.replicas.
+ElasticSize AfterNodeLoss(const Observed& in, const JobSpec& spec, const json& status) {
+  ElasticSize size{spec.replicas, std::nullopt};
+  if (!spec.elastic) return size;
+  const json elastic = status.value("elastic", json::object());
+  if (!elastic.is_object() || !elastic.contains("shrunkFrom")) return size;
+  const json lost = elastic.value("lostNodes", json::array());
+  auto grow = [&](const std::string& why) {
+    json next = elastic;
+    next.erase("shrunkFrom");
+    next.erase("lostNodes");
+    Decision d;
+    d.status["elastic"] = next;
+    if (!why.empty()) d.events.push_back({"Normal", "ElasticGrow", why});
+    size.decision = std::move(d);
+    return size;
+  };
+  // The user's size wins over the one a node loss left: a scale since then is a resize to it.
+  if (IntOr(elastic, "shrunkFrom", -1) != spec.replicas) return grow("");
+  std::string names;
+  for (const auto& node : lost) {
+    const std::string name = node.is_string() ? node.get<std::string>() : "";
+    if (in.unhealthy_nodes.count(name)) {
+      size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "replicas", spec.replicas)),
+                                      spec.elastic->min_replicas, spec.replicas);
+      return size;
+    }
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return grow("node" + std::string(lost.size() == 1 ? " " : "s ") + names + (lost.size() == 1 ? " is" : " are") +
+              " Ready again: the job grows back to its " + std::to_string(spec.replicas) + " replicas");
+}
+
 }  // namespace
 
 std::optional<Decision> ResizeWithCheckpoints(const JobState& job) {
@@ -72,38 +106,15 @@ std::optional<Decision> Resize(const JobState& job) {
 }
 
 ElasticSize ElasticReplicas(const Observed& in, const JobSpec& spec, const json& status) {
-  ElasticSize size{spec.replicas, std::nullopt};
-  if (!spec.elastic) return size;
-  const json elastic = status.value("elastic", json::object());
-  if (!elastic.is_object() || !elastic.contains("shrunkFrom")) return size;
-  const json lost = elastic.value("lostNodes", json::array());
-  auto grow = [&](const std::string& why) {
-    json next = elastic;
-    next.erase("shrunkFrom");
-    next.erase("lostNodes");
-    Decision d;
-    d.status["elastic"] = next;
-    if (!why.empty()) d.events.push_back({"Normal", "ElasticGrow", why});
-    size.decision = std::move(d);
-    return size;
-  };
-  // The user's size wins over the one a node loss left: a scale since then is a resize to it.
-  if (IntOr(elastic, "shrunkFrom", -1) != spec.replicas) return grow("");
-  std::string names;
-  for (const auto& node : lost) {
-    const std::string name = node.is_string() ? node.get<std::string>() : "";
-    if (in.unhealthy_nodes.count(name)) {
-      size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "replicas", spec.replicas)),
-                                      spec.elastic->min_replicas, spec.replicas);
-      return size;
-    }
-    names += (names.empty() ? "" : ", ") + name;
+  ElasticSize size = AfterNodeLoss(in, spec, status);
+  // Kueue admitted fewer Pods than the pod set's count (partial admission, down to minCount).
+  if (spec.elastic && in.admitted_replicas) {
+    size.replicas = std::min(size.replicas, std::max(*in.admitted_replicas, spec.elastic->min_replicas));
   }
-  return grow("node" + std::string(lost.size() == 1 ? " " : "s ") + names + (lost.size() == 1 ? " is" : " are") +
-              " Ready again: the job grows back to its " + std::to_string(spec.replicas) + " replicas");
+  return size;
 }
 
-void RecordElastic(const JobSpec& spec, json& status) {
+void RecordElastic(const JobSpec& spec, std::optional<int> admitted, json& status) {
   if (!spec.elastic) {
     status.erase("elastic");
     return;
@@ -114,6 +125,11 @@ void RecordElastic(const JobSpec& spec, json& status) {
   elastic["maxReplicas"] = spec.elastic->max_replicas;
   elastic["replicas"] = spec.replicas;
   if (!elastic.contains("resizes")) elastic["resizes"] = 0;
+  if (admitted) {
+    elastic["admittedReplicas"] = *admitted;
+  } else {
+    elastic.erase("admittedReplicas");
+  }
 }
 
 }  // namespace meshwork::op::policy

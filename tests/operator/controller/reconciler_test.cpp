@@ -50,6 +50,18 @@ class ReconcilerTest : public ::testing::Test {
     api_.Add(kJobs, job);
     jobs_.Upsert(kKey, job);
   }
+  // Kueue admits `workload` with one pod set assignment (JSON); the job is reconciled again by a
+  // fresh reconciler (no memory of the last look at the Workload).
+  ReconcileOutcome ReconcileAdmitted(const json& job, json workload, const std::string& assignment) {
+    workload["status"] = {{"admission", {{"clusterQueue", "cq"}, {"podSetAssignments", {json::parse(assignment)}}}},
+                          {"conditions", json::parse(R"([{"type": "QuotaReserved", "status": "True"},
+                                                         {"type": "Admitted", "status": "True"}])")}};
+    api_.Add(k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads"), workload);
+    SetJob(job);
+    reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
+                                               ReconcilerHooks{});
+    return reconciler_->Reconcile(kKey);
+  }
   // What the watch brings after our write: the cache catches up with the API server.
   void SyncJob() { jobs_.Upsert(kKey, *api_.Find(kJobs, "ml", "tiny")); }
   void SetPods(const std::vector<json>& pods) {
@@ -360,19 +372,35 @@ TEST_F(ReconcilerTest, ATopologyAdmittedGangIsGatedForKueuesTopologyUngater) {
             json::parse(R"({"required": "example.com/rack", "podIndexLabel": "meshwork.dev/replica-index"})"));
 
   // Admitted with a topology assignment: each Pod waits for Kueue's ungater to place it.
-  (*wl)["status"] = json::parse(R"({"admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "trainer",
-      "count": 2, "topologyAssignment": {"levels": ["example.com/rack"], "slices": []}}]},
-      "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]})");
-  api_.Add(workloads, *wl);
-  SetJob(job);
-  reconciler_ = std::make_unique<Reconciler>(&api_, &jobs_, &pods_, &services_, &index_, ReconcilerOptions{},
-                                             ReconcilerHooks{});
-  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  ASSERT_TRUE(ReconcileAdmitted(job, *wl, R"({"name": "trainer", "count": 2,
+      "topologyAssignment": {"levels": ["example.com/rack"], "slices": []}})").ok);
   const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-1");
   ASSERT_TRUE(pod.has_value()) << "the admitted gang was not created";
   EXPECT_EQ((*pod)["metadata"]["labels"]["kueue.x-k8s.io/podset"], "trainer");
   EXPECT_EQ((*pod)["metadata"]["annotations"]["kueue.x-k8s.io/workload"], "trainingjob-tiny");
   EXPECT_THAT((*pod)["spec"]["schedulingGates"].dump(), HasSubstr(R"({"name":"kueue.x-k8s.io/topology"})"));
+}
+
+// An elastic job's Workload lets Kueue admit it smaller (minCount = minReplicas); admitted with
+// fewer Pods (podSetAssignments[0].count), the gang runs at that size.
+TEST_F(ReconcilerTest, AnElasticJobKueueAdmitsPartiallyRunsAtTheAdmittedCount) {
+  const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
+  json job = Job({{"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 2}}}});
+  job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "lq";
+  SetJob(job);
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+  auto wl = api_.Find(workloads, "ml", "trainingjob-tiny");
+  ASSERT_TRUE(wl.has_value());
+  EXPECT_EQ((*wl)["spec"]["podSets"][0]["count"], 2);
+  EXPECT_EQ((*wl)["spec"]["podSets"][0]["minCount"], 1);
+
+  ASSERT_TRUE(ReconcileAdmitted(job, *wl, R"({"name": "trainer", "count": 1})").ok);
+  const auto pod = api_.Find(k8s::resources::Pods(), "ml", "tiny-0");
+  ASSERT_TRUE(pod.has_value()) << "the admitted gang was not created";
+  EXPECT_EQ((*pod)["metadata"]["labels"]["meshwork.dev/world-size"], "1");
+  EXPECT_FALSE(api_.Find(k8s::resources::Pods(), "ml", "tiny-1").has_value()) << "Kueue admitted one Pod";
+  EXPECT_EQ(Status()["elastic"]["admittedReplicas"], 1);
+  EXPECT_EQ(Status()["elastic"]["replicas"], 1);
 }
 
 TEST_F(ReconcilerTest, AKueueJobsWorkloadTakesItsPriorityClass) {

@@ -7,6 +7,8 @@
 #     wait Suspended (reason Queued, the quota Kueue reports), all three Succeed, every Workload
 #     ends Finished;
 #   - a job without the label is not Kueue's: no Workload, it runs at once;
+#   - partial admission: an elastic job's Workload has minCount = minReplicas; with half the
+#     quota taken Kueue admits it with 1 of its 2 Pods, and the gang runs at that size;
 #   - eviction: a running job's Workload deactivated (spec.active false) stops the gang, the job
 #     goes Suspended saying why, the Workload's quota is given back; reactivated, it runs again
 #     and succeeds.
@@ -210,6 +212,23 @@ if e2e_wait_for 60 "lo runs" bash -c "[ \"\$(kubectl -n kq get tj lo -o jsonpath
     pass "the high-priority job ran, then the preempted one was admitted again and succeeded, no restart counted" ||
     fail "hi/lo: $(k get tj hi lo 2>&1)"
 else fail "lo did not run: $(jp lo '{.status}')"; fi
+
+# Partial admission: with 1 of the 2 CPUs taken, an elastic job (2 Pods, minReplicas 1) is
+# admitted by Kueue with 1 Pod (its Workload's minCount), and its gang runs at that size.
+job one 20 lq | sed 's/^  replicas: 2/  replicas: 1/' | k apply -f - >/dev/null
+if e2e_wait_for 60 "one runs" bash -c "[ \"\$(kubectl -n kq get tj one -o jsonpath='{.status.phase}')\" = Running ]"; then
+  job el 4 lq | sed 's/^  replicas: 2/  replicas: 2\n  elasticPolicy: {minReplicas: 1, maxReplicas: 2}/' | k apply -f - >/dev/null
+  if e2e_wait_for 90 "el succeeds" bash -c "[ \"\$(kubectl -n kq get tj el -o jsonpath='{.status.phase}')\" = Succeeded ]"; then
+    wl="$(k get workloads.kueue.x-k8s.io trainingjob-el -o jsonpath='{.spec.podSets[0].count} {.spec.podSets[0].minCount}' 2>&1)"
+    pods="$(k get pods -l meshwork.dev/job=el -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.labels.meshwork\.dev/world-size} {end}')"
+    [ "$wl" = "2 1" ] && [ "$pods" = "el-0/1 " ] && [ "$(jp el '{.status.elastic.admittedReplicas}')" = 1 ] &&
+      [ "$(jp el '{.status.elastic.replicas}')" = 1 ] &&
+      pass "Kueue admitted the elastic job with 1 of its 2 Pods (Workload count 2, minCount 1); it ran and succeeded at world size 1" ||
+      fail "partial admission: Workload '$wl', Pods '$pods', status.elastic $(jp el '{.status.elastic}')"
+  else fail "el did not succeed: $(jp el '{.status}'); workload $(k get workloads.kueue.x-k8s.io trainingjob-el -o jsonpath='{.status}' 2>&1 | cut -c1-400)"; fi
+  e2e_wait_for 60 "one succeeds" bash -c "[ \"\$(kubectl -n kq get tj one -o jsonpath='{.status.phase}')\" = Succeeded ]" ||
+    fail "one: $(jp one '{.status.phase}')"
+else fail "one did not run: $(jp one '{.status}')"; fi
 
 # Topology: a gang that requires one node; Kueue assigns the domain, its ungater places the Pods.
 job tas 3 lq-tas | sed 's|^  image: busybox|  image: busybox\n  template: {metadata: {annotations: {kueue.x-k8s.io/podset-required-topology: kubernetes.io/hostname}}}|' |

@@ -108,10 +108,12 @@ TEST(RecordElasticTest, ShowsTheRangeAndSizeAndGoesWithThePolicy) {
   auto spec = ParseSpec(Job({{"replicas", 2}, {"elasticPolicy", {{"maxReplicas", 3}}}}));
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   json status = {{"elastic", {{"resizes", 4}}}};
-  RecordElastic(*spec, status);
+  RecordElastic(*spec, std::nullopt, status);
   EXPECT_EQ(status["elastic"], json({{"minReplicas", 1}, {"maxReplicas", 3}, {"replicas", 2}, {"resizes", 4}}));
+  RecordElastic(*spec, 1, status);
+  EXPECT_EQ(status["elastic"]["admittedReplicas"], 1);
   spec->elastic.reset();
-  RecordElastic(*spec, status);
+  RecordElastic(*spec, std::nullopt, status);
   EXPECT_FALSE(status.contains("elastic"));
 }
 
