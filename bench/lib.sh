@@ -159,3 +159,21 @@ netlab_begin() {
   "$netlab" check || exit $?
   cores=$(nproc)
 }
+
+# ---- processes of a local cluster (bench/operator_load.sh, bench/operator_vs_job.sh)
+
+# bench_stop_pid PID: SIGTERM, up to 20 s for a clean exit, then SIGKILL.
+bench_stop_pid() {
+  local p="$1"
+  [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 0
+  kill -TERM "$p" 2>/dev/null || true
+  for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
+}
+# bench_cpu_s PID: user + system seconds of the process (its reaped children are not counted).
+bench_cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "/proc/$1/stat"; }
+# bench_children_cpu_s PID: user + system seconds of its reaped children.
+bench_children_cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($14 + $15) / hz}' "/proc/$1/stat"; }
+# bench_hwm_kib PID: the process's peak RSS (VmHWM) in KiB.
+bench_hwm_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }

@@ -24,6 +24,8 @@ set -euo pipefail
 cmdline="bench/operator_load.sh${*:+ $*}"
 [ -n "${N:-}" ] && cmdline="N=$N $cmdline"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 build="${1:-${MESHWORK_BUILD_DIR:-$root/build}}"
 njobs="${2:-${N:-500}}"
 shift $(($# > 2 ? 2 : $#))
@@ -47,24 +49,15 @@ tmp="$(mktemp -d)"
 cp_pid=""
 op_pid=""
 apply_pid=""
-# stop_pid PID: SIGTERM, up to 20 s for a clean exit, then SIGKILL.
-stop_pid() {
-  local p="$1"
-  [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 0
-  kill -TERM "$p" 2>/dev/null || true
-  for _ in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$p" 2>/dev/null || true
-  wait "$p" 2>/dev/null || true
-}
 # Pod processes are the control plane's children, each its own process group (setsid). They
 # carry PR_SET_PDEATHSIG too, but a group that outlives its leader's parent would escape that.
 stop_all() {
   local children c
-  stop_pid "$apply_pid"
-  stop_pid "$op_pid"
+  bench_stop_pid "$apply_pid"
+  bench_stop_pid "$op_pid"
   children=""
   if [ -n "$cp_pid" ]; then children="$(pgrep -P "$cp_pid" 2>/dev/null || true)"; fi
-  stop_pid "$cp_pid"
+  bench_stop_pid "$cp_pid"
   for c in $children; do kill -KILL -- "-$c" 2>/dev/null || true; done
   apply_pid="" op_pid="" cp_pid=""
 }
@@ -78,8 +71,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-# shellcheck source=bench/lib.sh
-source "$root/bench/lib.sh"
 
 # Copies, so that a rebuild of $build during the run changes nothing.
 mkdir -p "$tmp/bin"
@@ -96,11 +87,9 @@ export HOME="$tmp"  # kubectl's discovery cache
 
 now() { date +%s.%N; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# cpu_s PID: user + system seconds of the process (its reaped children are not counted).
-cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "/proc/$1/stat"; }
-# children_cpu_s PID: user + system seconds of its reaped children (the Pods' processes).
-children_cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($14 + $15) / hz}' "/proc/$1/stat"; }
-hwm_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+cpu_s() { bench_cpu_s "$@"; }
+children_cpu_s() { bench_children_cpu_s "$@"; }
+hwm_kib() { bench_hwm_kib "$@"; }
 # The cluster's components: the supervisor's children (etcd, kube-apiserver, ...).
 components() { pgrep -P "$cp_pid" 2>/dev/null || true; }
 # cluster_cpu_s: user + system seconds of every component.

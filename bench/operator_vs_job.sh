@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# TrainingJobs beside Kubernetes' own Job controller (issue 48): the same N gangs of P Pods each,
+# once as TrainingJobs (meshwork-operator, its defaults: gang admission behind a scheduling gate,
+# a headless Service, a ConfigMap and a rendezvous Secret per job) and once as Indexed Jobs
+# (batch/v1, completionMode Indexed, completions = parallelism = P, run by kube-controller-manager's
+# Job controller), every Pod running `true` with no resource requests, each run on a fresh local
+# cluster (meshwork-cluster: the real kube-apiserver, etcd, controller-manager and scheduler, and
+# the node agent). The kinds alternate within each round (tj job tj job ...) for REPEATS rounds.
+#
+# Both kinds are timed alike, from the API server's side: two watches started before the apply
+# (`kubectl get --watch-only`, each line stamped as it arrives) see every Pod ADDED and every job
+# finish (a TrainingJob's phase Succeeded, a Job's Complete condition); "all Pods created" is the
+# arrival of the last Pod's ADDED event, "all finished" the last job's. API requests per job are
+# kube-apiserver's apiserver_request_total over the run (every client: kubectl's apply, the
+# controllers, the scheduler, the node agent) over N. CPU is user + system seconds over the run
+# of the controller (meshwork-operator, or kube-controller-manager) and of the whole control plane.
+#
+# Writes bench/results/operator_vs_job.md (earlier results kept below) and the per-run records
+# under bench/results/raw/operator_vs_job/.
+# usage: bench/operator_vs_job.sh [build-dir]
+#   ROWS (default "500x1 500x4"): JOBSxPODS_PER_JOB; REPEATS (default 5): rounds; TIMEOUT_S (900).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+# shellcheck source=tests/common/free_port.sh
+source "$root/tests/common/free_port.sh"
+build="${1:-${MESHWORK_BUILD_DIR:-$root/build}}"
+read -r -a rows <<<"${ROWS:-500x1 500x4}"
+repeats="${REPEATS:-5}"
+timeout_s="${TIMEOUT_S:-900}"
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "REPEATS '$repeats': expected a positive integer" >&2; exit 2; }
+for row in "${rows[@]}"; do
+  [[ "$row" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "ROWS: \"$row\" is not JOBSxPODS (e.g. 500x4)" >&2; exit 2; }
+done
+command -v kubectl >/dev/null || { echo "kubectl is not installed (scripts/setup.sh)" >&2; exit 1; }
+out="$root/bench/results/operator_vs_job.md"
+raw="$root/bench/results/raw/operator_vs_job/$(date -u +%Y%m%d-%H%M%S)"
+
+tmp="$(mktemp -d)"
+pids=()
+cp_pid=""
+stop_all() {
+  local p children=""
+  for p in "${pids[@]}"; do bench_stop_pid "$p"; done
+  pids=()
+  if [ -n "$cp_pid" ]; then children="$(pgrep -P "$cp_pid" 2>/dev/null || true)"; fi
+  bench_stop_pid "$cp_pid"
+  for p in $children; do kill -KILL -- "-$p" 2>/dev/null || true; done
+  cp_pid=""
+}
+trap 'stop_all; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+mkdir -p "$tmp/bin"
+cp -p "$build/controlplane/cluster/meshwork-cluster" "$build/controlplane/agent/meshwork-node-agent" \
+  "$build/operator/meshwork-operator" "$tmp/bin/"
+export PATH="$root/.meshwork/kube/bin:$PATH"  # kubectl of the cluster's release
+export HOME="$tmp"
+now() { date +%s.%N; }
+component() { pgrep -P "$cp_pid" -x "$1" | head -1; }
+cluster_cpu_s() {
+  local p t=0
+  for p in $(pgrep -P "$cp_pid"); do t="$(awk -v a="$t" -v b="$(bench_cpu_s "$p")" 'BEGIN {print a + b}')"; done
+  echo "$t"
+}
+# api_requests: apiserver_request_total summed over every label (all clients, verbs, codes).
+api_requests() {
+  local port
+  port="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["apiserver"])' "$cp_dir/ports.json")"
+  curl -s --max-time 30 --cacert "$cp_dir/pki/ca.crt" --cert "$cp_dir/pki/admin.crt" --key "$cp_dir/pki/admin.key" \
+    "https://127.0.0.1:$port/metrics" | awk '/^apiserver_request_total\{/ {s += $NF} END {printf "%d", s}'
+}
+
+# manifests KIND COUNT PODS: the multi-document YAML of COUNT jobs of PODS Pods each.
+manifests() {
+  local kind=$1 i
+  for i in $(seq -f '%04g' 1 "$2"); do
+    if [ "$kind" = tj ]; then
+      printf -- '---\napiVersion: meshwork.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: load-%s, namespace: bench}\n' "$i"
+      printf 'spec:\n  image: busybox\n  device: cpu\n  replicas: %s\n  command: ["true"]\n  metricsPort: 0\n' "$3"
+      printf '  config: {inline: "model: {preset: tiny}"}\n'
+    else
+      printf -- '---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: load-%s, namespace: bench}\n' "$i"
+      printf 'spec:\n  completionMode: Indexed\n  completions: %s\n  parallelism: %s\n  backoffLimit: 0\n' "$3" "$3"
+      printf '  template:\n    spec:\n      restartPolicy: Never\n'
+      printf '      containers: [{name: trainer, image: busybox, command: ["true"]}]\n'
+    fi
+  done
+}
+
+# stamp FILE: each line of stdin into FILE, after the seconds since the epoch it arrived at.
+stamp() { while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done >"$1"; }
+
+echo "kind jobs pods_per_job repeat pods_created_s finished_s api_requests controller_cpu_s controller_peak_mib cluster_cpu_s status" \
+  >"$tmp/runs.txt"
+# one KIND ROW REPEAT: a run on a fresh cluster; a line of runs.txt.
+one() {
+  local kind=$1 row=$2 rep=$3 njobs pods run ctl_pid ctl_cpu0 cp_cpu0 req0 t0 n_pods n_done t status
+  njobs="${row%x*}"
+  pods="${row#*x}"
+  run="$tmp/$row-$kind-$rep"
+  cp_dir="$run/cp"
+  mkdir -p "$run"
+  export KUBECONFIG="$cp_dir/kubeconfig"
+  (cd "$run" && exec "$tmp/bin/meshwork-cluster" --data-dir "$cp_dir" --node-agent "$tmp/bin/meshwork-node-agent" \
+    --pod-network none >"$run/cp.log" 2>&1) &
+  cp_pid=$!
+  for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
+  grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; return 1; }
+  kubectl apply -f "$root/crds/" >/dev/null
+  kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
+  kubectl create namespace bench >/dev/null
+  if [ "$kind" = tj ]; then
+    local port
+    port="$(free_port)"
+    "$tmp/bin/meshwork-operator" --kubeconfig "$KUBECONFIG" --leader-elect false \
+      --metrics-bind-address "127.0.0.1:$port" >"$run/op.log" 2>&1 &
+    ctl_pid=$!
+    pids+=("$ctl_pid")
+    for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  else
+    ctl_pid="$(component kube-controller)"
+  fi
+  manifests "$kind" "$njobs" "$pods" >"$run/jobs.yaml"
+  kubectl get pods -n bench --watch-only --output-watch-events -o jsonpath='{.type} {.object.metadata.name}{"\n"}' \
+    2>"$run/watch-pods.err" | stamp "$run/pods.watch" &
+  pids+=($!)
+  if [ "$kind" = tj ]; then
+    kubectl get tj -n bench --watch-only -o jsonpath='{.metadata.name} {.status.phase}{"\n"}' 2>"$run/watch-jobs.err" |
+      stamp "$run/jobs.watch" &
+  else
+    kubectl get jobs.batch -n bench --watch-only -o jsonpath='{.metadata.name} {.status.conditions[?(@.type=="Complete")].status}{"\n"}' \
+      2>"$run/watch-jobs.err" | stamp "$run/jobs.watch" &
+  fi
+  pids+=($!)
+  sleep 1
+  ctl_cpu0="$(bench_cpu_s "$ctl_pid")"
+  cp_cpu0="$(cluster_cpu_s)"
+  req0="$(api_requests)"
+  echo "[bench] $kind $row, round $rep" >&2
+  t0="$EPOCHREALTIME"
+  kubectl apply -f "$run/jobs.yaml" >"$run/apply.log" 2>&1 &
+  pids+=($!)
+  local done_word=Succeeded
+  [ "$kind" = job ] && done_word=True
+  status=ok
+  while :; do
+    n_done="$(awk -v w="$done_word" '$3 == w {print $2}' "$run/jobs.watch" | sort -u | wc -l)"
+    ((n_done >= njobs)) && break
+    t="$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%d", b - a}')"
+    if ((t > timeout_s)); then status="timeout after ${timeout_s} s: $n_done of $njobs finished"; break; fi
+    sleep 0.5
+  done
+  local req ctl_cpu cp_cpu hwm t_pods t_done
+  req=$(($(api_requests) - req0))
+  ctl_cpu="$(awk -v a="$ctl_cpu0" -v b="$(bench_cpu_s "$ctl_pid")" 'BEGIN {printf "%.1f", b - a}')"
+  cp_cpu="$(awk -v a="$cp_cpu0" -v b="$(cluster_cpu_s)" 'BEGIN {printf "%.1f", b - a}')"
+  hwm="$(( $(bench_hwm_kib "$ctl_pid") / 1024 ))"
+  # The last of the unique Pods' ADDED lines and of the finished jobs' lines, from the apply.
+  n_pods="$(awk '$2 == "ADDED" {print $3}' "$run/pods.watch" | sort -u | wc -l)"
+  t_pods="$(awk -v t0="$t0" -v want=$((njobs * pods)) '$2 == "ADDED" && !seen[$3]++ {n++; if (n == want) {printf "%.1f", $1 - t0; exit}}' "$run/pods.watch")"
+  t_done="$(awk -v t0="$t0" -v want="$njobs" -v w="$done_word" '$3 == w && !seen[$2]++ {n++; if (n == want) {printf "%.1f", $1 - t0; exit}}' "$run/jobs.watch")"
+  [ -n "$t_pods" ] || status="only $n_pods of $((njobs * pods)) Pods seen${status:+; $status}"
+  echo "$kind $njobs $pods $rep ${t_pods:--} ${t_done:--} $req $ctl_cpu $hwm $cp_cpu $(tr ' ' _ <<<"$status")" >>"$tmp/runs.txt"
+  stop_all
+  mkdir -p "$raw/$row-$kind-$rep"
+  cp "$run/pods.watch" "$run/jobs.watch" "$run/apply.log" "$raw/$row-$kind-$rep/" 2>/dev/null || true
+  gzip -q "$raw/$row-$kind-$rep/"*.watch || true
+  [ "$kind" = tj ] && tail -n 20 "$run/op.log" >"$raw/$row-$kind-$rep/op.log.tail"
+  rm -rf "$run"
+}
+
+load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
+for row in "${rows[@]}"; do
+  for ((rep = 1; rep <= repeats; rep++)); do
+    for kind in tj job; do
+      one "$kind" "$row" "$rep" || echo "[bench] $kind $row round $rep failed" >&2
+    done
+  done
+done
+load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+mkdir -p "$raw"
+cp "$tmp/runs.txt" "$raw/runs.txt"
+
+{
+  echo "# TrainingJobs beside Kubernetes' Job controller ($repeats interleaved round(s) a row$( ((repeats < 5)) && echo ", FEWER than the protocol's 5"))"
+  echo
+  bench_command_line "bench/operator_vs_job.sh" "$root" ROWS REPEATS TIMEOUT_S
+  echo
+  echo "Machine: $(bench_machine); load average $load_start at the start, $load_end at the end."
+  echo "Each run: a fresh meshwork-cluster (one node), the jobs applied by one \`kubectl apply -f\`, Pods"
+  echo "running \`true\` with no requests; TrainingJobs with meshwork-operator's defaults, Indexed Jobs"
+  echo "with completions = parallelism = Pods a job. Times from the apply, from watches of Pods and jobs"
+  echo "started before it; median [min, max] over the rounds. Pods/s: Pods over the time to all Pods"
+  echo "created. Controller CPU: meshwork-operator, or kube-controller-manager (all its controllers)."
+  echo "Per-run records: \`${raw#"$root/"}/runs.txt\`, with each run's watch lines."
+  echo
+  python3 - "$tmp/runs.txt" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])][1:]
+def med(xs):
+    xs = [float(x) for x in xs if x != "-"]
+    if not xs: return "-", None
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}, {max(xs):.1f}]", statistics.median(xs)
+print("| jobs x Pods | kind | runs ok | all Pods created (s) | Pods/s | all finished (s) | API requests / job | controller CPU (s) | controller peak RSS (MiB) | control plane CPU (s) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+by = {}
+for kind, jobs, pods, rep, t_pods, t_done, req, ctl, hwm, cp, status in rows:
+    by.setdefault((int(jobs), int(pods)), {}).setdefault(kind, []).append((t_pods, t_done, req, ctl, hwm, cp, status))
+ratios = []
+for (jobs, pods), kinds in sorted(by.items()):
+    rate = {}
+    for kind in ("tj", "job"):
+        runs = kinds.get(kind, [])
+        ok = [r for r in runs if r[6] == "ok"]
+        rates = [jobs * pods / float(r[0]) for r in ok if r[0] != "-" and float(r[0]) > 0]
+        rate[kind] = statistics.median(rates) if rates else None
+        name = "TrainingJob" if kind == "tj" else "Indexed Job"
+        cells = [med([r[i] for r in ok])[0] for i in (0,)]
+        rate_cell = f"{statistics.median(rates):.1f} [{min(rates):.1f}, {max(rates):.1f}]" if rates else "-"
+        print(f"| {jobs} x {pods} | {name} | {len(ok)} of {len(runs)} | {cells[0]} | {rate_cell} | {med([r[1] for r in ok])[0]} | "
+              f"{med([float(r[2]) / jobs for r in ok])[0]} | {med([r[3] for r in ok])[0]} | {med([r[4] for r in ok])[0]} | {med([r[5] for r in ok])[0]} |")
+    if rate["tj"] and rate["job"]:
+        ratios.append(f"{jobs} x {pods}: x{rate['tj'] / rate['job']:.2f}")
+print()
+print("TrainingJobs' Pods/s over the Job controller's (medians): " + ("; ".join(ratios) if ratios else "none"))
+failed = [" ".join(r) for r in rows if r[-1] != "ok"]
+if failed:
+    print()
+    print("Runs that did not finish: " + "; ".join(failed))
+PY
+  echo
+  bench_earlier_results "$out"
+} >"$tmp/result.md"
+mkdir -p "$(dirname "$out")"
+cp "$tmp/result.md" "$out"
+cat "$out"
