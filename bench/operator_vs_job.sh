@@ -124,15 +124,17 @@ one() {
     ctl_pid="$(component kube-controller)"
   fi
   manifests "$kind" "$njobs" "$pods" >"$run/jobs.yaml"
+  # The watches write through process substitutions, so that $! is kubectl's own pid: stopping
+  # it ends the stamping too (a pipeline's wait would wait for a watch that never ends).
   kubectl get pods -n bench --watch-only --output-watch-events -o jsonpath='{.type} {.object.metadata.name}{"\n"}' \
-    2>"$run/watch-pods.err" | stamp "$run/pods.watch" &
+    2>"$run/watch-pods.err" > >(stamp "$run/pods.watch") &
   pids+=($!)
   if [ "$kind" = tj ]; then
-    kubectl get tj -n bench --watch-only -o jsonpath='{.metadata.name} {.status.phase}{"\n"}' 2>"$run/watch-jobs.err" |
-      stamp "$run/jobs.watch" &
+    kubectl get tj -n bench --watch-only -o jsonpath='{.metadata.name} {.status.phase}{"\n"}' 2>"$run/watch-jobs.err" \
+      > >(stamp "$run/jobs.watch") &
   else
     kubectl get jobs.batch -n bench --watch-only -o jsonpath='{.metadata.name} {.status.conditions[?(@.type=="Complete")].status}{"\n"}' \
-      2>"$run/watch-jobs.err" | stamp "$run/jobs.watch" &
+      2>"$run/watch-jobs.err" > >(stamp "$run/jobs.watch") &
   fi
   pids+=($!)
   sleep 1
