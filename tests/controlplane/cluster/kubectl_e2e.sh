@@ -140,6 +140,12 @@ refused "a Volcano queue with Coscheduling" \
 refused "gangAdmission: Yunikorn" 's|^  checkpoint:.*|  runPolicy: {schedulingPolicy: {gangAdmission: Yunikorn}}|' \
   'gangAdmission: Unsupported value: "Yunikorn"'
 refused "replicas: 0" 's|replicas: 2|replicas: 0|' "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"
+refused "elasticPolicy with an explicit mesh" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {maxReplicas: 2}\n  mesh: {dpShard: 2}|' \
+  "elasticPolicy needs mesh absent or auto: true"
+refused "elasticPolicy minReplicas over maxReplicas" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {minReplicas: 3, maxReplicas: 2}|' \
+  "minReplicas must not exceed maxReplicas"
+refused "replicas outside elasticPolicy" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {maxReplicas: 1}|' \
+  "replicas must be within elasticPolicy's minReplicas and maxReplicas"
 refused "device: tpu" 's|device: cpu|device: tpu|' 'spec.device: Unsupported value: "tpu"'
 refused "an unknown field" 's|^  device: cpu|  device: cpu\n  replica: 2|' 'unknown field "spec.replica"'
 
@@ -149,8 +155,16 @@ out="$(job ok | sed 's|processesPerReplica: 1|processesPerReplica: 2|' | k apply
 [[ "$out" == *"processesPerReplica is immutable; create a new TrainingJob"* ]] && pass "processesPerReplica is immutable" ||
   fail "ppr update: $out"
 out="$(job ok | sed 's|replicas: 2|replicas: 4|' | k apply -f - 2>&1)"
-[[ "$out" == *"with checkpoints on (or a runtimeRef, whose runtime may turn them on), replicas and mesh cannot change"* ]] && pass "replicas fixed while checkpointing" ||
-  fail "replicas update: $out"
+[[ "$out" == *"with checkpoints on (or a runtimeRef, whose runtime may turn them on), replicas and mesh change only with elasticPolicy"* ]] &&
+  pass "replicas fixed while checkpointing without elasticPolicy" || fail "replicas update: $out"
+# Elastic: replicas move within elasticPolicy's range while checkpointing, not beyond it.
+elastic() { job el | sed "s|^  replicas: 2|  replicas: $1\n  elasticPolicy: {minReplicas: 1, maxReplicas: 4}|"; }
+elastic 2 | k apply -f - >/dev/null 2>&1 && out="$(elastic 4 | k apply -f - 2>&1)" &&
+  [ "$(k get trainingjob el -o jsonpath='{.spec.replicas}')" = 4 ] &&
+  pass "an elastic job's replicas change within its range while checkpointing (2 -> 4)" || fail "elastic resize: $out"
+out="$(elastic 5 | k apply -f - 2>&1)"
+[[ "$out" == *"replicas must be within elasticPolicy's minReplicas and maxReplicas"* ]] &&
+  pass "an elastic job's replicas stay within its range" || fail "elastic 5: $out"
 out="$(job ok | sed 's|^  device: cpu|  device: cpu\n  managedBy: kueue.x-k8s.io/multikueue|' | k apply -f - 2>&1)"
 [[ "$out" == *"managedBy cannot be added or removed; create a new TrainingJob"* ]] && pass "managedBy cannot be added" ||
   fail "managedBy update: $out"
