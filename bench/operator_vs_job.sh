@@ -19,6 +19,9 @@
 # under bench/results/raw/operator_vs_job/.
 # usage: bench/operator_vs_job.sh [build-dir]
 #   ROWS (default "500x1 500x4"): JOBSxPODS_PER_JOB; REPEATS (default 5): rounds; TIMEOUT_S (900).
+#   PEER_QPS: also run the Indexed Jobs with kube-controller-manager's client rate limit raised to
+#   this many requests/s (--kube-api-qps, burst twice that; its default is 20, burst 30), as a
+#   third kind, "job-qpsN": the Job controller's own speed apart from its client's throttle.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +34,11 @@ read -r -a rows <<<"${ROWS:-500x1 500x4}"
 repeats="${REPEATS:-5}"
 timeout_s="${TIMEOUT_S:-900}"
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "REPEATS '$repeats': expected a positive integer" >&2; exit 2; }
+kinds=(tj job)
+if [ -n "${PEER_QPS:-}" ]; then
+  [[ $PEER_QPS =~ ^[1-9][0-9]*$ ]] || { echo "PEER_QPS '$PEER_QPS': expected a positive integer" >&2; exit 2; }
+  kinds+=("job-qps$PEER_QPS")
+fi
 for row in "${rows[@]}"; do
   [[ "$row" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { echo "ROWS: \"$row\" is not JOBSxPODS (e.g. 500x4)" >&2; exit 2; }
 done
@@ -104,8 +112,12 @@ one() {
   cp_dir="$run/cp"
   mkdir -p "$run"
   export KUBECONFIG="$cp_dir/kubeconfig"
+  local kcm_args=()
+  if [[ $kind == job-qps* ]]; then
+    kcm_args=(--controller-manager-arg "--kube-api-qps=${kind#job-qps}" --controller-manager-arg "--kube-api-burst=$((2 * ${kind#job-qps}))")
+  fi
   (cd "$run" && exec "$tmp/bin/meshwork-cluster" --data-dir "$cp_dir" --node-agent "$tmp/bin/meshwork-node-agent" \
-    --pod-network none >"$run/cp.log" 2>&1) &
+    --pod-network none "${kcm_args[@]}" >"$run/cp.log" 2>&1) &
   cp_pid=$!
   for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
   grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; return 1; }
@@ -177,7 +189,7 @@ one() {
 load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 for row in "${rows[@]}"; do
   for ((rep = 1; rep <= repeats; rep++)); do
-    for kind in tj job; do
+    for kind in "${kinds[@]}"; do
       one "$kind" "$row" "$rep" || echo "[bench] $kind $row round $rep failed" >&2
     done
   done
@@ -189,7 +201,7 @@ cp "$tmp/runs.txt" "$raw/runs.txt"
 {
   echo "# TrainingJobs beside Kubernetes' Job controller ($repeats interleaved round(s) a row$( ((repeats < 5)) && echo ", FEWER than the protocol's 5"))"
   echo
-  bench_command_line "bench/operator_vs_job.sh" "$root" ROWS REPEATS TIMEOUT_S
+  bench_command_line "bench/operator_vs_job.sh" "$root" ROWS REPEATS TIMEOUT_S PEER_QPS
   echo
   echo "Machine: $(bench_machine); load average $load_start at the start, $load_end at the end."
   echo "Each run: a fresh meshwork-cluster (one node), the jobs applied by one \`kubectl apply -f\`, Pods"
@@ -197,42 +209,12 @@ cp "$tmp/runs.txt" "$raw/runs.txt"
   echo "with completions = parallelism = Pods a job. Times from the apply, from watches of Pods and jobs"
   echo "started before it; median [min, max] over the rounds. Pods/s: Pods over the time to all Pods"
   echo "created. Controller CPU: meshwork-operator, or kube-controller-manager (all its controllers)."
+  echo "Client rate limits: kube-controller-manager's client is limited to 20 requests/s, burst 30"
+  echo "(its defaults; the Job controller has its own client, --use-service-account-credentials);"
+  echo "meshwork-operator's client has no rate limit. Rows \"Indexed Job (kube-api-qps N)\" raise it."
   echo "Per-run records: \`${raw#"$root/"}/runs.txt\`, with each run's watch lines."
   echo
-  python3 - "$tmp/runs.txt" <<'PY'
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])][1:]
-def med(xs):
-    xs = [float(x) for x in xs if x != "-"]
-    if not xs: return "-", None
-    return f"{statistics.median(xs):.1f} [{min(xs):.1f}, {max(xs):.1f}]", statistics.median(xs)
-print("| jobs x Pods | kind | runs ok | all Pods created (s) | Pods/s | all finished (s) | API requests / job | controller CPU (s) | controller peak RSS (MiB) | control plane CPU (s) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-by = {}
-for kind, jobs, pods, rep, t_pods, t_done, req, ctl, hwm, cp, status in rows:
-    by.setdefault((int(jobs), int(pods)), {}).setdefault(kind, []).append((t_pods, t_done, req, ctl, hwm, cp, status))
-ratios = []
-for (jobs, pods), kinds in sorted(by.items()):
-    rate = {}
-    for kind in ("tj", "job"):
-        runs = kinds.get(kind, [])
-        ok = [r for r in runs if r[6] == "ok"]
-        rates = [jobs * pods / float(r[0]) for r in ok if r[0] != "-" and float(r[0]) > 0]
-        rate[kind] = statistics.median(rates) if rates else None
-        name = "TrainingJob" if kind == "tj" else "Indexed Job"
-        cells = [med([r[i] for r in ok])[0] for i in (0,)]
-        rate_cell = f"{statistics.median(rates):.1f} [{min(rates):.1f}, {max(rates):.1f}]" if rates else "-"
-        print(f"| {jobs} x {pods} | {name} | {len(ok)} of {len(runs)} | {cells[0]} | {rate_cell} | {med([r[1] for r in ok])[0]} | "
-              f"{med([float(r[2]) / jobs for r in ok])[0]} | {med([r[3] for r in ok])[0]} | {med([r[4] for r in ok])[0]} | {med([r[5] for r in ok])[0]} |")
-    if rate["tj"] and rate["job"]:
-        ratios.append(f"{jobs} x {pods}: x{rate['tj'] / rate['job']:.2f}")
-print()
-print("TrainingJobs' Pods/s over the Job controller's (medians): " + ("; ".join(ratios) if ratios else "none"))
-failed = [" ".join(r) for r in rows if r[-1] != "ok"]
-if failed:
-    print()
-    print("Runs that did not finish: " + "; ".join(failed))
-PY
+  python3 "$root/bench/operator_vs_job_table.py" "$tmp/runs.txt"
   echo
   bench_earlier_results "$out"
 } >"$tmp/result.md"

@@ -55,6 +55,7 @@ namespace {
 const char* kUsage =
     "usage: meshwork-cluster --data-dir DIR [--port N] [--kubeconfig FILE] [--nodes FILE]\n"
     "                        [--kube-bin DIR] [--node-agent FILE] [--pod-network auto|none]\n"
+    "                        [--controller-manager-arg ARG]...\n"
     "  --data-dir DIR      certificates, etcd's data, logs, pods' files and the kubeconfig (required)\n"
     "  --port N            kube-apiserver's port, on 127.0.0.1 (with a Pod network also on the\n"
     "                      bridge's address: it listens on every address); default: the one used\n"
@@ -67,7 +68,9 @@ const char* kUsage =
     "  --node-agent FILE   the meshwork-node-agent binary (default: the one built with this)\n"
     "  --pod-network MODE  auto (default): each Pod its own network namespace on a bridge, through\n"
     "                      the CNI plugins in the --kube-bin's cni/, where this process may (root);\n"
-    "                      else, and with none, Pods get loopback addresses in the host's network\n";
+    "                      else, and with none, Pods get loopback addresses in the host's network\n"
+    "  --controller-manager-arg ARG  one more flag for kube-controller-manager, e.g.\n"
+    "                      --kube-api-qps=100 (its client's rate limit: 20 requests/s by default)\n";
 
 const char* kServiceCidr = "10.0.0.0/24";
 // The feature gates of every control-plane component: GenericWorkload turns on the PodGroup API
@@ -340,6 +343,7 @@ struct Layout {
   std::string data_dir, pki, logs, kube_bin, agent, nodes, kubeconfig_path, audit_policy;
   std::vector<agent::NodeConfig> node_configs;
   const cluster::ClusterNetwork* network = nullptr;  // null: Pods on loopback addresses
+  std::vector<std::string> controller_manager_args;  // --controller-manager-arg, in order
 };
 
 // The components one attempt started (the supervisor points at them) and its admin client.
@@ -434,6 +438,8 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
        "--controllers",
        "*,-node-ipam-controller,-persistentvolume-binder-controller,-persistentvolume-attach-detach-controller",
        kFeatureGates}});
+  controller_manager->argv.insert(controller_manager->argv.end(), layout.controller_manager_args.begin(),
+                                  layout.controller_manager_args.end());
   Component* scheduler = own({"kube-scheduler",
                               {bin + "/kube-scheduler", "--kubeconfig", pki + "/scheduler.kubeconfig",
                                "--authentication-kubeconfig", pki + "/scheduler.kubeconfig",
@@ -502,6 +508,7 @@ meshwork::Status BringUp(const Layout& layout, const json& ports, const sigset_t
 int main(int argc, char** argv) {
   std::string data_dir, kubeconfig_path, nodes, kube_bin = DefaultKubeBin(), agent = MESHWORK_NODE_AGENT_DEFAULT;
   std::string pod_network = "auto";
+  std::vector<std::string> controller_manager_args;
   int port = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -517,6 +524,7 @@ int main(int argc, char** argv) {
     else if (arg == "--kube-bin") kube_bin = value;
     else if (arg == "--node-agent") agent = value;
     else if (arg == "--pod-network") pod_network = value;
+    else if (arg == "--controller-manager-arg") controller_manager_args.push_back(value);
     else if (arg == "--port") {
       char* end = nullptr;
       const long v = std::strtol(value.c_str(), &end, 10);
@@ -630,8 +638,17 @@ int main(int argc, char** argv) {
     std::cerr << "meshwork-cluster: " << s.message() << "\n";
     return exit_code::kIO;
   }
-  const Layout layout{data_dir, pki, logs, kube_bin, agent, nodes, kubeconfig_path, data_dir + "/audit-policy.yaml",
-                      node_configs, network ? &*network : nullptr};
+  const Layout layout{data_dir,
+                      pki,
+                      logs,
+                      kube_bin,
+                      agent,
+                      nodes,
+                      kubeconfig_path,
+                      data_dir + "/audit-policy.yaml",
+                      node_configs,
+                      network ? &*network : nullptr,
+                      controller_manager_args};
   if (meshwork::Status s = WriteFile(layout.audit_policy,
                                      "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
                                      "rules:\n- level: Metadata\n",

@@ -275,7 +275,16 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
       plan.status["pipeline"] = config.pipeline;
     }
     if (config.global_batch_size > 0) {
-      // The gang starts with the elastic job's global batch, found in its config just now.
+      // The gang starts with the elastic job's global batch, found in its config just now. A config
+      // edit that changes it changes the run its checkpoints continue: said, not hidden.
+      const int64_t before = policy::IntOr(plan.status["elastic"], "globalBatchSize", 0);
+      if (before > 0 && before != config.global_batch_size) {
+        plan.events.push_back({"Warning", "GlobalBatchChanged",
+                               "the trainer config now makes a global batch of " +
+                                   std::to_string(config.global_batch_size) + " rows a step, where the job's gangs ran " +
+                                   std::to_string(before) + ": the run resumed from the checkpoint differs from one "
+                                   "never interrupted"});
+      }
       plan.status["elastic"]["globalBatchSize"] = config.global_batch_size;
       JobSpec launched = run;
       launched.global_batch_size = config.global_batch_size;

@@ -172,21 +172,10 @@ std::vector<json> Reconciler::OwnedPods(const std::string& key, const std::strin
   return owned;
 }
 
-std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<json>& pods,
-                                                              const json& lost_nodes) const {
+std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<json>& pods, const json& lost_nodes,
+                                                              std::chrono::seconds back_after) const {
   std::map<std::string, NodeHealth> unhealthy;
   if (nodes_ == nullptr) return unhealthy;
-  // An elastic job shrunk by a node loss runs without those nodes until they are Ready again.
-  for (const auto& lost : lost_nodes) {
-    if (!lost.is_string()) continue;
-    const auto cached = nodes_->Get(lost.get<std::string>());
-    const json ready = cached ? ReadyConditionOf(*cached) : json();
-    if (cached && ready.is_object() && ready.value("status", "") == "True") continue;
-    NodeHealth& h = unhealthy[lost.get<std::string>()];
-    h.deleted = !cached;
-    h.ready = ready.is_object() ? ready.value("status", "") : "";
-    h.reason = ready.is_object() ? ready.value("reason", "") : "";
-  }
   for (const auto& pod : pods) {
     const std::string node = pod.value("spec", json::object()).value("nodeName", "");
     if (node.empty() || unhealthy.count(node)) continue;
@@ -208,6 +197,36 @@ std::map<std::string, NodeHealth> Reconciler::UnhealthyNodes(const std::vector<j
     h.ready = ready.value("status", "");
     h.reason = ready.value("reason", "");
     h.since = ParseTime(ready.value("lastTransitionTime", ""));
+  }
+  // An elastic job shrunk by a node loss runs without those nodes until each is back: Ready for
+  // `back_after` (a node that flaps would cost a checkpoint interval each time), schedulable, and
+  // without a NoSchedule or NoExecute taint (a repaired node still cordoned would take a full-size
+  // gang that cannot start). The entries say why not; having no `since`, they judge no Pod lost.
+  const auto now = std::chrono::system_clock::now();
+  for (const auto& lost : lost_nodes) {
+    if (!lost.is_string() || unhealthy.count(lost.get<std::string>())) continue;
+    const auto cached = nodes_->Get(lost.get<std::string>());
+    const json ready = cached ? ReadyConditionOf(*cached) : json();
+    std::string why;
+    if (!cached) {
+      why = "deleted";
+    } else if (!ready.is_object() || ready.value("status", "") != "True") {
+      why = "not Ready";
+    } else if (auto since = ParseTime(ready.value("lastTransitionTime", "")); !since || now - *since < back_after) {
+      why = "Ready for less than " + std::to_string(back_after.count()) + " s";
+    } else if (cached->value("spec", json::object()).value("unschedulable", false)) {
+      why = "cordoned";
+    } else {
+      for (const auto& taint : cached->value("spec", json::object()).value("taints", json::array())) {
+        const std::string effect = taint.value("effect", "");
+        if (effect == "NoSchedule" || effect == "NoExecute") why = "tainted " + taint.value("key", "");
+      }
+    }
+    if (why.empty()) continue;
+    NodeHealth& h = unhealthy[lost.get<std::string>()];
+    h.deleted = !cached;
+    h.ready = ready.is_object() ? ready.value("status", "") : "";
+    h.reason = why;
   }
   return unhealthy;
 }
@@ -755,8 +774,6 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   in.report_interval = options_.report_interval;
   std::set<std::string> seen_uids;
   in.pods = OwnedPods(key, meta.value("uid", ""), &seen_uids);
-  in.unhealthy_nodes =
-      UnhealthyNodes(in.pods, job.value("status", json::object()).value("elastic", json::object()).value("lostNodes", json::array()));
   // Pods this operator created that the cache has not shown yet: deciding now would take them
   // for deleted ones (client-go's "expectations").
   if (!ExpectationsMet(key, seen_uids)) return look_again;
@@ -769,6 +786,9 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
     return Status(parsed.status().code(), parsed.status().message() + " (in the spec merged with TrainingRuntime " +
                                               RuntimeName(job) + ")");
   }();
+  in.unhealthy_nodes = UnhealthyNodes(
+      in.pods, status.value("elastic", json::object()).value("lostNodes", json::array()),
+      std::chrono::seconds(spec.ok() ? spec->node_loss_grace_seconds : 30));
   const bool finished = ConditionTrue(status, "Succeeded") || ConditionTrue(status, "Failed");
   // A runtime edit (or a merge of it with the job's config) that makes the spec wrong must not kill
   // a running gang: as a bad config edit, it applies to the next gang, which waits until it is fixed.

@@ -89,8 +89,10 @@ class Reconciler {
   ReconcileOutcome Reconcile(const std::string& key);
   // The nodes of `pods`, and `lost_nodes` (an elastic job's status.elastic.lostNodes), that are
   // not Ready or no longer exist (from SetNodes' cache).
+  // A lost node counts as back once Ready for `back_after`, schedulable and untainted.
   std::map<std::string, NodeHealth> UnhealthyNodes(const std::vector<nlohmann::json>& pods,
-                                                   const nlohmann::json& lost_nodes) const;
+                                                   const nlohmann::json& lost_nodes,
+                                                   std::chrono::seconds back_after) const;
   // Forget per-job memory (last scrape time) of a deleted job.
   void Forget(const std::string& key);
 

@@ -613,6 +613,10 @@ Result<int64_t> ElasticGlobalBatch(const config::TrainConfig& cfg, const JobSpec
             : "the global batch of " + std::to_string(global) + " rows (data.batch_size " +
                   std::to_string(cfg.data.batch_size) + " x training.grad_accum " + std::to_string(cfg.training.grad_accum) +
                   " x " + std::to_string(e.max_replicas * ranks) + " ranks at maxReplicas)";
+  constexpr int64_t kMaxGlobalBatch = int64_t{1} << 40;  // training.global_batch_size's bound
+  if (global > kMaxGlobalBatch) {
+    return Bad("spec.elasticPolicy", what + " exceeds training.global_batch_size's bound of 2^40 rows");
+  }
   for (int replicas = e.min_replicas; replicas <= e.max_replicas; ++replicas) {
     config::TrainConfig at = cfg;
     at.training.global_batch_size = global;

@@ -121,6 +121,7 @@ std::optional<json> ShrinkAfterNodeLoss(const JobState& job) {
     if (node.is_string()) lost_nodes.insert(node.get<std::string>());
   }
   elastic["lostNodes"] = lost_nodes;
+  elastic["shrunkTo"] = left;
   elastic["replicas"] = left;
   elastic["resizes"] = IntOr(elastic, "resizes", 0) + 1;
   elastic["lastResize"] = {{"fromReplicas", spec.replicas},

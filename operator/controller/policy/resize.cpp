@@ -42,6 +42,7 @@ ElasticSize AfterNodeLoss(const Observed& in, const JobSpec& spec, const json& s
   auto grow = [&](const std::string& why) {
     json next = elastic;
     next.erase("shrunkFrom");
+    next.erase("shrunkTo");
     next.erase("lostNodes");
     Decision d;
     d.status["elastic"] = next;
@@ -55,14 +56,19 @@ ElasticSize AfterNodeLoss(const Observed& in, const JobSpec& spec, const json& s
   for (const auto& node : lost) {
     const std::string name = node.is_string() ? node.get<std::string>() : "";
     if (in.unhealthy_nodes.count(name)) {
-      size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "replicas", spec.replicas)),
+      size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "shrunkTo", spec.replicas)),
                                       spec.elastic->min_replicas, spec.replicas);
+      // Nothing else may wake the job when the node comes back (no Pod of it is there any more).
+      Decision look;
+      look.requeue_after = std::chrono::seconds(10);
+      size.decision = std::move(look);
       return size;
     }
     names += (names.empty() ? "" : ", ") + name;
   }
   return grow("node" + std::string(lost.size() == 1 ? " " : "s ") + names + (lost.size() == 1 ? " is" : " are") +
-              " Ready again: the job grows back to its " + std::to_string(spec.replicas) + " replicas");
+              " back (Ready, schedulable, untainted): the job grows back to spec.replicas " +
+              std::to_string(spec.replicas));
 }
 
 }  // namespace
@@ -109,7 +115,7 @@ ElasticSize ElasticReplicas(const Observed& in, const JobSpec& spec, const json&
   ElasticSize size = AfterNodeLoss(in, spec, status);
   // Kueue admitted fewer Pods than the pod set's count (partial admission, down to minCount).
   if (spec.elastic && in.admitted_replicas) {
-    size.replicas = std::min(size.replicas, std::max(*in.admitted_replicas, spec.elastic->min_replicas));
+    size.replicas = std::min(size.replicas, std::max(*in.admitted_replicas, 1));
   }
   return size;
 }

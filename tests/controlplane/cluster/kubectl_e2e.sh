@@ -165,6 +165,12 @@ elastic 2 | k apply -f - >/dev/null 2>&1 && out="$(elastic 4 | k apply -f - 2>&1
 out="$(elastic 5 | k apply -f - 2>&1)"
 [[ "$out" == *"replicas must be within elasticPolicy's minReplicas and maxReplicas"* ]] &&
   pass "an elastic job's replicas stay within its range" || fail "elastic 5: $out"
+out="$(elastic 4 | sed 's|maxReplicas: 4|maxReplicas: 8|' | k apply -f - 2>&1)"
+[[ "$out" == *"elasticPolicy cannot be added, removed or changed"* ]] &&
+  pass "a checkpointing job's elasticPolicy is fixed (maxReplicas sets its global batch)" || fail "elasticPolicy edit: $out"
+out="$(job ok | sed "s|^  replicas: 2|  replicas: 2\n  elasticPolicy: {maxReplicas: 4}|" | k apply -f - 2>&1)"
+[[ "$out" == *"elasticPolicy cannot be added, removed or changed"* ]] &&
+  pass "elasticPolicy cannot be added to a checkpointing job" || fail "elasticPolicy added: $out"
 out="$(job ok | sed 's|^  device: cpu|  device: cpu\n  managedBy: kueue.x-k8s.io/multikueue|' | k apply -f - 2>&1)"
 [[ "$out" == *"managedBy cannot be added or removed; create a new TrainingJob"* ]] && pass "managedBy cannot be added" ||
   fail "managedBy update: $out"

@@ -570,11 +570,43 @@ TEST(DecideTest, AnElasticJobShrinksWhenANodeIsLostAndGrowsBackWhenItReturns) {
   EXPECT_FALSE(r.status["elastic"].contains("lostNodes"));
   EXPECT_EQ(r.status["elastic"]["lastResize"]["toReplicas"], 2);
   bool grew = false;
-  for (const auto& e : r.events) grew |= e.reason == "ElasticGrow" && e.message == "node node-a is Ready again: the job grows back to its 2 replicas";
+  for (const auto& e : r.events) {
+    grew |= e.reason == "ElasticGrow" &&
+            e.message == "node node-a is back (Ready, schedulable, untainted): the job grows back to spec.replicas 2";
+  }
   EXPECT_TRUE(grew);
   EXPECT_EQ(Names(r.remove), std::vector<std::string>{"tiny-0"});
   Plan next = Decide(In(After(shrunk, r), {}));
   EXPECT_EQ(next.create.size(), 2u);
+}
+
+// While shrunk: the job looks at its lost nodes again within 10 s (nothing else would wake it);
+// a scale ends the shrink at the new size; Kueue's admitted count caps the size.
+TEST(DecideTest, AShrunkElasticJobLooksAgainEndsTheShrinkOnAScaleAndKueueCapsIt) {
+  json job = RunningJob({{"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 3}}}, {"replicas", 3}});
+  job["status"]["elastic"]["shrunkFrom"] = 3;
+  job["status"]["elastic"]["shrunkTo"] = 2;
+  job["status"]["elastic"]["lostNodes"] = json::array({"node-a"});
+  NodeHealth down;
+  down.ready = "Unknown";
+  Observed still_down = In(job);
+  still_down.unhealthy_nodes["node-a"] = down;
+  Plan p = Decide(still_down);
+  EXPECT_EQ(p.gang_replicas, 2);
+  ASSERT_TRUE(p.requeue_after.has_value());
+  EXPECT_LE(p.requeue_after->count(), 10);
+
+  still_down.admitted_replicas = 1;  // Kueue admitted one Pod
+  EXPECT_EQ(Decide(still_down).gang_replicas, 1);
+
+  json scaled = job;
+  scaled["spec"]["replicas"] = 1;
+  Observed after_scale = In(scaled);
+  after_scale.unhealthy_nodes["node-a"] = down;
+  Plan q = Decide(after_scale);
+  EXPECT_EQ(q.gang_replicas, 1);
+  EXPECT_FALSE(q.status["elastic"].contains("shrunkFrom"));
+  EXPECT_FALSE(q.status["elastic"].contains("lostNodes"));
 }
 
 // Below minReplicas the gang restarts at its size (and waits for room) rather than shrinking.
@@ -628,7 +660,7 @@ TEST(DecideTest, TtlCountsFromAFailureToo) {
 
 TEST(DecideTest, ReportGoesIntoStatus) {
   Observed in = In(RunningJob(), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
-  in.report = TrainerReport{120, 300, 2.5, 4000};
+  in.report = TrainerReport{120, 300, 2.5, 4000, "", std::nullopt};
   Plan p = Decide(in);
   EXPECT_EQ(p.status["trainer"]["step"], 120);
   EXPECT_EQ(p.status["trainer"]["totalSteps"], 300);

@@ -403,6 +403,40 @@ TEST_F(ReconcilerTest, AnElasticJobKueueAdmitsPartiallyRunsAtTheAdmittedCount) {
   EXPECT_EQ(Status()["elastic"]["replicas"], 1);
 }
 
+// The nodes an elastic job lost count as back only once Ready for the grace, schedulable and
+// untainted; a Pod's NotReady node keeps the node-loss judgement's entry (with its time), whatever
+// the lost list says.
+TEST_F(ReconcilerTest, LostNodesAreBackOnlyReadyForTheGraceSchedulableAndUntainted) {
+  const std::string long_ago = FormatTime(std::chrono::system_clock::now() - std::chrono::minutes(10));
+  const std::string just_now = FormatTime(std::chrono::system_clock::now());
+  auto node = [](const std::string& name, const std::string& ready, const std::string& since, json spec) {
+    return json{{"metadata", {{"name", name}}},
+                {"spec", spec},
+                {"status", {{"conditions", json::array({{{"type", "Ready"}, {"status", ready}, {"lastTransitionTime", since},
+                                                          {"reason", ready == "True" ? "KubeletReady" : "NodeStatusUnknown"}}})}}}};
+  };
+  k8s::Store nodes;
+  nodes.Upsert("back", node("back", "True", long_ago, json::object()));
+  nodes.Upsert("flapped", node("flapped", "True", just_now, json::object()));
+  nodes.Upsert("cordoned", node("cordoned", "True", long_ago, {{"unschedulable", true}}));
+  nodes.Upsert("tainted", node("tainted", "True", long_ago,
+                               {{"taints", json::array({{{"key", "repair"}, {"effect", "NoSchedule"}}})}}));
+  nodes.Upsert("down", node("down", "Unknown", long_ago, json::object()));
+  reconciler_->SetNodes(&nodes);
+  json pod = Pod(0, 0, "Running");
+  pod["spec"]["nodeName"] = "down";
+  const auto unhealthy = reconciler_->UnhealthyNodes(
+      {pod}, json::array({"back", "flapped", "cordoned", "tainted", "down", "gone"}), std::chrono::seconds(30));
+  EXPECT_FALSE(unhealthy.count("back"));
+  EXPECT_EQ(unhealthy.at("flapped").reason, "Ready for less than 30 s");
+  EXPECT_EQ(unhealthy.at("cordoned").reason, "cordoned");
+  EXPECT_EQ(unhealthy.at("tainted").reason, "tainted repair");
+  EXPECT_TRUE(unhealthy.at("gone").deleted);
+  EXPECT_FALSE(unhealthy.at("gone").since.has_value()) << "judges no Pod lost";
+  ASSERT_TRUE(unhealthy.at("down").since.has_value()) << "the Pod's node keeps its NotReady time";
+  EXPECT_EQ(unhealthy.at("down").reason, "NodeStatusUnknown");
+}
+
 TEST_F(ReconcilerTest, AKueueJobsWorkloadTakesItsPriorityClass) {
   const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
   json job = Job();

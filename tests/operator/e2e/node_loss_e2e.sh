@@ -150,7 +150,7 @@ t_back=$SECONDS
 shrinks_done() { [ "$(ejp '{.status.phase}')" = Succeeded ]; }
 if e2e_wait_for 150 "shrinks grows back and succeeds" shrinks_done; then
   grow="$(k get events --field-selector involvedObject.name=shrinks,reason=ElasticGrow -o jsonpath='{.items[*].message}')"
-  [[ "$grow" == "node node-a is Ready again: the job grows back to its 2 replicas" ]] &&
+  [[ "$grow" == "node node-a is back (Ready, schedulable, untainted): the job grows back to spec.replicas 2" ]] &&
     [ "$(ejp '{.status.elastic.replicas}')" = 2 ] && [ "$(ejp '{.status.restartGeneration}')" = 2 ] &&
     [ "$(shrinks_pods)" = "shrinks-0=node-a/Succeeded shrinks-1=node-b/Succeeded " -o \
       "$(shrinks_pods)" = "shrinks-0=node-b/Succeeded shrinks-1=node-a/Succeeded " ] &&

@@ -84,7 +84,7 @@ TEST(LaunchTest, AWaitingRankSaysWhy) {
 
 TEST(LaunchTest, RankZerosReportGoesIntoTheStatus) {
   State s(Job({{"metricsPort", 0}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
-  s.in().report = TrainerReport{120, 300, 2.5, 4000};
+  s.in().report = TrainerReport{120, 300, 2.5, 4000, "", std::nullopt};
   const Decision d = Launch(s.Get());
   EXPECT_EQ(d.status["trainer"]["step"], 120);
   EXPECT_DOUBLE_EQ(d.status["trainer"]["tokensPerSecond"].get<double>(), 8000);  // rank 0's x world size
@@ -94,7 +94,7 @@ TEST(LaunchTest, RankZerosReportGoesIntoTheStatus) {
 // Progress a person reads: percent of the steps, and an ETA from the rate since the last report.
 TEST(LaunchTest, ProgressAndEtaFromTwoReports) {
   State first(Job({{"metricsPort", 0}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
-  first.in().report = TrainerReport{100, 400, 2.5, 4000};
+  first.in().report = TrainerReport{100, 400, 2.5, 4000, "", std::nullopt};
   Decision d = Launch(first.Get());
   EXPECT_DOUBLE_EQ(d.status["trainer"]["percent"].get<double>(), 25.0);
   EXPECT_EQ(d.status["trainer"]["progress"], "25.0%");
@@ -103,7 +103,7 @@ TEST(LaunchTest, ProgressAndEtaFromTwoReports) {
   // 50 steps in 100 s later: 250 steps left at 2 s each.
   json status = {{"trainer", d.status["trainer"]}};
   State second(Job({{"metricsPort", 0}}, status), {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(100));
-  second.in().report = TrainerReport{150, 400, 2.4, 4000};
+  second.in().report = TrainerReport{150, 400, 2.4, 4000, "", std::nullopt};
   d = Launch(second.Get());
   EXPECT_EQ(d.status["trainer"]["etaSeconds"], 500);
   EXPECT_EQ(d.status["trainer"]["eta"], "8m20s");
@@ -118,7 +118,7 @@ TEST(LaunchTest, ProgressAndEtaFromTwoReports) {
 TEST(LaunchTest, AStepThatGoesBackIsARestartInPlaceAndANewGangPastZeroResumed) {
   json status = {{"trainer", {{"step", 88}, {"totalSteps", 200}, {"generation", 0}, {"updateTime", FormatTime(kT0)}}}};
   State same(Job({{"metricsPort", 0}}, status), {Pod(0, 0, "Running"), Pod(1, 0, "Running")}, kT0 + seconds(30));
-  same.in().report = TrainerReport{50, 200, 3.0, 4000};
+  same.in().report = TrainerReport{50, 200, 3.0, 4000, "", std::nullopt};
   Decision d = Launch(same.Get());
   EXPECT_EQ(d.status["inPlaceRestarts"], 1);
   ASSERT_THAT(Reasons(d.events), ElementsAre("Running", "GangRestartedInPlace"));
@@ -127,7 +127,7 @@ TEST(LaunchTest, AStepThatGoesBackIsARestartInPlaceAndANewGangPastZeroResumed) {
 
   json restarted = {{"restartGeneration", 1}, {"restarts", 1}, {"trainer", status["trainer"]}};
   State next(Job({{"metricsPort", 0}}, restarted), {Pod(0, 1, "Running"), Pod(1, 1, "Running")}, kT0 + seconds(60));
-  next.in().report = TrainerReport{80, 200, 3.0, 4000};
+  next.in().report = TrainerReport{80, 200, 3.0, 4000, "", std::nullopt};
   d = Launch(next.Get());
   EXPECT_FALSE(d.status.contains("inPlaceRestarts"));
   ASSERT_THAT(Reasons(d.events), ElementsAre("Running", "ResumedFromCheckpoint"));

@@ -59,10 +59,10 @@ TEST(SuccessTest, TheReportIsCompletedFromRankZerosFinalLine) {
     json want;  // status.trainer after, updateTime aside
   };
   const std::vector<Case> cases = {
-      {"scraped, with a final line", TrainerReport{290, 300, 2.5, 4000}, json(), FinalReport{2.123456, 7777.77},
+      {"scraped, with a final line", TrainerReport{290, 300, 2.5, 4000, "", std::nullopt}, json(), FinalReport{2.123456, 7777.77},
        {{"step", 300}, {"totalSteps", 300}, {"loss", 2.1235}, {"tokensPerSecond", 7777.8}, {"percent", 100.0},
         {"progress", "100.0%"}}},
-      {"scraped, no final line", TrainerReport{290, 300, 2.5, 4000}, json(), std::nullopt,
+      {"scraped, no final line", TrainerReport{290, 300, 2.5, 4000, "", std::nullopt}, json(), std::nullopt,
        {{"step", 300}, {"totalSteps", 300}, {"loss", 2.5}, {"tokensPerSecond", 8000.0}, {"percent", 100.0},
         {"progress", "100.0%"}}},
       {"an earlier scrape only", std::nullopt, {{"step", 10}, {"totalSteps", 0}, {"loss", 3.0}}, FinalReport{2.0, 10},
