@@ -158,7 +158,7 @@ one() {
   kubectl apply -f "$run/jobs.yaml" >"$run/apply.log" 2>&1 &
   pids+=($!)
   local done_word=Succeeded
-  [ "$kind" = job ] && done_word=True
+  [[ $kind == job* ]] && done_word=True
   status=ok
   while :; do
     n_done="$(awk -v w="$done_word" '$3 == w {print $2}' "$run/jobs.watch" | sort -u | wc -l)"
