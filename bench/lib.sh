@@ -162,6 +162,20 @@ netlab_begin() {
 
 # ---- processes of a local cluster (bench/operator_load.sh, bench/operator_vs_job.sh)
 
+# bench_start_cluster RUN CLUSTER AGENT [FLAG...]: a fresh meshwork-cluster with its data in RUN/cp
+# and its log in RUN/cp.log (cp_pid: its pid), the CRDs applied and Established and namespace
+# bench made, through $KUBECONFIG (the caller exports RUN/cp/kubeconfig). 1 when it did not start.
+bench_start_cluster() {
+  local run=$1 cluster=$2 agent=$3
+  shift 3
+  (cd "$run" && exec "$cluster" --data-dir "$run/cp" --node-agent "$agent" "$@" >"$run/cp.log" 2>&1) &
+  cp_pid=$!
+  for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
+  grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; return 1; }
+  kubectl --request-timeout=60s apply -f "$(dirname "${BASH_SOURCE[0]}")/../crds/" >/dev/null
+  kubectl --request-timeout=60s wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
+  kubectl --request-timeout=60s create namespace bench >/dev/null
+}
 # bench_stop_pid PID: SIGTERM, up to 20 s for a clean exit, then SIGKILL.
 bench_stop_pid() {
   local p="$1"

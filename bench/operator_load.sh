@@ -139,14 +139,7 @@ for row in "${rows[@]}"; do
   k() { kubectl --request-timeout=60s "$@"; }
 
   # ---- a fresh control plane, the CRD, a namespace, one operator
-  (cd "$run" && exec "$cp_bin" --data-dir "$run/cp" --node-agent "$tmp/bin/meshwork-node-agent" \
-    --pod-network "$pod_network" >"$run/cp.log" 2>&1) &
-  cp_pid=$!
-  for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
-  grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; exit 1; }
-  k apply -f "$root/crds/" >/dev/null
-  k wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
-  k create namespace bench >/dev/null
+  bench_start_cluster "$run" "$cp_bin" "$tmp/bin/meshwork-node-agent" --pod-network "$pod_network" || exit 1
   port="$(free_port)"
   # One replica and no leader election: the lease renewals would only add writes to the store.
   "$op_bin" --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-bind-address "127.0.0.1:$port" \

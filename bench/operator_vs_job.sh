@@ -116,14 +116,8 @@ one() {
   if [[ $kind == job-qps* ]]; then
     kcm_args=(--controller-manager-arg "--kube-api-qps=${kind#job-qps}" --controller-manager-arg "--kube-api-burst=$((2 * ${kind#job-qps}))")
   fi
-  (cd "$run" && exec "$tmp/bin/meshwork-cluster" --data-dir "$cp_dir" --node-agent "$tmp/bin/meshwork-node-agent" \
-    --pod-network none "${kcm_args[@]}" >"$run/cp.log" 2>&1) &
-  cp_pid=$!
-  for _ in $(seq 1 1800); do grep -q "serving on" "$run/cp.log" && break; sleep 0.1; done
-  grep -q "serving on" "$run/cp.log" || { cat "$run/cp.log" >&2; return 1; }
-  kubectl apply -f "$root/crds/" >/dev/null
-  kubectl wait --for=condition=Established crd/trainingjobs.meshwork.dev --timeout=30s >/dev/null
-  kubectl create namespace bench >/dev/null
+  bench_start_cluster "$run" "$tmp/bin/meshwork-cluster" "$tmp/bin/meshwork-node-agent" --pod-network none \
+    "${kcm_args[@]}" || return 1
   if [ "$kind" = tj ]; then
     local port
     port="$(free_port)"

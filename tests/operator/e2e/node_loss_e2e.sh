@@ -48,49 +48,36 @@ port="$(free_port)"
   --report-interval-s 2 --pod-delete-grace-s 5 >>"$work/op.log" 2>&1 &
 e2e_track $!
 
-# The first gang sleeps (a rank that would run for hours); the next one exits 0. One rank a node
-# while both are Ready (the spread leaves out a node tainted NotReady: nodeTaintsPolicy Honor).
-kubectl apply -f - >/dev/null <<YAML
+# spread_job NAME LAST_SLEEPING_GENERATION [EXTRA_SPEC_LINE]: a 2-Pod job, one rank a node while
+# both are Ready (the spread leaves out a node tainted NotReady: nodeTaintsPolicy Honor), whose
+# gangs up to that generation sleep (a rank that would run for hours) and later ones exit 0.
+spread_job() {
+  kubectl apply -f - >/dev/null <<YAML
 apiVersion: meshwork.dev/v1alpha1
 kind: TrainingJob
-metadata: {name: nodeloss, namespace: e2e}
+metadata: {name: $1, namespace: e2e}
 spec:
   image: busybox
   device: cpu
   replicas: 2
-  command: ["sh", "-c", "[ \$MESHWORK_RESTART_GENERATION = 0 ] && exec sleep 600; exit 0"]
+${3:+  $3
+}  command: ["sh", "-c", "[ \$MESHWORK_RESTART_GENERATION -le $2 ] && exec sleep 600; exit 0"]
   resources: {requests: {cpu: "1"}}
   runPolicy: {backoffLimit: 0, nodeLossGraceSeconds: 5}
   template:
     spec:
       topologySpreadConstraints:
       - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, nodeTaintsPolicy: Honor,
-         labelSelector: {matchLabels: {meshwork.dev/job: nodeloss}}}
+         labelSelector: {matchLabels: {meshwork.dev/job: $1}}}
   config:
     inline: "model: {preset: tiny}"
 YAML
-# The elastic job: generations 0 (both nodes) and 1 (node-b alone) run until stopped; 2, grown
-# back to both nodes, exits 0.
-kubectl apply -f - >/dev/null <<YAML
-apiVersion: meshwork.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: shrinks, namespace: e2e}
-spec:
-  image: busybox
-  device: cpu
-  replicas: 2
-  elasticPolicy: {minReplicas: 1, maxReplicas: 2}
-  command: ["sh", "-c", "[ \$MESHWORK_RESTART_GENERATION -lt 2 ] && exec sleep 600; exit 0"]
-  resources: {requests: {cpu: "1"}}
-  runPolicy: {backoffLimit: 0, nodeLossGraceSeconds: 5}
-  template:
-    spec:
-      topologySpreadConstraints:
-      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, nodeTaintsPolicy: Honor,
-         labelSelector: {matchLabels: {meshwork.dev/job: shrinks}}}
-  config:
-    inline: "model: {preset: tiny}"
-YAML
+}
+# The plain job: its first gang sleeps, the next one exits 0.
+spread_job nodeloss 0
+# The elastic job: generations 0 (both nodes) and 1 (node-b alone) sleep; 2, grown back to both
+# nodes, exits 0.
+spread_job shrinks 1 "elasticPolicy: {minReplicas: 1, maxReplicas: 2}"
 ejp() { k get tj shrinks -o jsonpath="$1" 2>/dev/null; }
 nodes_of() { k get pods -l meshwork.dev/job=nodeloss -o jsonpath='{range .items[*]}{.metadata.name}={.spec.nodeName}/{.status.phase} {end}'; }
 spread() { [ "$(nodes_of)" = "nodeloss-0=node-a/Running nodeloss-1=node-b/Running " ] ||
