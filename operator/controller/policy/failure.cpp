@@ -123,13 +123,7 @@ std::optional<json> ShrinkAfterNodeLoss(const JobState& job) {
   elastic["lostNodes"] = lost_nodes;
   elastic["shrunkTo"] = left;
   elastic["replicas"] = left;
-  elastic["resizes"] = IntOr(elastic, "resizes", 0) + 1;
-  elastic["lastResize"] = {{"fromReplicas", spec.replicas},
-                           {"toReplicas", left},
-                           {"time", FormatTime(job.in.now)},
-                           {"generation", job.generation() + 1},
-                           {"reason", "NodeLost"}};
-  return elastic;
+  return WithResize(std::move(elastic), spec.replicas, left, job.generation() + 1, "NodeLost", job.in.now);
 }
 
 }  // namespace

@@ -115,6 +115,10 @@ std::optional<Decision> Deadline(const JobState& job);
 // checkpoints on and no elasticPolicy, else a new gang (an elastic one's resize in status.elastic).
 std::optional<Decision> ResizeWithCheckpoints(const JobState& job);
 std::optional<Decision> Resize(const JobState& job);
+// resize.cpp: status.elastic `elastic` with one more resize, from `from` to `to` replicas, by the
+// gang of `generation` (reason "" for a change of spec.replicas, NodeLost for a shrink).
+nlohmann::json WithResize(nlohmann::json elastic, int64_t from, int64_t to, int64_t generation,
+                          const std::string& reason, SystemTime now);
 // resize.cpp: the replicas an elastic job's gang runs at: spec.replicas, or fewer while nodes it
 // lost with a gang (status.elastic.lostNodes, Failure's shrink) are not Ready again; `decision`
 // ends the shrink (those nodes are back, with an ElasticGrow Event, or spec.replicas changed

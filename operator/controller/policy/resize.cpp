@@ -96,19 +96,21 @@ std::optional<Decision> Resize(const JobState& job) {
   if (job.spec.elastic) {
     const int64_t from = change->from_world / job.spec.processes_per_replica;
     if (job.spec.checkpoint_path) msg += ", which resumes from the latest checkpoint, resharded";
-    json elastic = job.status.value("elastic", json::object());
-    elastic["resizes"] = IntOr(elastic, "resizes", 0) + 1;
-    elastic["lastResize"] = {{"fromReplicas", from},
-                             {"toReplicas", job.spec.replicas},
-                             {"time", FormatTime(job.in.now)},
-                             {"generation", gen}};
-    d.status["elastic"] = elastic;
+    d.status["elastic"] = WithResize(job.status.value("elastic", json::object()), from, job.spec.replicas, gen, "",
+                                     job.in.now);
   }
   d.status["restartGeneration"] = gen;
   d.conditions = {{"Restarting", "True", "Resized", msg}, {"Running", "False", "Resized", msg}};
   d.events.push_back({"Normal", "Resized", msg});
   d.status_first = true;
   return d;
+}
+
+json WithResize(json elastic, int64_t from, int64_t to, int64_t generation, const std::string& reason, SystemTime now) {
+  elastic["resizes"] = IntOr(elastic, "resizes", 0) + 1;
+  elastic["lastResize"] = {{"fromReplicas", from}, {"toReplicas", to}, {"time", FormatTime(now)}, {"generation", generation}};
+  if (!reason.empty()) elastic["lastResize"]["reason"] = reason;
+  return elastic;
 }
 
 ElasticSize ElasticReplicas(const Observed& in, const JobSpec& spec, const json& status) {

@@ -194,7 +194,9 @@ TEST(FailureTest, TheFirstMatchingRuleDecidesForARank) {
     EXPECT_EQ(d->events[0].reason, c.event) << c.name;
     EXPECT_EQ(d->events[0].message, c.message) << c.name;
     for (const auto& [key, value] : c.status.items()) EXPECT_EQ(d->status[key], value) << c.name << " " << key;
-    if (c.phase == "Restarting") EXPECT_EQ(d->status["restartGeneration"], 1) << c.name;
+    if (c.phase == "Restarting") {
+      EXPECT_EQ(d->status["restartGeneration"], 1) << c.name;
+    }
   }
 }
 

@@ -138,7 +138,7 @@ TEST(LaunchTest, AStepThatGoesBackIsARestartInPlaceAndANewGangPastZeroResumed) {
 // mesh: auto: the status shows the mesh rank 0 chose, once it reports one of the gang's size.
 TEST(LaunchTest, WithMeshAutoTheReportedMeshGoesIntoTheStatus) {
   State s(Job({{"metricsPort", 0}, {"mesh", {{"auto", true}}}}), {Pod(0, 0, "Running"), Pod(1, 0, "Running")});
-  TrainerReport report{120, 300, 2.5, 4000};
+  TrainerReport report{120, 300, 2.5, 4000, "", std::nullopt};
   report.mesh = "2x1x1";
   s.in().report = report;
   Decision d = Launch(s.Get());
