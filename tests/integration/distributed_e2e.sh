@@ -61,6 +61,7 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "pp2-gpipe 2 --set mesh.pp=2 --set pipeline.schedule=gpipe --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-zb-h1 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-zb-h1-fsdp2 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=2 --set data.batch_size=2" \
+    "pp2-zb-h1-fsdp2-ckpt-all 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set pipeline.schedule=zb-h1 --set training.activation_checkpointing=all --set training.grad_accum=2 --set data.batch_size=2" \
     "pp2-zb-h1-tp2-async2 4 --set mesh.pp=2 --set mesh.tp=2 --set mesh.async_tp_chunks=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2" \
     "pp2-fsdp2 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2.hf" \
@@ -138,6 +139,25 @@ grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipe
   grep -qE "^communication \(rank 0\): all_gather [1-9][0-9]* calls .* reduce_scatter [1-9]" "$work/pp2-fsdp2.log" &&
   pass "pp2-fsdp2: FSDP inside two pipeline stages" ||
   fail "pp2-fsdp2: not FSDP inside stages: $(grep -E '^(pipeline|communication)' "$work/pp2-fsdp2.log")"
+# FSDP inside the stages: from the second step on (the first counts each group's gradient
+# accumulations), a group's reduce-scatter starts inside the program once the step's last backward
+# through it has run: on rank 0 at least decoder layer 0's (its stage's embedding, tied to the
+# head, waits for the stages' exchange); with tensor parallelism every group waits for the tp
+# reduction of the replicated norms, so none starts inside.
+overlapped() {  # overlapped NAME: rank 0's count per step, space-separated
+  python3 -c 'import json, sys; print(" ".join(str(json.loads(l).get("pipeline_overlapped_reduce_scatters", "none")) for l in open(sys.argv[1])))' "$work/$1.jsonl"
+}
+for name in pp2-fsdp2 pp2-zb-h1-fsdp2 pp2-zb-h1-fsdp2-ckpt-all; do
+  counts="$(overlapped "$name")"
+  if [[ "$counts" =~ ^0(\ [1-9][0-9]*){19}$ ]]; then
+    pass "$name: reduce-scatters start inside the program from step 2 on (${counts:0:12}...)"
+  else
+    fail "$name: reduce-scatters inside the program per step: '$counts'"
+  fi
+done
+counts="$(overlapped pp2-fsdp2-tp2)"
+[[ "$counts" =~ ^0(\ 0){19}$ ]] && pass "pp2-fsdp2-tp2: every reduce-scatter after the program (tp reduces the norms first)" ||
+  fail "pp2-fsdp2-tp2: reduce-scatters inside the program per step: '$counts'"
 for name in pp2-ckpt-all pp2-zb-h1-ckpt-all; do
   grep -q "^parallelism: pipeline: .*activation checkpointing: every layer" "$work/$name.log" &&
     pass "$name: every layer checkpointed inside the stages" ||

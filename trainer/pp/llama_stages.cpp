@@ -71,6 +71,7 @@ LlamaStages::LlamaStages(model::LlamaForCausalLM model, compiler::pipeline::Shap
 
 torch::Tensor LlamaStages::Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) {
   const bool last = stage == shape_.stages() - 1;
+  if (runners_.before_stage) runners_.before_stage(stage);
   if (runners_.begin_forward) runners_.begin_forward(mb.tokens);
   return model_->ForwardStage(mb.tokens, input, first_layer_[static_cast<size_t>(stage)],
                               first_layer_[static_cast<size_t>(stage) + 1], last ? mb.targets : torch::Tensor(),
@@ -78,6 +79,7 @@ torch::Tensor LlamaStages::Forward(int stage, const MicroBatch& mb, const torch:
 }
 
 torch::Tensor LlamaStages::FirstStageInput(const MicroBatch& mb) {
+  if (runners_.before_stage) runners_.before_stage(0);
   if (runners_.begin_forward) runners_.begin_forward(mb.tokens);
   return model_->EmbedForStage(mb.tokens, runners_.embed);
 }

@@ -32,17 +32,20 @@ class LlamaStages final : public StageRunner {
   torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override;
   torch::Tensor FirstStageInput(const MicroBatch& mb) override;
 
-  // What other plans applied to the model run around a stage's forward: `begin_forward` with the
-  // micro-batch's tokens first, then `embed` and `loss` in place of the model's embedding and
-  // head + loss (tensor parallelism's), `layer` running each decoder layer (activation
-  // checkpointing) (ForwardStage). Unset: the model's own.
+  // What other plans applied to the model run around a stage's forward: `before_stage` with the
+  // stage first (FSDP waits there for what the stage needs gathered), `begin_forward` with the
+  // micro-batch's tokens, then `embed` and `loss` in place of the model's embedding and head +
+  // loss (tensor parallelism's), `layer` running each decoder layer (activation checkpointing)
+  // (ForwardStage). Unset: the model's own.
   struct Runners {
+    std::function<void(int stage)> before_stage;
     std::function<void(const torch::Tensor& tokens)> begin_forward;
     model::EmbedRunner embed;
     model::LossRunner loss;
     model::LayerRunner layer;
   };
   void set_runners(Runners runners) { runners_ = std::move(runners); }
+  const Runners& runners() const { return runners_; }
   std::vector<torch::Tensor> Parameters(int stage) override;
 
   // Every parameter of this rank's stages, once each (the optimizer's).

@@ -55,6 +55,10 @@ struct EngineStats {
   // that rank's bubble. Empty without a pipeline.
   std::vector<double> pipeline_busy_seconds;
   std::vector<double> pipeline_seconds;
+  // FSDP inside pipeline stages, the last step: how many of this rank's gradient groups started
+  // their reduce-scatter inside the program, overlapping its remaining compute (the others after
+  // it); -1 without FSDP inside stages.
+  int pipeline_overlapped_reduce_scatters = -1;
 };
 
 class Engine {

@@ -1,15 +1,19 @@
 #include "trainer/train/pipeline_engine.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
-#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -57,6 +61,20 @@ void SetStream(pp::PipelineStepOptions& o, const model::LlamaConfig& c, tp::Tens
   o.activation_sizes = {batch, seq, c.hidden_size};
   if (split) o.replicas = &split->group();
 }
+
+// Calls `on` after autograd accumulated into a parameter (a post-hook on its AccumulateGrad node).
+class OnAccumulated final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit OnAccumulated(std::function<void()> on) : on_(std::move(on)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    on_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_;
+};
 
 // PipeMare's settings (pipeline.*) and what its updates need of the run's optimizer settings.
 struct AsyncOptions {
@@ -118,17 +136,7 @@ class PipelineEngine final : public Engine {
       held_.emplace_back(item.key(), item.value());
     }
     if (shard_) {
-      // FSDP inside the stages: this rank's parameters as one flat group sharded over dp_shard,
-      // the optimizer stepping the fp32 master shards; the parameters become views of the group's
-      // storage, allocated only while gathered (a step, an evaluation, an export).
-      for (const auto& [name, p] : held_) {
-        sharded_.push_back(fsdp::ShardedParam{});
-        sharded_.back().name = name;
-        sharded_.back().full = p;
-        group_.params.push_back(&sharded_.back());
-      }
-      group_.name = "stages of pipeline rank " + std::to_string(comm_->rank());
-      fsdp::ShardGroup(group_, 0, shard_->size(), shard_->rank(), torch::kFloat);
+      ShardUnits();
       for (const fsdp::ShardedParam& sp : sharded_) {
         if (sp.shard.numel() == 0) continue;
         (sp.full_shape.size() >= 2 ? decay_ : no_decay_).push_back(sp.shard);
@@ -171,9 +179,8 @@ class PipelineEngine final : public Engine {
            (async_ ? ", a steady step between the steps' barriers)" : ")") +
            (dp_size() > 1 ? "; " + std::to_string(dp_size()) + " data parallel pipelines (rank = stage rank x " +
                                 std::to_string(dp_size() * Tp()) + " + (replica x dp_shard + shard) x tp + tp rank), " +
-                                (shard_ ? "FSDP inside each stage over dp_shard " + std::to_string(Shards()) +
-                                              " (its parameters gathered for the step, gradients reduce-scattered "
-                                              "after it)" + (replicate_ ? " and replicated over dp_replicate " +
+                                (shard_ ? "FSDP inside each stage over dp_shard " + std::to_string(Shards()) + " (" +
+                                              OverlapText() + ")" + (replicate_ ? " and replicated over dp_replicate " +
                                                                                 std::to_string(Replicas())
                                                                           : std::string())
                                         : "each stage's gradients averaged over dp_replicate " +
@@ -198,10 +205,16 @@ class PipelineEngine final : public Engine {
     std::vector<pp::MicroBatch> mbs;
     for (const auto& [tokens, targets] : microbatches) mbs.push_back({tokens, targets});
     if (async_) return AsyncStep(step, mbs);
-    MW_RETURN_IF_ERROR(Gather());
-    // Autograd adds every micro-batch's gradients into views of the group's flat buffer: the
-    // reduce-scatter's input.
-    if (shard_) group_.EnsureGrad();
+    if (shard_) {
+      // Every unit's gather in the order the stages use them, each waited for at its first use.
+      MW_RETURN_IF_ERROR(StartGathers());
+      // Autograd adds every micro-batch's gradients into views of each unit's flat buffer: its
+      // reduce-scatter's input.
+      for (StageUnit& u : units_) {
+        u.group.EnsureGrad();
+        u.accumulated = 0;
+      }
+    }
     MW_ASSIGN_OR_RETURN(pp::PipelineStepResult result, pp::RunPipelineStep(program_, stages_, *comm_, mbs, options_));
     // Tensor parallelism: the replicated parameters' (norms') gradients over the tp ranks.
     if (split_) MW_RETURN_IF_ERROR(split_->FinishBackward());
@@ -210,7 +223,7 @@ class PipelineEngine final : public Engine {
       // The tied table's two copies (first and last stage) lie at other offsets of their ranks'
       // groups: their gradients are summed whole, then each stage reduce-scatters its own.
       MW_RETURN_IF_ERROR(stages_.SyncTiedGradients(*comm_));
-      MW_RETURN_IF_ERROR(ReduceScatterGradients());
+      MW_RETURN_IF_ERROR(FinishReduceScatters());
       MW_ASSIGN_OR_RETURN(loss, AverageOverPipelines(result.loss));
     } else {
       // The replicas first: the last stage, done before the first, reduces while it still computes
@@ -353,11 +366,22 @@ class PipelineEngine final : public Engine {
     AddGroupStats({world_.get(), comm_.get(), shard_.get(), replicate_.get(), tp_.get()}, &s);
     s.pipeline_busy_seconds = busy_;
     s.pipeline_seconds = program_seconds_;
+    if (shard_) s.pipeline_overlapped_reduce_scatters = overlapped_;
     blocked_seconds_ = 0;
     return s;
   }
 
  private:
+  // With FSDP: a unit's flat group, its collectives in flight, and its count of accumulations.
+  struct StageUnit {
+    fsdp::FlatGroup group;
+    std::unique_ptr<dist::Work> gather;   // from the step's start to the unit's first use
+    std::unique_ptr<dist::Work> scatter;  // from its last accumulation to the step's end
+    torch::Tensor reduced;                // the reduce-scatter's output
+    bool deferred = false;                // reduce-scattered after the step's other exchanges
+    int64_t accumulated = 0;              // this step's accumulations into its parameters
+    int64_t expected = -1;                // the first step's (-1: no step finished yet)
+  };
   // PipeMare's hooks into the executor, on this engine's stages.
   class AsyncRunner final : public pp::StageRunner {
    public:
@@ -508,43 +532,179 @@ class PipelineEngine final : public Engine {
   int Replicas() const { return replicate_ ? replicate_->size() : 1; }
   int Replica() const { return replicate_ ? replicate_->rank() : 0; }
 
-  // FSDP: this rank's parameters gathered from the dp_shard ranks' master shards into the group's
-  // storage, which they are views of. Nothing to do without FSDP.
+  // FSDP inside the stages: one flat group (a unit) per decoder layer this rank holds, one for
+  // the embedding and one for the rest (the final norm and the head; the tied table there where
+  // the rank does not hold the first stage), in the order a step uses them, each sharded over
+  // dp_shard; the optimizer steps the fp32 master shards, and the parameters are views of their
+  // unit's storage, allocated only while gathered (a step, an evaluation, an export).
+  // A unit's reduce-scatter starts as soon as its gradients are final: autograd's accumulations
+  // into its parameters are counted (a post-hook on each AccumulateGrad), and once a step has
+  // made as many as the first step did, no later action of the step adds to them, whichever
+  // schedule runs (B, or I and W, activation checkpointing's recompute in I). The first step
+  // only counts: its reduce-scatters all run after the program. Deferred units wait for the
+  // step's other exchanges: the tied table's (SyncTiedGradients), and with tensor parallelism
+  // the replicated norms' (FinishBackward), which add to the gradients first.
+  void ShardUnits() {
+    const bool holds_first = program_.shape.RankOf(0) == comm_->rank();
+    const std::string table = "model.embed_tokens.weight";
+    const bool tied = model_->config().tie_word_embeddings;
+    const int kRest = std::numeric_limits<int>::max();
+    std::map<int, std::vector<size_t>> members;  // -1 the embedding, a layer's index, kRest
+    for (size_t i = 0; i < held_.size(); ++i) {
+      const std::string& name = held_[i].first;
+      static const std::string layers = "model.layers.";
+      int key = kRest;
+      if (name.rfind(layers, 0) == 0) {
+        key = std::stoi(name.substr(layers.size()));
+      } else if (name.rfind("model.embed_tokens.", 0) == 0 && holds_first) {
+        key = -1;
+      }
+      members[key].push_back(i);
+    }
+    for (const auto& [key, indices] : members) {
+      units_.emplace_back();
+      StageUnit& u = units_.back();
+      u.group.name = key < 0 ? "embed" : key == kRest ? "head" : "model.layers." + std::to_string(key);
+      u.deferred = split_ != nullptr;
+      for (size_t i : indices) {
+        sharded_.push_back(fsdp::ShardedParam{});
+        sharded_.back().name = held_[i].first;
+        sharded_.back().full = held_[i].second;
+        u.group.params.push_back(&sharded_.back());
+        if (tied && held_[i].first == table) u.deferred = true;
+      }
+      fsdp::ShardGroup(u.group, static_cast<int>(units_.size()) - 1, shard_->size(), shard_->rank(), torch::kFloat);
+      if (key < 0) embed_unit_ = &u;
+      if (key == kRest) head_unit_ = &u;
+      if (key >= 0 && key != kRest) layer_unit_[key] = &u;
+      if (u.deferred) continue;
+      StageUnit* unit = &u;
+      for (fsdp::ShardedParam* sp : u.group.params) {
+        std::shared_ptr<torch::autograd::Node> accumulate = torch::autograd::impl::grad_accumulator(sp->full);
+        accumulate->add_post_hook(std::make_unique<OnAccumulated>([this, unit] { Accumulated(*unit); }));
+        // Autograd keeps a leaf's accumulator only while a graph uses it; held here, the hook stays.
+        accumulators_.push_back(std::move(accumulate));
+      }
+    }
+    // Each unit waited for at its first use: the embedding before the first stage, a layer before
+    // it runs, the head after the last layer.
+    pp::LlamaStages::Runners runners = stages_.runners();
+    const int64_t last_layer = model_->config().num_hidden_layers - 1;
+    runners.layer = [this, inner = runners.layer, last_layer](int64_t i, model::DecoderLayerImpl& layer,
+                                                              const torch::Tensor& h, const model::RopeTables& rope) {
+      auto unit = layer_unit_.find(i);
+      if (unit != layer_unit_.end()) ThrowIfError(AwaitGather(*unit->second));
+      torch::Tensor out = inner ? inner(i, layer, h, rope) : layer.forward(h, rope);
+      if (i == last_layer && head_unit_ != nullptr) ThrowIfError(AwaitGather(*head_unit_));
+      return out;
+    };
+    runners.before_stage = [this, inner = runners.before_stage](int stage) {
+      if (inner) inner(stage);
+      if (stage == 0 && embed_unit_ != nullptr) ThrowIfError(AwaitGather(*embed_unit_));
+    };
+    stages_.set_runners(std::move(runners));
+  }
+
+  std::string OverlapText() const {
+    if (split_) {
+      return "a group per decoder layer, gathered for the step; gradients reduce-scattered after the program, the "
+             "replicated norms' first reduced over tp";
+    }
+    return "a group per decoder layer, gathered for the step in the order the stages use them; each group's "
+           "gradients reduce-scattered as soon as the step's last backward through it has run" +
+           std::string(model_->config().tie_word_embeddings ? ", the tied table's after the stages exchange it" : "");
+  }
+
+  // A unit's gradient accumulation, from autograd (OnAccumulated). Errors wait for the step's end.
+  void Accumulated(StageUnit& u) {
+    ++u.accumulated;
+    if (u.expected <= 0 || u.accumulated < u.expected) return;
+    if (u.accumulated > u.expected || u.scatter) {
+      if (overrun_.empty()) overrun_ = u.group.name;
+      return;
+    }
+    if (Status s = StartReduceScatter(u); !s.ok() && hook_error_.ok()) hook_error_ = s;
+  }
+
+  Status StartGathers() {
+    for (StageUnit& u : units_) {
+      if (u.gather) continue;
+      fsdp::AllocateStorage(u.group.storage);
+      MW_ASSIGN_OR_RETURN(u.gather, shard_->AllGatherInto(fsdp::WriteAlias(u.group.storage), u.group.master));
+    }
+    return Status::Ok();
+  }
+  Status AwaitGather(StageUnit& u) {
+    if (!u.gather) return Status::Ok();
+    const auto start = std::chrono::steady_clock::now();
+    Status done = u.gather->Wait();
+    u.gather.reset();
+    CountBlockedSince(start);
+    return done;
+  }
+  // Every unit gathered (an evaluation, an export). Nothing to do without FSDP.
   Status Gather() {
     if (!shard_) return Status::Ok();
-    const auto start = std::chrono::steady_clock::now();
-    fsdp::AllocateStorage(group_.storage);
-    MW_ASSIGN_OR_RETURN(auto gather, shard_->AllGatherInto(fsdp::WriteAlias(group_.storage), group_.master));
-    MW_RETURN_IF_ERROR(gather->Wait());
-    CountBlockedSince(start);
+    MW_RETURN_IF_ERROR(StartGathers());
+    for (StageUnit& u : units_) MW_RETURN_IF_ERROR(AwaitGather(u));
     return Status::Ok();
   }
   void Release() {
-    if (shard_) fsdp::ReleaseStorage(group_.storage);
+    for (StageUnit& u : units_) fsdp::ReleaseStorage(u.group.storage);
   }
 
-  // FSDP, after the step's program: the flat gradient reduce-scattered over dp_shard (summed),
-  // all-reduced over dp_replicate, divided by the pipelines (each took the mean over its rows);
-  // the master shards' gradients are views of the result. The whole gradient and the gathered
-  // parameters are then freed.
-  Status ReduceScatterGradients() {
+  Status StartReduceScatter(StageUnit& u) {
     torch::NoGradGuard no_grad;
+    u.reduced = torch::empty({u.group.shard_numel}, u.group.grad.options());
+    MW_ASSIGN_OR_RETURN(u.scatter, shard_->ReduceScatter(u.reduced, u.group.grad, dist::ReduceOp::kSum));
+    return Status::Ok();
+  }
+
+  // FSDP, after the step's program: the units whose reduce-scatter has not started (deferred, the
+  // first step's, any whose count fell short) start in unit order, the same on every dp_shard rank;
+  // each flat gradient is summed over dp_shard, all-reduced over dp_replicate and divided by the
+  // pipelines (each took the mean over its rows); the master shards' gradients are views of the
+  // result. The whole gradients and the gathered parameters are then freed.
+  Status FinishReduceScatters() {
+    torch::NoGradGuard no_grad;
+    if (!hook_error_.ok()) return std::exchange(hook_error_, Status::Ok());
+    if (!overrun_.empty()) {
+      return Internal("FSDP inside pipeline stages: unit " + std::exchange(overrun_, std::string()) +
+                      " took more gradient accumulations in a step than in the first step, after its reduce-scatter "
+                      "had started");
+    }
+    for (StageUnit& u : units_) MW_RETURN_IF_ERROR(AwaitGather(u));
+    overlapped_ = 0;
+    for (StageUnit& u : units_) {
+      if (u.scatter) {
+        ++overlapped_;
+      } else {
+        MW_RETURN_IF_ERROR(StartReduceScatter(u));
+      }
+    }
     const auto start = std::chrono::steady_clock::now();
-    torch::Tensor reduced = torch::empty({group_.shard_numel}, group_.grad.options());
-    MW_ASSIGN_OR_RETURN(auto scatter, shard_->ReduceScatter(reduced, group_.grad, dist::ReduceOp::kSum));
-    MW_RETURN_IF_ERROR(scatter->Wait());
-    if (replicate_) {
-      MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(reduced, dist::ReduceOp::kSum));
-      MW_RETURN_IF_ERROR(reduce->Wait());
+    std::vector<std::unique_ptr<dist::Work>> reduces;
+    for (StageUnit& u : units_) {
+      MW_RETURN_IF_ERROR(u.scatter->Wait());
+      u.scatter.reset();
+      if (replicate_) {
+        MW_ASSIGN_OR_RETURN(auto reduce, replicate_->AllReduce(u.reduced, dist::ReduceOp::kSum));
+        reduces.push_back(std::move(reduce));
+      }
     }
+    for (auto& reduce : reduces) MW_RETURN_IF_ERROR(reduce->Wait());
     CountBlockedSince(start);
-    reduced.div_(dp_size());
-    for (fsdp::ShardedParam& sp : sharded_) {
-      sp.full.mutable_grad() = torch::Tensor();
-      if (sp.shard.numel() == 0) continue;
-      sp.shard.mutable_grad() = reduced.narrow(0, sp.shard_offset, sp.shard.numel()).view(sp.shard.sizes());
+    for (StageUnit& u : units_) {
+      u.reduced.div_(dp_size());
+      for (fsdp::ShardedParam* sp : u.group.params) {
+        sp->full.mutable_grad() = torch::Tensor();
+        if (sp->shard.numel() == 0) continue;
+        sp->shard.mutable_grad() = u.reduced.narrow(0, sp->shard_offset, sp->shard.numel()).view(sp->shard.sizes());
+      }
+      u.group.grad = torch::Tensor();
+      u.reduced = torch::Tensor();
+      if (u.expected < 0) u.expected = u.accumulated;  // the first step's count
     }
-    group_.grad = torch::Tensor();
     Release();
     return Status::Ok();
   }
@@ -629,8 +789,15 @@ class PipelineEngine final : public Engine {
   std::map<std::string, std::vector<int64_t>> shapes_;  // parameter -> its whole shape
   std::vector<std::pair<std::string, torch::Tensor>> held_;
   std::vector<torch::Tensor> decay_, no_decay_;  // what the optimizer steps
-  std::deque<fsdp::ShardedParam> sharded_;  // with FSDP: held_'s parameters, in its order
-  fsdp::FlatGroup group_;                   // with FSDP: their flat group
+  std::deque<fsdp::ShardedParam> sharded_;  // with FSDP: held_'s parameters, in their units' order
+  std::deque<StageUnit> units_;             // with FSDP: in the order a step uses them
+  StageUnit* embed_unit_ = nullptr;         // units_'s embedding (the rank holding the first stage)
+  StageUnit* head_unit_ = nullptr;          // units_'s final norm and head
+  std::map<int64_t, StageUnit*> layer_unit_;  // decoder layer -> its unit
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept: they carry the hooks
+  Status hook_error_;                       // a reduce-scatter a hook could not start
+  std::string overrun_;                     // a unit accumulated into after its reduce-scatter started
+  int overlapped_ = 0;                      // the last step's units reduce-scattered inside its program
   double blocked_seconds_ = 0;  // in receives, since the last TakeStats
   std::vector<double> busy_, program_seconds_;  // the last step's, per pipeline rank
   // PipeMare (pipeline.schedule: pipemare); unset for the synchronous schedules.

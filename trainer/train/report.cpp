@@ -105,6 +105,9 @@ Status ProgressReport::Step(const StepRecord& r) {
       *jsonl_ << ",\"pipeline_busy_seconds\":" << list(r.comm.pipeline_busy_seconds)
               << ",\"pipeline_seconds\":" << list(r.comm.pipeline_seconds);
     }
+    if (r.comm.pipeline_overlapped_reduce_scatters >= 0) {
+      *jsonl_ << ",\"pipeline_overlapped_reduce_scatters\":" << r.comm.pipeline_overlapped_reduce_scatters;
+    }
     *jsonl_ << "}\n";
     jsonl_->flush();
     if (!*jsonl_) {
