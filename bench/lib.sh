@@ -95,6 +95,24 @@ bench_record() {
     --log "$log" --status "$status" "$@"
 }
 
+# bench_tail_logs PREFIX: the last lines of every rank's log of a run (PREFIX.rank<r>.log) on stderr,
+# for a run that failed.
+bench_tail_logs() {
+  local f
+  for f in "$1".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
+}
+
+# bench_write_results TAG: the end of a bench that wrote its table to $tmp/table.md: the raw records
+# ($raw) compressed to $raw_dest, the table put above OUT's earlier results (`out`), and printed.
+bench_write_results() {
+  python3 "$(dirname "${BASH_SOURCE[0]}")/protocol.py" finish "$raw" "$raw_dest"
+  mkdir -p "$(dirname "$out")"
+  { cat "$tmp/table.md"; echo; bench_earlier_results "$out"; } >"$tmp/with_earlier.md"
+  cp "$tmp/with_earlier.md" "$out"
+  cat "$tmp/table.md"
+  echo "[$1] wrote $out and $raw_dest" >&2
+}
+
 # bench_earlier_results OUT: the results file's earlier contents under "## Earlier results", their
 # titles one level down (nothing when OUT does not exist yet): what a script appends below its new table.
 bench_earlier_results() {

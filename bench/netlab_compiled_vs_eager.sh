@@ -146,7 +146,7 @@ run_one() {
   echo "[netlab] round $rep: $preset, world $world, $rate, $config${budget:+, fsdp.memory_budget=$budget}" >&2
   run_world "$prefix" "${flags[@]}" || status=failed
   if [ "$status" = failed ]; then
-    for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
+    bench_tail_logs "$prefix"
   fi
   grep -hE '^(compiled plan|re-plan)' "$prefix.rank0.log" | sed 's/^/    /' >&2 || true
   bench_record "$raw" "$skip" "$prefix.jsonl" "$prefix.rank0.log" "$status" --tag rate="$rate" --tag config="$config" \

@@ -64,7 +64,7 @@ run_one() {
   netlab_run_world "$prefix" $((batch / m)) --set dist.mesh=explicit --set mesh.pp="$world" --set mesh.dp_shard=1 \
     --set pipeline.schedule="$schedule" --set training.grad_accum="$m" || status=failed
   if [ "$status" = failed ]; then
-    for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
+    bench_tail_logs "$prefix"
   fi
   grep -h '^pipeline bubble' "$prefix.rank0.log" | sed 's/^/    /' >&2 || true
   bench_record "$raw" "$skip" "$prefix.jsonl" "$prefix.rank0.log" "$status" --tag rate="$rate" --tag config="$config" \
@@ -104,9 +104,4 @@ bench_interleave run_one "${names[@]}"
   python3 "$root/bench/netlab/pipeline_bubble.py" "$raw" --pp "$world"
 } >"$tmp/table.md"
 
-python3 "$root/bench/protocol.py" finish "$raw" "$raw_dest"
-mkdir -p "$(dirname "$out")"
-{ cat "$tmp/table.md"; echo; bench_earlier_results "$out"; } >"$tmp/with_earlier.md"
-cp "$tmp/with_earlier.md" "$out"
-cat "$tmp/table.md"
-echo "[netlab-pp] wrote $out and $raw_dest" >&2
+bench_write_results netlab-pp

@@ -71,7 +71,7 @@ run_one() {
   echo "[netlab-tp] round $rep: $preset, world $world, $rate, $config" >&2
   netlab_run_world "$prefix" "$per_rank" "${flags[@]}" || status=failed
   if [ "$status" = failed ]; then
-    for f in "$prefix".rank*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
+    bench_tail_logs "$prefix"
   fi
   bench_record "$raw" "$skip" "$prefix.jsonl" "$prefix.rank0.log" "$status" --tag rate="$rate" --tag config="$config" \
     --tag repeat="$rep" --tag order="$order"
@@ -116,9 +116,4 @@ bench_interleave run_one "${names[@]}"
   python3 "$root/bench/protocol.py" paired "$raw" --by rate --base fsdp --other tp
 } >"$tmp/table.md"
 
-python3 "$root/bench/protocol.py" finish "$raw" "$raw_dest"
-mkdir -p "$(dirname "$out")"
-{ cat "$tmp/table.md"; echo; bench_earlier_results "$out"; } >"$tmp/with_earlier.md"
-cp "$tmp/with_earlier.md" "$out"
-cat "$tmp/table.md"
-echo "[netlab-tp] wrote $out and $raw_dest" >&2
+bench_write_results netlab-tp

@@ -108,9 +108,4 @@ bench_interleave run_one "${configs[@]}"
   python3 "$root/bench/pipemare_quality.py" "$raw" --skip "$skip"
 } >"$tmp/table.md"
 
-python3 "$root/bench/protocol.py" finish "$raw" "$raw_dest"
-mkdir -p "$(dirname "$out")"
-{ cat "$tmp/table.md"; echo; bench_earlier_results "$out"; } >"$tmp/with_earlier.md"
-cp "$tmp/with_earlier.md" "$out"
-cat "$tmp/table.md"
-echo "[pipemare] wrote $out and $raw_dest" >&2
+bench_write_results pipemare

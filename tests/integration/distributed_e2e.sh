@@ -64,6 +64,7 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "pp2-zb-h1-fsdp2-ckpt-all 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set pipeline.schedule=zb-h1 --set training.activation_checkpointing=all --set training.grad_accum=2 --set data.batch_size=2" \
     "pp2-zb-h1-tp2-async2 4 --set mesh.pp=2 --set mesh.tp=2 --set mesh.async_tp_chunks=2 --set pipeline.schedule=zb-h1 --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-dp2 4 --set mesh.pp=2 --set mesh.dp_replicate=2 --set training.grad_accum=2 --set data.batch_size=2" \
+    "pp2-hsdp2x2 8 --set mesh.pp=2 --set mesh.dp_replicate=2 --set mesh.dp_shard=2 --set training.grad_accum=2 --set data.batch_size=1" \
     "pp2-fsdp2 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2.hf" \
     "pp2-tp2 4 --set mesh.pp=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-tp2-nosp 4 --set mesh.pp=2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.grad_accum=2 --set data.batch_size=4" \
@@ -147,7 +148,7 @@ grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipe
 overlapped() {  # overlapped NAME: rank 0's count per step, space-separated
   python3 -c 'import json, sys; print(" ".join(str(json.loads(l).get("pipeline_overlapped_reduce_scatters", "none")) for l in open(sys.argv[1])))' "$work/$1.jsonl"
 }
-for name in pp2-fsdp2 pp2-zb-h1-fsdp2 pp2-zb-h1-fsdp2-ckpt-all; do
+for name in pp2-fsdp2 pp2-zb-h1-fsdp2 pp2-zb-h1-fsdp2-ckpt-all pp2-hsdp2x2; do
   counts="$(overlapped "$name")"
   if [[ "$counts" =~ ^0(\ [1-9][0-9]*){19}$ ]]; then
     pass "$name: reduce-scatters start inside the program from step 2 on (${counts:0:12}...)"
