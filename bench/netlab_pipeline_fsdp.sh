@@ -7,7 +7,8 @@
 # step table and the paired ratios (step time, exposed communication) and every run's per-step
 # records (bench/results/raw/). Needs root and both builds.
 # usage: BASE=other-build-dir bench/netlab_pipeline_fsdp.sh [build-dir]
-#   env: BASE (required)  RATES="1gbit"  PP=2  SHARD=2  PRESET=llama-100m  SEQ=128  BATCH=8 (global)
+#   env: BASE (required)  BASE_LABEL="what BASE is built from" (a commit: a build directory does not
+#        record it)  RATES="1gbit"  PP=2  SHARD=2  PRESET=llama-100m  SEQ=128  BATCH=8 (global)
 #        SCHEDULE=1f1b  MICRO=4  REPEATS=5  MEASURED=10  SKIP=2  SETS="..." (extra flags, every run)
 #        OUT=<file> (default bench/results/netlab_pipeline_fsdp.md; earlier results kept below)
 #        RAW=<file.jsonl.gz>  LOGS=<dir>: keep every rank's log there
@@ -75,13 +76,13 @@ bench_interleave run_one "${names[@]}"
 {
   python3 "$root/bench/protocol.py" title "$raw" "FSDP inside pipeline stages on netlab: two builds" --group rate,config
   echo
-  bench_command_line "bench/netlab_pipeline_fsdp.sh" "$root" BASE RATES PP SHARD PRESET SEQ BATCH SCHEDULE MICRO REPEATS MEASURED SKIP SETS
+  bench_command_line "bench/netlab_pipeline_fsdp.sh" "$root" BASE BASE_LABEL RATES PP SHARD PRESET SEQ BATCH SCHEDULE MICRO REPEATS MEASURED SKIP SETS
   echo
   netlab_machine_lines
   echo "(training.threads=1), rank r on core r mod $cores: $world ranks on $cores cores$( ((world > cores)) && echo ", so ranks share cores (their compute is time-shared; the wire is not)")."
   echo "$preset, mesh.pp=$pp x mesh.dp_shard=$shard, pipeline.schedule $schedule, seq $seq, global batch $batch, each"
   echo "pipeline $((batch / shard)) rows a step in $m micro-batches; synthetic tokens, fp32, Gloo."
-  echo "base: $(git -C "$base/.." rev-parse --short HEAD 2>/dev/null || echo "$base") ($base); build: $(git -C "$root" rev-parse --short HEAD) ($build)."
+  echo "base: ${BASE_LABEL:-the build in $base} ($base); build: $(git -C "$root" rev-parse --short HEAD) ($build)."
   echo
   echo "Every run is $steps steps; its figures are over steps $((skip + 1))-$steps: the median step time, the"
   echo "median exposed communication per step (rank 0's time blocked: receives, FSDP's gathers and"
