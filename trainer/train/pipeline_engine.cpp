@@ -216,8 +216,9 @@ class PipelineEngine final : public Engine {
       }
     }
     MW_ASSIGN_OR_RETURN(pp::PipelineStepResult result, pp::RunPipelineStep(program_, stages_, *comm_, mbs, options_));
-    // Tensor parallelism: the replicated parameters' (norms') gradients over the tp ranks.
-    if (split_) MW_RETURN_IF_ERROR(split_->FinishBackward());
+    // Tensor parallelism: the replicated parameters' (norms') gradients over the tp ranks (with
+    // FSDP their shards', after the reduce-scatters: FinishReduceScatters).
+    if (split_ && !shard_) MW_RETURN_IF_ERROR(split_->FinishBackward());
     double loss = result.loss;
     if (shard_) {
       // The tied table's two copies (first and last stage) lie at other offsets of their ranks'
@@ -541,9 +542,11 @@ class PipelineEngine final : public Engine {
   // into its parameters are counted (a post-hook on each AccumulateGrad), and once a step has
   // made as many as the first step did, no later action of the step adds to them, whichever
   // schedule runs (B, or I and W, activation checkpointing's recompute in I). The first step
-  // only counts: its reduce-scatters all run after the program. Deferred units wait for the
-  // step's other exchanges: the tied table's (SyncTiedGradients), and with tensor parallelism
-  // the replicated norms' (FinishBackward), which add to the gradients first.
+  // only counts: its reduce-scatters all run after the program. The tied table's unit waits for
+  // the stages' exchange of its gradient (SyncTiedGradients), which adds to it first. With tensor
+  // parallelism the replicated norms' gradients are reduced over tp after the reduce-scatters, on
+  // the shards (they line up on every tp rank, as under FSDP without pipelines: sums and means
+  // commute with the reduce-scatter's sum).
   void ShardUnits() {
     const bool holds_first = program_.shape.RankOf(0) == comm_->rank();
     const std::string table = "model.embed_tokens.weight";
@@ -565,7 +568,6 @@ class PipelineEngine final : public Engine {
       units_.emplace_back();
       StageUnit& u = units_.back();
       u.group.name = key < 0 ? "embed" : key == kRest ? "head" : "model.layers." + std::to_string(key);
-      u.deferred = split_ != nullptr;
       for (size_t i : indices) {
         sharded_.push_back(fsdp::ShardedParam{});
         sharded_.back().name = held_[i].first;
@@ -606,13 +608,10 @@ class PipelineEngine final : public Engine {
   }
 
   std::string OverlapText() const {
-    if (split_) {
-      return "a group per decoder layer, gathered for the step; gradients reduce-scattered after the program, the "
-             "replicated norms' first reduced over tp";
-    }
     return "a group per decoder layer, gathered for the step in the order the stages use them; each group's "
            "gradients reduce-scattered as soon as the step's last backward through it has run" +
-           std::string(model_->config().tie_word_embeddings ? ", the tied table's after the stages exchange it" : "");
+           std::string(model_->config().tie_word_embeddings ? ", the tied table's after the stages exchange it" : "") +
+           (split_ ? "; the replicated norms' shards then reduced over tp" : "");
   }
 
   // A unit's gradient accumulation, from autograd (OnAccumulated). Errors wait for the step's end.
@@ -706,6 +705,16 @@ class PipelineEngine final : public Engine {
       if (u.expected < 0) u.expected = u.accumulated;  // the first step's count
     }
     Release();
+    if (!split_) return Status::Ok();
+    std::vector<torch::Tensor> replicated;
+    for (fsdp::ShardedParam& sp : sharded_) {
+      if (sp.shard.numel() > 0 && tp::TensorParallelLlama::SplitOf(sp.name) == tp::Split::kReplicated) {
+        replicated.push_back(sp.shard.mutable_grad());
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    MW_RETURN_IF_ERROR(split_->ReduceReplicatedGrads(replicated));
+    CountBlockedSince(start);
     return Status::Ok();
   }
 
