@@ -712,9 +712,9 @@ class PipelineEngine final : public Engine {
         replicated.push_back(sp.shard.mutable_grad());
       }
     }
-    const auto start = std::chrono::steady_clock::now();
+    const auto reducing = std::chrono::steady_clock::now();
     MW_RETURN_IF_ERROR(split_->ReduceReplicatedGrads(replicated));
-    CountBlockedSince(start);
+    CountBlockedSince(reducing);
     return Status::Ok();
   }
 
