@@ -3,7 +3,9 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,21 +52,39 @@ torch::Tensor SendShare(const torch::Tensor& t, const PipelineStepOptions& o) {
   return t.view({-1}).narrow(0, o.replicas->rank() * n, n);
 }
 
-// One activation (or its gradient) from `peer`: whole, or this rank's share from the peer and the
-// others' from the replicas.
-Result<torch::Tensor> ReceiveWhole(dist::Communicator& comm, int peer, const PipelineStepOptions& o) {
-  torch::Tensor whole = torch::empty(o.activation_sizes, torch::TensorOptions().dtype(o.activation_dtype));
-  if (!SendsShares(o, whole.numel())) {
-    MW_ASSIGN_OR_RETURN(auto work, comm.Recv(whole, peer));
-    MW_RETURN_IF_ERROR(work->Wait());
-    return whole;
+// One activation (or its gradient) on its way from `peer`: the receive is posted (Gloo moves a
+// message only once its receive is), the tensor it fills is the whole or this rank's share.
+struct PostedReceive {
+  int peer = -1;
+  std::unique_ptr<dist::Work> work;
+  torch::Tensor whole;
+  torch::Tensor share;  // defined where the replicas send shares
+};
+
+Result<PostedReceive> PostReceive(dist::Communicator& comm, int peer, const PipelineStepOptions& o) {
+  PostedReceive r;
+  r.peer = peer;
+  r.whole = torch::empty(o.activation_sizes, torch::TensorOptions().dtype(o.activation_dtype));
+  if (SendsShares(o, r.whole.numel())) {
+    r.share = torch::empty({r.whole.numel() / o.replicas->size()}, r.whole.options());
   }
-  torch::Tensor share = torch::empty({whole.numel() / o.replicas->size()}, whole.options());
-  MW_ASSIGN_OR_RETURN(auto work, comm.Recv(share, peer));
-  MW_RETURN_IF_ERROR(work->Wait());
-  MW_ASSIGN_OR_RETURN(auto gather, o.replicas->AllGatherInto(whole.view({-1}), share));
+  MW_ASSIGN_OR_RETURN(r.work, comm.Recv(r.share.defined() ? r.share : r.whole, peer));
+  return r;
+}
+
+// The received tensor whole: the transfer waited for, and with shares the others' gathered from the
+// replicas (a collective of theirs, so at the receive's place in the program on every replica).
+Result<torch::Tensor> FinishReceive(PostedReceive& r, const PipelineStepOptions& o) {
+  MW_RETURN_IF_ERROR(r.work->Wait());
+  if (!r.share.defined()) return r.whole;
+  MW_ASSIGN_OR_RETURN(auto gather, o.replicas->AllGatherInto(r.whole.view({-1}), r.share));
   MW_RETURN_IF_ERROR(gather->Wait());
-  return whole;
+  return r.whole;
+}
+
+Result<torch::Tensor> ReceiveWhole(dist::Communicator& comm, int peer, const PipelineStepOptions& o) {
+  MW_ASSIGN_OR_RETURN(PostedReceive r, PostReceive(comm, peer, o));
+  return FinishReceive(r, o);
 }
 
 // What one (micro-batch, stage) has produced so far on this rank.
@@ -118,6 +138,11 @@ class StepRun {
                           std::to_string(microbatches_.size()));
     }
     const int rank = comm_.rank();
+    for (const Action& a : program_.ranks[static_cast<size_t>(rank)]) {
+      if (a.kind == ActionKind::kRecvActivation) receives_.push_back(shape.RankOf(a.stage - 1));
+      if (a.kind == ActionKind::kRecvGrad) receives_.push_back(shape.RankOf(a.stage + 1));
+    }
+    MW_RETURN_IF_ERROR(PostAhead(Ahead()));
     PipelineStepResult result;
     for (const Action& a : program_.ranks[static_cast<size_t>(rank)]) {
       const double start = SteadyNow();
@@ -285,7 +310,31 @@ class StepRun {
     return Status::Ok();
   }
 
-  Result<torch::Tensor> Recv(int peer) { return ReceiveWhole(comm_, peer, options_); }
+  // The program's next options_.receives_ahead receives are kept posted ahead of their actions,
+  // in program order (so the k-th from a peer still meets its k-th send): a transfer then runs
+  // while the actions before its receive compute, instead of starting when the receive is reached.
+  Status PostAhead(size_t ahead) {
+    while (posted_.size() < ahead && next_receive_ < receives_.size()) {
+      MW_ASSIGN_OR_RETURN(PostedReceive r, PostReceive(comm_, receives_[next_receive_], options_));
+      posted_.push_back(std::move(r));
+      ++next_receive_;
+    }
+    return Status::Ok();
+  }
+
+  size_t Ahead() const { return static_cast<size_t>(std::max(0, options_.receives_ahead)); }
+
+  Result<torch::Tensor> Recv(int peer) {
+    MW_RETURN_IF_ERROR(PostAhead(1));  // the one reached, where none was posted ahead
+    if (posted_.front().peer != peer) {
+      return Internal("pipeline rank " + std::to_string(comm_.rank()) + ": a receive from rank " +
+                      std::to_string(peer) + " out of the program's order of receives");
+    }
+    PostedReceive r = std::move(posted_.front());
+    posted_.pop_front();
+    MW_RETURN_IF_ERROR(PostAhead(Ahead()));
+    return FinishReceive(r, options_);
+  }
 
   const pipeline::Program& program_;
   StageRunner& stages_;
@@ -296,6 +345,9 @@ class StepRun {
   std::map<std::pair<int, int>, Slot> slots_;  // (micro-batch, stage)
   std::map<int, int> updates_;                 // stage -> its updates (asynchronous programs)
   Sends sends_;
+  std::vector<int> receives_;          // the peer of each of this rank's receives, in program order
+  size_t next_receive_ = 0;            // the first not yet posted
+  std::deque<PostedReceive> posted_;   // posted, not yet reached
   double loss_sum_ = 0;  // the last stage's mean loss over the step, on its rank
   bool split_ = false;   // the program splits backwards into I and W
 };

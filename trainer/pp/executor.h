@@ -14,6 +14,9 @@
 // from them, so I + W is B's work, split. On the first stage the embedding's output stands for
 // the input (StageRunner::FirstStageInput): I stops there and W runs the embedding's backward.
 //
+// Receives are posted ahead of their actions (PipelineStepOptions::receives_ahead), in program
+// order, so a transfer overlaps the compute before its receive on both sides.
+//
 // Asynchronous programs (PipeMare, compiler/pipeline/steps.h) run one step at a time with a
 // PipelineCarry: the micro-batches forwarded and not yet through their backward stay in it from
 // one step to the next (renumbered by the step's micro-batches), as do the sends a later step
@@ -90,6 +93,11 @@ struct PipelineStepOptions {
   // the node) instead of the link between stages carrying the same tensor size times. Null, size
   // 1, or a tensor that does not divide: whole tensors.
   dist::Communicator* replicas = nullptr;
+  // How many of a rank's next receives are kept posted before their place in the program (0:
+  // each posted when reached). Gloo moves a message only once its receive is posted, so a receive
+  // posted ahead lets its transfer run during the actions before it; each costs one activation's
+  // buffer.
+  int receives_ahead = 2;
 };
 
 // When one action of this rank ran (steady-clock seconds), for the timeline and the measured bubble.

@@ -4,10 +4,12 @@
 // the whole model on the same global batch (its micro-batches' gradients accumulated) within
 // 1e-5, tied and untied embeddings, over three AdamW steps. A program that does not match the group is refused by name.
 // Replicated activations (tensor parallelism without sequence parallelism) travel in shares.
+// Receives are posted ahead of their place in the program (PipelineStepOptions::receives_ahead).
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -295,6 +297,128 @@ TEST_F(PipelineExecutorReplicas, EachSendsItsShareAndTheStepIsTheSame) {
     EXPECT_EQ(whole[r].sent, 2 * 24 * 4) << "rank " << r;
     EXPECT_EQ(shared[r].sent, 24 * 4) << "rank " << r;
   }
+}
+
+// Passes everything to a Gloo communicator and notes each receive it posts in `events`.
+class NotingReceives final : public dist::Communicator {
+ public:
+  NotingReceives(std::unique_ptr<dist::Communicator> inner, std::vector<std::string>* events)
+      : inner_(std::move(inner)), events_(events) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend() const override { return inner_->backend(); }
+  const std::string& group_name() const override { return inner_->group_name(); }
+  torch::Device device() const override { return inner_->device(); }
+  Result<std::unique_ptr<dist::Work>> AllGatherInto(torch::Tensor out, torch::Tensor in) override {
+    return inner_->AllGatherInto(out, in);
+  }
+  Result<std::unique_ptr<dist::Work>> ReduceScatter(torch::Tensor out, torch::Tensor in, dist::ReduceOp op) override {
+    return inner_->ReduceScatter(out, in, op);
+  }
+  Result<std::unique_ptr<dist::Work>> AllReduce(torch::Tensor t, dist::ReduceOp op) override {
+    return inner_->AllReduce(t, op);
+  }
+  Result<std::unique_ptr<dist::Work>> Broadcast(torch::Tensor t, int root) override { return inner_->Broadcast(t, root); }
+  Result<std::unique_ptr<dist::Work>> Barrier() override { return inner_->Barrier(); }
+  Result<std::unique_ptr<dist::Work>> Send(torch::Tensor t, int peer) override { return inner_->Send(t, peer); }
+  Result<std::unique_ptr<dist::Work>> Recv(torch::Tensor t, int peer) override {
+    events_->push_back("recv");
+    return inner_->Recv(t, peer);
+  }
+  dist::CommStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::unique_ptr<dist::Communicator> inner_;
+  std::vector<std::string>* events_;
+};
+
+// ToyStages noting each forward in `events`.
+class NotingForwards final : public StageRunner {
+ public:
+  NotingForwards(int stage, std::vector<std::string>* events) : toy_(stage), events_(events) {}
+  torch::Tensor Forward(int stage, const MicroBatch& mb, const torch::Tensor& input) override {
+    events_->push_back("F");
+    return toy_.Forward(stage, mb, input);
+  }
+  std::vector<torch::Tensor> Parameters(int stage) override { return toy_.Parameters(stage); }
+  const torch::Tensor& weight() const { return toy_.weight(); }
+
+ private:
+  ToyStages toy_;
+  std::vector<std::string>* events_;
+};
+
+class PipelineExecutorReceives : public testing::NeedsGloo<> {};
+
+// 1F1B over two stages and four micro-batches: with receives_ahead 1 the last stage posts its
+// second micro-batch's receive before its first forward runs (so that transfer overlaps it); with
+// 0 each receive is posted when the program reaches it. The step is the same either way.
+TEST_F(PipelineExecutorReceives, ArePostedAheadOfTheirPlaceInTheProgram) {
+  const pipeline::Shape shape{2, 1, 4};
+  auto program = pipeline::Lower(pipeline::Generate(pipeline::ScheduleKind::k1F1B, shape).value());
+  ASSERT_TRUE(program.ok()) << program.status().message();
+  std::vector<MicroBatch> batches;
+  for (int m = 0; m < 4; ++m) {
+    torch::manual_seed(60 + m);
+    batches.push_back({torch::randint(5, {2, 3}, torch::kInt64), torch::Tensor()});
+  }
+  struct Outcome {
+    std::vector<std::string> events;
+    double loss = 0;
+    torch::Tensor grad;
+    std::string error;
+  };
+  auto run = [&](int ahead) {
+    std::vector<Outcome> out(2);
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        dist::CommunicatorOptions o;
+        o.timeout = std::chrono::seconds(60);
+        auto gloo = dist::MakeGlooCommunicator(store, r, 2, o, "127.0.0.1");
+        if (!gloo.ok()) {
+          out[r].error = gloo.status().ToString();
+          return;
+        }
+        NotingReceives comm(std::move(gloo).value(), &out[r].events);
+        NotingForwards stages(r, &out[r].events);
+        PipelineStepOptions options;
+        options.activation_sizes = {2, 3, 4};
+        options.receives_ahead = ahead;
+        auto result = RunPipelineStep(program.value(), stages, comm, batches, options);
+        if (!result.ok()) {
+          out[r].error = result.status().ToString();
+          return;
+        }
+        out[r].loss = result->loss;
+        out[r].grad = stages.weight().grad().clone();
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  };
+  // The events up to the last stage's first forward.
+  auto before_first_forward = [](const std::vector<std::string>& events) {
+    std::vector<std::string> head;
+    for (const auto& e : events) {
+      if (e == "F") break;
+      head.push_back(e);
+    }
+    return head;
+  };
+  const auto ahead = run(1);
+  const auto in_place = run(0);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ahead[r].error, "") << "rank " << r;
+    ASSERT_EQ(in_place[r].error, "") << "rank " << r;
+    EXPECT_EQ(ahead[r].loss, in_place[r].loss) << "rank " << r;
+    EXPECT_TRUE(torch::equal(ahead[r].grad, in_place[r].grad)) << "rank " << r;
+    // Each stage receives four times (activations on the last, gradients on the first).
+    EXPECT_EQ(std::count(ahead[r].events.begin(), ahead[r].events.end(), "recv"), 4) << "rank " << r;
+  }
+  EXPECT_EQ(before_first_forward(ahead[1].events), (std::vector<std::string>{"recv", "recv"}));
+  EXPECT_EQ(before_first_forward(in_place[1].events), (std::vector<std::string>{"recv"}));
 }
 
 TEST(StageCut, FlopBalancedGivesTheHeadsStageFewerLayers) {
