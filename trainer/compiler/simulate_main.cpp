@@ -497,10 +497,11 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
   auto stages = pipeline::StagesOf(compiler::LlamaSkeleton(llama), *cost, shape.stages(), boundary, link);
   if (!stages.ok()) return Fail(stages.status());
 
-  // FSDP inside the stages, as the trainer runs it (trainer/train/pipeline_engine.h): a rank's
-  // stages' parameters gathered over dp_shard once before its program, their gradients
-  // reduce-scattered after its last action (then all-reduced over the replicas), neither
-  // overlapped with compute; static state 16 bytes a parameter over dp_shard (fp32 master,
+  // FSDP inside the stages, as the trainer runs it (trainer/train/pipeline_engine.cpp): a group
+  // per decoder layer (and the embedding's, the head's), gathered over dp_shard from the program's
+  // start in the order the stages use them, each reduce-scattered as the step's last backward
+  // through it ends (the tied table's after the program), then all-reduced over the replicas
+  // (pipeline::OverlapFsdp); static state 16 bytes a parameter over dp_shard (fp32 master,
   // gradient and AdamW's two moments), and while the step runs the parameters whole in bf16 and
   // their gradients whole in fp32.
   const int replicas = o.gpus / (o.pp * o.tp * o.dp_shard);
@@ -508,8 +509,11 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
   if (!fsdp_cost.ok()) return Fail(fsdp_cost.status());
   Options sharded = o;
   sharded.gpus = replicas * o.dp_shard * o.tp;
-  auto params = pipeline::StageParamsOf(compiler::LlamaSkeleton(ShapeOf(sharded, config, profile)), stages->partition);
+  const compiler::Graph sharded_skeleton = compiler::LlamaSkeleton(ShapeOf(sharded, config, profile));
+  auto params = pipeline::StageParamsOf(sharded_skeleton, stages->partition);
   if (!params.ok()) return Fail(params.status());
+  auto groups = pipeline::FsdpGroupsOf(sharded_skeleton, stages->partition, *fsdp_cost);
+  if (!groups.ok()) return Fail(groups.status());
   std::vector<pipeline::StageParams> per_rank(static_cast<size_t>(o.pp));
   for (int s = 0; s < shape.stages(); ++s) {
     pipeline::StageParams& r = per_rank[static_cast<size_t>(shape.RankOf(s))];
@@ -540,8 +544,8 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
   for (size_t s = 0; s + 1 < first.size(); ++s) std::cout << " " << first[s + 1] - first[s];
   std::cout << " (the embedding with the first, the head with the last); slowest stage "
             << Fixed(stages->partition.max_seconds, 4) << " s a micro-batch\n"
-            << "  FSDP: a rank's stages gathered once before its program and reduce-scattered after it "
-               "(not overlapped); shard link "
+            << "  FSDP: a group per decoder layer, gathered ahead of its first use and reduce-scattered as its last "
+               "backward ends; shard link "
             << Fixed(fsdp_cost->shard_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
             << Fixed(fsdp_cost->shard_link.latency_seconds * 1e6, 1) << " us; the fullest rank gathers "
             << Fixed(GiB(std::max_element(per_rank.begin(), per_rank.end(),
@@ -580,17 +584,15 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
     }
     auto r = async ? pipeline::SimulateStep(*program, stages->cost) : pipeline::SimulatePipeline(*program, stages->cost);
     if (!r.ok()) return Fail(r.status());
-    // Each rank's program shifted by the slowest gather; it reduce-scatters after its last action.
-    std::vector<double> end(static_cast<size_t>(o.pp), 0);
-    for (const pipeline::TimelineEntry& e : r->entries) end[static_cast<size_t>(e.rank)] = std::max(end[static_cast<size_t>(e.rank)], e.end);
-    double gather = 0, finish = 0;
+    // Each rank's program late by what it waits for gathers, its reduce-scatters overlapped with
+    // its last backwards, then the replicas' all-reduce.
+    const std::vector<pipeline::RankFsdp> overlapped = pipeline::OverlapFsdp(*program, *r, *groups);
+    double step = 0;
     int64_t peak = 0, held = 0;
     for (int rank = 0; rank < o.pp; ++rank) {
       const pipeline::StageParams& p = per_rank[static_cast<size_t>(rank)];
-      gather = std::max(gather, fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllGather, p.gathered_bytes));
-      finish = std::max(finish, end[static_cast<size_t>(rank)] +
-                                    fsdp_cost->CollectiveSeconds(compiler::OpKind::kReduceScatter, p.grad_bytes) +
-                                    fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllReduce, p.grad_bytes / o.dp_shard));
+      step = std::max(step, overlapped[static_cast<size_t>(rank)].end +
+                                fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllReduce, p.grad_bytes / o.dp_shard));
       const int64_t activations = r->peak_bytes[static_cast<size_t>(rank)] + workspace;
       // PipeMare also keeps the velocity of its discrepancy correction, and a copy of the weights
       // while a corrected backward runs: two more copies of the stage's parameters.
@@ -600,7 +602,6 @@ int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, co
         held = activations;
       }
     }
-    const double step = gather + finish;
     const double tps = step > 0 ? tokens / step / (o.pp * o.tp) : 0;
     std::cout << std::left << std::setw(18) << label << "step " << Fixed(step, 4) << " s (program "
               << Fixed(r->step_seconds, 4) << " s, bubble " << Fixed(100 * r->bubble_fraction, 1) << "%; FSDP exposed "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "trainer/compiler/frontend.h"
+#include "trainer/compiler/hardware_profile.h"
 #include "trainer/compiler/pipeline/generators.h"
 #include "trainer/compiler/pipeline/model_stages.h"
 #include "trainer/compiler/pipeline/partition.h"
@@ -218,6 +219,73 @@ TEST(PipelineSchedule, StageParamsCountEachStagesParametersAndTheTiedTableTwice)
   auto refused = StageParamsOf(g, wrong);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("but the model has 4"), std::string::npos) << refused.status().message();
+}
+
+// FSDP's groups inside the stages, as the trainer makes them: one per decoder layer at its place in
+// its stage, the embedding's first on the first stage and the rest (the final norm, the tied head)
+// last on the last; the tied table's two groups wait for the program's end.
+TEST(PipelineSchedule, FsdpGroupsAreTheLayersTheEmbeddingAndTheRest) {
+  auto config = model::PresetConfig("tiny");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_EQ(config->num_hidden_layers, 4);
+  LlamaShape shape;
+  shape.config = *config;
+  shape.seq_len = 64;
+  shape.dp_shard = 2;
+  const Graph g = LlamaSkeleton(shape);
+  auto profile = FindHardwareProfile("h100-nvlink-node");
+  ASSERT_TRUE(profile.ok()) << profile.status().ToString();
+  auto cost = MakeCostModel(*profile, 1, 2);
+  ASSERT_TRUE(cost.ok()) << cost.status().ToString();
+  StagePartition cut;
+  cut.first_layer = {0, 1, 4};
+  auto groups = FsdpGroupsOf(g, cut, *cost);
+  ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+  ASSERT_EQ(groups->size(), 6u);
+  const std::vector<int> stage{0, 0, 1, 1, 1, 1};
+  const std::vector<double> at{0, 0, 0, 1.0 / 3, 2.0 / 3, 1};
+  for (size_t i = 0; i < groups->size(); ++i) {
+    const FsdpGroup& group = (*groups)[i];
+    EXPECT_EQ(group.stage, stage[i]) << "group " << i;
+    EXPECT_DOUBLE_EQ(group.at, at[i]) << "group " << i;
+    EXPECT_GT(group.gather_seconds, 0) << "group " << i;
+    EXPECT_GT(group.scatter_seconds, 0) << "group " << i;
+    EXPECT_EQ(group.after_program, i == 0 || i == 5) << "group " << i << ": only the tied table's wait";
+  }
+  StagePartition wrong;
+  wrong.first_layer = {0, 1, 2};
+  EXPECT_FALSE(FsdpGroupsOf(g, wrong, *cost).ok());
+}
+
+// GPipe over 2 stages, 2 micro-batches, F and B 1 s each: rank 0 runs F 0-2 and B 4-6, rank 1 F 1-3
+// and B 3-5. Its groups' gathers (one after another from 0) must be done where the first forward
+// reaches them, else the rank starts that much later; a group's reduce-scatter starts when the
+// last backward has passed it (the tied one's at the program's end), one at a time.
+TEST(PipelineSchedule, FsdpOverlapsTheGroupsCollectivesWithTheProgram) {
+  const Shape s{2, 1, 2};
+  const Program p = Ok(Generate(ScheduleKind::kGPipe, s));
+  const PipelineResult r = Sim(p, UniformCost(s, 1, 1));
+  ASSERT_DOUBLE_EQ(r.step_seconds, 6);
+  std::vector<FsdpGroup> groups(3);
+  groups[0] = {0, 0, 0.5, 0.25, true};   // the embedding: needed at 0, gathered by 0.5
+  groups[1] = {0, 0.5, 1.0, 1.0, false};  // a layer: needed at 0.5, gathered by 1.5
+  groups[2] = {1, 1, 3.0, 0.5, true};     // the head: needed at 2 (rank 1's F0 1-2), gathered by 3
+  const std::vector<RankFsdp> o = OverlapFsdp(p, r, groups);
+  ASSERT_EQ(o.size(), 2u);
+  EXPECT_DOUBLE_EQ(o[0].delay, 1.0);
+  // The layer's scatter from 5.5 (halfway through B1 5-6) to 6.5, the embedding's from then, 6.75;
+  // the whole 1 s later.
+  EXPECT_DOUBLE_EQ(o[0].end, 7.75);
+  EXPECT_DOUBLE_EQ(o[1].delay, 1.0);
+  EXPECT_DOUBLE_EQ(o[1].end, 5 + 0.5 + 1.0);
+  // Collectives that fit the compute cost nothing.
+  for (FsdpGroup& g : groups) g.gather_seconds = g.scatter_seconds = 0.01;
+  groups[0].after_program = groups[2].after_program = false;
+  const std::vector<RankFsdp> hidden = OverlapFsdp(p, r, groups);
+  EXPECT_DOUBLE_EQ(hidden[0].delay, 0.01) << "the first group's gather is always waited for";
+  EXPECT_NEAR(hidden[0].end, 6.02, 1e-12) << "the embedding's scatter, last, after the program's end";
+  EXPECT_DOUBLE_EQ(hidden[1].delay, 0);
+  EXPECT_DOUBLE_EQ(hidden[1].end, 5);
 }
 
 TEST(PipelineSchedule, TransfersTakeTheLinksTime) {

@@ -44,4 +44,34 @@ struct StageParams {
 // stage's dp_shard and tp). InvalidConfig where the partition does not cut g's decoder layers.
 Result<std::vector<StageParams>> StageParamsOf(const Graph& g, const StagePartition& partition);
 
+// FSDP inside the stages as the trainer overlaps it (trainer/train/pipeline_engine.cpp): a rank's
+// parameters are flat groups (a decoder layer's; the embedding's; the final norm's and head's),
+// all gathered from the program's start in the order its stages use them, one after another on
+// the shard link, each needed at its first use; each reduce-scattered once the step's last
+// backward through it has run, one after another, the tied table's after the program.
+struct FsdpGroup {
+  int stage = 0;
+  // Where in the stage's forward it is first needed and (backward running in reverse) where its
+  // last backward leaves it final: 0 the stage's start (the embedding), k / n before its k-th of n
+  // decoder layers, 1 its end (the head).
+  double at = 0;
+  double gather_seconds = 0;
+  double scatter_seconds = 0;
+  bool after_program = false;  // a tied table's: the stages exchange its gradient first
+};
+// The groups of `g`'s modules cut by `partition`, their collectives priced by `fsdp_cost` (the
+// shard link). A parameter in two groups (a tied table, on the first and the last stage) makes
+// both wait for the program's end. InvalidConfig where the partition does not cut g's layers.
+Result<std::vector<FsdpGroup>> FsdpGroupsOf(const Graph& g, const StagePartition& partition, const CostModel& fsdp_cost);
+
+struct RankFsdp {
+  double delay = 0;  // the rank's program starts this much later, waiting for gathers
+  double end = 0;    // its program and its reduce-scatters done, the delay included
+};
+// Per rank of `p`, `groups` overlapped with the program's timeline `r` (SimulatePipeline's):
+// a group's gather must be done by its stage's first forward reaching it (else the rank's whole
+// program waits that much), and its reduce-scatter starts when its stage's last backward (B or
+// W) passes it, or at the program's end for a tied table. Step: the slowest rank's end.
+std::vector<RankFsdp> OverlapFsdp(const Program& p, const PipelineResult& r, const std::vector<FsdpGroup>& groups);
+
 }  // namespace meshwork::compiler::pipeline
