@@ -134,8 +134,8 @@ grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipe
   grep -q "batch 2 x accum 2 x ranks 2 = " "$work/pp2-dp2.log" &&
   pass "pp2-dp2: two replicas of a two-stage pipeline" ||
   fail "pp2-dp2: not replicated pipelines: $(grep -E '^(pipeline|data)' "$work/pp2-dp2.log")"
-# FSDP inside each of 2 stages over dp_shard 2: the parameters gathered for the step, gradients
-# reduce-scattered after it (the communication line counts both).
+# FSDP inside each of 2 stages over dp_shard 2: each group's parameters gathered for the step, its
+# gradients reduce-scattered (the communication line counts both).
 grep -q "^pipeline: pp=2, 1f1b, 2 micro-batches a step, .*; 2 data parallel pipelines .*FSDP inside each stage over dp_shard 2" "$work/pp2-fsdp2.log" &&
   grep -qE "^communication \(rank 0\): all_gather [1-9][0-9]* calls .* reduce_scatter [1-9]" "$work/pp2-fsdp2.log" &&
   pass "pp2-fsdp2: FSDP inside two pipeline stages" ||
