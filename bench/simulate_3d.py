@@ -81,9 +81,10 @@ def main():
         f.write("What is priced, as the trainer runs a 3-D mesh (trainer/train/pipeline_engine.h): bf16 parameters and "
                 "activations, fp32 gradients and master state; tp innermost (one node's 8 GPUs, or 4), FSDP's dp_shard "
                 "groups across nodes, the pipeline outermost; every layer checkpointed (torchtitan's full AC; one layer's "
-                "recompute workspace counted on top); stages cut by compute; a rank's stages gathered once before its "
-                "program and reduce-scattered after its last action, **not overlapped** (the trainer's FSDP inside stages "
-                "does not overlap them yet); tensor parallelism's exchanges **not overlapped** (no async TP in the "
+                "recompute workspace counted on top); stages cut by compute; FSDP inside the stages as the trainer "
+                "overlaps it: a group per decoder layer, gathered from the program's start in the order of use (a rank "
+                "waits where its first forward reaches a group not yet there) and reduce-scattered as the step's last "
+                "backward passes it (the tied table's after the program; docs/simulator.md); tensor parallelism's exchanges **not overlapped** (no async TP in the "
                 "pipeline trainer); sends between stages on the inter-node link. Global batch 256 sequences of 8192 "
                 "tokens in micro-batches of one sequence, as torchtitan's local batch 32 x FSDP 8. Columns: step | the "
                 "schedule's program | its bubble | FSDP's exposed time | peak GiB on the fullest rank (OOM: over the "
@@ -94,7 +95,7 @@ def main():
         f.write("## Beside torchtitan\n\n")
         f.write("torchtitan's figures are measured (benchmarks/llama3_h100_202412_torchtitan.md, Table 5: FSDP 8 x TP 8 x "
                 "PP 8, local batch 32, full AC, torch.compile + **Float8** + async TP, H100 96 GB at 500 W). Meshwork's are "
-                "simulated in **bf16** at the profile's assumed 40% efficiency, without async TP or overlapped FSDP: the "
+                "simulated in **bf16** at the profile's assumed 40% efficiency, without async TP, with FSDP overlapped as the trainer now does it: the "
                 "comparison is of plans under stated assumptions, not of kernels.\n\n")
         f.write("| schedule | torchtitan tok/s/GPU (peak GiB) | Meshwork's best fitting plan | its tok/s/GPU (peak GiB) | ratio |\n")
         f.write("|---|---|---|---|---|\n")
