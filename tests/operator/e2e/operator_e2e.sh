@@ -327,7 +327,10 @@ else fail "tiny-on-runtime: $(jp tiny-on-runtime '{.status}')"; dump; fi
 rm -rf /tmp/meshwork-checkpoints/e2e/tiny-on-runtime
 
 # ---- real training: one job killed mid-run, one clean run
-job kill-me 29610 60 "" | kubectl apply -f - >/dev/null
+# kill-me trains 400 steps (about 30 s on the tiny model, more under load): the checks between step
+# 15 and the kill take seconds, and with 60 steps the job could finish first, its Pods gone before
+# they were reached ("No route to host", no rank 1 to kill), as one CI-like run saw.
+job kill-me 29610 400 "" | kubectl apply -f - >/dev/null
 job train-ok 29620 30 '  mesh: {auto: true}' | kubectl apply -f - >/dev/null
 if e2e_wait_for 300 "kill-me past its first checkpoint" bash -c "[ \"\$(kubectl -n e2e get tj kill-me -o jsonpath='{.status.trainer.step}')\" -ge 15 ] 2>/dev/null"; then
   # The rendezvous store of rank 0: its own Secret's token, the Pod's address only, no stranger.
