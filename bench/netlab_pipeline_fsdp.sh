@@ -74,7 +74,7 @@ bench_interleave run_one "${names[@]}"
 "$netlab" down
 
 {
-  python3 "$root/bench/protocol.py" title "$raw" "FSDP inside pipeline stages on netlab: two builds" --group rate,config
+  python3 "$root/bench/protocol.py" title "$raw" "Pipelines (pp x dp_shard) on netlab: two builds" --group rate,config
   echo
   bench_command_line "bench/netlab_pipeline_fsdp.sh" "$root" BASE BASE_LABEL RATES PP SHARD PRESET SEQ BATCH SCHEDULE MICRO REPEATS MEASURED SKIP SETS
   echo
