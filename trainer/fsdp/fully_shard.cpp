@@ -57,13 +57,6 @@ Status CheckPlanMatches(const compiler::Graph& plan, const compiler::Graph& mine
 // The flat group a parameter belongs to, by its name: the embedding (0), decoder layer i
 // (i + 1), or the final norm with an untied output head (layers + 1). The same grouping as
 // compiler::GroupByOwner over Skeleton()'s modules.
-size_t GroupOf(const std::string& name, int64_t layers) {
-  const std::string prefix = "model.layers.";
-  if (name == "model.embed_tokens.weight") return 0;
-  if (name.rfind(prefix, 0) == 0) return static_cast<size_t>(std::stoll(name.substr(prefix.size())) + 1);
-  return static_cast<size_t>(layers + 1);
-}
-
 }  // namespace
 
 FullyShardedLlama::FullyShardedLlama(std::unique_ptr<ShardedState> state)

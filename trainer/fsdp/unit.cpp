@@ -21,6 +21,13 @@ torch::Tensor WriteAlias(const torch::Tensor& t) {
   return torch::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
 
+size_t GroupOf(const std::string& name, int64_t layers) {
+  const std::string prefix = "model.layers.";
+  if (name == "model.embed_tokens.weight") return 0;
+  if (name.rfind(prefix, 0) == 0) return static_cast<size_t>(std::stoll(name.substr(prefix.size())) + 1);
+  return static_cast<size_t>(layers + 1);
+}
+
 void ShardGroup(FlatGroup& g, int group_index, int world, int rank, torch::ScalarType param_dtype) {
   int64_t numel = 0;
   for (ShardedParam* p : g.params) {

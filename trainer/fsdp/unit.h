@@ -40,6 +40,10 @@ void AllocateStorage(const torch::Tensor& t);
 // itself would bump its version counter and autograd would reject the tensors it saved.
 torch::Tensor WriteAlias(const torch::Tensor& t);
 
+// A Llama parameter's flat group (by its HF name) among a model's `layers` decoder layers: 0 the
+// embedding, 1 + i decoder layer i, layers + 1 the rest (the final norm, an untied head).
+size_t GroupOf(const std::string& name, int64_t layers);
+
 struct FlatGroup;
 // Shards `g` (its parameters listed, holding the full, identical-on-every-rank initial values)
 // over `world` ranks as one flat vector: this rank's elements become the fp32 master shard, and

@@ -379,7 +379,6 @@ class PipelineEngine final : public Engine {
     std::unique_ptr<dist::Work> gather;   // from the step's start to the unit's first use
     std::unique_ptr<dist::Work> scatter;  // from its last accumulation to the step's end
     torch::Tensor reduced;                // the reduce-scatter's output
-    bool deferred = false;                // reduce-scattered after the step's other exchanges
     int64_t accumulated = 0;              // this step's accumulations into its parameters
     int64_t expected = -1;                // the first step's (-1: no step finished yet)
   };
@@ -549,37 +548,33 @@ class PipelineEngine final : public Engine {
   // commute with the reduce-scatter's sum).
   void ShardUnits() {
     const bool holds_first = program_.shape.RankOf(0) == comm_->rank();
-    const std::string table = "model.embed_tokens.weight";
     const bool tied = model_->config().tie_word_embeddings;
-    const int kRest = std::numeric_limits<int>::max();
-    std::map<int, std::vector<size_t>> members;  // -1 the embedding, a layer's index, kRest
+    const int64_t layers = model_->config().num_hidden_layers;
+    const size_t rest = static_cast<size_t>(layers) + 1;
+    // FSDP's groups (fsdp::GroupOf), but the table on a rank without the first stage is the head's.
+    std::map<size_t, std::vector<size_t>> members;
     for (size_t i = 0; i < held_.size(); ++i) {
-      const std::string& name = held_[i].first;
-      static const std::string layers = "model.layers.";
-      int key = kRest;
-      if (name.rfind(layers, 0) == 0) {
-        key = std::stoi(name.substr(layers.size()));
-      } else if (name.rfind("model.embed_tokens.", 0) == 0 && holds_first) {
-        key = -1;
-      }
-      members[key].push_back(i);
+      const size_t key = fsdp::GroupOf(held_[i].first, layers);
+      members[key == 0 && !holds_first ? rest : key].push_back(i);
     }
     for (const auto& [key, indices] : members) {
       units_.emplace_back();
       StageUnit& u = units_.back();
-      u.group.name = key < 0 ? "embed" : key == kRest ? "head" : "model.layers." + std::to_string(key);
+      u.group.name = key == 0 ? "embed" : key == rest ? "head" : "model.layers." + std::to_string(key - 1);
+      // The tied table's unit is reduce-scattered after the stages exchange its gradient: no hooks.
+      bool deferred = false;
       for (size_t i : indices) {
         sharded_.push_back(fsdp::ShardedParam{});
         sharded_.back().name = held_[i].first;
         sharded_.back().full = held_[i].second;
         u.group.params.push_back(&sharded_.back());
-        if (tied && held_[i].first == table) u.deferred = true;
+        deferred = deferred || (tied && fsdp::GroupOf(held_[i].first, layers) == 0);
       }
       fsdp::ShardGroup(u.group, static_cast<int>(units_.size()) - 1, shard_->size(), shard_->rank(), torch::kFloat);
-      if (key < 0) embed_unit_ = &u;
-      if (key == kRest) head_unit_ = &u;
-      if (key >= 0 && key != kRest) layer_unit_[key] = &u;
-      if (u.deferred) continue;
+      if (key == 0) embed_unit_ = &u;
+      if (key == rest) head_unit_ = &u;
+      if (key != 0 && key != rest) layer_unit_[static_cast<int64_t>(key) - 1] = &u;
+      if (deferred) continue;
       StageUnit* unit = &u;
       for (fsdp::ShardedParam* sp : u.group.params) {
         std::shared_ptr<torch::autograd::Node> accumulate = torch::autograd::impl::grad_accumulator(sp->full);
@@ -591,7 +586,7 @@ class PipelineEngine final : public Engine {
     // Each unit waited for at its first use: the embedding before the first stage, a layer before
     // it runs, the head after the last layer.
     pp::LlamaStages::Runners runners = stages_.runners();
-    const int64_t last_layer = model_->config().num_hidden_layers - 1;
+    const int64_t last_layer = layers - 1;
     runners.layer = [this, inner = runners.layer, last_layer](int64_t i, model::DecoderLayerImpl& layer,
                                                               const torch::Tensor& h, const model::RopeTables& rope) {
       auto unit = layer_unit_.find(i);

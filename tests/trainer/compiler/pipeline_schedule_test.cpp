@@ -29,6 +29,15 @@ PipelineCost UniformCost(const Shape& s, double f, double b, int64_t act = 1 << 
   return c;
 }
 
+// The tiny model's module table at seq 64, sharded over 2 ranks.
+Graph TinySkeleton(const model::LlamaConfig& config) {
+  LlamaShape shape;
+  shape.config = config;
+  shape.seq_len = 64;
+  shape.dp_shard = 2;
+  return LlamaSkeleton(shape);
+}
+
 PipelineResult Sim(const Program& p, const PipelineCost& c) {
   auto r = SimulatePipeline(p, c);
   EXPECT_TRUE(r.ok()) << r.status().ToString() << "\n" << Print(p);
@@ -190,11 +199,7 @@ TEST(PipelineSchedule, StageParamsCountEachStagesParametersAndTheTiedTableTwice)
   auto config = model::PresetConfig("tiny");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   ASSERT_TRUE(config->tie_word_embeddings);
-  LlamaShape shape;
-  shape.config = *config;
-  shape.seq_len = 64;
-  shape.dp_shard = 2;
-  const Graph g = LlamaSkeleton(shape);
+  const Graph g = TinySkeleton(*config);
   StagePartition cut;
   cut.first_layer = {0, 1, static_cast<int>(config->num_hidden_layers)};
   auto stages = StageParamsOf(g, cut);
@@ -227,11 +232,7 @@ TEST(PipelineSchedule, FsdpGroupsAreTheLayersTheEmbeddingAndTheRest) {
   auto config = model::PresetConfig("tiny");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   ASSERT_EQ(config->num_hidden_layers, 4);
-  LlamaShape shape;
-  shape.config = *config;
-  shape.seq_len = 64;
-  shape.dp_shard = 2;
-  const Graph g = LlamaSkeleton(shape);
+  const Graph g = TinySkeleton(*config);
   CostModel cost;
   cost.dp_shard = 2;
   cost.shard_link = {1e-5, 1e9};
