@@ -42,7 +42,8 @@ commands:
                                     (e.g. a Kubernetes ConfigMap key); not with --config
                   --set KEY=VALUE   override one key, e.g. --set optimizer.lr=3e-4 (repeatable)
                   --dump-plan       fsdp.mode compiled: print the schedule IR before and after
-                                    each compiler pass and the plan's summary (rank 0)
+                                    each compiler pass and the plan's summary (rank 0);
+                                    with mesh.pp, the pipeline program with FSDP's ops
                   --trace-out FILE  write a Chrome trace (Perfetto) of step 3: compute and
                                     communication lanes of every rank (fsdp.trace_out)
                   --profile-out FILE  profile steady steps with libtorch's profiler: its Chrome

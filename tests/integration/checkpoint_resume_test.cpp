@@ -381,6 +381,13 @@ TEST_F(ResumeTest, ShardedPipelineStagesKilledAfterACheckpointEndWithTheUninterr
   KillAndResume(4, kTwoShardedStages);
 }
 
+// Compiled: the program carries FSDP's ops (ag, rs); the checkpoint is the eager one's.
+TEST_F(ResumeTest, CompiledShardedPipelineStagesKilledAfterACheckpointEndWithTheUninterruptedLosses) {
+  std::vector<std::string> compiled = kTwoShardedStages;
+  compiled.insert(compiled.end(), {"--set", "fsdp.mode=compiled", "--set", "pipeline.schedule=zb-h1"});
+  KillAndResume(4, compiled);
+}
+
 // 3-D: 2 stages x dp_shard 2 x tp 2 over 8 ranks; a rank's pieces are runs of its tensor parallel
 // slices (column blocks for o_proj and down_proj).
 TEST_F(ResumeTest, ThreeDimensionalMeshKilledAfterACheckpointEndsWithTheUninterruptedLosses) {

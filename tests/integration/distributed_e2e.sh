@@ -70,6 +70,9 @@ for spec in "fsdp2 2 --trace-out $work/fsdp2.trace.json" "fsdp4 4" "hsdp2x2 4 --
     "pp2-tp2-nosp 4 --set mesh.pp=2 --set mesh.tp=2 --set mesh.sequence_parallel=false --set training.grad_accum=2 --set data.batch_size=4" \
     "pp2-ckpt-all 2 --set mesh.pp=2 --set training.activation_checkpointing=all --set training.grad_accum=4 --set data.batch_size=2" \
     "pp2-zb-h1-ckpt-all 2 --set mesh.pp=2 --set pipeline.schedule=zb-h1 --set training.activation_checkpointing=all --set training.grad_accum=4 --set data.batch_size=2" \
+    "pp2-fsdp2-compiled 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set fsdp.mode=compiled --dump-plan --set training.grad_accum=2 --set data.batch_size=2" \
+    "pp2-zb-h1-fsdp2-ckpt-all-compiled 4 --set mesh.pp=2 --set mesh.dp_shard=2 --set fsdp.mode=compiled --set pipeline.schedule=zb-h1 --set training.activation_checkpointing=all --set training.grad_accum=2 --set data.batch_size=2" \
+    "pp2-fsdp2-tp2-compiled 8 --set mesh.pp=2 --set mesh.dp_shard=2 --set mesh.tp=2 --set fsdp.mode=compiled --set training.grad_accum=2 --set data.batch_size=2" \
     "pp2-fsdp2-tp2 8 --set mesh.pp=2 --set mesh.dp_shard=2 --set mesh.tp=2 --set training.grad_accum=2 --set data.batch_size=2 --set checkpoint.export_hf=$work/pp2-fsdp2-tp2.hf"; do
   read -r name nproc extra <<<"$spec"
   # shellcheck disable=SC2086
@@ -156,6 +159,20 @@ for name in pp2-fsdp2 pp2-zb-h1-fsdp2 pp2-zb-h1-fsdp2-ckpt-all pp2-hsdp2x2 pp2-f
     fail "$name: reduce-scatters inside the program per step: '$counts'"
   fi
 done
+# Compiled: the program's rs ops start them inside it from the first step on, and --dump-plan
+# prints the program with its FSDP ops (rank 0: the embedding's unit 0, tied, has no rs).
+for name in pp2-fsdp2-compiled pp2-zb-h1-fsdp2-ckpt-all-compiled pp2-fsdp2-tp2-compiled; do
+  counts="$(overlapped "$name")"
+  if [[ "$counts" =~ ^[1-9][0-9]*(\ [1-9][0-9]*){19}$ ]]; then
+    pass "$name: reduce-scatters start inside the program from step 1 on (${counts:0:12}...)"
+  else
+    fail "$name: reduce-scatters inside the program per step: '$counts'"
+  fi
+done
+grep -qE "^rank 0: ag0@0 ag1@0 F0@0 .* B1@0 rs1@0$" "$work/pp2-fsdp2-compiled.log" &&
+  grep -qE "^rank 1: ag0@1 ag1@1 ra0@1 .* sg1@1 rs0@1$" "$work/pp2-fsdp2-compiled.log" &&
+  pass "pp2-fsdp2-compiled: --dump-plan prints the program with its FSDP ops" ||
+  fail "pp2-fsdp2-compiled: no program with FSDP ops printed: $(grep -A3 '== pipeline program' "$work/pp2-fsdp2-compiled.log")"
 for name in pp2-ckpt-all pp2-zb-h1-ckpt-all; do
   grep -q "^parallelism: pipeline: .*activation checkpointing: every layer" "$work/$name.log" &&
     pass "$name: every layer checkpointed inside the stages" ||

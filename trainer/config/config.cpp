@@ -459,8 +459,25 @@ Status ValidateCrossFields(const TrainConfig& c) {
                            "; give the pipeline's replicas: the world is mesh.pp x mesh.dp_replicate ranks");
     }
     if (c.fsdp.mode == FsdpMode::kCompiled) {
-      return InvalidConfig("key 'fsdp.mode': compiled plans are not made for pipeline stages yet (" + pp +
-                           "); use fsdp.mode: eager");
+      // Compiled places FSDP's collectives in the pipeline program (compiler/pipeline/program.h);
+      // the single-program planner's budget and calibration do not apply to it.
+      if (c.mesh.dp_shard == 1) {
+        return InvalidConfig("key 'fsdp.mode': compiled places FSDP's collectives in the pipeline program, but with " +
+                             pp + " and mesh.dp_shard=1 there is no FSDP inside the stages; use fsdp.mode: eager, or "
+                             "mesh.dp_shard > 1");
+      }
+      if (c.pipeline.schedule == PipelineSchedule::kPipeMare) {
+        return InvalidConfig("key 'fsdp.mode': compiled places FSDP's collectives in a synchronous pipeline program, "
+                             "and pipeline.schedule: pipemare is asynchronous; use fsdp.mode: eager");
+      }
+      if (c.fsdp.memory_budget != 0) {
+        return InvalidConfig("key 'fsdp.memory_budget': " + Str(c.fsdp.memory_budget) + ", but a compiled plan with " +
+                             pp + " keeps every unit of a stage gathered for the step and budgets nothing; leave it 0");
+      }
+      if (!c.fsdp.calibration_out.empty()) {
+        return InvalidConfig("key 'fsdp.calibration_out': '" + c.fsdp.calibration_out + "', but a compiled plan with " +
+                             pp + " is placed without calibrating links; leave it unset");
+      }
     }
     const int64_t stages = c.mesh.pp * c.pipeline.virtual_stages;
     if (c.model.init_from.empty() && c.model.dims.num_hidden_layers < stages) {

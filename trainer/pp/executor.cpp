@@ -139,13 +139,20 @@ class StepRun {
     }
     const int rank = comm_.rank();
     for (const Action& a : program_.ranks[static_cast<size_t>(rank)]) {
+      // Refused before any receive is posted.
+      if (pipeline::IsFsdp(a.kind) && options_.fsdp == nullptr) {
+        return Missing(a, "an FSDP op, but the step runs without FSDP");
+      }
       if (a.kind == ActionKind::kRecvActivation) receives_.push_back(shape.RankOf(a.stage - 1));
       if (a.kind == ActionKind::kRecvGrad) receives_.push_back(shape.RankOf(a.stage + 1));
     }
     MW_RETURN_IF_ERROR(PostAhead(Ahead()));
     PipelineStepResult result;
-    for (const Action& a : program_.ranks[static_cast<size_t>(rank)]) {
+    const std::vector<Action>& list = program_.ranks[static_cast<size_t>(rank)];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
       const double start = SteadyNow();
+      if (pipeline::IsCompute(a.kind)) MW_RETURN_IF_ERROR(ArmReduceScatters(list, i));
       MW_RETURN_IF_ERROR(Step(a));
       result.spans.push_back({a, start, SteadyNow()});
     }
@@ -199,8 +206,21 @@ class StepRun {
                         " (does the program validate?)");
   }
 
+  // The rs ops between the compute at `at` and the next compute: the units it makes final.
+  Status ArmReduceScatters(const std::vector<Action>& list, size_t at) {
+    std::vector<int> units;
+    for (size_t i = at + 1; i < list.size() && !pipeline::IsCompute(list[i].kind); ++i) {
+      if (list[i].kind == ActionKind::kReduceScatter) units.push_back(list[i].microbatch);
+    }
+    if (!units.empty()) options_.fsdp->FinalDuring(units);  // Run checked it is there
+    return Status::Ok();
+  }
+
   Status Step(const Action& a) {
     const int m = a.microbatch, s = a.stage;
+    if (pipeline::IsFsdp(a.kind)) {  // the unit, not a micro-batch: no slot (Run checked fsdp is set)
+      return a.kind == ActionKind::kGather ? options_.fsdp->StartGather(m) : options_.fsdp->StartReduceScatter(m);
+    }
     if (a.kind == ActionKind::kUpdate) {  // U names a minibatch, not a micro-batch: no slot
       MW_RETURN_IF_ERROR(stages_.Update(s, m));
       ++updates_[s];
@@ -280,7 +300,9 @@ class StepRun {
         MW_ASSIGN_OR_RETURN(slot.output_grad, Recv(program_.shape.RankOf(s + 1)));
         return Status::Ok();
       }
-      case ActionKind::kUpdate: break;  // above
+      case ActionKind::kUpdate:
+      case ActionKind::kGather:
+      case ActionKind::kReduceScatter: break;  // above
     }
     return Missing(a, "an unknown action");
   }

@@ -17,6 +17,10 @@
 // Receives are posted ahead of their actions (PipelineStepOptions::receives_ahead), in program
 // order, so a transfer overlaps the compute before its receive on both sides.
 //
+// FSDP's ops (compiled mode: ag, rs) go to PipelineStepOptions::fsdp: an ag starts its unit's
+// gather; before a compute, the rs ops between it and the next compute name the units it makes
+// final (FsdpOps::FinalDuring), and each rs then makes sure its reduce-scatter has started.
+//
 // Asynchronous programs (PipeMare, compiler/pipeline/steps.h) run one step at a time with a
 // PipelineCarry: the micro-batches forwarded and not yet through their backward stay in it from
 // one step to the next (renumbered by the step's micro-batches), as do the sends a later step
@@ -75,6 +79,20 @@ class StageRunner {
   }
 };
 
+// FSDP's collectives where the program places them (ag and rs ops, pipeline::PlaceFsdp), by unit
+// number: the runner of the rank's units.
+class FsdpOps {
+ public:
+  virtual ~FsdpOps() = default;
+  // ag: starts the unit's all-gather (its first use waits for it).
+  virtual Status StartGather(int unit) = 0;
+  // Before a compute: the units whose gradients it makes final (the rs ops after it), whose
+  // reduce-scatters may start inside it, as soon as they are.
+  virtual void FinalDuring(const std::vector<int>& units) = 0;
+  // rs: starts the unit's reduce-scatter where it has not started inside the compute before.
+  virtual Status StartReduceScatter(int unit) = 0;
+};
+
 // What an asynchronous program leaves in flight between its steps (opaque: the executor's).
 struct PipelineCarry {
   struct State;
@@ -98,6 +116,8 @@ struct PipelineStepOptions {
   // posted ahead lets its transfer run during the actions before it; each costs one activation's
   // buffer.
   int receives_ahead = 2;
+  // Runs the program's FSDP ops; null where it has none (InvalidInput where it has).
+  FsdpOps* fsdp = nullptr;
 };
 
 // When one action of this rank ran (steady-clock seconds), for the timeline and the measured bubble.

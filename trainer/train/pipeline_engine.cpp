@@ -76,6 +76,27 @@ class OnAccumulated final : public torch::autograd::FunctionPostHook {
   std::function<void()> on_;
 };
 
+// Each pipeline rank's FSDP units as PipelineEngine::ShardUnits makes them, in its order: the
+// embedding's on the rank of the first stage, each decoder layer's, then the final norm's and the
+// head's on the rank of the last (with the tied table: the table is there too, and its unit is
+// reduce-scattered after the program, as is the embedding's).
+std::vector<std::vector<pipeline::FsdpUnit>> FsdpUnitsOf(const pipeline::Shape& shape, const std::vector<int>& first_layer,
+                                                         bool tied) {
+  std::vector<std::vector<pipeline::FsdpUnit>> units(static_cast<size_t>(shape.pp));
+  const int last = shape.stages() - 1;
+  for (int r = 0; r < shape.pp; ++r) {
+    std::vector<pipeline::FsdpUnit>& u = units[static_cast<size_t>(r)];
+    if (shape.RankOf(0) == r) u.push_back({0, !tied});
+    for (int stage = r; stage <= last; stage += shape.pp) {
+      for (int layer = first_layer[static_cast<size_t>(stage)]; layer < first_layer[static_cast<size_t>(stage) + 1]; ++layer) {
+        u.push_back({stage, true});
+      }
+    }
+    if (shape.RankOf(last) == r) u.push_back({last, !(tied && shape.RankOf(0) != r)});
+  }
+  return units;
+}
+
 // PipeMare's settings (pipeline.*) and what its updates need of the run's optimizer settings.
 struct AsyncOptions {
   config::ScheduleConfig schedule;
@@ -91,7 +112,7 @@ class PipelineEngine final : public Engine {
   PipelineEngine(const dist::DistEnv& env, PipelineGroups groups, std::unique_ptr<tp::TensorParallelLlama> split,
                  model::LlamaForCausalLM model, pp::LlamaStages stages, pipeline::Program program,
                  pp::PipelineStepOptions options, std::string schedule, double schedule_bubble,
-                 std::optional<pipeline::AsyncSteps> async, AsyncOptions async_options)
+                 std::optional<pipeline::AsyncSteps> async, AsyncOptions async_options, bool compiled)
       : env_(env),
         world_(std::move(groups.world)),
         comm_(std::move(groups.pipeline)),
@@ -107,7 +128,9 @@ class PipelineEngine final : public Engine {
         schedule_bubble_(schedule_bubble),
         async_(std::move(async)),
         async_options_(std::move(async_options)),
-        async_runner_(*this) {
+        async_runner_(*this),
+        compiled_(compiled),
+        fsdp_ops_(*this) {
     // Who holds each parameter (the lowest stage rank, for the tied table held twice), and its whole
     // shape, before the parameters this rank does not hold are released.
     std::map<const void*, std::string> names;
@@ -137,6 +160,7 @@ class PipelineEngine final : public Engine {
     }
     if (shard_) {
       ShardUnits();
+      if (compiled_) options_.fsdp = &fsdp_ops_;
       for (const fsdp::ShardedParam& sp : sharded_) {
         if (sp.shard.numel() == 0) continue;
         (sp.full_shape.size() >= 2 ? decay_ : no_decay_).push_back(sp.shard);
@@ -206,13 +230,16 @@ class PipelineEngine final : public Engine {
     for (const auto& [tokens, targets] : microbatches) mbs.push_back({tokens, targets});
     if (async_) return AsyncStep(step, mbs);
     if (shard_) {
-      // Every unit's gather in the order the stages use them, each waited for at its first use.
-      MW_RETURN_IF_ERROR(StartGathers());
+      // Every unit's gather in the order the stages use them, each waited for at its first use
+      // (compiled: where the program's ag ops start them).
+      if (!compiled_) MW_RETURN_IF_ERROR(StartGathers());
+      if (compiled_) MW_RETURN_IF_ERROR(CheckProgramUnits());
       // Autograd adds every micro-batch's gradients into views of each unit's flat buffer: its
       // reduce-scatter's input.
       for (StageUnit& u : units_) {
         u.group.EnsureGrad();
         u.accumulated = 0;
+        u.armed = false;
       }
     }
     MW_ASSIGN_OR_RETURN(pp::PipelineStepResult result, pp::RunPipelineStep(program_, stages_, *comm_, mbs, options_));
@@ -381,7 +408,56 @@ class PipelineEngine final : public Engine {
     torch::Tensor reduced;                // the reduce-scatter's output
     int64_t accumulated = 0;              // this step's accumulations into its parameters
     int64_t expected = -1;                // the first step's (-1: no step finished yet)
+    // Compiled: inside the compute the program says makes its gradients final, and how many of
+    // its parameters that compute has accumulated into so far.
+    bool armed = false;
+    size_t in_action = 0;
   };
+  // Compiled: the program's FSDP ops on this engine's units (by index in units_).
+  class FsdpOpsRunner final : public pp::FsdpOps {
+   public:
+    explicit FsdpOpsRunner(PipelineEngine& e) : e_(e) {}
+    Status StartGather(int unit) override {
+      MW_ASSIGN_OR_RETURN(StageUnit * u, e_.UnitAt(unit));
+      if (u->gather) return Internal("FSDP inside pipeline stages: unit " + u->group.name + " gathered twice in a step");
+      fsdp::AllocateStorage(u->group.storage);
+      MW_ASSIGN_OR_RETURN(u->gather, e_.shard_->AllGatherInto(fsdp::WriteAlias(u->group.storage), u->group.master));
+      return Status::Ok();
+    }
+    void FinalDuring(const std::vector<int>& units) override {
+      for (int unit : units) {
+        if (unit < 0 || static_cast<size_t>(unit) >= e_.unit_at_.size()) continue;  // StartReduceScatter says so
+        e_.unit_at_[static_cast<size_t>(unit)]->armed = true;
+        e_.unit_at_[static_cast<size_t>(unit)]->in_action = 0;
+      }
+    }
+    Status StartReduceScatter(int unit) override {
+      MW_ASSIGN_OR_RETURN(StageUnit * u, e_.UnitAt(unit));
+      u->armed = false;
+      MW_RETURN_IF_ERROR(std::exchange(e_.hook_error_, Status::Ok()));
+      return u->scatter ? Status::Ok() : e_.StartReduceScatter(*u);
+    }
+
+   private:
+    PipelineEngine& e_;
+  };
+  // The program gathers each of this rank's units once (FsdpUnitsOf made them as ShardUnits did).
+  Status CheckProgramUnits() const {
+    size_t gathers = 0;
+    for (const pipeline::Action& a : program_.ranks[static_cast<size_t>(comm_->rank())]) {
+      gathers += a.kind == pipeline::ActionKind::kGather ? 1 : 0;
+    }
+    if (gathers == unit_at_.size()) return Status::Ok();
+    return Internal("FSDP inside pipeline stages: rank " + std::to_string(comm_->rank()) + "'s program gathers " +
+                    std::to_string(gathers) + " units, the rank has " + std::to_string(unit_at_.size()));
+  }
+  Result<StageUnit*> UnitAt(int unit) {
+    if (unit < 0 || static_cast<size_t>(unit) >= unit_at_.size()) {
+      return InvalidInput("FSDP inside pipeline stages: the program names unit " + std::to_string(unit) + ", but rank " +
+                          std::to_string(comm_->rank()) + " has " + std::to_string(unit_at_.size()));
+    }
+    return unit_at_[static_cast<size_t>(unit)];
+  }
   // PipeMare's hooks into the executor, on this engine's stages.
   class AsyncRunner final : public pp::StageRunner {
    public:
@@ -560,6 +636,7 @@ class PipelineEngine final : public Engine {
     for (const auto& [key, indices] : members) {
       units_.emplace_back();
       StageUnit& u = units_.back();
+      unit_at_.push_back(&u);
       u.group.name = key == 0 ? "embed" : key == rest ? "head" : "model.layers." + std::to_string(key - 1);
       // The tied table's unit is reduce-scattered after the stages exchange its gradient: no hooks.
       bool deferred = false;
@@ -603,7 +680,8 @@ class PipelineEngine final : public Engine {
   }
 
   std::string OverlapText() const {
-    return "a group per decoder layer, gathered for the step in the order the stages use them; each group's "
+    return std::string(compiled_ ? "compiled: the program's ag and rs ops (fsdp.dump_plan prints it); " : "") +
+           "a group per decoder layer, gathered for the step in the order the stages use them; each group's "
            "gradients reduce-scattered as soon as the step's last backward through it has run" +
            std::string(model_->config().tie_word_embeddings ? ", the tied table's after the stages exchange it" : "") +
            (split_ ? "; the replicated norms' shards then reduced over tp" : "");
@@ -612,6 +690,18 @@ class PipelineEngine final : public Engine {
   // A unit's gradient accumulation, from autograd (OnAccumulated). Errors wait for the step's end.
   void Accumulated(StageUnit& u) {
     ++u.accumulated;
+    if (compiled_) {
+      // The program says which compute makes the unit final: its reduce-scatter starts once that
+      // compute has accumulated into every one of the unit's parameters.
+      if (u.scatter) {
+        if (overrun_.empty()) overrun_ = u.group.name;
+        return;
+      }
+      if (!u.armed || ++u.in_action < u.group.params.size()) return;
+      u.armed = false;
+      if (Status s = StartReduceScatter(u); !s.ok() && hook_error_.ok()) hook_error_ = s;
+      return;
+    }
     if (u.expected <= 0 || u.accumulated < u.expected) return;
     if (u.accumulated > u.expected || u.scatter) {
       if (overrun_.empty()) overrun_ = u.group.name;
@@ -664,8 +754,9 @@ class PipelineEngine final : public Engine {
     if (!hook_error_.ok()) return std::exchange(hook_error_, Status::Ok());
     if (!overrun_.empty()) {
       return Internal("FSDP inside pipeline stages: unit " + std::exchange(overrun_, std::string()) +
-                      " took more gradient accumulations in a step than in the first step, after its reduce-scatter "
-                      "had started");
+                      (compiled_ ? " took a gradient accumulation after the compute its program's rs op follows"
+                                 : " took more gradient accumulations in a step than in the first step") +
+                      ", after its reduce-scatter had started");
     }
     for (StageUnit& u : units_) MW_RETURN_IF_ERROR(AwaitGather(u));
     overlapped_ = 0;
@@ -795,6 +886,7 @@ class PipelineEngine final : public Engine {
   std::vector<torch::Tensor> decay_, no_decay_;  // what the optimizer steps
   std::deque<fsdp::ShardedParam> sharded_;  // with FSDP: held_'s parameters, in their units' order
   std::deque<StageUnit> units_;             // with FSDP: in the order a step uses them
+  std::vector<StageUnit*> unit_at_;         // units_ by index: the program's unit numbers
   StageUnit* embed_unit_ = nullptr;         // units_'s embedding (the rank holding the first stage)
   StageUnit* head_unit_ = nullptr;          // units_'s final norm and head
   std::map<int64_t, StageUnit*> layer_unit_;  // decoder layer -> its unit
@@ -817,6 +909,9 @@ class PipelineEngine final : public Engine {
   std::vector<torch::Tensor> saved_weights_;  // per held_ parameter: the weights during a corrected backward
   bool corrected_ = false;                    // a corrected backward runs
   double update_norm_squares_ = 0;  // this rank's last update's gradient; after a step, every stage's
+  // fsdp.mode compiled: the program carries FSDP's ops (pipeline::PlaceFsdp), run by fsdp_ops_.
+  bool compiled_ = false;
+  FsdpOpsRunner fsdp_ops_;
 };
 
 }  // namespace
@@ -884,6 +979,21 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
     MW_ASSIGN_OR_RETURN(split, tp::TensorParallelLlama::Create(model, *groups.tp, to));
   }
   MW_ASSIGN_OR_RETURN(pp::LlamaStages stages, pp::LlamaStages::Create(model, shape, cut, groups.pipeline->rank()));
+  // Compiled: FSDP's collectives become ops of the program (config validation allows it only with
+  // FSDP inside the stages and a synchronous schedule).
+  const bool compiled = cfg.fsdp.mode == config::FsdpMode::kCompiled;
+  if (compiled) {
+    if (!groups.shard || shape.per_update > 0) {
+      return InvalidConfig("key 'fsdp.mode': compiled places FSDP's collectives in a synchronous pipeline program, and "
+                           "this one has " + std::string(groups.shard ? "pipeline.schedule " + schedule
+                                                                      : "no FSDP inside its stages (mesh.dp_shard 1)"));
+    }
+    MW_ASSIGN_OR_RETURN(program, pipeline::PlaceFsdp(program, FsdpUnitsOf(shape, cut, model->config().tie_word_embeddings)));
+    if (Status valid = pipeline::Validate(program); !valid.ok()) {
+      return Internal("the " + schedule + " program with FSDP's ops does not validate: " + valid.message());
+    }
+    if (env.rank == 0 && cfg.fsdp.dump_plan) log << "== pipeline program (compiled) ==\n" << pipeline::Print(program);
+  }
   pp::LlamaStages::Runners runners;
   if (split) {
     tp::TensorParallelLlama* t = split.get();
@@ -905,7 +1015,7 @@ Result<std::unique_ptr<Engine>> MakePipelineEngine(const config::TrainConfig& cf
   options.activation_dtype = torch::kFloat32;
   auto engine = std::make_unique<PipelineEngine>(env, std::move(groups), std::move(split), std::move(model), std::move(stages),
                                                  std::move(program), std::move(options), schedule, bubble,
-                                                 std::move(async), std::move(async_options));
+                                                 std::move(async), std::move(async_options), compiled);
   if (env.rank == 0) log << engine->Describe() << "\n";
   return std::unique_ptr<Engine>(std::move(engine));
 }

@@ -38,6 +38,14 @@ Graph TinySkeleton(const model::LlamaConfig& config) {
   return LlamaSkeleton(shape);
 }
 
+// `text` parses, and Validate refuses it with a message containing `expected`.
+void ExpectRefused(const std::string& text, const std::string& expected) {
+  const Program p = Ok(Parse(text));
+  const Status s = Validate(p);
+  EXPECT_FALSE(s.ok()) << text;
+  EXPECT_NE(s.message().find(expected), std::string::npos) << s.message();
+}
+
 PipelineResult Sim(const Program& p, const PipelineCost& c) {
   auto r = SimulatePipeline(p, c);
   EXPECT_TRUE(r.ok()) << r.status().ToString() << "\n" << Print(p);
@@ -122,31 +130,96 @@ TEST(PipelineSchedule, GeneratorsRefuseShapesTheyCannotRunNamingThem) {
 }
 
 TEST(PipelineSchedule, ValidateRefusesBrokenProgramsNamingTheAction) {
-  auto refused = [](const std::string& text, const std::string& expected) {
-    const Program p = Ok(Parse(text));
-    const Status s = Validate(p);
-    EXPECT_FALSE(s.ok()) << text;
-    EXPECT_NE(s.message().find(expected), std::string::npos) << s.message();
-  };
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 B0@0\nrank 1: F0@1\n", "needs one backward B0@1");
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 F0@0 B0@0\nrank 1: F0@1 B0@1\n", "appears twice");
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 B0@0 F0@1\nrank 1: B0@1\n", "is on rank 1");
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: B0@0 F0@0\nrank 1: F0@1 B0@1\n",
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 B0@0\nrank 1: F0@1\n", "needs one backward B0@1");
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 F0@0 B0@0\nrank 1: F0@1 B0@1\n", "appears twice");
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 B0@0 F0@1\nrank 1: B0@1\n", "is on rank 1");
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: B0@0 F0@0\nrank 1: F0@1 B0@1\n",
           "rank 0's B0@0 needs F0@0 on rank 0, which does not come before it");
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 I0@0 B0@0\nrank 1: F0@1 B0@1\n", "1 B, 1 I, 0 W");
-  refused("pipeline pp=1 virtual=1 microbatches=1\nrank 0: F0@0 W0@0 I0@0\n", "W0@0 needs I0@0");
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 I0@0 B0@0\nrank 1: F0@1 B0@1\n", "1 B, 1 I, 0 W");
+  ExpectRefused("pipeline pp=1 virtual=1 microbatches=1\nrank 0: F0@0 W0@0 I0@0\n", "W0@0 needs I0@0");
   // Each rank waits for the other: rank 0's B0 for rank 1's, which waits behind F1@1, which waits
   // for rank 0's F1, behind B0.
-  refused("pipeline pp=2 virtual=1 microbatches=2\n"
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=2\n"
           "rank 0: F0@0 B0@0 F1@0 B1@0\n"
           "rank 1: F1@1 B1@1 F0@1 B0@1\n",
           "deadlocks");
   // Lowered: every crossing sent and received once.
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 rg0@0 B0@0\nrank 1: ra0@1 F0@1 B0@1 sg0@1\n",
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 rg0@0 B0@0\nrank 1: ra0@1 F0@1 B0@1 sg0@1\n",
           "does not send its activation (sa0@0)");
-  refused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 sa0@0 rg0@0 B0@0 sg0@0\nrank 1: ra0@1 F0@1 B0@1 sg0@1\n",
+  ExpectRefused("pipeline pp=2 virtual=1 microbatches=1\nrank 0: F0@0 sa0@0 rg0@0 B0@0 sg0@0\nrank 1: ra0@1 F0@1 B0@1 sg0@1\n",
           "no stage on another rank before stage 0");
   EXPECT_FALSE(Lower(Ok(Lower(Ok(Generate(ScheduleKind::kGPipe, {2, 1, 2}))))).ok()) << "lowered twice";
+}
+
+// FSDP's ops (compiled mode): each rank's units gathered at its start in use order, each unit's
+// reduce-scatter right after its stage's last backward (and that backward's send), the later
+// units first; a tied table's unit (reduced after the program) gets no rs.
+TEST(PipelineSchedule, PlaceFsdpGathersFirstAndReducesAfterEachStagesLastBackward) {
+  const Program lowered = Ok(Lower(Ok(Generate(ScheduleKind::k1F1B, {2, 1, 2}))));
+  const Program placed = Ok(PlaceFsdp(lowered, {{{0, false}, {0, true}, {0, true}}, {{1, true}, {1, false}}}));
+  EXPECT_EQ(Print(placed),
+            "pipeline pp=2 virtual=1 microbatches=2\n"
+            "rank 0: ag0@0 ag1@0 ag2@0 F0@0 sa0@0 F1@0 sa1@0 rg0@0 B0@0 rg1@0 B1@0 rs2@0 rs1@0\n"
+            "rank 1: ag0@1 ag1@1 ra0@1 F0@1 B0@1 sg0@1 ra1@1 F1@1 B1@1 sg1@1 rs0@1\n");
+  EXPECT_TRUE(Validate(placed).ok()) << Validate(placed).ToString();
+  EXPECT_EQ(Ok(Parse(Print(placed))), placed);
+  // Interleaved: a rank's second stage finishes its backwards first, so its units are reduced first.
+  const Program interleaved = Ok(PlaceFsdp(Ok(Lower(Ok(Generate(ScheduleKind::kInterleaved1F1B, {2, 2, 2})))),
+                                           {{{0, true}, {2, true}}, {{1, true}, {3, true}}}));
+  ASSERT_TRUE(Validate(interleaved).ok()) << Validate(interleaved).ToString();
+  const std::string rank0 = Print(interleaved).substr(Print(interleaved).find("rank 0:"));
+  EXPECT_LT(rank0.find("rs1@2"), rank0.find("rs0@0")) << Print(interleaved);
+  auto elsewhere = PlaceFsdp(lowered, {{{1, true}}, {}});
+  ASSERT_FALSE(elsewhere.ok());
+  EXPECT_NE(elsewhere.status().message().find("rank 0's FSDP unit 0 is on stage 1"), std::string::npos)
+      << elsewhere.status().message();
+  EXPECT_FALSE(PlaceFsdp(placed, {{}, {}}).ok()) << "placed twice";
+}
+
+// Every synchronous generator's program, with a unit per stage and one more on the first, still
+// validates once FSDP's ops are placed in it.
+TEST(PipelineSchedule, PlacedFsdpValidatesForEverySynchronousSchedule) {
+  int checked = 0;
+  for (ScheduleKind kind : AllSchedules()) {
+    if (kind == ScheduleKind::kPipeMare) continue;
+    for (int pp : {1, 2, 3, 4}) {
+      for (int v : {1, 2}) {
+        for (int m : {1, 2, 4, 8}) {
+          const Shape shape{pp, v, m};
+          auto p = Generate(kind, shape);
+          if (!p.ok()) continue;
+          std::vector<std::vector<FsdpUnit>> units(static_cast<size_t>(pp));
+          units[0].push_back({0, false});
+          for (int st = 0; st < shape.stages(); ++st) units[static_cast<size_t>(shape.RankOf(st))].push_back({st, true});
+          const Program placed = Ok(PlaceFsdp(Ok(Lower(*p)), units));
+          ASSERT_TRUE(Validate(placed).ok()) << ScheduleName(kind) << " pp " << pp << " v " << v << " m " << m << ": "
+                                             << Validate(placed).ToString() << "\n" << Print(placed);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 30);
+  auto async = PlaceFsdp(Ok(Lower(Ok(Generate(ScheduleKind::kPipeMare, {2, 1, 4, 2})))), {{}, {}});
+  ASSERT_FALSE(async.ok());
+  EXPECT_NE(async.status().message().find("synchronous programs only"), std::string::npos) << async.status().message();
+}
+
+TEST(PipelineSchedule, ValidateRefusesMisplacedFsdpOps) {
+  const std::string head = "pipeline pp=1 virtual=1 microbatches=2\n";
+  ExpectRefused(head + "rank 0: F0@0 ag0@0 F1@0 B0@0 B1@0 rs0@0\n", "ag0@0 comes after F0@0, which uses it");
+  ExpectRefused(head + "rank 0: ag0@0 F0@0 F1@0 B0@0 rs0@0 B1@0\n", "rs0@0 comes before B1@0, which still adds to its gradients");
+  ExpectRefused(head + "rank 0: F0@0 F1@0 B0@0 B1@0 rs0@0\n", "reduce-scattered (rs0@0) but never gathered (no ag0@0)");
+  ExpectRefused(head + "rank 0: ag0@0 ag0@0 F0@0 F1@0 B0@0 B1@0\n", "appears twice");
+  ExpectRefused("pipeline pp=1 virtual=2 microbatches=2\nrank 0: ag0@0 ag0@1 F0@0 F0@1 B0@1 B0@0 F1@0 F1@1 B1@1 B1@0\n",
+          "unit 0 is stage 0's elsewhere on the rank");
+  ExpectRefused("pipeline pp=1 virtual=1 microbatches=2 per_update=1\n"
+          "rank 0: ag0@0 F0@0 B0@0 U0@0 F1@0 B1@0 U1@0\n",
+          "FSDP's ops in an asynchronous program");
+  // Placed right: the ops only, in the same order.
+  EXPECT_TRUE(Validate(Ok(Parse(head + "rank 0: ag0@0 F0@0 F1@0 B0@0 B1@0 rs0@0\n"))).ok());
+  // A unit gathered and left to be reduced after the program (a tied table's).
+  EXPECT_TRUE(Validate(Ok(Parse(head + "rank 0: ag0@0 F0@0 F1@0 B0@0 B1@0\n"))).ok());
 }
 
 // Equal stages, a free link: GPipe and 1F1B take (m + pp - 1) x (F + B); 1F1B holds pp - r

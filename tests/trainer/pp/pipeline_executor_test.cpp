@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -212,6 +213,35 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{pipeline::ScheduleKind::kGPipe, 1, 1, 2, true}),
     Name);
 
+// `count` micro-batches of ToyStages' shape ([2, 3] tokens below 5), seeded from `seed`.
+std::vector<MicroBatch> ToyBatches(int count, int seed) {
+  std::vector<MicroBatch> batches;
+  for (int m = 0; m < count; ++m) {
+    torch::manual_seed(seed + m);
+    batches.push_back({torch::randint(5, {2, 3}, torch::kInt64), torch::Tensor()});
+  }
+  return batches;
+}
+
+// Runs `body(rank, group)` on two threads, each with its end of a new two-rank Gloo group; each
+// rank's error ("": none), from the group or from `body`.
+std::vector<std::string> OnTwoRanks(
+    const std::function<std::string(int rank, std::unique_ptr<dist::Communicator> group)>& body) {
+  std::vector<std::string> errors(2);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      dist::CommunicatorOptions o;
+      o.timeout = std::chrono::seconds(60);
+      auto gloo = dist::MakeGlooCommunicator(store, r, 2, o, "127.0.0.1");
+      errors[r] = gloo.ok() ? body(r, std::move(gloo).value()) : gloo.status().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // Two stages of one weight each, the activation [2, 3, 4]: what tensor parallelism without
 // sequence parallelism looks like to the executor (every tp rank computes the same activations).
 class ToyStages final : public StageRunner {
@@ -237,11 +267,7 @@ TEST_F(PipelineExecutorReplicas, EachSendsItsShareAndTheStepIsTheSame) {
   const pipeline::Shape shape{2, 1, 2};
   auto program = pipeline::Lower(pipeline::Generate(pipeline::ScheduleKind::k1F1B, shape).value());
   ASSERT_TRUE(program.ok()) << program.status().message();
-  std::vector<MicroBatch> batches;
-  for (int m = 0; m < 2; ++m) {
-    torch::manual_seed(40 + m);
-    batches.push_back({torch::randint(5, {2, 3}, torch::kInt64), torch::Tensor()});
-  }
+  const std::vector<MicroBatch> batches = ToyBatches(2, 40);
   struct Outcome {
     double loss = 0;
     torch::Tensor grad;
@@ -357,11 +383,7 @@ TEST_F(PipelineExecutorReceives, ArePostedAheadOfTheirPlaceInTheProgram) {
   const pipeline::Shape shape{2, 1, 4};
   auto program = pipeline::Lower(pipeline::Generate(pipeline::ScheduleKind::k1F1B, shape).value());
   ASSERT_TRUE(program.ok()) << program.status().message();
-  std::vector<MicroBatch> batches;
-  for (int m = 0; m < 4; ++m) {
-    torch::manual_seed(60 + m);
-    batches.push_back({torch::randint(5, {2, 3}, torch::kInt64), torch::Tensor()});
-  }
+  const std::vector<MicroBatch> batches = ToyBatches(4, 60);
   struct Outcome {
     std::vector<std::string> events;
     double loss = 0;
@@ -370,32 +392,19 @@ TEST_F(PipelineExecutorReceives, ArePostedAheadOfTheirPlaceInTheProgram) {
   };
   auto run = [&](int ahead) {
     std::vector<Outcome> out(2);
-    auto store = c10::make_intrusive<c10d::HashStore>();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        dist::CommunicatorOptions o;
-        o.timeout = std::chrono::seconds(60);
-        auto gloo = dist::MakeGlooCommunicator(store, r, 2, o, "127.0.0.1");
-        if (!gloo.ok()) {
-          out[r].error = gloo.status().ToString();
-          return;
-        }
-        NotingReceives comm(std::move(gloo).value(), &out[r].events);
-        NotingForwards stages(r, &out[r].events);
-        PipelineStepOptions options;
-        options.activation_sizes = {2, 3, 4};
-        options.receives_ahead = ahead;
-        auto result = RunPipelineStep(program.value(), stages, comm, batches, options);
-        if (!result.ok()) {
-          out[r].error = result.status().ToString();
-          return;
-        }
-        out[r].loss = result->loss;
-        out[r].grad = stages.weight().grad().clone();
-      });
-    }
-    for (auto& t : threads) t.join();
+    const auto errors = OnTwoRanks([&](int r, std::unique_ptr<dist::Communicator> group) {
+      NotingReceives comm(std::move(group), &out[r].events);
+      NotingForwards stages(r, &out[r].events);
+      PipelineStepOptions options;
+      options.activation_sizes = {2, 3, 4};
+      options.receives_ahead = ahead;
+      auto result = RunPipelineStep(program.value(), stages, comm, batches, options);
+      if (!result.ok()) return result.status().ToString();
+      out[r].loss = result->loss;
+      out[r].grad = stages.weight().grad().clone();
+      return std::string();
+    });
+    for (int r = 0; r < 2; ++r) out[r].error = errors[r];
     return out;
   };
   // The events up to the last stage's first forward.
@@ -419,6 +428,65 @@ TEST_F(PipelineExecutorReceives, ArePostedAheadOfTheirPlaceInTheProgram) {
   }
   EXPECT_EQ(before_first_forward(ahead[1].events), (std::vector<std::string>{"recv", "recv"}));
   EXPECT_EQ(before_first_forward(in_place[1].events), (std::vector<std::string>{"recv"}));
+}
+
+// FSDP's ops as the program places them, noted in the same list as the forwards.
+class NotingFsdpOps final : public FsdpOps {
+ public:
+  explicit NotingFsdpOps(std::vector<std::string>* events) : events_(events) {}
+  Status StartGather(int unit) override {
+    events_->push_back("ag" + std::to_string(unit));
+    return Status::Ok();
+  }
+  void FinalDuring(const std::vector<int>& units) override {
+    std::string text = "final";
+    for (int u : units) text += " " + std::to_string(u);
+    events_->push_back(text);
+  }
+  Status StartReduceScatter(int unit) override {
+    events_->push_back("rs" + std::to_string(unit));
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<std::string>* events_;
+};
+
+class PipelineExecutorFsdp : public testing::NeedsGloo<> {};
+
+// 1F1B over two stages and two micro-batches with two units on each rank: the gathers run before
+// the first forward, the last backward is told both units become final during it (the later unit
+// first), and then each rs op is run; a step with FSDP ops and no FsdpOps is refused by name.
+TEST_F(PipelineExecutorFsdp, RunsTheProgramsOpsAndArmsTheLastBackward) {
+  const pipeline::Shape shape{2, 1, 2};
+  auto lowered = pipeline::Lower(pipeline::Generate(pipeline::ScheduleKind::k1F1B, shape).value());
+  ASSERT_TRUE(lowered.ok()) << lowered.status().message();
+  auto program = pipeline::PlaceFsdp(*lowered, {{{0, true}, {0, true}}, {{1, true}, {1, true}}});
+  ASSERT_TRUE(program.ok()) << program.status().message();
+  const std::vector<MicroBatch> batches = ToyBatches(2, 70);
+  std::vector<std::vector<std::string>> events(2);
+  std::vector<std::string> unarmed(2);
+  const auto errors = OnTwoRanks([&](int r, std::unique_ptr<dist::Communicator> group) {
+    NotingForwards stages(r, &events[r]);
+    NotingFsdpOps ops(&events[r]);
+    PipelineStepOptions options;
+    options.activation_sizes = {2, 3, 4};
+    options.fsdp = &ops;
+    auto result = RunPipelineStep(*program, stages, *group, batches, options);
+    // Without FsdpOps: refused before any receive is posted.
+    options.fsdp = nullptr;
+    auto refused = RunPipelineStep(*program, stages, *group, batches, options);
+    unarmed[r] = refused.ok() ? "ran" : refused.status().ToString();
+    return result.ok() ? std::string() : result.status().ToString();
+  });
+  const std::vector<std::string> expected = {"ag0", "ag1", "F", "F", "final 1 0", "rs1", "rs0"};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(events[r], expected) << "rank " << r;
+    EXPECT_NE(unarmed[r].find("ag0@" + std::to_string(r) + ": an FSDP op, but the step runs without FSDP"),
+              std::string::npos)
+        << unarmed[r];
+  }
 }
 
 TEST(StageCut, FlopBalancedGivesTheHeadsStageFewerLayers) {

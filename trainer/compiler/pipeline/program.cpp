@@ -15,6 +15,7 @@ constexpr KindName kKindNames[] = {
     {ActionKind::kSendActivation, "sa"}, {ActionKind::kRecvActivation, "ra"}, {ActionKind::kSendGrad, "sg"},
     {ActionKind::kRecvGrad, "rg"},       {ActionKind::kForward, "F"},         {ActionKind::kBackward, "B"},
     {ActionKind::kBackwardInput, "I"},   {ActionKind::kBackwardWeight, "W"},   {ActionKind::kUpdate, "U"},
+    {ActionKind::kGather, "ag"},         {ActionKind::kReduceScatter, "rs"},
 };
 
 const char* NameOf(ActionKind kind) {
@@ -50,7 +51,8 @@ Result<Action> ParseAction(std::string_view token) {
     return a;
   }
   return InvalidInput("'" + std::string(token) +
-                      "' is not an action (F, B, I, W, U, sa, ra, sg or rg, then <micro-batch>@<stage>)");
+                      "' is not an action (F, B, I, W, U, sa, ra, sg or rg, then <micro-batch>@<stage>; ag or rs, "
+                      "then <unit>@<stage>)");
 }
 
 // The value of `key=<int>` among a header's words; -1 where absent or not a number.
@@ -74,6 +76,12 @@ bool IsCompute(ActionKind kind) {
 bool IsTransfer(ActionKind kind) {
   return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation || kind == ActionKind::kSendGrad ||
          kind == ActionKind::kRecvGrad;
+}
+
+bool IsFsdp(ActionKind kind) { return kind == ActionKind::kGather || kind == ActionKind::kReduceScatter; }
+
+bool IsBackward(ActionKind kind) {
+  return kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;
 }
 
 std::string ToString(const Action& a) {

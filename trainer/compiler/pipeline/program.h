@@ -25,6 +25,19 @@
 // activation of m to stage s + 1; ra<m>@<s>: receive stage s's input activation (from s - 1).
 // sg<m>@<s>: send the gradient of stage s's input to s - 1; rg<m>@<s>: receive the gradient of
 // stage s's output (from s + 1).
+//
+// FSDP inside the stages (compiled mode, PlaceFsdp): a rank's parameters are units (one collective
+// each: a decoder layer's flat group, the embedding's, the head's), numbered on each rank in the
+// order its stages use them, and its program says when each unit's collectives start:
+//
+//   rank 0: ag0@0 ag1@0 ag2@0 F0@0 sa0@0 F1@0 sa1@0 rg0@0 B0@0 rg1@0 B1@0 rs2@0 rs1@0 rs0@0
+//
+// ag<u>@<s>: start unit u's all-gather (u is used by stage s); its parameters are waited for at
+// their first use inside a compute of stage s. rs<u>@<s>: unit u's gradients are final once the
+// compute before it has run (the step's last backward through stage s: B, I or W); its
+// reduce-scatter starts inside that compute as soon as they are (as each layer's backward ends),
+// and at the latest when the rs is reached. A unit with no rs (a tied table, whose two copies'
+// gradients the stages exchange first) is reduce-scattered after the program.
 #pragma once
 
 #include <string>
@@ -45,6 +58,8 @@ enum class ActionKind {
   kSendGrad,
   kRecvGrad,
   kUpdate,          // U: the stage's parameters updated (asynchronous programs); `microbatch` is the minibatch
+  kGather,          // ag: an FSDP unit's all-gather started; `microbatch` is the unit
+  kReduceScatter,   // rs: an FSDP unit's gradients final; `microbatch` is the unit
 };
 
 struct Action {
@@ -56,6 +71,8 @@ struct Action {
 
 bool IsCompute(ActionKind kind);   // F, B, I, W
 bool IsTransfer(ActionKind kind);  // sa, ra, sg, rg
+bool IsFsdp(ActionKind kind);      // ag, rs
+bool IsBackward(ActionKind kind);  // B, I, W
 // "F3@1", "sa3@1", ...
 std::string ToString(const Action& a);
 
@@ -96,11 +113,28 @@ Result<Program> Lower(const Program& compute_only);
 //   - on a rank: F before its B or I, I before its W;
 //   - asynchronous (per_update > 0): every stage's U<k> once for each minibatch k, after the stage's
 //     backwards (B or W) of minibatch k and before any of a later one; no U in a synchronous one;
+//   - FSDP's ops (ag, rs): only in a synchronous program; a unit on one stage, on its rank; at
+//     most one ag and one rs per unit, an rs only for a unit gathered here; a unit's ag before
+//     every compute of its stage, its rs after every backward of its stage;
 //   - a lowered program: every transfer between ranks present once (a send after the compute
 //     that produces it, a receive before the compute that needs it), none within a rank;
 //   - runs to the end: ranks run their actions in order, a receive waits for its send and a
 //     compute for its inputs (sends never wait: they are posted, as isend); a program in which
 //     every unfinished rank waits is a deadlock, reported with what each rank waits for.
 Status Validate(const Program& p);
+
+// One FSDP unit of a rank's parameters (see the text form above): the stage that uses it, and
+// whether its gradients are reduce-scattered inside the program (false: after it, a tied table's).
+struct FsdpUnit {
+  int stage = 0;
+  bool reduced_in_program = true;
+};
+// `lowered` (synchronous, without FSDP ops) with `units[r]` (rank r's, in the order its stages use
+// them) placed in it: every unit's ag at the start of its rank's list, in that order (the gathers
+// then run one after another while the first computes wait only for their own); each rs right
+// after the compute that makes the unit's gradients final (its stage's last backward on the rank)
+// and that compute's send, the later units first (a backward reaches them first). InvalidInput naming the rank and unit where a unit's stage is not on
+// its rank, or where the program is asynchronous or already has FSDP ops.
+Result<Program> PlaceFsdp(const Program& lowered, const std::vector<std::vector<FsdpUnit>>& units);
 
 }  // namespace meshwork::compiler::pipeline

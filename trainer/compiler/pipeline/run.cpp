@@ -65,6 +65,9 @@ std::vector<Dependency> DependenciesOf(const Program& p, bool lowered, int rank,
     case ActionKind::kSendGrad: deps.push_back({ActionKind::kBackward, m, st, rank}); break;
     case ActionKind::kRecvGrad: deps.push_back({ActionKind::kSendGrad, m, st + 1, s.RankOf(st + 1)}); break;
     case ActionKind::kUpdate: break;  // its place among its rank's backwards is Validate's to check
+    case ActionKind::kGather:         // FSDP's collectives run on another group, and their places
+    case ActionKind::kReduceScatter:  // among the rank's computes are Validate's to check
+      break;
   }
   return deps;
 }

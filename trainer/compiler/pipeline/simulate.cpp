@@ -86,8 +86,9 @@ Result<PipelineResult> Price(const Program& p, const PipelineCost& cost, bool ea
       r.busy_seconds[rank] += e.end - e.start;
       held[rank] += HeldDelta(c, a.kind);
       r.peak_bytes[rank] = std::max(r.peak_bytes[rank], held[rank]);
-    } else if (a.kind == ActionKind::kUpdate) {
-      e.start = e.end = clock[rank];  // the optimizer's time is not priced here
+    } else if (a.kind == ActionKind::kUpdate || IsFsdp(a.kind)) {
+      // The optimizer's time is not priced here, nor FSDP's collectives (OverlapFsdp prices them).
+      e.start = e.end = clock[rank];
     } else if (a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGrad) {
       // An activation is this stage's output; a gradient is of this stage's input, the previous
       // stage's output.

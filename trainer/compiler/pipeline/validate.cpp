@@ -6,6 +6,55 @@
 #include "trainer/compiler/pipeline/run.h"
 
 namespace meshwork::compiler::pipeline {
+namespace {
+
+// FSDP's ops on each rank (the ranges and duplicates are checked with the other actions): a unit
+// belongs to one stage; its rs needs its ag; its ag comes before every compute of its stage, its
+// rs after every backward of it.
+Status ValidateFsdp(const Program& p) {
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    struct UnitAt {
+      int stage = -1;
+      int gathered_at = -1, reduced_at = -1;  // positions in the rank's list
+    };
+    std::map<int, UnitAt> units;
+    const std::vector<Action>& list = p.ranks[r];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (!IsFsdp(a.kind)) continue;
+      UnitAt& u = units[a.microbatch];
+      const std::string what = "pipeline program: rank " + std::to_string(r) + "'s " + ToString(a);
+      if (u.stage >= 0 && u.stage != a.stage) {
+        return InvalidInput(what + ": unit " + std::to_string(a.microbatch) + " is stage " + std::to_string(u.stage) +
+                            "'s elsewhere on the rank");
+      }
+      u.stage = a.stage;
+      (a.kind == ActionKind::kGather ? u.gathered_at : u.reduced_at) = static_cast<int>(i);
+    }
+    for (const auto& [unit, u] : units) {
+      const std::string which = std::to_string(unit) + "@" + std::to_string(u.stage);
+      const std::string where = "pipeline program: rank " + std::to_string(r) + "'s unit " + std::to_string(unit);
+      if (u.reduced_at >= 0 && u.gathered_at < 0) {
+        return InvalidInput(where + " is reduce-scattered (rs" + which + ") but never gathered (no ag" + which + ")");
+      }
+      for (size_t i = 0; i < list.size(); ++i) {
+        const Action& a = list[i];
+        if (a.stage != u.stage || !IsCompute(a.kind)) continue;
+        const int at = static_cast<int>(i);
+        if (u.gathered_at > at) {
+          return InvalidInput(where + ": ag" + which + " comes after " + ToString(a) + ", which uses it");
+        }
+        if (u.reduced_at >= 0 && IsBackward(a.kind) && u.reduced_at < at) {
+          return InvalidInput(where + ": rs" + which + " comes before " + ToString(a) +
+                              ", which still adds to its gradients");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status Validate(const Program& p) {
   const Shape& s = p.shape;
@@ -29,7 +78,10 @@ Status Validate(const Program& p) {
   for (int r = 0; r < s.pp; ++r) {
     for (const Action& a : p.ranks[r]) {
       const std::string what = "pipeline program: rank " + std::to_string(r) + "'s " + ToString(a);
-      if (a.kind == ActionKind::kUpdate) {
+      if (IsFsdp(a.kind)) {
+        if (s.per_update > 0) return InvalidInput(what + ": FSDP's ops in an asynchronous program (per_update)");
+        if (a.microbatch < 0) return InvalidInput(what + ": unit out of range");
+      } else if (a.kind == ActionKind::kUpdate) {
         if (s.per_update == 0) return InvalidInput(what + ": an update in a synchronous program (no per_update)");
         if (a.microbatch < 0 || a.microbatch >= minibatches)
           return InvalidInput(what + ": minibatch out of range (" + std::to_string(minibatches) + " minibatches)");
@@ -82,14 +134,14 @@ Status Validate(const Program& p) {
       }
     }
   }
+  MW_RETURN_IF_ERROR(ValidateFsdp(p));
   if (minibatches > 0) {
     // On each stage, minibatch k's backwards all come before its update, and a later minibatch's
     // after it: a gradient is never stepped twice, nor mixed into another minibatch's update.
     for (int r = 0; r < s.pp; ++r) {
       std::map<int, int> updated;  // stage -> updates so far on this rank
       for (const Action& a : p.ranks[r]) {
-        const bool backward = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput ||
-                              a.kind == ActionKind::kBackwardWeight;
+        const bool backward = IsBackward(a.kind);
         const std::string what = "pipeline program: rank " + std::to_string(r) + "'s " + ToString(a);
         if (a.kind == ActionKind::kUpdate) {
           if (a.microbatch != updated[a.stage]) {
