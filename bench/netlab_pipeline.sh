@@ -10,6 +10,8 @@
 #   env: RATES="1gbit"  WORLD=2 (= mesh.pp)  PRESET=llama-100m  SEQ=256  BATCH=8 (global; every
 #        M in MICRO must divide it)  SCHEDULES="gpipe 1f1b zb-h1"  MICRO="4"  REPEATS=5
 #        MEASURED=20  SKIP=2  SETS="..." (extra flags, every run)
+#        PEER="" (PyTorch's schedules run beside, each M in MICRO: "gpipe 1f1b"; configs
+#        torch-<schedule>-m<M>, bench/peers/pipeline_peer.py on the CUDA flavor's PyPI torch)
 #        OUT=<file> (default bench/results/netlab_pipeline.md; earlier results kept below)
 #        RAW=<file.jsonl.gz>  LOGS=<dir>: keep every rank's log there
 set -euo pipefail
@@ -28,6 +30,7 @@ skip=${SKIP:-2}
 read -r -a schedules <<<"${SCHEDULES:-gpipe 1f1b zb-h1}"
 read -r -a micro <<<"${MICRO:-4}"
 read -r -a both_sets <<<"${SETS:-}"
+read -r -a peer_schedules <<<"${PEER:-}"
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
 bench_protocol_sizes
@@ -40,11 +43,38 @@ netlab_begin netlab_pipeline
 
 configs=()
 for s in "${schedules[@]}"; do for m in "${micro[@]}"; do configs+=("$s-m$m"); done; done
+if ((${#peer_schedules[@]})); then
+  # The peer's Python (skip and fail end the bench: it was asked for).
+  skip() { echo "PEER: $*" >&2; exit 77; }
+  fail() { echo "PEER: $*" >&2; exit 1; }
+  # shellcheck source=bench/peers/pypi_torch.sh
+  source "$root/bench/peers/pypi_torch.sh"
+  pypi_torch_python "$tmp/python"
+  for s in "${peer_schedules[@]}"; do
+    [[ $s =~ ^(gpipe|1f1b)$ ]] || { echo "PEER: gpipe or 1f1b, got '$s'" >&2; exit 2; }
+    for m in "${micro[@]}"; do configs+=("torch-$s-m$m"); done
+  done
+fi
 names=()
 for rate in "${rates[@]}"; do for c in "${configs[@]}"; do names+=("$rate/$c"); done; done
 echo "[netlab-pp] ${#rates[@]} rates x ${#configs[@]} configurations x $repeats repeats, interleaved; $preset," \
   "pp $world, $steps steps a run ($skip skipped); estimate (a guess):" \
   "$(bench_estimate $((${#names[@]} * repeats)) "$steps" "$([ "$preset" = llama-100m ] && echo 6 || echo 0.5)" 15)" >&2
+
+# run_peer PREFIX SCHEDULE M: PyTorch's pipeline over the same ranks, cores and links as
+# netlab_run_world's (one intra-op thread each), rank 0's steps in PREFIX.jsonl.
+run_peer() {
+  local prefix=$1 schedule=$2 m=$3 r pids=() rc=0
+  for ((r = 0; r < world; r++)); do
+    RANK=$r WORLD_SIZE=$world MASTER_ADDR="$("$netlab" addr 0)" MASTER_PORT=29500 GLOO_SOCKET_IFNAME=eth0 \
+      "$netlab" exec "$r" taskset -c "$((r % cores))" "$tmp/python" "$root/bench/peers/pipeline_peer.py" \
+      --preset "$preset" --schedule "$schedule" --batch "$batch" --microbatches "$m" --seq "$seq" --steps "$steps" \
+      --threads 1 --jsonl "$prefix.jsonl" >"$prefix.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=$?; done
+  return $rc
+}
 
 current_rate=""
 order=0
@@ -61,8 +91,12 @@ run_one() {
   m=${config##*-m}
   echo "[netlab-pp] round $rep: $preset, pp $world, $rate, $schedule, $m micro-batches" >&2
   # Every pipeline rank reads the whole global batch: M micro-batches of BATCH / M rows.
-  netlab_run_world "$prefix" $((batch / m)) --set dist.mesh=explicit --set mesh.pp="$world" --set mesh.dp_shard=1 \
-    --set pipeline.schedule="$schedule" --set training.grad_accum="$m" || status=failed
+  if [[ $schedule == torch-* ]]; then
+    run_peer "$prefix" "${schedule#torch-}" "$m" || status=failed
+  else
+    netlab_run_world "$prefix" $((batch / m)) --set dist.mesh=explicit --set mesh.pp="$world" --set mesh.dp_shard=1 \
+      --set pipeline.schedule="$schedule" --set training.grad_accum="$m" || status=failed
+  fi
   if [ "$status" = failed ]; then
     bench_tail_logs "$prefix"
   fi
@@ -78,7 +112,7 @@ bench_interleave run_one "${names[@]}"
 {
   python3 "$root/bench/protocol.py" title "$raw" "Pipeline schedules on netlab: step time and measured bubble" --group rate,config
   echo
-  bench_command_line "bench/netlab_pipeline.sh" "$root" RATES WORLD PRESET SEQ BATCH SCHEDULES MICRO REPEATS MEASURED SKIP SETS
+  bench_command_line "bench/netlab_pipeline.sh" "$root" RATES WORLD PRESET SEQ BATCH SCHEDULES MICRO PEER REPEATS MEASURED SKIP SETS
   echo
   netlab_machine_lines
   echo "(training.threads=1). $preset, mesh.pp=$world (stages balanced by FLOPs), seq $seq, global batch $batch"
@@ -95,6 +129,13 @@ bench_interleave run_one "${names[@]}"
   echo "executor\"): I + W is B's work; \`training.loss_gradient: auto\` stores the head's logit"
   echo "gradient under zb-h1 (recomputed under the others, on the CPU)."
   [ -z "${SETS:-}" ] || echo "Every run adds: \`${SETS}\`."
+  if ((${#peer_schedules[@]})); then
+    echo "\`torch-<schedule>-m<M>\`: PyTorch's own pipeline (torch.distributed.pipelining's ScheduleGPipe or"
+    echo "Schedule1F1B, torch $("$tmp/python" -c 'import torch; print(torch.__version__)'), CPU) over the same ranks, cores and links:"
+    echo "bench/peers/pipeline_peer.py, the same model, initial weights, synthetic rows, optimizer and stage"
+    echo "cut; the head's logit gradient stored (autograd's), the tied table's two copies summed after the"
+    echo "program. Its steps have no exposed-communication or peak figures (\"-\")."
+  fi
   echo
   python3 "$root/bench/protocol.py" table "$raw" --group rate,config
   echo
@@ -102,6 +143,16 @@ bench_interleave run_one "${names[@]}"
   echo "over the measured steps of each run (median [min, max] over the runs), against the formula:"
   echo
   python3 "$root/bench/netlab/pipeline_bubble.py" "$raw" --pp "$world"
+  for s in "${peer_schedules[@]}"; do
+    for m in "${micro[@]}"; do
+      echo
+      echo "Meshwork against PyTorch, round by round (\`$s-m$m\` the base, \`torch-$s-m$m\` the other):"
+      echo
+      python3 "$root/bench/protocol.py" paired "$raw" --by rate --base "$s-m$m" --other "torch-$s-m$m"
+      echo
+      python3 "$root/bench/protocol.py" losses "$raw" --base "$s-m$m" --other "torch-$s-m$m"
+    done
+  done
 } >"$tmp/table.md"
 
 bench_write_results netlab-pp

@@ -47,8 +47,10 @@ def run_figures(steps, skip):
     out = {
         "measured_steps": len(late),
         "step_s": statistics.median(s["step_seconds"] for s in late),
-        "exposed_s": statistics.median(s.get("exposed_comm_seconds", 0.0) for s in late),
     }
+    # A peer that does not measure it (bench/peers/pipeline_peer.py) has none, not zero.
+    if any("exposed_comm_seconds" in s for s in late):
+        out["exposed_s"] = statistics.median(s.get("exposed_comm_seconds", 0.0) for s in late)
     peaks = [s["peak_tensor_bytes"] for s in late if s.get("peak_tensor_bytes", 0) > 0]
     if peaks:
         out["step_peak_mib"] = max(peaks) / MIB
@@ -249,13 +251,37 @@ def paired(runs, by, base, other):
             if b is None or not a.get("step_s"):
                 continue
             ratios.append(b["step_s"] / a["step_s"])
-            if a.get("exposed_s"):
+            if a.get("exposed_s") and "exposed_s" in b:
                 exposed.append(b.get("exposed_s", 0.0) / a["exposed_s"])
         hidden = spread(1 - e for e in exposed)
         pct = None if hidden is None else tuple(100 * h for h in hidden)
         lines.append(f"| {value} | {len(ratios)} | x{fmt_spread(spread(ratios))} | x{fmt_spread(spread(exposed))} | "
                      f"{fmt_spread(pct, 1)}{' %' if pct else ''} |")
     return "\n".join(lines)
+
+
+def losses(raw, base, other):
+    """How far config `other`'s losses are from `base`'s, step by step in the same round: the
+    largest relative difference over each round's steps (median [min, max] over the rounds)."""
+    opener = gzip.open if raw.endswith(".gz") else open
+    with opener(raw, "rt") as f:
+        steps = [r for r in (json.loads(l) for l in f if l.strip()) if r.get("kind") == "step"]
+    by = {}
+    for s in steps:
+        by.setdefault((s.get("rate"), s.get("repeat"), s.get("config")), {})[s["step"]] = s["loss"]
+    worst = []
+    for (rate, repeat, config), a in by.items():
+        b = by.get((rate, repeat, other))
+        if config != base or not b:
+            continue
+        common = sorted(set(a) & set(b))
+        if common:
+            worst.append(max(abs(b[k] - a[k]) / abs(a[k]) for k in common))
+    if not worst:
+        return f"Losses: no round ran both {base} and {other}."
+    med, lo, hi = spread(worst)
+    return (f"Losses, {other} against {base}: the largest relative difference over a run's steps, "
+            f"{med:.1e} [{lo:.1e}, {hi:.1e}] over {len(worst)} rounds (median [min, max]).")
 
 
 def get_field(run, field):
@@ -295,6 +321,10 @@ def main(argv):
     pa.add_argument("--by", required=True)
     pa.add_argument("--base", required=True)
     pa.add_argument("--other", required=True)
+    lo = sub.add_parser("losses")
+    lo.add_argument("raw")
+    lo.add_argument("--base", required=True)
+    lo.add_argument("--other", required=True)
     f = sub.add_parser("finish")
     f.add_argument("raw")
     f.add_argument("dest")
@@ -319,6 +349,8 @@ def main(argv):
         print(table(load_runs(a.raw), a.group.split(",")))
     elif a.cmd == "paired":
         print(paired(load_runs(a.raw), a.by, a.base, a.other))
+    elif a.cmd == "losses":
+        print(losses(a.raw, a.base, a.other))
     elif a.cmd == "finish":
         os.makedirs(os.path.dirname(os.path.abspath(a.dest)), exist_ok=True)
         with open(a.raw, "rb") as src, gzip.open(a.dest, "wb") as dst:

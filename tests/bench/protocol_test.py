@@ -115,6 +115,24 @@ class Protocol(RawRecords):
         table = protocol.paired(protocol.load_runs(self.raw), "rate", "a", "b")
         self.assertIn("| 1gbit | 2 | x0.850 [0.800, 0.900] | x0.375 [0.250, 0.500] | 62.5 [50.0, 75.0] % |", table)
 
+    def test_a_peer_without_exposed_communication_is_not_read_as_none_exposed(self):
+        # pipeline_peer.py's steps carry no exposed_comm_seconds: its run has no exposed figure, and
+        # paired leaves that column empty instead of calling all of the base's hidden.
+        path = os.path.join(self.dir.name, "peer.jsonl")
+        with open(path, "w") as f:
+            for i, loss in enumerate([10.0, 9.0, 8.0], start=1):
+                f.write(json.dumps({"step": i, "loss": loss * (1 + 1e-6), "step_seconds": 12.0}) + "\n")
+        peer = protocol.record(self.raw, {"rate": "1gbit", "config": "peer", "repeat": 1}, 1, path)
+        self.assertNotIn("exposed_s", peer)
+        base = os.path.join(self.dir.name, "base.jsonl")
+        with open(base, "w") as f:
+            for i, loss in enumerate([10.0, 9.0, 8.0], start=1):
+                f.write(json.dumps({"step": i, "loss": loss, "step_seconds": 10.0, "exposed_comm_seconds": 1.0}) + "\n")
+        protocol.record(self.raw, {"rate": "1gbit", "config": "base", "repeat": 1}, 1, base)
+        table = protocol.paired(protocol.load_runs(self.raw), "rate", "base", "peer")
+        self.assertIn("| 1gbit | 1 | x1.200 | x- | - |", table)
+        self.assertIn("1.0e-06 [1.0e-06, 1.0e-06] over 1 rounds", protocol.losses(self.raw, "base", "peer"))
+
     def test_a_failed_run_is_counted_not_measured(self):
         self.add("ok", [1.0] * 6, config="a", repeat=1)
         self.add("bad", [1.0] * 3, config="a", repeat=2, status="failed",
