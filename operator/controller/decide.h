@@ -153,7 +153,7 @@ struct Plan {
   bool status_first = false;             // write status before deleting (a gang restart)
   bool ensure_service = false;
   bool ensure_config_map = false;
-  bool ensure_pod_group = false;  // gangAdmission PodGroup, Volcano, Coscheduling: create it, or set its size
+  bool ensure_pod_group = false;  // Pods of the gang are made: a PodGroup backend makes or sizes its PodGroup
   std::vector<nlohmann::json> create;    // Pods to create
   std::vector<PodView> remove;           // Pods to delete (by name, with their uid as precondition)
   std::vector<EventToRecord> events;

@@ -14,14 +14,6 @@ json EnvField(const std::string& name, const std::string& field_path) {
   return {{"name", name}, {"valueFrom", {{"fieldRef", {{"fieldPath", field_path}}}}}};
 }
 
-json ChildMetadata(const json& job, const std::string& name) {
-  const json& meta = job["metadata"];
-  return {{"name", name},
-          {"namespace", meta.value("namespace", "default")},
-          {"labels", {{kJobLabel, meta.value("name", "")}}},
-          {"ownerReferences", json::array({OwnerReference(job)})}};
-}
-
 // Copies `from`'s keys that `to` lacks: where both set a field, the operator's wins. (Lists are
 // appended instead, see Append: an env var of the template named like one of the operator's
 // comes later and so wins, as in any Pod.)
@@ -75,6 +67,14 @@ void MergeTemplate(json& pod, const JobSpec& spec) {
 
 }  // namespace
 
+json ChildMetadata(const json& job, const std::string& name) {
+  const json& meta = job["metadata"];
+  return {{"name", name},
+          {"namespace", meta.value("namespace", "default")},
+          {"labels", {{kJobLabel, meta.value("name", "")}}},
+          {"ownerReferences", json::array({OwnerReference(job)})}};
+}
+
 std::string PodName(const std::string& job, int index) { return job + "-" + std::to_string(index); }
 
 std::string ConfigMapName(const std::string& job) { return job + "-config"; }
@@ -123,31 +123,6 @@ json DesiredRendezvousSecret(const json& job, const std::string& token) {
           {"metadata", ChildMetadata(job, RendezvousSecretName(job["metadata"].value("name", "")))},
           {"type", "Opaque"},
           {"data", {{kRendezvousTokenKey, Base64Encode(token)}}}};
-}
-
-json DesiredPodGroup(const json& job, const JobSpec& spec) {
-  json group = {{"kind", "PodGroup"}, {"metadata", ChildMetadata(job, job["metadata"].value("name", ""))}};
-  switch (spec.gang_admission) {
-    case GangAdmission::kPodGroup:
-      group["apiVersion"] = kPodGroupApiVersion;
-      group["spec"] = {{"schedulingPolicy", {{"gang", {{"minCount", spec.replicas}}}}}};
-      return group;
-    case GangAdmission::kVolcano:
-      group["apiVersion"] = kVolcanoPodGroupApiVersion;
-      group["spec"] = {{"minMember", spec.replicas}};
-      if (!spec.scheduling_queue.empty()) group["spec"]["queue"] = spec.scheduling_queue;
-      if (!spec.scheduling_priority_class.empty()) group["spec"]["priorityClassName"] = spec.scheduling_priority_class;
-      return group;
-    case GangAdmission::kCoscheduling:
-      group["apiVersion"] = kCoschedulingPodGroupApiVersion;
-      group["spec"] = {{"minMember", spec.replicas}};
-      if (spec.schedule_timeout_seconds) group["spec"]["scheduleTimeoutSeconds"] = *spec.schedule_timeout_seconds;
-      return group;
-    case GangAdmission::kOperator:
-    case GangAdmission::kNone:
-      break;
-  }
-  return nullptr;
 }
 
 json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generation) {
@@ -254,21 +229,6 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   // otherwise: the trainer's last lines say why it failed, and failurePolicy rules match them.
   json& trainer = pod["spec"]["containers"][0];
   if (!trainer.contains("terminationMessagePolicy")) trainer["terminationMessagePolicy"] = "FallbackToLogsOnError";
-  if (spec.gang_admission == GangAdmission::kPodGroup) {
-    pod["spec"]["schedulingGroup"] = {{"podGroupName", name}};
-  } else if (spec.gang_admission == GangAdmission::kVolcano) {
-    pod["metadata"]["annotations"][kVolcanoGroupAnnotation] = name;
-    // Volcano places only the Pods it schedules; a template that names a scheduler keeps it.
-    if (!pod["spec"].contains("schedulerName")) pod["spec"]["schedulerName"] = "volcano";
-  } else if (spec.gang_admission == GangAdmission::kCoscheduling) {
-    // The plugin runs in kube-scheduler or a second scheduler: the template names which.
-    pod["metadata"]["labels"][kCoschedulingGroupLabel] = name;
-  } else if (spec.gang_admission == GangAdmission::kOperator) {
-    // Held until the whole gang fits (gang.h); after the template, whose gates stay too.
-    json& gates = pod["spec"]["schedulingGates"];
-    if (!gates.is_array()) gates = json::array();
-    gates.push_back({{"name", kGangGate}});
-  }
   return pod;
 }
 

@@ -36,26 +36,16 @@ nlohmann::json DesiredConfigMap(const nlohmann::json& job, const JobSpec& spec);
 // The rendezvous Secret with `token` (the caller draws it), owned by the job.
 nlohmann::json DesiredRendezvousSecret(const nlohmann::json& job, const std::string& token);
 
-// The PodGroup `<name>` that the gang's Pods name, owned by the job, in the API that
-// spec.runPolicy.schedulingPolicy.gangAdmission picks:
-//   PodGroup:     scheduling.k8s.io/v1beta1, spec.schedulingPolicy.gang.minCount = replicas;
-//   Volcano:      scheduling.volcano.sh/v1beta1, spec.minMember = replicas, spec.queue and
-//                 spec.priorityClassName from schedulingPolicy;
-//   Coscheduling: scheduling.x-k8s.io/v1alpha1, spec.minMember = replicas,
-//                 spec.scheduleTimeoutSeconds from schedulingPolicy.
-// null for the other admissions.
-inline constexpr const char* kPodGroupApiVersion = "scheduling.k8s.io/v1beta1";
-inline constexpr const char* kVolcanoPodGroupApiVersion = "scheduling.volcano.sh/v1beta1";
-inline constexpr const char* kCoschedulingPodGroupApiVersion = "scheduling.x-k8s.io/v1alpha1";
-inline constexpr const char* kVolcanoGroupAnnotation = "scheduling.k8s.io/group-name";
-inline constexpr const char* kCoschedulingGroupLabel = "scheduling.x-k8s.io/pod-group";
-nlohmann::json DesiredPodGroup(const nlohmann::json& job, const JobSpec& spec);
+// The metadata of the job's child `name`: its namespace, the job's label, and the controller
+// owner reference to the job.
+nlohmann::json ChildMetadata(const nlohmann::json& job, const std::string& name);
 
 // Replica `index` of restart generation `generation`: the launcher with --nproc
 // processesPerReplica running `meshwork-train train --config /etc/meshwork/config/config.yaml`
 // (the config's ConfigMap key, mounted as a configMap volume) and the
 // operator's overrides (or spec.command), the rank environment (Meshwork's and torchrun's),
-// restartPolicy Never (the operator restarts whole gangs), and spec.template merged in.
+// restartPolicy Never (the operator restarts whole gangs), and spec.template merged in. The gang
+// backend marks it when it is created (integration.h, GangBackend::MarkPod).
 nlohmann::json DesiredPod(const nlohmann::json& job, const JobSpec& spec, int index, int64_t generation);
 
 }  // namespace meshwork::op

@@ -60,10 +60,6 @@ inline constexpr const char* kManagedByOperator = "meshwork.dev/trainingjob-cont
 std::string OtherManager(const nlohmann::json& job);
 
 enum class GangAdmission { kOperator, kPodGroup, kVolcano, kCoscheduling, kNone };
-// Whether the operator makes a PodGroup of some API for this admission.
-inline bool UsesPodGroup(GangAdmission g) {
-  return g == GangAdmission::kPodGroup || g == GangAdmission::kVolcano || g == GangAdmission::kCoscheduling;
-}
 // spec.runPolicy.successPolicy: AllRanks = every rank exits 0; Rank0 = the Pod of replica 0 (which
 // holds rank 0) exits 0, and the others are then stopped as cleanPodPolicy says.
 enum class SuccessPolicy { kAllRanks, kRank0 };

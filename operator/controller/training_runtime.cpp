@@ -133,4 +133,48 @@ Result<json> ApplyRuntime(const json& job, const json& runtime) {
   return out;
 }
 
+RuntimeMerge RuntimeCopies::Merge(k8s::ObjectApi* api, const std::string& key, const nlohmann::json& job,
+                                  const std::string& now) {
+  RuntimeMerge out;
+  out.job = job;
+  const std::string runtime = RuntimeName(job);
+  if (runtime.empty()) return out;
+  const std::string uid = job["metadata"].value("uid", "");
+  auto rt = api->Get(Runtimes(), "", runtime);
+  if (rt.ok()) {
+    auto merged = ApplyRuntime(job, *rt);
+    if (!merged.ok()) {
+      out.error = merged.status();
+      return out;
+    }
+    out.job = std::move(*merged);
+    std::lock_guard<std::mutex> lock(mu_);
+    copies_[key] = Copy{uid, runtime, now, *rt};
+    return out;
+  }
+  const std::string why = k8s::IsNotFound(rt.error()) ? "it does not exist" : rt.error().ToString();
+  std::optional<Copy> copy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = copies_.find(key);
+    if (it != copies_.end() && it->second.job_uid == uid && it->second.name == runtime) copy = it->second;
+  }
+  auto merged = copy ? ApplyRuntime(job, copy->runtime) : Result<nlohmann::json>(NotFound(""));
+  if (merged.ok()) {
+    out.job = std::move(*merged);
+    out.not_found = "TrainingRuntime " + runtime + " (spec.runtimeRef.name): " + why +
+                    "; the job goes on with the copy the operator read at " + copy->read_at +
+                    " until it is back (an operator restart loses the copy)";
+  } else {
+    out.wait = k8s::IsNotFound(rt.error()) ? "waiting for TrainingRuntime " + runtime + " (spec.runtimeRef.name): it does not exist"
+                                           : "reading TrainingRuntime " + runtime + ": " + rt.error().ToString();
+  }
+  return out;
+}
+
+void RuntimeCopies::Forget(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  copies_.erase(key);
+}
+
 }  // namespace meshwork::op

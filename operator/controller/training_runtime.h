@@ -5,11 +5,15 @@
 // on every reconcile, then parses the result as any job's spec.
 #pragma once
 
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "operator/k8s/object_api.h"
 #include "operator/k8s/resource.h"
 
 namespace meshwork::op {
@@ -39,5 +43,32 @@ Result<nlohmann::json> ApplyRuntime(const nlohmann::json& job, const nlohmann::j
 // volumes and containers, matched by name (a container's env and ports by name, its
 // volumeMounts by mountPath), the overlay's entry winning and the rest kept.
 nlohmann::json MergePodTemplates(const nlohmann::json& base, const nlohmann::json& overlay);
+
+// A job's spec merged with its TrainingRuntime for one reconcile (RuntimeCopies::Merge).
+struct RuntimeMerge {
+  nlohmann::json job;              // merged (the job as it is when it names no runtime)
+  std::optional<Status> error;     // the merge is wrong (InvalidConfig naming the field)
+  std::optional<std::string> wait;  // the runtime cannot be read and no copy of it is held
+  std::string not_found;           // RuntimeNotFound's message: gone, the held copy used instead
+};
+
+// The last copy of each job's TrainingRuntime the operator merged, so that a job whose runtime is
+// deleted goes on with it (as a Pod goes on when its ConfigMap is deleted): its gang's end, a
+// failure, a suspension or the deadline are still decided. In this process only: a restarted
+// operator has no copy, and the job waits. Thread-safe.
+class RuntimeCopies {
+ public:
+  // `job` merged with the runtime it names, read through `api`; `now` stamps the copy kept.
+  RuntimeMerge Merge(k8s::ObjectApi* api, const std::string& key, const nlohmann::json& job, const std::string& now);
+  void Forget(const std::string& key);
+
+ private:
+  struct Copy {
+    std::string job_uid, name, read_at;
+    nlohmann::json runtime;
+  };
+  std::mutex mu_;
+  std::map<std::string, Copy> copies_;  // job key -> its runtime as last merged
+};
 
 }  // namespace meshwork::op

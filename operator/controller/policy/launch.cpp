@@ -120,7 +120,7 @@ Decision Launch(const JobState& job) {
   Decision d;
   d.ensure_service = !in.service_exists || !missing.empty();
   d.ensure_config_map = !missing.empty() && spec.config_map_name.empty();
-  d.ensure_pod_group = !missing.empty() && UsesPodGroup(spec.gang_admission);
+  d.ensure_pod_group = !missing.empty();
   for (int i : missing) d.create.push_back(DesiredPod(in.job, spec, i, job.generation()));
   if (missing.empty()) d.status["launchedGeneration"] = job.generation();
   if (!job.status.contains("startTime")) d.status["startTime"] = FormatTime(in.now);
