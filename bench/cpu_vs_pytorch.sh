@@ -22,12 +22,7 @@ read -r -a sets <<<"${SETS:-}"
 source "$root/bench/lib.sh"
 bench_protocol_sizes
 steps=$((skip + measured))
-stamp="$(date -u +%Y%m%dT%H%M%SZ)-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-raw_dest="${RAW:-$(dirname "$out")/raw/cpu_vs_pytorch/$stamp.jsonl.gz}"
-tmp="$(mktemp -d)"
-raw="$tmp/raw.jsonl"
-trap 'rm -rf "$tmp"' EXIT
-[ -x "$bin" ] || { echo "no $bin: build first (scripts/setup.sh)" >&2; exit 1; }
+bench_begin cpu_vs_pytorch
 skip() { echo "cpu_vs_pytorch: $*" >&2; exit 77; }
 fail() { echo "cpu_vs_pytorch: $*" >&2; exit 1; }
 # shellcheck source=bench/peers/pypi_torch.sh

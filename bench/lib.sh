@@ -161,19 +161,25 @@ netlab_machine_lines() {
   echo "link shaped to the rate in both directions (tc tbf; bench/netlab/netlab.sh), pinned to its own core"
 }
 
-# netlab_begin NAME: what a netlab script does before its runs: the raw records' destination
-# (RAW, else bench/results/raw/NAME/<time>-<commit>.jsonl.gz beside OUT's file `out`), a work
-# folder `tmp` with `raw` in it, removed at exit after netlab is taken down (its files copied to
-# LOGS when set), the build (`bin`) and netlab checked (exit 77 where netlab cannot run), and
-# `cores`. Reads root, out, bin and netlab from the caller.
-netlab_begin() {
+# bench_begin NAME: what a protocol bench does before its runs: the raw records' destination (RAW,
+# else bench/results/raw/NAME/<time>-<commit>.jsonl.gz beside OUT's file `out`), a work folder
+# `tmp` with `raw` in it, removed at exit, and the build (`bin`) checked. Reads root, out and bin.
+bench_begin() {
   local stamp
   stamp="$(date -u +%Y%m%dT%H%M%SZ)-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   raw_dest="${RAW:-$(dirname "$out")/raw/$1/$stamp.jsonl.gz}"
   tmp="$(mktemp -d)"
   raw="$tmp/raw.jsonl"
-  trap '"$netlab" down; [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && cp "$tmp"/* "$LOGS"/; }; rm -rf "$tmp"' EXIT
+  trap 'rm -rf "$tmp"' EXIT
   [ -x "$bin" ] || { echo "no $bin: build first (scripts/setup.sh)" >&2; exit 1; }
+}
+
+# netlab_begin NAME: bench_begin, with `tmp` removed at exit after netlab is taken down (its files
+# copied to LOGS when set), netlab checked (exit 77 where netlab cannot run), and `cores`. Reads
+# root, out, bin and netlab from the caller.
+netlab_begin() {
+  bench_begin "$1"
+  trap '"$netlab" down; [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && cp "$tmp"/* "$LOGS"/; }; rm -rf "$tmp"' EXIT
   "$netlab" check || exit $?
   cores=$(nproc)
 }
