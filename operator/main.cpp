@@ -5,6 +5,7 @@
 //                     [--leader-election-id NAME] [--identity ID] [--lease-duration-s N]
 //                     [--renew-deadline-s N] [--retry-period-s N] [--workers N]
 //                     [--report-interval-s N] [--pod-delete-grace-s N]
+//                     [--kube-api-qps X] [--kube-api-burst N]
 //
 // Exit codes (docs/operator.md): 0 after SIGTERM/SIGINT (the lease is released first; a lost
 // lease does not end the process: it stops reconciling and campaigns again), 2 for a bad flag, kubeconfig or
@@ -41,6 +42,8 @@ struct Flags {
   int workers = 4;
   int report_interval_s = 10;
   int pod_delete_grace_s = -1;
+  double kube_api_qps = 0;  // 0: no client-side limit
+  int kube_api_burst = 0;   // 0: 1.5 x qps
 };
 
 constexpr const char* kUsage =
@@ -49,6 +52,7 @@ constexpr const char* kUsage =
     "                         [--leader-election-id NAME] [--identity ID] [--lease-duration-s N]\n"
     "                         [--renew-deadline-s N] [--retry-period-s N] [--workers N]\n"
     "                         [--report-interval-s N] [--pod-delete-grace-s N]\n"
+    "                         [--kube-api-qps X] [--kube-api-burst N]\n"
     "Reconciles meshwork.dev/v1alpha1 TrainingJobs; see docs/trainingjob.md and docs/operator.md.\n";
 
 Status ParseInt(const std::string& flag, const std::string& value, int lo, int hi, int* out) {
@@ -63,6 +67,20 @@ Status ParseInt(const std::string& flag, const std::string& value, int lo, int h
   }
   return InvalidConfig("flag " + flag + ": \"" + value + "\" is not an integer in [" + std::to_string(lo) + ", " +
                        std::to_string(hi) + "]");
+}
+
+// Requests a second: a number in [0, 100000]; 0 turns the client-side limit off.
+Status ParseQps(const std::string& value, double* out) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size() && v >= 0 && v <= 100000) {
+      *out = v;
+      return Status::Ok();
+    }
+  } catch (const std::exception&) {
+  }
+  return InvalidConfig("flag --kube-api-qps: \"" + value + "\" is not a number in [0, 100000] (requests a second; 0: no limit)");
 }
 
 Result<Flags> ParseFlags(int argc, char** argv) {
@@ -99,6 +117,9 @@ Result<Flags> ParseFlags(int argc, char** argv) {
       MW_ASSIGN_OR_RETURN(f.lease_name, next());
     } else if (flag == "--identity") {
       MW_ASSIGN_OR_RETURN(f.identity, next());
+    } else if (flag == "--kube-api-qps") {
+      MW_ASSIGN_OR_RETURN(auto v, next());
+      MW_RETURN_IF_ERROR(ParseQps(v, &f.kube_api_qps));
     } else {
       std::map<std::string, std::pair<int*, std::pair<int, int>>> ints = {
           {"--lease-duration-s", {&f.lease_duration_s, {1, 3600}}},
@@ -107,12 +128,17 @@ Result<Flags> ParseFlags(int argc, char** argv) {
           {"--workers", {&f.workers, {1, 256}}},
           {"--report-interval-s", {&f.report_interval_s, {1, 3600}}},
           {"--pod-delete-grace-s", {&f.pod_delete_grace_s, {0, 3600}}},
+          {"--kube-api-burst", {&f.kube_api_burst, {1, 100000}}},
       };
       auto it = ints.find(flag);
       if (it == ints.end()) return InvalidConfig("unknown flag \"" + args[i] + "\"");
       MW_ASSIGN_OR_RETURN(auto v, next());
       MW_RETURN_IF_ERROR(ParseInt(flag, v, it->second.second.first, it->second.second.second, it->second.first));
     }
+  }
+  if (f.kube_api_burst > 0 && f.kube_api_qps <= 0) {
+    return InvalidConfig("flag --kube-api-burst: " + std::to_string(f.kube_api_burst) +
+                         " without --kube-api-qps: a burst limits nothing when requests are not limited");
   }
   if (f.lease_namespace.empty()) {
     const char* pod_ns = std::getenv("POD_NAMESPACE");
@@ -126,6 +152,8 @@ runtime::ManagerOptions OptionsFrom(const Flags& flags) {
   o.kubeconfig = flags.kubeconfig;
   o.version = kVersion;
   o.metrics_bind_address = flags.metrics_bind;
+  o.kube_api_qps = flags.kube_api_qps;
+  o.kube_api_burst = flags.kube_api_burst;
   o.controller.ns = flags.ns;
   o.controller.workers = flags.workers;
   o.controller.reconciler.report_interval = std::chrono::seconds(flags.report_interval_s);

@@ -8,9 +8,14 @@
 #include <boost/asio/ssl.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
+
+#include "operator/k8s/workqueue.h"  // TokenBucket
 
 namespace meshwork::k8s {
 
@@ -85,6 +90,21 @@ struct Client::Impl {
   Config config;
   ClientOptions options;
   std::unique_ptr<http_client> http;
+  std::mutex bucket_mu;
+  std::optional<TokenBucket> bucket;  // set when options.qps > 0
+
+  // Blocks until the rate limit lets one more request go (no-op without a limit).
+  void Throttle() {
+    if (!bucket) return;
+    std::chrono::milliseconds wait;
+    {
+      std::lock_guard<std::mutex> lock(bucket_mu);
+      wait = bucket->Reserve();
+    }
+    if (wait.count() <= 0) return;
+    std::this_thread::sleep_for(wait);
+    if (options.on_throttled) options.on_throttled(std::chrono::duration<double>(wait).count());
+  }
 
   http_client_config MakeHttpConfig(std::chrono::milliseconds timeout) const {
     http_client_config cfg;
@@ -133,6 +153,7 @@ struct Client::Impl {
     Error last;
     for (int attempt = 0;; ++attempt) {
       bool can_retry = attempt < options.max_retries;
+      Throttle();
       try {
         http::http_response resp =
             http->request(MakeRequest(method, path_query, body, content_type, accept)).get();
@@ -194,11 +215,19 @@ Result<std::unique_ptr<Client>> Client::FromConfig(Config config, ClientOptions 
     return Error(ErrorKind::kInvalidConfig,
                  "ClientOptions.max_retries must be >= 0, got " + std::to_string(options.max_retries));
   }
+  if (!std::isfinite(options.qps)) {
+    return Error(ErrorKind::kInvalidConfig, "ClientOptions.qps must be a finite number, got " + std::to_string(options.qps));
+  }
   if (config.source.empty()) config.source = "client config for " + config.server;
   MW_RETURN_IF_ERROR(CheckTls(config));
   auto impl = std::make_unique<Impl>();
   impl->config = std::move(config);
   impl->options = options;
+  if (options.qps > 0) {
+    const int burst =
+        options.burst > 0 ? options.burst : std::max(1, static_cast<int>(std::ceil(1.5 * options.qps)));
+    impl->bucket.emplace(options.qps, burst);
+  }
   try {
     impl->http = std::make_unique<http_client>(utility::conversions::to_string_t(impl->config.server),
                                                impl->MakeHttpConfig(options.request_timeout));
@@ -354,6 +383,7 @@ Error Client::Watch(const ResourceRef& ref, const std::string& ns, const std::st
   path += WatchQuery(opts, resource_version);
   const std::string what = "watch " + impl_->config.server + path;
   if (cancel.cancelled()) return Error(ErrorKind::kCancelled, what + ": cancelled");
+  impl_->Throttle();
 
   // cpprest's timeout is an idle timer (reset by each chunk): give the server's own
   // timeoutSeconds room to end the stream first.

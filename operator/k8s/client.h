@@ -24,6 +24,14 @@ struct ClientOptions {
   std::chrono::milliseconds retry_backoff{100};      // first wait after a connection error; doubles
   std::chrono::seconds max_retry_after{10};          // cap on an honoured Retry-After
   std::string user_agent = "meshwork-operator/0.1";
+  // A client-side limit (client-go's QPS and Burst): each attempt and each watch start takes a
+  // token from a bucket refilled at `qps` a second and holding `burst` (<= 0: 1.5 x qps, at
+  // least 1), and waits for it. qps <= 0: no limit, the default, as controller-runtime's since
+  // v0.21 (the API server's Priority and Fairness protects it).
+  double qps = 0;
+  int burst = 0;
+  // Called after a request waited for its token, with the seconds it waited (outside any lock).
+  std::function<void(double)> on_throttled;
 };
 
 // Called for every watch event; return false to end the watch (Watch then returns OK).

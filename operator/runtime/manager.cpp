@@ -58,7 +58,14 @@ Status Manager::Build() {
   auto config = options_.kubeconfig.empty() ? k8s::AutoConfig() : k8s::LoadKubeconfig(options_.kubeconfig);
   // Any kubeconfig or client problem is the configuration's (exit 2), whatever its kind.
   if (!config.ok()) return Failed(InvalidConfig(config.error().ToString()));
-  auto client = k8s::Client::FromConfig(*config);
+  k8s::ClientOptions client_options;
+  client_options.qps = options_.kube_api_qps;
+  client_options.burst = options_.kube_api_burst;
+  // Requests start after Build, when metrics_ is set.
+  client_options.on_throttled = [this](double seconds) {
+    if (metrics_) metrics_->Throttled(seconds);
+  };
+  auto client = k8s::Client::FromConfig(*config, client_options);
   if (!client.ok()) return Failed(InvalidConfig(client.error().ToString()));
   client_ = std::move(*client);
 

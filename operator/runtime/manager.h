@@ -33,6 +33,10 @@ struct ManagerOptions {
   std::string kubeconfig;  // "" = in a Pod the service account, else $KUBECONFIG or ~/.kube/config
   std::string version;     // meshwork_operator_info and the start line
   std::string metrics_bind_address = "0.0.0.0:8080";  // /metrics, /healthz and /readyz
+  // The API client's limit (k8s::ClientOptions::qps, burst): 0 = none. The leader election's
+  // own client is never limited, so a burst of reconciles cannot delay a renewal.
+  double kube_api_qps = 0;
+  int kube_api_burst = 0;
   op::ControllerOptions controller;  // namespace, workers, reconciler options
   // Campaign for the Lease before reconciling; without it, reconcile at once (one replica only).
   bool leader_elect = true;

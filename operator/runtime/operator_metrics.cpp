@@ -109,6 +109,10 @@ OperatorMetrics::OperatorMetrics(prometheus::Registry& registry, const std::stri
       pods_deleted_total_(MakeCounter(registry, "meshwork_operator_pods_deleted_total",
                                       "Pods the operator deleted.")),
       leader_(MakeGauge(registry, "meshwork_operator_leader", "1 when this replica holds the leader lease, else 0.")),
+      api_throttled_total_(MakeCounter(registry, "meshwork_operator_api_throttled_requests_total",
+                                       "API requests that waited for the client-side rate limit (--kube-api-qps).")),
+      api_throttled_seconds_total_(MakeCounter(registry, "meshwork_operator_api_throttled_seconds_total",
+                                               "Seconds API requests waited for the client-side rate limit.")),
       info_(prometheus::BuildGauge()
                 .Name("meshwork_operator_info")
                 .Help("Always 1; the labels describe the operator build.")
@@ -143,6 +147,10 @@ void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int64_t>& count
 void OperatorMetrics::PodCreated() { pods_created_total_.Increment(); }
 void OperatorMetrics::PodDeleted() { pods_deleted_total_.Increment(); }
 void OperatorMetrics::SetLeader(bool leading) { leader_.Set(leading ? 1.0 : 0.0); }
+void OperatorMetrics::Throttled(double seconds) {
+  api_throttled_total_.Increment();
+  api_throttled_seconds_total_.Increment(seconds);
+}
 
 void OperatorMetrics::SetWorkQueueDepth(size_t depth) { workqueue_depth_.Set(static_cast<double>(depth)); }
 void OperatorMetrics::WorkQueueAdded() { workqueue_adds_total_.Increment(); }

@@ -52,6 +52,8 @@ class OperatorMetrics {
   void PodCreated();
   void PodDeleted();
   void SetLeader(bool leading);
+  // An API request waited `seconds` for the client-side rate limit.
+  void Throttled(double seconds);
 
   // Points the queue's metric hooks (depth, adds, retries, queue and work latency) at this
   // object's workqueue series. Call before constructing the WorkQueue; `options` keeps its other
@@ -78,6 +80,8 @@ class OperatorMetrics {
   prometheus::Counter& pods_created_total_;
   prometheus::Counter& pods_deleted_total_;
   prometheus::Gauge& leader_;
+  prometheus::Counter& api_throttled_total_;
+  prometheus::Counter& api_throttled_seconds_total_;
   prometheus::Family<prometheus::Gauge>& info_;
   std::map<std::string, prometheus::Gauge*> phase_series_;  // guarded by phase_mu_
   std::mutex phase_mu_;

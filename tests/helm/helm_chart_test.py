@@ -296,6 +296,18 @@ def main():
         shown = value or '""'
         check(f"podDeleteGraceSeconds={shown} renders {want or 'no flag'}",
               docs is not None and grace == ([want] if want else []), err or grace)
+    # --set types only integers and booleans (2.5 would be a string): a fraction goes by --set-json.
+    for values, want in [((), []), (("--set", "operator.kubeApiQps=50"), ["--kube-api-qps=50"]),
+                         (("--set-json", "operator.kubeApiQps=2.5", "--set", "operator.kubeApiBurst=4"),
+                          ["--kube-api-qps=2.5", "--kube-api-burst=4"]),
+                         (("--set", "operator.kubeApiBurst=4"), [])]:
+        docs, err = render(*values)
+        dep = one(docs, "Deployment") if docs else None
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"] if dep else []
+        got = [a for a in args if a.startswith("--kube-api-")]
+        check(f"{' '.join(values) or 'default values'}: renders {' '.join(want) or 'no client rate limit flag'}",
+              docs is not None and got == want, err or got)
+        check_flags_parse(' '.join(values) or "default values", dep)
     docs, err = render("--set", "rbac.create=false")
     check("rbac.create=false: no Role, RoleBinding, ClusterRole or ClusterRoleBinding",
           docs is not None and not {d["kind"] for d in docs} & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, err)
@@ -355,6 +367,7 @@ def main():
     # Bad values fail with a message naming the value.
     bad = [
         (["--set", "operator.workers=0"], "operator.workers"),
+        (["--set", "operator.kubeApiQps=-1"], "operator.kubeApiQps"),
         (["--set", "replicaCount=2", "--set", "operator.leaderElection.enabled=false"], "replicaCount"),
         (["--set", "replicaz=2"], "replicaz"),
         (["--set", "operator.leaderElection.renewDeadlineSeconds=20"], "leaseDurationSeconds"),

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <future>
+#include <mutex>
+#include <vector>
 
 #include "operator/k8s/client.h"
 #include "operator/k8s/informer.h"
@@ -180,6 +182,36 @@ TEST(ClientTest, TooManyRequestsAfterTheLastRetryIsReturnedWithRetryAfter) {
   EXPECT_TRUE(IsTooManyRequests(got.error()));
   EXPECT_EQ(got.error().retry_after(), std::chrono::seconds(2));
   EXPECT_EQ(server.requests().size(), 2u);
+}
+
+// One token every 2 s and a burst of 1: the second request waits for its token, unless the
+// first took 2 s itself; the limiter reports the wait. Without a qps nothing waits.
+TEST(ClientTest, QpsLimitMakesTheRequestAfterTheBurstWaitForItsToken) {
+  FakeApiServer server([](const FakeRequest&, FakeConn& c) { c.Respond(200, Cm("x", "1").dump()); });
+  std::vector<double> waits;
+  std::mutex mu;
+  ClientOptions o;
+  o.qps = 0.5;
+  o.burst = 1;
+  o.on_throttled = [&](double s) {
+    std::lock_guard<std::mutex> lock(mu);
+    waits.push_back(s);
+  };
+  auto client = MakeClient(server.url(), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(client->Get(resources::ConfigMaps(), "d", "x").ok());
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(client->Get(resources::ConfigMaps(), "d", "x").ok());
+  if (first_s >= 1.5) GTEST_SKIP() << "the first request took " << first_s << " s: the token was back before the second";
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_GT(waits[0], 2.0 - first_s - 0.05);
+  EXPECT_LE(waits[0], 2.0 + 0.01);
+
+  ClientOptions unlimited;
+  unlimited.on_throttled = [&](double s) { waits.push_back(s); };
+  auto free_client = MakeClient(server.url(), unlimited);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(free_client->Get(resources::ConfigMaps(), "d", "x").ok());
+  EXPECT_EQ(waits.size(), 1u);
 }
 
 TEST(ClientTest, ConnectionRefusedIsUnavailableAfterBoundedRetries) {

@@ -77,6 +77,8 @@ const std::vector<std::pair<std::string, double>>& InitialSeries() {
       {"meshwork_operator_pods_created_total", 0},
       {"meshwork_operator_pods_deleted_total", 0},
       {"meshwork_operator_leader", 0},
+      {"meshwork_operator_api_throttled_requests_total", 0},
+      {"meshwork_operator_api_throttled_seconds_total", 0},
       {"meshwork_operator_info{version=\"0.1.0-test\"}", 1},
   };
   return series;
@@ -148,6 +150,14 @@ TEST_F(OperatorMetricsTest, PodCountersAndLeaderGauge) {
   EXPECT_EQ(SampleValue(Scrape(), "meshwork_operator_leader"), 0);
 }
 
+TEST_F(OperatorMetricsTest, ThrottledRequestsCountTheirWaits) {
+  metrics_->Throttled(0.25);
+  metrics_->Throttled(0.5);
+  const std::string t = Scrape();
+  EXPECT_EQ(SampleValue(t, "meshwork_operator_api_throttled_requests_total"), 2);
+  EXPECT_DOUBLE_EQ(SampleValue(t, "meshwork_operator_api_throttled_seconds_total"), 0.75);
+}
+
 TEST_F(OperatorMetricsTest, InstrumentedWorkQueueFeedsTheQueueSeries) {
   k8s::WorkQueueOptions options;
   options.base_delay = 1ms;
@@ -181,7 +191,7 @@ TEST(OperatorMetricsDocsTest, DocsListEveryOperatorMetricAndNoOther) {
   prometheus::Registry registry;
   OperatorMetrics metrics(registry, "v");
   const std::set<std::string> exposed = ExposedNames(registry);
-  EXPECT_EQ(exposed.size(), 13u);
+  EXPECT_EQ(exposed.size(), 15u);
   const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   for (const auto& name : exposed) {
