@@ -6,6 +6,7 @@
 #include <cctype>
 #include <ctime>
 
+#include "operator/controller/gang.h"
 #include "operator/controller/policy/policy.h"
 
 namespace meshwork::op {
@@ -89,6 +90,7 @@ PodView ViewPod(const json& pod) {
   const json spec = pod.value("spec", json::object());
   if (spec.is_object() && spec.contains("nodeName") && spec["nodeName"].is_string()) v.node = spec["nodeName"];
   const json status = pod.value("status", json::object());
+  v.gang_gated = HasGangGate(pod);
   v.phase = status.value("phase", "Pending");
   v.reason = status.value("reason", "");
   v.message = status.value("message", "");

@@ -77,6 +77,7 @@ struct PodView {
   std::optional<int> exit_code;          // the trainer container's, once terminated
   std::string reason;                    // why it ended or waits (OOMKilled, StartError, ...)
   std::string message;
+  bool gang_gated = false;               // still behind the operator's gang gate (kGangGate)
   // The reason of a True DisruptionTarget condition (PreemptionByScheduler, EvictionByEvictionAPI,
   // DeletionByTaintManager, TerminationByKubelet): the Pod was stopped by the cluster, not by
   // its own failure. "" when there is none.

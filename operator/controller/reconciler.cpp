@@ -359,7 +359,14 @@ ReconcileOutcome Reconciler::ReconcileJob(const std::string& key) {
   // only once every Pod of the gang has been created.
   if (!plan.status_first) {
     json next = plan.status;
-    if (applied.all) next["launchedGeneration"] = next.value("restartGeneration", int64_t{0});
+    if (applied.all) {
+      next["launchedGeneration"] = next.value("restartGeneration", int64_t{0});
+      // The Pods just created count as active, as the Job controller counts them: otherwise the
+      // next reconcile, seeing them in the cache, writes the status again only to say so.
+      if (next.contains("activeReplicas") && next["activeReplicas"].is_number_integer()) {
+        next["activeReplicas"] = next["activeReplicas"].get<int64_t>() + static_cast<int64_t>(plan.create.size());
+      }
+    }
     if (auto failed = WriteStatus(key, job, next)) return *failed;
   }
 

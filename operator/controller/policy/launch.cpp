@@ -109,6 +109,16 @@ void Progress(const JobState& job, const TrainerReport& report, Decision& d) {
   d.status["trainer"] = trainer;
 }
 
+// A Pending Pod's reason that is normal progress, not news: its containers being created or
+// initialized, or the operator's own gang gate (the gang's admission says why it waits, in a
+// GangWaiting Event). Leaving these out of the Running condition spares a status write for each
+// step every Pod takes; a reason that needs the user (Unschedulable, ErrImagePull, another
+// party's scheduling gate) still shows.
+bool RoutineWait(const PodView& pod) {
+  if (pod.reason == "ContainerCreating" || pod.reason == "PodInitializing") return true;
+  return pod.reason == "SchedulingGated" && pod.gang_gated;
+}
+
 }  // namespace
 
 Decision Launch(const JobState& job) {
@@ -140,7 +150,7 @@ Decision Launch(const JobState& job) {
   } else {
     std::string waiting;
     for (const auto& pod : current) {
-      if (pod.phase == "Pending" && !pod.reason.empty()) {
+      if (pod.phase == "Pending" && !pod.reason.empty() && !RoutineWait(pod)) {
         waiting = "; " + pod.name + ": " + pod.reason + (pod.message.empty() ? "" : " (" + pod.message + ")");
         break;
       }

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "operator/controller/gang.h"
 #include "tests/operator/controller/builders.h"
 
 namespace meshwork::op::policy {
@@ -80,6 +81,30 @@ TEST(LaunchTest, AWaitingRankSaysWhy) {
   const Decision d = Launch(State(Job({}, restarting), {Pod(0, 0, "Running"), pending}).Get());
   EXPECT_EQ(d.phase, "Restarting");
   EXPECT_EQ(d.conditions.at(0).message, "1 of 2 pod(s) started; tiny-1: Unschedulable (no node)");
+}
+
+// Normal progress (containers being created, the operator's own gang gate) is not written into
+// the condition, so each step a Pod takes does not cost a status write; another party's gate and
+// a container that cannot start still show.
+TEST(LaunchTest, RoutineWaitsAreNotReportedButOtherReasonsAre) {
+  auto waiting = [](const std::string& reason, const std::string& message, bool our_gate) {
+    json pod = Pod(1, 0, "Pending");
+    if (reason == "SchedulingGated") {
+      pod["status"]["conditions"] =
+          json::array({{{"type", "PodScheduled"}, {"status", "False"}, {"reason", reason}, {"message", message}}});
+      pod["spec"]["schedulingGates"] = json::array({{{"name", our_gate ? kGangGate : "example.com/quota"}}});
+    } else {
+      pod["status"]["containerStatuses"] = json::array(
+          {{{"name", kTrainerContainer}, {"state", {{"waiting", {{"reason", reason}, {"message", message}}}}}}});
+    }
+    return Launch(State(Job(), {Pod(0, 0, "Running"), pod}).Get()).conditions.at(0).message;
+  };
+  EXPECT_EQ(waiting("ContainerCreating", "", false), "1 of 2 pod(s) started");
+  EXPECT_EQ(waiting("PodInitializing", "", false), "1 of 2 pod(s) started");
+  EXPECT_EQ(waiting("SchedulingGated", "gated", true), "1 of 2 pod(s) started");
+  EXPECT_EQ(waiting("SchedulingGated", "gated", false), "1 of 2 pod(s) started; tiny-1: SchedulingGated (gated)");
+  EXPECT_EQ(waiting("ErrImagePull", "no such image", false),
+            "1 of 2 pod(s) started; tiny-1: ErrImagePull (no such image)");
 }
 
 TEST(LaunchTest, RankZerosReportGoesIntoTheStatus) {
