@@ -20,6 +20,8 @@ for (jobs, pods), kinds in sorted(by.items()):
     rate = {}
     for kind in ["tj", "job"] + sorted(k for k in kinds if k.startswith("job-qps")):
         runs = kinds.get(kind, [])
+        if not runs:
+            continue  # not run for this row (SKIP)
         ok = [r for r in runs if r[6] == "ok"]
         rates = [jobs * pods / float(r[0]) for r in ok if r[0] != "-" and float(r[0]) > 0]
         rate[kind] = statistics.median(rates) if rates else None
@@ -29,9 +31,10 @@ for (jobs, pods), kinds in sorted(by.items()):
         per_job = [float(r[2]) / jobs for r in ok if r[2] != "-"]
         print(f"| {jobs} x {pods} | {name} | {len(ok)} of {len(runs)} | {cells[0]} | {rate_cell} | {med([r[1] for r in ok])[0]} | "
               f"{med(per_job)[0]} | {med([r[3] for r in ok])[0]} | {med([r[4] for r in ok])[0]} | {med([r[5] for r in ok])[0]} |")
-    if rate["tj"] and rate["job"]:
-        ratios.append(f"{jobs} x {pods}: x{rate['tj'] / rate['job']:.2f}" +
-                      "".join(f", x{rate['tj'] / rate[k]:.2f} against {k}" for k in rate if k.startswith("job-qps") and rate[k]))
+    if rate.get("tj"):
+        against = [(k, rate[k]) for k in rate if k != "tj" and rate[k]]
+        if against:
+            ratios.append(f"{jobs} x {pods}: " + ", ".join(f"x{rate['tj'] / r:.2f} against {k}" for k, r in against))
 print()
 print("TrainingJobs' Pods/s over the Job controller's (medians): " + ("; ".join(ratios) if ratios else "none"))
 failed = [" ".join(r) for r in rows if r[-1] != "ok"]
