@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,9 +18,9 @@
 #include "trainer/compiler/hardware_profile.h"
 #include "trainer/compiler/mesh_choice.h"
 #include "trainer/compiler/pipeline/generators.h"
-#include "trainer/compiler/pipeline/model_stages.h"
+#include "trainer/compiler/pipeline/price.h"
 #include "trainer/compiler/pipeline/simulate.h"
-#include "trainer/compiler/pipeline/steps.h"
+#include "trainer/compiler/plan_search.h"
 #include "trainer/compiler/planner.h"
 #include "trainer/compiler/simulator.h"
 #include "trainer/config/hardware.h"
@@ -78,6 +79,13 @@ stages gathered before its program, reduce-scattered after it) and --activation-
                           trainer's barriers), or all (default: all that run
                           the shape); with --dump-plan each one's program and timeline
 
+The whole plan instead (docs/simulator.md, "The whole plan"): every mesh, schedule, micro-batching and
+checkpointing the trainer can run, estimated, the best scored by the simulator, the fastest that
+fits chosen:
+  --auto                  search (with --profile, --model, --gpus, --seq-len; --tp or --pp pin theirs)
+  --global-batch N        sequences a step over every data parallel rank (required with --auto)
+  --finalists K           single-program plans the simulator scores (default 4; pipelines 8 x K)
+
 From a compiled-FSDP run's calibration instead (fsdp.calibration_out: its links, CPU
 interference, step overhead, traced modules and fitted compute scale), both plans as that run
 would make them, under:
@@ -130,6 +138,11 @@ struct Options {
   int virtual_stages = 1;
   int microbatches = 0;  // 0: 2 x pp
   std::string pipeline_schedule = "all";
+  // --auto: the whole plan searched (plan_search.h); --tp and --pp, when given, pin theirs.
+  bool auto_plan = false;
+  int64_t global_batch = 0;
+  int finalists = 4;
+  bool tp_given = false, pp_given = false;
 };
 
 Status ParseBool(const std::string& flag, const std::string& text, bool* out) {
@@ -160,7 +173,8 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
                                            "--batch", "--bucketing", "--memory-budget-gib", "--calibration",
                                            "--link-scale", "--reshard-after-forward", "--embedding-rows",
                                            "--vocab-parallel-head", "--memory-budget-mib", "--pp",
-                                           "--virtual-stages", "--microbatches", "--pipeline-schedule"};
+                                           "--virtual-stages", "--microbatches", "--pipeline-schedule",
+                                           "--global-batch", "--finalists"};
   const std::vector<std::string> profile_only = {"--profile", "--model", "--gpus", "--dp-shard", "--tp",
                                                  "--sequence-parallel", "--async-tp", "--seq-len",
                                                  "--batch", "--memory-budget-gib", "--activation-checkpointing",
@@ -180,6 +194,10 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     }
     if (flag == "--activation-checkpointing" && eq == std::string::npos) {
       o.activation_checkpointing = true;
+      continue;
+    }
+    if (flag == "--auto" && eq == std::string::npos) {
+      o.auto_plan = true;
       continue;
     }
     if (std::find(valued.begin(), valued.end(), flag) == valued.end()) {
@@ -209,6 +227,12 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     } else if (flag == "--tp") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 10, &n));
       o.tp = static_cast<int>(n);
+      o.tp_given = true;
+    } else if (flag == "--global-batch") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, int64_t{1} << 30, &o.global_batch));
+    } else if (flag == "--finalists") {
+      MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1000, &n));
+      o.finalists = static_cast<int>(n);
     } else if (flag == "--sequence-parallel") {
       MW_RETURN_IF_ERROR(ParseBool(flag, value, &o.sequence_parallel));
     } else if (flag == "--async-tp") {
@@ -236,6 +260,7 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     } else if (flag == "--pp" || flag == "--virtual-stages" || flag == "--microbatches") {
       MW_RETURN_IF_ERROR(ParseInt(flag, value, 1, 1 << 16, &n));
       (flag == "--pp" ? o.pp : flag == "--virtual-stages" ? o.virtual_stages : o.microbatches) = static_cast<int>(n);
+      o.pp_given = o.pp_given || flag == "--pp";
     } else if (flag == "--pipeline-schedule") {
       if (value != "all") {
         auto kind = compiler::pipeline::ParseScheduleKind(value);
@@ -266,6 +291,20 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
   if (o.profile.empty()) return meshwork::InvalidConfig("--profile FILE is required");
   if (o.model.empty()) return meshwork::InvalidConfig("--model NAME is required");
   if (o.gpus == 0) return meshwork::InvalidConfig("--gpus N is required");
+  if (o.auto_plan) {
+    // The search chooses these; giving one beside --auto contradicts it.
+    for (const std::string& flag : given) {
+      for (const char* chosen : {"--dp-shard", "--virtual-stages", "--microbatches", "--pipeline-schedule", "--batch",
+                                 "--activation-checkpointing", "--memory-budget-gib", "--dump-plan", "--bucketing"}) {
+        if (flag == chosen) return meshwork::InvalidConfig(flag + " does not go with --auto: the search chooses it");
+      }
+    }
+    if (o.global_batch == 0) return meshwork::InvalidConfig("--auto needs --global-batch N (sequences a step)");
+    return o;
+  }
+  for (const std::string& flag : given) {
+    if (flag == "--global-batch" || flag == "--finalists") return meshwork::InvalidConfig(flag + " needs --auto");
+  }
   if (o.gpus % o.tp != 0) {
     return meshwork::InvalidConfig("--tp: " + std::to_string(o.tp) + " does not divide --gpus " + std::to_string(o.gpus));
   }
@@ -473,145 +512,138 @@ int RunCalibrated(const Options& o) {
 // --pp: the pipeline schedules for the model cut into pp x virtual stages, side by side.
 int RunPipeline(const Options& o, const meshwork::model::LlamaConfig& config, const compiler::HardwareProfile& profile) {
   namespace pipeline = compiler::pipeline;
-  const pipeline::Shape shape{o.pp, o.virtual_stages, o.microbatches};
-  // One micro-batch of --batch sequences on one tp group, no data parallel sharding: each rank
-  // holds its stages' layers whole.
-  Options one = o;
-  one.dp_shard = 1;
-  one.gpus = o.tp;
-  const compiler::LlamaShape llama = ShapeOf(one, config, profile);
-  auto cost = compiler::MakeCostModel(profile, 1, 1, o.tp);
-  if (!cost.ok()) return Fail(cost.status());
-  // pp is the outermost mesh dim: a pipeline's ranks are gpus / pp apart, on other nodes once
-  // that spans a node.
-  const bool inter = !compiler::GroupsWithinNode(o.pp, o.gpus / o.pp, o.gpus, profile.gpus_per_node);
-  if (inter && !profile.has_inter_node) {
-    return Fail(meshwork::InvalidConfig("--pp: the stages are on different nodes and profile " + profile.name +
-                                        " has no inter_node link"));
-  }
-  const compiler::LinkCost link = inter ? profile.inter_node : profile.intra_node;
-  // The residual stream a stage passes on (its gradient back): split by tokens under sequence
-  // parallelism.
-  const int64_t boundary = o.batch * o.seq_len * config.hidden_size * llama.activation_bytes /
-                           (o.tp > 1 && o.sequence_parallel ? o.tp : 1);
-  auto stages = pipeline::StagesOf(compiler::LlamaSkeleton(llama), *cost, shape.stages(), boundary, link);
-  if (!stages.ok()) return Fail(stages.status());
-
-  // FSDP inside the stages, as the trainer runs it (trainer/train/pipeline_engine.cpp): a group
-  // per decoder layer (and the embedding's, the head's), gathered over dp_shard from the program's
-  // start in the order the stages use them, each reduce-scattered as the step's last backward
-  // through it ends (the tied table's after the program), then all-reduced over the replicas
-  // (pipeline::OverlapFsdp); static state 16 bytes a parameter over dp_shard (fp32 master,
-  // gradient and AdamW's two moments), and while the step runs the parameters whole in bf16 and
-  // their gradients whole in fp32.
-  const int replicas = o.gpus / (o.pp * o.tp * o.dp_shard);
-  auto fsdp_cost = compiler::MakeCostModel(profile, replicas, o.dp_shard, o.tp);
-  if (!fsdp_cost.ok()) return Fail(fsdp_cost.status());
-  Options sharded = o;
-  sharded.gpus = replicas * o.dp_shard * o.tp;
-  const compiler::Graph sharded_skeleton = compiler::LlamaSkeleton(ShapeOf(sharded, config, profile));
-  auto params = pipeline::StageParamsOf(sharded_skeleton, stages->partition);
-  if (!params.ok()) return Fail(params.status());
-  auto groups = pipeline::FsdpGroupsOf(sharded_skeleton, stages->partition, *fsdp_cost);
-  if (!groups.ok()) return Fail(groups.status());
-  std::vector<pipeline::StageParams> per_rank(static_cast<size_t>(o.pp));
-  for (int s = 0; s < shape.stages(); ++s) {
-    pipeline::StageParams& r = per_rank[static_cast<size_t>(shape.RankOf(s))];
-    r.gathered_bytes += (*params)[static_cast<size_t>(s)].gathered_bytes;
-    r.grad_bytes += (*params)[static_cast<size_t>(s)].grad_bytes;
-    r.shard_bytes += (*params)[static_cast<size_t>(s)].shard_bytes;
-  }
-  // Activation checkpointing recomputes one layer at a time: its whole activations on top.
-  int64_t workspace = 0;
-  if (o.activation_checkpointing) {
-    compiler::LlamaShape whole = llama;
-    whole.activation_checkpointing = false;
-    for (const compiler::ModuleInfo& m : compiler::LlamaSkeleton(whole).modules) {
-      if (m.name.rfind("layers.", 0) == 0) workspace = std::max(workspace, m.activation_bytes);
-    }
-  }
-
-  std::cout << "meshwork-simulate (simulated, not measured): pipeline schedules for " << o.model << ", "
-            << Count(static_cast<double>(config.NumParameters())) << " parameters, on " << o.gpus << " x " << profile.name
-            << "\n  pp " << o.pp << " x " << o.virtual_stages << " virtual stages, tp " << o.tp << ", dp_shard "
-            << o.dp_shard << " x dp_replicate " << replicas << " (FSDP inside the stages), "
-            << o.gpus / (o.pp * o.tp) << " pipelines; " << o.microbatches << " micro-batches of " << o.batch
-            << " x " << o.seq_len << " tokens; transfers of " << Fixed(static_cast<double>(boundary) / (1 << 20), 1)
-            << " MiB on the " << (inter ? "inter" : "intra") << "-node link ("
-            << Fixed(link.bus_bytes_per_second / 1e9, 1) << " GB/s + " << Fixed(link.latency_seconds * 1e6, 1)
-            << " us)\n  stages (decoder layers, first to last):";
-  const auto& first = stages->partition.first_layer;
-  for (size_t s = 0; s + 1 < first.size(); ++s) std::cout << " " << first[s + 1] - first[s];
-  std::cout << " (the embedding with the first, the head with the last); slowest stage "
-            << Fixed(stages->partition.max_seconds, 4) << " s a micro-batch\n"
-            << "  FSDP: a group per decoder layer, gathered ahead of its first use and reduce-scattered as its last "
-               "backward ends; shard link "
-            << Fixed(fsdp_cost->shard_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
-            << Fixed(fsdp_cost->shard_link.latency_seconds * 1e6, 1) << " us; the fullest rank gathers "
-            << Fixed(GiB(std::max_element(per_rank.begin(), per_rank.end(),
-                                          [](const auto& a, const auto& b) { return a.gathered_bytes < b.gathered_bytes; })
-                             ->gathered_bytes),
-                     2)
-            << " GiB" << (o.activation_checkpointing ? "; every layer checkpointed" : "") << "\n";
   std::vector<pipeline::ScheduleKind> kinds;
   if (o.pipeline_schedule == "all") {
     kinds = pipeline::AllSchedules();
   } else {
     kinds = {*pipeline::ParseScheduleKind(o.pipeline_schedule)};
   }
-  const double tokens = static_cast<double>(o.microbatches) * static_cast<double>(o.batch) * static_cast<double>(o.seq_len);
+  // One micro-batch of --batch sequences on one tp group (pipeline::PricePipeline).
+  Options one = o;
+  one.dp_shard = 1;
+  one.gpus = o.tp;
+  pipeline::PipelinePlan plan;
+  plan.llama = ShapeOf(one, config, profile);
+  plan.gpus = o.gpus;
+  plan.pp = o.pp;
+  plan.virtual_stages = o.virtual_stages;
+  plan.microbatches = o.microbatches;
+  plan.dp_shard = o.dp_shard;
+  if (o.activation_checkpointing) plan.checkpointed.assign(static_cast<size_t>(config.num_hidden_layers), true);
+  std::vector<std::pair<pipeline::ScheduleKind, meshwork::Result<pipeline::PricedPipeline>>> priced;
+  const pipeline::PricedPipeline* first = nullptr;
   for (pipeline::ScheduleKind kind : kinds) {
+    plan.schedule = kind;
+    priced.emplace_back(kind, pipeline::PricePipeline(profile, plan));
+    if (!priced.back().second.ok() && o.pipeline_schedule != "all") return Fail(priced.back().second.status());
+  }
+  for (const auto& [kind, r] : priced) {
+    if (r.ok()) {
+      first = &*r;
+      break;
+    }
+  }
+  if (first == nullptr) return Fail(priced.front().second.status());
+
+  const int replicas = o.gpus / (o.pp * o.tp * o.dp_shard);
+  const auto& part = first->stages.partition;
+  std::cout << "meshwork-simulate (simulated, not measured): pipeline schedules for " << o.model << ", "
+            << Count(static_cast<double>(config.NumParameters())) << " parameters, on " << o.gpus << " x " << profile.name
+            << "\n  pp " << o.pp << " x " << o.virtual_stages << " virtual stages, tp " << o.tp << ", dp_shard "
+            << o.dp_shard << " x dp_replicate " << replicas << " (FSDP inside the stages), "
+            << o.gpus / (o.pp * o.tp) << " pipelines; " << o.microbatches << " micro-batches of " << o.batch
+            << " x " << o.seq_len << " tokens; transfers of "
+            << Fixed(static_cast<double>(first->boundary_bytes) / (1 << 20), 1) << " MiB on the "
+            << (first->inter_node ? "inter" : "intra") << "-node link ("
+            << Fixed(first->link.bus_bytes_per_second / 1e9, 1) << " GB/s + " << Fixed(first->link.latency_seconds * 1e6, 1)
+            << " us)\n  stages (decoder layers, first to last):";
+  for (size_t s = 0; s + 1 < part.first_layer.size(); ++s) std::cout << " " << part.first_layer[s + 1] - part.first_layer[s];
+  std::cout << " (the embedding with the first, the head with the last); slowest stage " << Fixed(part.max_seconds, 4)
+            << " s a micro-batch\n"
+            << "  FSDP: a group per decoder layer, gathered ahead of its first use and reduce-scattered as its last "
+               "backward ends; shard link "
+            << Fixed(first->fsdp_cost.shard_link.bus_bytes_per_second / 1e9, 1) << " GB/s + "
+            << Fixed(first->fsdp_cost.shard_link.latency_seconds * 1e6, 1) << " us; the fullest rank gathers "
+            << Fixed(GiB(std::max_element(first->per_rank.begin(), first->per_rank.end(),
+                                          [](const auto& a, const auto& b) { return a.gathered_bytes < b.gathered_bytes; })
+                             ->gathered_bytes),
+                     2)
+            << " GiB" << (o.activation_checkpointing ? "; every layer checkpointed" : "") << "\n";
+  for (const auto& [kind, r] : priced) {
     const std::string label = std::string(pipeline::ScheduleName(kind)) + ":";
-    const bool async = kind == pipeline::ScheduleKind::kPipeMare;
-    // PipeMare: its steady step, as the trainer runs it between two steps' barriers (steps.h), the
-    // minibatch of --microbatches; FSDP inside the stages does not compose with it (the trainer
-    // refuses it).
-    auto program = [&]() -> meshwork::Result<pipeline::Program> {
-      if (!async) return pipeline::Generate(kind, shape);
-      if (o.dp_shard > 1) {
-        return meshwork::InvalidConfig("pipemare updates each stage at its own time, which FSDP inside the stages "
-                                       "(--dp-shard " + std::to_string(o.dp_shard) + ") does not allow");
-      }
-      pipeline::Shape one = shape;
-      one.per_update = shape.microbatches;
-      MW_ASSIGN_OR_RETURN(pipeline::AsyncSteps steps, pipeline::SplitIntoSteps(one));
-      return steps.steady;
-    }();
-    if (!program.ok()) {
-      if (o.pipeline_schedule != "all") return Fail(program.status());
-      std::cout << std::left << std::setw(18) << label << "does not run this shape: " << program.status().message() << "\n";
+    if (!r.ok()) {
+      std::cout << std::left << std::setw(18) << label << "does not run this shape: " << r.status().message() << "\n";
       continue;
     }
-    auto r = async ? pipeline::SimulateStep(*program, stages->cost) : pipeline::SimulatePipeline(*program, stages->cost);
-    if (!r.ok()) return Fail(r.status());
-    // Each rank's program late by what it waits for gathers, its reduce-scatters overlapped with
-    // its last backwards, then the replicas' all-reduce.
-    const std::vector<pipeline::RankFsdp> overlapped = pipeline::OverlapFsdp(*program, *r, *groups);
-    double step = 0;
-    int64_t peak = 0, held = 0;
-    for (int rank = 0; rank < o.pp; ++rank) {
-      const pipeline::StageParams& p = per_rank[static_cast<size_t>(rank)];
-      step = std::max(step, overlapped[static_cast<size_t>(rank)].end +
-                                fsdp_cost->CollectiveSeconds(compiler::OpKind::kAllReduce, p.grad_bytes / o.dp_shard));
-      const int64_t activations = r->peak_bytes[static_cast<size_t>(rank)] + workspace;
-      // PipeMare also keeps the velocity of its discrepancy correction, and a copy of the weights
-      // while a corrected backward runs: two more copies of the stage's parameters.
-      const int64_t rank_peak = (async ? 6 : 4) * p.shard_bytes + p.gathered_bytes + p.grad_bytes + activations;
-      if (rank_peak > peak) {
-        peak = rank_peak;
-        held = activations;
-      }
-    }
-    const double tps = step > 0 ? tokens / step / (o.pp * o.tp) : 0;
-    std::cout << std::left << std::setw(18) << label << "step " << Fixed(step, 4) << " s (program "
-              << Fixed(r->step_seconds, 4) << " s, bubble " << Fixed(100 * r->bubble_fraction, 1) << "%; FSDP exposed "
-              << Fixed(step - r->step_seconds, 4) << " s) | peak " << Fixed(GiB(peak), 2) << " GiB (activations "
-              << Fixed(GiB(held), 2) << ", the fullest rank)" << (peak > profile.memory_bytes ? " exceeds " + Fixed(GiB(profile.memory_bytes), 1) + " GiB device memory" : "")
-              << " | " << Fixed(tps, 0) << " tok/s/GPU | MFU "
-              << Fixed(100 * tps * config.TrainingFlopsPerToken(o.seq_len) / profile.peak_flops_per_second, 1) << "%\n";
-    if (o.dump_plan) {
-      std::cout << pipeline::Print(*program) << pipeline::Timeline(*program, *r) << "\n";
-    }
+    std::cout << std::left << std::setw(18) << label << "step " << Fixed(r->step_seconds, 4) << " s (program "
+              << Fixed(r->run.step_seconds, 4) << " s, bubble " << Fixed(100 * r->run.bubble_fraction, 1)
+              << "%; FSDP exposed " << Fixed(r->step_seconds - r->run.step_seconds, 4) << " s) | peak "
+              << Fixed(GiB(r->peak_bytes), 2) << " GiB (activations " << Fixed(GiB(r->activation_bytes), 2)
+              << ", the fullest rank)"
+              << (r->peak_bytes > profile.memory_bytes
+                      ? " exceeds " + Fixed(GiB(profile.memory_bytes), 1) + " GiB device memory"
+                      : "")
+              << " | " << Fixed(r->tokens_per_second, 0) << " tok/s/GPU | MFU " << Fixed(100 * r->mfu, 1) << "%\n";
+    if (o.dump_plan) std::cout << pipeline::Print(r->program) << pipeline::Timeline(r->program, r->run) << "\n";
+  }
+  return exit_code::kOk;
+}
+
+// One scored or estimated plan on a line: its step, peak memory, tokens/s and MFU.
+std::string ScoreLine(const compiler::PlanScore& s, const compiler::HardwareProfile& profile) {
+  std::ostringstream out;
+  out << "step " << Fixed(s.step_seconds, 3) << " s | peak " << Fixed(GiB(s.peak_bytes), 1) << " of "
+      << Fixed(GiB(profile.memory_bytes), 1) << " GiB | " << Fixed(s.tokens_per_second, 0) << " tok/s/GPU | MFU "
+      << Fixed(100 * s.mfu, 1) << "%";
+  if (s.bubble > 0) out << " | bubble " << Fixed(100 * s.bubble, 1) << "%";
+  return out.str();
+}
+
+// --auto: the whole plan searched (compiler::SearchPlans), the choice, the runners-up scored
+// beside it, the best estimates not scored, and why the others lost.
+int RunAuto(const Options& o, const meshwork::model::LlamaConfig& config, const compiler::HardwareProfile& profile) {
+  compiler::SearchSpec spec;
+  spec.config = config;
+  spec.seq_len = o.seq_len;
+  spec.global_batch = o.global_batch;
+  spec.gpus = o.gpus;
+  spec.tp = o.tp_given ? o.tp : 0;
+  spec.pp = o.pp_given ? o.pp : 0;
+  spec.finalists = o.finalists;
+  auto search = compiler::SearchPlans(profile, spec);
+  if (!search.ok()) return Fail(search.status());
+  const compiler::PlanSearch& r = *search;
+  std::cout << "meshwork-simulate --auto (simulated, not measured): " << o.model << ", "
+            << Count(static_cast<double>(config.NumParameters())) << " parameters, on " << o.gpus << " x "
+            << profile.name << "; " << o.global_batch << " sequences of " << o.seq_len << " tokens a step\n"
+            << "  searched " << r.enumerated << " plans in " << Fixed(r.seconds, 2) << " s: " << r.rejected.size()
+            << " out (rules or memory), " << r.finalists.size() + r.estimated.size() << " fit by the estimate, "
+            << r.finalists.size() << " scored by the planner and the simulator\n";
+  const compiler::PlanCandidate& best = r.chosen();
+  std::cout << "chosen: " << compiler::Describe(best.plan) << "\n  " << ScoreLine(*best.simulated, profile)
+            << "\n  estimated beforehand: " << ScoreLine(best.estimate, profile) << "\n";
+  for (const std::string& choice : best.choices) std::cout << "  compiled plan: " << choice << "\n";
+  std::cout << "runners-up (scored):\n";
+  for (size_t i = 1; i < r.finalists.size(); ++i) {
+    const compiler::PlanCandidate& c = r.finalists[i];
+    std::cout << "  " << i + 1 << ". " << compiler::Describe(c.plan) << "\n     " << ScoreLine(*c.simulated, profile)
+              << " (x" << Fixed(c.simulated->step_seconds / best.simulated->step_seconds, 3) << " the chosen step)\n";
+  }
+  std::cout << "next by the estimate (not scored):\n";
+  for (size_t i = 0; i < std::min<size_t>(5, r.estimated.size()); ++i) {
+    std::cout << "  " << compiler::Describe(r.estimated[i].plan) << "\n     " << ScoreLine(r.estimated[i].estimate, profile)
+              << " (estimated)\n";
+  }
+  // Why the others lost: the first reason of each kind, with how many plans it ruled out.
+  std::map<std::string, std::pair<int, std::string>> reasons;
+  for (const compiler::PlanCandidate& c : r.rejected) {
+    const std::string kind = c.rejected.substr(0, c.rejected.find(':'));
+    auto& [count, example] = reasons[kind];
+    if (count++ == 0) example = compiler::Describe(c.plan) + ": " + c.rejected.substr(kind.size() + 2);
+  }
+  std::cout << "out before scoring:\n";
+  for (const auto& [kind, entry] : reasons) {
+    std::cout << "  " << entry.first << " x " << kind << ", e.g. " << entry.second << "\n";
   }
   return exit_code::kOk;
 }
@@ -622,6 +654,7 @@ int Run(Options o) {
   if (!profile.ok()) return Fail(profile.status());
   auto config = ModelConfig(o.model);
   if (!config.ok()) return Fail(config.status());
+  if (o.auto_plan) return RunAuto(o, *config, *profile);
   if (o.auto_mesh) {
     auto chosen = ChooseDpShard(o, *config, *profile);
     if (!chosen.ok()) return Fail(chosen.status());

@@ -37,7 +37,7 @@ grep "^1f1b:" <<<"$out" | grep -q "exceeds" && fail "1f1b with every layer check
 # for alone); with replicas only, its steady step idles less than 1F1B's at the same micro-batches.
 grep -q "^pipemare: *does not run this shape: pipemare updates each stage at its own time" <<<"$out" &&
   pass "pipemare says why it does not run with FSDP inside the stages" || fail "pipemare line: $(grep '^pipemare' <<<"$out")"
-expect_exit "pipemare with --dp-shard 8" 2 "FSDP inside the stages (--dp-shard 8)" -- \
+expect_exit "pipemare with --dp-shard 8" 2 "FSDP inside the stages (dp_shard 8)" -- \
   "$sim" --profile h100-ib-400g --model llama3-70b --gpus 256 --tp 8 --pp 4 --microbatches 16 --pipeline-schedule pipemare
 rep="$("$sim" --profile h100-ib-400g --model llama3-70b --gpus 256 --tp 8 --pp 4 --microbatches 16 --dp-shard 1 \
   --activation-checkpointing 2>&1)"
