@@ -563,6 +563,8 @@ Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec&
   }
   std::stable_sort(fitting.begin(), fitting.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) { return Faster(a.estimate, b.estimate); });
+  const auto t_estimated = Clock::now();
+  out.estimate_seconds = std::chrono::duration<double>(t_estimated - t0).count();
   // The finalists: the best `finalists` single-program plans by the estimate (the planner takes
   // seconds on a large model) and the best 8 x `finalists` pipelines (the pipeline simulator
   // takes milliseconds), or every plan when exhaustive.
@@ -599,6 +601,8 @@ Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec&
                    [](const PlanCandidate& a, const PlanCandidate& b) { return Faster(*a.simulated, *b.simulated); });
   // The choice, when a single-program plan, planned in full as the trainer will (its row and
   // choices then the compiled plan's; never slower than the quick plan it was ranked by).
+  const auto t_scored = Clock::now();
+  out.score_seconds = std::chrono::duration<double>(t_scored - t_estimated).count();
   PlanCandidate& chosen = out.finalists.front();
   if (chosen.plan.pp == 1 && !spec.full_plans) {
     PlanCandidate full = chosen;
@@ -607,7 +611,9 @@ Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec&
       chosen = std::move(full);
     }
   }
-  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t_end = Clock::now();
+  out.full_plan_seconds = std::chrono::duration<double>(t_end - t_scored).count();
+  out.seconds = std::chrono::duration<double>(t_end - t0).count();
   return out;
 }
 

@@ -117,7 +117,10 @@ struct PlanSearch {
   std::vector<PlanCandidate> estimated;  // fitting by the estimate, not scored, fastest first
   std::vector<PlanCandidate> rejected;   // pruned or out of memory, with the reason
   int enumerated = 0;
-  double seconds = 0;  // the search's wall time
+  double seconds = 0;  // the search's wall time, in three parts:
+  double estimate_seconds = 0;   // enumerating and estimating every plan
+  double score_seconds = 0;      // the finalists by the simulator
+  double full_plan_seconds = 0;  // a single-program choice planned in full
   const PlanCandidate& chosen() const { return finalists.front(); }
 };
 

@@ -616,7 +616,9 @@ int RunAuto(const Options& o, const meshwork::model::LlamaConfig& config, const 
   std::cout << "meshwork-simulate --auto (simulated, not measured): " << o.model << ", "
             << Count(static_cast<double>(config.NumParameters())) << " parameters, on " << o.gpus << " x "
             << profile.name << "; " << o.global_batch << " sequences of " << o.seq_len << " tokens a step\n"
-            << "  searched " << r.enumerated << " plans in " << Fixed(r.seconds, 2) << " s: " << r.rejected.size()
+            << "  searched " << r.enumerated << " plans in " << Fixed(r.seconds, 2) << " s (estimates "
+            << Fixed(r.estimate_seconds, 2) << " s, the finalists " << Fixed(r.score_seconds, 2) << " s, the choice's full plan "
+            << Fixed(r.full_plan_seconds, 2) << " s): " << r.rejected.size()
             << " out (rules or memory), " << r.finalists.size() + r.estimated.size() << " fit by the estimate, "
             << r.finalists.size() << " scored by the planner and the simulator\n";
   const compiler::PlanCandidate& best = r.chosen();
