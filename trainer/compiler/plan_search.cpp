@@ -101,6 +101,28 @@ std::string Describe(const ParallelPlan& p) {
   return s.str();
 }
 
+std::string PlanConfigYaml(const ParallelPlan& p, int64_t seq_len, int64_t global_batch) {
+  std::ostringstream y;
+  y << "mesh: {dp_replicate: " << p.dp_replicate << ", dp_shard: " << p.dp_shard << ", tp: " << p.tp
+    << ", pp: " << p.pp << "}\n";
+  if (p.pp > 1) {
+    y << "pipeline: {schedule: " << pipeline::ScheduleName(p.schedule) << ", virtual_stages: " << p.virtual_stages
+      << "}\n";
+  }
+  y << "data: {batch_size: " << p.microbatch << ", seq_len: " << seq_len << "}\n";
+  y << "training: {grad_accum: " << (p.pp > 1 ? p.microbatches : 1) << ", global_batch_size: " << global_batch;
+  switch (p.checkpoint_every) {
+    case -1: y << ", activation_checkpointing: auto"; break;
+    case 0: y << ", activation_checkpointing: none"; break;
+    case 1: y << ", activation_checkpointing: all"; break;
+    default: y << ", activation_checkpointing: selective, checkpoint_every: " << p.checkpoint_every; break;
+  }
+  y << "}\n";
+  y << "fsdp: {mode: " << (p.pp == 1 && p.dp_shard > 1 ? "compiled" : "eager")
+    << ", reshard_after_forward: " << (p.reshard_after_forward ? "true" : "false") << "}\n";
+  return y.str();
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -157,12 +179,14 @@ int64_t GradBytes(const Graph& g, const ModuleInfo& m) {
   return b;
 }
 
-// What tensor parallelism's exchanges add to a module's compute in one phase: the better of
-// whole and split in four (the async_tp pass chooses by the same cost model).
-double TpExposed(const CostModel& cost, ModuleInfo m, Phase phase) {
+// What tensor parallelism's exchanges add to a module's compute in one phase: whole, or
+// `overlapped`, the better of whole and split in four (the async_tp pass of a single-program
+// plan chooses by the same cost model; the pipeline trainer has no async TP).
+double TpExposed(const CostModel& cost, ModuleInfo m, Phase phase, bool overlapped) {
   const double compute = phase == Phase::kForward ? m.fwd_seconds : m.bwd_seconds;
   m.tp_chunks = 1;
   const double whole = cost.TpExposedSeconds(m, phase, compute);
+  if (!overlapped) return whole;
   m.tp_chunks = 4;
   return std::min(whole, cost.TpExposedSeconds(m, phase, compute));
 }
@@ -176,6 +200,8 @@ PlanScore Scored(double step, double tokens_per_gpu_step, int64_t peak, const Se
   s.peak_bytes = peak;
   return s;
 }
+
+bool Faster(const PlanScore& a, const PlanScore& b) { return a.step_seconds < b.step_seconds; }
 
 // The tokens one GPU's share of a step is: the global batch over every GPU.
 double TokensPerGpu(const SearchSpec& spec) {
@@ -201,7 +227,7 @@ void Estimate2d(const HardwareProfile& profile, const SearchSpec& spec, PlanCand
   int64_t other_activations = 0;
   for (const ModuleInfo& m : g.modules) {
     compute += m.fwd_seconds + m.bwd_seconds;
-    const double tp_f = TpExposed(*cost, m, Phase::kForward), tp_b = TpExposed(*cost, m, Phase::kBackward);
+    const double tp_f = TpExposed(*cost, m, Phase::kForward, true), tp_b = TpExposed(*cost, m, Phase::kBackward, true);
     tp += tp_f + tp_b;
     const int64_t gathered = GatheredBytes(g, m), grad = GradBytes(g, m);
     const double a = cost->CollectiveSeconds(OpKind::kAllGather, gathered);
@@ -299,7 +325,10 @@ void EstimatePipeline(const HardwareProfile& profile, const SearchSpec& spec, Pl
     double first_ag = 0, last_rs = 0, ar = 0;
   };
   std::vector<Rank> ranks(2);
-  const double in_flight[2] = {InFlightOnRankZero(p), 1.0};
+  // The last rank runs each micro-batch's backward right after its forward, but under GPipe,
+  // which runs every forward first.
+  const double in_flight[2] = {InFlightOnRankZero(p),
+                               p.schedule == pipeline::ScheduleKind::kGPipe ? p.microbatches : 1.0};
   for (size_t mi = 0; mi < g.modules.size(); ++mi) {
     const ModuleInfo& m = g.modules[mi];
     int index = -1;
@@ -312,7 +341,8 @@ void EstimatePipeline(const HardwareProfile& profile, const SearchSpec& spec, Pl
     }
     if (index < 0) continue;
     Rank& r = ranks[static_cast<size_t>(index)];
-    const double tp_f = TpExposed(*tp_cost, m, Phase::kForward), tp_b = TpExposed(*tp_cost, m, Phase::kBackward);
+    const double tp_f = TpExposed(*tp_cost, m, Phase::kForward, false),
+                 tp_b = TpExposed(*tp_cost, m, Phase::kBackward, false);
     r.compute += m.fwd_seconds + m.bwd_seconds + tp_f + tp_b;
     const ModuleInfo& sm = sharded.modules[mi];
     const int64_t gathered = GatheredBytes(sharded, sm), grad = GradBytes(sharded, sm);
@@ -384,15 +414,26 @@ Status Score2d(const HardwareProfile& profile, const SearchSpec& spec, PlanCandi
     PassContext ctx;
     ctx.cost = cost;
     ctx.memory_budget_bytes = std::max<int64_t>(1, profile.memory_bytes - StaticBytes(skeleton));
-    MW_ASSIGN_OR_RETURN(const Graph quick, QuickPlan(BuildNaiveProgram(skeleton, {p.reshard_after_forward}), ctx));
+    MW_ASSIGN_OR_RETURN(Graph quick, QuickPlan(BuildNaiveProgram(skeleton, {p.reshard_after_forward}), ctx));
+    if (p.dp_shard == 1) {
+      // No FSDP, so no compiled plan to choose layers: the trainer checkpoints none or all.
+      const bool any = std::any_of(quick.modules.begin(), quick.modules.end(), IsCheckpointed);
+      c.plan.checkpoint_every = any ? 1 : 0;
+      if (any) {
+        LlamaShape all = shape;
+        all.activation_checkpointing = true;
+        MW_ASSIGN_OR_RETURN(quick, QuickPlan(BuildNaiveProgram(LlamaSkeleton(all), {p.reshard_after_forward}), ctx));
+      }
+    }
     sim = Simulate(quick, ctx.cost);
   }
   c.simulated = Scored(sim.step_seconds, TokensPerGpu(spec), sim.peak_bytes + sim.static_bytes, spec, profile);
   return Status::Ok();
 }
 
-// A pipeline finalist by the pipeline simulator, its selective checkpointing made denser until
-// the fullest rank fits (every layer at most).
+// A pipeline finalist by the pipeline simulator, with the fastest checkpointing the trainer can
+// express that fits the fullest rank: none, every N-th layer (N = 8, 4, 3, 2) or every layer,
+// besides the estimate's own N (milliseconds each). When none fits, the densest, which fails.
 Status ScorePipeline(const HardwareProfile& profile, const SearchSpec& spec, PlanCandidate& c) {
   ParallelPlan& p = c.plan;
   pipeline::PipelinePlan plan;
@@ -406,19 +447,29 @@ Status ScorePipeline(const HardwareProfile& profile, const SearchSpec& spec, Pla
   plan.dp_shard = p.dp_shard;
   plan.schedule = p.schedule;
   const int layers = static_cast<int>(spec.config.num_hidden_layers);
-  for (int every = p.checkpoint_every;; every = every == 0 ? layers : every - 1) {
+  std::vector<int> options = {0, 8, 4, 3, 2, 1};
+  if (std::find(options.begin(), options.end(), p.checkpoint_every) == options.end()) {
+    options.insert(options.begin() + 1, p.checkpoint_every);
+  }
+  std::optional<PlanScore> best;
+  int best_every = 1;
+  for (int every : options) {
     plan.checkpointed.assign(static_cast<size_t>(layers), false);
     for (int l = 0; every > 0 && l < layers; l += every) plan.checkpointed[static_cast<size_t>(l)] = true;
     MW_ASSIGN_OR_RETURN(const pipeline::PricedPipeline priced, pipeline::PricePipeline(profile, plan));
-    p.checkpoint_every = every;
-    c.simulated = Scored(priced.step_seconds, TokensPerGpu(spec), priced.peak_bytes, spec, profile);
-    c.simulated->bubble = priced.run.bubble_fraction;
-    if (priced.peak_bytes <= profile.memory_bytes || every == 1) break;
+    PlanScore score = Scored(priced.step_seconds, TokensPerGpu(spec), priced.peak_bytes, spec, profile);
+    score.bubble = priced.run.bubble_fraction;
+    const bool fits = priced.peak_bytes <= profile.memory_bytes;
+    const bool best_fits = best && best->peak_bytes <= profile.memory_bytes;
+    if (!best || (fits && (!best_fits || Faster(score, *best))) || (!fits && !best_fits)) {
+      best = score;
+      best_every = every;
+    }
   }
+  p.checkpoint_every = best_every;
+  c.simulated = best;
   return Status::Ok();
 }
-
-bool Faster(const PlanScore& a, const PlanScore& b) { return a.step_seconds < b.step_seconds; }
 
 }  // namespace
 
@@ -578,7 +629,8 @@ Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec&
       continue;
     }
     ++taken;
-    const Status s = c.plan.pp == 1 ? Score2d(profile, spec, c, spec.full_plans) : ScorePipeline(profile, spec, c);
+    const Status s = c.plan.pp == 1 ? Score2d(profile, spec, c, spec.full_plans && c.plan.dp_shard > 1)
+                                    : ScorePipeline(profile, spec, c);
     if (!s.ok()) {
       c.rejected = "simulator: it refused the plan: " + s.message();
       out.rejected.push_back(std::move(c));
@@ -604,7 +656,7 @@ Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec&
   const auto t_scored = Clock::now();
   out.score_seconds = std::chrono::duration<double>(t_scored - t_estimated).count();
   PlanCandidate& chosen = out.finalists.front();
-  if (chosen.plan.pp == 1 && !spec.full_plans) {
+  if (chosen.plan.pp == 1 && chosen.plan.dp_shard > 1 && !spec.full_plans) {
     PlanCandidate full = chosen;
     if (Score2d(profile, spec, full, true).ok() && full.simulated->peak_bytes <= profile.memory_bytes &&
         full.simulated->step_seconds <= chosen.simulated->step_seconds) {

@@ -74,6 +74,12 @@ struct ParallelPlan {
 // checkpointed"; the mesh alone for a plan pruned by its mesh (microbatch 0).
 std::string Describe(const ParallelPlan& plan);
 
+// The plan as the trainer's config keys (YAML; docs/config.md): mesh.*, pipeline.schedule and
+// virtual_stages, data.batch_size (a micro-batch) and seq_len, training.grad_accum (micro-batches)
+// and global_batch_size, activation checkpointing, fsdp.mode (compiled for a single-program plan,
+// whose checkpointing it chooses) and reshard_after_forward. The model's keys are the caller's.
+std::string PlanConfigYaml(const ParallelPlan& plan, int64_t seq_len, int64_t global_batch);
+
 struct PlanScore {
   double step_seconds = 0;
   double tokens_per_second = 0;  // per GPU

@@ -625,6 +625,9 @@ int RunAuto(const Options& o, const meshwork::model::LlamaConfig& config, const 
   std::cout << "chosen: " << compiler::Describe(best.plan) << "\n  " << ScoreLine(*best.simulated, profile)
             << "\n  estimated beforehand: " << ScoreLine(best.estimate, profile) << "\n";
   for (const std::string& choice : best.choices) std::cout << "  compiled plan: " << choice << "\n";
+  std::cout << "  as the trainer's config (docs/config.md; the model's keys beside it):\n";
+  std::istringstream yaml(compiler::PlanConfigYaml(best.plan, o.seq_len, o.global_batch));
+  for (std::string line; std::getline(yaml, line);) std::cout << "    " << line << "\n";
   std::cout << "runners-up (scored):\n";
   for (size_t i = 1; i < r.finalists.size(); ++i) {
     const compiler::PlanCandidate& c = r.finalists[i];

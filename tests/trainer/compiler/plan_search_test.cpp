@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "trainer/config/config.h"
 #include "trainer/model/llama_config.h"
 
 namespace meshwork::compiler {
@@ -56,7 +57,9 @@ TEST(ChooseCheckpointing, EqualsEveryCombinationOnSmallInstances) {
     for (size_t i = 0; i < n; ++i) {
       held += c.checkpointed[i] ? layers[i].checkpoint_bytes : layers[i].keep_bytes;
       recompute += c.checkpointed[i] ? layers[i].recompute_seconds : 0;
-      if (layers[i].keep_bytes == layers[i].checkpoint_bytes) EXPECT_FALSE(c.checkpointed[i]) << "saves nothing";
+      if (layers[i].keep_bytes == layers[i].checkpoint_bytes) {
+        EXPECT_FALSE(c.checkpointed[i]) << "saves nothing";
+      }
     }
     EXPECT_EQ(held, c.held_bytes);
     EXPECT_NEAR(recompute, c.recompute_seconds, 1e-9);
@@ -143,6 +146,30 @@ TEST(SearchPlans, ChoosesWhatScoringEveryPlanChooses) {
       EXPECT_LE(exhaustive->finalists[i - 1].simulated->step_seconds, exhaustive->finalists[i].simulated->step_seconds);
     }
     for (const PlanCandidate& c : exhaustive->rejected) EXPECT_FALSE(c.rejected.empty()) << Describe(c.plan);
+  }
+}
+
+// Every plan the search scores is one the trainer accepts: its config keys load and validate, and
+// the global batch splits at its world size as the plan says.
+TEST(SearchPlans, EveryScoredPlanIsATrainerConfigThatValidates) {
+  for (int64_t memory_gib : {80, 3}) {
+    const HardwareProfile profile = FourPerNode(memory_gib << 30);
+    SearchSpec spec = Small();
+    spec.exhaustive = true;
+    auto searched = SearchPlans(profile, spec);
+    ASSERT_TRUE(searched.ok()) << searched.status().ToString();
+    for (const PlanCandidate& c : searched->finalists) {
+      const std::string yaml = "model: {preset: llama-100m}\n" + PlanConfigYaml(c.plan, spec.seq_len, spec.global_batch);
+      SCOPED_TRACE(Describe(c.plan) + "\n" + yaml);
+      auto config = config::LoadConfigFromString(yaml, {});
+      ASSERT_TRUE(config.ok()) << config.status().ToString();
+      auto split = config::ResolveGlobalBatch(*config, spec.gpus);
+      ASSERT_TRUE(split.ok()) << split.status().ToString();
+      EXPECT_EQ(config->data.batch_size, c.plan.microbatch);
+      EXPECT_EQ(config->training.grad_accum, c.plan.pp > 1 ? c.plan.microbatches : 1);
+      EXPECT_EQ(config->mesh.tp, c.plan.tp);
+      EXPECT_EQ(config->mesh.pp, c.plan.pp);
+    }
   }
 }
 
