@@ -6,8 +6,8 @@
 // sharded over its dp_shard ranks, gathered once for the step, as torchtitan's FSDP keeps them
 // through a pipeline step, and their gradients reduce-scattered after the program, then
 // all-reduced over dp_replicate); with dp_replicate alone, the stages' gradients averaged over the
-// replicas (a stage's all-reduce overlaps the stages still computing). Not composed with tensor
-// parallelism yet (the config refuses it).
+// replicas (a stage's all-reduce overlaps the stages still computing). Tensor parallelism inside
+// each stage (mesh.tp) composes with both.
 #pragma once
 
 #include <memory>
@@ -18,7 +18,7 @@
 #include "trainer/dist/communicator.h"
 #include "trainer/dist/env.h"
 #include "trainer/model/llama.h"
-#include "trainer/train/engine.h"
+#include "trainer/train/engine_interface.h"
 
 namespace meshwork::train {
 
