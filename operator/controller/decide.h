@@ -132,6 +132,11 @@ struct Observed {
   // The Pods Kueue admitted the job's Workload with (podSetAssignments[0].count), when it is
   // admitted: an elastic job runs at most that many replicas (partial admission).
   std::optional<int> admitted_replicas;
+  // An elastic job shrunk by a node loss: when the gang at spec.replicas fits the cluster's free
+  // room now, without the lost nodes (the Operator gang backend's fit, the job's own Pods not
+  // counted), what fits, for the ElasticGrow Event. The job then grows back without waiting for
+  // its own nodes. Unset: no room, or a backend that cannot tell (PodGroup schedulers).
+  std::optional<std::string> room_for_spec;
   // When set, makes the check (the reconciler's reads a ConfigMap) and its answer replaces the two
   // fields above. Decide calls it at most once, and only when it is about to create Pods.
   std::function<ConfigCheck()> check_config;

@@ -3,6 +3,7 @@
 // cluster's free room, so that two gangs never each hold part of what the other needs.
 #include <thread>
 
+#include "operator/controller/desired.h"
 #include "operator/controller/integrations/backends.h"
 
 namespace meshwork::op {
@@ -31,6 +32,33 @@ class OperatorGateBackend final : public GangBackend {
     if (!gates.is_array()) gates = json::array();
     gates.push_back({{"name", kGangGate}});
   }
+  // A shrunk elastic job whose lost nodes stay lost: whether its gang at spec.replicas fits the
+  // room left on the other nodes, read as admission reads it (the job's own Pods not counted: the
+  // new gang replaces them), so that it grows back without waiting for its own nodes.
+  std::optional<ReconcileOutcome> Observe(ReconcileScope& scope, Observed* in) const override {
+    if (scope.finished || !scope.spec->ok()) return std::nullopt;
+    const JobSpec& spec = **scope.spec;
+    const json status = scope.job->value("status", json::object());
+    const json elastic = status.value("elastic", json::object());
+    if (!spec.elastic || !elastic.is_object() || elastic.value("shrunkFrom", int64_t{-1}) != spec.replicas) {
+      return std::nullopt;
+    }
+    bool still_lost = false;
+    for (const auto& node : elastic.value("lostNodes", json::array())) {
+      still_lost = still_lost || (node.is_string() && in->unhealthy_nodes.count(node.get<std::string>()) > 0);
+    }
+    if (!still_lost) return std::nullopt;
+    const int64_t next = status.value("restartGeneration", int64_t{0}) + 1;
+    std::vector<json> gang;
+    for (int i = 0; i < spec.replicas; ++i) gang.push_back(DesiredPod(in->job, spec, i, next));
+    GangFit fit;
+    if (auto failed = Fit(scope, scope.job->value("metadata", json::object()).value("uid", ""), gang, &fit)) {
+      return failed;
+    }
+    if (fit.fits) in->room_for_spec = "its " + std::to_string(spec.replicas) + " Pods fit the Ready nodes";
+    return std::nullopt;
+  }
+
   // Once every Pod of the current gang is in the cache, all behind the gate: releases them
   // together if they fit, else says why (an Event, once per reason) and asks to look again. Not
   // while the plan deletes Pods or ends the job.

@@ -32,7 +32,8 @@ std::optional<ShapeChange> ChangedShape(const JobState& job) {
 }
 
 // The replicas a node loss leaves (status.elastic.shrunkFrom, lostNodes), or spec.replicas with the
-// shrink ended once those nodes are Ready again or the user changed spec.replicas.
+// shrink ended once those nodes are Ready again, the cluster has room for the whole gang elsewhere
+// (Observed::room_for_spec), or the user changed spec.replicas.
 ElasticSize AfterNodeLoss(const Observed& in, const JobSpec& spec, const json& status) {
   ElasticSize size{spec.replicas, std::nullopt};
   if (!spec.elastic) return size;
@@ -52,19 +53,24 @@ ElasticSize AfterNodeLoss(const Observed& in, const JobSpec& spec, const json& s
   };
   // The user's size wins over the one a node loss left: a scale since then is a resize to it.
   if (IntOr(elastic, "shrunkFrom", -1) != spec.replicas) return grow("");
-  std::string names;
+  std::string names, still_lost;
   for (const auto& node : lost) {
     const std::string name = node.is_string() ? node.get<std::string>() : "";
-    if (in.unhealthy_nodes.count(name)) {
-      size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "shrunkTo", spec.replicas)),
-                                      spec.elastic->min_replicas, spec.replicas);
-      // Nothing else may wake the job when the node comes back (no Pod of it is there any more).
-      Decision look;
-      look.requeue_after = std::chrono::seconds(10);
-      size.decision = std::move(look);
-      return size;
-    }
-    names += (names.empty() ? "" : ", ") + name;
+    std::string& list = in.unhealthy_nodes.count(name) ? still_lost : names;
+    list += (list.empty() ? "" : ", ") + name;
+  }
+  if (!still_lost.empty() && in.room_for_spec) {
+    return grow("the cluster has room for spec.replicas " + std::to_string(spec.replicas) + " again (" +
+                *in.room_for_spec + ") while node(s) " + still_lost + " stay lost: the job grows back");
+  }
+  if (!still_lost.empty()) {
+    size.replicas = std::clamp<int>(static_cast<int>(IntOr(elastic, "shrunkTo", spec.replicas)),
+                                    spec.elastic->min_replicas, spec.replicas);
+    // Nothing else may wake the job when the node comes back or room appears (no Pod of it waits).
+    Decision look;
+    look.requeue_after = std::chrono::seconds(10);
+    size.decision = std::move(look);
+    return size;
   }
   return grow("node" + std::string(lost.size() == 1 ? " " : "s ") + names + (lost.size() == 1 ? " is" : " are") +
               " back (Ready, schedulable, untainted): the job grows back to spec.replicas " +

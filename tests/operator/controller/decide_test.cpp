@@ -581,7 +581,8 @@ TEST(DecideTest, AnElasticJobShrinksWhenANodeIsLostAndGrowsBackWhenItReturns) {
 }
 
 // While shrunk: the job looks at its lost nodes again within 10 s (nothing else would wake it);
-// a scale ends the shrink at the new size; Kueue's admitted count caps the size.
+// room for the whole gang elsewhere ends the shrink; a scale ends it at the new size; Kueue's
+// admitted count caps the size.
 TEST(DecideTest, AShrunkElasticJobLooksAgainEndsTheShrinkOnAScaleAndKueueCapsIt) {
   json job = RunningJob({{"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 3}}}, {"replicas", 3}});
   job["status"]["elastic"]["shrunkFrom"] = 3;
@@ -595,6 +596,21 @@ TEST(DecideTest, AShrunkElasticJobLooksAgainEndsTheShrinkOnAScaleAndKueueCapsIt)
   EXPECT_EQ(p.gang_replicas, 2);
   ASSERT_TRUE(p.requeue_after.has_value());
   EXPECT_LE(p.requeue_after->count(), 10);
+
+  // Room for the whole gang elsewhere (gang admission's fit): it grows back without node-a.
+  Observed room = still_down;
+  room.room_for_spec = "its 3 Pods fit the Ready nodes";
+  Plan grown = Decide(room);
+  EXPECT_EQ(grown.gang_replicas, 3);
+  EXPECT_FALSE(grown.status["elastic"].contains("shrunkFrom"));
+  EXPECT_FALSE(grown.status["elastic"].contains("lostNodes"));
+  bool said = false;
+  for (const auto& e : grown.events) {
+    said |= e.reason == "ElasticGrow" &&
+            e.message == "the cluster has room for spec.replicas 3 again (its 3 Pods fit the Ready nodes) while node(s) "
+                         "node-a stay lost: the job grows back";
+  }
+  EXPECT_TRUE(said);
 
   still_down.admitted_replicas = 1;  // Kueue admitted one Pod
   EXPECT_EQ(Decide(still_down).gang_replicas, 1);

@@ -440,6 +440,46 @@ TEST_F(ReconcilerTest, LostNodesAreBackOnlyReadyForTheGraceSchedulableAndUntaint
   EXPECT_EQ(unhealthy.at("down").reason, "NodeStatusUnknown");
 }
 
+// An elastic job shrunk by a node loss grows back as soon as its whole gang fits the Ready nodes,
+// read as gang admission reads the room (its own Pods not counted), without waiting for the lost
+// node; with no such room it stays shrunk.
+TEST_F(ReconcilerTest, AShrunkElasticJobGrowsBackWhenItsGangFitsElsewhere) {
+  const std::string long_ago = FormatTime(std::chrono::system_clock::now() - std::chrono::minutes(10));
+  auto node = [&](const std::string& name, const std::string& ready, const std::string& cpu) {
+    return json{{"metadata", {{"name", name}}},
+                {"spec", json::object()},
+                {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "8Gi"}, {"pods", "110"}}},
+                            {"conditions", json::array({{{"type", "Ready"}, {"status", ready},
+                                                         {"lastTransitionTime", long_ago}, {"reason", "x"}}})}}}};
+  };
+  for (const std::string cpu : {"1", "4"}) {
+    SCOPED_TRACE("n1 has " + cpu + " cpu");
+    k8s::Store nodes;
+    nodes.Upsert("down", node("down", "Unknown", "4"));
+    nodes.Upsert("n1", node("n1", "True", cpu));
+    reconciler_->SetNodes(&nodes);
+    RoomLedger room;
+    reconciler_->SetRoomLedger(&room);
+    json job = Job({{"replicas", 2},
+                    {"resources", {{"requests", {{"cpu", "1"}}}}},
+                    {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 2}}}});
+    job["status"] = {{"phase", "Running"},
+                     {"restartGeneration", 1},
+                     {"launchedGeneration", 1},
+                     {"elastic", {{"shrunkFrom", 2}, {"shrunkTo", 1}, {"lostNodes", json::array({"down"})}}}};
+    SetJob(job);
+    json rank = Pod(0, 1, "Running");
+    rank["metadata"]["labels"][kWorldSizeLabel] = "1";
+    rank["spec"]["nodeName"] = "n1";
+    SetPods({rank});
+    events_.clear();
+    ASSERT_TRUE(reconciler_->Reconcile(kKey).ok);
+    const bool grew = std::find(events_.begin(), events_.end(), "ElasticGrow") != events_.end();
+    EXPECT_EQ(grew, cpu == "4") << ::testing::PrintToString(events_);
+    EXPECT_EQ(Status()["elastic"].contains("shrunkFrom"), cpu == "1") << Status().dump();
+  }
+}
+
 TEST_F(ReconcilerTest, AKueueJobsWorkloadTakesItsPriorityClass) {
   const k8s::ResourceRef workloads = k8s::resources::Custom("kueue.x-k8s.io", "v1beta2", "workloads");
   json job = Job();
