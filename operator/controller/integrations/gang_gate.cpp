@@ -52,7 +52,9 @@ class OperatorGateBackend final : public GangBackend {
     std::vector<json> gang;
     for (int i = 0; i < spec.replicas; ++i) gang.push_back(DesiredPod(in->job, spec, i, next));
     GangFit fit;
-    if (auto failed = Fit(scope, scope.job->value("metadata", json::object()).value("uid", ""), gang, &fit)) {
+    // The lost nodes, and any node still within its grace after coming back, are not room.
+    if (auto failed = Fit(scope, scope.job->value("metadata", json::object()).value("uid", ""), gang, &fit,
+                          &in->unhealthy_nodes)) {
       return failed;
     }
     if (fit.fits) in->room_for_spec = "its " + std::to_string(spec.replicas) + " Pods fit the Ready nodes";
@@ -122,8 +124,10 @@ class OperatorGateBackend final : public GangBackend {
   // else one list (unit tests); the other Pods' room from the ledger (its size the node count and
   // the Pods released but not bound yet), else one list. The gang's own Pods are what is being
   // placed, not what takes room.
+  // `left_out`: nodes not to place on (by name).
   static std::optional<ReconcileOutcome> Fit(ReconcileScope& scope, const std::string& uid,
-                                             const std::vector<json>& gang, GangFit* fit) {
+                                             const std::vector<json>& gang, GangFit* fit,
+                                             const std::map<std::string, NodeHealth>* left_out = nullptr) {
     IntegrationShared& shared = *scope.shared;
     json nodes = {{"items", json::array()}};
     if (shared.nodes != nullptr) {
@@ -132,6 +136,13 @@ class OperatorGateBackend final : public GangBackend {
       auto listed = shared.api->List(k8s::resources::Nodes(), "", {});
       if (!listed.ok()) return Failed(listed.error(), "listing Nodes for gang admission of " + scope.key);
       nodes = std::move(*listed);
+    }
+    if (left_out != nullptr && !left_out->empty()) {
+      json kept = json::array();
+      for (auto& n : nodes["items"]) {
+        if (!left_out->count(n["metadata"].value("name", ""))) kept.push_back(std::move(n));
+      }
+      nodes["items"] = std::move(kept);
     }
     if (shared.room != nullptr) {
       *fit = FitGang(nodes, shared.room->Taken(uid), gang);

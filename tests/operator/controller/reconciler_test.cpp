@@ -442,7 +442,8 @@ TEST_F(ReconcilerTest, LostNodesAreBackOnlyReadyForTheGraceSchedulableAndUntaint
 
 // An elastic job shrunk by a node loss grows back as soon as its whole gang fits the Ready nodes,
 // read as gang admission reads the room (its own Pods not counted), without waiting for the lost
-// node; with no such room it stays shrunk.
+// nodes; with no such room it stays shrunk, a lost node Ready again within its grace not counting
+// as room.
 TEST_F(ReconcilerTest, AShrunkElasticJobGrowsBackWhenItsGangFitsElsewhere) {
   const std::string long_ago = FormatTime(std::chrono::system_clock::now() - std::chrono::minutes(10));
   auto node = [&](const std::string& name, const std::string& ready, const std::string& cpu) {
@@ -456,6 +457,10 @@ TEST_F(ReconcilerTest, AShrunkElasticJobGrowsBackWhenItsGangFitsElsewhere) {
     SCOPED_TRACE("n1 has " + cpu + " cpu");
     k8s::Store nodes;
     nodes.Upsert("down", node("down", "Unknown", "4"));
+    // Lost too, Ready again only just now (within nodeLossGraceSeconds): not room yet.
+    json flapped = node("flapped", "True", "4");
+    flapped["status"]["conditions"][0]["lastTransitionTime"] = FormatTime(std::chrono::system_clock::now());
+    nodes.Upsert("flapped", flapped);
     nodes.Upsert("n1", node("n1", "True", cpu));
     reconciler_->SetNodes(&nodes);
     RoomLedger room;
@@ -466,7 +471,7 @@ TEST_F(ReconcilerTest, AShrunkElasticJobGrowsBackWhenItsGangFitsElsewhere) {
     job["status"] = {{"phase", "Running"},
                      {"restartGeneration", 1},
                      {"launchedGeneration", 1},
-                     {"elastic", {{"shrunkFrom", 2}, {"shrunkTo", 1}, {"lostNodes", json::array({"down"})}}}};
+                     {"elastic", {{"shrunkFrom", 2}, {"shrunkTo", 1}, {"lostNodes", json::array({"down", "flapped"})}}}};
     SetJob(job);
     json rank = Pod(0, 1, "Running");
     rank["metadata"]["labels"][kWorldSizeLabel] = "1";

@@ -37,8 +37,8 @@ finish() {
 
 cat >"$work/nodes.yaml" <<'YAML'
 nodes:
-- {name: node-a, cpu: "2", memory: 8Gi}
-- {name: node-b, cpu: "4", memory: 8Gi}
+- {name: node-a, cpu: "4", memory: 8Gi}
+- {name: node-b, cpu: "5", memory: 8Gi}
 YAML
 e2e_start_controlplane "$cp_bin" --nodes "$work/nodes.yaml" || exit 1
 e2e_apply_crd "$src" || { fail "the CRD did not apply"; finish; }
@@ -62,7 +62,7 @@ spec:
   replicas: 2
 ${3:+  $3
 }  command: ["sh", "-c", "[ \$MESHWORK_RESTART_GENERATION -le $2 ] && exec sleep 600; exit 0"]
-  resources: {requests: {cpu: "1"}}
+  resources: {requests: {cpu: "${4:-1}"}}
   runPolicy: {backoffLimit: 0, nodeLossGraceSeconds: 5}
   template:
     spec:
@@ -76,8 +76,10 @@ YAML
 # The plain job: its first gang sleeps, the next one exits 0.
 spread_job nodeloss 0
 # The elastic job: generations 0 (both nodes) and 1 (node-b alone) sleep; 2, grown back to both
-# nodes, exits 0.
-spread_job shrinks 1 "elasticPolicy: {minReplicas: 1, maxReplicas: 2}"
+# nodes, exits 0. Its Pods ask 3 cpu: node-b (5) never holds two, so it cannot grow back on the
+# room left there (a shrunk job grows back as soon as its whole gang fits the Ready nodes) and
+# waits for node-a.
+spread_job shrinks 1 "elasticPolicy: {minReplicas: 1, maxReplicas: 2}" 3
 ejp() { k get tj shrinks -o jsonpath="$1" 2>/dev/null; }
 nodes_of() { k get pods -l meshwork.dev/job=nodeloss -o jsonpath='{range .items[*]}{.metadata.name}={.spec.nodeName}/{.status.phase} {end}'; }
 spread() { [ "$(nodes_of)" = "nodeloss-0=node-a/Running nodeloss-1=node-b/Running " ] ||
