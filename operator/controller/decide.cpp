@@ -223,7 +223,7 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
   if (size.decision) policy::Apply(*size.decision, plan, in.now);
   if (size.replicas != run.replicas) {
     run.replicas = size.replicas;
-    if (!run.explicit_mesh && !run.mesh.chosen_by_trainer) run.mesh = AutoMesh(run.replicas, run.processes_per_replica);
+    run.mesh = MeshAt(run, run.replicas);
   }
   plan.gang_replicas = run.replicas;
   RecordShape(run, plan.status);

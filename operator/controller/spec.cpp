@@ -267,6 +267,34 @@ int DefaultMasterPort(const std::string& uid) {
 
 std::set<int> DefaultPermanentExitCodes() { return {exit_code::kConfig, exit_code::kInput}; }
 
+namespace {
+
+// Whether `replicas` Pods make whole data parallel groups of an explicit mesh whose dpShard is what
+// the world leaves (an elastic job's): the world must divide by pp x dpReplicate x tp.
+Status MeshFits(const Mesh& m, int replicas, int processes_per_replica, const std::string& field) {
+  const int64_t world = int64_t{replicas} * processes_per_replica;
+  const int64_t fixed = int64_t{m.pp} * m.dp_replicate * m.tp;
+  if (world % fixed == 0) return Status::Ok();
+  return Bad(field, "at " + std::to_string(replicas) + " replicas the world of " + std::to_string(world) +
+                        " ranks (x processesPerReplica " + std::to_string(processes_per_replica) +
+                        ") does not divide by spec.mesh's pp x dpReplicate x tp = " + std::to_string(fixed) +
+                        ", so dpShard would not be whole: choose elasticPolicy's range, or the mesh, so that every "
+                        "size divides");
+}
+
+}  // namespace
+
+Mesh MeshAt(const JobSpec& spec, int replicas) {
+  if (spec.mesh.chosen_by_trainer) return spec.mesh;
+  if (!spec.explicit_mesh) return AutoMesh(replicas, spec.processes_per_replica);
+  Mesh m = *spec.explicit_mesh;
+  if (m.dp_shard == 0) {
+    const int64_t world = int64_t{replicas} * spec.processes_per_replica;
+    m.dp_shard = static_cast<int>(world / (int64_t{m.pp} * m.dp_replicate * m.tp));
+  }
+  return m;
+}
+
 Mesh AutoMesh(int replicas, int processes_per_replica) {
   Mesh m;
   if (replicas > 1 && processes_per_replica > 1) {
@@ -375,7 +403,18 @@ Result<JobSpec> ParseSpec(const json& job) {
     // A tp group lives in one Pod (below), so tp is at most processesPerReplica's 64.
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "tp", "spec.mesh.tp", 1, 64, &m.tp));
     MW_RETURN_IF_ERROR(ReadIntAs(*mesh, "pp", "spec.mesh.pp", 1, 1024, &m.pp));
-    if (m.dp_shard == 0) return Bad("spec.mesh.dpShard", "is required when spec.mesh is set");
+    // An elastic job's world changes with its replicas: pp, dpReplicate and tp stay, and dpShard
+    // is what the world leaves (MeshAt), so it is left out; any other explicit mesh sets it.
+    const bool elastic = Field(spec, "elasticPolicy") != nullptr;
+    if (m.dp_shard == 0 && !elastic) {
+      return Bad("spec.mesh.dpShard", "is required when spec.mesh is set (an elastic job leaves it out: it follows "
+                                      "spec.replicas)");
+    }
+    if (m.dp_shard != 0 && elastic) {
+      return Bad("spec.mesh.dpShard", Quote(m.dp_shard) + " is fixed, but spec.elasticPolicy changes the world with "
+                                      "spec.replicas: leave dpShard out, and each gang shards over what its world "
+                                      "leaves (replicas x processesPerReplica / (pp x dpReplicate x tp))");
+    }
     // tp is the innermost mesh dim, so a tp group is tp consecutive ranks; a Pod holds
     // processesPerReplica consecutive ranks. tp dividing processesPerReplica keeps every group
     // inside one Pod: its collectives run in every layer and need the node's links.
@@ -385,19 +424,23 @@ Result<JobSpec> ParseSpec(const json& job) {
                                      " (a tensor parallel group must be inside one Pod: its ranks are consecutive, "
                                      "processesPerReplica of them per Pod)");
     }
-    const int64_t product = int64_t{m.pp} * m.dp_replicate * m.dp_shard * m.tp;
-    if (product != s.WorldSize()) {
-      return Bad("spec.mesh", std::string(m.Dims()) + " = " + m.ToString() + " = " + std::to_string(product) +
-                                  " does not equal replicas x processesPerReplica = " +
-                                  std::to_string(s.replicas) + "x" + std::to_string(s.processes_per_replica) +
-                                  " = " + std::to_string(s.WorldSize()));
+    if (m.dp_shard == 0) {
+      if (Status fits = MeshFits(m, s.replicas, s.processes_per_replica, "spec.mesh"); !fits.ok()) return fits;
+    } else {
+      const int64_t product = int64_t{m.pp} * m.dp_replicate * m.dp_shard * m.tp;
+      if (product != s.WorldSize()) {
+        return Bad("spec.mesh", std::string(m.Dims()) + " = " + m.ToString() + " = " + std::to_string(product) +
+                                    " does not equal replicas x processesPerReplica = " +
+                                    std::to_string(s.replicas) + "x" + std::to_string(s.processes_per_replica) +
+                                    " = " + std::to_string(s.WorldSize()));
+      }
     }
     if (m.pp > 1 && s.gpu) {
       return Bad("spec.mesh.pp", Quote(m.pp) + " pipeline stages need point-to-point transfers between GPUs, which "
                                  "Meshwork's NCCL communicator does not have yet: pipelines run with device: cpu");
     }
     s.explicit_mesh = m;
-    s.mesh = m;
+    s.mesh = MeshAt(s, s.replicas);
   } else {
     s.mesh = AutoMesh(s.replicas, s.processes_per_replica);
   }
@@ -417,9 +460,11 @@ Result<JobSpec> ParseSpec(const json& job) {
                                       std::to_string(e.min_replicas) + " to " + std::to_string(e.max_replicas));
     }
     if (s.explicit_mesh) {
-      return Bad("spec.elasticPolicy", "needs spec.mesh absent or auto: true, but spec.mesh is " + s.mesh.ToString() +
-                                           ": an explicit mesh holds one world size, and an elastic job's changes "
-                                           "with its replicas");
+      // Every size the job may take must make whole data parallel groups: a resize must not be
+      // the first to find it does not.
+      for (int replicas = e.min_replicas; replicas <= e.max_replicas; ++replicas) {
+        MW_RETURN_IF_ERROR(MeshFits(*s.explicit_mesh, replicas, s.processes_per_replica, "spec.elasticPolicy"));
+      }
     }
     e.spec_replicas = s.replicas;
     s.elastic = e;
@@ -600,19 +645,22 @@ Result<json> PipelineStatus(const config::TrainConfig& cfg, const compiler::pipe
 }
 
 // An elastic job's global batch: the config's training.global_batch_size, else its rows a step at
-// maxReplicas (an elastic job's mesh has no tp or pp, so every rank is data parallel). It must
-// split at every size the job may take: a resize must not be the first to find it does not.
+// maxReplicas (data.batch_size x training.grad_accum x the data parallel ranks there: the world
+// over tp x pp, which an elastic job keeps). It must split at every size the job may take, and a
+// pipeline's schedule must run the micro-batches each split makes: a resize must not be the
+// first to find it does not.
 Result<int64_t> ElasticGlobalBatch(const config::TrainConfig& cfg, const JobSpec& spec) {
   const ElasticPolicy& e = *spec.elastic;
   const int64_t ranks = spec.processes_per_replica;
+  const int64_t model_ranks = cfg.mesh.tp * cfg.mesh.pp;
+  const int64_t dp_at_max = e.max_replicas * ranks / model_ranks;
   const bool given = cfg.training.global_batch_size > 0;
-  const int64_t global =
-      given ? cfg.training.global_batch_size : cfg.data.batch_size * cfg.training.grad_accum * e.max_replicas * ranks;
+  const int64_t global = given ? cfg.training.global_batch_size : cfg.data.batch_size * cfg.training.grad_accum * dp_at_max;
   const std::string what =
       given ? "training.global_batch_size " + std::to_string(global)
             : "the global batch of " + std::to_string(global) + " rows (data.batch_size " +
                   std::to_string(cfg.data.batch_size) + " x training.grad_accum " + std::to_string(cfg.training.grad_accum) +
-                  " x " + std::to_string(e.max_replicas * ranks) + " ranks at maxReplicas)";
+                  " x " + std::to_string(dp_at_max) + " data parallel ranks at maxReplicas)";
   constexpr int64_t kMaxGlobalBatch = int64_t{1} << 40;  // training.global_batch_size's bound
   if (global > kMaxGlobalBatch) {
     return Bad("spec.elasticPolicy", what + " exceeds training.global_batch_size's bound of 2^40 rows");
@@ -620,10 +668,17 @@ Result<int64_t> ElasticGlobalBatch(const config::TrainConfig& cfg, const JobSpec
   for (int replicas = e.min_replicas; replicas <= e.max_replicas; ++replicas) {
     config::TrainConfig at = cfg;
     at.training.global_batch_size = global;
+    if (!spec.mesh.chosen_by_trainer) at.mesh.dp_shard = MeshAt(spec, replicas).dp_shard;
+    const std::string size = std::to_string(replicas) + " replicas (" + std::to_string(replicas * ranks) + " ranks)";
     auto split = config::ResolveGlobalBatch(at, replicas * ranks);
-    if (!split.ok()) {
-      return Bad("spec.elasticPolicy", what + " does not split at " + std::to_string(replicas) + " replicas (" +
-                                           std::to_string(replicas * ranks) + " ranks): " + split.status().message());
+    if (!split.ok()) return Bad("spec.elasticPolicy", what + " does not split at " + size + ": " + split.status().message());
+    if (at.mesh.pp > 1) {
+      auto schedule = config::PipelineProgram(at);
+      if (!schedule.ok()) {
+        return Bad("spec.elasticPolicy", what + " at " + size + " makes " + std::to_string(at.training.grad_accum) +
+                                             " micro-batches, which the pipeline cannot run: " +
+                                             schedule.status().message());
+      }
     }
   }
   return global;

@@ -125,7 +125,8 @@ struct JobSpec {
   std::string config_map_name;        // ... or from this ConfigMap's key
   std::string config_map_key = kDefaultConfigKey;
 
-  std::optional<Mesh> explicit_mesh;  // nullopt = auto
+  // nullopt = auto; dp_shard 0 in an elastic job: what each gang's world leaves (MeshAt).
+  std::optional<Mesh> explicit_mesh;
   Mesh mesh;                          // the one in use (explicit or auto)
 
   std::optional<ElasticPolicy> elastic;
@@ -180,6 +181,11 @@ Result<bool> FindPattern(const std::string& pattern, const std::string& text);
 // The auto mesh: FSDP over every rank with one process per Pod (or one Pod); otherwise HSDP,
 // sharded over the processes of a Pod and replicated across Pods.
 Mesh AutoMesh(int replicas, int processes_per_replica);
+
+// The mesh a gang of `replicas` Pods of this job runs: an explicit mesh (its dpShard, when left
+// out in an elastic job, what that world leaves: replicas x processesPerReplica / (pp x
+// dpReplicate x tp)), else AutoMesh; spec.mesh.auto's is the trainer's to choose.
+Mesh MeshAt(const JobSpec& spec, int replicas);
 
 // Reads `job` (the whole object: metadata.name is checked too). An error is kInvalidConfig with
 // a message that starts with the field path and quotes the value, e.g.

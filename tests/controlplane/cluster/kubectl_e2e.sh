@@ -85,7 +85,7 @@ refused "pp: 0" 's|^  checkpoint:.*|  mesh: {dpShard: 2, pp: 0}|' \
 refused "pp: 2000" 's|^  checkpoint:.*|  mesh: {dpShard: 1, pp: 2000}|' \
   "spec.mesh.pp: Invalid value: 2000: spec.mesh.pp in body should be less than or equal to 1024"
 refused "pp beside mesh auto" 's|^  checkpoint:.*|  mesh: {auto: true, pp: 2}|' \
-  "set either auto: true (the trainer chooses the mesh) or dpShard (and optionally dpReplicate, tp, pp), not both"
+  "set either auto: true (the trainer chooses the mesh) or the dims (dpShard, optionally dpReplicate, tp, pp), not both"
 refused "pp on GPUs" 's|^  checkpoint:.*|  mesh: {dpShard: 1, pp: 2}|;s|device: cpu|device: gpu|' \
   "mesh: pp > 1 needs device: cpu"
 # A tensor parallel group is tp consecutive ranks: it must fit in one Pod (2 x 1 x 2 = 2 ranks
@@ -102,7 +102,9 @@ out="$(job tp | sed -e 's|processesPerReplica: 1|processesPerReplica: 2|' -e 's|
 out="$(job pp | sed -e 's|^  checkpoint:.*|  mesh: {dpShard: 1, pp: 2}|' | k apply --dry-run=server -f - 2>&1)"
 [[ "$out" == *"created (server dry run)"* ]] && pass "pp 2 over 2 Pods on the CPU is accepted" || fail "pp 2: $out"
 refused "mesh auto with dpShard" 's|^  checkpoint:.*|  mesh: {auto: true, dpShard: 2}|' \
-  "set either auto: true (the trainer chooses the mesh) or dpShard"
+  "set either auto: true (the trainer chooses the mesh) or the dims"
+refused "a mesh without dpShard in a job that is not elastic" 's|^  checkpoint:.*|  mesh: {tp: 1}|' \
+  "mesh: an explicit mesh sets dpShard, except in an elastic job"
 refused "both inline and configMapRef" 's|config: {inline: "model: {preset: tiny}"}|config: {inline: x, configMapRef: {name: c}}|' \
   "spec.config: Invalid value" "set exactly one of inline and configMapRef"
 refused "a relative checkpoint path" 's|path: /tmp/ckpt|path: ckpt|' "spec.checkpoint" "path must be absolute"
@@ -140,8 +142,12 @@ refused "a Volcano queue with Coscheduling" \
 refused "gangAdmission: Yunikorn" 's|^  checkpoint:.*|  runPolicy: {schedulingPolicy: {gangAdmission: Yunikorn}}|' \
   'gangAdmission: Unsupported value: "Yunikorn"'
 refused "replicas: 0" 's|replicas: 2|replicas: 0|' "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"
-refused "elasticPolicy with an explicit mesh" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {maxReplicas: 2}\n  mesh: {dpShard: 2}|' \
-  "elasticPolicy needs mesh absent or auto: true"
+refused "elasticPolicy with a mesh that fixes dpShard" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {maxReplicas: 2}\n  mesh: {dpShard: 2}|' \
+  "leave it out with elasticPolicy"
+out="$(job elastic-mesh | sed -e 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {minReplicas: 1, maxReplicas: 2}\n  mesh: {tp: 2}|' \
+  -e 's|processesPerReplica: 1|processesPerReplica: 2|' | k apply --dry-run=server -f - 2>&1)"
+[[ "$out" == *"created (server dry run)"* ]] && pass "an elastic job with mesh {tp: 2} and no dpShard is accepted" ||
+  fail "elastic tp 2: $out"
 refused "elasticPolicy minReplicas over maxReplicas" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {minReplicas: 3, maxReplicas: 2}|' \
   "minReplicas must not exceed maxReplicas"
 refused "replicas outside elasticPolicy" 's|^  replicas: 2|  replicas: 2\n  elasticPolicy: {maxReplicas: 1}|' \

@@ -522,6 +522,37 @@ TEST(DecideTest, AnElasticScaleStartsTheNewSizeAtTheSameGlobalBatchAndReportsThe
   EXPECT_TRUE(said) << r.status.dump();
 }
 
+// An elastic job with an explicit mesh keeps its tp on a resize; dpShard is what the new world
+// leaves, in the Pods' overrides, their mesh label and status.mesh.
+TEST(DecideTest, AnElasticScaleKeepsTheExplicitMeshsTpAndShardsOverWhatTheWorldLeaves) {
+  const json elastic = {{"checkpoint", {{"path", "/ckpt"}}},
+                        {"processesPerReplica", 2},
+                        {"mesh", {{"tp", 2}}},
+                        {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 2}}}};
+  json job = RunningJob(elastic);
+  EXPECT_EQ(job["status"]["meshShape"], "1x2x2");
+  job["spec"]["replicas"] = 1;
+  auto of_four = [](json pod) {  // the running gang: 2 Pods of 2 ranks
+    pod["metadata"]["labels"][kWorldSizeLabel] = "4";
+    pod["metadata"]["labels"][kMeshLabel] = "1x2x2";
+    return pod;
+  };
+  Plan p = Decide(In(job, {of_four(Pod(0, 0, "Running")), of_four(Pod(1, 0, "Running"))}));
+  EXPECT_NE(p.phase, "Failed") << p.status.dump();
+  EXPECT_EQ(p.remove.size(), 2u);
+  EXPECT_EQ(p.status["elastic"]["lastResize"]["toReplicas"], 1);
+  Plan q = Decide(In(After(job, p), {}));
+  ASSERT_EQ(q.create.size(), 1u);
+  const std::string pod = q.create[0].dump();
+  EXPECT_THAT(pod, HasSubstr("mesh.dp_shard=1"));
+  EXPECT_THAT(pod, HasSubstr("mesh.tp=2"));
+  EXPECT_EQ(q.create[0]["metadata"]["labels"][kMeshLabel], "1x1x2");
+  EXPECT_EQ(q.status["meshShape"], "1x1x2");
+  EXPECT_EQ(q.status["mesh"]["dpShard"], 1);
+  EXPECT_EQ(q.status["mesh"]["tp"], 2);
+  EXPECT_EQ(q.status["worldSize"], 2);
+}
+
 // An elastic job that loses a node goes on without it (a disruption, not a failure) and grows
 // back to spec.replicas once the node is Ready again.
 TEST(DecideTest, AnElasticJobShrinksWhenANodeIsLostAndGrowsBackWhenItReturns) {

@@ -318,6 +318,49 @@ TEST(SpecTest, PipelineMeshReachesTheTrainerAndIsCheckedAtAdmission) {
   EXPECT_TRUE(replicas.ok()) << replicas.message();
 }
 
+// An elastic job with an explicit mesh keeps pp, dpReplicate and tp; each gang shards over what its
+// world leaves, and its global batch counts data parallel ranks, not ranks.
+TEST(SpecTest, AnElasticJobsExplicitMeshKeepsTpAndPpAndShardsOverTheRest) {
+  auto s = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 2}, {"device", "cpu"}, {"mesh", {{"tp", 2}}},
+                          {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 4}}}}));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->mesh.ToString(), "1x2x2");
+  EXPECT_EQ(MeshAt(*s, 1).ToString(), "1x1x2");
+  EXPECT_EQ(MeshAt(*s, 4).ToString(), "1x4x2");
+  int64_t global = -1;
+  Status ok = ValidateTrainerConfig("model:\n  preset: tiny\ndata:\n  batch_size: 3\n", *s, "ns", "job",
+                                    "spec.config.inline", nullptr, &global);
+  EXPECT_TRUE(ok.ok()) << ok.ToString();
+  EXPECT_EQ(global, 12);  // 3 rows x 4 data parallel ranks (8 ranks / tp 2) at maxReplicas
+  bool dp_shard = false, tp = false;
+  for (const auto& o : TrainerOverrides(*s, "ns", "job", "u")) {
+    dp_shard |= o == "mesh.dp_shard=2";
+    tp |= o == "mesh.tp=2";
+  }
+  EXPECT_TRUE(dp_shard && tp);
+
+  // Pipelines: 2 stages of 1 Pod each (2 processes), 1 or 2 Pods a stage. The micro-batches each
+  // size makes must run the schedule: 4 rows (1 x 2 micro-batches x 2 data parallel ranks at
+  // maxReplicas) are 2 micro-batches a rank at 2 replicas, 4 at 1; 12 rows of at most 2 a
+  // micro-batch are 3 micro-batches at 2 replicas, which interleaved 1F1B over 2 stages refuses.
+  auto pp = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 2}, {"device", "cpu"}, {"mesh", {{"pp", 2}}},
+                           {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 2}}}}));
+  ASSERT_TRUE(pp.ok()) << pp.status().ToString();
+  EXPECT_EQ(pp->mesh.ToString(), "pp2x1x2x1");
+  EXPECT_EQ(MeshAt(*pp, 1).ToString(), "pp2x1x1x1");
+  Status fits = ValidateTrainerConfig("model:\n  preset: tiny\ndata:\n  batch_size: 1\ntraining:\n  grad_accum: 2\n",
+                                      *pp, "ns", "job", "spec.config.inline", nullptr, &global);
+  EXPECT_TRUE(fits.ok()) << fits.ToString();
+  EXPECT_EQ(global, 4);
+  Status few = ValidateTrainerConfig(
+      "model:\n  preset: tiny\ndata:\n  batch_size: 2\ntraining:\n  grad_accum: 2\n  global_batch_size: 12\n"
+      "pipeline:\n  schedule: interleaved-1f1b\n  virtual_stages: 2\n",
+      *pp, "ns", "job", "spec.config.inline", nullptr, &global);
+  EXPECT_EQ(few.code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(few.message(), HasSubstr("spec.elasticPolicy: training.global_batch_size 12 at 2 replicas (4 ranks) makes "
+                                       "3 micro-batches, which the pipeline cannot run: "));
+}
+
 // An elastic job's Pods get the global batch its config makes at maxReplicas, checked at every size
 // it may take; one that does not split at some size is refused at admission, naming it.
 TEST(SpecTest, AnElasticJobsGlobalBatchIsTheConfigsAtMaxReplicasAndSplitsAtEverySize) {
@@ -340,7 +383,7 @@ TEST(SpecTest, AnElasticJobsGlobalBatchIsTheConfigsAtMaxReplicasAndSplitsAtEvery
                                      "spec.config.inline", nullptr, &global);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidConfig);
   EXPECT_THAT(bad.message(), HasSubstr("spec.elasticPolicy: the global batch of 4 rows (data.batch_size 1 x "
-                                       "training.grad_accum 1 x 4 ranks at maxReplicas) does not split at 3 replicas"));
+                                       "training.grad_accum 1 x 4 data parallel ranks at maxReplicas) does not split at 3 replicas"));
   // The config's own training.global_batch_size is kept as it is.
   Status given = ValidateTrainerConfig("model:\n  preset: tiny\ntraining:\n  global_batch_size: 24\n", *three, "ns",
                                        "job", "spec.config.inline", nullptr, &global);
@@ -383,8 +426,16 @@ TEST(SpecTest, ErrorsNameTheFieldAndTheValue) {
        "spec.elasticPolicy: minReplicas 3 exceeds maxReplicas 2"},
       {{{"replicas", 3}, {"elasticPolicy", {{"maxReplicas", 2}}}}, "spec.replicas: 3 is outside spec.elasticPolicy's 1 to 2"},
       {{{"elasticPolicy", {{"maxReplicas", 5000}}}}, "spec.elasticPolicy.maxReplicas: 5000 is outside [1, 4096]"},
+      // An elastic job's dpShard follows its replicas: it is left out, and every size must divide.
       {{{"replicas", 2}, {"mesh", {{"dpShard", 2}}}, {"elasticPolicy", {{"maxReplicas", 2}}}},
-       "spec.elasticPolicy: needs spec.mesh absent or auto: true, but spec.mesh is 1x2x1"},
+       "spec.mesh.dpShard: 2 is fixed, but spec.elasticPolicy changes the world with spec.replicas: leave dpShard out"},
+      {{{"replicas", 2}, {"mesh", {{"tp", 1}}}}, "spec.mesh.dpShard: is required when spec.mesh is set (an elastic job"},
+      {{{"replicas", 2}, {"device", "cpu"}, {"mesh", {{"pp", 2}}}, {"elasticPolicy", {{"minReplicas", 1}, {"maxReplicas", 4}}}},
+       "spec.elasticPolicy: at 1 replicas the world of 1 ranks (x processesPerReplica 1) does not divide by spec.mesh's "
+       "pp x dpReplicate x tp = 2, so dpShard would not be whole"},
+      {{{"replicas", 3}, {"device", "cpu"}, {"mesh", {{"pp", 2}}}, {"elasticPolicy", {{"minReplicas", 2}, {"maxReplicas", 4}}}},
+       "spec.mesh: at 3 replicas the world of 3 ranks (x processesPerReplica 1) does not divide by spec.mesh's pp x "
+       "dpReplicate x tp = 2"},
       {{{"replicas", 2}, {"mesh", {{"dpShard", 2}, {"pp", 2}}}},
        "spec.mesh: pp x dpReplicate x dpShard x tp = pp2x1x2x1 = 4 does not equal replicas x processesPerReplica = 2x1 = 2"},
       {{{"replicas", 2}, {"device", "gpu"}, {"mesh", {{"dpShard", 1}, {"pp", 2}}}},

@@ -7,13 +7,22 @@
 # inside accepted), status.elastic (sizes, resizes, the step each new gang resumed from, no step
 # lost beyond the checkpoint interval), the ResumedFromCheckpoint Events naming both sizes, the
 # ranks' logs (resharded, the batch split), restarts 0, and that the job succeeds.
-# usage: elastic_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR
+# With MESH tp2 the job is 2 Pods of 2 processes with mesh {tp: 2} and no dpShard: every gang keeps
+# tensor parallelism over each Pod's 2 ranks, and shards (FSDP) over what its world leaves (2 Pods:
+# 1x2x2, 1 Pod: 1x1x2); the checkpoint is resharded from 4 ranks to 2 and back.
+# usage: elastic_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR [MESH: dp (default) | tp2]
 set -uo pipefail
 
 cp_bin="$1"
 op_bin="$2"
 train_bin="$3"
 src="$4"
+mesh_mode="${5:-dp}"
+case "$mesh_mode" in
+  dp) ppr=1; mesh_spec="" ;;
+  tp2) ppr=2; mesh_spec="  mesh: {tp: 2}" ;;
+  *) echo "elastic_e2e.sh: MESH must be dp or tp2, got '$mesh_mode'" >&2; exit 2 ;;
+esac
 source "$src/tests/common/e2e_lib.sh"
 e2e_require_kubectl
 e2e_init
@@ -51,6 +60,8 @@ spec:
   image: meshwork/trainer:e2e
   device: cpu
   replicas: 2
+  processesPerReplica: $ppr
+$mesh_spec
   elasticPolicy: {minReplicas: 1, maxReplicas: 2}
   masterPort: $master
   metricsPort: $(free_port)
@@ -97,8 +108,14 @@ resize() {
   [[ "$msg" == *"the new gang at $to replicas (resized from $from) resumed from the checkpoint of step $resumed_at of 400"* ]] &&
     pass "Event ResumedFromCheckpoint names both sizes and the step" || fail "events: $msg"
   log="$(k logs elastic-0 2>&1)"
-  [[ "$log" == *"resharded: the checkpoint was written by world size $from"*"this run is $to"* ]] &&
-    pass "rank 0 resharded the checkpoint of $from ranks to $to" || fail "elastic-0 log: $(grep -m3 'resume' <<<"$log")"
+  [[ "$log" == *"resharded: the checkpoint was written by world size $((from * ppr))"*"this run is $((to * ppr))"* ]] &&
+    pass "rank 0 resharded the checkpoint of $((from * ppr)) ranks to $((to * ppr))" ||
+    fail "elastic-0 log: $(grep -m3 'resume' <<<"$log")"
+  if [ "$mesh_mode" = tp2 ]; then
+    [ "$(jp '{.status.meshShape}')" = "1x${to}x2" ] && [[ "$(k get pod elastic-0 -o yaml)" == *"mesh.dp_shard=$to"*"mesh.tp=2"* ]] &&
+      pass "the $to-Pod gang keeps tp 2 and shards over $to (status.meshShape 1x${to}x2, the trainer's overrides)" ||
+      fail "mesh after the scale to $to: $(jp '{.status.meshShape}'), $(k get pod elastic-0 -o yaml | grep -o 'mesh\.[a-z_]*=[0-9]*' | tr '\n' ' ')"
+  fi
   [[ "$log" == *"batch: training.global_batch_size 8 rows a step = $to data parallel rank"*"x $(( 8 / (4 * to) )) micro-batch"* ]] &&
     pass "the global batch stays 8 rows: $(grep -o 'batch: training.global_batch_size.*' <<<"$log")" ||
     fail "batch line: $(grep 'batch' <<<"$log" | head -3)"
