@@ -9,6 +9,8 @@
 #   - a job without the label is not Kueue's: no Workload, it runs at once;
 #   - partial admission: an elastic job's Workload has minCount = minReplicas; with half the
 #     quota taken Kueue admits it with 1 of its 2 Pods, and the gang runs at that size;
+#   - preemption of part of an elastic job: preempted for a smaller high-priority job, it is
+#     admitted again at once with the Pods left and runs beside it;
 #   - eviction: a running job's Workload deactivated (spec.active false) stops the gang, the job
 #     goes Suspended saying why, the Workload's quota is given back; reactivated, it runs again
 #     and succeeds.
@@ -229,6 +231,31 @@ if e2e_wait_for 60 "one runs" bash -c "[ \"\$(kubectl -n kq get tj one -o jsonpa
   e2e_wait_for 60 "one succeeds" bash -c "[ \"\$(kubectl -n kq get tj one -o jsonpath='{.status.phase}')\" = Succeeded ]" ||
     fail "one: $(jp one '{.status.phase}')"
 else fail "one did not run: $(jp one '{.status}')"; fi
+
+# Preemption of part of an elastic job: a low-priority elastic job (2 Pods, minReplicas 1) holds the
+# whole quota; a high-priority 1-Pod job preempts it (Kueue evicts a Workload whole), and Kueue
+# admits it again at once with the 1 Pod left (partial admission): it runs smaller beside the high
+# one instead of waiting for its whole gang, and succeeds, no restart counted.
+job elp 25 lq low | sed 's/^  replicas: 2/  replicas: 2\n  elasticPolicy: {minReplicas: 1, maxReplicas: 2}/' | k apply -f - >/dev/null
+if e2e_wait_for 60 "elp runs at 2 Pods" bash -c "[ \"\$(kubectl -n kq get tj elp -o jsonpath='{.status.phase} {.status.elastic.replicas}')\" = 'Running 2' ]"; then
+  job hp 12 lq high | sed 's/^  replicas: 2/  replicas: 1/' | k apply -f - >/dev/null
+  preempted=""
+  beside() {
+    kubectl -n kq get tj elp -o jsonpath='{.status.conditions[?(@.type=="Suspended")].message}' | grep -q Preempted &&
+      preempted=1
+    [ -n "$preempted" ] && [ "$(kubectl -n kq get tj hp elp -o jsonpath='{.items[*].status.phase}')" = "Running Running" ] &&
+      [ "$(kubectl -n kq get tj elp -o jsonpath='{.status.elastic.admittedReplicas} {.status.elastic.replicas}')" = "1 1" ] &&
+      [ "$(kubectl -n kq get pods -l meshwork.dev/job=elp -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}/{.metadata.labels.meshwork\.dev/world-size} {end}')" = "elp-0/1 " ]
+  }
+  if e2e_wait_for 90 "elp runs at 1 Pod beside hp" beside; then
+    pass "Kueue preempted the elastic job (Suspended: Preempted) for a 1-Pod high-priority job and admitted it again at 1 of its 2 Pods: it runs beside it"
+  else
+    fail "elp did not run at 1 Pod beside hp (preempted seen: '${preempted}'): $(k get tj hp elp 2>&1); elp $(jp elp '{.status.elastic}') $(jp elp '{.status.conditions[?(@.type=="Suspended")].message}')"
+  fi
+  e2e_wait_for 120 "hp and elp succeed" bash -c "[ \"\$(kubectl -n kq get tj hp elp -o jsonpath='{.items[*].status.phase}')\" = 'Succeeded Succeeded' ]" &&
+    [ "$(jp elp '{.status.restarts}')" = 0 ] &&
+    pass "both succeeded; the preemption counted no restart against the elastic job" || fail "hp/elp: $(k get tj hp elp 2>&1) restarts $(jp elp '{.status.restarts}')"
+else fail "elp did not run at 2 Pods: $(jp elp '{.status}')"; fi
 
 # Topology: a gang that requires one node; Kueue assigns the domain, its ungater places the Pods.
 job tas 3 lq-tas | sed 's|^  image: busybox|  image: busybox\n  template: {metadata: {annotations: {kueue.x-k8s.io/podset-required-topology: kubernetes.io/hostname}}}|' |
