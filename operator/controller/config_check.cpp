@@ -7,6 +7,22 @@ namespace meshwork::op {
 
 using nlohmann::json;
 
+namespace {
+
+// spec.mesh.auto, once the config checks: the gang's plan (and the pipeline status of its stages).
+void AddPlan(const std::string& config_yaml, const JobSpec& spec, const std::string& ns, const std::string& name,
+          ConfigCheck& check) {
+  if (check.error || !spec.mesh.chosen_by_trainer) return;
+  auto plan = PlanGang(config_yaml, spec, ns, name, check.global_batch_size, &check.pipeline);
+  if (!plan.ok()) {
+    check.error = plan.status().message();
+    return;
+  }
+  check.plan = std::move(*plan);
+}
+
+}  // namespace
+
 // The trainer config problem that makes the job InvalidSpec, if any. A ConfigMap that does not
 // exist (yet) is not a spec error: the job waits for it.
 ConfigCheck CheckTrainerConfig(k8s::ObjectApi* api, const json& job, const JobSpec& spec) {
@@ -17,6 +33,7 @@ ConfigCheck CheckTrainerConfig(k8s::ObjectApi* api, const json& job, const JobSp
     Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline", &check.pipeline,
                                      &check.global_batch_size);
     if (!s.ok()) check.error = s.message();
+    AddPlan(spec.config_inline, spec, ns, name, check);
     return check;
   }
   auto cm = api->Get(k8s::resources::ConfigMaps(), ns, spec.config_map_name);
@@ -32,11 +49,13 @@ ConfigCheck CheckTrainerConfig(k8s::ObjectApi* api, const json& job, const JobSp
     check.error = field + ".key: ConfigMap " + spec.config_map_name + " has no key \"" + spec.config_map_key + "\"";
     return check;
   }
-  Status s = ValidateTrainerConfig(data[spec.config_map_key].get<std::string>(), spec, ns, name,
+  const std::string text = data[spec.config_map_key].get<std::string>();
+  Status s = ValidateTrainerConfig(text, spec, ns, name,
                                    field + " (ConfigMap " + spec.config_map_name + ", key " + spec.config_map_key +
                                        ")",
                                    &check.pipeline, &check.global_batch_size);
   if (!s.ok()) check.error = s.message();
+  AddPlan(text, spec, ns, name, check);
   return check;
 }
 

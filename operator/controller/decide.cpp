@@ -160,6 +160,14 @@ void RecordShape(const JobSpec& spec, json& status) {
   const bool same_world = policy::IntOr(status, "worldSize", -1) == spec.WorldSize();
   status["worldSize"] = spec.WorldSize();
   if (spec.mesh.chosen_by_trainer) {
+    // The plan the operator chose for this world (status.plan, written as its gang started).
+    if (!same_world) status.erase("plan");
+    if (status.contains("plan") && status["plan"].is_object() &&
+        status["plan"].value("worldSize", -1) == spec.WorldSize() && status["plan"].contains("mesh")) {
+      status["mesh"] = status["plan"]["mesh"];
+      status["meshShape"] = status["plan"].value("meshShape", "auto");
+      return;
+    }
     const bool reported = same_world && status.contains("meshShape") && status["meshShape"] != "auto" &&
                           status.contains("mesh");
     if (!reported) {
@@ -261,7 +269,10 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
   // next gang and must not fail a running one. A bad config fails the job as a bad spec does,
   // from the status this reconcile found.
   if (!job.Missing().empty()) {
-    const ConfigCheck config = in.check_config ? in.check_config() : ConfigCheck{in.config_error, in.config_wait, nlohmann::json()};
+    ConfigCheck unchecked;
+    unchecked.error = in.config_error;
+    unchecked.wait = in.config_wait;
+    const ConfigCheck config = in.check_config ? in.check_config() : unchecked;
     if (config.error) {
       Plan failed = begun;
       End(failed, policy::InvalidSpec(begun.status, job.pods, *config.error, in.now), in);
@@ -276,6 +287,20 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
     } else {
       plan.status["pipeline"] = config.pipeline;
     }
+    JobSpec launched = run;
+    if (config.plan) {
+      // mesh: auto: the gang starts with the plan chosen for it just now, recorded with its
+      // prediction; a plan other than the one recorded (a new world, an edited config) is said.
+      const json before = plan.status.value("plan", json());
+      const bool same = before.is_object() && before.value("description", "") == config.plan->status.value("description", "") &&
+                        before.value("worldSize", -1) == config.plan->status.value("worldSize", -2);
+      plan.status["plan"] = config.plan->status;
+      plan.status["mesh"] = config.plan->status["mesh"];
+      plan.status["meshShape"] = config.plan->status["meshShape"];
+      if (!same) plan.events.push_back({"Normal", "PlanChosen", config.plan->summary});
+      launched.plan_overrides = config.plan->overrides;
+      launched.planned_mesh = config.plan->mesh;
+    }
     if (config.global_batch_size > 0) {
       // The gang starts with the elastic job's global batch, found in its config just now. A config
       // edit that changes it changes the run its checkpoints continue: said, not hidden.
@@ -288,11 +313,10 @@ Plan Decide(const Observed& in, const Result<JobSpec>& spec) {
                                    "never interrupted"});
       }
       plan.status["elastic"]["globalBatchSize"] = config.global_batch_size;
-      JobSpec launched = run;
       launched.global_batch_size = config.global_batch_size;
-      decided(policy::Launch(policy::JobState{in, launched, plan.status, job.pods}));
-      return plan;
     }
+    decided(policy::Launch(policy::JobState{in, launched, plan.status, job.pods}));
+    return plan;
   }
   decided(policy::Launch(job));
   return plan;

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/controller/plan_choice.h"
 #include "operator/controller/spec.h"
 
 namespace meshwork::op {
@@ -55,6 +56,8 @@ struct ConfigCheck {
   nlohmann::json pipeline;
   // An elastic job's global batch (ValidateTrainerConfig), which its Pods are started with.
   int64_t global_batch_size = 0;
+  // spec.mesh.auto: the whole plan chosen for the gang about to start (ChoosePlan).
+  std::optional<AdmissionPlan> plan;
 };
 
 // One Pod as the decisions see it.

@@ -130,7 +130,9 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
   const std::string ns = job["metadata"].value("namespace", "default");
   const std::string master = MasterAddr(name, ns);
   const int nproc = spec.processes_per_replica;
-  const bool auto_mesh = spec.mesh.chosen_by_trainer;
+  // mesh: auto: the dims of the plan chosen for this gang; "auto" where none is (yet).
+  const bool auto_mesh = spec.mesh.chosen_by_trainer && !spec.planned_mesh;
+  const Mesh& mesh = spec.planned_mesh ? *spec.planned_mesh : spec.mesh;
 
   json env = json::array({
       EnvField("POD_NAME", "metadata.name"),
@@ -151,11 +153,10 @@ json DesiredPod(const json& job, const JobSpec& spec, int index, int64_t generat
       EnvValue("PET_MASTER_ADDR", master),
       EnvValue("PET_MASTER_PORT", std::to_string(spec.master_port)),
       EnvValue("MESHWORK_RESTART_GENERATION", std::to_string(generation)),
-      // mesh: auto: the trainer's rank 0 chooses the dims; "auto" says so to a custom command.
-      EnvValue("MESHWORK_MESH_DP_REPLICATE", auto_mesh ? "auto" : std::to_string(spec.mesh.dp_replicate)),
-      EnvValue("MESHWORK_MESH_DP_SHARD", auto_mesh ? "auto" : std::to_string(spec.mesh.dp_shard)),
-      EnvValue("MESHWORK_MESH_TP", auto_mesh ? "auto" : std::to_string(spec.mesh.tp)),
-      EnvValue("MESHWORK_MESH_PP", auto_mesh ? "1" : std::to_string(spec.mesh.pp)),
+      EnvValue("MESHWORK_MESH_DP_REPLICATE", auto_mesh ? "auto" : std::to_string(mesh.dp_replicate)),
+      EnvValue("MESHWORK_MESH_DP_SHARD", auto_mesh ? "auto" : std::to_string(mesh.dp_shard)),
+      EnvValue("MESHWORK_MESH_TP", auto_mesh ? "auto" : std::to_string(mesh.tp)),
+      EnvValue("MESHWORK_MESH_PP", auto_mesh ? "auto" : std::to_string(mesh.pp)),
   });
   const std::string cm_name = spec.config_map_name.empty() ? ConfigMapName(name) : spec.config_map_name;
   const std::string cm_key = spec.config_map_name.empty() ? std::string(kDefaultConfigKey) : spec.config_map_key;

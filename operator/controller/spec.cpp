@@ -603,7 +603,9 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
                                           const std::string& uid) {
   std::vector<std::string> out;
   if (spec.mesh.chosen_by_trainer) {
-    out.push_back("dist.mesh=auto");
+    // The plan chosen at admission; before it is (ValidateTrainerConfig's own load), any mesh.
+    if (spec.plan_overrides.empty()) out.push_back("dist.mesh=auto");
+    out.insert(out.end(), spec.plan_overrides.begin(), spec.plan_overrides.end());
   } else {
     out.push_back("mesh.dp_replicate=" + std::to_string(spec.mesh.dp_replicate));
     out.push_back("mesh.dp_shard=" + std::to_string(spec.mesh.dp_shard));
@@ -686,6 +688,33 @@ Result<int64_t> ElasticGlobalBatch(const config::TrainConfig& cfg, const JobSpec
 
 }  // namespace
 
+std::vector<std::string> ValidationOverrides(const JobSpec& spec, const std::string& ns, const std::string& name) {
+  std::vector<std::string> overrides = TrainerOverrides(spec, ns, name, "uid");
+  for (auto& o : overrides) {
+    // The Pod's address is only known once it runs; any local address validates the same.
+    if (o == "metrics.host=$(POD_IP)") o = "metrics.host=127.0.0.1";
+  }
+  // spec.args may carry `--set KEY=VALUE` pairs; check those keys too.
+  for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
+    if (spec.args[i] == "--set") overrides.push_back(spec.args[i + 1]);
+  }
+  return overrides;
+}
+
+Status CheckPipeline(const config::TrainConfig& cfg, const std::string& field, json* pipeline) {
+  if (pipeline != nullptr) *pipeline = json();
+  if (cfg.mesh.pp <= 1) return Status::Ok();
+  auto schedule = config::PipelineProgram(cfg);
+  if (!schedule.ok()) return Bad(field, "the trainer refuses this config: " + schedule.status().message());
+  if (pipeline != nullptr) {
+    auto status = PipelineStatus(cfg, *schedule);
+    // A program the generator made that does not simulate is the generator's bug, not the job's.
+    if (!status.ok()) return Internal(field + ": " + status.status().message());
+    *pipeline = *status;
+  }
+  return Status::Ok();
+}
+
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
                              const std::string& name, const std::string& field, json* pipeline,
                              int64_t* global_batch_size) {
@@ -699,47 +728,15 @@ Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec
                       "ConfigMap, which holds at most " + std::to_string(kMaxConfigMapBytes) +
                       " bytes: keep long lists (data files, overrides) out of the config");
   }
-  std::vector<std::string> overrides = TrainerOverrides(spec, ns, name, "uid");
-  for (auto& o : overrides) {
-    // The Pod's address is only known once it runs; any local address validates the same.
-    if (o == "metrics.host=$(POD_IP)") o = "metrics.host=127.0.0.1";
-  }
-  // spec.args may carry `--set KEY=VALUE` pairs; check those keys too.
-  for (size_t i = 0; i + 1 < spec.args.size(); ++i) {
-    if (spec.args[i] == "--set") overrides.push_back(spec.args[i + 1]);
-  }
-  auto loaded = config::LoadConfigFromString(config_yaml, overrides);
+  auto loaded = config::LoadConfigFromString(config_yaml, ValidationOverrides(spec, ns, name));
   if (!loaded.ok()) return Bad(field, "the trainer refuses this config: " + loaded.status().message());
-  if (loaded->mesh.pp > 1) {
-    auto schedule = config::PipelineProgram(*loaded);
-    if (!schedule.ok()) return Bad(field, "the trainer refuses this config: " + schedule.status().message());
-    if (pipeline != nullptr) {
-      auto status = PipelineStatus(*loaded, *schedule);
-      // A program the generator made that does not simulate is the generator's bug, not the job's.
-      if (!status.ok()) return Internal(field + ": " + status.status().message());
-      *pipeline = *status;
-    }
-  }
+  MW_RETURN_IF_ERROR(CheckPipeline(*loaded, field, pipeline));
   if (spec.elastic) {
     auto global = ElasticGlobalBatch(*loaded, spec);
     if (!global.ok()) return global.status();
     if (global_batch_size != nullptr) *global_batch_size = *global;
   }
-  if (spec.mesh.chosen_by_trainer) {
-    // mesh: auto is checked as an explicit mesh is: the profile the trainer will plan with
-    // exists and can build some mesh of this gang.
-    auto profile = config::MeshProfile(*loaded, spec.gpu, spec.processes_per_replica);
-    if (!profile.ok()) return Bad("spec.mesh.auto", "the trainer cannot choose a mesh: " + profile.status().message());
-    const int world = spec.WorldSize();
-    std::string why;
-    for (int dp_shard = 1; dp_shard <= world; ++dp_shard) {
-      if (world % dp_shard != 0) continue;
-      auto cost = compiler::MakeCostModel(*profile, world / dp_shard, dp_shard);
-      if (cost.ok()) return Status::Ok();
-      why = cost.status().message();
-    }
-    return Bad("spec.mesh.auto", "no mesh of " + std::to_string(world) + " ranks can be built: " + why);
-  }
+  // spec.mesh.auto: the plan is chosen and checked when a gang starts (PlanGang, plan_choice.h).
   return Status::Ok();
 }
 

@@ -15,6 +15,10 @@
 
 #include "common/status.h"
 
+namespace meshwork::config {
+struct TrainConfig;
+}  // namespace meshwork::config
+
 namespace meshwork::op {
 
 inline constexpr const char* kGroup = "meshwork.dev";
@@ -133,6 +137,10 @@ struct JobSpec {
   // An elastic job's global batch (rows a step), passed as training.global_batch_size; found
   // from the trainer config when a gang starts (ValidateTrainerConfig), 0 until then.
   int64_t global_batch_size = 0;
+  // spec.mesh.auto: the plan the operator chose for the gang about to start, as the trainer's
+  // --set pairs (ChoosePlan, plan_choice.h); empty until then.
+  std::vector<std::string> plan_overrides;
+  std::optional<Mesh> planned_mesh;  // that plan's dims
 
   std::optional<std::string> checkpoint_path;  // the container path, when checkpoints are on
   std::optional<int64_t> checkpoint_every;
@@ -207,9 +215,18 @@ std::vector<std::string> TrainerOverrides(const JobSpec& spec, const std::string
 // schedule, its micro-batches and stages, and its own bubble: PipelineStatus), else null.
 // An elastic job's config must split its global batch (training.global_batch_size, else the
 // config's rows a step at maxReplicas) at every size of spec.elasticPolicy; `global_batch_size`,
-// when given, is set to it (0 for a job that is not elastic).
+// when given, is set to it (0 for a job that is not elastic). spec.mesh.auto's plan is chosen
+// and checked apart (PlanGang, plan_choice.h).
 Status ValidateTrainerConfig(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
                              const std::string& name, const std::string& field,
                              nlohmann::json* pipeline = nullptr, int64_t* global_batch_size = nullptr);
+
+// The --set pairs a gang of `spec` loads its config with, as ValidateTrainerConfig checks them:
+// TrainerOverrides (any local address for the Pod's) and the `--set` pairs of spec.args.
+std::vector<std::string> ValidationOverrides(const JobSpec& spec, const std::string& ns, const std::string& name);
+
+// A config with pipeline stages: its schedule must run (else InvalidConfig naming `field`), and
+// `pipeline`, when given, is set to its status.pipeline (null for a config without stages).
+Status CheckPipeline(const config::TrainConfig& cfg, const std::string& field, nlohmann::json* pipeline);
 
 }  // namespace meshwork::op

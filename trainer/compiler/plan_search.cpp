@@ -340,7 +340,7 @@ Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec&
   const auto t_scored = Clock::now();
   out.score_seconds = std::chrono::duration<double>(t_scored - t_estimated).count();
   PlanCandidate& chosen = out.finalists.front();
-  if (chosen.plan.pp == 1 && chosen.plan.dp_shard > 1 && !spec.full_plans) {
+  if (chosen.plan.pp == 1 && chosen.plan.dp_shard > 1 && !spec.full_plans && spec.plan_choice_in_full) {
     PlanCandidate full = chosen;
     if (Score2d(profile, spec, full, true).ok() && full.simulated->peak_bytes <= profile.memory_bytes &&
         full.simulated->step_seconds <= chosen.simulated->step_seconds) {

@@ -115,6 +115,10 @@ struct SearchSpec {
   // rather than the quick plan (checkpointing to fit, FSDP2's order), which ranks them; the choice
   // is planned in full either way. The planner takes minutes on a 405B model.
   bool full_plans = false;
+  // The choice, when a single-program plan, planned in full before it is returned (its score and
+  // choices then the compiled plan's). Off where only the plan is needed and time counts (the
+  // operator at admission: the trainer's compiled mode plans the step itself when it starts).
+  bool plan_choice_in_full = true;
   std::vector<int64_t> microbatch_sizes = {1, 2, 4};  // pipelines: sequences a micro-batch
 };
 

@@ -129,6 +129,64 @@ TEST(DecideTest, MeshAutoShowsTheTrainersChoiceOnceReported) {
   EXPECT_FALSE(p.status.contains("mesh"));
 }
 
+std::vector<std::string> UndeclaredStatusFields(const json& status);  // below
+
+// mesh: auto: the plan the config check chose starts the gang (its keys on every rank), is
+// recorded in status.plan and status.mesh with a PlanChosen Event, and said once: the same plan
+// for the next Pods of the gang is not said again; a new world forgets it until its own is chosen.
+TEST(DecideTest, MeshAutoStartsTheGangWithThePlanChosenAtAdmission) {
+  const json spec = {{"mesh", {{"auto", true}}}};
+  AdmissionPlan chosen;
+  chosen.overrides = {"mesh.dp_replicate=1", "mesh.dp_shard=1", "mesh.tp=1", "mesh.pp=2", "pipeline.schedule=zb-h1"};
+  chosen.mesh.pp = 2;
+  chosen.status = {{"worldSize", 2},
+                   {"mesh", {{"dpReplicate", 1}, {"dpShard", 1}, {"tp", 1}, {"pp", 2}}},
+                   {"meshShape", "pp2x1x1x1"},
+                   {"description", "tp 1 x pp 2 x dp_shard 1, zb-h1, 4 micro-batches of 1"}};
+  chosen.summary = "planned tp 1 x pp 2 x dp_shard 1, zb-h1, 4 micro-batches of 1 for 2 ranks";
+  Observed in = In(Job(spec));
+  in.check_config = [&] {
+    ConfigCheck c;
+    c.plan = chosen;
+    return c;
+  };
+  Plan p = Decide(in);
+  ASSERT_EQ(p.create.size(), 2u);
+  const std::string pod = p.create[1].dump();
+  EXPECT_THAT(pod, HasSubstr("mesh.pp=2"));
+  EXPECT_THAT(pod, HasSubstr("pipeline.schedule=zb-h1"));
+  EXPECT_THAT(pod, ::testing::Not(HasSubstr("dist.mesh=auto")));
+  EXPECT_EQ(p.create[1]["metadata"]["labels"][kMeshLabel], "auto");
+  bool pp_env = false;
+  for (const auto& e : p.create[1]["spec"]["containers"][0]["env"]) pp_env |= e["name"] == "MESHWORK_MESH_PP" && e["value"] == "2";
+  EXPECT_TRUE(pp_env) << "MESHWORK_MESH_PP is the plan's";
+  EXPECT_EQ(p.status["plan"]["description"], chosen.status["description"]);
+  EXPECT_EQ(p.status["meshShape"], "pp2x1x1x1");
+  EXPECT_EQ(p.status["mesh"]["pp"], 2);
+  EXPECT_THAT(UndeclaredStatusFields(p.status), ::testing::IsEmpty()) << "the API server would prune them";
+  int said = 0;
+  for (const auto& e : p.events) said += e.reason == "PlanChosen" && e.message == chosen.summary;
+  EXPECT_EQ(said, 1);
+
+  // The next reconcile keeps it in status (no check: every Pod exists) and says nothing more.
+  json job = After(Job(spec), p);
+  Plan q = Decide(In(job, {Pod(0, 0, "Running"), Pod(1, 0, "Running")}));
+  EXPECT_EQ(q.status["meshShape"], "pp2x1x1x1");
+  EXPECT_EQ(q.status["plan"]["description"], chosen.status["description"]);
+  for (const auto& e : q.events) EXPECT_NE(e.reason, "PlanChosen");
+  // One Pod recreated: the same plan again, not said again.
+  Observed again = In(job, {Pod(0, 0, "Running")});
+  again.check_config = in.check_config;
+  Plan r = Decide(again);
+  for (const auto& e : r.events) EXPECT_NE(e.reason, "PlanChosen");
+  // Another world size: the plan is forgotten until the new gang's is chosen.
+  json grown = job;
+  grown["spec"]["replicas"] = 4;
+  Plan g = Decide(In(grown, {}));
+  EXPECT_FALSE(g.status.contains("plan"));
+  EXPECT_EQ(g.status["meshShape"], "auto");
+}
+
 TEST(DecideTest, RunningGangIsRunningAndIdempotent) {
   json job = After(Job(), Decide(In(Job())));
   std::vector<json> pods = {Pod(0, 0, "Running"), Pod(1, 0, "Running")};

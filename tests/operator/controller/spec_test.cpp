@@ -1,4 +1,5 @@
 // ParseSpec: defaults, the auto mesh, and an error naming the field and value for each rule.
+#include "operator/controller/plan_choice.h"
 #include "operator/controller/spec.h"
 
 #include <gmock/gmock.h>
@@ -145,29 +146,76 @@ TEST(SpecTest, AutoMeshIsFsdpForOneProcessPerPodAndHsdpOtherwise) {
 
 // mesh: {auto: true}: the trainer's rank 0 chooses; the Pods say so and the config is checked
 // for a hardware profile that can build a mesh of the gang.
-TEST(SpecTest, MeshAutoLeavesTheChoiceToTheTrainer) {
+TEST(SpecTest, MeshAutoIsPlannedByTheOperatorForTheGang) {
   json job = Job({{"replicas", 2}, {"processesPerReplica", 2}, {"device", "cpu"}, {"mesh", {{"auto", true}}}});
   auto s = ParseSpec(job);
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_TRUE(s->mesh.chosen_by_trainer);
   EXPECT_EQ(s->mesh.ToString(), "auto");
+  // Before a plan is chosen (the config check's own load), the trainer's key for any mesh.
+  const json unplanned = DesiredPod(job, *s, 0, 1);
+  EXPECT_THAT(unplanned["spec"]["containers"][0]["command"].dump(), HasSubstr("dist.mesh=auto"));
+
+  // The config alone checks as it always did; the plan is chosen apart (PlanGang).
+  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *s, "ns", "job", "spec.config.inline").ok());
+  json pipeline = "unset";
+  auto planned = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 0, &pipeline);
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  const AdmissionPlan& plan = *planned;
+  EXPECT_EQ(pipeline.is_null(), plan.mesh.pp == 1) << pipeline.dump();
+  EXPECT_EQ(plan.status["worldSize"], 4);
+  EXPECT_EQ(plan.status["hardwareProfile"], "CPU ranks over Gloo loopback (placeholder figures)");
+  const json& mesh = plan.status["mesh"];
+  EXPECT_EQ(mesh["dpReplicate"].get<int>() * mesh["dpShard"].get<int>() * mesh["tp"].get<int>() * mesh["pp"].get<int>(), 4);
+  EXPECT_EQ(plan.status["meshShape"], plan.mesh.ToString());
+  EXPECT_GT(plan.status["predicted"]["tokensPerSecondPerRank"].get<double>(), 0);
+  EXPECT_GT(plan.status["predicted"]["peakMemoryBytes"].get<int64_t>(), 0);
+  EXPECT_GT(plan.status["plansSearched"].get<int>(), 1);
+  EXPECT_THAT(plan.summary, HasSubstr("for 4 ranks on CPU ranks over Gloo loopback"));
+  // The gang is started with the plan's keys in place of dist.mesh=auto.
+  s->plan_overrides = plan.overrides;
   const json pod = DesiredPod(job, *s, 0, 1);
   const std::string cmd = pod["spec"]["containers"][0]["command"].dump();
-  EXPECT_THAT(cmd, HasSubstr("dist.mesh=auto"));
-  EXPECT_THAT(cmd, ::testing::Not(HasSubstr("mesh.dp_shard=")));
-  EXPECT_EQ(pod["metadata"]["labels"][kMeshLabel], "auto");
-  for (const auto& e : pod["spec"]["containers"][0]["env"])
-    if (e["name"] == "MESHWORK_MESH_DP_SHARD") EXPECT_EQ(e["value"], "auto");
-  EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *s, "ns", "job", "spec.config.inline").ok());
+  EXPECT_THAT(cmd, ::testing::Not(HasSubstr("dist.mesh=auto")));
+  EXPECT_THAT(cmd, HasSubstr("mesh.dp_shard=" + std::to_string(mesh["dpShard"].get<int>())));
+  EXPECT_THAT(cmd, HasSubstr("mesh.tp=" + std::to_string(mesh["tp"].get<int>())));
+  EXPECT_THAT(cmd, HasSubstr("training.global_batch_size="));
+  EXPECT_EQ(pod["metadata"]["labels"][kMeshLabel], "auto");  // the spec's: a resize is a change of it
+
+  // On GPUs pipelines are never chosen (no point-to-point transfers on NCCL).
+  auto gpu = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 4}, {"device", "gpu"}, {"mesh", {{"auto", true}}}}));
+  ASSERT_TRUE(gpu.ok());
+  auto on_gpu = PlanGang("model:\n  preset: llama-100m\ndata:\n  seq_len: 2048\n", *gpu, "ns", "job", 0, nullptr);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().message();
+  EXPECT_EQ(on_gpu->mesh.pp, 1);
+  EXPECT_EQ(on_gpu->status["hardwareProfile"], "H100 over 400 Gb/s InfiniBand");
+  // An elastic job's global batch is the one planned for.
+  auto elastic = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 24, nullptr);
+  ASSERT_TRUE(elastic.ok()) << elastic.status().message();
+  EXPECT_EQ(elastic->status["globalBatchSize"], 24);
+
   // A profile the trainer cannot find is refused before any Pod exists, naming both fields.
-  Status missing = ValidateTrainerConfig("model:\n  preset: tiny\ndist:\n  hardware_profile: nosuch\n", *s, "ns",
-                                         "job", "spec.config.inline");
-  EXPECT_THAT(missing.message(), HasSubstr("spec.mesh.auto: the trainer cannot choose a mesh"));
-  EXPECT_THAT(missing.message(), HasSubstr("dist.hardware_profile"));
-  // The single-node profile cannot put a gang of 2 Pods of 2 in any mesh.
-  Status single = ValidateTrainerConfig("model:\n  preset: tiny\ndist:\n  hardware_profile: h100-nvlink-node\n", *s,
-                                        "ns", "job", "spec.config.inline");
-  EXPECT_THAT(single.message(), HasSubstr("spec.mesh.auto: no mesh of 4 ranks can be built"));
+  auto missing = PlanGang("model:\n  preset: tiny\ndist:\n  hardware_profile: nosuch\n", *s, "ns", "job", 0, nullptr);
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(missing.status().message(), HasSubstr("spec.mesh.auto: no hardware profile to plan with"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("dist.hardware_profile"));
+  // The single-node profile cannot put a gang of 2 Pods of 2 in any plan.
+  auto single = PlanGang("model:\n  preset: tiny\ndist:\n  hardware_profile: h100-nvlink-node\n", *s, "ns", "job", 0,
+                         nullptr);
+  EXPECT_EQ(single.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(single.status().message(), HasSubstr("spec.mesh.auto: no plan of 4 ranks (2 replicas x 2 processes)"));
+  // A model no plan fits on one CPU rank: refused, naming the closest plan.
+  auto one = ParseSpec(Job({{"replicas", 1}, {"device", "cpu"}, {"mesh", {{"auto", true}}}}));
+  ASSERT_TRUE(one.ok());
+  auto too_big = PlanGang("model:\n  preset: llama3-8b\n", *one, "ns", "job", 0, nullptr);
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(too_big.status().message(), HasSubstr("spec.mesh.auto: no plan of 1 ranks"));
+  EXPECT_THAT(too_big.status().message(), HasSubstr("the closest, tp 1 x pp 1 x dp_shard 1"));
+  EXPECT_THAT(too_big.status().message(), HasSubstr("GPUs of this kind would hold it"));
+  // A config the trainer refuses is said as such.
+  auto bad = PlanGang("model:\n  preset: nosuch\n", *s, "ns", "job", 0, nullptr);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidConfig);
+  EXPECT_THAT(bad.status().message(), HasSubstr("spec.mesh.auto: the trainer refuses this config"));
   // auto with a dim beside it.
   auto both = ParseSpec(Job({{"mesh", {{"auto", true}, {"dpShard", 1}}}}));
   ASSERT_FALSE(both.ok());

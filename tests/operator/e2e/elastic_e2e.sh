@@ -10,7 +10,9 @@
 # With MESH tp2 the job is 2 Pods of 2 processes with mesh {tp: 2} and no dpShard: every gang keeps
 # tensor parallelism over each Pod's 2 ranks, and shards (FSDP) over what its world leaves (2 Pods:
 # 1x2x2, 1 Pod: 1x1x2); the checkpoint is resharded from 4 ranks to 2 and back.
-# usage: elastic_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR [MESH: dp (default) | tp2]
+# With MESH auto (mesh: {auto: true}) the operator plans each gang at its size (status.plan, a
+# PlanChosen Event), and each new gang resumes from the checkpoint of the other plan, resharded.
+# usage: elastic_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR [MESH: dp (default) | tp2 | auto]
 set -uo pipefail
 
 cp_bin="$1"
@@ -21,7 +23,8 @@ mesh_mode="${5:-dp}"
 case "$mesh_mode" in
   dp) ppr=1; mesh_spec="" ;;
   tp2) ppr=2; mesh_spec="  mesh: {tp: 2}" ;;
-  *) echo "elastic_e2e.sh: MESH must be dp or tp2, got '$mesh_mode'" >&2; exit 2 ;;
+  auto) ppr=1; mesh_spec="  mesh: {auto: true}" ;;
+  *) echo "elastic_e2e.sh: MESH must be dp, tp2 or auto, got '$mesh_mode'" >&2; exit 2 ;;
 esac
 source "$src/tests/common/e2e_lib.sh"
 e2e_require_kubectl
@@ -115,6 +118,19 @@ resize() {
     [ "$(jp '{.status.meshShape}')" = "1x${to}x2" ] && [[ "$(k get pod elastic-0 -o yaml)" == *"mesh.dp_shard=$to"*"mesh.tp=2"* ]] &&
       pass "the $to-Pod gang keeps tp 2 and shards over $to (status.meshShape 1x${to}x2, the trainer's overrides)" ||
       fail "mesh after the scale to $to: $(jp '{.status.meshShape}'), $(k get pod elastic-0 -o yaml | grep -o 'mesh\.[a-z_]*=[0-9]*' | tr '\n' ' ')"
+  fi
+  if [ "$mesh_mode" = auto ]; then
+    local planned ev
+    planned="$(jp '{.status.plan.worldSize} {.status.plan.meshShape} {.status.meshShape}')"
+    ev="$(k get events --field-selector involvedObject.name=elastic,reason=PlanChosen -o jsonpath='{.items[*].message}')"
+    [[ "$planned" =~ ^$to\ ([^ ]+)\ ([^ ]+)$ ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] &&
+      [[ "$ev" == *" for $to ranks on "* ]] &&
+      pass "the $to-Pod gang runs the plan chosen for it: $(jp '{.status.plan.description}')" ||
+      fail "plan after the scale to $to: '$planned', Events '$ev'"
+    [[ "$log" == *"batch: training.global_batch_size 8 rows a step"* ]] &&
+      pass "the global batch stays 8 rows: $(grep -o 'batch: training.global_batch_size.*' <<<"$log")" ||
+      fail "batch line: $(grep 'batch' <<<"$log" | head -3)"
+    return
   fi
   [[ "$log" == *"batch: training.global_batch_size 8 rows a step = $to data parallel rank"*"x $(( 8 / (4 * to) )) micro-batch"* ]] &&
     pass "the global batch stays 8 rows: $(grep -o 'batch: training.global_batch_size.*' <<<"$log")" ||

@@ -390,13 +390,20 @@ if e2e_wait_for 400 "train-ok succeeds" phase_is train-ok Succeeded; then
   if [ "$step" = 30 ] && awk -v t="$tps" -v l="$loss" -v f="${final:-x}" 'BEGIN{exit !(t > 0 && f != "x" && l + 0 == f + 0)}'; then
     pass "Succeeded with step $step of 30, the final loss $loss of rank 0's log, $tps tokens/s in status"
   else fail "train-ok status.trainer: step=$step tps=$tps loss=$loss (log: final loss $final)"; fi
-  # mesh: auto: rank 0 chose the mesh, logged why, and status shows its choice.
+  # mesh: auto: the operator chose the whole plan when the gang started, recorded it in
+  # status.plan with a PlanChosen Event, and every rank ran with its keys.
   shape="$(jp train-ok '{.status.meshShape}')"
-  chose="$(k logs train-ok-0 | grep -m1 '^mesh: auto chose' || true)"
-  if [[ "$shape" =~ ^([0-9]+)x([0-9]+)x1$ ]] && [ $((BASH_REMATCH[1] * BASH_REMATCH[2])) = 2 ] &&
-     [[ "$chose" == "mesh: auto chose ${BASH_REMATCH[1]}x${BASH_REMATCH[2]} "* ]]; then
-    pass "mesh auto: status.meshShape $shape is rank 0's choice (${chose:0:100})"
-  else fail "mesh auto: status.meshShape '$shape', rank 0 logged '$chose'"; fi
+  planned="$(jp train-ok '{.status.plan.meshShape} {.status.plan.worldSize} {.status.plan.mesh.dpReplicate} {.status.plan.mesh.dpShard} {.status.plan.mesh.tp} {.status.plan.mesh.pp}')"
+  chosen_ev="$(k get events --field-selector involvedObject.name=train-ok,reason=PlanChosen -o jsonpath='{.items[*].message}')"
+  read -r p_shape p_world p_r p_s p_t p_p <<<"$planned"
+  cmd="$(k get pod train-ok-1 -o jsonpath='{.spec.containers[0].command}' 2>/dev/null)"
+  parallelism="$(k logs train-ok-0 | grep -m1 '^parallelism: ' || true)"
+  if [ "$shape" = "$p_shape" ] && [ "$p_world" = 2 ] && [ $((p_r * p_s * p_t * p_p)) = 2 ] &&
+     [[ "$chosen_ev" == "planned "*" for 2 ranks on "* ]] && [[ "$cmd" != *dist.mesh=auto* ]] &&
+     [[ "$cmd" == *"mesh.dp_replicate=$p_r"*"mesh.dp_shard=$p_s"*"mesh.tp=$p_t"*"mesh.pp=$p_p"* ]] &&
+     [ -n "$(jp train-ok '{.status.plan.predicted.tokensPerSecondPerRank}')" ]; then
+    pass "mesh auto: the operator planned $p_shape ($(jp train-ok '{.status.plan.description}')), every rank ran it (${parallelism:0:90}); Event: ${chosen_ev:0:120}"
+  else fail "mesh auto: status.meshShape '$shape', status.plan '$planned', Event '$chosen_ev', rank 1's command $cmd"; fi
   [ "$(jp train-ok '{.status.restarts}')" = 0 ] && [ -n "$(jp train-ok '{.status.completionTime}')" ] &&
     pass "no restarts, completionTime set" || fail "train-ok: $(jp train-ok '{.status}')"
   ev="$(k get events --field-selector involvedObject.name=train-ok -o jsonpath='{range .items[*]}{.reason} {end}')"
