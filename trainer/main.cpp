@@ -179,6 +179,9 @@ int RunConfigCommand(const std::string& command, const std::vector<std::string>&
   }
   auto r = meshwork::train::Train(*cfg, std::cout);
   if (!r.ok()) return Fail(r.status());
+  // Stopped by SIGTERM after saving (checkpoint.save_on_terminate): the code of a process it
+  // killed, so that nothing takes the run for finished.
+  if (r->stopped_at > 0) return 128 + SIGTERM;
   return exit_code::kOk;
 }
 

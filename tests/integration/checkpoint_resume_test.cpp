@@ -289,6 +289,58 @@ class ResumeTest : public ::testing::Test {
 
 TEST_F(ResumeTest, OneProcessKilledAfterACheckpointEndsWithTheUninterruptedLosses) { KillAndResume(1, {}); }
 
+// checkpoint.save_on_terminate: SIGTERM to the launcher, as Kubernetes stops a Pod it deletes,
+// makes every rank finish its step, save that step's checkpoint and exit 143; the next run
+// resumes from exactly that step (no checkpoint.every step in between: every 1000) and ends with
+// the uninterrupted losses.
+TEST_F(ResumeTest, SigtermSavesTheStepItStoppedAtAndTheNextRunResumesThere) {
+  constexpr int kLong = 120;
+  const std::vector<std::string> extra{"--set", "schedule.steps=" + std::to_string(kLong), "--set",
+                                       "checkpoint.every=1000"};
+  const std::string whole_log = tmp_.File("whole.log");
+  Process whole(Command("whole", 2, extra, ""), whole_log);
+  ASSERT_EQ(whole.Wait(), 0) << ReadBytes(whole_log);
+  const auto want = Losses(tmp_.File("whole.jsonl"));
+  ASSERT_EQ(want.size(), static_cast<size_t>(kLong));
+
+  const std::string ckpt = tmp_.File("ckpt");
+  const auto cmd = Command("resumed", 2, extra, ckpt);
+  const std::string first_log = tmp_.File("first.log");
+  {
+    Process first(cmd, first_log);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (Losses(tmp_.File("resumed.jsonl")).size() < 10 && first.Running() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(first.Running()) << "the run ended (exit " << first.exit_code() << ") before its SIGTERM:\n"
+                                 << ReadBytes(first_log);
+    ASSERT_FALSE(fs::exists(ckpt + "/latest")) << "a checkpoint before the SIGTERM: the test would not tell";
+    ::kill(first.pid(), SIGTERM);
+    EXPECT_EQ(first.Wait(), 128 + SIGTERM) << ReadBytes(first_log);
+  }
+  const std::string log = ReadBytes(first_log);
+  std::smatch stopped;
+  ASSERT_TRUE(std::regex_search(log, stopped, std::regex("stopped by SIGTERM after step ([0-9]+) of 120"))) << log;
+  const int at = std::stoi(stopped[1]);
+  EXPECT_GE(at, 10);
+  EXPECT_LT(at, kLong) << "the run was not stopped before its end";
+  EXPECT_THAT(log, HasSubstr("meshwork-launch: received SIGTERM, forwarding to all ranks"));
+  EXPECT_THAT(ReadBytes(ckpt + "/latest"), HasSubstr(std::to_string(at)));
+
+  const std::string second_log = tmp_.File("second.log");
+  Process second(cmd, second_log);
+  ASSERT_EQ(second.Wait(), 0) << ReadBytes(second_log);
+  std::smatch m;
+  const std::string resumed_log = ReadBytes(second_log);
+  ASSERT_TRUE(std::regex_search(resumed_log, m, std::regex("resumed from \\S+/step-0*([0-9]+) \\(step ([0-9]+) of"))) << resumed_log;
+  EXPECT_EQ(std::stoi(m[2]), at) << "the next run resumes at the step the SIGTERM stopped";
+  const auto got = Losses(tmp_.File("resumed.jsonl"));
+  ASSERT_EQ(got.size(), static_cast<size_t>(kLong));
+  for (int step = 1; step <= kLong; ++step) EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  std::cout << "stopped by SIGTERM after step " << at << "; resumed there; final loss " << got.at(kLong) << "\n";
+}
+
 TEST_F(ResumeTest, FsdpTwoRanksKilledAfterACheckpointEndsWithTheUninterruptedLosses) { KillAndResume(2, {}); }
 
 // A resumed compiled run warms up again: its first two steps after the checkpoint run the eager

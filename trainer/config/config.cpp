@@ -261,6 +261,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       IntField("checkpoint.keep", &c.checkpoint.keep, 1, 1 << 20),
       EnumField("checkpoint.resume", &c.checkpoint.resume, kResumeNames),
       BoolField("checkpoint.async", &c.checkpoint.async),
+      BoolField("checkpoint.save_on_terminate", &c.checkpoint.save_on_terminate),
   };
 }
 

@@ -255,6 +255,7 @@ struct CheckpointConfig {
   int64_t keep = 2;                    // complete checkpoints kept; older ones are deleted
   Resume resume = Resume::kAuto;       // auto: resume from dir/latest when it exists
   bool async = false;                  // write in a background thread; the step stalls only to copy
+  bool save_on_terminate = true;       // SIGTERM: finish the step, save it, stop (train/terminate.h)
 };
 
 struct TrainConfig {

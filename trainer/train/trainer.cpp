@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <limits>
 #include <ostream>
 #include <string>
@@ -21,6 +22,7 @@
 #include "trainer/train/report.h"
 #include "trainer/train/schedule.h"
 #include "trainer/train/setup.h"
+#include "trainer/train/terminate.h"
 
 namespace meshwork::train {
 namespace {
@@ -130,6 +132,26 @@ Result<StepRecord> TrainStep(TrainingRun& r, int64_t step) {
   return StepRecord{step, loss, lr, grad_norm_value, seconds, engine.TakeStats(), SampleMemory(r.device)};
 }
 
+// A checkpoint of the steps so far (checkpoint.every, the last step, or a SIGTERM).
+Status SaveCheckpoint(TrainingRun& r, int64_t steps_done) {
+  const config::TrainConfig& cfg = r.cfg;
+  const auto t_save = Clock::now();
+  MW_RETURN_IF_ERROR(r.engine->Drain());  // the checkpoint holds every update of the steps before it
+  r.checkpointer->SetSamplesConsumed(r.source->SamplesBefore(steps_done));
+  MW_RETURN_IF_ERROR(r.checkpointer->Save(steps_done));
+  r.metrics->RecordCheckpointStall(r.checkpointer->last_stall_seconds());
+  if (cfg.checkpoint.async) {
+    r.log() << "checkpoint: saving " << cfg.checkpoint.dir << "/" << StepDirName(steps_done)
+            << " in the background; the step stalled " << Format("%.3f", r.checkpointer->last_stall_seconds())
+            << " s (the previous save's wait and the copy to host memory)\n";
+  } else {
+    r.log() << "checkpoint: saved " << cfg.checkpoint.dir << "/" << StepDirName(steps_done) << " in "
+            << Format("%.2f", Seconds(t_save)) << " s\n";
+  }
+  r.log().flush();
+  return Status::Ok();
+}
+
 // Between steps: evaluation every eval.every steps (not after the last: the run ends with one),
 // and a checkpoint when checkpoint.every says so.
 Status AfterStep(TrainingRun& r, int64_t steps_done) {
@@ -140,23 +162,29 @@ Status AfterStep(TrainingRun& r, int64_t steps_done) {
     r.metrics->RecordEval(loss);
     r.log() << "eval at step " << steps_done << ": loss " << SixDigits(loss) << "\n";
   }
-  if (r.checkpointer->Due(steps_done, cfg.schedule.steps)) {
-    const auto t_save = Clock::now();
-    MW_RETURN_IF_ERROR(r.engine->Drain());  // the checkpoint holds every update of the steps before it
-    r.checkpointer->SetSamplesConsumed(r.source->SamplesBefore(steps_done));
-    MW_RETURN_IF_ERROR(r.checkpointer->Save(steps_done));
-    r.metrics->RecordCheckpointStall(r.checkpointer->last_stall_seconds());
-    if (cfg.checkpoint.async) {
-      r.log() << "checkpoint: saving " << cfg.checkpoint.dir << "/" << StepDirName(steps_done)
-              << " in the background; the step stalled " << Format("%.3f", r.checkpointer->last_stall_seconds())
-              << " s (the previous save's wait and the copy to host memory)\n";
-    } else {
-      r.log() << "checkpoint: saved " << cfg.checkpoint.dir << "/" << StepDirName(steps_done) << " in "
-              << Format("%.2f", Seconds(t_save)) << " s\n";
-    }
-    r.log().flush();
-  }
+  if (r.checkpointer->Due(steps_done, cfg.schedule.steps)) MW_RETURN_IF_ERROR(SaveCheckpoint(r, steps_done));
   return Status::Ok();
+}
+
+// With checkpoint.save_on_terminate (terminate.h): whether any rank has got SIGTERM, agreed at the
+// end of a step by every rank (the same answer everywhere, so they all stop after the same step).
+Result<bool> TerminateAgreed(TrainingRun& r, const TerminateSignal& terminate) {
+  MW_ASSIGN_OR_RETURN(const double any, r.engine->AverageAcrossRanks(terminate.received() ? 1.0 : 0.0));
+  return any > 0;
+}
+
+// The checkpoint of `steps_done` (unless that step's is saved already), committed, then the run
+// ends there: the next one resumes from it.
+Result<TrainSummary> StopAfterTerminate(TrainingRun& r, int64_t steps_done) {
+  const config::TrainConfig& cfg = r.cfg;
+  if (!r.checkpointer->Due(steps_done, cfg.schedule.steps)) MW_RETURN_IF_ERROR(SaveCheckpoint(r, steps_done));
+  if (cfg.checkpoint.async) MW_RETURN_IF_ERROR(r.checkpointer->Finish());
+  r.log() << "stopped by SIGTERM after step " << steps_done << " of " << cfg.schedule.steps << ": its checkpoint is "
+          << cfg.checkpoint.dir << "/" << StepDirName(steps_done)
+          << " (checkpoint.save_on_terminate); the next run resumes there\n";
+  r.log().flush();
+  r.summary.stopped_at = steps_done;
+  return r.summary;
 }
 
 Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log) {
@@ -168,6 +196,9 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     r.log() << "eval before training: loss " << SixDigits(r.summary.initial_eval_loss) << "\n";
   }
 
+  // SIGTERM saves and stops only where there is somewhere to save (terminate.h).
+  std::unique_ptr<TerminateSignal> terminate;
+  if (cfg.checkpoint.save_on_terminate && r.checkpointer->enabled()) terminate = TerminateSignal::Install();
   r.report->Start();
   for (int64_t step = r.first_step(); step < cfg.schedule.steps; ++step) {
     if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->BeforeStep(step));
@@ -177,6 +208,17 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->AfterStep(step, record.seconds, r.log()));
     MW_RETURN_IF_ERROR(r.report->Step(record));  // metrics and logging.jsonl every step, a line every logging.every
     MW_RETURN_IF_ERROR(AfterStep(r, step + 1));
+    if (terminate && step + 1 < cfg.schedule.steps) {
+      MW_ASSIGN_OR_RETURN(const bool stop, TerminateAgreed(r, *terminate));
+      if (stop) return StopAfterTerminate(r, step + 1);
+    }
+  }
+  // Past the last step (its checkpoint saved) there is nothing left to save: SIGTERM kills again,
+  // and one that came during that step kills now.
+  if (terminate) {
+    const bool came = terminate->received();
+    terminate.reset();
+    if (came) std::raise(SIGTERM);
   }
   // An asynchronous pipeline's last micro-batches through their backwards and updates before the
   // final evaluation and export (a checkpoint at the last step has drained already: no-op).

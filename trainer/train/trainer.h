@@ -14,6 +14,9 @@ namespace meshwork::train {
 
 struct TrainSummary {
   int64_t resumed_from = 0;         // the checkpoint's step this run continued from (0: none)
+  // checkpoint.save_on_terminate: the step whose checkpoint a SIGTERM made this run save before
+  // it stopped there (0: it ran to its end).
+  int64_t stopped_at = 0;
   int64_t steps = 0;                // steps this run trained (after resumed_from)
   int64_t tokens = 0;
   std::vector<double> losses;       // training loss of every step this run trained
