@@ -225,6 +225,7 @@ void RoomLedger::Set(const std::string& key, const json& pod) {
     Add(bound_by_owner_[{e.node, e.owner_uid}], e.requests);
   } else if (Released(pod)) {
     e.released = pod;
+    released_.insert(key);
   }
   pods_[key] = std::move(e);
 }
@@ -246,6 +247,7 @@ void RoomLedger::Drop(const std::string& key) {
       if (owned->second.cpu < 1e-9 && owned->second.memory == 0 && owned->second.gpus == 0) bound_by_owner_.erase(owned);
     }
   }
+  released_.erase(key);
   pods_.erase(it);
 }
 
@@ -259,8 +261,9 @@ RoomLedger::Snapshot RoomLedger::Taken(const std::string& skip_owner_uid) const 
       if (owned != bound_by_owner_.end()) Take(requests, owned->second);
     }
   }
-  for (const auto& [key, e] : pods_) {
-    if (!e.released.is_null() && e.owner_uid != skip_owner_uid) s.released.push_back(e.released);
+  for (const std::string& key : released_) {
+    const Entry& e = pods_.at(key);
+    if (e.owner_uid != skip_owner_uid) s.released.push_back(e.released);
   }
   return s;
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 #include <string>
 #include <vector>
@@ -77,6 +78,9 @@ class RoomLedger {
 
   mutable std::mutex mu_;
   std::map<std::string, Entry> pods_;  // by Pod key, the Pods that take or will take room
+  // The keys of pods_ whose Pod is released and not bound (Entry::released set): an admission
+  // reads these few, not every Pod the ledger holds.
+  std::set<std::string> released_;
   std::map<std::string, PodRequests> bound_;  // node -> the sum of its bound Pods' requests
   // (node, owner uid) -> the part of bound_ that owner's Pods take: an admission leaves the gang's
   // own job out, as FitGang's caller leaves the job's own Pods out of `pods`.

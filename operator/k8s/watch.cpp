@@ -57,19 +57,25 @@ Error WatchLineParser::Feed(std::string_view bytes, std::vector<WatchEvent>* out
     }
     std::string_view piece = bytes.substr(start, nl - start);
     start = nl + 1;
-    std::string line;
-    if (pending_.empty()) {
-      line.assign(piece);
-    } else {
+    // A line whole in these bytes is parsed where it lies; one begun in earlier bytes from
+    // pending_, which keeps its capacity for the next (no copy of every event's bytes).
+    std::string_view line = piece;
+    if (!pending_.empty()) {
       pending_.append(piece);
-      line.swap(pending_);
-      pending_.clear();
+      line = pending_;
     }
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    auto ev = ParseLine(line);
-    if (!ev.ok()) return ev.error();
-    out->push_back(std::move(ev).value());
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    Error parsed = Error::Ok();
+    if (line.find_first_not_of(" \t") != std::string_view::npos) {
+      auto ev = ParseLine(line);
+      if (ev.ok()) {
+        out->push_back(std::move(ev).value());
+      } else {
+        parsed = ev.error();
+      }
+    }
+    pending_.clear();
+    if (!parsed.ok()) return parsed;
   }
   return Error::Ok();
 }
