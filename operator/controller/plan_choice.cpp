@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
+#include "trainer/compiler/plan_estimate.h"
 #include "trainer/compiler/plan_search.h"
 #include "trainer/config/hardware.h"
 
@@ -14,18 +14,14 @@ namespace {
 
 using nlohmann::json;
 
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
+using compiler::plan::Fixed;
 
 double Rounded(double v, int digits) {
   const double scale = std::pow(10.0, digits);
   return std::round(v * scale) / scale;
 }
 
-std::string GiB(int64_t bytes) { return Fixed(static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), 1); }
+std::string GiB(int64_t bytes) { return Fixed(compiler::plan::GiB(bytes), 1); }
 
 // PlanConfigYaml's maps of scalars as --set pairs: "mesh: {tp: 2}" is mesh.tp=2.
 Result<std::vector<std::string>> AsOverrides(const std::string& yaml) {
