@@ -75,6 +75,30 @@ cluster_cpu_s() {
   for p in $(pgrep -P "$cp_pid"); do t="$(awk -v a="$t" -v b="$(bench_cpu_s "$p")" 'BEGIN {print a + b}')"; done
   echo "$t"
 }
+# components_cpu: "NAME SECONDS" for each control-plane process and the operator, if one runs.
+components_cpu() {
+  local p
+  for p in $(pgrep -P "$cp_pid") ${1:-}; do echo "$(cat "/proc/$p/comm") $(bench_cpu_s "$p")"; done
+}
+# requests_by_kind: "VERB RESOURCE[/SUBRESOURCE] COUNT" from apiserver_request_total, summed over
+# the other labels (clients, codes, scopes).
+requests_by_kind() {
+  local port
+  port="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["apiserver"])' "$cp_dir/ports.json")"
+  curl -s --max-time 30 --cacert "$cp_dir/pki/ca.crt" --cert "$cp_dir/pki/admin.crt" --key "$cp_dir/pki/admin.key" \
+    "https://127.0.0.1:$port/metrics" | awk '/^apiserver_request_total\{/ {
+      v = r = s = ""
+      if (match($0, /verb="[^"]*"/)) v = substr($0, RSTART + 6, RLENGTH - 7)
+      if (match($0, /resource="[^"]*"/)) r = substr($0, RSTART + 10, RLENGTH - 11)
+      if (match($0, /subresource="[^"]*"/)) s = substr($0, RSTART + 13, RLENGTH - 14)
+      n[v " " r (s == "" ? "" : "/" s)] += $NF
+    } END {for (k in n) print k, n[k]}'
+}
+# delta BEFORE AFTER: AFTER's last column minus BEFORE's, by the other columns, largest first.
+delta() {
+  awk 'NR == FNR {k = $0; sub(/ [^ ]*$/, "", k); b[k] = $NF; next}
+       {k = $0; sub(/ [^ ]*$/, "", k); d = $NF - b[k]; if (d != 0) printf "%s %.1f\n", k, d}' "$1" "$2" | sort -k3 -n -r -t' '
+}
 # api_requests: apiserver_request_total summed over every label (all clients, verbs, codes).
 api_requests() {
   local port
@@ -149,6 +173,10 @@ one() {
   ctl_cpu0="$(bench_cpu_s "$ctl_pid")"
   cp_cpu0="$(cluster_cpu_s)"
   req0="$(api_requests)"
+  local op_pid=""
+  [ "$kind" = tj ] && op_pid="$ctl_pid"
+  components_cpu "$op_pid" >"$run/cpu.0"
+  requests_by_kind >"$run/requests.0"
   echo "[bench] $kind $row, round $rep" >&2
   t0="$EPOCHREALTIME"
   kubectl apply -f "$run/jobs.yaml" >"$run/apply.log" 2>&1 &
@@ -165,6 +193,10 @@ one() {
   done
   local req ctl_cpu cp_cpu hwm t_pods t_done
   req=$(($(api_requests) - req0))
+  components_cpu "$op_pid" >"$run/cpu.1"
+  requests_by_kind >"$run/requests.1"
+  delta "$run/cpu.0" "$run/cpu.1" >"$run/cpu.txt"
+  delta "$run/requests.0" "$run/requests.1" >"$run/requests.txt"
   ctl_cpu="$(awk -v a="$ctl_cpu0" -v b="$(bench_cpu_s "$ctl_pid")" 'BEGIN {printf "%.1f", b - a}')"
   cp_cpu="$(awk -v a="$cp_cpu0" -v b="$(cluster_cpu_s)" 'BEGIN {printf "%.1f", b - a}')"
   hwm="$(( $(bench_hwm_kib "$ctl_pid") / 1024 ))"
@@ -176,7 +208,7 @@ one() {
   echo "$kind $njobs $pods $rep ${t_pods:--} ${t_done:--} $req $ctl_cpu $hwm $cp_cpu $(tr ' ' _ <<<"$status")" >>"$tmp/runs.txt"
   stop_all
   mkdir -p "$raw/$row-$kind-$rep"
-  cp "$run/pods.watch" "$run/jobs.watch" "$run/apply.log" "$raw/$row-$kind-$rep/" 2>/dev/null || true
+  cp "$run/pods.watch" "$run/jobs.watch" "$run/apply.log" "$run/cpu.txt" "$run/requests.txt" "$raw/$row-$kind-$rep/" 2>/dev/null || true
   gzip -q "$raw/$row-$kind-$rep/"*.watch || true
   [ "$kind" = tj ] && tail -n 20 "$run/op.log" >"$raw/$row-$kind-$rep/op.log.tail"
   rm -rf "$run"
@@ -209,7 +241,8 @@ cp "$tmp/runs.txt" "$raw/runs.txt"
   echo "Client rate limits: kube-controller-manager's client is limited to 20 requests/s, burst 30"
   echo "(its defaults; the Job controller has its own client, --use-service-account-credentials);"
   echo "meshwork-operator's client has no rate limit. Rows \"Indexed Job (kube-api-qps N)\" raise it."
-  echo "Per-run records: \`${raw#"$root/"}/runs.txt\`, with each run's watch lines."
+  echo "Per-run records: \`${raw#"$root/"}/runs.txt\`, with each run's watch lines, CPU seconds by"
+  echo "process (cpu.txt) and API requests by verb and resource (requests.txt)."
   echo
   python3 "$root/bench/operator_vs_job_table.py" "$tmp/runs.txt"
   echo

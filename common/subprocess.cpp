@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -89,12 +90,93 @@ ssize_t WriteNoSigpipe(int fd, const char* data, size_t size) {
 
 std::string SpawnFailure::ToString() const { return step + ": " + std::strerror(error); }
 
+namespace {
+
+// What the child reads: all of it prepared by the parent, whose memory the child shares until it
+// execs or exits.
+struct ChildArgs {
+  const SpawnOptions* o;
+  char* const* argv;
+  char* const* envp;
+  const char* program;
+  const char* wd;
+  bool isolate;
+  pid_t parent;
+  int err_fd;
+};
+
+[[noreturn]] void ChildFail(const ChildArgs& a, int step) {
+  ChildError ce{step, errno};
+  ssize_t ignored = ::write(a.err_fd, &ce, sizeof(ce));
+  (void)ignored;
+  ::_exit(a.o->failure_exit_code);
+}
+
+// The child's steps. It runs on its own small stack in the parent's memory (CLONE_VM), so it
+// only makes system calls: no allocation, no locks, nothing written but its own stack.
+int ChildMain(void* arg) {
+  const ChildArgs& a = *static_cast<const ChildArgs*>(arg);
+  const SpawnOptions& o = *a.o;
+  if (o.new_session) {
+    ::setsid();
+  } else {
+    ::setpgid(0, 0);
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != a.parent) ::_exit(o.failure_exit_code);  // the parent died before prctl
+  // Default dispositions while every signal is still blocked (the parent blocked them before the
+  // clone): none of the parent's handlers may run here, on the parent's memory.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (!o.netns.empty()) {
+    const int fd = ::open(o.netns.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ChildFail(a, kNetns);
+    ::close(fd);
+  }
+  if (a.isolate) {
+    if (::unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) ChildFail(a, kUnshare);
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ChildFail(a, kPrivateRoot);
+    // Every mount stacked there (a directory bind-mounted onto itself, and a mount left under it
+    // by an agent that died): until EINVAL, not a mount point any more.
+    if (!o.detach_mount.empty()) {
+      while (::umount2(o.detach_mount.c_str(), MNT_DETACH) == 0) {
+      }
+    }
+    if (!o.hosts_file.empty() && ::mount(o.hosts_file.c_str(), "/etc/hosts", nullptr, MS_BIND, nullptr) != 0) {
+      ChildFail(a, kBindHosts);
+    }
+    if (!o.hostname.empty() && ::sethostname(o.hostname.data(), o.hostname.size()) != 0) ChildFail(a, kSetHostname);
+  }
+  if ((o.stdin_fd >= 0 && ::dup2(o.stdin_fd, 0) < 0) || (o.stdout_fd >= 0 && ::dup2(o.stdout_fd, 1) < 0) ||
+      (o.stderr_fd >= 0 && ::dup2(o.stderr_fd, 2) < 0)) {
+    ChildFail(a, kStdio);
+  }
+  if (o.close_other_fds) CloseAllAbove2Except(a.err_fd);  // the pipe closes itself on exec
+  if (a.wd != nullptr && ::chdir(a.wd) != 0) ChildFail(a, kChdir);
+  if (o.search_path) {
+    ::execvpe(a.program, a.argv, a.envp);
+  } else {
+    ::execve(a.program, a.argv, a.envp);
+  }
+  ChildFail(a, kExec);
+}
+
+// The child's stack: execvpe builds each PATH candidate on it.
+constexpr size_t kChildStackBytes = 256 << 10;
+
+}  // namespace
+
+// clone(CLONE_VM | CLONE_VFORK), as posix_spawn does, rather than fork: fork copies the parent's
+// page tables, a cost that grows with its memory (the node agent's cache of every Pod, a launcher
+// beside a large model), and the child only makes system calls before it execs.
 Spawned SpawnProcess(const SpawnOptions& o) {
   Spawned out;
   std::vector<char*> argv = CStrings(o.argv);
   std::vector<char*> envp = CStrings(o.env);
-  const bool isolate = !o.hosts_file.empty() || !o.hostname.empty();
-  const char* wd = o.working_dir.empty() ? nullptr : o.working_dir.c_str();
   const char* program = o.program.empty() ? (o.argv.empty() ? nullptr : o.argv[0].c_str()) : o.program.c_str();
   int err_pipe[2];
   if (program == nullptr) {
@@ -105,66 +187,34 @@ Spawned SpawnProcess(const SpawnOptions& o) {
     out.failure = SpawnFailure{"pipe", errno};
     return out;
   }
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    auto die = [&](int step) {
-      ChildError ce{step, errno};
-      ssize_t ignored = ::write(err_pipe[1], &ce, sizeof(ce));
-      (void)ignored;
-      ::_exit(o.failure_exit_code);
-    };
-    if (o.new_session) {
-      ::setsid();
-    } else {
-      ::setpgid(0, 0);
-    }
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(o.failure_exit_code);  // the parent died before prctl
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
-    if (!o.netns.empty()) {
-      const int fd = ::open(o.netns.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) die(kNetns);
-      ::close(fd);
-    }
-    if (isolate) {
-      if (::unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) die(kUnshare);
-      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) die(kPrivateRoot);
-      // Every mount stacked there (a directory bind-mounted onto itself, and a mount left under it
-      // by an agent that died): until EINVAL, not a mount point any more.
-      if (!o.detach_mount.empty()) {
-        while (::umount2(o.detach_mount.c_str(), MNT_DETACH) == 0) {
-        }
-      }
-      if (!o.hosts_file.empty() &&
-          ::mount(o.hosts_file.c_str(), "/etc/hosts", nullptr, MS_BIND, nullptr) != 0) {
-        die(kBindHosts);
-      }
-      if (!o.hostname.empty() && ::sethostname(o.hostname.data(), o.hostname.size()) != 0) die(kSetHostname);
-    }
-    if ((o.stdin_fd >= 0 && ::dup2(o.stdin_fd, 0) < 0) || (o.stdout_fd >= 0 && ::dup2(o.stdout_fd, 1) < 0) ||
-        (o.stderr_fd >= 0 && ::dup2(o.stderr_fd, 2) < 0)) {
-      die(kStdio);
-    }
-    if (o.close_other_fds) CloseAllAbove2Except(err_pipe[1]);  // the pipe closes itself on exec
-    if (wd != nullptr && ::chdir(wd) != 0) die(kChdir);
-    if (o.search_path) {
-      ::execvpe(program, argv.data(), envp.data());
-    } else {
-      ::execve(program, argv.data(), envp.data());
-    }
-    die(kExec);
+  void* stack = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) {
+    out.failure = SpawnFailure{"fork", errno};
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    return out;
   }
-  const int fork_errno = errno;
+  const ChildArgs args{&o,
+                       argv.data(),
+                       envp.data(),
+                       program,
+                       o.working_dir.empty() ? nullptr : o.working_dir.c_str(),
+                       !o.hosts_file.empty() || !o.hostname.empty(),
+                       ::getpid(),
+                       err_pipe[1]};
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+  // Returns once the child has exec'd or exited (CLONE_VFORK).
+  const pid_t pid = ::clone(ChildMain, static_cast<char*>(stack) + kChildStackBytes, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                            const_cast<ChildArgs*>(&args));
+  const int clone_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  ::munmap(stack, kChildStackBytes);
   ::close(err_pipe[1]);
   if (pid < 0) {
     ::close(err_pipe[0]);
-    out.failure = SpawnFailure{"fork", fork_errno};
+    out.failure = SpawnFailure{"fork", clone_errno};
     return out;
   }
   // Also here, so that signalling the group cannot race the child's own setpgid.

@@ -1,5 +1,5 @@
 // Starting a child process the way every Meshwork supervisor does (the rank launcher, the node
-// agent): fork, a fixed list of steps in the child, exec, and a close-on-exec pipe that carries
+// agent): a child, a fixed list of steps in it, exec, and a close-on-exec pipe that carries
 // the failing step and its errno back, so "cannot exec" is an error of the caller, not a child
 // that silently exits 127.
 #pragma once
@@ -63,11 +63,12 @@ struct Spawned {
   bool ok() const { return pid > 0 && !failure; }
 };
 
-// Forks and runs the child's steps in this order: new group or session; SIGKILL when the parent
+// Starts a child (sharing this process's memory until it execs, as posix_spawn does, so the cost
+// does not grow with the parent's size) and runs its steps in this order: new group or session; SIGKILL when the parent
 // dies (PR_SET_PDEATHSIG; the calling thread must outlive the child); empty signal mask and
 // default dispositions; network namespace; mount and UTS namespaces; stdio; close other descriptors; working directory; exec.
 // Returns once the exec has succeeded or a step has failed. Everything the child touches is
-// prepared before the fork, so the child only makes system calls.
+// prepared before the child starts, so the child only makes system calls.
 Spawned SpawnProcess(const SpawnOptions& options);
 
 // What a command wrote, and how it ended.

@@ -37,5 +37,8 @@ Result<PodRequests> ContainerRequests(const nlohmann::json& container, const std
 std::string RenderHostsFile(const std::string& pod_ip, const std::string& hostname, const std::string& subdomain,
                             const std::string& ns, const std::string& cluster_domain,
                             const std::map<std::string, std::string>& name_to_ip);
+// The part of RenderHostsFile after the pod's own names: the same for every pod of namespace `ns`.
+std::string RenderHostsNames(const std::string& ns, const std::string& cluster_domain,
+                             const std::map<std::string, std::string>& name_to_ip);
 
 }  // namespace meshwork::controlplane::agent::internal

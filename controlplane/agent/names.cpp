@@ -69,6 +69,12 @@ std::string RenderHostsFile(const std::string& pod_ip, const std::string& hostna
   } else {
     out += pod_ip + "\t" + hostname + "\n";
   }
+  return out + RenderHostsNames(ns, cluster_domain, name_to_ip);
+}
+
+std::string RenderHostsNames(const std::string& ns, const std::string& cluster_domain,
+                             const std::map<std::string, std::string>& name_to_ip) {
+  std::string out;
   // Each name in every form this pod's search path (<ns>.svc.<domain> svc.<domain> <domain>)
   // would complete, because hosts-file lookups do not apply search domains themselves.
   std::map<std::string, std::vector<std::string>> by_ip;

@@ -226,6 +226,10 @@ struct PodRuntime::Impl {
   std::condition_variable wake;
   std::map<std::string, Pod> pods;
   std::map<std::string, std::string> hosts;  // SetHosts
+  // The names part of a hosts file by namespace (RenderHostsNames), rendered once per SetHosts:
+  // each file lists every name, and rendering them again for each pod started in a burst of jobs
+  // made a pod's start cost grow with the cluster's pod count.
+  mutable std::map<std::string, std::string> hosts_names_by_ns;
   std::set<uint32_t> ips_in_use;
   uint32_t next_ip_slot = 0;
   std::vector<std::string> networks_to_release;  // removed pods' uids whose namespace is still pinned
@@ -239,8 +243,12 @@ struct PodRuntime::Impl {
   std::string Now() const { return internal::Rfc3339(SystemClock::now()); }
 
   Status WriteHostsFile(const Pod& pod) const {
-    std::string text = internal::RenderHostsFile(pod.ip, pod.hostname, pod.subdomain, pod.ns,
-                                                 options.cluster_domain, hosts);
+    auto names = hosts_names_by_ns.find(pod.ns);
+    if (names == hosts_names_by_ns.end()) {
+      names = hosts_names_by_ns.emplace(pod.ns, internal::RenderHostsNames(pod.ns, options.cluster_domain, hosts)).first;
+    }
+    std::string text = internal::RenderHostsFile(pod.ip, pod.hostname, pod.subdomain, pod.ns, options.cluster_domain, {}) +
+                       names->second;
     // Rewritten in place (same inode): a bind mount of the file keeps showing the new contents.
     return WriteFileInPlace(pod.hosts_path, text, 0644, "hosts file " + pod.hosts_path);
   }
@@ -1402,6 +1410,7 @@ void PodRuntime::SetHosts(const std::map<std::string, std::string>& name_to_ip) 
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->hosts == name_to_ip) return;
   impl_->hosts = name_to_ip;
+  impl_->hosts_names_by_ns.clear();
   for (const auto& [uid, pod] : impl_->pods) {
     // A finished Pod runs nothing that could read its file again. Rewriting every kept one on
     // each change (each file lists every name) was most of a 500-job burst's agent CPU.

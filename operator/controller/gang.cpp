@@ -31,9 +31,16 @@ void Add(Resources& to, const Resources& r) {
   to.gpus += r.gpus;
 }
 
-json At(const json& j, const char* key) {
-  return j.is_object() && j.contains(key) && !j[key].is_null() ? j[key] : json::object();
+// j[key], or an empty object when j has none: a reference, since the callers read Pods whole
+// on every admission and a copy of the spec each time was most of its cost.
+const json& At(const json& j, const char* key) {
+  static const json kEmpty = json::object();
+  if (!j.is_object()) return kEmpty;
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? kEmpty : *it;
 }
+
+bool Empty(const PodRequests& r) { return r.cpu <= 0 && r.memory <= 0 && r.gpus <= 0; }
 
 // Quantities Kubernetes has already validated; anything unreadable counts as zero.
 double Cpu(const json& q) {
@@ -56,8 +63,12 @@ struct Node {
   Resources free;
 };
 
-bool Matches(const json& pod, const Node& node) {
-  const json selector = At(At(pod, "spec"), "nodeSelector");  // named: items() of a temporary would dangle
+using Claim = RoomLedger::Claim;
+
+Claim ClaimOf(const json& pod) { return {RequestsOf(pod), At(At(pod, "spec"), "nodeSelector")}; }
+
+bool Matches(const json& selector, const Node& node) {
+  if (!selector.is_object()) return true;
   for (const auto& [k, v] : selector.items()) {
     if (k == "kubernetes.io/hostname" && v == node.name) continue;
     if (!node.labels.contains(k) || node.labels[k] != v) return false;
@@ -66,9 +77,9 @@ bool Matches(const json& pod, const Node& node) {
 }
 
 // First fit: the node index, or -1.
-int Place(const json& pod, const Resources& need, std::vector<Node>& nodes) {
+int Place(const json& selector, const Resources& need, std::vector<Node>& nodes) {
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!Matches(pod, nodes[i]) || !FitsIn(need, nodes[i].free)) continue;
+    if (!Matches(selector, nodes[i]) || !FitsIn(need, nodes[i].free)) continue;
     Take(nodes[i].free, need);
     return static_cast<int>(i);
   }
@@ -87,14 +98,14 @@ std::vector<Node> NodesOf(const json& node_list, std::map<std::string, size_t>* 
   std::vector<Node> nodes;
   for (const json& n : node_list.value("items", json::array())) {
     if (At(n, "spec").value("unschedulable", false)) continue;
-    const json status = At(n, "status");
+    const json& status = At(n, "status");
     // A node that is not Ready runs nothing new (the node lifecycle controller taints it
     // NoSchedule): counting its room would admit a gang the scheduler cannot place, as after a
     // node loss, when the gang restarts on the nodes left. (A node with no Ready condition at all
     // is counted: only a node said to be not Ready is left out.)
     const json ready = ReadyConditionOf(n);
     if (!ready.is_null() && ready.value("status", "") != "True") continue;
-    const json alloc = status.contains("allocatable") ? At(status, "allocatable") : At(status, "capacity");
+    const json& alloc = status.contains("allocatable") ? At(status, "allocatable") : At(status, "capacity");
     Node node;
     node.name = At(n, "metadata").value("name", "");
     node.labels = At(At(n, "metadata"), "labels");
@@ -109,8 +120,8 @@ std::vector<Node> NodesOf(const json& node_list, std::map<std::string, size_t>* 
 
 // Places the released, not yet bound Pods and then the gang, on `nodes` with the bound Pods'
 // room already taken.
-GangFit PlaceGang(std::vector<Node>& nodes, const std::vector<json>& unbound, const std::vector<json>& gang) {
-  for (const json& p : unbound) Place(p, RequestsOf(p), nodes);
+GangFit PlaceGang(std::vector<Node>& nodes, const std::vector<Claim>& unbound, const std::vector<json>& gang) {
+  for (const Claim& c : unbound) Place(c.node_selector, c.requests, nodes);
   std::vector<std::pair<Resources, const json*>> want;
   Resources total;
   for (const json& p : gang) {
@@ -124,7 +135,7 @@ GangFit PlaceGang(std::vector<Node>& nodes, const std::vector<json>& unbound, co
   });
   GangFit out;
   for (const auto& [need, pod] : want) {
-    if (Place(*pod, need, nodes) >= 0) continue;
+    if (Place(At(At(*pod, "spec"), "nodeSelector"), need, nodes) >= 0) continue;
     Resources free;
     for (const Node& n : nodes) {
       free.cpu += std::max(0.0, n.free.cpu);
@@ -144,21 +155,25 @@ GangFit PlaceGang(std::vector<Node>& nodes, const std::vector<json>& unbound, co
 // A gang Pod released by the operator and not bound yet: its room is promised, even while another
 // gate still holds it (Kueue's topology gate, lifted once Kueue has picked its domain).
 bool Released(const json& p) {
-  const json labels = At(At(p, "metadata"), "labels");
+  const json& labels = At(At(p, "metadata"), "labels");
   return At(p, "spec").value("nodeName", "").empty() && labels.contains(kJobLabel) && !HasGangGate(p);
 }
 
 }  // namespace
 
 json ReadyConditionOf(const json& node) {
-  for (const json& c : At(node, "status").value("conditions", json::array())) {
+  const json& conditions = At(At(node, "status"), "conditions");
+  if (!conditions.is_array()) return nullptr;
+  for (const json& c : conditions) {
     if (c.is_object() && c.value("type", "") == "Ready") return c;
   }
   return nullptr;
 }
 
 bool HasGangGate(const json& pod) {
-  for (const json& g : At(pod, "spec").value("schedulingGates", json::array())) {
+  const json& gates = At(At(pod, "spec"), "schedulingGates");
+  if (!gates.is_array()) return false;
+  for (const json& g : gates) {
     if (g.is_object() && g.value("name", "") == kGangGate) return true;
   }
   return false;
@@ -168,15 +183,21 @@ bool HasGangGate(const json& pod) {
 // to the other), summed over the containers.
 PodRequests RequestsOf(const json& pod) {
   PodRequests r;
-  const json containers = At(pod, "spec").value("containers", json::array());
+  const json& containers = At(At(pod, "spec"), "containers");
+  if (!containers.is_array()) return r;
   for (const json& c : containers) {
-    const json res = At(c, "resources");
-    json effective = At(res, "limits");
-    const json requests = At(res, "requests");  // named: items() of a temporary would dangle
-    for (const auto& [k, v] : requests.items()) effective[k] = v;
-    if (effective.contains("cpu")) r.cpu += Cpu(effective["cpu"]);
-    if (effective.contains("memory")) r.memory += Bytes(effective["memory"]);
-    if (effective.contains("nvidia.com/gpu")) r.gpus += static_cast<int64_t>(Cpu(effective["nvidia.com/gpu"]));
+    const json& res = At(c, "resources");
+    const json& limits = At(res, "limits");
+    const json& requests = At(res, "requests");
+    // The request, else the limit; a resource in neither is not there.
+    auto effective = [&](const char* name) -> const json* {
+      if (auto it = requests.find(name); it != requests.end()) return &*it;
+      if (auto it = limits.find(name); it != limits.end()) return &*it;
+      return nullptr;
+    };
+    if (const json* q = effective("cpu")) r.cpu += Cpu(*q);
+    if (const json* q = effective("memory")) r.memory += Bytes(*q);
+    if (const json* q = effective("nvidia.com/gpu")) r.gpus += static_cast<int64_t>(Cpu(*q));
   }
   return r;
 }
@@ -186,8 +207,9 @@ GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<j
   std::map<std::string, size_t> by_name;
   std::vector<Node> nodes = NodesOf(node_list, &by_name);
   // What is taken: bound Pods where they are; Pods admitted but not bound yet wherever they fit.
-  std::vector<json> unbound;
-  for (const json& p : pod_list.value("items", json::array())) {
+  std::vector<Claim> unbound;
+  const json& items = At(pod_list, "items");
+  for (const json& p : items.is_array() ? items : At(items, "")) {
     if (Finished(p)) continue;
     const std::string node = At(p, "spec").value("nodeName", "");
     if (!node.empty()) {
@@ -195,7 +217,7 @@ GangFit FitGang(const json& node_list, const json& pod_list, const std::vector<j
       if (it != by_name.end()) Take(nodes[it->second].free, RequestsOf(p));
       continue;
     }
-    if (Released(p)) unbound.push_back(p);
+    if (Released(p)) unbound.push_back(ClaimOf(p));
   }
   return PlaceGang(nodes, unbound, gang);
 }
@@ -216,15 +238,15 @@ void RoomLedger::Set(const std::string& key, const json& pod) {
   if (Finished(pod)) return;
   Entry e;
   e.node = At(pod, "spec").value("nodeName", "");
-  const json refs = At(pod, "metadata").value("ownerReferences", json::array());
+  const json& refs = At(At(pod, "metadata"), "ownerReferences");
   if (refs.is_array() && !refs.empty() && refs[0].is_object()) e.owner_uid = refs[0].value("uid", "");
   e.version = At(pod, "metadata").value("resourceVersion", "");
   e.requests = RequestsOf(pod);
   if (!e.node.empty()) {
     Add(bound_[e.node], e.requests);
     Add(bound_by_owner_[{e.node, e.owner_uid}], e.requests);
-  } else if (Released(pod)) {
-    e.released = pod;
+  } else if (Released(pod) && !Empty(e.requests)) {
+    e.node_selector = At(At(pod, "spec"), "nodeSelector");
     released_.insert(key);
   }
   pods_[key] = std::move(e);
@@ -263,7 +285,7 @@ RoomLedger::Snapshot RoomLedger::Taken(const std::string& skip_owner_uid) const 
   }
   for (const std::string& key : released_) {
     const Entry& e = pods_.at(key);
-    if (e.owner_uid != skip_owner_uid) s.released.push_back(e.released);
+    if (e.owner_uid != skip_owner_uid) s.released.push_back({e.requests, e.node_selector});
   }
   return s;
 }

@@ -57,9 +57,16 @@ class RoomLedger {
   void Set(const std::string& key, const nlohmann::json& pod);
   void Remove(const std::string& key);
 
+  // A released gang Pod not bound yet, as placement reads it: what it asks and where it may go.
+  struct Claim {
+    PodRequests requests;
+    nlohmann::json node_selector;  // spec.nodeSelector, null when it has none
+  };
   struct Snapshot {
-    std::map<std::string, PodRequests> bound;   // node name -> what its bound, unfinished Pods ask
-    std::vector<nlohmann::json> released;       // gang Pods released, not bound yet (FitGang's rule)
+    std::map<std::string, PodRequests> bound;  // node name -> what its bound, unfinished Pods ask
+    // Gang Pods released, not bound yet (FitGang's rule), that ask for anything: a Pod that asks
+    // for nothing takes no room wherever it lands.
+    std::vector<Claim> released;
   };
   // What the Pods not owned by `skip_owner_uid` (the gang being placed) take.
   Snapshot Taken(const std::string& skip_owner_uid) const;
@@ -72,14 +79,14 @@ class RoomLedger {
     std::string owner_uid;   // the first ownerReference's uid
     std::string version;     // metadata.resourceVersion
     PodRequests requests;
-    nlohmann::json released;  // the Pod, when it is a released gang Pod not bound yet; else null
+    nlohmann::json node_selector;  // kept for a released gang Pod not bound yet
   };
   void Drop(const std::string& key);  // mu_ held
 
   mutable std::mutex mu_;
   std::map<std::string, Entry> pods_;  // by Pod key, the Pods that take or will take room
-  // The keys of pods_ whose Pod is released and not bound (Entry::released set): an admission
-  // reads these few, not every Pod the ledger holds.
+  // The keys of pods_ whose Pod is released, not bound, and asks for room: an admission reads
+  // these few, not every Pod the ledger holds.
   std::set<std::string> released_;
   std::map<std::string, PodRequests> bound_;  // node -> the sum of its bound Pods' requests
   // (node, owner uid) -> the part of bound_ that owner's Pods take: an admission leaves the gang's
