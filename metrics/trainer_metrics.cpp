@@ -107,7 +107,14 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry, const Labels& con
                        .Register(registry)),
       checkpoint_stall_seconds_(MakeGauge(
           registry, const_labels, "meshwork_trainer_checkpoint_stall_seconds",
-          "Seconds the last checkpoint save held training (async: its copy to host memory).")) {
+          "Seconds the last checkpoint save held training (async: its copy to host memory).")),
+      plan_fitted_mfu_(MakeGauge(registry, const_labels, "meshwork_trainer_plan_fitted_mfu",
+                                 "The hardware profile's achieved MFU refitted to the measured steps by the plan "
+                                 "advice (0: not refitted yet).")),
+      plan_predicted_speedup_(MakeGauge(registry, const_labels, "meshwork_trainer_plan_predicted_speedup",
+                                        "The plan search's best plan's predicted speed over the running plan's at "
+                                        "the refitted compute rate (0: not advised yet; 1: the running plan is the "
+                                        "best).")) {
   for (const char* c : kCollectives) comm_bytes_total_.Add({{"collective", c}});
   for (const char* k : kStateKinds) state_bytes_.Add({{"kind", k}});
 }
@@ -169,5 +176,10 @@ void TrainerMetrics::SetStateBytes(const std::string& kind, double bytes) {
 }
 
 void TrainerMetrics::RecordCheckpointStall(double seconds) { checkpoint_stall_seconds_.Set(seconds); }
+
+void TrainerMetrics::RecordPlanAdvice(double fitted_mfu, double predicted_speedup) {
+  plan_fitted_mfu_.Set(fitted_mfu);
+  plan_predicted_speedup_.Set(predicted_speedup);
+}
 
 }  // namespace meshwork::metrics

@@ -66,6 +66,10 @@ class TrainerMetrics {
   // How long the last checkpoint save held training (checkpoint.async: the copy to host memory
   // and the wait for the previous save; else the whole save).
   void RecordCheckpointStall(double seconds);
+  // The plan advice (train/plan_advice.h): the compute rate (achieved MFU of the hardware
+  // profile) refitted to the measured steps, and the search's best plan's predicted speed over the
+  // running plan's at that rate (1: the running plan is the best).
+  void RecordPlanAdvice(double fitted_mfu, double predicted_speedup);
 
  private:
   prometheus::Counter& steps_total_;
@@ -89,6 +93,8 @@ class TrainerMetrics {
   prometheus::Family<prometheus::Counter>& comm_bytes_total_;
   prometheus::Family<prometheus::Gauge>& state_bytes_;
   prometheus::Gauge& checkpoint_stall_seconds_;
+  prometheus::Gauge& plan_fitted_mfu_;
+  prometheus::Gauge& plan_predicted_speedup_;
   prometheus::Gauge* info_series_ = nullptr;
 };
 

@@ -10,10 +10,11 @@ using nlohmann::json;
 namespace {
 
 // spec.mesh.auto, once the config checks: the gang's plan (and the pipeline status of its stages).
-void AddPlan(const std::string& config_yaml, const JobSpec& spec, const std::string& ns, const std::string& name,
-          ConfigCheck& check) {
+void AddPlan(const std::string& config_yaml, const json& job, const JobSpec& spec, const std::string& ns,
+             const std::string& name, ConfigCheck& check) {
   if (check.error || !spec.mesh.chosen_by_trainer) return;
-  auto plan = PlanGang(config_yaml, spec, ns, name, check.global_batch_size, &check.pipeline);
+  const json calibration = job.value("status", json::object()).value("calibration", json());
+  auto plan = PlanGang(config_yaml, spec, ns, name, check.global_batch_size, calibration, &check.pipeline);
   if (!plan.ok()) {
     check.error = plan.status().message();
     return;
@@ -33,7 +34,7 @@ ConfigCheck CheckTrainerConfig(k8s::ObjectApi* api, const json& job, const JobSp
     Status s = ValidateTrainerConfig(spec.config_inline, spec, ns, name, "spec.config.inline", &check.pipeline,
                                      &check.global_batch_size);
     if (!s.ok()) check.error = s.message();
-    AddPlan(spec.config_inline, spec, ns, name, check);
+    AddPlan(spec.config_inline, job, spec, ns, name, check);
     return check;
   }
   auto cm = api->Get(k8s::resources::ConfigMaps(), ns, spec.config_map_name);
@@ -55,7 +56,7 @@ ConfigCheck CheckTrainerConfig(k8s::ObjectApi* api, const json& job, const JobSp
                                        ")",
                                    &check.pipeline, &check.global_batch_size);
   if (!s.ok()) check.error = s.message();
-  AddPlan(text, spec, ns, name, check);
+  AddPlan(text, job, spec, ns, name, check);
   return check;
 }
 

@@ -36,6 +36,10 @@ struct TrainerReport {
   // meshwork_trainer_resumed_from_step: the checkpoint's step the run resumed from (0: a fresh
   // start); absent from trainers older than the series.
   std::optional<int64_t> resumed_from_step;
+  // The plan advice (trainer/train/plan_advice.h), once given: the hardware profile's achieved MFU
+  // refitted to the measured steps, and the best plan's predicted speed over the running one's.
+  std::optional<double> plan_fitted_mfu;
+  std::optional<double> plan_predicted_speedup;
 };
 
 // The run's summary from rank 0's last log line (trainer_report.h parses it): the final loss and

@@ -59,14 +59,26 @@ json Predicted(const compiler::PlanScore& s, const compiler::HardwareProfile& pr
   return p;
 }
 
-Result<AdmissionPlan> ChoosePlan(const config::TrainConfig& cfg, const JobSpec& spec, int64_t global_batch) {
+Result<AdmissionPlan> ChoosePlan(const config::TrainConfig& cfg, const JobSpec& spec, int64_t global_batch,
+                                 const json& calibration) {
   const int world = spec.WorldSize();
-  MW_ASSIGN_OR_RETURN(const compiler::HardwareProfile profile,
+  MW_ASSIGN_OR_RETURN(compiler::HardwareProfile profile,
                       [&]() -> Result<compiler::HardwareProfile> {
                         auto p = config::MeshProfile(cfg, spec.gpu, spec.processes_per_replica);
                         if (!p.ok()) return InvalidConfig("spec.mesh.auto: no hardware profile to plan with: " + p.status().message());
                         return p;
                       }());
+  // A compute rate a gang of this job measured on this profile (status.calibration) replaces the
+  // profile's: the plan is then chosen for what the job's ranks reach, not what the profile assumes.
+  const double profile_mfu = profile.achieved_mfu;
+  bool calibrated = false;
+  if (calibration.is_object() && calibration.value("hardwareProfile", "") == profile.name) {
+    const double mfu = calibration.value("achievedMfu", 0.0);
+    if (mfu > 0 && mfu <= 1) {
+      profile.achieved_mfu = mfu;
+      calibrated = true;
+    }
+  }
   compiler::SearchSpec search;
   search.config = cfg.model.dims;
   search.seq_len = cfg.data.seq_len;
@@ -111,6 +123,11 @@ Result<AdmissionPlan> ChoosePlan(const config::TrainConfig& cfg, const JobSpec& 
   s["activationCheckpointing"] = Checkpointing(p.checkpoint_every);
   s["reshardAfterForward"] = p.reshard_after_forward;
   s["hardwareProfile"] = profile.name;
+  if (calibrated) {
+    s["calibrated"] = {{"achievedMfu", profile.achieved_mfu},
+                       {"profileMfu", profile_mfu},
+                       {"generation", calibration.value("generation", int64_t{0})}};
+  }
   s["predicted"] = Predicted(score, profile);
   s["plansSearched"] = r.enumerated;
   s["searchSeconds"] = Rounded(r.seconds, 3);
@@ -127,6 +144,10 @@ Result<AdmissionPlan> ChoosePlan(const config::TrainConfig& cfg, const JobSpec& 
                 ": predicted " + Fixed(score.tokens_per_second, 0) + " tokens/s a rank, MFU " +
                 Fixed(100 * score.mfu, 1) + "%, peak " + GiB(score.peak_bytes) + " of " + GiB(profile.memory_bytes) +
                 " GiB (" + std::to_string(r.enumerated) + " plans searched in " + Fixed(r.seconds, 2) + " s";
+  if (calibrated) {
+    out.summary += "; at the compute rate gang " + std::to_string(calibration.value("generation", int64_t{0})) +
+                   " measured, MFU " + Fixed(profile.achieved_mfu, 3) + " (the profile's " + Fixed(profile_mfu, 3) + ")";
+  }
   if (r.finalists.size() > 1) {
     out.summary += "; next: " + compiler::Describe(r.finalists[1].plan) + ", x" +
                    Fixed(r.finalists[1].simulated->step_seconds / score.step_seconds, 3) + " the step";
@@ -138,7 +159,8 @@ Result<AdmissionPlan> ChoosePlan(const config::TrainConfig& cfg, const JobSpec& 
 }  // namespace
 
 Result<AdmissionPlan> PlanGang(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
-                               const std::string& name, int64_t elastic_global, json* pipeline) {
+                               const std::string& name, int64_t elastic_global, const json& calibration,
+                               json* pipeline) {
   const std::vector<std::string> overrides = ValidationOverrides(spec, ns, name);
   auto loaded = config::LoadConfigFromString(config_yaml, overrides);
   if (!loaded.ok()) return InvalidConfig("spec.mesh.auto: the trainer refuses this config: " + loaded.status().message());
@@ -148,7 +170,7 @@ Result<AdmissionPlan> PlanGang(const std::string& config_yaml, const JobSpec& sp
                  ? loaded->training.global_batch_size
                  : loaded->data.batch_size * loaded->training.grad_accum * int64_t{spec.WorldSize()};
   }
-  MW_ASSIGN_OR_RETURN(AdmissionPlan chosen, ChoosePlan(*loaded, spec, global));
+  MW_ASSIGN_OR_RETURN(AdmissionPlan chosen, ChoosePlan(*loaded, spec, global, calibration));
   // The plan as the trainer will load it, checked by its own rules.
   std::vector<std::string> planned;
   for (const std::string& o : overrides) {

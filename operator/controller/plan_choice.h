@@ -33,8 +33,12 @@ struct AdmissionPlan {
 // communicator has no point-to-point transfers). The plan is then loaded with the trainer's own
 // rules, and `pipeline`, when given, set to its status.pipeline (null without stages). A job no
 // plan fits is InvalidConfig starting with "spec.mesh.auto: "; a plan the trainer refuses is
-// Internal (the search's bug).
+// Internal (the search's bug). `calibration`, the job's status.calibration (null: none): the
+// compute rate (achieved MFU) a running gang refitted to its measured steps (the trainer's plan
+// advice) replaces the profile's when it was measured on the same profile; status.plan.calibrated
+// and the Event say so.
 Result<AdmissionPlan> PlanGang(const std::string& config_yaml, const JobSpec& spec, const std::string& ns,
-                               const std::string& name, int64_t elastic_global, nlohmann::json* pipeline);
+                               const std::string& name, int64_t elastic_global, const nlohmann::json& calibration,
+                               nlohmann::json* pipeline);
 
 }  // namespace meshwork::op

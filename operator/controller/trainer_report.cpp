@@ -77,6 +77,12 @@ std::optional<TrainerReport> ParseTrainerMetrics(const std::string& text) {
   r.tokens_per_second = Sample(text, "meshwork_trainer_tokens_per_second").value_or(0);
   r.mesh = Label(text, "meshwork_trainer_info", "mesh");
   if (auto resumed = Sample(text, "meshwork_trainer_resumed_from_step")) r.resumed_from_step = static_cast<int64_t>(*resumed);
+  // 0 until the trainer has advised (dist.advise_after_steps).
+  const auto fitted = Sample(text, "meshwork_trainer_plan_fitted_mfu");
+  if (fitted && *fitted > 0 && *fitted <= 1) {
+    r.plan_fitted_mfu = *fitted;
+    r.plan_predicted_speedup = Sample(text, "meshwork_trainer_plan_predicted_speedup");
+  }
   return r;
 }
 

@@ -165,6 +165,16 @@ TEST(TrainerMetricsTest, AResumeSetsTheStepAndKeepsWhereItResumedFrom) {
   EXPECT_EQ(Sample(text, Series("meshwork_trainer_resumed_from_step")), 40.0);
 }
 
+TEST(TrainerMetricsTest, ThePlanAdviceSetsItsGaugesFromZero) {
+  prometheus::Registry registry;
+  TrainerMetrics metrics(registry, kLabels);
+  EXPECT_EQ(Sample(Serialize(registry), Series("meshwork_trainer_plan_fitted_mfu")), 0.0) << "not advised yet";
+  metrics.RecordPlanAdvice(0.0312, 1.25);
+  const std::string text = Serialize(registry);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_plan_fitted_mfu")), 0.0312);
+  EXPECT_EQ(Sample(text, Series("meshwork_trainer_plan_predicted_speedup")), 1.25);
+}
+
 TEST(TrainerMetricsTest, CommunicationAccumulatesAndStateBytesAreSet) {
   prometheus::Registry registry;
   TrainerMetrics metrics(registry, kLabels);
@@ -198,7 +208,7 @@ TEST(TrainerMetricsTest, DocsListEveryExposedMetric) {
   const std::string docs = ReadMetricsDocs();
   ASSERT_FALSE(docs.empty()) << "cannot read docs/metrics.md";
   const std::set<std::string> exposed = ExposedNames(registry);
-  EXPECT_EQ(exposed.size(), 21u);
+  EXPECT_EQ(exposed.size(), 23u);
   for (const auto& name : exposed) {
     // A table row starts with the name in backticks.
     EXPECT_THAT(docs, HasSubstr("| `" + name + "`")) << name << " is not in docs/metrics.md";

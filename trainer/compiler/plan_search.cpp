@@ -157,6 +157,18 @@ Status ScorePipeline(const HardwareProfile& profile, const SearchSpec& spec, Pla
 
 }  // namespace
 
+Result<PlanScore> ScorePlan(const HardwareProfile& profile, const SearchSpec& spec, const ParallelPlan& plan) {
+  const int64_t ranks = int64_t{plan.dp_replicate} * plan.dp_shard * plan.tp * plan.pp;
+  if (ranks != spec.gpus || plan.dp_replicate < 1 || plan.dp_shard < 1 || plan.tp < 1 || plan.pp < 1) {
+    return InvalidConfig("plan " + Describe(plan) + ": its dims make " + std::to_string(ranks) + " ranks, not the " +
+                         std::to_string(spec.gpus) + " to score it on");
+  }
+  PlanCandidate c;
+  c.plan = plan;
+  MW_RETURN_IF_ERROR(plan.pp == 1 ? Score2d(profile, spec, c, false) : ScorePipeline(profile, spec, c));
+  return *c.simulated;
+}
+
 Result<PlanSearch> SearchPlans(const HardwareProfile& profile, const SearchSpec& spec) {
   const auto t0 = Clock::now();
   if (spec.gpus < 1) return InvalidConfig("gpus: " + std::to_string(spec.gpus) + ": a plan needs at least one GPU");

@@ -134,6 +134,12 @@ struct PlanSearch {
   const PlanCandidate& chosen() const { return finalists.front(); }
 };
 
+// One plan scored as the search scores a finalist (the quick plan, or the pipeline simulator at
+// the fastest checkpointing that fits), on `profile`: the search's prediction for a plan already
+// running, beside which a search on the same profile is compared (train/plan_advice.h). The
+// plan's dims must multiply to spec.gpus (else InvalidConfig naming them).
+Result<PlanScore> ScorePlan(const HardwareProfile& profile, const SearchSpec& spec, const ParallelPlan& plan);
+
 // InvalidConfig naming the value for a spec no plan can come from: gpus or global_batch < 1, a
 // pin that breaks a rule (tp not dividing the heads or across nodes, pp over the layers), and a
 // model no plan fits on these GPUs (naming the plan that needs the least memory, its peak and

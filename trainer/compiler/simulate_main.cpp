@@ -85,6 +85,9 @@ fits chosen:
   --auto                  search (with --profile, --model, --gpus, --seq-len; --tp or --pp pin theirs)
   --global-batch N        sequences a step over every data parallel rank (required with --auto)
   --finalists K           single-program plans the simulator scores (default 4; pipelines 8 x K)
+  --exhaustive            score every plan that fits by the estimate, and list each with its config
+                          keys on one line ("plan: ... | step S s | peak G GiB | keys: ..."): the
+                          plans to run when checking the prediction against measured steps
 
 From a compiled-FSDP run's calibration instead (fsdp.calibration_out: its links, CPU
 interference, step overhead, traced modules and fitted compute scale), both plans as that run
@@ -142,6 +145,7 @@ struct Options {
   bool auto_plan = false;
   int64_t global_batch = 0;
   int finalists = 4;
+  bool exhaustive = false;  // --auto: every plan scored and listed with its keys
   bool tp_given = false, pp_given = false;
 };
 
@@ -198,6 +202,10 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     }
     if (flag == "--auto" && eq == std::string::npos) {
       o.auto_plan = true;
+      continue;
+    }
+    if (flag == "--exhaustive" && eq == std::string::npos) {
+      o.exhaustive = true;
       continue;
     }
     if (std::find(valued.begin(), valued.end(), flag) == valued.end()) {
@@ -303,7 +311,9 @@ Result<Options> ParseArgs(const std::vector<std::string>& args) {
     return o;
   }
   for (const std::string& flag : given) {
-    if (flag == "--global-batch" || flag == "--finalists") return meshwork::InvalidConfig(flag + " needs --auto");
+    if (flag == "--global-batch" || flag == "--finalists" || flag == "--exhaustive") {
+      return meshwork::InvalidConfig(flag + " needs --auto");
+    }
   }
   if (o.gpus % o.tp != 0) {
     return meshwork::InvalidConfig("--tp: " + std::to_string(o.tp) + " does not divide --gpus " + std::to_string(o.gpus));
@@ -610,6 +620,7 @@ int RunAuto(const Options& o, const meshwork::model::LlamaConfig& config, const 
   spec.tp = o.tp_given ? o.tp : 0;
   spec.pp = o.pp_given ? o.pp : 0;
   spec.finalists = o.finalists;
+  spec.exhaustive = o.exhaustive;
   auto search = compiler::SearchPlans(profile, spec);
   if (!search.ok()) return Fail(search.status());
   const compiler::PlanSearch& r = *search;
@@ -638,6 +649,16 @@ int RunAuto(const Options& o, const meshwork::model::LlamaConfig& config, const 
   for (size_t i = 0; i < std::min<size_t>(5, r.estimated.size()); ++i) {
     std::cout << "  " << compiler::Describe(r.estimated[i].plan) << "\n     " << ScoreLine(r.estimated[i].estimate, profile)
               << " (estimated)\n";
+  }
+  if (o.exhaustive) {
+    std::cout << "every plan scored, fastest first (--exhaustive):\n";
+    for (const compiler::PlanCandidate& c : r.finalists) {
+      std::string keys = compiler::PlanConfigYaml(c.plan, o.seq_len, o.global_batch);
+      while (!keys.empty() && keys.back() == '\n') keys.pop_back();
+      for (auto at = keys.find('\n'); at != std::string::npos; at = keys.find('\n', at)) keys.replace(at, 1, "; ");
+      std::cout << "plan: " << compiler::Describe(c.plan) << " | step " << Fixed(c.simulated->step_seconds, 6)
+                << " s | peak " << Fixed(c.simulated->peak_bytes / double(1 << 30), 3) << " GiB | keys: " << keys << "\n";
+    }
   }
   // Why the others lost: the first reason of each kind, with how many plans it ruled out.
   std::map<std::string, std::pair<int, std::string>> reasons;

@@ -247,6 +247,7 @@ std::vector<Field> Fields(TrainConfig& c) {
       StringField("dist.gloo_hostname", &c.dist.gloo_hostname),
       EnumField("dist.mesh", &c.dist.mesh, kMeshPolicyNames),
       StringField("dist.hardware_profile", &c.dist.hardware_profile),
+      IntField("dist.advise_after_steps", &c.dist.advise_after_steps, 0, kMaxInt),
 
       IntField("metrics.port", &c.metrics.port, -1, 65535),
       StringField("metrics.host", &c.metrics.host),

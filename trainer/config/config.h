@@ -237,6 +237,9 @@ struct DistConfig {
   std::string gloo_hostname;      // address Gloo binds to; "" = 127.0.0.1 for a local launch, else the host's
   MeshPolicy mesh = MeshPolicy::kExplicit;  // auto: rank 0 picks dp_replicate x dp_shard (mesh.* unset)
   std::string hardware_profile;   // dist.mesh: auto plans with this profile; "" = the built-in for the device
+  // After this many steps of a run, the running plan judged against the whole plan search on a
+  // compute rate refitted to the measured steps (train/plan_advice.h); 0: never.
+  int64_t advise_after_steps = 10;
 };
 
 struct MetricsConfig {

@@ -10,7 +10,9 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "trainer/config/hardware.h"
 #include "trainer/data/tokenizer.h"
 #include "trainer/dist/env.h"
 #include "trainer/io/hf_checkpoint.h"
@@ -19,6 +21,7 @@
 #include "trainer/train/checkpoint.h"
 #include "trainer/train/device.h"
 #include "trainer/train/engine.h"
+#include "trainer/train/plan_advice.h"
 #include "trainer/train/report.h"
 #include "trainer/train/schedule.h"
 #include "trainer/train/setup.h"
@@ -187,6 +190,39 @@ Result<TrainSummary> StopAfterTerminate(TrainingRun& r, int64_t steps_done) {
   return r.summary;
 }
 
+// dist.advise_after_steps: the plan advice (plan_advice.h) from this run's steady steps, the
+// median of each rank's averaged over the ranks (a collective: every rank calls it at the same
+// step). Rank 0 searches and says what it found; a failure to advise is said, not fatal.
+Status AdvisePlanOnce(TrainingRun& r, const std::vector<double>& step_seconds) {
+  const int64_t steady = std::max<int64_t>(2, r.engine->SteadyFromStep());
+  if (static_cast<int64_t>(step_seconds.size()) < steady + 3) {
+    r.log() << "plan advice: not given: " << step_seconds.size() << " steps of this run with the first steady one at "
+            << steady << " leave fewer than 3 to measure (raise dist.advise_after_steps)\n";
+    return Status::Ok();
+  }
+  std::vector<double> steady_steps(step_seconds.begin() + steady, step_seconds.end());
+  std::nth_element(steady_steps.begin(), steady_steps.begin() + steady_steps.size() / 2, steady_steps.end());
+  MW_ASSIGN_OR_RETURN(const double measured, r.engine->AverageAcrossRanks(steady_steps[steady_steps.size() / 2]));
+  if (r.engine->rank() != 0) return Status::Ok();
+  const bool cuda = r.device.is_cuda();
+  const compiler::ParallelPlan running = RunningPlan(r.cfg, r.engine->mesh_shape());
+  const int per_node = [] {
+    auto env = dist::ReadDistEnv();
+    return env.ok() ? env->local_world_size : 1;
+  }();
+  Result<PlanAdvice> advice = [&]() -> Result<PlanAdvice> {
+    MW_ASSIGN_OR_RETURN(const compiler::HardwareProfile profile, config::MeshProfile(r.cfg, cuda, per_node));
+    return AdvisePlan(profile, RunningSearch(r.cfg, running), running, measured);
+  }();
+  if (!advice.ok()) {
+    r.log() << "plan advice: not given: " << advice.status().message() << "\n";
+    return Status::Ok();
+  }
+  r.log() << DescribeAdvice(*advice) << "\n";
+  r.metrics->RecordPlanAdvice(advice->fitted_mfu, advice->speedup);
+  return Status::Ok();
+}
+
 Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log) {
   MW_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run, SetUpTraining(cfg, log));
   TrainingRun& r = *run;
@@ -200,6 +236,7 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
   std::unique_ptr<TerminateSignal> terminate;
   if (cfg.checkpoint.save_on_terminate && r.checkpointer->enabled()) terminate = TerminateSignal::Install();
   r.report->Start();
+  std::vector<double> step_seconds;  // this run's, for the plan advice
   for (int64_t step = r.first_step(); step < cfg.schedule.steps; ++step) {
     if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->BeforeStep(step));
     MW_ASSIGN_OR_RETURN(const StepRecord record, TrainStep(r, step));
@@ -208,6 +245,10 @@ Result<TrainSummary> TrainImpl(const config::TrainConfig& cfg, std::ostream& log
     if (r.profiler) MW_RETURN_IF_ERROR(r.profiler->AfterStep(step, record.seconds, r.log()));
     MW_RETURN_IF_ERROR(r.report->Step(record));  // metrics and logging.jsonl every step, a line every logging.every
     MW_RETURN_IF_ERROR(AfterStep(r, step + 1));
+    step_seconds.push_back(record.seconds);
+    if (static_cast<int64_t>(step_seconds.size()) == cfg.dist.advise_after_steps) {
+      MW_RETURN_IF_ERROR(AdvisePlanOnce(r, step_seconds));
+    }
     if (terminate && step + 1 < cfg.schedule.steps) {
       MW_ASSIGN_OR_RETURN(const bool stop, TerminateAgreed(r, *terminate));
       if (stop) return StopAfterTerminate(r, step + 1);

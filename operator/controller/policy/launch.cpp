@@ -107,6 +107,22 @@ void Progress(const JobState& job, const TrainerReport& report, Decision& d) {
                             std::to_string(last_step) + "): it resumed from its checkpoint"});
   }
   d.status["trainer"] = trainer;
+  if (report.plan_fitted_mfu) {
+    // Kept past this gang: with spec.mesh.auto the next gang is planned at this compute rate.
+    json calibration = {{"achievedMfu", std::round(*report.plan_fitted_mfu * 1e4) / 1e4}, {"generation", gen}};
+    const json& plan = job.status.value("plan", json::object());
+    if (plan.contains("hardwareProfile")) calibration["hardwareProfile"] = plan["hardwareProfile"];
+    if (report.plan_predicted_speedup && std::isfinite(*report.plan_predicted_speedup)) {
+      calibration["predictedSpeedup"] = std::round(*report.plan_predicted_speedup * 1e3) / 1e3;
+    }
+    const json before_calibration = job.status.value("calibration", json::object());
+    json compared = before_calibration;
+    compared.erase("updateTime");
+    if (compared != calibration) {
+      calibration["updateTime"] = FormatTime(job.in.now);
+      d.status["calibration"] = calibration;
+    }
+  }
 }
 
 // A Pending Pod's reason that is normal progress, not news: its containers being created or

@@ -773,6 +773,38 @@ TEST(DecideTest, ReportGoesIntoStatus) {
   EXPECT_DOUBLE_EQ(p.status["trainer"]["tokensPerSecond"].get<double>(), 8000);  // rank 0's x world size
 }
 
+// The trainer's plan advice (its refitted compute rate) is kept in status.calibration, beside
+// the plan's profile, and written again only when it changes.
+TEST(DecideTest, TheRefittedComputeRateGoesIntoStatusCalibration) {
+  json job = RunningJob();
+  job["status"]["plan"] = {{"hardwareProfile", "cpu ranks"}};
+  const std::vector<json> pods = {Pod(0, 0, "Running"), Pod(1, 0, "Running")};
+  Observed before = In(job, pods);
+  before.report = TrainerReport{5, 300, 2.5, 4000, "", std::nullopt};
+  Plan none = Decide(before);
+  EXPECT_FALSE(none.status.contains("calibration")) << "not advised yet";
+
+  Observed in = In(job, pods);
+  in.report = TrainerReport{12, 300, 2.5, 4000, "", std::nullopt};
+  in.report->plan_fitted_mfu = 0.031234;
+  in.report->plan_predicted_speedup = 1.2567;
+  Plan p = Decide(in);
+  const json& c = p.status["calibration"];
+  EXPECT_DOUBLE_EQ(c["achievedMfu"].get<double>(), 0.0312);
+  EXPECT_DOUBLE_EQ(c["predictedSpeedup"].get<double>(), 1.257);
+  EXPECT_EQ(c["hardwareProfile"], "cpu ranks");
+  EXPECT_EQ(c["generation"], 0);
+  EXPECT_EQ(c["updateTime"], FormatTime(kT0));
+  EXPECT_THAT(UndeclaredStatusFields(p.status), ::testing::IsEmpty()) << "the API server would prune them";
+
+  // The same advice later: the status keeps the first write's time.
+  Observed again = In(After(job, p), pods, kT0 + seconds(30));
+  again.report = in.report;
+  again.report->step = 20;
+  Plan q = Decide(again);
+  EXPECT_EQ(q.status["calibration"]["updateTime"], FormatTime(kT0));
+}
+
 TEST(DecideTest, TimesRoundTrip) {
   EXPECT_EQ(FormatTime(kT0), "2027-01-15T08:00:00Z");
   EXPECT_EQ(ParseTime("2027-01-15T08:00:00Z"), kT0);

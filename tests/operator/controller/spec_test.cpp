@@ -159,7 +159,7 @@ TEST(SpecTest, MeshAutoIsPlannedByTheOperatorForTheGang) {
   // The config alone checks as it always did; the plan is chosen apart (PlanGang).
   EXPECT_TRUE(ValidateTrainerConfig("model:\n  preset: tiny\n", *s, "ns", "job", "spec.config.inline").ok());
   json pipeline = "unset";
-  auto planned = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 0, &pipeline);
+  auto planned = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 0, json(), &pipeline);
   ASSERT_TRUE(planned.ok()) << planned.status().message();
   const AdmissionPlan& plan = *planned;
   EXPECT_EQ(pipeline.is_null(), plan.mesh.pp == 1) << pipeline.dump();
@@ -185,35 +185,53 @@ TEST(SpecTest, MeshAutoIsPlannedByTheOperatorForTheGang) {
   // On GPUs pipelines are never chosen (no point-to-point transfers on NCCL).
   auto gpu = ParseSpec(Job({{"replicas", 2}, {"processesPerReplica", 4}, {"device", "gpu"}, {"mesh", {{"auto", true}}}}));
   ASSERT_TRUE(gpu.ok());
-  auto on_gpu = PlanGang("model:\n  preset: llama-100m\ndata:\n  seq_len: 2048\n", *gpu, "ns", "job", 0, nullptr);
+  auto on_gpu = PlanGang("model:\n  preset: llama-100m\ndata:\n  seq_len: 2048\n", *gpu, "ns", "job", 0, json(), nullptr);
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().message();
   EXPECT_EQ(on_gpu->mesh.pp, 1);
   EXPECT_EQ(on_gpu->status["hardwareProfile"], "H100 over 400 Gb/s InfiniBand");
   // An elastic job's global batch is the one planned for.
-  auto elastic = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 24, nullptr);
+  auto elastic = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 24, json(), nullptr);
   ASSERT_TRUE(elastic.ok()) << elastic.status().message();
   EXPECT_EQ(elastic->status["globalBatchSize"], 24);
 
+  // A compute rate a gang measured on the same profile (status.calibration) prices the plan;
+  // one measured on another profile does not.
+  const json calibration = {{"achievedMfu", 0.05}, {"generation", 3},
+                            {"hardwareProfile", "CPU ranks over Gloo loopback (placeholder figures)"}};
+  auto calibrated = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 0, calibration, nullptr);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status().message();
+  EXPECT_EQ(calibrated->status["calibrated"]["achievedMfu"], 0.05) << calibrated->status.dump();
+  EXPECT_EQ(calibrated->status["calibrated"]["profileMfu"], 0.5);
+  EXPECT_EQ(calibrated->status["calibrated"]["generation"], 3);
+  EXPECT_THAT(calibrated->summary, HasSubstr("at the compute rate gang 3 measured, MFU 0.050 (the profile's 0.500)"));
+  EXPECT_GT(calibrated->status["predicted"]["stepSeconds"].get<double>(), plan.status["predicted"]["stepSeconds"].get<double>());
+  json elsewhere = calibration;
+  elsewhere["hardwareProfile"] = "H100 over 400 Gb/s InfiniBand";
+  auto other = PlanGang("model:\n  preset: tiny\ndata:\n  seq_len: 64\n", *s, "ns", "job", 0, elsewhere, nullptr);
+  ASSERT_TRUE(other.ok()) << other.status().message();
+  EXPECT_FALSE(other->status.contains("calibrated")) << other->status.dump();
+  EXPECT_EQ(other->status["predicted"], plan.status["predicted"]);
+
   // A profile the trainer cannot find is refused before any Pod exists, naming both fields.
-  auto missing = PlanGang("model:\n  preset: tiny\ndist:\n  hardware_profile: nosuch\n", *s, "ns", "job", 0, nullptr);
+  auto missing = PlanGang("model:\n  preset: tiny\ndist:\n  hardware_profile: nosuch\n", *s, "ns", "job", 0, json(), nullptr);
   EXPECT_EQ(missing.status().code(), StatusCode::kInvalidConfig);
   EXPECT_THAT(missing.status().message(), HasSubstr("spec.mesh.auto: no hardware profile to plan with"));
   EXPECT_THAT(missing.status().message(), HasSubstr("dist.hardware_profile"));
   // The single-node profile cannot put a gang of 2 Pods of 2 in any plan.
   auto single = PlanGang("model:\n  preset: tiny\ndist:\n  hardware_profile: h100-nvlink-node\n", *s, "ns", "job", 0,
-                         nullptr);
+                         json(), nullptr);
   EXPECT_EQ(single.status().code(), StatusCode::kInvalidConfig);
   EXPECT_THAT(single.status().message(), HasSubstr("spec.mesh.auto: no plan of 4 ranks (2 replicas x 2 processes)"));
   // A model no plan fits on one CPU rank: refused, naming the closest plan.
   auto one = ParseSpec(Job({{"replicas", 1}, {"device", "cpu"}, {"mesh", {{"auto", true}}}}));
   ASSERT_TRUE(one.ok());
-  auto too_big = PlanGang("model:\n  preset: llama3-8b\n", *one, "ns", "job", 0, nullptr);
+  auto too_big = PlanGang("model:\n  preset: llama3-8b\n", *one, "ns", "job", 0, json(), nullptr);
   EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidConfig);
   EXPECT_THAT(too_big.status().message(), HasSubstr("spec.mesh.auto: no plan of 1 ranks"));
   EXPECT_THAT(too_big.status().message(), HasSubstr("the closest, tp 1 x pp 1 x dp_shard 1"));
   EXPECT_THAT(too_big.status().message(), HasSubstr("GPUs of this kind would hold it"));
   // A config the trainer refuses is said as such.
-  auto bad = PlanGang("model:\n  preset: nosuch\n", *s, "ns", "job", 0, nullptr);
+  auto bad = PlanGang("model:\n  preset: nosuch\n", *s, "ns", "job", 0, json(), nullptr);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidConfig);
   EXPECT_THAT(bad.status().message(), HasSubstr("spec.mesh.auto: the trainer refuses this config"));
   // auto with a dim beside it.
@@ -720,6 +738,16 @@ TEST(TrainerReportTest, ParsesTheTrainersSeries) {
             40);
   EXPECT_EQ(ParseTrainerMetrics("meshwork_trainer_step 1\n")->mesh, "") << "no info series: no mesh";
   EXPECT_FALSE(ParseTrainerMetrics("other_metric 1\n").has_value());
+  // The plan advice: absent until the trainer has refitted (its gauges read 0 before).
+  EXPECT_FALSE(r->plan_fitted_mfu.has_value());
+  EXPECT_FALSE(ParseTrainerMetrics("meshwork_trainer_step 3\nmeshwork_trainer_plan_fitted_mfu{job=\"t\"} 0\n")
+                   ->plan_fitted_mfu.has_value());
+  auto advised = ParseTrainerMetrics(
+      "meshwork_trainer_step 12\nmeshwork_trainer_plan_fitted_mfu{job=\"t\"} 0.0312\n"
+      "meshwork_trainer_plan_predicted_speedup{job=\"t\"} 1.25\n");
+  ASSERT_TRUE(advised.has_value());
+  EXPECT_DOUBLE_EQ(advised->plan_fitted_mfu.value_or(-1), 0.0312);
+  EXPECT_DOUBLE_EQ(advised->plan_predicted_speedup.value_or(-1), 1.25);
 }
 
 TEST(TrainerReportTest, ParsesTheFinalLine) {

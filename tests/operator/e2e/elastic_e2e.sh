@@ -12,7 +12,9 @@
 # tensor parallelism over each Pod's 2 ranks, and shards (FSDP) over what its world leaves (2 Pods:
 # 1x2x2, 1 Pod: 1x1x2); the checkpoint is resharded from 4 ranks to 2 and back.
 # With MESH auto (mesh: {auto: true}) the operator plans each gang at its size (status.plan, a
-# PlanChosen Event), and each new gang resumes from the checkpoint of the other plan, resharded.
+# PlanChosen Event), and each new gang resumes from the checkpoint of the other plan, resharded;
+# each gang's trainer refits the compute rate to its steps (its plan advice, status.calibration)
+# and the next gang is planned at that rate (status.plan.calibrated, the Event).
 # usage: elastic_e2e.sh CONTROLPLANE OPERATOR TRAIN SOURCE_DIR [MESH: dp (default) | tp2 | auto]
 set -uo pipefail
 
@@ -96,6 +98,16 @@ resize() {
     fail "generation $gen did not reach step $(( (gen + 1) * 20 )): step $(step), $(jp '{.status.conditions[*].message}')"
     finish
   fi
+  if [ "$mesh_mode" = auto ]; then
+    # The trainer's plan advice (dist.advise_after_steps, 10): its refitted compute rate, scraped
+    # into status.calibration, prices the next gang's plan.
+    if e2e_wait_for 60 "generation $gen's refitted compute rate in status.calibration" \
+      bash -c "[ \"\$(kubectl -n e2e get tj elastic -o jsonpath='{.status.calibration.generation}')\" = $gen ]"; then
+      pass "gang $gen's plan advice: status.calibration $(jp '{.status.calibration}')"
+    else
+      fail "no status.calibration from generation $gen: '$(jp '{.status.calibration}')'"
+    fi
+  fi
   s0="$(step)"
   out="$(k scale tj elastic --replicas "$to" 2>&1)"
   [[ "$out" == *scaled* ]] && pass "kubectl scale $from -> $to accepted at reported step $s0" || { fail "scale to $to: $out"; finish; }
@@ -129,6 +141,9 @@ resize() {
       [[ "$ev" == *" for $to ranks on "* ]] &&
       pass "the $to-Pod gang runs the plan chosen for it: $(jp '{.status.plan.description}')" ||
       fail "plan after the scale to $to: '$planned', Events '$ev'"
+    [ "$(jp '{.status.plan.calibrated.generation}')" = "$gen" ] && [[ "$ev" == *"at the compute rate gang $gen measured, MFU "* ]] &&
+      pass "the $to-Pod gang was planned at the rate gang $gen measured: $(jp '{.status.plan.calibrated}')" ||
+      fail "status.plan.calibrated after the scale to $to: '$(jp '{.status.plan.calibrated}')', Events '$ev'"
     [[ "$log" == *"batch: training.global_batch_size 8 rows a step"* ]] &&
       pass "the global batch stays 8 rows: $(grep -o 'batch: training.global_batch_size.*' <<<"$log")" ||
       fail "batch line: $(grep 'batch' <<<"$log" | head -3)"

@@ -67,6 +67,29 @@ TEST(Train, SameSeedGivesIdenticalLossesOnCpu) {
   EXPECT_NE(a->losses, c->losses);
 }
 
+// dist.advise_after_steps: one `plan advice:` line after that many steps, naming the running plan
+// and the refitted rate; too few steps to measure is said; 0 says nothing.
+TEST(Train, PlanAdviceIsGivenOnceAfterItsSteps) {
+  TempDir dir;
+  const std::string tokens = WriteText(dir);
+  std::ostringstream log;
+  auto r = Train(Config({"data.train=" + tokens, "dist.advise_after_steps=6"}), log);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string text = log.str();
+  const size_t at = text.find("plan advice: the running plan (tp 1 x pp 1 x dp_shard 1, 4 sequences a rank");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_NE(text.find("refitted MFU", at), std::string::npos) << text;
+  EXPECT_EQ(text.find("plan advice:", at + 1), std::string::npos) << "once";
+
+  std::ostringstream early;
+  ASSERT_TRUE(Train(Config({"data.train=" + tokens, "dist.advise_after_steps=3"}), early).ok());
+  EXPECT_NE(early.str().find("plan advice: not given: 3 steps of this run"), std::string::npos) << early.str();
+
+  std::ostringstream off;
+  ASSERT_TRUE(Train(Config({"data.train=" + tokens, "dist.advise_after_steps=0"}), off).ok());
+  EXPECT_EQ(off.str().find("plan advice"), std::string::npos) << off.str();
+}
+
 // The start-up `kernels:` line names the attention kernel SDPA picks for the model's shapes
 // (libtorch 1.13 spells attention out: math; 2.11 on the CPU picks its flash kernel), the head's
 // backward and AdamW's kernel.
