@@ -27,6 +27,15 @@ pinned="$("$sim" --profile h100-ib-400g --model llama3-8b --gpus 64 --global-bat
 scored="$(grep -E '^(chosen: |  [0-9]+\. )' <<<"$pinned")"
 [ -n "$scored" ] && ! grep -vq "tp 8 x" <<<"$scored" && pass "--tp 8 pins every scored plan" ||
   fail "a scored plan without tp 8: $scored"
+# --exhaustive: every plan scored, one line each with its keys, fastest first.
+every="$("$sim" --profile cpu-gloo-local --model tiny --gpus 2 --global-batch 8 --seq-len 256 --auto --exhaustive 2>&1)"
+lines="$(grep -c '^plan: .* | step [0-9.]* s | peak [0-9.]* GiB | keys: mesh: {dp_replicate: ' <<<"$every")"
+sorted="$(grep '^plan: ' <<<"$every" | sed 's/.* | step \([0-9.]*\) s .*/\1/' | sort -g -c 2>&1 && echo yes)"
+[ "$lines" -ge 4 ] && [ "$sorted" = yes ] && grep -q "^plan: $(grep -m1 '^chosen: ' <<<"$every" | cut -d' ' -f2- | sed 's/[][().*]/./g')" <<<"$every" &&
+  pass "--exhaustive lists $lines plans with their keys, fastest first, the chosen one first" ||
+  fail "--exhaustive: $lines plan lines, sorted '$sorted': $(grep -m3 '^plan: \|^chosen: ' <<<"$every")"
+expect_exit "--exhaustive without --auto" 2 "--exhaustive needs --auto" -- \
+  "$sim" --profile h100-ib-400g --model llama3-8b --gpus 8 --exhaustive
 expect_exit "--auto without --global-batch" 2 "--auto needs --global-batch N" -- \
   "$sim" --profile h100-ib-400g --model llama3-8b --gpus 8 --auto
 expect_exit "--auto with --batch" 2 "--batch does not go with --auto" -- \
